@@ -1,0 +1,98 @@
+/* dtype.c: the dtype traits table and bf16 conversion (see dtype.h). */
+#include <math.h>
+#include <string.h>
+#include "dtype.h"
+
+uint16_t nvl_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN, sign kept */
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even; overflows to inf correctly */
+  return (uint16_t)(u >> 16);
+}
+
+float nvl_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Double -> float -> bf16 would round twice; round once from double instead. */
+static uint16_t f64_to_bf16(double v) {
+  float f = (float)v;
+  if (isnan(v) || isinf(v) || (double)f == v) return nvl_f32_to_bf16(f);
+  /* f is v rounded to 24 bits; if f lies exactly on a bf16 tie, decide the tie from v. */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0xffffu) == 0x8000u) {
+    double away = fabs(v) > fabs((double)f); /* v beyond the tie point (in magnitude) */
+    uint32_t up = (u & 0xffff0000u) + 0x10000u, down = u & 0xffff0000u;
+    return (uint16_t)((away ? up : down) >> 16);
+  }
+  return nvl_f32_to_bf16(f);
+}
+
+static int64_t sat_i64(double v, double lo, double hi) {
+  if (isnan(v)) return 0;
+  if (v <= lo) return (int64_t)lo;
+  if (v >= hi) return (int64_t)hi;
+  return (int64_t)v; /* truncates toward zero */
+}
+
+static double load_f32(const void *p) { return *(const float *)p; }
+static void store_f32(void *p, double v) { *(float *)p = (float)v; }
+static int64_t load_i_f32(const void *p) { return sat_i64(*(const float *)p, -9223372036854775808.0, 9223372036854774784.0); }
+static void store_i_f32(void *p, int64_t v) { *(float *)p = (float)v; }
+
+static double load_bf16(const void *p) { return nvl_bf16_to_f32(*(const uint16_t *)p); }
+static void store_bf16(void *p, double v) { *(uint16_t *)p = f64_to_bf16(v); }
+static int64_t load_i_bf16(const void *p) { return sat_i64(nvl_bf16_to_f32(*(const uint16_t *)p), -9223372036854775808.0, 9223372036854774784.0); }
+static void store_i_bf16(void *p, int64_t v) { *(uint16_t *)p = f64_to_bf16((double)v); }
+
+static double load_i32(const void *p) { return *(const int32_t *)p; }
+static void store_i32(void *p, double v) { *(int32_t *)p = (int32_t)sat_i64(v, -2147483648.0, 2147483647.0); }
+static int64_t load_i_i32(const void *p) { return *(const int32_t *)p; }
+static void store_i_i32(void *p, int64_t v) { *(int32_t *)p = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v; }
+
+static double load_i64(const void *p) { return (double)*(const int64_t *)p; }
+static void store_i64(void *p, double v) { *(int64_t *)p = sat_i64(v, -9223372036854775808.0, 9223372036854774784.0); }
+static int64_t load_i_i64(const void *p) { return *(const int64_t *)p; }
+static void store_i_i64(void *p, int64_t v) { *(int64_t *)p = v; }
+
+static double load_u8(const void *p) { return *(const uint8_t *)p; }
+static void store_u8(void *p, double v) { *(uint8_t *)p = (uint8_t)sat_i64(v, 0.0, 255.0); }
+static int64_t load_i_u8(const void *p) { return *(const uint8_t *)p; }
+static void store_i_u8(void *p, int64_t v) { *(uint8_t *)p = v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v; }
+
+const nvl_dtype_traits nvl_dtypes[NVL_DTYPE_COUNT] = {
+  [NVL_F32] = {"f32", 32, 4, 1, 4, 0, NVL_SCALE_NONE, 3.4028234663852886e38, -3.4028234663852886e38,
+               load_f32, store_f32, load_i_f32, store_i_f32},
+  [NVL_BF16] = {"bf16", 16, 2, 1, 3, 0, NVL_SCALE_NONE, 3.3895313892515355e38, -3.3895313892515355e38,
+                load_bf16, store_bf16, load_i_bf16, store_i_bf16},
+  [NVL_I32] = {"i32", 32, 4, 0, 1, 0, NVL_SCALE_NONE, 2147483647.0, -2147483648.0,
+               load_i32, store_i32, load_i_i32, store_i_i32},
+  [NVL_I64] = {"i64", 64, 8, 0, 2, 0, NVL_SCALE_NONE, 9223372036854775807.0, -9223372036854775808.0,
+               load_i64, store_i64, load_i_i64, store_i_i64},
+  [NVL_U8] = {"u8", 8, 1, 0, 0, 0, NVL_SCALE_NONE, 255.0, 0.0, load_u8, store_u8, load_i_u8, store_i_u8},
+};
+_Static_assert(sizeof nvl_dtypes / sizeof nvl_dtypes[0] == NVL_DTYPE_COUNT, "a dtype lacks its traits row");
+
+nvl_dtype nvl_dtype_from_name(const char *name) {
+  for (int i = 0; i < NVL_DTYPE_COUNT; i++)
+    if (nvl_dtypes[i].name && strcmp(nvl_dtypes[i].name, name) == 0) return (nvl_dtype)i;
+  return NVL_DTYPE_COUNT;
+}
+
+const char *nvl_dtype_names(void) {
+  static char buf[256];
+  if (!buf[0]) {
+    for (int i = 0; i < NVL_DTYPE_COUNT; i++) {
+      if (i) strcat(buf, ", ");
+      strcat(buf, nvl_dtypes[i].name);
+    }
+  }
+  return buf;
+}
+
+nvl_dtype nvl_dtype_promote(nvl_dtype a, nvl_dtype b) { return nvl_dtypes[a].promote_rank >= nvl_dtypes[b].promote_rank ? a : b; }

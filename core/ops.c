@@ -1,0 +1,336 @@
+/* ops.c: validation, output allocation and backend dispatch for tensor ops (see ops.h). */
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+#include "cpu/ops_cpu.h"
+#include "cpu/ref/ops_ref.h"
+#include "nvl_cuda.h"
+#include "ops.h"
+
+const char *const nvl_binary_names[NVL_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"};
+const char *const nvl_unary_names[NVL_UNARY_COUNT] = {"exp", "log", "sqrt", "abs", "neg"};
+const char *const nvl_reduce_names[NVL_REDUCE_COUNT] = {"sum", "mean", "max", "min", "amax"};
+
+static nvl_status same_device(const char *op, const nvl_tensor *a, const nvl_tensor *b) {
+  if (a->device != b->device) {
+    char s1[160], s2[160];
+    return nvl_error(NVL_EINVAL, "%s: tensors are on different devices: %s and %s", op,
+                     nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
+  }
+  return NVL_OK;
+}
+
+static nvl_status cpu_only(const char *op, const nvl_tensor *t) {
+  if (t->device != NVL_CPU) {
+    char s[160];
+    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (tensor %s); copy it with :cpu() first", op,
+                     nvl_tensor_desc(t, s, sizeof s));
+  }
+  return NVL_OK;
+}
+
+static int same_shape(const nvl_tensor *a, const nvl_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+static int is_f32_contig(const nvl_tensor *t) { return t->dtype == NVL_F32 && nvl_tensor_is_contiguous(t); }
+
+nvl_status nvl_binary(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, const nvl_tensor *b) {
+  const char *name = (unsigned)op < NVL_BINARY_COUNT ? nvl_binary_names[op] : "binary";
+  if ((unsigned)op >= NVL_BINARY_COUNT) return nvl_error(NVL_EINVAL, "binary: invalid op %d", (int)op);
+  NVL_TRY(nvl_tensor_check_live(a, name));
+  NVL_TRY(nvl_tensor_check_live(b, name));
+  NVL_TRY(same_device(name, a, b));
+  int ndim;
+  int64_t shape[NVL_MAX_DIMS];
+  NVL_TRY(nvl_broadcast_shape(a, b, name, &ndim, shape));
+  nvl_dtype dt = nvl_dtype_promote(a->dtype, b->dtype);
+  if ((op == NVL_OP_DIV || op == NVL_OP_POW) && !nvl_dtypes[dt].is_float) dt = NVL_F32;
+
+  if (a->device == NVL_CUDA) {
+    if (!(op <= NVL_OP_DIV && is_f32_contig(a) && is_f32_contig(b) && same_shape(a, b))) {
+      char s1[160], s2[160];
+      return nvl_error(NVL_EUNSUPPORTED, "%s: on cuda only contiguous f32 tensors of one shape are supported yet (got %s and %s)",
+                       name, nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
+    }
+    nvl_tensor r = nvl_tensor_null();
+    NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CUDA, ndim, shape));
+    nvl_status st = nvl_cuda_binary_f32(op, nvl_tensor_data(&r), nvl_tensor_data(a), nvl_tensor_data(b),
+                                        nvl_tensor_numel(&r), a->storage->device_index);
+    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
+    *out = r;
+    return NVL_OK;
+  }
+
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, dt, NVL_CPU, ndim, shape));
+  if (dt == NVL_F32 && is_f32_contig(a) && is_f32_contig(b) && same_shape(a, b)) {
+    nvl_binary_f32_cpu(op, nvl_tensor_data(&r), nvl_tensor_data(a), nvl_tensor_data(b), nvl_tensor_numel(&r));
+  } else {
+    nvl_tensor ea = nvl_tensor_null(), eb = nvl_tensor_null();
+    nvl_status st = nvl_tensor_expand(&ea, a, ndim, shape);
+    if (st == NVL_OK) st = nvl_tensor_expand(&eb, b, ndim, shape);
+    if (st == NVL_OK) nvl_binary_ref(op, &r, &ea, &eb);
+    nvl_tensor_release(&ea);
+    nvl_tensor_release(&eb);
+    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
+  }
+  *out = r;
+  return NVL_OK;
+}
+
+nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, double s, int scalar_left) {
+  if ((unsigned)op >= NVL_BINARY_COUNT) return nvl_error(NVL_EINVAL, "binary: invalid op %d", (int)op);
+  const char *name = nvl_binary_names[op];
+  NVL_TRY(nvl_tensor_check_live(a, name));
+  NVL_TRY(cpu_only(name, a));
+  nvl_dtype dt = a->dtype;
+  if (!nvl_dtypes[dt].is_float && (op == NVL_OP_DIV || op == NVL_OP_POW || s != floor(s) || !isfinite(s))) dt = NVL_F32;
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, dt, NVL_CPU, a->ndim, a->shape));
+  if (dt == NVL_F32 && is_f32_contig(a))
+    nvl_binary_scalar_f32_cpu(op, nvl_tensor_data(&r), nvl_tensor_data(a), s, scalar_left, nvl_tensor_numel(a));
+  else
+    nvl_binary_scalar_ref(op, &r, a, s, scalar_left);
+  *out = r;
+  return NVL_OK;
+}
+
+nvl_status nvl_unary(nvl_tensor *out, nvl_unary_op op, const nvl_tensor *a) {
+  if ((unsigned)op >= NVL_UNARY_COUNT) return nvl_error(NVL_EINVAL, "unary: invalid op %d", (int)op);
+  const char *name = nvl_unary_names[op];
+  NVL_TRY(nvl_tensor_check_live(a, name));
+  NVL_TRY(cpu_only(name, a));
+  nvl_dtype dt = a->dtype;
+  if (!nvl_dtypes[dt].is_float && (op == NVL_OP_EXP || op == NVL_OP_LOG || op == NVL_OP_SQRT)) dt = NVL_F32;
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, dt, NVL_CPU, a->ndim, a->shape));
+  if (dt == NVL_F32 && is_f32_contig(a))
+    nvl_unary_f32_cpu(op, nvl_tensor_data(&r), nvl_tensor_data(a), nvl_tensor_numel(a));
+  else
+    nvl_unary_ref(op, &r, a);
+  *out = r;
+  return NVL_OK;
+}
+
+static nvl_dtype reduce_dtype(nvl_reduce_op op, nvl_dtype in) {
+  if (nvl_dtypes[in].is_float) return in;
+  if (op == NVL_RED_SUM) return NVL_I64;
+  if (op == NVL_RED_MEAN) return NVL_F32;
+  return in;
+}
+
+nvl_status nvl_reduce_all(double *result, nvl_reduce_op op, const nvl_tensor *a) {
+  if ((unsigned)op >= NVL_REDUCE_COUNT) return nvl_error(NVL_EINVAL, "reduce: invalid op %d", (int)op);
+  const char *name = nvl_reduce_names[op];
+  NVL_TRY(nvl_tensor_check_live(a, name));
+  NVL_TRY(cpu_only(name, a));
+  if (nvl_tensor_numel(a) == 0 && op >= NVL_RED_MAX)
+    return nvl_error(NVL_EINVAL, "%s: the tensor is empty", name);
+  *result = nvl_reduce_all_ref(op, a);
+  return NVL_OK;
+}
+
+nvl_status nvl_reduce_dim(nvl_tensor *out, nvl_tensor *idx, nvl_reduce_op op, const nvl_tensor *a, int dim, int keepdim) {
+  if ((unsigned)op >= NVL_REDUCE_COUNT) return nvl_error(NVL_EINVAL, "reduce: invalid op %d", (int)op);
+  const char *name = nvl_reduce_names[op];
+  char sh[160];
+  NVL_TRY(nvl_tensor_check_live(a, name));
+  NVL_TRY(cpu_only(name, a));
+  if (dim < 0 || dim >= a->ndim)
+    return nvl_error(NVL_EINVAL, "%s: dim %d out of range for a %d-D tensor %s", name, dim + 1, a->ndim,
+                     nvl_shape_str(a, sh, sizeof sh));
+  if (a->shape[dim] == 0 && op >= NVL_RED_MAX)
+    return nvl_error(NVL_EINVAL, "%s: dim %d of %s is empty", name, dim + 1, nvl_shape_str(a, sh, sizeof sh));
+  /* a permuted so dim is last; lead = the other dims in order. */
+  int perm[NVL_MAX_DIMS], k = 0;
+  int64_t lead[NVL_MAX_DIMS], full[NVL_MAX_DIMS];
+  for (int d = 0; d < a->ndim; d++) {
+    full[d] = d == dim ? 1 : a->shape[d];
+    if (d != dim) { lead[k] = a->shape[d]; perm[k++] = d; }
+  }
+  perm[k] = dim;
+  nvl_tensor ap = nvl_tensor_null(), r = nvl_tensor_null(), rv = nvl_tensor_null();
+  nvl_tensor ix = nvl_tensor_null(), ixv = nvl_tensor_null();
+  nvl_status st = nvl_tensor_permute(&ap, a, perm);
+  if (st == NVL_OK) st = nvl_tensor_empty(&r, reduce_dtype(op, a->dtype), NVL_CPU, keepdim ? a->ndim : a->ndim - 1, keepdim ? full : lead);
+  if (st == NVL_OK) st = nvl_tensor_view(&rv, &r, a->ndim - 1, lead);
+  if (st == NVL_OK && idx) st = nvl_tensor_empty(&ix, NVL_I64, NVL_CPU, keepdim ? a->ndim : a->ndim - 1, keepdim ? full : lead);
+  if (st == NVL_OK && idx) st = nvl_tensor_view(&ixv, &ix, a->ndim - 1, lead);
+  if (st == NVL_OK) nvl_reduce_last_ref(op, &rv, idx ? &ixv : NULL, &ap);
+  nvl_tensor_release(&ap);
+  nvl_tensor_release(&rv);
+  nvl_tensor_release(&ixv);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&r);
+    nvl_tensor_release(&ix);
+    return st;
+  }
+  *out = r;
+  if (idx) *idx = ix;
+  return NVL_OK;
+}
+
+/* The 2-D matrix of batch bi of t viewed as [batch..., R, C] (no reference taken). */
+static nvl_tensor batch_matrix(const nvl_tensor *t, int64_t bi) {
+  nvl_tensor m = *t;
+  int nb = t->ndim - 2;
+  for (int d = nb - 1; d >= 0; d--) {
+    m.offset += (bi % t->shape[d]) * t->strides[d];
+    bi /= t->shape[d];
+  }
+  m.ndim = 2;
+  m.shape[0] = t->shape[nb]; m.shape[1] = t->shape[nb + 1];
+  m.strides[0] = t->strides[nb]; m.strides[1] = t->strides[nb + 1];
+  return m;
+}
+
+nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+  char s1[160], s2[160];
+  NVL_TRY(nvl_tensor_check_live(a, "matmul"));
+  NVL_TRY(nvl_tensor_check_live(b, "matmul"));
+  NVL_TRY(same_device("matmul", a, b));
+  NVL_TRY(cpu_only("matmul", a));
+  if (a->ndim < 2 || b->ndim < 2)
+    return nvl_error(NVL_EINVAL, "matmul: expects 2-D or batched matrices, got a %s and b %s",
+                     nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
+  if (!nvl_dtypes[a->dtype].is_float || !nvl_dtypes[b->dtype].is_float)
+    return nvl_error(NVL_EINVAL, "matmul: expects f32 or bf16 tensors, got a %s and b %s",
+                     nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
+  int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+  if (b->shape[b->ndim - 2] != K)
+    return nvl_error(NVL_EINVAL, "matmul: inner dims differ: a is %s, b is %s", nvl_tensor_desc(a, s1, sizeof s1),
+                     nvl_tensor_desc(b, s2, sizeof s2));
+  if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+    return nvl_error(NVL_EINVAL, "matmul: dims above 2^31 are not supported (a %s, b %s)",
+                     nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
+  /* batch dims: broadcast a[..., :, :] against b[..., :, :] */
+  nvl_tensor ba = *a, bb = *b;
+  ba.ndim -= 2; bb.ndim -= 2;
+  int nb;
+  int64_t shape[NVL_MAX_DIMS];
+  NVL_TRY(nvl_broadcast_shape(&ba, &bb, "matmul (batch dims)", &nb, shape));
+  if (nb + 2 > NVL_MAX_DIMS) return nvl_error(NVL_EINVAL, "matmul: too many dims");
+  int64_t batches = 1;
+  for (int d = 0; d < nb; d++) batches *= shape[d];
+  nvl_dtype dt = nvl_dtype_promote(a->dtype, b->dtype);
+
+  int64_t sa[NVL_MAX_DIMS], sb[NVL_MAX_DIMS], so[NVL_MAX_DIMS];
+  memcpy(sa, shape, sizeof(int64_t) * nb); memcpy(sb, shape, sizeof(int64_t) * nb); memcpy(so, shape, sizeof(int64_t) * nb);
+  sa[nb] = M; sa[nb + 1] = K; sb[nb] = K; sb[nb + 1] = N; so[nb] = M; so[nb + 1] = N;
+
+  nvl_tensor fa = nvl_tensor_null(), fb = nvl_tensor_null(), ea = nvl_tensor_null(), eb = nvl_tensor_null();
+  nvl_tensor r = nvl_tensor_null(), rf = nvl_tensor_null();
+  nvl_status st = NVL_OK;
+  /* bf16 operands are widened to f32 (exact) and the product rounded once at the end. */
+  if (a->dtype == NVL_F32) nvl_tensor_share(&fa, a); else st = nvl_tensor_clone_to(&fa, a, NVL_F32, NVL_CPU);
+  if (st == NVL_OK) { if (b->dtype == NVL_F32) nvl_tensor_share(&fb, b); else st = nvl_tensor_clone_to(&fb, b, NVL_F32, NVL_CPU); }
+  if (st == NVL_OK) st = nvl_tensor_expand(&ea, &fa, nb + 2, sa);
+  if (st == NVL_OK) st = nvl_tensor_expand(&eb, &fb, nb + 2, sb);
+  if (st == NVL_OK) st = nvl_tensor_empty(&r, dt, NVL_CPU, nb + 2, so);
+  if (st == NVL_OK) { if (dt == NVL_F32) nvl_tensor_share(&rf, &r); else st = nvl_tensor_empty(&rf, NVL_F32, NVL_CPU, nb + 2, so); }
+  for (int64_t bi = 0; st == NVL_OK && bi < batches; bi++) {
+    nvl_tensor ma = batch_matrix(&ea, bi), mb = batch_matrix(&eb, bi), mo = batch_matrix(&rf, bi);
+    if (!nvl_matmul_f32_cpu(nvl_tensor_data(&mo), &ma, &mb)) {
+      /* layout BLAS cannot take (e.g. a broadcast view): make the operands contiguous */
+      nvl_tensor ca = nvl_tensor_null(), cb = nvl_tensor_null();
+      st = nvl_tensor_contiguous(&ca, &ma);
+      if (st == NVL_OK) st = nvl_tensor_contiguous(&cb, &mb);
+      if (st == NVL_OK) nvl_matmul_f32_cpu(nvl_tensor_data(&mo), &ca, &cb);
+      nvl_tensor_release(&ca);
+      nvl_tensor_release(&cb);
+    }
+  }
+  if (st == NVL_OK && dt != NVL_F32) st = nvl_tensor_copy(&r, &rf);
+  nvl_tensor_release(&fa); nvl_tensor_release(&fb); nvl_tensor_release(&ea); nvl_tensor_release(&eb);
+  nvl_tensor_release(&rf);
+  if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
+  *out = r;
+  return NVL_OK;
+}
+
+nvl_status nvl_fill_(nvl_tensor *t, double v) {
+  NVL_TRY(nvl_tensor_check_live(t, "fill"));
+  NVL_TRY(cpu_only("fill", t));
+  nvl_fill_ref(t, v);
+  return NVL_OK;
+}
+
+nvl_status nvl_arange_(nvl_tensor *t, double start, double step) {
+  NVL_TRY(nvl_tensor_check_live(t, "arange"));
+  NVL_TRY(cpu_only("arange", t));
+  if (t->ndim != 1 || !nvl_tensor_is_contiguous(t)) return nvl_error(NVL_EINVAL, "arange: needs a contiguous 1-D tensor");
+  nvl_arange_ref(t, start, step);
+  return NVL_OK;
+}
+
+static nvl_status random_fill(nvl_tensor *t, nvl_generator *g, int normal) {
+  const char *name = normal ? "randn" : "rand";
+  NVL_TRY(nvl_tensor_check_live(t, name));
+  NVL_TRY(cpu_only(name, t));
+  if (!nvl_dtypes[t->dtype].is_float)
+    return nvl_error(NVL_EINVAL, "%s: dtype must be f32 or bf16, got %s", name, nvl_dtypes[t->dtype].name);
+  if (!g) g = nvl_default_generator();
+  nvl_tensor c = nvl_tensor_null();
+  if (nvl_tensor_is_contiguous(t)) nvl_tensor_share(&c, t);
+  else NVL_TRY(nvl_tensor_empty(&c, t->dtype, NVL_CPU, t->ndim, t->shape));
+  if (normal) nvl_randn_ref(&c, g->seed, g->offset);
+  else nvl_rand_ref(&c, g->seed, g->offset);
+  g->offset++;
+  nvl_status st = nvl_tensor_is_contiguous(t) ? NVL_OK : nvl_tensor_copy(t, &c);
+  nvl_tensor_release(&c);
+  return st;
+}
+
+nvl_status nvl_rand_(nvl_tensor *t, nvl_generator *g) { return random_fill(t, g, 0); }
+nvl_status nvl_randn_(nvl_tensor *t, nvl_generator *g) { return random_fill(t, g, 1); }
+
+nvl_status nvl_cast(nvl_tensor *out, const nvl_tensor *t, nvl_dtype dt) {
+  NVL_TRY(nvl_tensor_check_live(t, "to"));
+  if ((unsigned)dt >= NVL_DTYPE_COUNT) return nvl_error(NVL_EINVAL, "to: invalid dtype");
+  return nvl_tensor_clone_to(out, t, dt, t->device);
+}
+
+nvl_status nvl_allclose(int *result, const nvl_tensor *a, const nvl_tensor *b, double rtol, double atol, int equal_nan) {
+  NVL_TRY(nvl_tensor_check_live(a, "allclose"));
+  NVL_TRY(nvl_tensor_check_live(b, "allclose"));
+  NVL_TRY(cpu_only("allclose", a));
+  NVL_TRY(cpu_only("allclose", b));
+  int ndim;
+  int64_t shape[NVL_MAX_DIMS];
+  NVL_TRY(nvl_broadcast_shape(a, b, "allclose", &ndim, shape));
+  nvl_tensor ea = nvl_tensor_null(), eb = nvl_tensor_null();
+  nvl_status st = nvl_tensor_expand(&ea, a, ndim, shape);
+  if (st == NVL_OK) st = nvl_tensor_expand(&eb, b, ndim, shape);
+  if (st == NVL_OK) *result = nvl_allclose_ref(&ea, &eb, rtol, atol, equal_nan);
+  nvl_tensor_release(&ea);
+  nvl_tensor_release(&eb);
+  return st;
+}
+
+static nvl_status check_index(const char *op, const nvl_tensor *t, const int64_t *idx) {
+  NVL_TRY(nvl_tensor_check_live(t, op));
+  NVL_TRY(cpu_only(op, t));
+  for (int d = 0; d < t->ndim; d++)
+    if (idx[d] < 0 || idx[d] >= t->shape[d]) {
+      char sh[160];
+      return nvl_error(NVL_EINVAL, "%s: index %lld out of range for dim %d of size %lld (tensor %s)", op,
+                       (long long)idx[d] + 1, d + 1, (long long)t->shape[d], nvl_shape_str(t, sh, sizeof sh));
+    }
+  return NVL_OK;
+}
+
+nvl_status nvl_get(double *v, const nvl_tensor *t, const int64_t *idx) {
+  NVL_TRY(check_index("get", t, idx));
+  *v = nvl_dtypes[t->dtype].load_f(nvl_tensor_ptr(t, idx));
+  return NVL_OK;
+}
+
+nvl_status nvl_set(nvl_tensor *t, const int64_t *idx, double v) {
+  NVL_TRY(check_index("set", t, idx));
+  nvl_dtypes[t->dtype].store_f(nvl_tensor_ptr(t, idx), v);
+  return NVL_OK;
+}

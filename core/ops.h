@@ -1,0 +1,71 @@
+/* ops.h: tensor operations, dispatched on the tensors' device to kernels/cpu or kernels/cuda.
+ * Every function validates shapes/dtypes/devices and returns an nvl_status with a message that
+ * names the op and the offending shapes and dtypes. Outputs are allocated here (out must be a
+ * null tensor) unless the name ends in _ (in-place).
+ * Not here: layers (forward/backward), quantization (later issues). */
+#ifndef NVL_OPS_H
+#define NVL_OPS_H
+#include "philox.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  NVL_OP_ADD = 0, NVL_OP_SUB = 1, NVL_OP_MUL = 2, NVL_OP_DIV = 3, NVL_OP_POW = 4,
+  NVL_OP_MAXIMUM = 5, NVL_OP_MINIMUM = 6,
+  NVL_BINARY_COUNT
+} nvl_binary_op;
+
+typedef enum {
+  NVL_OP_EXP = 0, NVL_OP_LOG = 1, NVL_OP_SQRT = 2, NVL_OP_ABS = 3, NVL_OP_NEG = 4,
+  NVL_UNARY_COUNT
+} nvl_unary_op;
+
+typedef enum {
+  NVL_RED_SUM = 0, NVL_RED_MEAN = 1, NVL_RED_MAX = 2, NVL_RED_MIN = 3, NVL_RED_AMAX = 4,
+  NVL_REDUCE_COUNT
+} nvl_reduce_op;
+
+extern const char *const nvl_binary_names[NVL_BINARY_COUNT];
+extern const char *const nvl_unary_names[NVL_UNARY_COUNT];
+extern const char *const nvl_reduce_names[NVL_REDUCE_COUNT];
+
+/* out = a op b with broadcasting; result dtype nvl_dtype_promote (DIV/POW of integers: f32). */
+nvl_status nvl_binary(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, const nvl_tensor *b);
+/* out = a op s (scalar_left: s op a). The tensor's dtype is kept unless s is non-integral and a
+ * is an integer tensor (then f32), or op is DIV/POW on integers (f32). */
+nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, double s, int scalar_left);
+/* out = op(a); integer inputs give f32 for EXP/LOG/SQRT. */
+nvl_status nvl_unary(nvl_tensor *out, nvl_unary_op op, const nvl_tensor *a);
+
+/* Reduce over all elements into *result (fp64 accumulation). */
+nvl_status nvl_reduce_all(double *result, nvl_reduce_op op, const nvl_tensor *a);
+/* Reduce over dim; out has dim removed (or kept with size 1). For MAX/MIN, idx (may be NULL)
+ * receives 0-based i64 positions of the first extreme value. */
+nvl_status nvl_reduce_dim(nvl_tensor *out, nvl_tensor *idx, nvl_reduce_op op, const nvl_tensor *a, int dim, int keepdim);
+
+/* out = a @ b. 2-D [M,K]x[K,N]; batched [...,M,K]x[...,K,N] with broadcast batch dims; f32
+ * (OpenBLAS sgemm) or bf16 (computed in fp32, rounded once). */
+nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b);
+
+/* Fill t with v (converted to t's dtype). */
+nvl_status nvl_fill_(nvl_tensor *t, double v);
+/* t[i] = start + i*step for a 1-D t. */
+nvl_status nvl_arange_(nvl_tensor *t, double start, double step);
+/* Uniform [0,1) / standard normal from g; advances g->offset by one. */
+nvl_status nvl_rand_(nvl_tensor *t, nvl_generator *g);
+nvl_status nvl_randn_(nvl_tensor *t, nvl_generator *g);
+/* out = t converted to dt (a copy even if dt is t's dtype). */
+nvl_status nvl_cast(nvl_tensor *out, const nvl_tensor *t, nvl_dtype dt);
+/* *result = all(|a-b| <= atol + rtol*|b|), shapes broadcast; NaNs equal only if equal_nan. */
+nvl_status nvl_allclose(int *result, const nvl_tensor *a, const nvl_tensor *b, double rtol, double atol, int equal_nan);
+/* Read / write one element as double (0-based index, all dims). */
+nvl_status nvl_get(double *v, const nvl_tensor *t, const int64_t *idx);
+nvl_status nvl_set(nvl_tensor *t, const int64_t *idx, double v);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,35 @@
+/* philox.h: Philox4x32-10 (Salmon et al., SC'11, Random123), the one source of random bits in
+ * nvlua. Counter-based, so the CPU and CUDA paths draw identical bits and runs resume exactly.
+ * Stream layout (NUMERICS.md §3): key = (seed lo, seed hi); counter = (i, offset lo, offset hi, 0)
+ * where i indexes 4-word groups within one call and offset counts calls on a generator. */
+#ifndef NVL_PHILOX_H
+#define NVL_PHILOX_H
+#include "nvl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One Philox4x32-10 evaluation: out = philox(ctr, key). */
+void nvl_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* A generator: a seed and a call counter. Each op that draws random numbers uses counter
+ * (i, offset) for its i-th group of 4 words and then advances offset by one. */
+typedef struct {
+  uint64_t seed;
+  uint64_t offset;
+} nvl_generator;
+
+/* The process-wide default generator (nv.manual_seed sets it). */
+nvl_generator *nvl_default_generator(void);
+
+/* The 4 words of group i of the call at (seed, offset). */
+void nvl_philox_words(uint64_t seed, uint64_t offset, uint64_t i, uint32_t out[4]);
+
+/* Uniform in [0, 1) with 24 random bits, from one 32-bit word (top 24 bits). */
+static inline float nvl_u32_to_uniform(uint32_t w) { return (float)(w >> 8) * (1.0f / 16777216.0f); }
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,435 @@
+/* tensor.c: storage allocation and accounting, views, copies (see tensor.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "nvl_cuda.h"
+#include "tensor.h"
+#include "cpu/ops_cpu.h"
+#include "cpu/ref/ops_ref.h"
+
+static size_t live_bytes[NVL_DEVICE_COUNT], peak_bytes[NVL_DEVICE_COUNT];
+static int64_t live_count[NVL_DEVICE_COUNT];
+
+size_t nvl_memory_live(nvl_device dev) { return live_bytes[dev]; }
+size_t nvl_memory_peak(nvl_device dev) { return peak_bytes[dev]; }
+int64_t nvl_memory_count(nvl_device dev) { return live_count[dev]; }
+
+static nvl_status storage_new(nvl_storage **out, nvl_device dev, size_t bytes) {
+  nvl_storage *s = calloc(1, sizeof *s);
+  if (!s) return nvl_error(NVL_ENOMEM, "out of host memory allocating a storage header");
+  size_t alloc = bytes ? bytes : 1;
+  if (dev == NVL_CPU) {
+    size_t rounded = (alloc + 63) & ~(size_t)63;
+    s->data = aligned_alloc(64, rounded);
+    if (!s->data) {
+      free(s);
+      return nvl_error(NVL_ENOMEM, "out of host memory allocating %zu bytes", bytes);
+    }
+  } else {
+    nvl_status st = nvl_cuda_malloc(&s->data, alloc, 0);
+    if (st != NVL_OK) { free(s); return st; }
+  }
+  s->refcount = 1;
+  s->device = dev;
+  s->bytes = bytes;
+  live_bytes[dev] += bytes;
+  live_count[dev]++;
+  if (live_bytes[dev] > peak_bytes[dev]) peak_bytes[dev] = live_bytes[dev];
+  *out = s;
+  return NVL_OK;
+}
+
+static void storage_unref(nvl_storage *s) {
+  if (!s || --s->refcount > 0) return;
+  live_bytes[s->device] -= s->bytes;
+  live_count[s->device]--;
+  if (s->device == NVL_CPU) free(s->data);
+  else nvl_cuda_free(s->data, s->device_index);
+  free(s);
+}
+
+static void set_contiguous_strides(nvl_tensor *t) {
+  int64_t st = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    t->strides[d] = st;
+    st *= t->shape[d];
+  }
+}
+
+nvl_status nvl_tensor_empty(nvl_tensor *out, nvl_dtype dt, nvl_device dev, int ndim, const int64_t *shape) {
+  if ((unsigned)dt >= NVL_DTYPE_COUNT) return nvl_error(NVL_EINVAL, "empty: invalid dtype %d", (int)dt);
+  if (ndim < 0 || ndim > NVL_MAX_DIMS)
+    return nvl_error(NVL_EINVAL, "empty: %d dims requested, at most %d supported", ndim, NVL_MAX_DIMS);
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0) return nvl_error(NVL_EINVAL, "empty: negative size %lld in dim %d", (long long)shape[d], d + 1);
+    if (shape[d] && n > INT64_MAX / 16 / shape[d]) return nvl_error(NVL_EINVAL, "empty: tensor too large");
+    n *= shape[d];
+  }
+  nvl_tensor t = nvl_tensor_null();
+  t.dtype = dt;
+  t.device = dev;
+  t.ndim = ndim;
+  for (int d = 0; d < ndim; d++) t.shape[d] = shape[d];
+  set_contiguous_strides(&t);
+  NVL_TRY(storage_new(&t.storage, dev, (size_t)n * nvl_dtypes[dt].elem_size));
+  *out = t;
+  return NVL_OK;
+}
+
+void nvl_tensor_release(nvl_tensor *t) {
+  if (!t) return;
+  storage_unref(t->storage);
+  t->storage = NULL;
+}
+
+void nvl_tensor_share(nvl_tensor *out, const nvl_tensor *t) {
+  *out = *t;
+  if (out->storage) out->storage->refcount++;
+}
+
+nvl_status nvl_tensor_check_live(const nvl_tensor *t, const char *op) {
+  if (!t->storage) return nvl_error(NVL_ESTATE, "%s: tensor has been freed", op);
+  return NVL_OK;
+}
+
+int64_t nvl_tensor_numel(const nvl_tensor *t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+  return n;
+}
+
+int nvl_tensor_is_contiguous(const nvl_tensor *t) {
+  int64_t st = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && t->strides[d] != st) return 0;
+    st *= t->shape[d];
+  }
+  return 1;
+}
+
+void *nvl_tensor_data(const nvl_tensor *t) {
+  return (char *)t->storage->data + t->offset * nvl_dtypes[t->dtype].elem_size;
+}
+
+void *nvl_tensor_ptr(const nvl_tensor *t, const int64_t *idx) {
+  int64_t off = t->offset;
+  for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
+  return (char *)t->storage->data + off * nvl_dtypes[t->dtype].elem_size;
+}
+
+const char *nvl_shape_str(const nvl_tensor *t, char *buf, size_t n) {
+  size_t used = (size_t)snprintf(buf, n, "[");
+  for (int d = 0; d < t->ndim && used < n; d++)
+    used += (size_t)snprintf(buf + used, n - used, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+  if (used < n) snprintf(buf + used, n - used, "]");
+  return buf;
+}
+
+const char *nvl_tensor_desc(const nvl_tensor *t, char *buf, size_t n) {
+  char sh[160];
+  snprintf(buf, n, "%s %s%s", nvl_shape_str(t, sh, sizeof sh), nvl_dtypes[t->dtype].name,
+           t->device == NVL_CPU ? "" : " cuda");
+  return buf;
+}
+
+/* ---- views ---- */
+
+static nvl_status check_dim(const nvl_tensor *t, int dim, const char *op) {
+  if (dim < 0 || dim >= t->ndim) {
+    char sh[160];
+    return nvl_error(NVL_EINVAL, "%s: dim %d out of range for a %d-D tensor %s", op, dim + 1, t->ndim,
+                     nvl_shape_str(t, sh, sizeof sh));
+  }
+  return NVL_OK;
+}
+
+/* Resolve a requested shape (one -1 allowed) against t's element count. */
+static nvl_status resolve_shape(const char *op, const nvl_tensor *t, int ndim, const int64_t *in, int64_t *shape) {
+  char sh[160];
+  if (ndim < 0 || ndim > NVL_MAX_DIMS) return nvl_error(NVL_EINVAL, "%s: %d dims, at most %d", op, ndim, NVL_MAX_DIMS);
+  int64_t known = 1, numel = nvl_tensor_numel(t);
+  int infer = -1;
+  for (int d = 0; d < ndim; d++) {
+    shape[d] = in[d];
+    if (shape[d] == -1) {
+      if (infer >= 0) return nvl_error(NVL_EINVAL, "%s: only one dim can be -1", op);
+      infer = d;
+    } else if (shape[d] < 0) {
+      return nvl_error(NVL_EINVAL, "%s: invalid size %lld in dim %d", op, (long long)shape[d], d + 1);
+    } else {
+      known *= shape[d];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel % known)
+      return nvl_error(NVL_EINVAL, "%s: cannot infer dim %d: %lld elements of %s do not divide by %lld", op,
+                       infer + 1, (long long)numel, nvl_shape_str(t, sh, sizeof sh), (long long)known);
+    shape[infer] = numel / known;
+    known *= shape[infer];
+  }
+  if (known != numel)
+    return nvl_error(NVL_EINVAL, "%s: shape has %lld elements, tensor %s has %lld", op, (long long)known,
+                     nvl_shape_str(t, sh, sizeof sh), (long long)numel);
+  return NVL_OK;
+}
+
+/* Strides for viewing t as shape without copying: 1 on success, 0 if the layout forbids it.
+ * Walks t's dims from the innermost, grouping runs that are contiguous among themselves; each
+ * run must be covered exactly by a run of new dims. */
+static int view_strides(const nvl_tensor *t, int ndim, const int64_t *shape, int64_t *strides) {
+  int64_t st = 1;
+  for (int d = ndim - 1; d >= 0; d--) { strides[d] = st; st *= shape[d]; }
+  if (t->ndim == 0 || nvl_tensor_numel(t) == 0) return 1;
+  int vd = ndim - 1;
+  int64_t base = t->strides[t->ndim - 1], tn = 1, vn = 1;
+  for (int td = t->ndim - 1; td >= 0; td--) {
+    tn *= t->shape[td];
+    int run_ends = td == 0 || (t->shape[td - 1] != 1 && t->strides[td - 1] != tn * base);
+    if (!run_ends) continue;
+    while (vd >= 0 && (vn < tn || shape[vd] == 1)) {
+      strides[vd] = vn * base;
+      vn *= shape[vd];
+      vd--;
+    }
+    if (vn != tn) return 0;
+    if (td > 0) { base = t->strides[td - 1]; tn = 1; vn = 1; }
+  }
+  return vd == -1;
+}
+
+nvl_status nvl_tensor_view(nvl_tensor *out, const nvl_tensor *t, int ndim, const int64_t *shape_in) {
+  NVL_TRY(nvl_tensor_check_live(t, "view"));
+  int64_t shape[NVL_MAX_DIMS], strides[NVL_MAX_DIMS];
+  NVL_TRY(resolve_shape("view", t, ndim, shape_in, shape));
+  if (!view_strides(t, ndim, shape, strides)) {
+    char sh[160];
+    return nvl_error(NVL_EINVAL, "view: the strides of %s do not allow this view without a copy; use reshape",
+                     nvl_shape_str(t, sh, sizeof sh));
+  }
+  nvl_tensor v;
+  nvl_tensor_share(&v, t);
+  v.ndim = ndim;
+  for (int d = 0; d < NVL_MAX_DIMS; d++) {
+    v.shape[d] = d < ndim ? shape[d] : 1;
+    v.strides[d] = d < ndim ? strides[d] : 0;
+  }
+  *out = v;
+  return NVL_OK;
+}
+
+nvl_status nvl_tensor_transpose(nvl_tensor *out, const nvl_tensor *t, int d0, int d1) {
+  NVL_TRY(nvl_tensor_check_live(t, "transpose"));
+  NVL_TRY(check_dim(t, d0, "transpose"));
+  NVL_TRY(check_dim(t, d1, "transpose"));
+  nvl_tensor v;
+  nvl_tensor_share(&v, t);
+  int64_t s = v.shape[d0]; v.shape[d0] = v.shape[d1]; v.shape[d1] = s;
+  s = v.strides[d0]; v.strides[d0] = v.strides[d1]; v.strides[d1] = s;
+  *out = v;
+  return NVL_OK;
+}
+
+nvl_status nvl_tensor_permute(nvl_tensor *out, const nvl_tensor *t, const int *perm) {
+  NVL_TRY(nvl_tensor_check_live(t, "permute"));
+  int seen[NVL_MAX_DIMS] = {0};
+  for (int d = 0; d < t->ndim; d++) {
+    if (perm[d] < 0 || perm[d] >= t->ndim || seen[perm[d]])
+      return nvl_error(NVL_EINVAL, "permute: dims must be a permutation of 1..%d", t->ndim);
+    seen[perm[d]] = 1;
+  }
+  nvl_tensor v;
+  nvl_tensor_share(&v, t);
+  for (int d = 0; d < t->ndim; d++) {
+    v.shape[d] = t->shape[perm[d]];
+    v.strides[d] = t->strides[perm[d]];
+  }
+  *out = v;
+  return NVL_OK;
+}
+
+nvl_status nvl_tensor_narrow(nvl_tensor *out, const nvl_tensor *t, int dim, int64_t start, int64_t len) {
+  NVL_TRY(nvl_tensor_check_live(t, "narrow"));
+  NVL_TRY(check_dim(t, dim, "narrow"));
+  if (start < 0 || len < 0 || start + len > t->shape[dim]) {
+    char sh[160];
+    return nvl_error(NVL_EINVAL, "narrow: start %lld, length %lld out of range for dim %d of size %lld (tensor %s)",
+                     (long long)start + 1, (long long)len, dim + 1, (long long)t->shape[dim],
+                     nvl_shape_str(t, sh, sizeof sh));
+  }
+  nvl_tensor v;
+  nvl_tensor_share(&v, t);
+  v.offset += start * t->strides[dim];
+  v.shape[dim] = len;
+  *out = v;
+  return NVL_OK;
+}
+
+nvl_status nvl_tensor_select(nvl_tensor *out, const nvl_tensor *t, int dim, int64_t index) {
+  NVL_TRY(nvl_tensor_check_live(t, "select"));
+  NVL_TRY(check_dim(t, dim, "select"));
+  if (index < 0 || index >= t->shape[dim]) {
+    char sh[160];
+    return nvl_error(NVL_EINVAL, "select: index %lld out of range for dim %d of size %lld (tensor %s)",
+                     (long long)index + 1, dim + 1, (long long)t->shape[dim], nvl_shape_str(t, sh, sizeof sh));
+  }
+  nvl_tensor v;
+  nvl_tensor_share(&v, t);
+  v.offset += index * t->strides[dim];
+  for (int d = dim; d < t->ndim - 1; d++) {
+    v.shape[d] = t->shape[d + 1];
+    v.strides[d] = t->strides[d + 1];
+  }
+  v.ndim--;
+  v.shape[v.ndim] = 1;
+  v.strides[v.ndim] = 0;
+  *out = v;
+  return NVL_OK;
+}
+
+nvl_status nvl_tensor_expand(nvl_tensor *out, const nvl_tensor *t, int ndim, const int64_t *shape) {
+  NVL_TRY(nvl_tensor_check_live(t, "expand"));
+  char sh[160];
+  if (ndim < t->ndim || ndim > NVL_MAX_DIMS)
+    return nvl_error(NVL_EINVAL, "expand: cannot expand %s to %d dims", nvl_shape_str(t, sh, sizeof sh), ndim);
+  nvl_tensor v;
+  nvl_tensor_share(&v, t);
+  int lead = ndim - t->ndim;
+  for (int d = ndim - 1; d >= 0; d--) {
+    int od = d - lead;
+    int64_t os = od >= 0 ? t->shape[od] : 1, ost = od >= 0 ? t->strides[od] : 0;
+    if (os == shape[d]) {
+      v.shape[d] = os;
+      v.strides[d] = ost;
+    } else if (os == 1) {
+      v.shape[d] = shape[d];
+      v.strides[d] = 0;
+    } else {
+      nvl_tensor_release(&v);
+      return nvl_error(NVL_EINVAL, "expand: size %lld of dim %d of %s cannot become %lld", (long long)os, od + 1,
+                       nvl_shape_str(t, sh, sizeof sh), (long long)shape[d]);
+    }
+  }
+  v.ndim = ndim;
+  *out = v;
+  return NVL_OK;
+}
+
+nvl_status nvl_broadcast_shape(const nvl_tensor *a, const nvl_tensor *b, const char *op, int *ndim, int64_t *shape) {
+  int n = a->ndim > b->ndim ? a->ndim : b->ndim;
+  for (int d = 0; d < n; d++) {
+    int da = d - (n - a->ndim), db = d - (n - b->ndim);
+    int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
+    if (sa != sb && sa != 1 && sb != 1) {
+      char s1[160], s2[160];
+      return nvl_error(NVL_EINVAL, "%s: shapes %s and %s cannot be broadcast (dim %d: %lld vs %lld)", op,
+                       nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2), d + 1,
+                       (long long)sa, (long long)sb);
+    }
+    shape[d] = sa == 1 ? sb : sa;
+  }
+  *ndim = n;
+  return NVL_OK;
+}
+
+/* ---- copies ---- */
+
+nvl_status nvl_tensor_copy(nvl_tensor *dst, const nvl_tensor *src) {
+  NVL_TRY(nvl_tensor_check_live(dst, "copy"));
+  NVL_TRY(nvl_tensor_check_live(src, "copy"));
+  nvl_tensor s = nvl_tensor_null();
+  nvl_status st = nvl_tensor_expand(&s, src, dst->ndim, dst->shape);
+  if (st != NVL_OK) {
+    char s1[160], s2[160];
+    return nvl_error(NVL_EINVAL, "copy: source %s does not broadcast to destination %s",
+                     nvl_tensor_desc(src, s1, sizeof s1), nvl_tensor_desc(dst, s2, sizeof s2));
+  }
+  if (dst->device == NVL_CPU && s.device == NVL_CPU) {
+    int contig = nvl_tensor_is_contiguous(dst) && nvl_tensor_is_contiguous(&s);
+    int64_t n = nvl_tensor_numel(dst);
+    if (contig && dst->dtype == s.dtype)
+      memmove(nvl_tensor_data(dst), nvl_tensor_data(&s), (size_t)n * nvl_dtypes[dst->dtype].elem_size);
+    else if (contig && dst->dtype == NVL_BF16 && s.dtype == NVL_F32)
+      nvl_f32_to_bf16_cpu(nvl_tensor_data(dst), nvl_tensor_data(&s), n);
+    else if (contig && dst->dtype == NVL_F32 && s.dtype == NVL_BF16)
+      nvl_bf16_to_f32_cpu(nvl_tensor_data(dst), nvl_tensor_data(&s), n);
+    else
+      nvl_copy_ref(dst, &s);
+    nvl_tensor_release(&s);
+    return NVL_OK;
+  }
+  /* Host <-> device: stage through a contiguous host tensor of the destination's dtype. */
+  int64_t n = nvl_tensor_numel(dst);
+  if (dst->device == NVL_CUDA && s.device == NVL_CPU) {
+    nvl_tensor tmp = nvl_tensor_null();
+    if (!nvl_tensor_is_contiguous(dst)) {
+      nvl_tensor_release(&s);
+      return nvl_error(NVL_EUNSUPPORTED, "copy: a non-contiguous cuda destination is not supported yet");
+    }
+    st = nvl_tensor_clone_to(&tmp, &s, dst->dtype, NVL_CPU);
+    if (st == NVL_OK)
+      st = nvl_cuda_memcpy(nvl_tensor_data(dst), nvl_tensor_data(&tmp), (size_t)n * nvl_dtypes[dst->dtype].elem_size, 0,
+                           dst->storage->device_index);
+    nvl_tensor_release(&tmp);
+    nvl_tensor_release(&s);
+    return st;
+  }
+  if (dst->device == NVL_CPU && s.device == NVL_CUDA) {
+    nvl_tensor tmp = nvl_tensor_null();
+    if (!nvl_tensor_is_contiguous(src) || nvl_tensor_numel(src) != n) {
+      nvl_tensor_release(&s);
+      return nvl_error(NVL_EUNSUPPORTED, "copy: cuda source must be contiguous and of the destination's shape");
+    }
+    st = nvl_tensor_empty(&tmp, src->dtype, NVL_CPU, src->ndim, src->shape);
+    if (st == NVL_OK)
+      st = nvl_cuda_memcpy(nvl_tensor_data(&tmp), nvl_tensor_data(src), (size_t)n * nvl_dtypes[src->dtype].elem_size, 1,
+                           src->storage->device_index);
+    if (st == NVL_OK) {
+      nvl_tensor e = nvl_tensor_null();
+      st = nvl_tensor_view(&e, &tmp, dst->ndim, dst->shape);
+      if (st == NVL_OK) nvl_copy_ref(dst, &e);
+      nvl_tensor_release(&e);
+    }
+    nvl_tensor_release(&tmp);
+    nvl_tensor_release(&s);
+    return st;
+  }
+  /* device -> device */
+  nvl_tensor_release(&s);
+  if (!nvl_tensor_is_contiguous(dst) || !nvl_tensor_is_contiguous(src) || dst->dtype != src->dtype ||
+      nvl_tensor_numel(src) != n)
+    return nvl_error(NVL_EUNSUPPORTED, "copy: cuda to cuda copies need contiguous tensors of one shape and dtype");
+  return nvl_cuda_memcpy(nvl_tensor_data(dst), nvl_tensor_data(src), (size_t)n * nvl_dtypes[dst->dtype].elem_size, 2,
+                         dst->storage->device_index);
+}
+
+nvl_status nvl_tensor_clone_to(nvl_tensor *out, const nvl_tensor *t, nvl_dtype dt, nvl_device dev) {
+  NVL_TRY(nvl_tensor_check_live(t, "clone"));
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, dt, dev, t->ndim, t->shape));
+  nvl_status st = nvl_tensor_copy(&r, t);
+  if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
+  *out = r;
+  return NVL_OK;
+}
+
+nvl_status nvl_tensor_contiguous(nvl_tensor *out, const nvl_tensor *t) {
+  NVL_TRY(nvl_tensor_check_live(t, "contiguous"));
+  if (nvl_tensor_is_contiguous(t)) {
+    nvl_tensor_share(out, t);
+    return NVL_OK;
+  }
+  return nvl_tensor_clone_to(out, t, t->dtype, t->device);
+}
+
+nvl_status nvl_tensor_reshape(nvl_tensor *out, const nvl_tensor *t, int ndim, const int64_t *shape_in) {
+  NVL_TRY(nvl_tensor_check_live(t, "reshape"));
+  int64_t shape[NVL_MAX_DIMS], strides[NVL_MAX_DIMS];
+  NVL_TRY(resolve_shape("reshape", t, ndim, shape_in, shape));
+  if (view_strides(t, ndim, shape, strides)) return nvl_tensor_view(out, t, ndim, shape);
+  nvl_tensor c = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_clone_to(&c, t, t->dtype, t->device));
+  nvl_status st = nvl_tensor_view(out, &c, ndim, shape);
+  nvl_tensor_release(&c);
+  return st;
+}

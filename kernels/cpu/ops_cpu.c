@@ -1,0 +1,113 @@
+/* ops_cpu.c: fast CPU kernels (see ops_cpu.h). Same arithmetic as the references, spread over
+ * OpenMP threads and left to the compiler to vectorise. */
+#include <cblas.h>
+#include <stdio.h>
+#include "cpu/ops_cpu.h"
+#include "cpu/ref/ops_ref.h"
+#include "dtype.h"
+
+#define NVL_OMP_MIN 32768 /* below this many elements threads cost more than they save */
+
+void nvl_binary_f32_cpu(nvl_binary_op op, float *out, const float *a, const float *b, int64_t n) {
+  switch (op) {
+    case NVL_OP_ADD:
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+      for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+      break;
+    case NVL_OP_SUB:
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+      for (int64_t i = 0; i < n; i++) out[i] = a[i] - b[i];
+      break;
+    case NVL_OP_MUL:
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+      for (int64_t i = 0; i < n; i++) out[i] = a[i] * b[i];
+      break;
+    case NVL_OP_DIV:
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+      for (int64_t i = 0; i < n; i++) out[i] = a[i] / b[i];
+      break;
+    default:
+#pragma omp parallel for if (n > NVL_OMP_MIN)
+      for (int64_t i = 0; i < n; i++) out[i] = (float)nvl_binary_f(op, a[i], b[i]);
+  }
+}
+
+void nvl_binary_scalar_f32_cpu(nvl_binary_op op, float *out, const float *a, double s, int scalar_left, int64_t n) {
+  float sf = (float)s;
+  if ((double)sf == s && op <= NVL_OP_DIV) { /* exact in f32: float arithmetic == double-then-round */
+    switch (op) {
+      case NVL_OP_ADD:
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+        for (int64_t i = 0; i < n; i++) out[i] = a[i] + sf;
+        return;
+      case NVL_OP_SUB:
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+        for (int64_t i = 0; i < n; i++) out[i] = scalar_left ? sf - a[i] : a[i] - sf;
+        return;
+      case NVL_OP_MUL:
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+        for (int64_t i = 0; i < n; i++) out[i] = a[i] * sf;
+        return;
+      default:
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+        for (int64_t i = 0; i < n; i++) out[i] = scalar_left ? sf / a[i] : a[i] / sf;
+        return;
+    }
+  }
+#pragma omp parallel for if (n > NVL_OMP_MIN)
+  for (int64_t i = 0; i < n; i++)
+    out[i] = (float)(scalar_left ? nvl_binary_f(op, s, a[i]) : nvl_binary_f(op, a[i], s));
+}
+
+void nvl_unary_f32_cpu(nvl_unary_op op, float *out, const float *a, int64_t n) {
+#pragma omp parallel for if (n > NVL_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) out[i] = (float)nvl_unary_f(op, a[i]);
+}
+
+void nvl_f32_to_bf16_cpu(uint16_t *out, const float *a, int64_t n) {
+#pragma omp parallel for if (n > NVL_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) out[i] = nvl_f32_to_bf16(a[i]);
+}
+
+void nvl_bf16_to_f32_cpu(float *out, const uint16_t *a, int64_t n) {
+#pragma omp parallel for if (n > NVL_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) out[i] = nvl_bf16_to_f32(a[i]);
+}
+
+/* BLAS wants each matrix with unit stride along rows (NoTrans) or columns (Trans). */
+static int blas_layout(const nvl_tensor *t, CBLAS_TRANSPOSE *tr, int *ld) {
+  int64_t rows = t->shape[0], cols = t->shape[1];
+  int64_t mr = rows > 1 ? rows : 1, mc = cols > 1 ? cols : 1;
+  if ((cols == 1 || t->strides[1] == 1) && (rows == 1 || t->strides[0] >= mc)) {
+    *tr = CblasNoTrans;
+    *ld = (int)(rows == 1 ? mc : t->strides[0]);
+    return 1;
+  }
+  if ((rows == 1 || t->strides[0] == 1) && (cols == 1 || t->strides[1] >= mr)) {
+    *tr = CblasTrans;
+    *ld = (int)(cols == 1 ? mr : t->strides[1]);
+    return 1;
+  }
+  return 0;
+}
+
+int nvl_matmul_f32_cpu(float *out, const nvl_tensor *a, const nvl_tensor *b) {
+  CBLAS_TRANSPOSE ta, tb;
+  int lda, ldb;
+  if (!blas_layout(a, &ta, &lda) || !blas_layout(b, &tb, &ldb)) return 0;
+  int M = (int)a->shape[0], K = (int)a->shape[1], N = (int)b->shape[1];
+  if (M == 0 || N == 0) return 1;
+  if (K == 0) {
+    for (int64_t i = 0; i < (int64_t)M * N; i++) out[i] = 0.0f;
+    return 1;
+  }
+  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, (const float *)nvl_tensor_data(a), lda,
+              (const float *)nvl_tensor_data(b), ldb, 0.0f, out, N);
+  return 1;
+}
+
+const char *nvl_blas_config(void) {
+  static char buf[256];
+  if (!buf[0]) snprintf(buf, sizeof buf, "%s, %d threads", openblas_get_config(), openblas_get_num_threads());
+  return buf;
+}

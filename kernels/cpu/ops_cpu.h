@@ -1,0 +1,21 @@
+/* ops_cpu.h: fast CPU kernels (OpenMP, OpenBLAS) for the common cases; each is bit-identical
+ * to its reference in kernels/cpu/ref/ops_ref.h (matmul: within fp32 summation-order error). */
+#ifndef NVL_OPS_CPU_H
+#define NVL_OPS_CPU_H
+#include "ops.h"
+
+/* out[i] = a[i] op b[i], n contiguous f32 (op ADD..MINIMUM). */
+void nvl_binary_f32_cpu(nvl_binary_op op, float *out, const float *a, const float *b, int64_t n);
+/* out[i] = a[i] op s, or s op a[i] when scalar_left. */
+void nvl_binary_scalar_f32_cpu(nvl_binary_op op, float *out, const float *a, double s, int scalar_left, int64_t n);
+/* out[i] = op(a[i]), n contiguous f32. */
+void nvl_unary_f32_cpu(nvl_unary_op op, float *out, const float *a, int64_t n);
+/* Contiguous conversions and copies. */
+void nvl_f32_to_bf16_cpu(uint16_t *out, const float *a, int64_t n);
+void nvl_bf16_to_f32_cpu(float *out, const uint16_t *a, int64_t n);
+/* out[M,N] (contiguous f32) = a[M,K] @ b[K,N], f32 views whose inner or outer stride is 1
+ * (else the caller makes them contiguous). Returns 0 if the layout is not BLAS-compatible. */
+int nvl_matmul_f32_cpu(float *out, const nvl_tensor *a, const nvl_tensor *b);
+/* "OpenBLAS 0.3.21 (pthread, 2 threads)" or similar. */
+const char *nvl_blas_config(void);
+#endif

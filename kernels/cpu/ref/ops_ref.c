@@ -1,0 +1,250 @@
+/* ops_ref.c: scalar reference kernels (see ops_ref.h). */
+#include <math.h>
+#include "cpu/ref/iter.h"
+#include "cpu/ref/ops_ref.h"
+
+double nvl_binary_f(nvl_binary_op op, double a, double b) {
+  switch (op) {
+    case NVL_OP_ADD: return a + b;
+    case NVL_OP_SUB: return a - b;
+    case NVL_OP_MUL: return a * b;
+    case NVL_OP_DIV: return a / b;
+    case NVL_OP_POW: return pow(a, b);
+    case NVL_OP_MAXIMUM: return isnan(a) || isnan(b) ? NAN : (a > b ? a : b);
+    case NVL_OP_MINIMUM: return isnan(a) || isnan(b) ? NAN : (a < b ? a : b);
+    default: return NAN;
+  }
+}
+
+int64_t nvl_binary_i(nvl_binary_op op, int64_t a, int64_t b) {
+  switch (op) { /* two's-complement wrap-around, computed unsigned to stay defined */
+    case NVL_OP_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
+    case NVL_OP_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
+    case NVL_OP_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
+    case NVL_OP_MAXIMUM: return a > b ? a : b;
+    case NVL_OP_MINIMUM: return a < b ? a : b;
+    default: return 0; /* DIV and POW promote to f32 in core/ops.c */
+  }
+}
+
+double nvl_unary_f(nvl_unary_op op, double a) {
+  switch (op) {
+    case NVL_OP_EXP: return exp(a);
+    case NVL_OP_LOG: return log(a);
+    case NVL_OP_SQRT: return sqrt(a);
+    case NVL_OP_ABS: return fabs(a);
+    case NVL_OP_NEG: return -a;
+    default: return NAN;
+  }
+}
+
+void nvl_copy_ref(nvl_tensor *dst, const nvl_tensor *src) {
+  const nvl_tensor *ts[2] = {dst, src};
+  const nvl_dtype_traits *td = &nvl_dtypes[dst->dtype], *ts_ = &nvl_dtypes[src->dtype];
+  int64_t n = nvl_tensor_numel(dst);
+  nvl_iter it;
+  nvl_iter_init(&it, 2, ts);
+  int same = dst->dtype == src->dtype;
+  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
+    void *pd = nvl_iter_ptr(&it, 0), *ps = nvl_iter_ptr(&it, 1);
+    if (same) {
+      for (int b = 0; b < td->elem_size; b++) ((char *)pd)[b] = ((char *)ps)[b];
+    } else if (td->is_float || ts_->is_float) {
+      td->store_f(pd, ts_->load_f(ps));
+    } else {
+      td->store_i(pd, ts_->load_i(ps));
+    }
+  }
+}
+
+void nvl_binary_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+  const nvl_tensor *ts[3] = {out, a, b};
+  const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype], *tb = &nvl_dtypes[b->dtype];
+  int64_t n = nvl_tensor_numel(out);
+  nvl_iter it;
+  nvl_iter_init(&it, 3, ts);
+  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
+    if (to->is_float)
+      to->store_f(nvl_iter_ptr(&it, 0), nvl_binary_f(op, ta->load_f(nvl_iter_ptr(&it, 1)), tb->load_f(nvl_iter_ptr(&it, 2))));
+    else
+      to->store_i(nvl_iter_ptr(&it, 0), nvl_binary_i(op, ta->load_i(nvl_iter_ptr(&it, 1)), tb->load_i(nvl_iter_ptr(&it, 2))));
+  }
+}
+
+void nvl_unary_ref(nvl_unary_op op, nvl_tensor *out, const nvl_tensor *a) {
+  const nvl_tensor *ts[2] = {out, a};
+  const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype];
+  int64_t n = nvl_tensor_numel(out);
+  nvl_iter it;
+  nvl_iter_init(&it, 2, ts);
+  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
+    void *po = nvl_iter_ptr(&it, 0), *pa = nvl_iter_ptr(&it, 1);
+    if (to->is_float) {
+      to->store_f(po, nvl_unary_f(op, ta->load_f(pa)));
+    } else { /* integer ABS / NEG */
+      int64_t v = ta->load_i(pa);
+      to->store_i(po, op == NVL_OP_NEG ? (int64_t)(0 - (uint64_t)v) : (v < 0 ? (int64_t)(0 - (uint64_t)v) : v));
+    }
+  }
+}
+
+/* Fold one value into an accumulator. Returns 1 if v becomes the new extreme (for argmax). */
+static int fold_f(nvl_reduce_op op, double *acc, double v, int first) {
+  if (op == NVL_RED_SUM || op == NVL_RED_MEAN) { *acc += v; return 0; }
+  if (op == NVL_RED_AMAX) v = fabs(v);
+  if (first) { *acc = v; return 1; }
+  if (isnan(*acc)) return 0;
+  if (isnan(v) || (op == NVL_RED_MIN ? v < *acc : v > *acc)) { *acc = v; return 1; }
+  return 0;
+}
+
+static int fold_i(nvl_reduce_op op, int64_t *acc, int64_t v, int first) {
+  if (op == NVL_RED_SUM || op == NVL_RED_MEAN) { *acc = (int64_t)((uint64_t)*acc + (uint64_t)v); return 0; }
+  if (op == NVL_RED_AMAX) v = v < 0 ? (int64_t)(0 - (uint64_t)v) : v;
+  if (first || (op == NVL_RED_MIN ? v < *acc : v > *acc)) { *acc = v; return 1; }
+  return 0;
+}
+
+void nvl_reduce_last_ref(nvl_reduce_op op, nvl_tensor *out, nvl_tensor *idx, const nvl_tensor *a) {
+  const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype];
+  int64_t len = a->shape[a->ndim - 1], stride = a->strides[a->ndim - 1];
+  int64_t n = nvl_tensor_numel(out);
+  /* Iterate the output with a's leading strides: a view of a with its last dim dropped. */
+  nvl_tensor lead = *a;
+  lead.ndim = a->ndim - 1;
+  nvl_tensor o = *out;
+  o.ndim = lead.ndim;
+  for (int d = 0; d < lead.ndim; d++) o.shape[d] = lead.shape[d], o.strides[d] = out->strides[d];
+  nvl_tensor ix;
+  if (idx) { ix = *idx; ix.ndim = lead.ndim; for (int d = 0; d < lead.ndim; d++) ix.shape[d] = lead.shape[d], ix.strides[d] = idx->strides[d]; }
+  const nvl_tensor *ts[3] = {&o, &lead, idx ? &ix : &o};
+  nvl_iter it;
+  nvl_iter_init(&it, 3, ts);
+  int esize = ta->elem_size;
+  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
+    const char *p = nvl_iter_ptr(&it, 1);
+    int64_t best = 0;
+    if (ta->is_float || to->is_float) {
+      double acc = 0;
+      for (int64_t k = 0; k < len; k++)
+        if (fold_f(op, &acc, ta->load_f(p + k * stride * esize), k == 0)) best = k;
+      if (op == NVL_RED_MEAN) acc /= (double)len;
+      to->store_f(nvl_iter_ptr(&it, 0), acc);
+    } else {
+      int64_t acc = 0;
+      for (int64_t k = 0; k < len; k++)
+        if (fold_i(op, &acc, ta->load_i(p + k * stride * esize), k == 0)) best = k;
+      to->store_i(nvl_iter_ptr(&it, 0), acc);
+    }
+    if (idx) *(int64_t *)nvl_iter_ptr(&it, 2) = best;
+  }
+}
+
+double nvl_reduce_all_ref(nvl_reduce_op op, const nvl_tensor *a) {
+  const nvl_dtype_traits *ta = &nvl_dtypes[a->dtype];
+  int64_t n = nvl_tensor_numel(a);
+  const nvl_tensor *ts[1] = {a};
+  nvl_iter it;
+  nvl_iter_init(&it, 1, ts);
+  if (ta->is_float) {
+    double acc = 0;
+    for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) fold_f(op, &acc, ta->load_f(nvl_iter_ptr(&it, 0)), i == 0);
+    return op == NVL_RED_MEAN ? acc / (double)n : acc;
+  }
+  int64_t acc = 0;
+  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) fold_i(op, &acc, ta->load_i(nvl_iter_ptr(&it, 0)), i == 0);
+  return op == NVL_RED_MEAN ? (double)acc / (double)n : (double)acc;
+}
+
+void nvl_matmul_ref(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+  const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype], *tb = &nvl_dtypes[b->dtype];
+  int64_t M = a->shape[0], K = a->shape[1], N = b->shape[1];
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t n = 0; n < N; n++) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; k++) {
+        int64_t ia[2] = {m, k}, ib[2] = {k, n};
+        acc += ta->load_f(nvl_tensor_ptr(a, ia)) * tb->load_f(nvl_tensor_ptr(b, ib));
+      }
+      int64_t io[2] = {m, n};
+      to->store_f(nvl_tensor_ptr(out, io), acc);
+    }
+}
+
+void nvl_fill_ref(nvl_tensor *t, double v) {
+  const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
+  const nvl_tensor *ts[1] = {t};
+  int64_t n = nvl_tensor_numel(t);
+  nvl_iter it;
+  nvl_iter_init(&it, 1, ts);
+  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) tt->store_f(nvl_iter_ptr(&it, 0), v);
+}
+
+void nvl_arange_ref(nvl_tensor *t, double start, double step) {
+  const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
+  char *p = nvl_tensor_data(t);
+  int64_t n = nvl_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) tt->store_f(p + i * tt->elem_size, start + (double)i * step);
+}
+
+void nvl_rand_ref(nvl_tensor *t, uint64_t seed, uint64_t offset) {
+  const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
+  char *p = nvl_tensor_data(t);
+  int64_t n = nvl_tensor_numel(t);
+  uint32_t w[4];
+  for (int64_t i = 0; i < n; i++) {
+    if (i % 4 == 0) nvl_philox_words(seed, offset, (uint64_t)(i / 4), w);
+    tt->store_f(p + i * tt->elem_size, nvl_u32_to_uniform(w[i % 4]));
+  }
+}
+
+void nvl_randn_ref(nvl_tensor *t, uint64_t seed, uint64_t offset) {
+  const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
+  char *p = nvl_tensor_data(t);
+  int64_t n = nvl_tensor_numel(t);
+  const double two_pi = 6.283185307179586;
+  uint32_t w[4];
+  for (int64_t i = 0; i < n; i++) {
+    if (i % 2 == 0) nvl_philox_words(seed, offset, (uint64_t)(i / 2), w);
+    int j = 2 * (int)(i % 2);
+    double u1 = ((double)(w[j] >> 8) + 1.0) * (1.0 / 16777216.0); /* (0, 1] */
+    double u2 = (double)(w[j + 1] >> 8) * (1.0 / 16777216.0);      /* [0, 1) */
+    tt->store_f(p + i * tt->elem_size, sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
+  }
+}
+
+void nvl_binary_scalar_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, double s, int scalar_left) {
+  const nvl_tensor *ts[2] = {out, a};
+  const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype];
+  int64_t n = nvl_tensor_numel(out);
+  nvl_iter it;
+  nvl_iter_init(&it, 2, ts);
+  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
+    void *po = nvl_iter_ptr(&it, 0), *pa = nvl_iter_ptr(&it, 1);
+    if (to->is_float) {
+      double x = ta->load_f(pa);
+      to->store_f(po, scalar_left ? nvl_binary_f(op, s, x) : nvl_binary_f(op, x, s));
+    } else {
+      int64_t x = ta->load_i(pa), si = (int64_t)s;
+      to->store_i(po, scalar_left ? nvl_binary_i(op, si, x) : nvl_binary_i(op, x, si));
+    }
+  }
+}
+
+int nvl_allclose_ref(const nvl_tensor *a, const nvl_tensor *b, double rtol, double atol, int equal_nan) {
+  const nvl_tensor *ts[2] = {a, b};
+  const nvl_dtype_traits *ta = &nvl_dtypes[a->dtype], *tb = &nvl_dtypes[b->dtype];
+  int64_t n = nvl_tensor_numel(a);
+  nvl_iter it;
+  nvl_iter_init(&it, 2, ts);
+  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
+    double x = ta->load_f(nvl_iter_ptr(&it, 0)), y = tb->load_f(nvl_iter_ptr(&it, 1));
+    if (isnan(x) || isnan(y)) {
+      if (equal_nan && isnan(x) && isnan(y)) continue;
+      return 0;
+    }
+    if (x == y) continue; /* equal infinities */
+    if (!(fabs(x - y) <= atol + rtol * fabs(y))) return 0;
+  }
+  return 1;
+}

@@ -1,0 +1,283 @@
+-- nvlua: the Lua face of the engine. `local nv = require "nvlua"` returns this table (no globals).
+-- The C core (nvlua.core, lua/bind/) holds tensors and kernels; this file adds the creation
+-- helpers, printing, and help(). Dims and indices are 1-based everywhere in Lua.
+local core = require "nvlua.core"
+
+local nv = {}
+local Tensor = core.Tensor            -- the metatable of every tensor
+local methods = Tensor.__methods      -- t:method() lookups land here; Lua conveniences join them
+
+nv.core = core
+nv.version = core.build_info().version
+nv.Tensor = methods
+
+local DTYPES = {}
+for _, d in ipairs(core.dtypes()) do DTYPES[d.name] = d end
+nv.dtypes = DTYPES
+
+-- Creation arguments: sizes as integers or one table, then optionally a dtype name or an
+-- options table {dtype=, device=, generator=}.
+local function parse_create(fname, ...)
+  local n = select("#", ...)
+  local args = {...}
+  local opts = {}
+  local last = args[n]
+  if type(last) == "string" then
+    opts = {dtype = last}; n = n - 1
+  elseif type(last) == "table" and getmetatable(last) == nil and n >= 2 then
+    opts = last; n = n - 1
+  elseif type(last) == "table" and n == 1 and (last.dtype or last.device or last.generator) then
+    error(fname .. ": missing sizes", 3)
+  end
+  local shape
+  if n == 1 and type(args[1]) == "table" then
+    shape = args[1]
+  else
+    shape = {}
+    for i = 1, n do
+      local s = args[i]
+      if math.type(s) ~= "integer" then
+        if type(s) == "number" and s == math.floor(s) then s = math.tointeger(s)
+        else error(string.format("%s: size #%d must be an integer, got %s", fname, i, type(s) == "number" and tostring(s) or type(s)), 3) end
+      end
+      shape[i] = s
+    end
+  end
+  for i, s in ipairs(shape) do
+    if math.type(s) ~= "integer" or s < 0 then
+      error(string.format("%s: size #%d must be a non-negative integer, got %s", fname, i, tostring(s)), 3)
+    end
+  end
+  if opts.dtype and not DTYPES[opts.dtype] then
+    local names = {}
+    for _, d in ipairs(core.dtypes()) do names[#names + 1] = d.name end
+    error(string.format("%s: invalid dtype '%s' (valid: %s)", fname, tostring(opts.dtype), table.concat(names, ", ")), 3)
+  end
+  return shape, opts
+end
+
+local function on_device(t, opts)
+  if opts.device and opts.device ~= "cpu" then
+    local d = t:to(opts.device)
+    t:free()
+    return d
+  end
+  return t
+end
+
+--- nv.empty(sizes... [, dtype|opts]) -> uninitialised tensor
+function nv.empty(...)
+  local shape, opts = parse_create("empty", ...)
+  return core.empty(shape, opts.dtype, opts.device)
+end
+
+--- nv.zeros / nv.ones(sizes... [, dtype|opts])
+function nv.zeros(...)
+  local shape, opts = parse_create("zeros", ...)
+  return on_device(core.fill_(core.empty(shape, opts.dtype), 0), opts)
+end
+
+function nv.ones(...)
+  local shape, opts = parse_create("ones", ...)
+  return on_device(core.fill_(core.empty(shape, opts.dtype), 1), opts)
+end
+
+--- nv.full(sizes, value [, dtype|opts]); sizes as a table
+function nv.full(shape, value, o)
+  if type(shape) ~= "table" then error("full: sizes must be a table, e.g. nv.full({2, 3}, 7)", 2) end
+  if type(value) ~= "number" then error("full: value must be a number, got " .. type(value), 2) end
+  local sh, opts = parse_create("full", shape, o)
+  return on_device(core.fill_(core.empty(sh, opts.dtype), value), opts)
+end
+
+--- nv.arange(n) | nv.arange(start, stop [, step] [, dtype]): [start, stop), i64 for integers, else f32
+function nv.arange(a, b, c, d)
+  local dtype
+  if type(c) == "string" then dtype, c = c, nil elseif type(b) == "string" then dtype, b = b, nil end
+  if type(d) == "string" then dtype = d end
+  local start, stop, step
+  if b == nil then start, stop, step = 0, a, 1 else start, stop, step = a, b, c or 1 end
+  for i, v in ipairs({start, stop, step}) do
+    if type(v) ~= "number" then error("arange: argument #" .. i .. " must be a number, got " .. type(v), 2) end
+  end
+  if step == 0 then error("arange: step must not be zero", 2) end
+  local n = math.max(0, math.ceil((stop - start) / step))
+  if not dtype then
+    local ints = math.type(start) == "integer" and math.type(stop) == "integer" and math.type(step) == "integer"
+    dtype = ints and "i64" or "f32"
+  end
+  if not DTYPES[dtype] then error("arange: invalid dtype '" .. dtype .. "'", 2) end
+  return core.arange_(core.empty({math.tointeger(n)}, dtype), start, step)
+end
+
+--- nv.rand / nv.randn(sizes... [, dtype|opts]): uniform [0,1) / standard normal, from Philox4x32-10
+function nv.rand(...)
+  local shape, opts = parse_create("rand", ...)
+  return on_device(core.rand_(core.empty(shape, opts.dtype), opts.generator), opts)
+end
+
+function nv.randn(...)
+  local shape, opts = parse_create("randn", ...)
+  return on_device(core.randn_(core.empty(shape, opts.dtype), opts.generator), opts)
+end
+
+--- nv.tensor(nested_table | number [, dtype]) -> a new CPU tensor
+function nv.tensor(data, dtype)
+  if dtype ~= nil and not DTYPES[dtype] then error("tensor: invalid dtype '" .. tostring(dtype) .. "'", 2) end
+  return core.tensor(data, dtype)
+end
+
+nv.manual_seed = core.manual_seed
+nv.Generator = core.Generator
+nv.default_generator = core.default_generator
+nv.matmul = core.matmul
+nv.allclose = core.allclose
+
+function nv.is_tensor(x) return getmetatable(x) == Tensor end
+
+--- nv.memory() -> {cpu = live bytes, cuda = live bytes, peak = {...}, tensors = {...}}
+nv.memory = core.memory
+
+nv.cuda = {
+  available = core.cuda_available,
+  devices = core.cuda_devices,
+}
+
+--- nv.info() -> build facts (version, BLAS, CUDA)
+nv.info = core.build_info
+
+-- ---- printing -------------------------------------------------------------------------------
+
+local EDGE = 3          -- elements shown at each end of an abbreviated dim
+local ABBREV_OVER = 1000 -- tensors with more elements than this are abbreviated
+
+local function fmt_number(v, is_float)
+  if not is_float then return string.format("%d", v) end
+  if v ~= v then return "nan" end
+  if v == math.huge then return "inf" elseif v == -math.huge then return "-inf" end
+  return string.format("%.4g", v)
+end
+
+-- indices to show along a dim of size n
+local function shown(n, abbrev)
+  local idx = {}
+  if abbrev and n > 2 * EDGE then
+    for i = 1, EDGE do idx[#idx + 1] = i end
+    idx[#idx + 1] = false -- the ellipsis
+    for i = n - EDGE + 1, n do idx[#idx + 1] = i end
+  else
+    for i = 1, n do idx[#idx + 1] = i end
+  end
+  return idx
+end
+
+local function format_tensor(t)
+  if t:is_freed() then return "[nvlua.Tensor (freed)]" end
+  local size = t:size()
+  local desc = string.format("[nvlua.Tensor %s %s%s]", t:dtype(), #size == 0 and "scalar" or table.concat(size, "x"),
+    t:device() == "cpu" and "" or " cuda")
+  if t:device() ~= "cpu" then return desc end
+  if t:numel() == 0 then return desc end
+  local is_float = DTYPES[t:dtype()].is_float
+  local abbrev = t:numel() > ABBREV_OVER
+  local lines = {}
+  if #size == 0 then return fmt_number(t:totable(), is_float) .. "\n" .. desc end
+  -- collect the strings of the shown elements, to align columns
+  local width = 0
+  local function cell(...)
+    local s = fmt_number(t:get(...), is_float)
+    if #s > width then width = #s end
+    return s
+  end
+  local last = #size
+  local function rows(prefix, dim, out)
+    if dim == last then
+      local r = {}
+      for _, i in ipairs(shown(size[dim], abbrev)) do
+        if i then
+          local ix = {table.unpack(prefix)}; ix[#ix + 1] = i
+          r[#r + 1] = cell(table.unpack(ix))
+        else
+          r[#r + 1] = false
+        end
+      end
+      out[#out + 1] = {prefix = prefix, cells = r}
+      return
+    end
+    for _, i in ipairs(shown(size[dim], abbrev)) do
+      if i then
+        local p = {table.unpack(prefix)}; p[#p + 1] = i
+        rows(p, dim + 1, out)
+      else
+        out[#out + 1] = {ellipsis = true}
+      end
+    end
+  end
+  local out = {}
+  rows({}, 1, out)
+  local prev_head
+  for _, r in ipairs(out) do
+    if r.ellipsis then
+      lines[#lines + 1] = " ..."
+    else
+      if last > 2 then -- a header per 2-D slice, as Torch7 does: (i,j,.,.)
+        local head = {}
+        for k = 1, last - 2 do head[k] = tostring(r.prefix[k]) end
+        local h = "(" .. table.concat(head, ",") .. ",.,.) = "
+        if h ~= prev_head then
+          if prev_head then lines[#lines + 1] = "" end
+          lines[#lines + 1] = h
+          prev_head = h
+        end
+      end
+      local parts = {}
+      for _, c in ipairs(r.cells) do parts[#parts + 1] = c and string.rep(" ", width - #c) .. c or "..." end
+      lines[#lines + 1] = " " .. table.concat(parts, "  ")
+    end
+  end
+  lines[#lines + 1] = desc
+  return table.concat(lines, "\n")
+end
+Tensor.__tostring = format_tensor
+Tensor.__name = "nvlua.Tensor"
+
+-- Lua conveniences on the tensor methods table
+function methods.type(t) return "nvlua.Tensor" end
+function methods.item(t)
+  if t:numel() ~= 1 then error("item: tensor has " .. t:numel() .. " elements, expected 1", 2) end
+  return t:reshape(1):get(1)
+end
+function methods.float(t) return t:to("f32") end
+function methods.bf16(t) return t:to("bf16") end
+function methods.t(t) return t:transpose() end
+function methods.zero_(t) return t:fill_(0) end
+
+-- ---- help -----------------------------------------------------------------------------------
+
+local HELP = [[
+nvlua %s - low-precision LLM training in Lua.   local nv = require "nvlua"
+
+Create      nv.zeros(2,3)  nv.ones({2,3}, "bf16")  nv.full({2,3}, 7)  nv.empty(4, {dtype="i32"})
+            nv.arange(10)  nv.arange(0, 1, 0.25)  nv.tensor({{1,2},{3,4}})
+            nv.rand(2,3)  nv.randn(8, {generator = nv.Generator(42)})  nv.manual_seed(42)
+dtypes      %s
+Inspect     t:size() t:size(1) t:dim() t:numel() t:dtype() t:device() t:stride() t[i] #t
+            t:totable() t:get(i,j) t:set(i,j,v) t:item() print(t)
+Views       t:view(2,-1) t:reshape(...) t:transpose(1,2) t:t() t:permute(2,1) t:narrow(1,2,3)
+            t:select(1,2) t:expand(4,3) t:contiguous() t:clone() t:copy_(src)
+Math        + - * / ^ with broadcasting and scalars; t:exp() log sqrt abs neg pow maximum minimum
+            t:sum() t:sum(2) mean max min amax (t:max(2) -> values, indices)
+            a:matmul(b) (2-D and batched)   a:allclose(b, rtol, atol)   t:to("bf16")
+Devices     nv.cuda.available() nv.cuda.devices() t:cuda() t:cpu()
+Memory      t:free()   local t <close> = nv.zeros(n)   nv.memory()
+Info        nv.info()   nvlua -v
+]]
+
+--- nv.help(): print the main API
+function nv.help()
+  local names = {}
+  for _, d in ipairs(core.dtypes()) do names[#names + 1] = d.name end
+  io.write(string.format(HELP, nv.version, table.concat(names, " ")))
+end
+
+return nv
