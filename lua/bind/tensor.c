@@ -9,6 +9,7 @@
 #include <lua.h>
 #include <math.h>
 #include <string.h>
+#include <time.h>
 #include "bind.h"
 #include "nvl_cuda.h"
 #include "info.h"
@@ -670,6 +671,14 @@ static int l_memory(lua_State *L) {
   return 1;
 }
 
+/* Monotonic wall-clock seconds, for timing. */
+static int l_clock(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec);
+  return 1;
+}
+
 static int l_cuda_available(lua_State *L) { lua_pushboolean(L, nvl_cuda_device_count() > 0); return 1; }
 
 static int l_cuda_devices(lua_State *L) {
@@ -744,7 +753,7 @@ static const luaL_Reg module_funcs[] = {
   {"randn_", l_randn_}, {"Generator", l_generator}, {"default_generator", l_default_generator},
   {"manual_seed", l_manual_seed}, {"philox", l_philox}, {"memory", l_memory},
   {"cuda_available", l_cuda_available}, {"cuda_devices", l_cuda_devices}, {"build_info", l_build_info},
-  {"dtypes", l_dtypes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
+  {"dtypes", l_dtypes}, {"clock", l_clock}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
 
 int luaopen_nvlua_core(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);

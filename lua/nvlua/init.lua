@@ -143,6 +143,9 @@ nv.cuda = {
   devices = core.cuda_devices,
 }
 
+--- nv.clock() -> monotonic wall-clock seconds
+nv.clock = core.clock
+
 --- nv.info() -> build facts (version, BLAS, CUDA)
 nv.info = core.build_info
 
@@ -270,7 +273,7 @@ Math        + - * / ^ with broadcasting and scalars; t:exp() log sqrt abs neg po
             a:matmul(b) (2-D and batched)   a:allclose(b, rtol, atol)   t:to("bf16")
 Devices     nv.cuda.available() nv.cuda.devices() t:cuda() t:cpu()
 Memory      t:free()   local t <close> = nv.zeros(n)   nv.memory()
-Info        nv.info()   nvlua -v
+Info        nv.info()   nv.clock()   nvlua -v
 ]]
 
 --- nv.help(): print the main API
