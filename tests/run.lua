@@ -34,7 +34,7 @@ for _, file in ipairs(files) do
     F = F + 1
     io.write(string.format("FAIL %s: (loading the file)\n     %s\n", file.name, tostring(err)))
   else
-    local p, f, s = T.run(file.name:gsub("^test_", ""))
+    local p, f, s = T.run((file.name:gsub("^test_", "")))
     P, F, S = P + p, F + f, S + s
   end
   collectgarbage()

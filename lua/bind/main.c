@@ -514,7 +514,9 @@ static line_status read_readline(const char *prompt, char **out) {
       }
       if (prompt_interrupted) {
         rl_free_line_state();
+#if RL_READLINE_VERSION >= 0x0700
         rl_callback_sigcleanup();
+#endif
         rl_cleanup_after_signal();
         rl_callback_handler_remove();
         fputc('\n', stdout);
@@ -522,7 +524,9 @@ static line_status read_readline(const char *prompt, char **out) {
         st = LINE_INTR;
         break;
       }
+#if RL_READLINE_VERSION >= 0x0801
       rl_check_signals(); /* e.g. a window resize */
+#endif
       continue;
     }
     rl_callback_read_char();
@@ -558,15 +562,22 @@ static const char *const lua_keywords[] = {
     "if",    "in",    "local", "nil", "not",    "or",    "repeat", "return", "then",    "true",
     "until", "while", NULL};
 
-/* Replaces the value on top with its __index table, raw (no metamethod is called); returns 0,
- * leaving the value, when there is none. */
+/* Replaces the value on top with the table its methods come from, read raw (no metamethod is
+ * called): its metatable's __index when that is a table, else the metatable's __methods table
+ * (nvlua's userdata types, whose __index is a function). Returns 0, leaving the value, when there
+ * is none. */
 static int complete_index_table(lua_State *L) {
   if (!lua_getmetatable(L, -1)) return 0;
   lua_pushliteral(L, "__index");
   lua_rawget(L, -2);
   if (!lua_istable(L, -1)) {
-    lua_pop(L, 2);
-    return 0;
+    lua_pop(L, 1);
+    lua_pushliteral(L, "__methods");
+    lua_rawget(L, -2);
+    if (!lua_istable(L, -1)) {
+      lua_pop(L, 2);
+      return 0;
+    }
   }
   lua_remove(L, -2);
   lua_remove(L, -2);
@@ -690,6 +701,21 @@ static char *complete_generator(const char *text, int state) {
   return NULL;
 }
 
+/* Whether line[index] is inside a string literal, so that readline does not split a file name
+ * at its '/' (all of a string is one word, completed as a file name). */
+static int complete_in_string(char *line, int index) {
+  char quote = 0;
+  for (int i = 0; i < index && line[i]; i++) {
+    if (quote) {
+      if (line[i] == '\\') i++;
+      else if (line[i] == quote) quote = 0;
+    } else if (line[i] == '"' || line[i] == '\'') {
+      quote = line[i];
+    }
+  }
+  return quote != 0;
+}
+
 static char **complete_attempt(const char *text, int start, int end) {
   (void)start;
   (void)end;
@@ -708,6 +734,12 @@ static void readline_start(lua_State *L) {
   rl_attempted_completion_function = complete_attempt;
   rl_basic_word_break_characters = " \t\n\"'\\><=;+-*/%^~#&|{}()[],";
   rl_completer_quote_characters = "\"'";
+  rl_char_is_quoted_p = complete_in_string;
+  /* Timestamps ("#<seconds>" lines) delimit entries in the file, so that a statement of several
+   * lines comes back as one entry. */
+  history_comment_char = '#';
+  history_write_timestamps = 1;
+  history_multiline_entries = 1;
   if (home && home[0] &&
       (size_t)snprintf(history_path, sizeof history_path, "%s/" NVL_HISTORY_FILE, home) <
           sizeof history_path) {
@@ -837,14 +869,14 @@ static int load_line(lua_State *L) {
   }
 }
 
-/* Prints the values on the stack with the global print. */
+/* Prints the values on the stack with the global print (Ctrl-C stops a long one). */
 static void print_results(lua_State *L) {
   int n = lua_gettop(L);
   if (n > 0) {
     luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
     lua_getglobal(L, "print");
     lua_insert(L, 1);
-    if (lua_pcall(L, n, 0, 0) != LUA_OK)
+    if (docall_ex(L, n, 0, 0) != LUA_OK)
       l_message(progname, lua_pushfstring(L, "error calling 'print' (%s)", lua_tostring(L, -1)));
   }
 }
