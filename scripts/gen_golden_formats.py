@@ -110,7 +110,7 @@ def e2m1_sr(x, r):
     step = F32(2 if a >= 4 else (1 if a >= 2 else 0.5))
     t = a + u * step                      # = fmaf(u, step, a): u*step is exact
     step_t = F32(2 if t >= 4 else (1 if t >= 2 else 0.5))
-    q = min(F32(math.floor(t / step_t)) * step_t, F32(6))
+    q = F32(6) if np.isinf(t) else min(F32(math.floor(t / step_t)) * step_t, F32(6))
     code = int(np.where(E2M1_VALUES[:8] == q)[0][0])
     return code | (8 if np.signbit(x) else 0)
 
@@ -366,6 +366,55 @@ def nvfp4_case(w, name, x, two_d=False, rht=False, sr=None, amax_in=None):
            amax=amax, y=y)
 
 
+def nextf(v, n):
+    """The float32 n ulps from v (toward +inf for n > 0)."""
+    v = F32(v)
+    for _ in range(abs(n)):
+        v = np.nextafter(v, F32(np.inf) if n > 0 else F32(-np.inf))
+    return F32(v)
+
+
+def order_sensitive_blocks(rng, amax, nblocks):
+    """Blocks on which NUMERICS §2's order of operations is visible: the block max makes
+    bmax * (s_enc * (1/6)) round to a different ue4m3 byte than (bmax * s_enc) / 6 or
+    (bmax * (1/6)) * s_enc would, and elements make e2m1(x * se) differ from what
+    se = s_enc / sd (instead of 1 / (sd * s_dec)) would give. Found by a deterministic scan;
+    the golden outputs are still computed by nvfp4_quantize."""
+    s_enc, s_dec = nvfp4_global(amax)
+    s6 = s_enc * (F32(1) / F32(6))
+    vals = fp8_decode(np.arange(0, 0x7F, dtype=np.uint8), "e4m3")
+    blocks = []
+    for i in range(0x7D, 8, -5):                     # ue4m3 midpoints, spread over the range
+        mid = (vals[i] + vals[i + 1]) / F32(2)
+        b0 = F32(mid / s6)
+        for d in [0] + [k for j in range(1, 41) for k in (j, -j)]:
+            b = nextf(b0, d)
+            if b > amax:
+                continue
+            sd = ue4m3_encode(b * s6)
+            if sd != ue4m3_encode(F32(b * s_enc) / F32(6)) or sd != ue4m3_encode(F32(b * (F32(1) / F32(6))) * s_enc):
+                break
+        else:
+            continue
+        se = min(F32(1) / (fp8_decode([sd], "e4m3")[0] * s_dec), FLT_MAX)
+        se_alt = F32(s_enc / fp8_decode([sd], "e4m3")[0])
+        xs = [b]
+        for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
+            x0 = F32(F32(t) / se)
+            for d in [0] + [k for j in range(1, 9) for k in (j, -j)]:
+                x = nextf(x0, d)
+                if x <= b and e2m1_encode([x * se])[0] != e2m1_encode([x * se_alt])[0]:
+                    xs.append(x if len(xs) % 2 else -x)
+                    break
+        while len(xs) < 16:
+            xs.append(F32(rng.uniform(-1, 1) * b))
+        blocks.append(np.array(xs[:16], dtype=F32))
+        if len(blocks) == nblocks:
+            break
+    assert len(blocks) == nblocks
+    return np.concatenate(blocks).reshape(nblocks // 4, 64)
+
+
 def mxfp8_case(w, name, x, elem, rule):
     codes, scales = mxfp8_quantize(x, elem, rule)
     w.case(name, "mxfp8", x, ["elem=" + elem, "rule=" + rule], codes=codes, scales=scales,
@@ -398,7 +447,7 @@ def main():
 
     # ---- NVFP4 ----
     nvfp4_case(w, "nvfp4_1d_basic", randn(4, 64, 3.0))
-    nvfp4_case(w, "nvfp4_1d_block_scaled", row_scaled(4, 64))
+    nvfp4_case(w, "nvfp4_1d_block_scaled", row_scaled(2, 64))
     nvfp4_case(w, "nvfp4_2d_basic", row_scaled(32, 32), two_d=True)
     nvfp4_case(w, "nvfp4_2d_randn", randn(16, 48, 0.02), two_d=True)
     nvfp4_case(w, "nvfp4_1d_rht", row_scaled(4, 64), rht=True)
@@ -426,9 +475,19 @@ def main():
     ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0]
     t = np.array([ties + [-v for v in ties], [2 * v for v in ties] + [-2 * v for v in ties]], dtype=F32)
     nvfp4_case(w, "nvfp4_1d_ties", t, amax_in=F32(2688.0))
+    nvfp4_case(w, "nvfp4_1d_op_order", order_sensitive_blocks(rng, F32(3.3), 8), amax_in=F32(3.3))
+    nvfp4_case(w, "nvfp4_1d_op_order_sr", order_sensitive_blocks(rng, F32(0.07), 4), amax_in=F32(0.07),
+               sr=(0xFEEDFACECAFEBEEF, 3))
     nvfp4_case(w, "nvfp4_1d_amax_given_large", randn(2, 32), amax_in=F32(100.0))
     nvfp4_case(w, "nvfp4_1d_amax_given_small", randn(2, 32, 10.0), amax_in=F32(1.0))  # saturates
     nvfp4_case(w, "nvfp4_1d_tiny", randn(2, 32, 1e-30))
+    # A non-zero block far below amax: bmax * s_enc / 6 < 2^-10 rounds its ue4m3 scale to 0, so
+    # se = FLT_MAX and its elements saturate to +-6 (they decode to 0 through sd = 0).
+    xu = randn(2, 32)
+    xu[0, 16:32] *= F32(1e-7)
+    xu[1, 0:16] *= F32(1e-9)
+    nvfp4_case(w, "nvfp4_1d_scale_underflow", xu)
+    nvfp4_case(w, "nvfp4_1d_scale_underflow_sr", xu, sr=(5, 0xFFFFFFFF))
     nvfp4_case(w, "nvfp4_1d_tiny_amax_clamped", randn(2, 32, 1e-37))  # 2688/amax > FLT_MAX
 
     # ---- MXFP8 ----
@@ -469,7 +528,7 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         f.write("\n".join(w.lines) + "\n")
-    print("wrote %s: %d cases, %d bytes" % (out, w.ncases, os.path.getsize(out)))
+    print("wrote %s: %d cases, %d bytes" % (os.path.normpath(out), w.ncases, os.path.getsize(out)))
 
 
 if __name__ == "__main__":
