@@ -1,6 +1,8 @@
 /* dtype.c: the dtype traits table and bf16 conversion (see dtype.h). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+#include "cpu/ref/formats_ref.h"
 #include "dtype.h"
 
 uint16_t nvl_f32_to_bf16(float f) {
@@ -65,16 +67,24 @@ static void store_u8(void *p, double v) { *(uint8_t *)p = (uint8_t)sat_i64(v, 0.
 static int64_t load_i_u8(const void *p) { return *(const uint8_t *)p; }
 static void store_i_u8(void *p, int64_t v) { *(uint8_t *)p = v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v; }
 
+#define PLAIN(nm, bits_, size, flt, rank, sig, maxv, minv, lf, sf, li, si)                              \
+  {.name = nm, .bits = bits_, .elem_size = size, .is_float = flt, .promote_rank = rank, .significand_bits = sig, .max_finite = maxv, \
+   .min_value = minv, .load_f = lf, .store_f = sf, .load_i = li, .store_i = si, .fp8_elem = -1}
+#define QUANT(nm, bits_, blk, sc, maxv, enc, dec, sbits, elem)                                            \
+  {.name = nm, .bits = bits_, .elem_size = 1, .is_float = 1, .is_quantized = 1, .block = blk, .scale = sc,  \
+   .max_finite = maxv, .min_value = -(maxv), .encode = enc, .decode = dec, .scale_bits = sbits, .fp8_elem = elem}
+
 const nvl_dtype_traits nvl_dtypes[NVL_DTYPE_COUNT] = {
-  [NVL_F32] = {"f32", 32, 4, 1, 4, 0, NVL_SCALE_NONE, 3.4028234663852886e38, -3.4028234663852886e38,
-               load_f32, store_f32, load_i_f32, store_i_f32},
-  [NVL_BF16] = {"bf16", 16, 2, 1, 3, 0, NVL_SCALE_NONE, 3.3895313892515355e38, -3.3895313892515355e38,
-                load_bf16, store_bf16, load_i_bf16, store_i_bf16},
-  [NVL_I32] = {"i32", 32, 4, 0, 1, 0, NVL_SCALE_NONE, 2147483647.0, -2147483648.0,
-               load_i32, store_i32, load_i_i32, store_i_i32},
-  [NVL_I64] = {"i64", 64, 8, 0, 2, 0, NVL_SCALE_NONE, 9223372036854775807.0, -9223372036854775808.0,
-               load_i64, store_i64, load_i_i64, store_i_i64},
-  [NVL_U8] = {"u8", 8, 1, 0, 0, 0, NVL_SCALE_NONE, 255.0, 0.0, load_u8, store_u8, load_i_u8, store_i_u8},
+  [NVL_F32] = PLAIN("f32", 32, 4, 1, 4, 24, 3.4028234663852886e38, -3.4028234663852886e38, load_f32, store_f32, load_i_f32, store_i_f32),
+  [NVL_BF16] = PLAIN("bf16", 16, 2, 1, 3, 8, 3.3895313892515355e38, -3.3895313892515355e38, load_bf16, store_bf16, load_i_bf16, store_i_bf16),
+  [NVL_I32] = PLAIN("i32", 32, 4, 0, 1, 0, 2147483647.0, -2147483648.0, load_i32, store_i32, load_i_i32, store_i_i32),
+  [NVL_I64] = PLAIN("i64", 64, 8, 0, 2, 0, 9223372036854775807.0, -9223372036854775808.0, load_i64, store_i64, load_i_i64, store_i_i64),
+  [NVL_U8] = PLAIN("u8", 8, 1, 0, 0, 0, 255.0, 0.0, load_u8, store_u8, load_i_u8, store_i_u8),
+  [NVL_E4M3] = QUANT("e4m3", 8, 0, NVL_SCALE_TENSOR, 448.0, nvl_e4m3_encode_ref, nvl_e4m3_decode_ref, 32, NVL_ELEM_E4M3),
+  [NVL_E5M2] = QUANT("e5m2", 8, 0, NVL_SCALE_TENSOR, 57344.0, nvl_e5m2_encode_ref, nvl_e5m2_decode_ref, 32, NVL_ELEM_E5M2),
+  [NVL_MXFP8_E4M3] = QUANT("mxfp8_e4m3", 8, 32, NVL_SCALE_E8M0, 448.0, nvl_e4m3_encode_ref, nvl_e4m3_decode_ref, 8, NVL_ELEM_E4M3),
+  [NVL_MXFP8_E5M2] = QUANT("mxfp8_e5m2", 8, 32, NVL_SCALE_E8M0, 57344.0, nvl_e5m2_encode_ref, nvl_e5m2_decode_ref, 8, NVL_ELEM_E5M2),
+  [NVL_NVFP4] = QUANT("nvfp4", 4, 16, NVL_SCALE_UE4M3, 6.0, nvl_e2m1_encode_ref, nvl_e2m1_decode_ref, 8, -1),
 };
 _Static_assert(sizeof nvl_dtypes / sizeof nvl_dtypes[0] == NVL_DTYPE_COUNT, "a dtype lacks its traits row");
 
@@ -84,13 +94,28 @@ nvl_dtype nvl_dtype_from_name(const char *name) {
   return NVL_DTYPE_COUNT;
 }
 
-const char *nvl_dtype_names(void) {
-  static char buf[256];
+static const char *names_where(char *buf, size_t n, int quantized) {
   if (!buf[0]) {
     for (int i = 0; i < NVL_DTYPE_COUNT; i++) {
-      if (i) strcat(buf, ", ");
-      strcat(buf, nvl_dtypes[i].name);
+      if (nvl_dtypes[i].is_quantized != quantized) continue;
+      if (buf[0]) strncat(buf, ", ", n - strlen(buf) - 1);
+      strncat(buf, nvl_dtypes[i].name, n - strlen(buf) - 1);
     }
+  }
+  return buf;
+}
+
+const char *nvl_dtype_names(void) {
+  static char buf[256];
+  return names_where(buf, sizeof buf, 0);
+}
+
+const char *nvl_qformat_names(void) {
+  static char buf[256];
+  if (!buf[0]) {
+    snprintf(buf, sizeof buf, "f32, bf16, ");
+    char q[200] = "";
+    strncat(buf, names_where(q, sizeof q, 1), sizeof buf - strlen(buf) - 1);
   }
   return buf;
 }

@@ -7,7 +7,8 @@
 #include "nvl_cuda.h"
 #include "ops.h"
 
-const char *const nvl_binary_names[NVL_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"};
+const char *const nvl_binary_names[NVL_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                                           "eq", "ne", "lt", "le", "gt", "ge"};
 const char *const nvl_unary_names[NVL_UNARY_COUNT] = {"exp", "log", "sqrt", "abs", "neg"};
 const char *const nvl_reduce_names[NVL_REDUCE_COUNT] = {"sum", "mean", "max", "min", "amax"};
 
@@ -49,6 +50,7 @@ nvl_status nvl_binary(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, co
   NVL_TRY(nvl_broadcast_shape(a, b, name, &ndim, shape));
   nvl_dtype dt = nvl_dtype_promote(a->dtype, b->dtype);
   if ((op == NVL_OP_DIV || op == NVL_OP_POW) && !nvl_dtypes[dt].is_float) dt = NVL_F32;
+  if (op >= NVL_OP_EQ) dt = NVL_U8;
 
   if (a->device == NVL_CUDA) {
     if (!(op <= NVL_OP_DIV && is_f32_contig(a) && is_f32_contig(b) && same_shape(a, b))) {
@@ -67,7 +69,7 @@ nvl_status nvl_binary(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, co
 
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, dt, NVL_CPU, ndim, shape));
-  if (dt == NVL_F32 && is_f32_contig(a) && is_f32_contig(b) && same_shape(a, b)) {
+  if (dt == NVL_F32 && op < NVL_OP_EQ && is_f32_contig(a) && is_f32_contig(b) && same_shape(a, b)) {
     nvl_binary_f32_cpu(op, nvl_tensor_data(&r), nvl_tensor_data(a), nvl_tensor_data(b), nvl_tensor_numel(&r));
   } else {
     nvl_tensor ea = nvl_tensor_null(), eb = nvl_tensor_null();
@@ -82,19 +84,21 @@ nvl_status nvl_binary(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, co
   return NVL_OK;
 }
 
-nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, double s, int scalar_left) {
+nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, nvl_scalar sc, int scalar_left) {
+  double s = sc.f;
   if ((unsigned)op >= NVL_BINARY_COUNT) return nvl_error(NVL_EINVAL, "binary: invalid op %d", (int)op);
   const char *name = nvl_binary_names[op];
   NVL_TRY(nvl_tensor_check_live(a, name));
   NVL_TRY(cpu_only(name, a));
   nvl_dtype dt = a->dtype;
   if (!nvl_dtypes[dt].is_float && (op == NVL_OP_DIV || op == NVL_OP_POW || s != floor(s) || !isfinite(s))) dt = NVL_F32;
+  if (op >= NVL_OP_EQ) dt = NVL_U8;
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, dt, NVL_CPU, a->ndim, a->shape));
-  if (dt == NVL_F32 && is_f32_contig(a))
+  if (dt == NVL_F32 && op < NVL_OP_EQ && is_f32_contig(a))
     nvl_binary_scalar_f32_cpu(op, nvl_tensor_data(&r), nvl_tensor_data(a), s, scalar_left, nvl_tensor_numel(a));
   else
-    nvl_binary_scalar_ref(op, &r, a, s, scalar_left);
+    nvl_binary_scalar_ref(op, &r, a, sc, scalar_left);
   *out = r;
   return NVL_OK;
 }
@@ -123,7 +127,7 @@ static nvl_dtype reduce_dtype(nvl_reduce_op op, nvl_dtype in) {
   return in;
 }
 
-nvl_status nvl_reduce_all(double *result, nvl_reduce_op op, const nvl_tensor *a) {
+nvl_status nvl_reduce_all(nvl_scalar *result, nvl_reduce_op op, const nvl_tensor *a) {
   if ((unsigned)op >= NVL_REDUCE_COUNT) return nvl_error(NVL_EINVAL, "reduce: invalid op %d", (int)op);
   const char *name = nvl_reduce_names[op];
   NVL_TRY(nvl_tensor_check_live(a, name));
@@ -239,7 +243,8 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
       nvl_tensor ca = nvl_tensor_null(), cb = nvl_tensor_null();
       st = nvl_tensor_contiguous(&ca, &ma);
       if (st == NVL_OK) st = nvl_tensor_contiguous(&cb, &mb);
-      if (st == NVL_OK) nvl_matmul_f32_cpu(nvl_tensor_data(&mo), &ca, &cb);
+      if (st == NVL_OK && !nvl_matmul_f32_cpu(nvl_tensor_data(&mo), &ca, &cb))
+        st = nvl_error(NVL_EINVAL, "matmul: internal error: contiguous operands rejected by BLAS layout");
       nvl_tensor_release(&ca);
       nvl_tensor_release(&cb);
     }
@@ -252,7 +257,7 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   return NVL_OK;
 }
 
-nvl_status nvl_fill_(nvl_tensor *t, double v) {
+nvl_status nvl_fill_(nvl_tensor *t, nvl_scalar v) {
   NVL_TRY(nvl_tensor_check_live(t, "fill"));
   NVL_TRY(cpu_only("fill", t));
   nvl_fill_ref(t, v);

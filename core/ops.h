@@ -15,6 +15,8 @@ extern "C" {
 typedef enum {
   NVL_OP_ADD = 0, NVL_OP_SUB = 1, NVL_OP_MUL = 2, NVL_OP_DIV = 3, NVL_OP_POW = 4,
   NVL_OP_MAXIMUM = 5, NVL_OP_MINIMUM = 6,
+  /* comparisons: u8 results, 1 where true */
+  NVL_OP_EQ = 7, NVL_OP_NE = 8, NVL_OP_LT = 9, NVL_OP_LE = 10, NVL_OP_GT = 11, NVL_OP_GE = 12,
   NVL_BINARY_COUNT
 } nvl_binary_op;
 
@@ -28,20 +30,31 @@ typedef enum {
   NVL_REDUCE_COUNT
 } nvl_reduce_op;
 
+/* A scalar operand: Lua integers stay exact for integer tensors (i64 beyond 2^53). */
+typedef struct {
+  double f;    /* the value (rounded, for integers beyond 2^53) */
+  int64_t i;   /* the exact value when is_int */
+  int is_int;
+} nvl_scalar;
+static inline nvl_scalar nvl_scalar_f(double f) { nvl_scalar s = {f, 0, 0}; return s; }
+static inline nvl_scalar nvl_scalar_i(int64_t i) { nvl_scalar s = {(double)i, i, 1}; return s; }
+
 extern const char *const nvl_binary_names[NVL_BINARY_COUNT];
 extern const char *const nvl_unary_names[NVL_UNARY_COUNT];
 extern const char *const nvl_reduce_names[NVL_REDUCE_COUNT];
 
-/* out = a op b with broadcasting; result dtype nvl_dtype_promote (DIV/POW of integers: f32). */
+/* out = a op b with broadcasting; result dtype nvl_dtype_promote (DIV/POW of integers: f32;
+ * comparisons: u8, compared in double if either side is a float, else in int64). */
 nvl_status nvl_binary(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, const nvl_tensor *b);
 /* out = a op s (scalar_left: s op a). The tensor's dtype is kept unless s is non-integral and a
  * is an integer tensor (then f32), or op is DIV/POW on integers (f32). */
-nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, double s, int scalar_left);
+nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, nvl_scalar s, int scalar_left);
 /* out = op(a); integer inputs give f32 for EXP/LOG/SQRT. */
 nvl_status nvl_unary(nvl_tensor *out, nvl_unary_op op, const nvl_tensor *a);
 
-/* Reduce over all elements into *result (fp64 accumulation). */
-nvl_status nvl_reduce_all(double *result, nvl_reduce_op op, const nvl_tensor *a);
+/* Reduce over all elements into *result: fp64 accumulation for floats, exact int64 for integer
+ * sum/max/min/amax (result->is_int). */
+nvl_status nvl_reduce_all(nvl_scalar *result, nvl_reduce_op op, const nvl_tensor *a);
 /* Reduce over dim; out has dim removed (or kept with size 1). For MAX/MIN, idx (may be NULL)
  * receives 0-based i64 positions of the first extreme value. */
 nvl_status nvl_reduce_dim(nvl_tensor *out, nvl_tensor *idx, nvl_reduce_op op, const nvl_tensor *a, int dim, int keepdim);
@@ -50,8 +63,8 @@ nvl_status nvl_reduce_dim(nvl_tensor *out, nvl_tensor *idx, nvl_reduce_op op, co
  * (OpenBLAS sgemm) or bf16 (computed in fp32, rounded once). */
 nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b);
 
-/* Fill t with v (converted to t's dtype). */
-nvl_status nvl_fill_(nvl_tensor *t, double v);
+/* Fill t with v (converted to t's dtype; integers exact). */
+nvl_status nvl_fill_(nvl_tensor *t, nvl_scalar v);
 /* t[i] = start + i*step for a 1-D t. */
 nvl_status nvl_arange_(nvl_tensor *t, double start, double step);
 /* Uniform [0,1) / standard normal from g; advances g->offset by one. */

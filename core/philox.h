@@ -26,8 +26,6 @@ nvl_generator *nvl_default_generator(void);
 /* The 4 words of group i of the call at (seed, offset). */
 void nvl_philox_words(uint64_t seed, uint64_t offset, uint64_t i, uint32_t out[4]);
 
-/* Uniform in [0, 1) with 24 random bits, from one 32-bit word (top 24 bits). */
-static inline float nvl_u32_to_uniform(uint32_t w) { return (float)(w >> 8) * (1.0f / 16777216.0f); }
 
 #ifdef __cplusplus
 }

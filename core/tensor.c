@@ -58,6 +58,9 @@ static void set_contiguous_strides(nvl_tensor *t) {
 
 nvl_status nvl_tensor_empty(nvl_tensor *out, nvl_dtype dt, nvl_device dev, int ndim, const int64_t *shape) {
   if ((unsigned)dt >= NVL_DTYPE_COUNT) return nvl_error(NVL_EINVAL, "empty: invalid dtype %d", (int)dt);
+  if (nvl_dtypes[dt].is_quantized)
+    return nvl_error(NVL_EINVAL, "empty: %s is a quantized format, not a tensor dtype (valid: %s); use nv.quantize(x, \"%s\")",
+                     nvl_dtypes[dt].name, nvl_dtype_names(), nvl_dtypes[dt].name);
   if (ndim < 0 || ndim > NVL_MAX_DIMS)
     return nvl_error(NVL_EINVAL, "empty: %d dims requested, at most %d supported", ndim, NVL_MAX_DIMS);
   int64_t n = 1;

@@ -94,13 +94,13 @@ static int blas_layout(const nvl_tensor *t, CBLAS_TRANSPOSE *tr, int *ld) {
 int nvl_matmul_f32_cpu(float *out, const nvl_tensor *a, const nvl_tensor *b) {
   CBLAS_TRANSPOSE ta, tb;
   int lda, ldb;
-  if (!blas_layout(a, &ta, &lda) || !blas_layout(b, &tb, &ldb)) return 0;
   int M = (int)a->shape[0], K = (int)a->shape[1], N = (int)b->shape[1];
   if (M == 0 || N == 0) return 1;
-  if (K == 0) {
+  if (K == 0) { /* an empty sum: zeros, whatever the operands' strides */
     for (int64_t i = 0; i < (int64_t)M * N; i++) out[i] = 0.0f;
     return 1;
   }
+  if (!blas_layout(a, &ta, &lda) || !blas_layout(b, &tb, &ldb)) return 0;
   cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, (const float *)nvl_tensor_data(a), lda,
               (const float *)nvl_tensor_data(b), ldb, 0.0f, out, N);
   return 1;

@@ -1,11 +1,21 @@
-/* bind.h: the entry points of the Lua bindings (the .c files in lua/bind/) that the nvlua
- * program (main.c) preloads into package.preload. Not here: the bindings' internals or anything
- * of core/. */
+/* bind.h: what the Lua binding files (lua/bind/) share: the module entry point that main.c
+ * preloads, and the helpers each binding file uses to move tensors across the Lua boundary.
+ * Not here: the bindings' internals or anything of core/. */
 #ifndef NVL_BIND_H
 #define NVL_BIND_H
 #include "lua.h"
+#include "tensor.h"
 
 /* Opens the C core module and returns its table; preloaded as require "nvlua.core". */
 int luaopen_nvlua_core(lua_State *L);
+
+/* Push a new, empty (null) tensor userdata and return it, to be filled by a core call. */
+nvl_tensor *nvl_lua_push_tensor(lua_State *L);
+/* Argument i as a live tensor (raises a Lua error naming op otherwise). */
+nvl_tensor *nvl_lua_check_tensor(lua_State *L, int i, const char *op);
+/* Raise the last core error as a Lua error. */
+int nvl_lua_raise(lua_State *L);
+/* Add the quantization functions and the "nvlua.QTensor" type to the module table on top. */
+void nvl_lua_open_quant(lua_State *L);
 
 #endif

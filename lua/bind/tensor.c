@@ -42,6 +42,15 @@ static nvl_tensor *push_tensor(lua_State *L) {
   return t;
 }
 
+nvl_tensor *nvl_lua_push_tensor(lua_State *L) { return push_tensor(L); }
+int nvl_lua_raise(lua_State *L) { return luaL_error(L, "%s", nvl_last_error()); }
+
+/* A Lua number as a scalar operand, integers kept exact. */
+static nvl_scalar to_scalar(lua_State *L, int i) {
+  if (lua_isinteger(L, i)) return nvl_scalar_i(lua_tointeger(L, i));
+  return nvl_scalar_f(lua_tonumber(L, i));
+}
+
 static nvl_tensor *check_tensor(lua_State *L, int i) { return luaL_checkudata(L, i, TENSOR_MT); }
 static nvl_tensor *test_tensor(lua_State *L, int i) { return luaL_testudata(L, i, TENSOR_MT); }
 
@@ -52,11 +61,14 @@ static nvl_tensor *check_live(lua_State *L, int i, const char *op) {
   return t;
 }
 
+nvl_tensor *nvl_lua_check_tensor(lua_State *L, int i, const char *op) { return check_live(L, i, op); }
+
 static nvl_dtype check_dtype(lua_State *L, int i) {
   const char *name = luaL_checkstring(L, i);
   nvl_dtype dt = nvl_dtype_from_name(name);
-  if (dt == NVL_DTYPE_COUNT) {
-    luaL_argerror(L, i, lua_pushfstring(L, "invalid dtype '%s' (valid: %s)", name, nvl_dtype_names()));
+  if (dt == NVL_DTYPE_COUNT || nvl_dtypes[dt].is_quantized) {
+    luaL_argerror(L, i, lua_pushfstring(L, "invalid dtype '%s' (valid: %s)%s", name, nvl_dtype_names(),
+                                        dt == NVL_DTYPE_COUNT ? "" : "; quantized formats come from nv.quantize"));
   }
   return dt;
 }
@@ -121,7 +133,8 @@ static int l_empty(lua_State *L) {
 
 static int l_fill_(lua_State *L) {
   nvl_tensor *t = check_tensor(L, 1);
-  CHECK(L, nvl_fill_(t, luaL_checknumber(L, 2)));
+  luaL_checknumber(L, 2);
+  CHECK(L, nvl_fill_(t, to_scalar(L, 2)));
   lua_settop(L, 1);
   return 1;
 }
@@ -487,7 +500,7 @@ static int l_newindex(lua_State *L) {
   CHECK(L, nvl_tensor_select(&s, t, 0, i - 1));
   nvl_status st;
   if (lua_isnumber(L, 3)) {
-    st = nvl_fill_(&s, lua_tonumber(L, 3));
+    st = nvl_fill_(&s, to_scalar(L, 3));
   } else {
     nvl_tensor *src = test_tensor(L, 3);
     if (!src) { nvl_tensor_release(&s); return luaL_typeerror(L, 3, "number or nvlua.Tensor"); }
@@ -518,13 +531,13 @@ static int binary(lua_State *L, nvl_binary_op op) {
   if (a && lua_isnumber(L, 2)) {
     if (!a->storage) return luaL_error(L, "%s: tensor has been freed", name);
     nvl_tensor *r = push_tensor(L);
-    CHECK(L, nvl_binary_scalar(r, op, a, lua_tonumber(L, 2), 0));
+    CHECK(L, nvl_binary_scalar(r, op, a, to_scalar(L, 2), 0));
     return 1;
   }
   if (b && lua_isnumber(L, 1)) {
     if (!b->storage) return luaL_error(L, "%s: tensor has been freed", name);
     nvl_tensor *r = push_tensor(L);
-    CHECK(L, nvl_binary_scalar(r, op, b, lua_tonumber(L, 1), 1));
+    CHECK(L, nvl_binary_scalar(r, op, b, to_scalar(L, 1), 1));
     return 1;
   }
   return luaL_error(L, "%s: expected tensors or numbers, got %s and %s", name, luaL_typename(L, 1), luaL_typename(L, 2));
@@ -537,6 +550,12 @@ static int l_div(lua_State *L) { return binary(L, NVL_OP_DIV); }
 static int l_pow(lua_State *L) { return binary(L, NVL_OP_POW); }
 static int l_maximum(lua_State *L) { return binary(L, NVL_OP_MAXIMUM); }
 static int l_minimum(lua_State *L) { return binary(L, NVL_OP_MINIMUM); }
+static int l_eq(lua_State *L) { return binary(L, NVL_OP_EQ); }
+static int l_ne(lua_State *L) { return binary(L, NVL_OP_NE); }
+static int l_lt(lua_State *L) { return binary(L, NVL_OP_LT); }
+static int l_le(lua_State *L) { return binary(L, NVL_OP_LE); }
+static int l_gt(lua_State *L) { return binary(L, NVL_OP_GT); }
+static int l_ge(lua_State *L) { return binary(L, NVL_OP_GE); }
 
 static int unary(lua_State *L, nvl_unary_op op) {
   nvl_tensor *a = check_live(L, 1, nvl_unary_names[op]);
@@ -555,12 +574,10 @@ static int reduce(lua_State *L, nvl_reduce_op op) {
   const char *name = nvl_reduce_names[op];
   nvl_tensor *a = check_live(L, 1, name);
   if (lua_isnoneornil(L, 2)) {
-    double v;
+    nvl_scalar v;
     CHECK(L, nvl_reduce_all(&v, op, a));
-    if (!nvl_dtypes[a->dtype].is_float && op != NVL_RED_MEAN && v == floor(v) && fabs(v) < 9.2e18)
-      lua_pushinteger(L, (lua_Integer)v);
-    else
-      lua_pushnumber(L, v);
+    if (v.is_int) lua_pushinteger(L, v.i);
+    else lua_pushnumber(L, v.f);
     return 1;
   }
   int d = check_dim(L, 2, a);
@@ -717,6 +734,8 @@ static int l_dtypes(lua_State *L) {
     lua_pushinteger(L, t->bits); lua_setfield(L, -2, "bits");
     lua_pushinteger(L, t->elem_size); lua_setfield(L, -2, "bytes");
     lua_pushboolean(L, t->is_float); lua_setfield(L, -2, "is_float");
+    lua_pushboolean(L, t->is_quantized); lua_setfield(L, -2, "is_quantized");
+    lua_pushinteger(L, t->scale_bits); lua_setfield(L, -2, "scale_bits");
     lua_pushinteger(L, t->block); lua_setfield(L, -2, "block");
     lua_pushnumber(L, t->max_finite); lua_setfield(L, -2, "max");
     lua_pushnumber(L, t->min_value); lua_setfield(L, -2, "min");
@@ -734,7 +753,8 @@ static const luaL_Reg tensor_methods[] = {
   {"clone", l_clone}, {"copy_", l_copy_}, {"to", l_to}, {"cuda", l_cuda}, {"cpu", l_cpu},
   {"get", l_get}, {"set", l_set}, {"totable", l_totable}, {"fill_", l_fill_},
   {"add", l_add}, {"sub", l_sub}, {"mul", l_mul}, {"div", l_div}, {"pow", l_pow},
-  {"maximum", l_maximum}, {"minimum", l_minimum},
+  {"maximum", l_maximum}, {"minimum", l_minimum}, {"eq", l_eq}, {"ne", l_ne}, {"lt", l_lt},
+  {"le", l_le}, {"gt", l_gt}, {"ge", l_ge},
   {"exp", l_exp}, {"log", l_log}, {"sqrt", l_sqrt}, {"abs", l_abs}, {"neg", l_neg},
   {"sum", l_sum}, {"mean", l_mean}, {"max", l_max}, {"min", l_min}, {"amax", l_amax},
   {"matmul", l_matmul}, {"allclose", l_allclose},
@@ -774,5 +794,6 @@ int luaopen_nvlua_core(lua_State *L) {
   lua_setfield(L, -2, "Tensor");
   luaL_getmetatable(L, GENERATOR_MT);
   lua_setfield(L, -2, "Generator_mt");
+  nvl_lua_open_quant(L);
   return 1;
 }

@@ -11,15 +11,19 @@ nv.core = core
 nv.version = core.build_info().version
 nv.Tensor = methods
 
-local DTYPES = {}
-for _, d in ipairs(core.dtypes()) do DTYPES[d.name] = d end
-nv.dtypes = DTYPES
+local DTYPES, FORMATS = {}, {}
+for _, d in ipairs(core.dtypes()) do
+  if d.is_quantized then FORMATS[d.name] = d else DTYPES[d.name] = d end
+end
+nv.dtypes = DTYPES     -- plain tensor element types
+nv.formats = FORMATS   -- quantized formats (nv.quantize)
 
 -- Creation arguments: sizes as integers or one table, then optionally a dtype name or an
 -- options table {dtype=, device=, generator=}.
 local function parse_create(fname, ...)
   local n = select("#", ...)
   local args = {...}
+  while n > 0 and args[n] == nil do n = n - 1 end
   local opts = {}
   local last = args[n]
   if type(last) == "string" then
@@ -50,13 +54,17 @@ local function parse_create(fname, ...)
   end
   if opts.dtype and not DTYPES[opts.dtype] then
     local names = {}
-    for _, d in ipairs(core.dtypes()) do names[#names + 1] = d.name end
+    for _, d in ipairs(core.dtypes()) do if not d.is_quantized then names[#names + 1] = d.name end end
     error(string.format("%s: invalid dtype '%s' (valid: %s)", fname, tostring(opts.dtype), table.concat(names, ", ")), 3)
   end
   return shape, opts
 end
 
 local function on_device(t, opts)
+  if opts.device ~= nil and opts.device ~= "cpu" and opts.device ~= "cuda" then
+    t:free()
+    error(string.format("invalid device '%s' (valid: cpu, cuda)", tostring(opts.device)), 3)
+  end
   if opts.device and opts.device ~= "cpu" then
     local d = t:to(opts.device)
     t:free()
@@ -255,6 +263,14 @@ function methods.bf16(t) return t:to("bf16") end
 function methods.t(t) return t:transpose() end
 function methods.zero_(t) return t:fill_(0) end
 
+-- ---- quantization (lua/nvlua/quant.lua) ---------------------------------------------------------
+local quant = require "nvlua.quant"
+nv.quant = {report = quant.report, show = quant.show}
+nv.quantize = quant.quantize
+nv.qmatmul = quant.qmatmul
+nv.rht = quant.rht
+nv.AmaxHistory = quant.AmaxHistory
+
 -- ---- help -----------------------------------------------------------------------------------
 
 local HELP = [[
@@ -270,7 +286,12 @@ Views       t:view(2,-1) t:reshape(...) t:transpose(1,2) t:t() t:permute(2,1) t:
             t:select(1,2) t:expand(4,3) t:contiguous() t:clone() t:copy_(src)
 Math        + - * / ^ with broadcasting and scalars; t:exp() log sqrt abs neg pow maximum minimum
             t:sum() t:sum(2) mean max min amax (t:max(2) -> values, indices)
+            t:eq(x) ne lt le gt ge (u8 masks)
             a:matmul(b) (2-D and batched)   a:allclose(b, rtol, atol)   t:to("bf16")
+Quantize    q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true, seed=1}) (formats: f32 bf16
+            e4m3 e5m2 mxfp8_e4m3 mxfp8_e5m2 nvfp4)  q:dequantize() q:codes() q:scale_bytes()
+            q.amax q:t() nv.qmatmul(qa, qb) nv.rht(x) nv.AmaxHistory(1024)
+            nv.quant.report(x, {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4"})  nv.quant.show(q, {block=1})
 Devices     nv.cuda.available() nv.cuda.devices() t:cuda() t:cpu()
 Memory      t:free()   local t <close> = nv.zeros(n)   nv.memory()
 Info        nv.info()   nv.clock()   nvlua -v
@@ -279,7 +300,7 @@ Info        nv.info()   nv.clock()   nvlua -v
 --- nv.help(): print the main API
 function nv.help()
   local names = {}
-  for _, d in ipairs(core.dtypes()) do names[#names + 1] = d.name end
+  for _, d in ipairs(core.dtypes()) do if not d.is_quantized then names[#names + 1] = d.name end end
   io.write(string.format(HELP, nv.version, table.concat(names, " ")))
 end
 

@@ -121,12 +121,12 @@ NVL_TEST(fast_elementwise_matches_reference) {
   nvl_tensor_empty(&r2, NVL_F32, NVL_CPU, 1, s);
   nvl_randn_(&a, &g);
   nvl_rand_(&b, &g);
-  for (int op = NVL_OP_ADD; op < NVL_BINARY_COUNT; op++) {
+  for (int op = NVL_OP_ADD; op <= NVL_OP_MINIMUM; op++) {
     nvl_binary_f32_cpu(op, nvl_tensor_data(&r1), nvl_tensor_data(&a), nvl_tensor_data(&b), 1000);
     nvl_binary_ref(op, &r2, &a, &b);
     CHECK(memcmp(nvl_tensor_data(&r1), nvl_tensor_data(&r2), 4000) == 0);
     nvl_binary_scalar_f32_cpu(op, nvl_tensor_data(&r1), nvl_tensor_data(&a), 0.1, 1, 1000);
-    nvl_binary_scalar_ref(op, &r2, &a, 0.1, 1);
+    nvl_binary_scalar_ref(op, &r2, &a, nvl_scalar_f(0.1), 1);
     CHECK(memcmp(nvl_tensor_data(&r1), nvl_tensor_data(&r2), 4000) == 0);
   }
   for (int op = 0; op < NVL_UNARY_COUNT; op++) {

@@ -12,6 +12,12 @@ double nvl_binary_f(nvl_binary_op op, double a, double b) {
     case NVL_OP_POW: return pow(a, b);
     case NVL_OP_MAXIMUM: return isnan(a) || isnan(b) ? NAN : (a > b ? a : b);
     case NVL_OP_MINIMUM: return isnan(a) || isnan(b) ? NAN : (a < b ? a : b);
+    case NVL_OP_EQ: return a == b;
+    case NVL_OP_NE: return a != b;
+    case NVL_OP_LT: return a < b;
+    case NVL_OP_LE: return a <= b;
+    case NVL_OP_GT: return a > b;
+    case NVL_OP_GE: return a >= b;
     default: return NAN;
   }
 }
@@ -23,6 +29,12 @@ int64_t nvl_binary_i(nvl_binary_op op, int64_t a, int64_t b) {
     case NVL_OP_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
     case NVL_OP_MAXIMUM: return a > b ? a : b;
     case NVL_OP_MINIMUM: return a < b ? a : b;
+    case NVL_OP_EQ: return a == b;
+    case NVL_OP_NE: return a != b;
+    case NVL_OP_LT: return a < b;
+    case NVL_OP_LE: return a <= b;
+    case NVL_OP_GT: return a > b;
+    case NVL_OP_GE: return a >= b;
     default: return 0; /* DIV and POW promote to f32 in core/ops.c */
   }
 }
@@ -63,8 +75,9 @@ void nvl_binary_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, cons
   int64_t n = nvl_tensor_numel(out);
   nvl_iter it;
   nvl_iter_init(&it, 3, ts);
+  int in_float = to->is_float || (op >= NVL_OP_EQ && (ta->is_float || tb->is_float));
   for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
-    if (to->is_float)
+    if (in_float)
       to->store_f(nvl_iter_ptr(&it, 0), nvl_binary_f(op, ta->load_f(nvl_iter_ptr(&it, 1)), tb->load_f(nvl_iter_ptr(&it, 2))));
     else
       to->store_i(nvl_iter_ptr(&it, 0), nvl_binary_i(op, ta->load_i(nvl_iter_ptr(&it, 1)), tb->load_i(nvl_iter_ptr(&it, 2))));
@@ -140,7 +153,7 @@ void nvl_reduce_last_ref(nvl_reduce_op op, nvl_tensor *out, nvl_tensor *idx, con
   }
 }
 
-double nvl_reduce_all_ref(nvl_reduce_op op, const nvl_tensor *a) {
+nvl_scalar nvl_reduce_all_ref(nvl_reduce_op op, const nvl_tensor *a) {
   const nvl_dtype_traits *ta = &nvl_dtypes[a->dtype];
   int64_t n = nvl_tensor_numel(a);
   const nvl_tensor *ts[1] = {a};
@@ -149,11 +162,11 @@ double nvl_reduce_all_ref(nvl_reduce_op op, const nvl_tensor *a) {
   if (ta->is_float) {
     double acc = 0;
     for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) fold_f(op, &acc, ta->load_f(nvl_iter_ptr(&it, 0)), i == 0);
-    return op == NVL_RED_MEAN ? acc / (double)n : acc;
+    return nvl_scalar_f(op == NVL_RED_MEAN ? acc / (double)n : acc);
   }
   int64_t acc = 0;
   for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) fold_i(op, &acc, ta->load_i(nvl_iter_ptr(&it, 0)), i == 0);
-  return op == NVL_RED_MEAN ? (double)acc / (double)n : (double)acc;
+  return op == NVL_RED_MEAN ? nvl_scalar_f((double)acc / (double)n) : nvl_scalar_i(acc);
 }
 
 void nvl_matmul_ref(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
@@ -171,13 +184,17 @@ void nvl_matmul_ref(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
     }
 }
 
-void nvl_fill_ref(nvl_tensor *t, double v) {
+void nvl_fill_ref(nvl_tensor *t, nvl_scalar v) {
   const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
   const nvl_tensor *ts[1] = {t};
   int64_t n = nvl_tensor_numel(t);
   nvl_iter it;
   nvl_iter_init(&it, 1, ts);
-  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) tt->store_f(nvl_iter_ptr(&it, 0), v);
+  int exact_int = v.is_int && !tt->is_float;
+  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
+    if (exact_int) tt->store_i(nvl_iter_ptr(&it, 0), v.i);
+    else tt->store_f(nvl_iter_ptr(&it, 0), v.f);
+  }
 }
 
 void nvl_arange_ref(nvl_tensor *t, double start, double step) {
@@ -189,12 +206,13 @@ void nvl_arange_ref(nvl_tensor *t, double start, double step) {
 
 void nvl_rand_ref(nvl_tensor *t, uint64_t seed, uint64_t offset) {
   const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
+  const int bits = tt->significand_bits; /* k random bits * 2^-k: exact in the dtype, < 1 */
   char *p = nvl_tensor_data(t);
   int64_t n = nvl_tensor_numel(t);
   uint32_t w[4];
   for (int64_t i = 0; i < n; i++) {
     if (i % 4 == 0) nvl_philox_words(seed, offset, (uint64_t)(i / 4), w);
-    tt->store_f(p + i * tt->elem_size, nvl_u32_to_uniform(w[i % 4]));
+    tt->store_f(p + i * tt->elem_size, (double)(w[i % 4] >> (32 - bits)) * ldexp(1.0, -bits));
   }
 }
 
@@ -213,7 +231,8 @@ void nvl_randn_ref(nvl_tensor *t, uint64_t seed, uint64_t offset) {
   }
 }
 
-void nvl_binary_scalar_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, double s, int scalar_left) {
+void nvl_binary_scalar_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, nvl_scalar sc, int scalar_left) {
+  double s = sc.f;
   const nvl_tensor *ts[2] = {out, a};
   const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype];
   int64_t n = nvl_tensor_numel(out);
@@ -221,11 +240,11 @@ void nvl_binary_scalar_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *
   nvl_iter_init(&it, 2, ts);
   for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
     void *po = nvl_iter_ptr(&it, 0), *pa = nvl_iter_ptr(&it, 1);
-    if (to->is_float) {
+    if (to->is_float || (op >= NVL_OP_EQ && (ta->is_float || s != floor(s)))) {
       double x = ta->load_f(pa);
       to->store_f(po, scalar_left ? nvl_binary_f(op, s, x) : nvl_binary_f(op, x, s));
     } else {
-      int64_t x = ta->load_i(pa), si = (int64_t)s;
+      int64_t x = ta->load_i(pa), si = sc.is_int ? sc.i : (int64_t)s;
       to->store_i(po, scalar_left ? nvl_binary_i(op, si, x) : nvl_binary_i(op, x, si));
     }
   }
@@ -243,7 +262,8 @@ int nvl_allclose_ref(const nvl_tensor *a, const nvl_tensor *b, double rtol, doub
       if (equal_nan && isnan(x) && isnan(y)) continue;
       return 0;
     }
-    if (x == y) continue; /* equal infinities */
+    if (x == y) continue; /* equal infinities included */
+    if (isinf(x) || isinf(y)) return 0;
     if (!(fabs(x - y) <= atol + rtol * fabs(y))) return 0;
   }
   return 1;

@@ -15,14 +15,16 @@ void nvl_unary_ref(nvl_unary_op op, nvl_tensor *out, const nvl_tensor *a);
  * output's leading shape); idx (may be NULL) gets 0-based argmax/argmin as i64. */
 void nvl_reduce_last_ref(nvl_reduce_op op, nvl_tensor *out, nvl_tensor *idx, const nvl_tensor *a);
 /* Reduce all of a. */
-double nvl_reduce_all_ref(nvl_reduce_op op, const nvl_tensor *a);
+nvl_scalar nvl_reduce_all_ref(nvl_reduce_op op, const nvl_tensor *a);
 /* out[M,N] = a[M,K] @ b[K,N] (2-D views, any strides, f32/bf16), double accumulation. */
 void nvl_matmul_ref(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b);
-void nvl_fill_ref(nvl_tensor *t, double v);
+void nvl_fill_ref(nvl_tensor *t, nvl_scalar v);
 /* Contiguous t: element i = start + i*step. */
 void nvl_arange_ref(nvl_tensor *t, double start, double step);
 /* Contiguous float t from the Philox stream at (seed, offset): uniform [0,1) takes word i%4
- * of group i/4 (top 24 bits); normal uses group i/2, Box-Muller on words 2(i%2), 2(i%2)+1. */
+ * of group i/4, its top p bits times 2^-p with p the dtype's significand bits (f32 24, bf16 8),
+ * so every value is exact and below 1; normal uses group i/2, Box-Muller on words 2(i%2),
+ * 2(i%2)+1. */
 void nvl_rand_ref(nvl_tensor *t, uint64_t seed, uint64_t offset);
 void nvl_randn_ref(nvl_tensor *t, uint64_t seed, uint64_t offset);
 
@@ -33,7 +35,7 @@ double nvl_unary_f(nvl_unary_op op, double a);
 
 
 /* out = a op s (or s op a). */
-void nvl_binary_scalar_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, double s, int scalar_left);
+void nvl_binary_scalar_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, nvl_scalar s, int scalar_left);
 /* 1 if |a-b| <= atol + rtol*|b| everywhere (a, b expanded to one shape). */
 int nvl_allclose_ref(const nvl_tensor *a, const nvl_tensor *b, double rtol, double atol, int equal_nan);
 #endif
