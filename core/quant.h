@@ -1,0 +1,96 @@
+/* quant.h: quantized tensors and the ops on them (NUMERICS.md is the contract).
+ * A quantized tensor is x (any shape, any float dtype) moved so that its blocked dim (axis) is
+ * last and flattened to the "blocked layout" [rows, K]: codes and block scales live in that
+ * layout, row-major, so each block is contiguous and block g = row*(K/block) + k/block is the
+ * index the SR stream uses. The logical shape and axis are kept so codes()/scale_bytes() can
+ * present them in x's own shape.
+ * Not here: recipes (which format each GEMM operand gets), layers. */
+#ifndef NVL_QUANT_H
+#define NVL_QUANT_H
+#include "cpu/ref/formats_ref.h"
+#include "ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  NVL_LAYOUT_NONE = 0,   /* f32 / bf16: no scales */
+  NVL_LAYOUT_TENSOR = 1, /* fp8 current/delayed scaling: one fp32 scale */
+  NVL_LAYOUT_1X16 = 2,   /* nvfp4 1D */
+  NVL_LAYOUT_16X16 = 3,  /* nvfp4 2D (weights): one scale per 16x16 tile, stored per 1x16 block */
+  NVL_LAYOUT_1X32 = 4,   /* mxfp8 */
+  NVL_LAYOUT_COUNT
+} nvl_block_layout;
+
+extern const char *const nvl_layout_names[NVL_LAYOUT_COUNT];
+
+typedef struct {
+  nvl_dtype format;         /* f32, bf16, or a quantized format */
+  nvl_block_layout layout;
+  int ndim;
+  int64_t shape[NVL_MAX_DIMS]; /* logical shape (x's) */
+  int axis;                 /* the blocked dim of the logical shape, 0-based */
+  int64_t rows, K;          /* the blocked layout */
+  nvl_tensor data;          /* (rows, K) u8 codes; nvfp4: (rows, K/2) packed, low nibble first;
+                               f32/bf16: (rows, K) values */
+  nvl_tensor scales;        /* (rows, K/block) u8 block scales, or null */
+  float amax;               /* the global amax used (max |x| after RHT, or the one given) */
+  float scale;              /* fp8 per-tensor: encode scale (x * scale); nvfp4: s_enc */
+  int rht;                  /* 1: the RHT of NUMERICS §5 was applied along axis first */
+  float signs[16];          /* its sign vector */
+  int sr;                   /* 1: stochastic rounding; seed/offset of the draw */
+  uint64_t seed, offset;
+  nvl_mx_rule rule;         /* mxfp8 scale rule */
+} nvl_qtensor;
+
+typedef struct {
+  int axis;                  /* blocked dim, 0-based; -1: the last */
+  int block2d;               /* nvfp4: 16x16 tiles (2-D x only) */
+  int rht;                   /* apply the RHT along axis before quantizing */
+  const float *signs;        /* RHT signs (16), NULL: the default */
+  int sr;                    /* stochastic rounding (nvfp4 only) */
+  nvl_generator *gen;        /* SR draw from gen (offset advanced by one), or ... */
+  uint64_t seed, offset;     /* ... from this explicit (seed, offset) when gen is NULL */
+  nvl_mx_rule rule;          /* mxfp8 scale rule */
+  int has_amax;              /* use amax instead of max |x| (delayed scaling, reduced amax) */
+  float amax;
+  int use_ref;               /* 1: scalar reference kernels (for tests); 0: fast CPU kernels */
+} nvl_quant_opts;
+
+static inline nvl_qtensor nvl_qtensor_null(void) {
+  nvl_qtensor q;
+  for (size_t i = 0; i < sizeof q; i++) ((char *)&q)[i] = 0;
+  q.data = nvl_tensor_null();
+  q.scales = nvl_tensor_null();
+  return q;
+}
+
+/* out = x quantized to format (f32, bf16 or a quantized format) per opts. */
+nvl_status nvl_quantize(nvl_qtensor *out, const nvl_tensor *x, nvl_dtype format, const nvl_quant_opts *opts);
+/* Release codes and scales. */
+void nvl_qtensor_release(nvl_qtensor *q);
+/* out (f32, logical shape) = the decoded values (in the RHT domain if q.rht). */
+nvl_status nvl_dequantize(nvl_tensor *out, const nvl_qtensor *q);
+/* out (u8, logical shape) = element codes, unpacked; f32/bf16: unsupported. */
+nvl_status nvl_qtensor_codes(nvl_tensor *out, const nvl_qtensor *q);
+/* out (u8) = block-scale bytes, logical shape with axis divided by the block size. */
+nvl_status nvl_qtensor_scale_bytes(nvl_tensor *out, const nvl_qtensor *q);
+/* out = the quantization of x^T for a 2-D q, blocked along the same dim index, bit for bit
+ * what quantize(x^T, same options) gives: exact for 16x16 nvfp4 (the tile scales do not depend
+ * on the orientation), f32, bf16 and per-tensor fp8. 1x16 / 1x32 blocks raise (quantize x along
+ * the other axis instead); so does an RHT or SR quantization, whose transpose is a different
+ * draw / transform. */
+nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q);
+/* out[M,N] = sum_k A[m,k] B[n,k] where A, B are the 2-D qa, qb read in their blocked layouts
+ * (M = qa.rows, N = qb.rows, K their blocked length): each operand decoded exactly without its
+ * global scale, an fp32 GEMM, then alpha (the product of the global decode scales) applied in
+ * fp32 (NUMERICS §2). out_dtype f32 or bf16. */
+nvl_status nvl_qmatmul(nvl_tensor *out, const nvl_qtensor *qa, const nvl_qtensor *qb, nvl_dtype out_dtype);
+/* out = x with the RHT applied to every 16-chunk along axis (f32). */
+nvl_status nvl_rht(nvl_tensor *out, const nvl_tensor *x, int axis, const float *signs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

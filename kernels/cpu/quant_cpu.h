@@ -1,0 +1,32 @@
+/* quant_cpu.h: fast CPU quantizers (OpenMP over rows/blocks, branch-free element encoders the
+ * compiler vectorises). Each is bit-identical to its reference in kernels/cpu/ref/formats_ref.h,
+ * stochastic rounding included (same Philox stream), and is tested against it.
+ * Shapes as in formats_ref.h: x (R, K) f32 row-major, blocks along K. */
+#ifndef NVL_QUANT_CPU_H
+#define NVL_QUANT_CPU_H
+#include "cpu/ref/formats_ref.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* NVFP4 1D (block2d 0) or 2D 16x16 (block2d 1): packed (R, K/2) e2m1 codes, two per byte, low
+ * nibble first; scales (R, K/16) ue4m3; *amax the amax used. */
+nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax, const float *x, int64_t rows,
+                                  int64_t K, int block2d, const nvl_nvfp4_ref_opts *opts);
+/* y (R, K) from packed codes (R, K/2) and scales (R, K/16), as nvl_nvfp4_dequantize_ref. */
+nvl_status nvl_nvfp4_dequantize_cpu(float *y, const uint8_t *packed, const uint8_t *scales, float amax, int64_t rows,
+                                    int64_t K);
+/* MXFP8: codes (R, K), scales (R, K/32). */
+nvl_status nvl_mxfp8_quantize_cpu(uint8_t *codes, uint8_t *scales, const float *x, int64_t rows, int64_t K,
+                                  nvl_fp8_elem elem, nvl_mx_rule rule);
+/* FP8 per-tensor: codes (n); amax_in NULL: current scaling. */
+nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *codes, float *scale, float *amax, const float *x, int64_t n,
+                                       nvl_fp8_elem elem, const float *amax_in);
+/* RHT on every 16-chunk along K; y may alias x. */
+nvl_status nvl_rht16_rows_cpu(float *y, const float *x, int64_t rows, int64_t K, const float *signs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,313 @@
+/* quant.c: the Lua binding of core/quant.h — nv.core.quantize / qmatmul / rht and the
+ * "nvlua.QTensor" userdata (codes + block scales + amax + layout). Options arrive as a Lua
+ * table already checked for unknown keys by lua/nvlua/quant.lua; here each value is type- and
+ * range-checked, and core's errors become Lua errors. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <string.h>
+#include "bind.h"
+#include "quant.h"
+
+#define QTENSOR_MT "nvlua.QTensor"
+#define GENERATOR_MT "nvlua.Generator"
+
+typedef struct {
+  nvl_generator *g;
+  nvl_generator own;
+} lgen; /* as in tensor.c */
+
+#define CHECK(L, expr)                          \
+  do {                                          \
+    if ((expr) != NVL_OK) return nvl_lua_raise(L); \
+  } while (0)
+
+static nvl_qtensor *push_q(lua_State *L) {
+  nvl_qtensor *q = lua_newuserdatauv(L, sizeof(nvl_qtensor), 0);
+  *q = nvl_qtensor_null();
+  luaL_setmetatable(L, QTENSOR_MT);
+  return q;
+}
+
+static nvl_qtensor *check_q(lua_State *L, int i) {
+  nvl_qtensor *q = luaL_checkudata(L, i, QTENSOR_MT);
+  if (!q->data.storage) luaL_error(L, "quantized tensor has been freed");
+  return q;
+}
+
+static nvl_dtype check_format(lua_State *L, int i) {
+  const char *name = luaL_checkstring(L, i);
+  nvl_dtype f = nvl_dtype_from_name(name);
+  if (f == NVL_DTYPE_COUNT || !nvl_dtypes[f].is_float)
+    luaL_argerror(L, i, lua_pushfstring(L, "invalid format '%s' (valid: %s)", name, nvl_qformat_names()));
+  return f;
+}
+
+/* Read a 16-entry sign table at the top of the stack into s. */
+static void read_signs(lua_State *L, const char *what, float *s) {
+  if (luaL_len(L, -1) != 16) luaL_error(L, "%s: a sign table needs 16 entries of +1/-1, got %d", what, (int)luaL_len(L, -1));
+  for (int i = 0; i < 16; i++) {
+    lua_geti(L, -1, i + 1);
+    lua_Number v = lua_tonumber(L, -1);
+    if (v != 1 && v != -1) luaL_error(L, "%s: sign %d must be +1 or -1, got %s", what, i + 1, luaL_tolstring(L, -1, NULL));
+    s[i] = (float)v;
+    lua_pop(L, 1);
+  }
+}
+
+/* core.quantize(x, format, opts) */
+static int l_quantize(lua_State *L) {
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "quantize");
+  nvl_dtype f = check_format(L, 2);
+  nvl_quant_opts o = {.axis = -1};
+  float signs[16];
+  if (!lua_isnoneornil(L, 3)) {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    if (lua_getfield(L, 3, "axis") != LUA_TNIL) {
+      int ok;
+      lua_Integer a = lua_tointegerx(L, -1, &ok);
+      if (!ok) return luaL_error(L, "quantize: axis must be an integer");
+      if (a < 0) a += x->ndim + 1;
+      if (a < 1 || a > x->ndim) return luaL_error(L, "quantize: axis %d out of range for a %d-D tensor", (int)lua_tointeger(L, -1), x->ndim);
+      o.axis = (int)a - 1;
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 3, "block") != LUA_TNIL) {
+      const char *b = lua_tostring(L, -1);
+      if (b && strcmp(b, "2d") == 0) o.block2d = 1;
+      else if (!b || strcmp(b, "1d") != 0) return luaL_error(L, "quantize: block must be \"1d\" or \"2d\", got %s", luaL_tolstring(L, -1, NULL));
+    }
+    lua_pop(L, 1);
+    int t = lua_getfield(L, 3, "rht");
+    if (t == LUA_TTABLE) { read_signs(L, "quantize", signs); o.rht = 1; o.signs = signs; }
+    else if (t == LUA_TBOOLEAN) o.rht = lua_toboolean(L, -1);
+    else if (t != LUA_TNIL) return luaL_error(L, "quantize: rht must be a boolean or a table of 16 signs");
+    lua_pop(L, 1);
+    if (lua_getfield(L, 3, "sr") != LUA_TNIL) {
+      if (!lua_isboolean(L, -1)) return luaL_error(L, "quantize: sr must be a boolean");
+      o.sr = lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 3, "generator") != LUA_TNIL) o.gen = ((lgen *)luaL_checkudata(L, -1, GENERATOR_MT))->g;
+    lua_pop(L, 1);
+    int has_seed = lua_getfield(L, 3, "seed") != LUA_TNIL;
+    if (has_seed) {
+      if (!lua_isinteger(L, -1)) return luaL_error(L, "quantize: seed must be an integer");
+      o.seed = (uint64_t)lua_tointeger(L, -1);
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 3, "offset") != LUA_TNIL) {
+      if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0) return luaL_error(L, "quantize: offset must be a non-negative integer");
+      o.offset = (uint64_t)lua_tointeger(L, -1);
+      if (!has_seed) return luaL_error(L, "quantize: offset needs a seed");
+    }
+    lua_pop(L, 1);
+    if (o.sr && !o.gen && !has_seed) o.gen = nvl_default_generator();
+    if (o.gen && has_seed) return luaL_error(L, "quantize: give either generator or seed/offset, not both");
+    if (lua_getfield(L, 3, "scale_rule") != LUA_TNIL) {
+      const char *r = lua_tostring(L, -1);
+      if (r && strcmp(r, "floor") == 0) o.rule = NVL_MX_FLOOR;
+      else if (!r || strcmp(r, "rceil") != 0) return luaL_error(L, "quantize: scale_rule must be \"rceil\" or \"floor\", got %s", luaL_tolstring(L, -1, NULL));
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 3, "amax") != LUA_TNIL) {
+      if (!lua_isnumber(L, -1)) return luaL_error(L, "quantize: amax must be a number");
+      o.has_amax = 1;
+      o.amax = (float)lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 3, "reference");
+    o.use_ref = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  nvl_qtensor *q = push_q(L);
+  CHECK(L, nvl_quantize(q, x, f, &o));
+  return 1;
+}
+
+static int q_dequantize(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_dequantize(r, q));
+  return 1;
+}
+
+static int q_codes(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_qtensor_codes(r, q));
+  return 1;
+}
+
+static int q_scale_bytes(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_qtensor_scale_bytes(r, q));
+  return 1;
+}
+
+/* q:data() -> the stored tensor as is: (rows, K) codes in the blocked layout (nvfp4 packed). */
+static int q_data(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  nvl_tensor_share(r, &q->data);
+  return 1;
+}
+
+static int q_t(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  nvl_qtensor *r = push_q(L);
+  CHECK(L, nvl_qtensor_t(r, q));
+  return 1;
+}
+
+static int q_format(lua_State *L) { lua_pushstring(L, nvl_dtypes[check_q(L, 1)->format].name); return 1; }
+static int q_layout(lua_State *L) { lua_pushstring(L, nvl_layout_names[check_q(L, 1)->layout]); return 1; }
+static int q_axis(lua_State *L) { lua_pushinteger(L, check_q(L, 1)->axis + 1); return 1; }
+static int q_dim(lua_State *L) { lua_pushinteger(L, check_q(L, 1)->ndim); return 1; }
+static int q_is_freed(lua_State *L) { lua_pushboolean(L, ((nvl_qtensor *)luaL_checkudata(L, 1, QTENSOR_MT))->data.storage == NULL); return 1; }
+
+static int q_size(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  if (!lua_isnoneornil(L, 2)) {
+    lua_Integer d = luaL_checkinteger(L, 2);
+    if (d < 0) d += q->ndim + 1;
+    luaL_argcheck(L, d >= 1 && d <= q->ndim, 2, "dim out of range");
+    lua_pushinteger(L, q->shape[d - 1]);
+    return 1;
+  }
+  lua_createtable(L, q->ndim, 0);
+  for (int d = 0; d < q->ndim; d++) {
+    lua_pushinteger(L, q->shape[d]);
+    lua_rawseti(L, -2, d + 1);
+  }
+  return 1;
+}
+
+/* Bytes of storage: codes + scales (+ the fp32 amax/scale). */
+static int q_nbytes(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  size_t n = q->data.storage->bytes + (q->scales.storage ? q->scales.storage->bytes : 0);
+  if (nvl_dtypes[q->format].is_quantized) n += 4;
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+static int q_free(lua_State *L) {
+  nvl_qtensor_release(luaL_checkudata(L, 1, QTENSOR_MT));
+  return 0;
+}
+
+/* q.amax, q.scale, q.rht, q.sr, q.seed, q.offset, q.block, else methods. */
+static int q_index(lua_State *L) {
+  nvl_qtensor *q = luaL_checkudata(L, 1, QTENSOR_MT);
+  const char *k = lua_tostring(L, 2);
+  if (k && lua_type(L, 2) == LUA_TSTRING) {
+    if (strcmp(k, "amax") == 0) { lua_pushnumber(L, q->amax); return 1; }
+    if (strcmp(k, "scale") == 0) { lua_pushnumber(L, q->scale); return 1; }
+    if (strcmp(k, "rht") == 0) { lua_pushboolean(L, q->rht); return 1; }
+    if (strcmp(k, "sr") == 0) { lua_pushboolean(L, q->sr); return 1; }
+    if (strcmp(k, "seed") == 0) { if (q->sr) lua_pushinteger(L, (lua_Integer)q->seed); else lua_pushnil(L); return 1; }
+    if (strcmp(k, "offset") == 0) { if (q->sr) lua_pushinteger(L, (lua_Integer)q->offset); else lua_pushnil(L); return 1; }
+    if (strcmp(k, "block") == 0) { lua_pushinteger(L, nvl_dtypes[q->format].block); return 1; }
+    if (strcmp(k, "scale_rule") == 0) {
+      if (q->layout == NVL_LAYOUT_1X32) lua_pushstring(L, q->rule == NVL_MX_FLOOR ? "floor" : "rceil");
+      else lua_pushnil(L);
+      return 1;
+    }
+  }
+  lua_getmetatable(L, 1);
+  lua_getfield(L, -1, "__methods");
+  lua_pushvalue(L, 2);
+  lua_rawget(L, -2);
+  return 1;
+}
+
+/* core.qmatmul(qa, qb [, out_dtype]) */
+static int l_qmatmul(lua_State *L) {
+  nvl_qtensor *a = check_q(L, 1), *b = check_q(L, 2);
+  const char *o = luaL_optstring(L, 3, "f32");
+  nvl_dtype dt = nvl_dtype_from_name(o);
+  if (dt != NVL_F32 && dt != NVL_BF16) return luaL_argerror(L, 3, "output dtype must be \"f32\" or \"bf16\"");
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_qmatmul(r, a, b, dt));
+  return 1;
+}
+
+/* core.rht(x [, axis [, signs]]) */
+static int l_rht(lua_State *L) {
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "rht");
+  int axis = -1;
+  if (!lua_isnoneornil(L, 2)) {
+    lua_Integer a = luaL_checkinteger(L, 2);
+    if (a < 0) a += x->ndim + 1;
+    if (a < 1 || a > x->ndim) return luaL_error(L, "rht: axis %d out of range for a %d-D tensor", (int)luaL_checkinteger(L, 2), x->ndim);
+    axis = (int)a - 1;
+  }
+  float signs[16];
+  const float *sp = NULL;
+  if (!lua_isnoneornil(L, 3)) {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_pushvalue(L, 3);
+    read_signs(L, "rht", signs);
+    lua_pop(L, 1);
+    sp = signs;
+  }
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_rht(r, x, axis, sp));
+  return 1;
+}
+
+/* core.rht_default_signs() -> {16 numbers} */
+static int l_rht_signs(lua_State *L) {
+  lua_createtable(L, 16, 0);
+  for (int i = 0; i < 16; i++) {
+    lua_pushinteger(L, (lua_Integer)nvl_rht16_default_signs[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* core.codec(format, "encode"|"decode", value) -> element code / value, reference codecs */
+static int l_codec(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  const char *dir = luaL_checkstring(L, 2);
+  struct { const char *n; uint8_t (*enc)(float); float (*dec)(uint8_t); } c[] = {
+    {"e4m3", nvl_e4m3_encode_ref, nvl_e4m3_decode_ref}, {"e5m2", nvl_e5m2_encode_ref, nvl_e5m2_decode_ref},
+    {"e2m1", nvl_e2m1_encode_ref, nvl_e2m1_decode_ref}, {"ue4m3", nvl_ue4m3_encode_ref, nvl_ue4m3_decode_ref},
+    {"e8m0", NULL, nvl_e8m0_decode_ref}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    if (strcmp(c[i].n, name) != 0) continue;
+    if (strcmp(dir, "decode") == 0) {
+      lua_Integer code = luaL_checkinteger(L, 3);
+      luaL_argcheck(L, code >= 0 && code <= 255, 3, "code must be 0..255");
+      lua_pushnumber(L, c[i].dec((uint8_t)code));
+      return 1;
+    }
+    if (strcmp(dir, "encode") == 0 && c[i].enc) {
+      lua_pushinteger(L, c[i].enc((float)luaL_checknumber(L, 3)));
+      return 1;
+    }
+    return luaL_argerror(L, 2, "expected \"encode\" or \"decode\"");
+  }
+  return luaL_argerror(L, 1, lua_pushfstring(L, "unknown element format '%s' (e4m3, e5m2, e2m1, ue4m3, e8m0)", name));
+}
+
+static const luaL_Reg q_methods[] = {
+  {"dequantize", q_dequantize}, {"codes", q_codes}, {"scale_bytes", q_scale_bytes}, {"data", q_data},
+  {"t", q_t}, {"format", q_format}, {"layout", q_layout}, {"axis", q_axis}, {"dim", q_dim},
+  {"size", q_size}, {"nbytes", q_nbytes}, {"free", q_free}, {"is_freed", q_is_freed}, {NULL, NULL}};
+
+static const luaL_Reg q_meta[] = {{"__index", q_index}, {"__gc", q_free}, {"__close", q_free}, {NULL, NULL}};
+
+static const luaL_Reg q_funcs[] = {
+  {"quantize", l_quantize}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
+  {"codec", l_codec}, {NULL, NULL}};
+
+void nvl_lua_open_quant(lua_State *L) {
+  luaL_newmetatable(L, QTENSOR_MT);
+  luaL_setfuncs(L, q_meta, 0);
+  luaL_newlib(L, q_methods);
+  lua_setfield(L, -2, "__methods");
+  lua_setfield(L, -2, "QTensor"); /* module.QTensor = the metatable */
+  luaL_setfuncs(L, q_funcs, 0);
+}

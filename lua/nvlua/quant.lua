@@ -1,0 +1,334 @@
+-- nvlua.quant: quantization from Lua — nv.quantize, nv.qmatmul, nv.rht, nv.AmaxHistory, and the
+-- REPL tools nv.quant.report (a format comparison table) and nv.quant.show (one block, digit by
+-- digit). The formats and their arithmetic are NUMERICS.md's; the kernels are C (core/quant.c).
+local core = require "nvlua.core"
+
+local M = {}
+local QT = core.QTensor            -- metatable of quantized tensors
+local qmethods = QT.__methods
+
+local OPTS = {axis = true, block = true, rht = true, sr = true, seed = true, offset = true, generator = true,
+  scale_rule = true, amax = true, reference = true}
+
+-- Quantized tensors keep (weakly, by key) the tensor they came from, for show().
+local source = setmetatable({}, {__mode = "k"})
+
+local function check_opts(opts, fname)
+  if opts == nil then return end
+  if type(opts) ~= "table" then error(fname .. ": options must be a table, got " .. type(opts), 3) end
+  for k in pairs(opts) do
+    if not OPTS[k] then
+      local valid = {}
+      for name in pairs(OPTS) do valid[#valid + 1] = name end
+      table.sort(valid)
+      error(string.format("%s: unknown option '%s' (valid: %s)", fname, tostring(k), table.concat(valid, ", ")), 3)
+    end
+  end
+end
+
+--- nv.quantize(x, fmt [, opts]) -> quantized tensor
+-- fmt: "f32" "bf16" "e4m3" "e5m2" "mxfp8_e4m3" "mxfp8_e5m2" "nvfp4". opts: axis (blocked dim,
+-- default the last), block "1d"|"2d", rht true|signs, sr with seed/offset or generator,
+-- scale_rule "rceil"|"floor", amax (delayed scaling), reference (use the scalar kernels).
+function M.quantize(x, fmt, opts)
+  check_opts(opts, "quantize")
+  local q = core.quantize(x, fmt, opts)
+  source[q] = x
+  return q
+end
+
+--- nv.qmatmul(qa, qb [, {out = "f32"|"bf16"}]) -> [M, N] = sum over the blocked dims (NUMERICS §2)
+function M.qmatmul(qa, qb, opts)
+  local out = opts and opts.out or "f32"
+  return core.qmatmul(qa, qb, out)
+end
+
+--- nv.rht(x [, {axis = d, signs = {...16}}]) -> f32 tensor, the RHT along axis (default last)
+function M.rht(x, opts)
+  opts = opts or {}
+  return core.rht(x, opts.axis, opts.signs)
+end
+
+M.rht_signs = core.rht_default_signs
+
+-- Format constants for amax history scaling
+local FMT_MAX = {e4m3 = 448, e5m2 = 57344, mxfp8_e4m3 = 448, mxfp8_e5m2 = 57344, nvfp4 = 6 * 448}
+
+--- nv.AmaxHistory(len): delayed scaling (NUMERICS §4). h:push(amax); h:amax() = max over the
+-- last len pushes; h:scale(fmt) = fmt_max / amax, keeping the previous scale when the amax is
+-- zero or not finite.
+function M.AmaxHistory(len)
+  len = len or 1024
+  if math.type(len) ~= "integer" or len < 1 then error("AmaxHistory: length must be a positive integer", 2) end
+  local h = {len = len, values = {}, pos = 0, count = 0, last_scale = {}}
+  function h:push(a)
+    if type(a) ~= "number" then error("AmaxHistory:push: amax must be a number", 2) end
+    self.pos = self.pos % self.len + 1
+    self.values[self.pos] = a
+    self.count = math.min(self.count + 1, self.len)
+  end
+  function h:amax()
+    local m = 0
+    for i = 1, self.count do
+      local v = self.values[i]
+      if v == v and v ~= math.huge and v > m then m = v end -- non-finite entries never count
+    end
+    return m
+  end
+  function h:scale(fmt)
+    local fmax = FMT_MAX[fmt]
+    if not fmax then error("AmaxHistory:scale: unknown format '" .. tostring(fmt) .. "'", 2) end
+    local a = self:amax()
+    local prev = self.last_scale[fmt] or 1
+    if a == 0 or a ~= a or a == math.huge then return prev end
+    local s = fmax / a
+    if s == math.huge then s = 3.4028234663852886e38 end
+    self.last_scale[fmt] = s
+    return s
+  end
+  return h
+end
+
+-- ---- printing ---------------------------------------------------------------------------------
+
+QT.__name = "nvlua.QTensor"
+QT.__tostring = function(q)
+  if q:is_freed() then return "[nvlua.QTensor (freed)]" end
+  local extra = {}
+  if q.rht then extra[#extra + 1] = "rht" end
+  if q.sr then extra[#extra + 1] = string.format("sr seed=%d offset=%d", q.seed, q.offset) end
+  if q.scale_rule then extra[#extra + 1] = q.scale_rule end
+  local lay = q:layout()
+  local what
+  if lay == "none" then what = ""
+  elseif lay == "tensor" then what = string.format(", scale %.6g (amax %.6g)", q.scale, q.amax)
+  else what = string.format(", %s blocks along dim %d, amax %.6g", lay, q:axis(), q.amax) end
+  return string.format("[nvlua.QTensor %s %s%s%s, %d bytes]", q:format(), table.concat(q:size(), "x"), what,
+    #extra > 0 and (", " .. table.concat(extra, ", ")) or "", q:nbytes())
+end
+
+-- ---- report -----------------------------------------------------------------------------------
+
+local ELEM_MAX_CODE = {nvfp4 = {[7] = true, [15] = true}, e4m3 = {[0x7E] = true, [0xFE] = true},
+  e5m2 = {[0x7B] = true, [0xFB] = true}}
+ELEM_MAX_CODE.mxfp8_e4m3, ELEM_MAX_CODE.mxfp8_e5m2 = ELEM_MAX_CODE.e4m3, ELEM_MAX_CODE.e5m2
+
+local function spec_of(s)
+  if type(s) == "string" then return s, {}, s end
+  if type(s) == "table" and type(s[1]) == "string" then
+    local opts = {}
+    for k, v in pairs(s) do if k ~= 1 and k ~= "label" then opts[k] = v end end
+    local label = s.label
+    if not label then
+      local parts = {s[1]}
+      for _, k in ipairs({"block", "rht", "sr", "scale_rule", "axis"}) do
+        if opts[k] ~= nil and opts[k] ~= false then
+          parts[#parts + 1] = opts[k] == true and k or (k .. "=" .. tostring(opts[k]))
+        end
+      end
+      label = table.concat(parts, "+")
+    end
+    return s[1], opts, label
+  end
+  error("report: each format is a name or a table {name, opts...}", 3)
+end
+
+-- A 20-column text histogram of a table of counts keyed by integers.
+local function histogram(counts, keyfmt, nbins)
+  local keys = {}
+  for k in pairs(counts) do keys[#keys + 1] = k end
+  table.sort(keys)
+  if #keys == 0 then return {} end
+  local total, peak = 0, 0
+  for _, k in ipairs(keys) do total = total + counts[k]; peak = math.max(peak, counts[k]) end
+  -- merge into at most nbins bins of consecutive keys
+  local lo, hi = keys[1], keys[#keys]
+  local width = math.max(1, math.ceil((hi - lo + 1) / nbins))
+  local bins = {}
+  for _, k in ipairs(keys) do
+    local b = (k - lo) // width
+    bins[b] = (bins[b] or 0) + counts[k]
+  end
+  peak = 0
+  for _, c in pairs(bins) do peak = math.max(peak, c) end
+  local lines = {}
+  for b = 0, (hi - lo) // width do
+    local c = bins[b] or 0
+    local a, z = lo + b * width, math.min(hi, lo + b * width + width - 1)
+    local label = a == z and keyfmt(a) or (keyfmt(a) .. ".." .. keyfmt(z))
+    lines[#lines + 1] = string.format("    %-22s %6.2f%% %s", label, 100 * c / total, string.rep("#", math.floor(30 * c / peak + 0.5)))
+  end
+  return lines
+end
+
+local function count_values(t)
+  local counts = {}
+  for _, v in ipairs(t:reshape(-1):totable()) do counts[v] = (counts[v] or 0) + 1 end
+  return counts
+end
+
+--- nv.quant.report(x, formats [, {histogram = true, out = io.stdout}]) -> rows (also printed)
+-- For each format: bits per element including scales, relative RMS error, SQNR (dB), max abs
+-- error, % saturated (clipped at the largest code), % of non-zeros flushed to zero, and a text
+-- histogram of the block-scale exponents (block formats) or of the codes' magnitudes.
+-- With rht, errors are measured in the transformed domain (the RHT is orthonormal, so RMS
+-- error and SQNR are the same as in the original domain; max abs error is not).
+function M.report(x, formats, opts)
+  opts = opts or {}
+  if getmetatable(x) ~= core.Tensor then error("report: x must be a tensor", 2) end
+  if type(formats) ~= "table" then formats = {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4"} end
+  local out = opts.out or io.stdout
+  local rows = {}
+  local x32 = x:to("f32")
+  local n = x32:numel()
+  local nonzero = x32:ne(0):sum()
+  local energy = (x32 * x32):sum()
+  for _, s in ipairs(formats) do
+    local fmt, qo, label = spec_of(s)
+    local q = M.quantize(x32, fmt, qo)
+    local ref = qo.rht and M.rht(x32, {axis = qo.axis, signs = type(qo.rht) == "table" and qo.rht or nil}) or x32
+    local xh = q:dequantize()
+    local err = xh - ref
+    local se = (err * err):sum()
+    local r = {format = label, bits = 8 * q:nbytes() / n}
+    r.rel_rms = energy > 0 and math.sqrt(se / energy) or 0
+    r.sqnr_db = se > 0 and 10 * math.log(energy / se, 10) or math.huge
+    r.max_abs = err:abs():max()
+    r.flushed = nonzero > 0 and 100 * (ref:ne(0) * xh:eq(0)):sum() / nonzero or 0
+    r.saturated = 0
+    local hist
+    if fmt ~= "f32" and fmt ~= "bf16" then
+      local codes = q:codes()
+      local maxc = ELEM_MAX_CODE[fmt]
+      local cl = {}
+      for k in pairs(maxc) do cl[#cl + 1] = k end
+      local at_max = codes:eq(cl[1]) + codes:eq(cl[2])
+      r.saturated = 100 * (at_max * ref:abs():gt(xh:abs())):sum() / n
+      if opts.histogram ~= false then
+        if q:layout() == "1x16" or q:layout() == "16x16" or q:layout() == "1x32" then
+          local sb = q:scale_bytes()
+          local counts = count_values(sb)
+          if fmt == "nvfp4" then -- ue4m3: bucket by power of two of the decoded scale
+            local e = {}
+            for c, k in pairs(counts) do
+              local v = core.codec("ue4m3", "decode", c)
+              local key = v == 0 and -99 or math.floor(math.log(v, 2))
+              e[key] = (e[key] or 0) + k
+            end
+            hist = {"  block scales (ue4m3, by power of two; -99 = zero):"}
+            for _, l in ipairs(histogram(e, function(k) return k == -99 and "0" or ("2^" .. k) end, 12)) do hist[#hist + 1] = l end
+          else
+            hist = {"  block scales (e8m0 exponent):"}
+            for _, l in ipairs(histogram(counts, function(k) return "2^" .. (k - 127) end, 12)) do hist[#hist + 1] = l end
+          end
+        else
+          local mag = {}
+          for c, k in pairs(count_values(codes)) do
+            local m = c & 0x7F
+            mag[m] = (mag[m] or 0) + k
+          end
+          hist = {"  code magnitudes (|code|, 0..126):"}
+          for _, l in ipairs(histogram(mag, function(k) return tostring(k) end, 12)) do hist[#hist + 1] = l end
+        end
+      end
+    end
+    r.histogram = hist
+    rows[#rows + 1] = r
+    q:free(); xh:free(); err:free()
+  end
+  out:write(string.format("x: %s, %d elements, amax %.4g, rms %.4g\n", table.concat(x:size(), "x"), n, x32:abs():max(),
+    math.sqrt(energy / math.max(n, 1))))
+  out:write(string.format("%-28s %9s %11s %9s %11s %8s %9s\n", "format", "bits/elem", "rel RMS err", "SQNR dB",
+    "max |err|", "sat %", "flushed %"))
+  for _, r in ipairs(rows) do
+    out:write(string.format("%-28s %9.3f %11.3e %9.2f %11.3e %8.3f %9.3f\n", r.format, r.bits, r.rel_rms, r.sqnr_db,
+      r.max_abs, r.saturated, r.flushed))
+  end
+  for _, r in ipairs(rows) do
+    if r.histogram then
+      out:write(r.format .. "\n")
+      for _, l in ipairs(r.histogram) do out:write(l .. "\n") end
+    end
+  end
+  return rows
+end
+
+-- ---- show -------------------------------------------------------------------------------------
+
+local function f32(v) return string.unpack("<f", string.pack("<f", v)) end
+
+--- nv.quant.show(q [, {block = i, x = source}]): one block of q digit by digit — inputs,
+-- scaled values, codes, decoded values, and the scale byte with what it means. Blocks are
+-- numbered from 1 in the blocked layout (row-major over [rows, K/block]).
+function M.show(q, opts)
+  opts = opts or {}
+  local out = opts.out or io.stdout
+  if getmetatable(q) ~= QT then error("show: expects a quantized tensor (from nv.quantize)", 2) end
+  local fmt, lay = q:format(), q:layout()
+  local K = q:size(q:axis())
+  local bsize = (lay == "1x16" or lay == "16x16") and 16 or lay == "1x32" and 32 or math.min(16, K)
+  local nblocks = q:data():numel() // (fmt == "nvfp4" and K // 2 or K) * (K // bsize)
+  local b = opts.block or 1
+  if math.type(b) ~= "integer" or b < 1 or b > nblocks then
+    error(string.format("show: block must be an integer in 1..%d, got %s", nblocks, tostring(b)), 2)
+  end
+  local row, col = (b - 1) // (K // bsize), (b - 1) % (K // bsize)
+  -- the block's elements in the blocked layout: codes, decoded values, inputs
+  local function rows_of(t) -- t in q's logical shape -> (rows, length of the blocked dim)
+    local ax = q:axis()
+    local perm = {}
+    for d = 1, t:dim() do if d ~= ax then perm[#perm + 1] = d end end
+    perm[#perm + 1] = ax
+    return t:permute(perm):reshape(-1, t:size(ax))
+  end
+  local function blocked(t) -- the block's elements
+    return rows_of(t):select(1, row + 1):narrow(1, col * bsize + 1, bsize):totable()
+  end
+  local function scale_byte() return math.tointeger(rows_of(q:scale_bytes()):get(row + 1, col + 1)) end
+  local x = opts.x or source[q]
+  local xin = x and (q.rht and M.rht(x, {axis = q:axis()}) or x)
+  local xs = xin and blocked(xin:to("f32")) or nil
+  local dec = blocked(q:dequantize())
+  local codes = fmt ~= "f32" and fmt ~= "bf16" and blocked(q:codes()) or nil
+  out:write(string.format("%s block %d of %d (row %d, elements %d..%d along dim %d), layout %s%s%s\n", fmt, b, nblocks,
+    row + 1, col * bsize + 1, col * bsize + bsize, q:axis(), lay, q.rht and ", after the RHT" or "",
+    q.sr and string.format(", stochastic rounding (seed %d, offset %d)", q.seed, q.offset) or ", round to nearest even"))
+  local enc -- the per-element encode multiplier
+  if fmt == "nvfp4" then
+    local amax = q.amax
+    local s_enc = q.scale
+    local s_dec = f32(1 / s_enc)
+    local sbyte = scale_byte()
+    local sd = core.codec("ue4m3", "decode", sbyte)
+    enc = sd > 0 and f32(math.min(1 / f32(sd * s_dec), 3.4028234663852886e38)) or 3.4028234663852886e38
+    out:write(string.format("  global: amax %.6g, s_enc = 2688/amax = %.6g, decode scale amax/2688 = %.6g\n", amax, s_enc,
+      amax / 2688))
+    out:write(string.format("  scale byte 0x%02x = ue4m3 %.6g -> block decode scale %.6g * %.6g = %.6g; encode x * %.6g\n",
+      sbyte, sd, sd, amax / 2688, sd * amax / 2688, enc))
+  elseif lay == "1x32" then
+    local e = scale_byte()
+    enc = 2.0 ^ (127 - e)
+    out:write(string.format("  scale byte 0x%02x = e8m0 2^%d (%s rule); encode x * 2^%d\n", e, e - 127, q.scale_rule, 127 - e))
+  elseif lay == "tensor" then
+    enc = q.scale
+    out:write(string.format("  per-tensor scale %.6g = %s / amax %.6g; decode value / scale\n", q.scale,
+      fmt == "e4m3" and "448" or "57344", q.amax))
+  else
+    out:write("  no scaling: the values are rounded to " .. fmt .. "\n")
+  end
+  out:write(string.format("  %4s %13s %13s %6s %11s %13s %11s\n", "i", "x", "x*scale", "code", "value", "decoded", "error"))
+  for i = 1, bsize do
+    local xv = xs and xs[i]
+    local code = codes and math.tointeger(codes[i])
+    local value = "-"
+    if code then
+      local elem = fmt == "nvfp4" and "e2m1" or (fmt:match("e4m3") and "e4m3" or "e5m2")
+      value = string.format("%.6g", core.codec(elem, "decode", code))
+    end
+    out:write(string.format("  %4d %13s %13s %6s %11s %13.6g %11s\n", i, xv and string.format("%.6g", xv) or "-",
+      (xv and enc) and string.format("%.6g", xv * enc) or "-", code and string.format("0x%02x", code) or "-", value, dec[i],
+      xv and string.format("%+.3e", dec[i] - xv) or "-"))
+  end
+end
+
+return M

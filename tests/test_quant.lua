@@ -1,0 +1,358 @@
+-- tests/test_quant.lua: nv.quantize and friends against the independent golden vectors
+-- (tests/golden/formats.txt, made by scripts/gen_golden_formats.py with numpy + ml_dtypes), the
+-- fast kernels against the reference ones, and the properties NUMERICS.md promises.
+local T = require "nvlua.test"
+local nv = require "nvlua"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
+
+local function f32_of_bits(h) return (string.unpack("<f", string.pack("<I4", tonumber(h, 16)))) end
+local function bits_of_f32(v) return (string.unpack("<I4", string.pack("<f", v))) end
+
+-- ---- golden vectors -----------------------------------------------------------------------------
+
+local function load_golden()
+  local cases, cur, last = {}, nil, nil
+  for line in io.lines(here .. "/golden/formats.txt") do
+    if line:match("^#") or line == "" then goto continue end
+    local words = {}
+    for w in line:gmatch("%S+") do words[#words + 1] = w end
+    local key = words[1]
+    if key == "case" then
+      cur = {name = words[2], fmt = words[3], rows = tonumber(words[4]), K = tonumber(words[5]), opts = {}, arrays = {}}
+      for i = 6, #words do
+        local k, v = words[i]:match("^([%w_]+)=(%S+)$")
+        cur.opts[k] = v
+      end
+    elseif key == "end" then
+      cases[#cases + 1] = cur
+      cur = nil
+    elseif key == "amax" or key == "scale" then
+      cur[key] = words[2]
+    else
+      cur.arrays[key] = cur.arrays[key] or {}
+      local arr = cur.arrays[key]
+      for i = 2, #words do arr[#arr + 1] = words[i] end
+    end
+    ::continue::
+  end
+  return cases
+end
+
+local golden = load_golden()
+
+T.case("the golden file has every kind of case", function()
+  T.ok(#golden >= 45, "expected at least 45 golden cases, found " .. #golden)
+  local kinds = {}
+  for _, c in ipairs(golden) do kinds[c.fmt] = (kinds[c.fmt] or 0) + 1 end
+  T.ok(kinds.nvfp4_1d and kinds.nvfp4_2d and kinds.mxfp8 and kinds.fp8, "all four quantizers are covered")
+end)
+
+local function run_golden(c, reference)
+  local x = {}
+  for r = 1, c.rows do
+    local row = {}
+    for k = 1, c.K do row[k] = f32_of_bits(c.arrays.x[(r - 1) * c.K + k]) end
+    x[r] = row
+  end
+  local xt = nv.tensor(x)
+  local fmt, opts = nil, {reference = reference}
+  if c.fmt == "nvfp4_1d" or c.fmt == "nvfp4_2d" then
+    fmt = "nvfp4"
+    if c.fmt == "nvfp4_2d" then opts.block = "2d" end
+    if c.opts.rht then opts.rht = true end
+    if c.opts.sr then
+      opts.sr = true
+      opts.seed = math.tointeger(tonumber(c.opts.seed, 16))
+      opts.offset = math.tointeger(tonumber(c.opts.offset, 16))
+    end
+  elseif c.fmt == "mxfp8" then
+    fmt = "mxfp8_" .. c.opts.elem
+    opts.scale_rule = c.opts.rule
+  else
+    fmt = c.opts.elem
+  end
+  if c.opts.amax_in then opts.amax = f32_of_bits(c.opts.amax_in) end
+  local q = nv.quantize(xt, fmt, opts)
+  local codes = q:codes():reshape(-1):totable()
+  for i, h in ipairs(c.arrays.codes) do
+    if codes[i] ~= tonumber(h, 16) then
+      error(string.format("%s: code %d is 0x%02x, golden 0x%s", c.name, i, codes[i], h))
+    end
+  end
+  T.eq(#codes, #c.arrays.codes, c.name .. ": number of codes")
+  if c.arrays.scales then
+    local s = q:scale_bytes():reshape(-1):totable()
+    T.eq(#s, #c.arrays.scales, c.name .. ": number of scales")
+    for i, h in ipairs(c.arrays.scales) do
+      if s[i] ~= tonumber(h, 16) then error(string.format("%s: scale %d is 0x%02x, golden 0x%s", c.name, i, s[i], h)) end
+    end
+  end
+  if c.amax then T.eq(string.format("%08x", bits_of_f32(q.amax)), c.amax, c.name .. ": amax bits") end
+  if c.scale then T.eq(string.format("%08x", bits_of_f32(q.scale)), c.scale, c.name .. ": scale bits") end
+  local y = q:dequantize():reshape(-1):totable()
+  for i, h in ipairs(c.arrays.y) do
+    local g = f32_of_bits(h)
+    if not (y[i] == g or (y[i] ~= y[i] and g ~= g)) or (g == 0 and 1 / g ~= 1 / y[i]) then
+      error(string.format("%s: dequantized %d is %.9g, golden %.9g", c.name, i, y[i], g))
+    end
+  end
+end
+
+T.case("golden vectors, reference kernels: codes, scales, amax, scale and dequantized values bit for bit", function()
+  for _, c in ipairs(golden) do run_golden(c, true) end
+end)
+
+T.case("golden vectors, fast kernels: bit for bit", function()
+  for _, c in ipairs(golden) do run_golden(c, false) end
+end)
+
+-- ---- fast == reference on larger random inputs ----------------------------------------------------
+
+local function same_q(a, b, what)
+  T.ok(a:codes():eq(b:codes()):sum() == a:codes():numel(), what .. ": codes differ")
+  if a:layout() ~= "tensor" and a:layout() ~= "none" then
+    T.ok(a:scale_bytes():eq(b:scale_bytes()):sum() == a:scale_bytes():numel(), what .. ": scales differ")
+  end
+  T.eq(bits_of_f32(a.amax), bits_of_f32(b.amax), what .. ": amax")
+  T.eq(bits_of_f32(a.scale), bits_of_f32(b.scale), what .. ": scale")
+end
+
+T.case("fast kernels equal the reference on 256x512 inputs, every format and option", function()
+  nv.manual_seed(5)
+  local x = nv.randn(256, 512) * nv.randn(256, 1):exp() -- rows of different scales
+  local specs = {
+    {"nvfp4"}, {"nvfp4", block = "2d"}, {"nvfp4", rht = true}, {"nvfp4", sr = true, seed = 9, offset = 3},
+    {"nvfp4", rht = true, sr = true, seed = 1, offset = 0, block = "2d"}, {"nvfp4", amax = 1.5},
+    {"nvfp4", axis = 1}, {"mxfp8_e4m3"}, {"mxfp8_e5m2", scale_rule = "floor"}, {"mxfp8_e4m3", axis = 1},
+    {"e4m3"}, {"e5m2"}, {"e4m3", amax = 2.0},
+  }
+  for _, s in ipairs(specs) do
+    local o1, o2 = {reference = true}, {}
+    for k, v in pairs(s) do if k ~= 1 then o1[k] = v; o2[k] = v end end
+    same_q(nv.quantize(x, s[1], o1), nv.quantize(x, s[1], o2), s[1] .. " " .. T.show(o2))
+  end
+end)
+
+-- ---- API shapes ---------------------------------------------------------------------------------
+
+T.case("codes and scale_bytes come in x's shape; axis = 1 gives the column-wise copy", function()
+  nv.manual_seed(1)
+  local x = nv.randn(32, 64)
+  local q = nv.quantize(x, "nvfp4")
+  T.eq(q:codes():size(), {32, 64})
+  T.eq(q:scale_bytes():size(), {32, 4})
+  T.eq(q:codes():dtype(), "u8")
+  local qc = nv.quantize(x, "nvfp4", {axis = 1})
+  T.eq(qc:codes():size(), {32, 64})
+  T.eq(qc:scale_bytes():size(), {2, 64})
+  T.eq(qc:axis(), 1)
+  -- the column-wise copy is the row-wise quantization of x^T, presented in x's shape
+  local qt = nv.quantize(x:t(), "nvfp4")
+  T.ok(qc:codes():eq(qt:codes():t()):sum() == 32 * 64, "column-wise codes = codes of x^T, transposed")
+  T.ok(qc:scale_bytes():eq(qt:scale_bytes():t()):sum() == 2 * 64, "column-wise scales = scales of x^T, transposed")
+  local m = nv.quantize(x, "mxfp8_e4m3")
+  T.eq(m:scale_bytes():size(), {32, 2})
+  local e = nv.quantize(x, "e4m3")
+  T.eq(e:codes():size(), {32, 64})
+  T.raises(function() e:scale_bytes() end, "no block scales")
+  T.eq(nv.quantize(x, "bf16"):dequantize():allclose(x:bf16():float(), 0, 0), true)
+  T.eq(q:format(), "nvfp4")
+  T.eq(q:size(), {32, 64})
+  -- 4.5 bits per element: 4-bit codes, one byte per 16 elements, plus the fp32 amax
+  T.eq(q:nbytes(), 32 * 64 // 2 + 32 * 4 + 4)
+end)
+
+T.case("a blocked length that is not a multiple of the block raises a clear error", function()
+  local x = nv.randn(4, 40)
+  T.raises(function() nv.quantize(x, "nvfp4") end, "nvfp4 blocks 16 elements along dim 2, whose length 40 is not a multiple of 16")
+  T.raises(function() nv.quantize(x, "mxfp8_e4m3") end, "whose length 40 is not a multiple of 32")
+  T.raises(function() nv.quantize(nv.randn(4, 32), "nvfp4", {axis = 1}) end, "along dim 1, whose length 4")
+  T.raises(function() nv.quantize(nv.randn(8, 32), "nvfp4", {block = "2d"}) end, "multiples of 16")
+  T.raises(function() nv.quantize(x, "nvfp5") end, "invalid format 'nvfp5'")
+  T.raises(function() nv.quantize(x, "e4m3", {sr = true}) end, "stochastic rounding is defined for nvfp4 only")
+  T.raises(function() nv.quantize(x, "e4m3", {blocks = "2d"}) end, "unknown option 'blocks'")
+  T.raises(function() nv.quantize(nv.randn(4, 32), "nvfp4", {rht = {1, 1}}) end, "16 entries")
+  T.raises(function() nv.quantize(nv.randn(4, 32), "nvfp4", {amax = -1}) end, "non-negative")
+  T.raises(function() nv.quantize(nv.randn(4, 32), "nvfp4", {axis = 3}) end, "axis 3 out of range")
+  T.raises(function() nv.quantize(nv.tensor({1, 2}, "i32"), "nvfp4") end, "float tensor")
+end)
+
+-- ---- properties -----------------------------------------------------------------------------------
+
+-- Rows [6, v, v, ..., v] with the global amax given as 2688: s_enc = 1 and every block scale
+-- decodes to 1 exactly, so the elements are rounded as they are.
+local function sr_mean(v, rows, seed)
+  local t = {}
+  for r = 1, rows do
+    local row = {6}
+    for k = 2, 16 do row[k] = v end
+    t[r] = row
+  end
+  local q = nv.quantize(nv.tensor(t), "nvfp4", {amax = 2688, sr = true, seed = seed, offset = 0})
+  local y = q:dequantize():narrow(2, 2, 15)
+  return y:mean(), q
+end
+
+T.case("stochastic rounding is unbiased: the mean of 61440 draws is within 4 sigma of x", function()
+  -- v on the grid of step/256 (the 8-bit random byte's resolution), so E[SR(v)] = v exactly.
+  for _, v in ipairs({2 + 78 / 256, -(0.5 + 0.5 * 201 / 256), 4 + 2 * 13 / 256, 1 + 0.5 * 255 / 256}) do
+    local a = math.abs(v)
+    local step = a >= 4 and 2 or a >= 2 and 1 or 0.5
+    local p = (a % step) / step
+    local sigma = step * math.sqrt(p * (1 - p)) / math.sqrt(4096 * 15)
+    local m = sr_mean(v, 4096, 77)
+    T.ok(math.abs(m - v) <= 4 * sigma, string.format("v = %.9g: mean %.9g, 4 sigma = %.3g", v, m, 4 * sigma))
+    -- and round-to-nearest is biased here, so the test can tell them apart
+    local rne = nv.quantize(nv.tensor({{6, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}}), "nvfp4", {amax = 2688})
+    T.ok(math.abs(rne:dequantize():get(1, 2) - v) > 8 * sigma, "RNE differs from v by more than 8 sigma")
+  end
+end)
+
+T.case("SR draws: same seed and offset repeat, the generator's offset advances, other seeds differ", function()
+  nv.manual_seed(3)
+  local x = nv.randn(64, 64)
+  local a = nv.quantize(x, "nvfp4", {sr = true, seed = 5, offset = 2})
+  local b = nv.quantize(x, "nvfp4", {sr = true, seed = 5, offset = 2})
+  T.ok(a:codes():eq(b:codes()):sum() == 64 * 64, "same draw, same codes")
+  local c = nv.quantize(x, "nvfp4", {sr = true, seed = 5, offset = 3})
+  T.ok(a:codes():ne(c:codes()):sum() > 100, "another offset gives other codes")
+  local g = nv.Generator(5)
+  g:set_offset(2)
+  local d = nv.quantize(x, "nvfp4", {sr = true, generator = g})
+  T.eq(g:offset(), 3, "a generator advances by one per SR quantization")
+  T.ok(a:codes():eq(d:codes()):sum() == 64 * 64, "generator (5, 2) draws what seed 5 offset 2 draws")
+  T.eq(d.seed, 5)
+  T.eq(d.offset, 2)
+end)
+
+T.case("the RHT is orthonormal and leaves dot products unchanged within fp32 rounding", function()
+  local eye = {}
+  for i = 1, 16 do
+    eye[i] = {}
+    for j = 1, 16 do eye[i][j] = i == j and 1 or 0 end
+  end
+  local R = nv.rht(nv.tensor(eye)) -- rows of R
+  -- entries are +-1/4 exactly; R R^T = I exactly (sums of 16 terms of +-1/16)
+  T.ok(R:abs():eq(0.25):sum() == 256, "every entry is +-1/4")
+  T.ok(R:matmul(R:t()):allclose(nv.tensor(eye), 0, 0), "R R^T = I")
+  nv.manual_seed(8)
+  local a, b = nv.randn(8, 256), nv.randn(8, 256)
+  local ra, rb = nv.rht(a), nv.rht(b)
+  local d0 = (a * b):sum(2)
+  local d1 = (ra * rb):sum(2)
+  -- each transformed element carries <= 4 roundings (the butterflies; *0.25 is exact); the
+  -- dot products agree to a few ulp of the sum of |products| (K = 256).
+  local bound = 256 * 8 * 2 ^ -24 * (a:abs() * b:abs()):sum(2):max()
+  T.ok((d0 - d1):abs():max() <= bound, "dot products unchanged")
+  T.raises(function() nv.rht(nv.randn(2, 20)) end, "16-element chunks")
+  -- signs change the transform; a custom sign table is taken
+  local s = {}
+  for i = 1, 16 do s[i] = 1 end
+  T.ok(not nv.rht(a, {signs = s}):allclose(ra), "other signs, another transform")
+end)
+
+T.case("2D: the quantization of W^T is exactly the transpose of that of W (q:t())", function()
+  nv.manual_seed(4)
+  local W = nv.randn(48, 64) * nv.randn(48, 1):exp()
+  local q = nv.quantize(W, "nvfp4", {block = "2d"})
+  local qt = nv.quantize(W:t(), "nvfp4", {block = "2d"})
+  local t = q:t()
+  T.eq(t:size(), {64, 48})
+  T.ok(t:codes():eq(qt:codes()):sum() == 64 * 48, "codes")
+  T.ok(t:scale_bytes():eq(qt:scale_bytes()):sum() == 64 * 3, "scales")
+  T.ok(t:dequantize():allclose(qt:dequantize(), 0, 0), "values")
+  T.ok(q:dequantize():t():allclose(qt:dequantize(), 0, 0), "W^T's values are W's values transposed")
+  T.raises(function() nv.quantize(W, "nvfp4"):t() end, "quantize x with the other axis")
+  local e = nv.quantize(W, "e4m3")
+  T.ok(e:t():codes():eq(nv.quantize(W:t(), "e4m3"):codes()):sum() == 64 * 48, "per-tensor fp8 transposes exactly too")
+end)
+
+T.case("qmatmul equals dequantize-then-matmul within fp32 summation error", function()
+  nv.manual_seed(6)
+  local X, W = nv.randn(40, 128), nv.randn(32, 128) * 0.02
+  for _, f in ipairs({"nvfp4", "mxfp8_e4m3", "e4m3", "e5m2", "bf16"}) do
+    local qa, qb = nv.quantize(X, f), nv.quantize(W, f, f == "nvfp4" and {block = "2d"} or nil)
+    local y = nv.qmatmul(qa, qb)
+    local A, B = qa:dequantize(), qb:dequantize()
+    local ref = A:matmul(B:t())
+    -- both sides sum the same 128 products in fp32 (order may differ): <= K * 2^-24 * sum|a||b|
+    -- each; dequantize() and the deferred global scale add <= 3 roundings per product.
+    local bound = (128 + 3) * 2 ^ -23 * A:abs():matmul(B:abs():t())
+    T.ok((y - ref):abs():le(bound):sum() == 40 * 32, f .. ": within the bound")
+    T.eq(y:size(), {40, 32})
+  end
+  -- the wgrad shape: both operands blocked along their first dim (T) -> [N, K]
+  local dY, Xw = nv.randn(64, 24), nv.randn(64, 40)
+  local g = nv.qmatmul(nv.quantize(dY, "nvfp4", {axis = 1}), nv.quantize(Xw, "nvfp4", {axis = 1}))
+  T.eq(g:size(), {24, 40})
+  T.eq(nv.qmatmul(nv.quantize(X, "nvfp4"), nv.quantize(W, "nvfp4"), {out = "bf16"}):dtype(), "bf16")
+  T.raises(function() nv.qmatmul(nv.quantize(X, "nvfp4"), nv.quantize(dY, "nvfp4", {axis = 1})) end, "reduction lengths differ")
+  T.raises(function() nv.qmatmul(nv.quantize(X, "nvfp4", {rht = true}), nv.quantize(W, "nvfp4")) end, "same RHT")
+end)
+
+T.case("nvfp4 with RHT on both operands keeps the product (within quantization error)", function()
+  nv.manual_seed(12)
+  local X, W = nv.randn(32, 256), nv.randn(16, 256)
+  local exact = X:matmul(W:t())
+  local function err(opts)
+    local y = nv.qmatmul(nv.quantize(X, "nvfp4", opts), nv.quantize(W, "nvfp4", opts))
+    return math.sqrt(((y - exact) ^ 2):sum() / (exact ^ 2):sum())
+  end
+  -- nvfp4 rounds each gaussian element with a relative RMS error of about 0.1 (see report);
+  -- a dot product of two such operands, errors independent, lands near 0.1 * sqrt(2).
+  local e_plain, e_rht = err(nil), err({rht = true})
+  T.ok(e_plain < 0.2 and e_rht < 0.2, string.format("relative RMS error %.4f plain, %.4f with RHT", e_plain, e_rht))
+  -- without the same transform on both sides the product would be garbage: R is not identity
+  local y_bad = nv.quantize(X, "nvfp4", {rht = true}):dequantize():matmul(nv.quantize(W, "nvfp4"):dequantize():t())
+  T.ok(math.sqrt(((y_bad - exact) ^ 2):sum() / (exact ^ 2):sum()) > 0.5, "one-sided RHT changes the product")
+end)
+
+T.case("AmaxHistory: max over the window, zero or non-finite amax keeps the previous scale", function()
+  local h = nv.AmaxHistory(3)
+  T.eq(h:scale("e4m3"), 1, "no history: scale 1")
+  h:push(2); h:push(8); h:push(4)
+  T.eq(h:amax(), 8)
+  T.eq(h:scale("e4m3"), 448 / 8)
+  h:push(1); h:push(1) -- 8 drops out of the window of 3
+  T.eq(h:amax(), 4)
+  local h2 = nv.AmaxHistory(2)
+  h2:push(7)
+  T.eq(h2:scale("e5m2"), 57344 / 7)
+  h2:push(0 / 0); h2:push(0)
+  T.eq(h2:scale("e5m2"), 57344 / 7, "NaN and zero keep the previous scale")
+  -- delayed scaling in quantize: the given amax sets the scale
+  local q = nv.quantize(nv.tensor({{1, 2, 3, 4}}), "e4m3", {amax = 8})
+  T.eq(q.scale, 56)
+  T.raises(function() nv.AmaxHistory(0) end, "positive integer")
+end)
+
+T.case("report prints a table and returns one row per format", function()
+  nv.manual_seed(2)
+  local x = nv.randn(64, 128)
+  local buf = {}
+  local out = {write = function(self, s) buf[#buf + 1] = s end}
+  local rows = nv.quant.report(x, {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4", {"nvfp4", rht = true}}, {out = out})
+  local text = table.concat(buf)
+  T.eq(#rows, 5)
+  T.ok(text:find("SQNR dB", 1, true) and text:find("nvfp4+rht", 1, true), "header and labels")
+  T.eq(rows[1].bits, 16)
+  T.near(rows[4].bits, 4.5 + 32 / (64 * 128), 1e-12, "nvfp4: 4 + 8/16 bits, plus the fp32 amax")
+  -- more bits, less error: bf16 < fp8 < nvfp4 on gaussian data
+  T.ok(rows[1].rel_rms < rows[2].rel_rms and rows[2].rel_rms < rows[4].rel_rms, "error grows as bits shrink")
+  -- bf16's relative RMS error is about 2^-9 / sqrt(3) for gaussian data (uniform rounding error)
+  T.ok(rows[1].rel_rms < 2 ^ -8, "bf16 error within its precision")
+  T.near(rows[1].sqnr_db, -20 * math.log(rows[1].rel_rms, 10), 1e-9, "SQNR and relative RMS agree")
+  T.ok(text:find("block scales", 1, true), "a histogram of block scales")
+end)
+
+T.case("show prints one block: inputs, scaled values, codes, decoded values, the scale byte", function()
+  local x = nv.tensor({{6, 3, 1.5, 0.75, 0.5, -0.25, 0, 2, -6, 1, 1, 1, 1, 1, 1, 1}})
+  local q = nv.quantize(x, "nvfp4", {amax = 2688})
+  local buf = {}
+  nv.quant.show(q, {block = 1, out = {write = function(self, s) buf[#buf + 1] = s end}})
+  local text = table.concat(buf)
+  T.ok(text:find("scale byte 0x38 = ue4m3 1", 1, true), "scale byte and meaning: " .. text)
+  T.ok(text:find("0x07", 1, true) and text:find("0x0f", 1, true), "the codes of 6 and -6")
+  T.raises(function() nv.quant.show(q, {block = 2}) end, "block must be an integer in 1..1")
+end)
