@@ -257,6 +257,51 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   return NVL_OK;
 }
 
+nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
+  NVL_TRY(nvl_tensor_check_live(t, "add_"));
+  NVL_TRY(nvl_tensor_check_live(src, "add_"));
+  NVL_TRY(cpu_only("add_", t));
+  NVL_TRY(cpu_only("add_", src));
+  if (!nvl_dtypes[t->dtype].is_float)
+    return nvl_error(NVL_EINVAL, "add_: the destination must be f32 or bf16, got %s", nvl_dtypes[t->dtype].name);
+  nvl_tensor e = nvl_tensor_null();
+  nvl_status st = nvl_tensor_expand(&e, src, t->ndim, t->shape);
+  if (st != NVL_OK) {
+    char s1[160], s2[160];
+    return nvl_error(NVL_EINVAL, "add_: %s does not broadcast to %s", nvl_tensor_desc(src, s1, sizeof s1),
+                     nvl_tensor_desc(t, s2, sizeof s2));
+  }
+  if (is_f32_contig(t) && is_f32_contig(&e)) {
+    nvl_axpy_f32_cpu(nvl_tensor_data(t), nvl_tensor_data(&e), (float)alpha, nvl_tensor_numel(t));
+  } else {
+    nvl_tensor scaled = nvl_tensor_null(), sum = nvl_tensor_null();
+    st = nvl_binary_scalar(&scaled, NVL_OP_MUL, &e, nvl_scalar_f(alpha), 0);
+    if (st == NVL_OK) st = nvl_binary(&sum, NVL_OP_ADD, t, &scaled);
+    if (st == NVL_OK) st = nvl_tensor_copy(t, &sum);
+    nvl_tensor_release(&scaled);
+    nvl_tensor_release(&sum);
+  }
+  nvl_tensor_release(&e);
+  return st;
+}
+
+nvl_status nvl_mul_(nvl_tensor *t, double s) {
+  NVL_TRY(nvl_tensor_check_live(t, "mul_"));
+  NVL_TRY(cpu_only("mul_", t));
+  if (!nvl_dtypes[t->dtype].is_float)
+    return nvl_error(NVL_EINVAL, "mul_: the tensor must be f32 or bf16, got %s", nvl_dtypes[t->dtype].name);
+  if (is_f32_contig(t)) {
+    float *p = nvl_tensor_data(t);
+    nvl_binary_scalar_f32_cpu(NVL_OP_MUL, p, p, s, 0, nvl_tensor_numel(t));
+    return NVL_OK;
+  }
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_binary_scalar(&r, NVL_OP_MUL, t, nvl_scalar_f(s), 0));
+  nvl_status st = nvl_tensor_copy(t, &r);
+  nvl_tensor_release(&r);
+  return st;
+}
+
 nvl_status nvl_fill_(nvl_tensor *t, nvl_scalar v) {
   NVL_TRY(nvl_tensor_check_live(t, "fill"));
   NVL_TRY(cpu_only("fill", t));

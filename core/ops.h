@@ -63,6 +63,11 @@ nvl_status nvl_reduce_dim(nvl_tensor *out, nvl_tensor *idx, nvl_reduce_op op, co
  * (OpenBLAS sgemm) or bf16 (computed in fp32, rounded once). */
 nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b);
 
+/* t += alpha * src in place (src broadcast to t's shape; t float). */
+nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha);
+/* t *= s in place (t float). */
+nvl_status nvl_mul_(nvl_tensor *t, double s);
+
 /* Fill t with v (converted to t's dtype; integers exact). */
 nvl_status nvl_fill_(nvl_tensor *t, nvl_scalar v);
 /* t[i] = start + i*step for a 1-D t. */

@@ -59,6 +59,19 @@ void nvl_binary_scalar_f32_cpu(nvl_binary_op op, float *out, const float *a, dou
     out[i] = (float)(scalar_left ? nvl_binary_f(op, s, a[i]) : nvl_binary_f(op, a[i], s));
 }
 
+void nvl_axpy_f32_cpu(float *y, const float *x, float alpha, int64_t n) {
+  if (alpha == 1.0f) {
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = y[i] + x[i];
+    return;
+  }
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    float p = alpha * x[i];
+    y[i] = y[i] + p;
+  }
+}
+
 void nvl_unary_f32_cpu(nvl_unary_op op, float *out, const float *a, int64_t n) {
 #pragma omp parallel for if (n > NVL_OMP_MIN)
   for (int64_t i = 0; i < n; i++) out[i] = (float)nvl_unary_f(op, a[i]);

@@ -8,6 +8,9 @@
 void nvl_binary_f32_cpu(nvl_binary_op op, float *out, const float *a, const float *b, int64_t n);
 /* out[i] = a[i] op s, or s op a[i] when scalar_left. */
 void nvl_binary_scalar_f32_cpu(nvl_binary_op op, float *out, const float *a, double s, int scalar_left, int64_t n);
+/* y[i] += alpha * x[i], n contiguous f32 (y += alpha x, fmaf-free: one rounding of the
+ * product, one of the sum). */
+void nvl_axpy_f32_cpu(float *y, const float *x, float alpha, int64_t n);
 /* out[i] = op(a[i]), n contiguous f32. */
 void nvl_unary_f32_cpu(nvl_unary_op op, float *out, const float *a, int64_t n);
 /* Contiguous conversions and copies. */

@@ -17,5 +17,7 @@ nvl_tensor *nvl_lua_check_tensor(lua_State *L, int i, const char *op);
 int nvl_lua_raise(lua_State *L);
 /* Add the quantization functions and the "nvlua.QTensor" type to the module table on top. */
 void nvl_lua_open_quant(lua_State *L);
+/* Add the layer library (core/layers.h) to the module table on top (lua/bind/layers.c). */
+void nvl_lua_open_layers(lua_State *L);
 
 #endif

@@ -598,6 +598,52 @@ static int l_max(lua_State *L) { return reduce(L, NVL_RED_MAX); }
 static int l_min(lua_State *L) { return reduce(L, NVL_RED_MIN); }
 static int l_amax(lua_State *L) { return reduce(L, NVL_RED_AMAX); }
 
+/* t:add_(src [, alpha]) -> t */
+static int l_add_(lua_State *L) {
+  nvl_tensor *t = check_live(L, 1, "add_"), *src = check_live(L, 2, "add_");
+  CHECK(L, nvl_add_(t, src, luaL_optnumber(L, 3, 1.0)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t:mul_(s) -> t */
+static int l_mul_(lua_State *L) {
+  nvl_tensor *t = check_live(L, 1, "mul_");
+  CHECK(L, nvl_mul_(t, luaL_checknumber(L, 2)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t:bytes() -> the raw bytes of a CPU tensor (row-major, little-endian), as a Lua string */
+static int l_bytes(lua_State *L) {
+  nvl_tensor *t = check_live(L, 1, "bytes");
+  if (t->device != NVL_CPU) return luaL_error(L, "bytes: tensor is on cuda; call :cpu() first");
+  nvl_tensor c = nvl_tensor_null();
+  CHECK(L, nvl_tensor_contiguous(&c, t));
+  lua_pushlstring(L, nvl_tensor_data(&c), (size_t)nvl_tensor_numel(&c) * nvl_dtypes[c.dtype].elem_size);
+  nvl_tensor_release(&c);
+  return 1;
+}
+
+/* core.from_bytes(str, dtype, shape [, offset]) -> a new tensor holding a copy of the bytes
+ * str[offset+1 .. offset+numel*size] (offset 0-based, default 0) */
+static int l_from_bytes(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  nvl_dtype dt = check_dtype(L, 2);
+  int64_t shape[NVL_MAX_DIMS];
+  luaL_checktype(L, 3, LUA_TTABLE);
+  int n = check_shape(L, 3, shape);
+  lua_Integer off = luaL_optinteger(L, 4, 0);
+  nvl_tensor *t = push_tensor(L);
+  CHECK(L, nvl_tensor_empty(t, dt, NVL_CPU, n, shape));
+  size_t need = (size_t)nvl_tensor_numel(t) * nvl_dtypes[dt].elem_size;
+  if (off < 0 || (size_t)off > len || len - (size_t)off < need)
+    return luaL_error(L, "from_bytes: %d bytes needed at offset %d, the string has %d", (int)need, (int)off, (int)len);
+  memcpy(nvl_tensor_data(t), s + off, need);
+  return 1;
+}
+
 static int l_matmul(lua_State *L) {
   nvl_tensor *a = check_live(L, 1, "matmul"), *b = check_live(L, 2, "matmul");
   nvl_tensor *r = push_tensor(L);
@@ -757,7 +803,7 @@ static const luaL_Reg tensor_methods[] = {
   {"le", l_le}, {"gt", l_gt}, {"ge", l_ge},
   {"exp", l_exp}, {"log", l_log}, {"sqrt", l_sqrt}, {"abs", l_abs}, {"neg", l_neg},
   {"sum", l_sum}, {"mean", l_mean}, {"max", l_max}, {"min", l_min}, {"amax", l_amax},
-  {"matmul", l_matmul}, {"allclose", l_allclose},
+  {"matmul", l_matmul}, {"allclose", l_allclose}, {"add_", l_add_}, {"mul_", l_mul_}, {"bytes", l_bytes},
   {NULL, NULL}};
 
 static const luaL_Reg tensor_meta[] = {
@@ -773,7 +819,7 @@ static const luaL_Reg module_funcs[] = {
   {"randn_", l_randn_}, {"Generator", l_generator}, {"default_generator", l_default_generator},
   {"manual_seed", l_manual_seed}, {"philox", l_philox}, {"memory", l_memory},
   {"cuda_available", l_cuda_available}, {"cuda_devices", l_cuda_devices}, {"build_info", l_build_info},
-  {"dtypes", l_dtypes}, {"clock", l_clock}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
+  {"dtypes", l_dtypes}, {"clock", l_clock}, {"from_bytes", l_from_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
 
 int luaopen_nvlua_core(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);
@@ -795,5 +841,6 @@ int luaopen_nvlua_core(lua_State *L) {
   luaL_getmetatable(L, GENERATOR_MT);
   lua_setfield(L, -2, "Generator_mt");
   nvl_lua_open_quant(L);
+  nvl_lua_open_layers(L);
   return 1;
 }

@@ -1,0 +1,95 @@
+/* layers.h: the layer library's C contracts — forward/backward pairs for Llama's layers, the
+ * fused cross-entropy, AdamW and the gradient-norm helpers (DESIGN.md "Layers").
+ * CPU tensors, f32, contiguous unless said otherwise; shapes outermost first:
+ *   N tokens (B*T flattened), C model width, V vocabulary, B batch, T sequence, H heads,
+ *   Hq query heads, Hkv key/value heads (Hq % Hkv == 0), D head dim, F FFN width.
+ * Contract of every backward: parameter gradients ACCUMULATE (+=), activation gradients are
+ * WRITTEN (=). Outputs of forward and activation gradients are allocated here (out must be
+ * null); parameter-gradient tensors are passed in, already allocated (zeroed by the caller).
+ * Each function validates shapes and dtypes and returns a status whose message names the op,
+ * the shapes and the dtypes.
+ * Not here: Linear (Lua, through quantize + qmatmul so a recipe picks each operand's format),
+ * residual adds (ops.h), the Lua modules (lua/nvlua/nn.lua). */
+#ifndef NVL_LAYERS_H
+#define NVL_LAYERS_H
+#include "ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- embedding -------------------------------------------------------------------------------- */
+/* out (N, C) = weight[ids[n], :]; ids (N) i64 in [0, V), weight (V, C). */
+nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids, const nvl_tensor *weight);
+/* dweight (V, C) += scatter of dout (N, C) by ids (N). */
+nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *ids);
+
+/* ---- RMSNorm ---------------------------------------------------------------------------------- */
+/* out (N, C) = x * rstd * weight, rstd (N) = 1 / sqrt(mean(x^2) + eps), saved for backward. */
+nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
+                               double eps);
+/* dx (N, C) =, dweight (C) +=. */
+nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
+                                const nvl_tensor *weight, const nvl_tensor *rstd);
+
+/* ---- RoPE (Hugging Face rotate-half layout) ---------------------------------------------------- */
+typedef struct {
+  int llama3;                 /* 1: Llama 3.1 frequency scaling (rope_type "llama3") */
+  double factor;              /* 8 for Llama 3.1 */
+  double low_freq_factor;     /* 1 */
+  double high_freq_factor;    /* 4 */
+  double original_max_position_embeddings; /* 8192 */
+} nvl_rope_scaling;
+/* cos, sin (T, D): for position t and i < D/2, angle = t * inv_freq[i] with inv_freq[i] =
+ * theta^(-2i/D) (then Llama 3.1 scaling if given); both halves repeat the D/2 angles, as in
+ * Hugging Face (emb = cat(freqs, freqs)). Computed in double, stored f32. scaling may be NULL. */
+nvl_status nvl_rope_tables(nvl_tensor *cos, nvl_tensor *sin, int64_t T, int64_t D, double theta,
+                           const nvl_rope_scaling *scaling);
+/* out (B, T, H, D) = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1). */
+nvl_status nvl_rope_forward(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos, const nvl_tensor *sin);
+/* dx = the transposed rotation of dout. */
+nvl_status nvl_rope_backward(nvl_tensor *dx, const nvl_tensor *dout, const nvl_tensor *cos, const nvl_tensor *sin);
+
+/* ---- causal grouped-query attention (fp32, never quantized) ------------------------------------ */
+/* out (B, T, Hq, D) = softmax(q k^T * scale + causal mask) v per head, query head h reading
+ * key/value head h / (Hq / Hkv); q (B, T, Hq, D), k, v (B, T, Hkv, D); lse (B, Hq, T) the
+ * log-sum-exp of each softmax row, saved for backward. */
+nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                 const nvl_tensor *v, double scale);
+/* dq, dk, dv = (shapes of q, k, v). */
+nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
+                                  const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
+                                  const nvl_tensor *out, const nvl_tensor *lse, double scale);
+
+/* ---- SwiGLU ----------------------------------------------------------------------------------- */
+/* out (N, F) = silu(gate) * up. */
+nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up);
+/* dgate, dup (N, F) =. */
+nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout, const nvl_tensor *gate,
+                               const nvl_tensor *up);
+
+/* ---- fused softmax cross-entropy -------------------------------------------------------------- */
+/* loss = mean over tokens n with targets[n] != ignore_index of (lse_n - logits[n, t_n]) +
+ * z_loss * lse_n^2; logits (N, V) f32 (or bf16), targets (N) i64. *count = tokens counted.
+ * If dlogits is not NULL it is allocated (N, V) f32 and written with dloss_scale * d(loss)/d(logits)
+ * (zero rows for ignored tokens). With no counted token, loss = 0 and dlogits = 0. */
+nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
+                             const nvl_tensor *targets, int64_t ignore_index, double z_loss, double dloss_scale);
+
+/* ---- optimizer -------------------------------------------------------------------------------- */
+typedef struct {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step; /* 1-based step number, for bias correction */
+} nvl_adamw_opts;
+/* In place, f32, all of one shape: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * param -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * param), m_hat = m / (1-b1^step),
+ * v_hat = v / (1-b2^step) (decoupled weight decay, as torch.optim.AdamW). */
+nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor *m, nvl_tensor *v,
+                          const nvl_adamw_opts *o);
+/* *out = sum of squares of t (fp64 accumulation), for the global gradient norm. */
+nvl_status nvl_sumsq(double *out, const nvl_tensor *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

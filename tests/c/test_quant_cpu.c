@@ -1,0 +1,554 @@
+/* test_quant_cpu.c: the fast CPU quantizers (kernels/cpu/quant_cpu.c) against the scalar
+ * references (kernels/cpu/ref/formats_ref.c), bit for bit: codes (nvfp4 unpacked from its packed
+ * bytes), block scales, amax and scale bits, dequantized values. Inputs: normal, a wide dynamic
+ * range with random signs, values built to land exactly on every e2m1 / fp8 rounding tie after
+ * scaling (and one ulp either side), zero blocks, an all-zero tensor, +-inf, NaN, fp32
+ * subnormals, block scales that underflow; a strided sweep of the whole fp32 range through the
+ * fp8 encoders; every shape class (rows 1..129, K 16..4096), 1D and 2D, RNE and SR with several
+ * seeds and offsets, given amax, both MX element formats and scale rules, current and delayed
+ * fp8 scaling, the RHT; and cases big enough to run on several threads. */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/quant_cpu.h"
+#include "cpu/ref/formats_ref.h"
+#include "unit.h"
+
+/* ---- inputs ---------------------------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static float rng_unif(uint64_t *s) { return (float)(rng_next(s) >> 40) * (1.0f / 16777216.0f); } /* [0, 1) */
+static int rng_int(uint64_t *s, int lo, int hi) { return lo + (int)(rng_next(s) % (uint64_t)(hi - lo + 1)); }
+static float rng_normal(uint64_t *s) {
+  float u = rng_unif(s) + 1.0f / 33554432.0f, v = rng_unif(s);
+  return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+static float rng_sign(uint64_t *s) { return (rng_next(s) & 1) ? -1.0f : 1.0f; }
+
+typedef enum {
+  D_NORMAL,   /* N(0, 1) */
+  D_WIDE,     /* 2^U(-40, 40), random signs */
+  D_TIES,     /* nvfp4: every e2m1 tie and its neighbours, exact after scaling */
+  D_FP8_TIES, /* fp8 / mxfp8: every midpoint of the element format and its neighbours */
+  D_SPECIAL,  /* zero blocks, inf, NaN, fp32 subnormals, block scales that underflow */
+  D_COUNT
+} dist;
+static const char *const dist_names[D_COUNT] = {"normal", "wide", "ties", "fp8_ties", "special"};
+
+/* The e2m1 ties and grid points (NUMERICS §1). */
+static const float e2m1_marks[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f,
+                                   0.0f,  0.5f,  1.0f,  1.5f,  2.0f, 3.0f, 4.0f, 6.0f};
+
+/* A value on or next to a midpoint of elem's code grid, or a code value, or past the max. */
+static float fp8_mark(uint64_t *s, nvl_fp8_elem elem) {
+  int last = elem == NVL_ELEM_E5M2 ? 0x7B : 0x7E;
+  int c = rng_int(s, 0, last - 1);
+  float lo = nvl_fp8_decode_ref(elem, (uint8_t)c), hi = nvl_fp8_decode_ref(elem, (uint8_t)(c + 1));
+  float v;
+  switch (rng_int(s, 0, 5)) {
+    case 0: v = lo; break;
+    case 1: v = nextafterf((lo + hi) / 2, 0); break;
+    case 2: v = nextafterf((lo + hi) / 2, INFINITY); break;
+    default: v = (lo + hi) / 2; break; /* the midpoint is exact in fp32 */
+  }
+  return v;
+}
+
+/* x (R, K) from distribution d. block: the block length whose max the tie constructions pin
+ * (16 nvfp4, 32 mxfp8, 0: one scale for the whole tensor, the fp8 per-tensor case). */
+static void fill(float *x, int64_t R, int64_t K, dist d, uint64_t seed, nvl_fp8_elem elem, int block) {
+  uint64_t s = seed * 0x2545F4914F6CDD1Dull + 1;
+  switch (d) {
+    case D_NORMAL:
+      for (int64_t i = 0; i < R * K; i++) x[i] = rng_normal(&s);
+      break;
+    case D_WIDE:
+      for (int64_t i = 0; i < R * K; i++) x[i] = rng_sign(&s) * exp2f(rng_unif(&s) * 80.0f - 40.0f);
+      break;
+    case D_TIES:
+      /* Block (tile, for 2D) with max 6 * 2^k under s_enc = 1: bmax * (1/6) rounds to the scale
+       * 2^k, so se = 2^-k and every x = mark * 2^k lands exactly on its mark. One tile-constant
+       * k per 16 rows and 16 columns serves 1D and 2D alike; x[0] = 2688 makes amax 2688 and
+       * s_enc exactly 1 (its own block is not exact, the rest are). */
+      for (int64_t r = 0; r < R; r++)
+        for (int64_t b = 0; b < K / 16; b++) {
+          uint64_t ts = (uint64_t)(r / 16) * 1000003u + (uint64_t)b + seed * 7919u;
+          int k = (int)(rng_next(&ts) % 18) - 9; /* 2^k in ue4m3's range [2^-9, 2^8] */
+          float p = ldexpf(1.0f, k);
+          float *xb = x + r * K + 16 * b;
+          for (int j = 0; j < 16; j++) {
+            float m = e2m1_marks[rng_int(&s, 0, 14)];
+            int nudge = rng_int(&s, 0, 3); /* 0, 1: on the mark; 2: one ulp down; 3: one ulp up */
+            float v = nudge == 2 ? nextafterf(m, 0) : nudge == 3 ? nextafterf(m, INFINITY) : m;
+            xb[j] = rng_sign(&s) * v * p;
+          }
+          xb[rng_int(&s, 0, 15)] = rng_sign(&s) * 6.0f * p;
+        }
+      if (R * K > 0) x[0] = 2688.0f;
+      break;
+    case D_FP8_TIES: {
+      /* Per block of `block` (or the whole tensor): max = elem_max * 2^k, so both MX rules pick
+       * e = 127 + k and the per-tensor scale is elem_max / amax = 2^-k; x = mark * 2^k. */
+      float emax = nvl_fp8_max_ref(elem);
+      int64_t bl = block ? block : R * K;
+      for (int64_t g = 0; bl && g < R * K / bl; g++) {
+        int k = block ? rng_int(&s, -20, 20) : 0;
+        float p = ldexpf(1.0f, k);
+        for (int64_t j = 0; j < bl; j++) x[g * bl + j] = rng_sign(&s) * fp8_mark(&s, elem) * p;
+        x[g * bl + rng_int(&s, 0, (int)bl - 1)] = rng_sign(&s) * emax * p;
+      }
+      break;
+    }
+    case D_SPECIAL:
+      /* blocks of: zeros, tiny (fp32 subnormal) values, a scale far below the tensor's max (the
+       * block scale underflows to 0 or to ue4m3 subnormals), or normal values salted with
+       * inf / NaN / -0 / subnormals; one huge block sets the amax. */
+      for (int64_t g = 0; g < R * K / 16; g++) {
+        float *xb = x + 16 * g;
+        int kind = rng_int(&s, 0, 5);
+        float sc = kind == 2 ? ldexpf(1.0f, rng_int(&s, -60, -10)) : 1.0f;
+        for (int j = 0; j < 16; j++) {
+          switch (kind) {
+            case 0: xb[j] = (j & 1) ? -0.0f : 0.0f; break;
+            case 1: xb[j] = rng_sign(&s) * ldexpf(rng_unif(&s), -126 - rng_int(&s, 0, 20)); break;
+            default: xb[j] = rng_normal(&s) * sc; break;
+          }
+          if (kind >= 3) {
+            int u = rng_int(&s, 0, 19);
+            if (u == 0) xb[j] = NAN;
+            else if (u == 1) xb[j] = -NAN;
+            else if (u == 2 && kind == 5) xb[j] = rng_sign(&s) * INFINITY;
+            else if (u == 3) xb[j] = -0.0f;
+            else if (u == 4) xb[j] = ldexpf(rng_unif(&s), -140);
+          }
+        }
+      }
+      if (R * K >= 32) {
+        int64_t g = (int64_t)(rng_next(&s) % (uint64_t)(R * K / 16));
+        for (int j = 0; j < 16; j++) x[16 * g + j] = rng_normal(&s) * 1e30f;
+      }
+      break;
+    default: break;
+  }
+}
+
+/* ---- comparison ------------------------------------------------------------------------------ */
+
+/* memcmp with a message naming the first difference. */
+static int same_bytes(const char *what, const char *ctx, const void *a, const void *b, size_t n, size_t elem) {
+  if (!memcmp(a, b, n)) return 1;
+  const uint8_t *p = a, *q = b;
+  size_t i = 0;
+  while (p[i] == q[i]) i++;
+  i /= elem;
+  uint32_t va = 0, vb = 0;
+  memcpy(&va, p + i * elem, elem);
+  memcpy(&vb, q + i * elem, elem);
+  fprintf(stderr, "  %s: %s differs at [%zu]: fast 0x%x, ref 0x%x\n", ctx, what, i, va, vb);
+  return 0;
+}
+
+static uint8_t *bytes(int64_t n) { return malloc((size_t)(n > 0 ? n : 1)); }
+static float *floats(int64_t n) { return malloc(sizeof(float) * (size_t)(n > 0 ? n : 1)); }
+
+/* nvfp4 quantize (and dequantize) of x (R, K) by both paths; 1 if every bit agrees. */
+static int nvfp4_agrees(const float *x, int64_t R, int64_t K, int two_d, const nvl_nvfp4_ref_opts *o, const char *ctx) {
+  int64_t n = R * K;
+  uint8_t *cr = bytes(n), *cf = bytes(n), *pf = bytes(n / 2), *sr = bytes(n / 16), *sf = bytes(n / 16);
+  float *yr = floats(n), *yf = floats(n), ar = -1, af = -2;
+  memset(pf, 0xAA, (size_t)(n / 2));
+  memset(sf, 0xAA, (size_t)(n / 16));
+  int ok = 1;
+  nvl_status str = two_d ? nvl_nvfp4_quantize_2d_ref(cr, sr, &ar, x, R, K, o) : nvl_nvfp4_quantize_1d_ref(cr, sr, &ar, x, R, K, o);
+  nvl_status stf = nvl_nvfp4_quantize_cpu(pf, sf, &af, x, R, K, two_d, o);
+  if (str != NVL_OK || stf != NVL_OK) {
+    fprintf(stderr, "  %s: status ref %d fast %d\n", ctx, str, stf);
+    ok = 0;
+  } else {
+    nvl_e2m1_unpack_ref(cf, pf, n);
+    ok &= same_bytes("codes", ctx, cf, cr, (size_t)n, 1);
+    ok &= same_bytes("scales", ctx, sf, sr, (size_t)(n / 16), 1);
+    ok &= same_bytes("amax", ctx, &af, &ar, 4, 4);
+    ok &= nvl_nvfp4_dequantize_ref(yr, cr, sr, ar, R, K) == NVL_OK;
+    ok &= nvl_nvfp4_dequantize_cpu(yf, pf, sf, af, R, K) == NVL_OK;
+    ok &= same_bytes("dequantized", ctx, yf, yr, sizeof(float) * (size_t)n, 4);
+  }
+  free(cr); free(cf); free(pf); free(sr); free(sf); free(yr); free(yf);
+  return ok;
+}
+
+static int mxfp8_agrees(const float *x, int64_t R, int64_t K, nvl_fp8_elem e, nvl_mx_rule rule, const char *ctx) {
+  int64_t n = R * K;
+  uint8_t *cr = bytes(n), *cf = bytes(n), *sr = bytes(n / 32), *sf = bytes(n / 32);
+  memset(cf, 0xAA, (size_t)n);
+  memset(sf, 0xAA, (size_t)(n / 32));
+  int ok = nvl_mxfp8_quantize_ref(cr, sr, x, R, K, e, rule) == NVL_OK;
+  ok &= nvl_mxfp8_quantize_cpu(cf, sf, x, R, K, e, rule) == NVL_OK;
+  ok = ok && same_bytes("codes", ctx, cf, cr, (size_t)n, 1);
+  ok = ok && same_bytes("scales", ctx, sf, sr, (size_t)(n / 32), 1);
+  free(cr); free(cf); free(sr); free(sf);
+  return ok;
+}
+
+static int fp8_agrees(const float *x, int64_t n, nvl_fp8_elem e, const float *amax_in, const char *ctx) {
+  uint8_t *cr = bytes(n), *cf = bytes(n);
+  float scr = -1, scf = -2, ar = -1, af = -2;
+  memset(cf, 0xAA, (size_t)n);
+  int ok = nvl_fp8_quantize_tensor_ref(cr, &scr, &ar, x, n, e, amax_in) == NVL_OK;
+  ok &= nvl_fp8_quantize_tensor_cpu(cf, &scf, &af, x, n, e, amax_in) == NVL_OK;
+  ok = ok && same_bytes("codes", ctx, cf, cr, (size_t)n, 1);
+  ok = ok && same_bytes("scale", ctx, &scf, &scr, 4, 4);
+  ok = ok && same_bytes("amax", ctx, &af, &ar, 4, 4);
+  free(cr); free(cf);
+  return ok;
+}
+
+/* ---- shapes ---------------------------------------------------------------------------------- */
+
+static const int64_t test_rows[] = {1, 3, 16, 48, 129};
+static const int64_t test_K[] = {16, 32, 48, 256, 4096};
+#define NROWS (int)(sizeof test_rows / sizeof test_rows[0])
+#define NK (int)(sizeof test_K / sizeof test_K[0])
+
+/* ---- NVFP4 ---------------------------------------------------------------------------------- */
+
+/* Every distribution x every shape (1D: all; 2D: rows a multiple of 16), under the option sets:
+ * RNE, SR with two seed/offset pairs, RNE and SR with a given amax. */
+static void nvfp4_sweep(int *nvl_failed_, int two_d) {
+  const nvl_nvfp4_ref_opts optsets[] = {
+      {0, 0, 0, 0, 0.0f},
+      {1, 0x1234567890ABCDEFull, 0, 0, 0.0f},
+      {1, 42, 0x100000003ull, 0, 0.0f},
+      {0, 0, 0, 1, 2688.0f},
+      {1, 7, 5, 1, 3.0f}, /* an amax below max|x|: saturation */
+  };
+  int runs = 0;
+  for (int d = 0; d < D_COUNT; d++) {
+    if (d == D_FP8_TIES) continue;
+    for (int ri = 0; ri < NROWS; ri++)
+      for (int ki = 0; ki < NK; ki++) {
+        int64_t R = test_rows[ri], K = test_K[ki];
+        if (two_d && R % 16) continue;
+        float *x = floats(R * K);
+        fill(x, R, K, (dist)d, (uint64_t)(ri * 31 + ki + 1), NVL_ELEM_E4M3, 16);
+        for (int oi = 0; oi < (int)(sizeof optsets / sizeof optsets[0]); oi++) {
+          if (R * K > 100000 && oi >= 3) continue; /* the big shapes: the main option sets */
+          char ctx[128];
+          snprintf(ctx, sizeof ctx, "nvfp4 %s %s [%lld,%lld] opts %d", two_d ? "2d" : "1d", dist_names[d],
+                   (long long)R, (long long)K, oi);
+          CHECK(nvfp4_agrees(x, R, K, two_d, &optsets[oi], ctx));
+          runs++;
+        }
+        free(x);
+      }
+  }
+  CHECK(runs > 50);
+}
+
+NVL_TEST(quant_cpu_nvfp4_1d) { nvfp4_sweep(nvl_failed_, 0); }
+NVL_TEST(quant_cpu_nvfp4_2d) { nvfp4_sweep(nvl_failed_, 1); }
+
+NVL_TEST(quant_cpu_nvfp4_ties_exact) {
+  /* The tie construction really lands on the ties: dequantizing gives back the mark. */
+  enum { R = 16, K = 64 };
+  static float x[R * K], y[R * K];
+  static uint8_t packed[R * K / 2], s[R * K / 16];
+  float amax;
+  fill(x, R, K, D_TIES, 3, NVL_ELEM_E4M3, 16);
+  CHECK(nvl_nvfp4_quantize_cpu(packed, s, &amax, x, R, K, 0, NULL) == NVL_OK);
+  CHECK(amax == 2688.0f);
+  CHECK(nvl_nvfp4_dequantize_cpu(y, packed, s, amax, R, K) == NVL_OK);
+  int exact = 0, ties = 0;
+  for (int i = 16; i < R * K; i++) { /* block 0 holds 2688 */
+    float bs = nvl_ue4m3_decode_ref(s[i / 16]);
+    float m = fabsf(x[i]) / bs;
+    for (int t = 0; t < 7; t++) ties += m == e2m1_marks[t];
+    for (int t = 7; t < 15; t++) exact += m == e2m1_marks[t] && fabsf(y[i]) == fabsf(x[i]);
+  }
+  CHECK(ties > 100);
+  CHECK(exact > 100);
+}
+
+NVL_TEST(quant_cpu_nvfp4_zero_and_edge) {
+  /* all-zero tensor, empty tensor, -0, all NaN, inf amax, NaN amax, tiny / huge amax */
+  enum { R = 16, K = 32 };
+  static float x[R * K];
+  const nvl_nvfp4_ref_opts rne = {0}, sr = {1, 99, 1, 0, 0.0f};
+  memset(x, 0, sizeof x);
+  for (int two_d = 0; two_d < 2; two_d++) {
+    CHECK(nvfp4_agrees(x, R, K, two_d, &rne, "zeros"));
+    CHECK(nvfp4_agrees(x, R, K, two_d, &sr, "zeros sr"));
+    CHECK(nvfp4_agrees(x, 0, K, two_d, &rne, "empty"));
+  }
+  for (int i = 0; i < R * K; i++) x[i] = -0.0f;
+  CHECK(nvfp4_agrees(x, R, K, 0, &rne, "-0"));
+  for (int i = 0; i < R * K; i++) x[i] = (i & 1) ? NAN : -NAN;
+  CHECK(nvfp4_agrees(x, R, K, 0, &rne, "nan"));
+  CHECK(nvfp4_agrees(x, R, K, 1, &sr, "nan sr"));
+  fill(x, R, K, D_NORMAL, 5, NVL_ELEM_E4M3, 16);
+  x[7] = INFINITY;
+  CHECK(nvfp4_agrees(x, R, K, 0, &rne, "inf element"));
+  CHECK(nvfp4_agrees(x, R, K, 1, &sr, "inf element sr"));
+  x[7] = 1.0f;
+  const float amaxes[] = {0.0f, INFINITY, NAN, 1e-45f, 1e-38f, 1e-30f, 1.0f, 1e30f, FLT_MAX, -1.0f};
+  for (int i = 0; i < (int)(sizeof amaxes / sizeof amaxes[0]); i++) {
+    nvl_nvfp4_ref_opts o = {i & 1, 11, (uint64_t)i, 1, amaxes[i]};
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, "given amax %g", amaxes[i]);
+    CHECK(nvfp4_agrees(x, R, K, 0, &o, ctx));
+    CHECK(nvfp4_agrees(x, R, K, 1, &o, ctx));
+  }
+}
+
+NVL_TEST(quant_cpu_nvfp4_e2m1_sweep) {
+  /* Every fp32 in [-6, 6] with a coarse stride (and everything near the marks) through the
+   * e2m1 encoder: each block holds 6 at j = 0 so its scale is 1 and se exactly 1 under
+   * amax 2688. */
+  enum { NB = 1 << 16 };
+  float *x = floats(16 * NB);
+  uint32_t bits = 0;
+  for (int g = 0; g < NB; g++) {
+    x[16 * g] = 6.0f;
+    for (int j = 1; j < 16; j++) {
+      float v;
+      do {
+        bits += 0x40B1u; /* about 2^32 / 2^18: crosses every binade */
+        v = 0;
+        memcpy(&v, &bits, 4);
+      } while (!(fabsf(v) <= 6.0f));
+      x[16 * g + j] = v;
+    }
+  }
+  for (int i = 0; i < 15; i++) /* the marks and 3 ulps either side, both signs */
+    for (int d = -3; d <= 3; d++) {
+      float v = e2m1_marks[i];
+      for (int k = 0; k < (d < 0 ? -d : d); k++) v = nextafterf(v, d < 0 ? 0 : INFINITY);
+      x[16 * (i * 7 + d + 3) + 1] = v;
+      x[16 * (i * 7 + d + 3) + 2] = -v;
+    }
+  const nvl_nvfp4_ref_opts o[] = {{0, 0, 0, 1, 2688.0f}, {1, 5, 9, 1, 2688.0f}};
+  CHECK(nvfp4_agrees(x, NB, 16, 0, &o[0], "e2m1 sweep"));
+  CHECK(nvfp4_agrees(x, NB, 16, 0, &o[1], "e2m1 sweep sr"));
+  free(x);
+}
+
+NVL_TEST(quant_cpu_nvfp4_threaded) {
+  /* Large enough to go parallel in every phase (amax, blocks, tiles, dequantize). */
+  enum { R = 512, K = 4096 };
+  float *x = floats((int64_t)R * K);
+  fill(x, R, K, D_NORMAL, 77, NVL_ELEM_E4M3, 16);
+  for (int i = 0; i < 64; i++) x[(int64_t)i * 32771 % ((int64_t)R * K)] *= 1000.0f;
+  const nvl_nvfp4_ref_opts rne = {0}, sr = {1, 0xDEADBEEFull, 123456789, 0, 0.0f};
+  CHECK(nvfp4_agrees(x, R, K, 0, &rne, "threaded 1d"));
+  CHECK(nvfp4_agrees(x, R, K, 0, &sr, "threaded 1d sr"));
+  CHECK(nvfp4_agrees(x, R, K, 1, &rne, "threaded 2d"));
+  CHECK(nvfp4_agrees(x, R, K, 1, &sr, "threaded 2d sr"));
+  /* K = 16 with many rows: a 1D block per row */
+  CHECK(nvfp4_agrees(x, (int64_t)R * K / 16, 16, 0, &sr, "threaded k16 sr"));
+  free(x);
+}
+
+NVL_TEST(quant_cpu_nvfp4_sr_stream) {
+  /* SR reads the Philox stream by block index: different offsets / seeds give different codes,
+   * the same ones the same codes, block g's draw does not depend on the shape it sits in. */
+  enum { R = 4, K = 64 };
+  static float x[R * K];
+  static uint8_t p1[R * K / 2], p2[R * K / 2], p3[R * K / 2], s[R * K / 16];
+  float amax;
+  fill(x, R, K, D_NORMAL, 8, NVL_ELEM_E4M3, 16);
+  nvl_nvfp4_ref_opts a = {1, 1, 0, 0, 0.0f}, b = {1, 1, 1, 0, 0.0f}, c = {1, 2, 0, 0, 0.0f};
+  CHECK(nvl_nvfp4_quantize_cpu(p1, s, &amax, x, R, K, 0, &a) == NVL_OK);
+  CHECK(nvl_nvfp4_quantize_cpu(p2, s, &amax, x, R, K, 0, &b) == NVL_OK);
+  CHECK(memcmp(p1, p2, sizeof p1) != 0);
+  CHECK(nvl_nvfp4_quantize_cpu(p2, s, &amax, x, R, K, 0, &c) == NVL_OK);
+  CHECK(memcmp(p1, p2, sizeof p1) != 0);
+  CHECK(nvl_nvfp4_quantize_cpu(p2, s, &amax, x, R * K / 16, 16, 0, &a) == NVL_OK);
+  CHECK(nvl_nvfp4_quantize_cpu(p3, s, &amax, x, 1, R * K, 0, &a) == NVL_OK);
+  CHECK(memcmp(p1, p2, sizeof p1) == 0 && memcmp(p1, p3, sizeof p1) == 0);
+}
+
+NVL_TEST(quant_cpu_nvfp4_dequantize_any_bytes) {
+  /* Random packed codes and scale bytes (0x7F / 0xFF NaN scales included) under odd amaxes. */
+  enum { R = 8, K = 64 };
+  static uint8_t p[R * K / 2], c[R * K], s[R * K / 16];
+  static float yr[R * K], yf[R * K];
+  uint64_t st = 4;
+  for (int i = 0; i < R * K / 2; i++) p[i] = (uint8_t)rng_next(&st);
+  for (int i = 0; i < R * K / 16; i++) s[i] = (uint8_t)i * 8 + (uint8_t)(i & 7); /* all high bits, 0x7F, 0xFF */
+  s[0] = 0x7F;
+  s[1] = 0xFF;
+  s[2] = 0;
+  nvl_e2m1_unpack_ref(c, p, R * K);
+  const float amaxes[] = {0.0f, INFINITY, NAN, 1e-45f, 1e-30f, 1.0f, 2688.0f, 1e30f, FLT_MAX};
+  for (int i = 0; i < (int)(sizeof amaxes / sizeof amaxes[0]); i++) {
+    CHECK(nvl_nvfp4_dequantize_ref(yr, c, s, amaxes[i], R, K) == NVL_OK);
+    CHECK(nvl_nvfp4_dequantize_cpu(yf, p, s, amaxes[i], R, K) == NVL_OK);
+    CHECK(same_bytes("dequantized", "dequantize any bytes", yf, yr, sizeof yr, 4));
+  }
+}
+
+NVL_TEST(quant_cpu_nvfp4_errors) {
+  static float x[32 * 48];
+  static uint8_t p[32 * 48], s[32 * 48];
+  float amax;
+  CHECK(nvl_nvfp4_quantize_cpu(p, s, &amax, x, 8, 48, 1, NULL) == NVL_EINVAL);
+  CHECK(nvl_nvfp4_quantize_cpu(p, s, &amax, x, 1, 17, 0, NULL) == NVL_EINVAL);
+  CHECK(nvl_nvfp4_quantize_cpu(p, s, &amax, x, -1, 16, 0, NULL) == NVL_EINVAL);
+  CHECK(nvl_nvfp4_dequantize_cpu(x, p, s, 1.0f, 1, 24) == NVL_EINVAL);
+  CHECK(nvl_mxfp8_quantize_cpu(p, s, x, 1, 48, NVL_ELEM_E4M3, NVL_MX_RCEIL) == NVL_EINVAL);
+  CHECK(nvl_mxfp8_quantize_cpu(p, s, x, 1, 32, (nvl_fp8_elem)7, NVL_MX_RCEIL) == NVL_EINVAL);
+  CHECK(nvl_mxfp8_quantize_cpu(p, s, x, 1, 32, NVL_ELEM_E4M3, (nvl_mx_rule)5) == NVL_EINVAL);
+  CHECK(nvl_fp8_quantize_tensor_cpu(p, &amax, &amax, x, -1, NVL_ELEM_E4M3, NULL) == NVL_EINVAL);
+  CHECK(nvl_fp8_quantize_tensor_cpu(p, &amax, &amax, x, 4, (nvl_fp8_elem)2, NULL) == NVL_EINVAL);
+  CHECK(nvl_rht16_rows_cpu(x, x, 1, 24, NULL) == NVL_EINVAL);
+}
+
+/* ---- MXFP8 ---------------------------------------------------------------------------------- */
+
+NVL_TEST(quant_cpu_mxfp8) {
+  int runs = 0;
+  for (int e = 0; e < NVL_ELEM_COUNT; e++)
+    for (int rule = 0; rule < NVL_MX_RULE_COUNT; rule++)
+      for (int d = 0; d < D_COUNT; d++) {
+        if (d == D_TIES) continue;
+        for (int ri = 0; ri < NROWS; ri++)
+          for (int ki = 0; ki < NK; ki++) {
+            int64_t R = test_rows[ri], K = test_K[ki];
+            if (K % 32) continue;
+            if (R * K > 100000 && (d == D_WIDE || rule == NVL_MX_FLOOR)) continue;
+            float *x = floats(R * K);
+            fill(x, R, K, (dist)d, (uint64_t)(ri * 17 + ki + e), (nvl_fp8_elem)e, 32);
+            char ctx[128];
+            snprintf(ctx, sizeof ctx, "mxfp8 %s %s %s [%lld,%lld]", e ? "e5m2" : "e4m3", rule ? "floor" : "rceil",
+                     dist_names[d], (long long)R, (long long)K);
+            CHECK(mxfp8_agrees(x, R, K, (nvl_fp8_elem)e, (nvl_mx_rule)rule, ctx));
+            runs++;
+            free(x);
+          }
+      }
+  CHECK(runs > 50);
+  /* blocks whose scale is 0 (tiny or zero max) or 254 (inf), an all-NaN block, threads */
+  enum { R = 512, K = 4096 };
+  float *x = floats((int64_t)R * K);
+  fill(x, R, K, D_NORMAL, 3, NVL_ELEM_E4M3, 32);
+  for (int j = 0; j < 32; j++) {
+    x[j] = 0.0f;
+    x[32 + j] = ldexpf(1.0f, -140) * (float)j;
+    x[64 + j] = j == 3 ? -INFINITY : 1.0f;
+    x[96 + j] = NAN;
+    x[128 + j] = j == 5 ? FLT_MAX : -1e-20f;
+  }
+  for (int e = 0; e < NVL_ELEM_COUNT; e++)
+    for (int rule = 0; rule < NVL_MX_RULE_COUNT; rule++)
+      CHECK(mxfp8_agrees(x, R, K, (nvl_fp8_elem)e, (nvl_mx_rule)rule, "mxfp8 threaded edges"));
+  free(x);
+}
+
+/* ---- FP8 per tensor ------------------------------------------------------------------------- */
+
+NVL_TEST(quant_cpu_fp8_tensor) {
+  int runs = 0;
+  for (int e = 0; e < NVL_ELEM_COUNT; e++) {
+    float emax = nvl_fp8_max_ref((nvl_fp8_elem)e);
+    for (int d = 0; d < D_COUNT; d++) {
+      if (d == D_TIES) continue;
+      for (int ri = 0; ri < NROWS; ri++)
+        for (int ki = 0; ki < NK; ki++) {
+          int64_t R = test_rows[ri], K = test_K[ki];
+          if (R * K > 100000 && d != D_NORMAL && d != D_FP8_TIES) continue;
+          float *x = floats(R * K);
+          fill(x, R, K, (dist)d, (uint64_t)(ri * 13 + ki + 5 * e), (nvl_fp8_elem)e, 0);
+          const float delayed[] = {emax, 1.0f, 0.5f * emax, 0.0f, INFINITY, NAN, 1e-30f, FLT_MAX};
+          char ctx[128];
+          snprintf(ctx, sizeof ctx, "fp8 %s %s [%lld,%lld] current", e ? "e5m2" : "e4m3", dist_names[d],
+                   (long long)R, (long long)K);
+          CHECK(fp8_agrees(x, R * K, (nvl_fp8_elem)e, NULL, ctx));
+          for (int i = 0; i < (int)(sizeof delayed / sizeof delayed[0]); i++) {
+            if (R * K > 100000 && i > 1) break;
+            snprintf(ctx, sizeof ctx, "fp8 %s %s [%lld,%lld] delayed %g", e ? "e5m2" : "e4m3", dist_names[d],
+                     (long long)R, (long long)K, delayed[i]);
+            CHECK(fp8_agrees(x, R * K, (nvl_fp8_elem)e, &delayed[i], ctx));
+          }
+          runs++;
+          free(x);
+        }
+    }
+  }
+  CHECK(runs > 50);
+  float z[64] = {0};
+  CHECK(fp8_agrees(z, 64, NVL_ELEM_E4M3, NULL, "fp8 zeros"));
+  CHECK(fp8_agrees(z, 0, NVL_ELEM_E5M2, NULL, "fp8 empty"));
+}
+
+NVL_TEST(quant_cpu_fp8_sweep) {
+  /* A strided walk over all 2^32 fp32 bit patterns (NaN, inf, subnormals, both signs) through
+   * both encoders at scale exactly 1 (delayed amax = elem_max), plus every fp8 midpoint and
+   * 2 ulps either side, multi-threaded. */
+  int64_t n = 1 << 22;
+  float *x = floats(n);
+  uint32_t bits = 12345;
+  for (int64_t i = 0; i < n; i++) {
+    bits += 1021u; /* odd stride: a fresh low-bit pattern every lap */
+    memcpy(&x[i], &bits, 4);
+    if (i % 4 == 0) x[i] = ldexpf(x[i], -100); /* more mass near the fp8 ranges */
+  }
+  for (int e = 0; e < NVL_ELEM_COUNT; e++) {
+    int last = e ? 0x7B : 0x7E;
+    int64_t i = 0;
+    for (int c = 0; c < last; c++) {
+      float lo = nvl_fp8_decode_ref((nvl_fp8_elem)e, (uint8_t)c), hi = nvl_fp8_decode_ref((nvl_fp8_elem)e, (uint8_t)(c + 1));
+      float m = (lo + hi) / 2, v = nextafterf(nextafterf(m, 0), 0);
+      for (int k = 0; k < 5; k++, v = nextafterf(v, INFINITY)) {
+        x[i++] = v;
+        x[i++] = -v;
+      }
+    }
+    float emax = nvl_fp8_max_ref((nvl_fp8_elem)e);
+    CHECK(fp8_agrees(x, n, (nvl_fp8_elem)e, &emax, e ? "fp8 sweep e5m2" : "fp8 sweep e4m3"));
+  }
+  free(x);
+}
+
+/* ---- RHT ------------------------------------------------------------------------------------ */
+
+NVL_TEST(quant_cpu_rht) {
+  const float mysigns[16] = {-1, 1, -1, -1, 1, 1, -1, 1, 1, -1, 1, 1, -1, -1, 1, -1};
+  for (int ri = 0; ri < NROWS; ri++)
+    for (int ki = 0; ki < NK; ki++) {
+      int64_t R = test_rows[ri], K = test_K[ki], n = R * K;
+      float *x = floats(n), *yr = floats(n), *yf = floats(n);
+      fill(x, R, K, ri % 2 ? D_WIDE : D_SPECIAL, (uint64_t)(ri + ki), NVL_ELEM_E4M3, 16);
+      for (int sv = 0; sv < 2; sv++) {
+        const float *signs = sv ? mysigns : NULL;
+        CHECK(nvl_rht16_rows_ref(yr, x, R, K, signs) == NVL_OK);
+        CHECK(nvl_rht16_rows_cpu(yf, x, R, K, signs) == NVL_OK);
+        CHECK(same_bytes("rht", "rht", yf, yr, sizeof(float) * (size_t)n, 4));
+        memcpy(yf, x, sizeof(float) * (size_t)n); /* in place */
+        CHECK(nvl_rht16_rows_cpu(yf, yf, R, K, signs) == NVL_OK);
+        CHECK(same_bytes("rht", "rht in place", yf, yr, sizeof(float) * (size_t)n, 4));
+      }
+      free(x); free(yr); free(yf);
+    }
+}
+
+NVL_TEST(quant_cpu_rht_then_nvfp4) {
+  /* The Wgrad operand path: RHT rows, then nvfp4 1D with SR (and RNE), threaded. */
+  enum { R = 256, K = 1024 };
+  float *x = floats(R * K), *tr = floats(R * K), *tf = floats(R * K);
+  fill(x, R, K, D_NORMAL, 21, NVL_ELEM_E4M3, 16);
+  CHECK(nvl_rht16_rows_ref(tr, x, R, K, NULL) == NVL_OK);
+  CHECK(nvl_rht16_rows_cpu(tf, x, R, K, NULL) == NVL_OK);
+  CHECK(same_bytes("rht", "rht rows", tf, tr, sizeof(float) * R * K, 4));
+  const nvl_nvfp4_ref_opts sr = {1, 2024, 17, 0, 0.0f}, rne = {0};
+  CHECK(nvfp4_agrees(tf, R, K, 0, &sr, "rht + nvfp4 sr"));
+  CHECK(nvfp4_agrees(tf, R, K, 0, &rne, "rht + nvfp4 rne"));
+  free(x); free(tr); free(tf);
+}
