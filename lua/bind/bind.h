@@ -19,5 +19,7 @@ int nvl_lua_raise(lua_State *L);
 void nvl_lua_open_quant(lua_State *L);
 /* Add the layer library (core/layers.h) to the module table on top (lua/bind/layers.c). */
 void nvl_lua_open_layers(lua_State *L);
+/* Add attention (core/layers.h) to the module table on top (lua/bind/attention.c). */
+void nvl_lua_open_attention(lua_State *L);
 
 #endif

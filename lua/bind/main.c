@@ -4,7 +4,7 @@
  * stands: `nvlua [options] [script [args]]` with -e -l -i -v -E -W -- -, the global `arg` table,
  * LUA_INIT, scripts run under a protected call with a traceback handler, exit status 1 on error,
  * Ctrl-C raising "interrupted!" in running Lua code. What nvlua adds:
- *   - `lfs` and `nvlua.core` are preloaded, so they need no module path;
+ *   - `lfs`, `cjson` and `nvlua.core` are preloaded, so they need no module path;
  *   - package.path starts with the nvlua Lua library (next to the binary, installed, or in the
  *     source tree) and, unless -E, with $NVLUA_PATH;
  *   - -v also reports the nvlua version, BLAS and CUDA;
@@ -30,6 +30,7 @@
 #include "lualib.h"
 
 #include "lfs.h"
+#include "lua-cjson.h"
 
 #include "bind.h"
 #include "nvl_cuda.h"
@@ -347,6 +348,8 @@ static void preload_modules(lua_State *L) {
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
   lua_pushcfunction(L, luaopen_lfs);
   lua_setfield(L, -2, "lfs");
+  lua_pushcfunction(L, luaopen_cjson);
+  lua_setfield(L, -2, "cjson");
   lua_pushcfunction(L, luaopen_nvlua_core);
   lua_setfield(L, -2, "nvlua.core");
   lua_pop(L, 1);

@@ -842,5 +842,6 @@ int luaopen_nvlua_core(lua_State *L) {
   lua_setfield(L, -2, "Generator_mt");
   nvl_lua_open_quant(L);
   nvl_lua_open_layers(L);
+  nvl_lua_open_attention(L);
   return 1;
 }
