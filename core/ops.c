@@ -134,7 +134,8 @@ nvl_status nvl_reduce_all(nvl_scalar *result, nvl_reduce_op op, const nvl_tensor
   NVL_TRY(cpu_only(name, a));
   if (nvl_tensor_numel(a) == 0 && op >= NVL_RED_MAX)
     return nvl_error(NVL_EINVAL, "%s: the tensor is empty", name);
-  *result = nvl_reduce_all_ref(op, a);
+  if (is_f32_contig(a) && nvl_tensor_numel(a) > 0) *result = nvl_scalar_f(nvl_reduce_f32_cpu(op, nvl_tensor_data(a), nvl_tensor_numel(a)));
+  else *result = nvl_reduce_all_ref(op, a);
   return NVL_OK;
 }
 

@@ -131,7 +131,11 @@ nvl_status nvl_quantize(nvl_qtensor *out, const nvl_tensor *x, nvl_dtype format,
   q.rule = o->rule;
 
   nvl_tensor xb = nvl_tensor_null();
-  NVL_TRY(to_blocked(&xb, x, axis, rows, K));
+  int64_t blocked_shape[2] = {rows, K};
+  if (!o->rht && axis == x->ndim - 1 && x->dtype == NVL_F32 && nvl_tensor_is_contiguous(x))
+    NVL_TRY(nvl_tensor_view(&xb, x, 2, blocked_shape)); /* read in place */
+  else
+    NVL_TRY(to_blocked(&xb, x, axis, rows, K));
   const float *xp = nvl_tensor_data(&xb);
   nvl_status st = NVL_OK;
   if (o->rht) {

@@ -1,6 +1,7 @@
 /* ops_cpu.c: fast CPU kernels (see ops_cpu.h). Same arithmetic as the references, spread over
  * OpenMP threads and left to the compiler to vectorise. */
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include "cpu/ops_cpu.h"
 #include "cpu/ref/ops_ref.h"
@@ -75,6 +76,31 @@ void nvl_axpy_f32_cpu(float *y, const float *x, float alpha, int64_t n) {
 void nvl_unary_f32_cpu(nvl_unary_op op, float *out, const float *a, int64_t n) {
 #pragma omp parallel for if (n > NVL_OMP_MIN)
   for (int64_t i = 0; i < n; i++) out[i] = (float)nvl_unary_f(op, a[i]);
+}
+
+double nvl_reduce_f32_cpu(nvl_reduce_op op, const float *a, int64_t n) {
+  if (op == NVL_RED_SUM || op == NVL_RED_MEAN) {
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) if (n > NVL_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) s += a[i];
+    return op == NVL_RED_MEAN ? s / (double)n : s;
+  }
+  int nan = 0;
+  float m = op == NVL_RED_AMAX ? fabsf(a[0]) : a[0];
+#pragma omp parallel for reduction(| : nan) if (n > NVL_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) nan |= isnan(a[i]) != 0;
+  if (nan) return NAN;
+  if (op == NVL_RED_AMAX) {
+#pragma omp parallel for reduction(max : m) if (n > NVL_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i]));
+  } else if (op == NVL_RED_MAX) {
+#pragma omp parallel for reduction(max : m) if (n > NVL_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) m = fmaxf(m, a[i]);
+  } else {
+#pragma omp parallel for reduction(min : m) if (n > NVL_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) m = fminf(m, a[i]);
+  }
+  return m;
 }
 
 void nvl_f32_to_bf16_cpu(uint16_t *out, const float *a, int64_t n) {

@@ -13,6 +13,10 @@ void nvl_binary_scalar_f32_cpu(nvl_binary_op op, float *out, const float *a, dou
 void nvl_axpy_f32_cpu(float *y, const float *x, float alpha, int64_t n);
 /* out[i] = op(a[i]), n contiguous f32. */
 void nvl_unary_f32_cpu(nvl_unary_op op, float *out, const float *a, int64_t n);
+/* Reduce n contiguous f32 (n > 0): MAX/MIN/AMAX exactly as the reference (NaN propagates);
+ * SUM/MEAN in double, per-thread partial sums (same value as the reference up to the order of
+ * the double additions). */
+double nvl_reduce_f32_cpu(nvl_reduce_op op, const float *a, int64_t n);
 /* Contiguous conversions and copies. */
 void nvl_f32_to_bf16_cpu(uint16_t *out, const float *a, int64_t n);
 void nvl_bf16_to_f32_cpu(float *out, const uint16_t *a, int64_t n);
