@@ -843,5 +843,6 @@ int luaopen_nvlua_core(lua_State *L) {
   nvl_lua_open_quant(L);
   nvl_lua_open_layers(L);
   nvl_lua_open_attention(L);
+  nvl_lua_open_sys(L);
   return 1;
 }
