@@ -61,6 +61,15 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
                                   const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
                                   const nvl_tensor *out, const nvl_tensor *lse, double scale);
 
+/* The two entries above with the kernel chosen: use_ref 1 runs the reference, 0 the
+ * fast kernel (what nvl_attention_forward/backward do). For tests and the binding's
+ * {reference = true}; . */
+nvl_status nvl_attention_forward_ex(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                    const nvl_tensor *v, double scale, int use_ref);
+nvl_status nvl_attention_backward_ex(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
+                                     const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
+                                     const nvl_tensor *out, const nvl_tensor *lse, double scale, int use_ref);
+
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 /* out (N, F) = silu(gate) * up. */
 nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up);

@@ -1,0 +1,173 @@
+/* attention.c: causal grouped-query attention — validation, allocation and dispatch for
+ * nvl_attention_forward / nvl_attention_backward (contract in layers.h; kernels in
+ * kernels/cpu/attention_cpu.h and kernels/cpu/ref/attention_ref.h).
+ * q, out, dq, dout (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); all f32,
+ * contiguous, on the CPU. Backward: dq, dk, dv are activation gradients, WRITTEN (=).
+ * Not here: the arithmetic, CUDA (a clean "not supported on cuda yet" error). */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include "cpu/attention_cpu.h"
+#include "cpu/ref/attention_ref.h"
+#include "layers.h"
+
+typedef struct {
+  int64_t B, T, Hq, Hkv, D;
+} dims;
+
+/* t is a live, 4-D, f32, contiguous CPU tensor; name is its argument name ("q"). */
+static nvl_status check_4d(const char *op, const char *name, const char *layout, const nvl_tensor *t) {
+  char s[160];
+  NVL_TRY(nvl_tensor_check_live(t, op));
+  if (t->ndim != 4)
+    return nvl_error(NVL_EINVAL, "%s: %s must be 4-D %s, got %s", op, name, layout, nvl_tensor_desc(t, s, sizeof s));
+  if (t->device != NVL_CPU)
+    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (%s is %s); copy it with :cpu() first", op, name,
+                     nvl_tensor_desc(t, s, sizeof s));
+  if (t->dtype != NVL_F32)
+    return nvl_error(NVL_EINVAL, "%s: %s must be f32, got %s", op, name, nvl_tensor_desc(t, s, sizeof s));
+  if (!nvl_tensor_is_contiguous(t))
+    return nvl_error(NVL_EINVAL, "%s: %s must be contiguous, got a strided %s (use :contiguous())", op, name,
+                     nvl_tensor_desc(t, s, sizeof s));
+  return NVL_OK;
+}
+
+static int same_shape(const nvl_tensor *a, const nvl_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+/* q (B, T, Hq, D), k and v (B, T, Hkv, D), Hq % Hkv == 0; fills *n. */
+static nvl_status check_qkv(const char *op, const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
+                            double scale, dims *n) {
+  char s1[160], s2[160];
+  NVL_TRY(check_4d(op, "q", "(B, T, Hq, D)", q));
+  NVL_TRY(check_4d(op, "k", "(B, T, Hkv, D)", k));
+  NVL_TRY(check_4d(op, "v", "(B, T, Hkv, D)", v));
+  if (!same_shape(k, v))
+    return nvl_error(NVL_EINVAL, "%s: k and v must have one shape (B, T, Hkv, D), got k %s and v %s", op,
+                     nvl_tensor_desc(k, s1, sizeof s1), nvl_tensor_desc(v, s2, sizeof s2));
+  static const char *const what[4] = {"B (dim 1)", "T (dim 2)", "heads", "D (dim 4)"};
+  for (int d = 0; d < 4; d++) {
+    if (d == 2 || q->shape[d] == k->shape[d]) continue;
+    return nvl_error(NVL_EINVAL, "%s: q and k differ in %s: q is %s, k is %s", op, what[d],
+                     nvl_tensor_desc(q, s1, sizeof s1), nvl_tensor_desc(k, s2, sizeof s2));
+  }
+  n->B = q->shape[0], n->T = q->shape[1], n->Hq = q->shape[2], n->Hkv = k->shape[2], n->D = q->shape[3];
+  if (n->Hkv < 1 || n->Hq % n->Hkv != 0)
+    return nvl_error(NVL_EINVAL, "%s: Hq (%lld) must be a positive multiple of Hkv (%lld): q is %s, k is %s", op,
+                     (long long)n->Hq, (long long)n->Hkv, nvl_tensor_desc(q, s1, sizeof s1),
+                     nvl_tensor_desc(k, s2, sizeof s2));
+  if (n->T > INT_MAX || n->Hq * n->D > INT_MAX)
+    return nvl_error(NVL_EUNSUPPORTED, "%s: T or Hq*D beyond the BLAS int range: q is %s", op,
+                     nvl_tensor_desc(q, s1, sizeof s1));
+  if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
+  return NVL_OK;
+}
+
+/* malloc with a clean error; never returns NULL on success (n == 0 too). */
+static nvl_status scratch(void **p, size_t bytes, const char *op) {
+  *p = malloc(bytes ? bytes : 1);
+  if (!*p) return nvl_error(NVL_ENOMEM, "%s: out of memory for a %zu-byte workspace", op, bytes);
+  return NVL_OK;
+}
+
+nvl_status nvl_attention_forward_ex(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                    const nvl_tensor *v, double scale, int use_ref) {
+  const char *op = "attention_forward";
+  dims n;
+  NVL_TRY(check_qkv(op, q, k, v, scale, &n));
+  int64_t lse_shape[3] = {n.B, n.Hq, n.T};
+  nvl_tensor o = nvl_tensor_null(), l = nvl_tensor_null();
+  void *work = NULL;
+  nvl_status st = nvl_tensor_empty(&o, NVL_F32, NVL_CPU, 4, q->shape); /* (B, T, Hq, D) */
+  if (st == NVL_OK) st = nvl_tensor_empty(&l, NVL_F32, NVL_CPU, 3, lse_shape); /* (B, Hq, T) */
+  int ref = use_ref || n.D == 0;
+  if (st == NVL_OK) {
+    size_t bytes = ref ? nvl_attention_forward_ref_work(n.T, n.D) * sizeof(double)
+                       : nvl_attention_forward_cpu_work(n.T) * sizeof(float);
+    st = scratch(&work, bytes, op);
+    if (st == NVL_OK && ref)
+      nvl_attention_forward_ref(nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q), nvl_tensor_data(k),
+                                nvl_tensor_data(v), work, n.B, n.T, n.Hq, n.Hkv, n.D, scale);
+    else if (st == NVL_OK)
+      nvl_attention_forward_cpu(nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q), nvl_tensor_data(k),
+                                nvl_tensor_data(v), work, bytes / sizeof(float), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
+  }
+  free(work);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&o);
+    nvl_tensor_release(&l);
+    return st;
+  }
+  *out = o;
+  *lse = l;
+  return NVL_OK;
+}
+
+nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                 const nvl_tensor *v, double scale) {
+  return nvl_attention_forward_ex(out, lse, q, k, v, scale, 0);
+}
+
+nvl_status nvl_attention_backward_ex(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
+                                     const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
+                                     const nvl_tensor *out, const nvl_tensor *lse, double scale, int use_ref) {
+  const char *op = "attention_backward";
+  char s1[160], s2[160];
+  dims n;
+  NVL_TRY(check_qkv(op, q, k, v, scale, &n));
+  NVL_TRY(check_4d(op, "dout", "(B, T, Hq, D)", dout));
+  NVL_TRY(check_4d(op, "out", "(B, T, Hq, D)", out));
+  if (!same_shape(dout, q))
+    return nvl_error(NVL_EINVAL, "%s: dout must have q's shape (B, T, Hq, D): dout is %s, q is %s", op,
+                     nvl_tensor_desc(dout, s1, sizeof s1), nvl_tensor_desc(q, s2, sizeof s2));
+  if (!same_shape(out, q))
+    return nvl_error(NVL_EINVAL, "%s: out must have q's shape (B, T, Hq, D): out is %s, q is %s", op,
+                     nvl_tensor_desc(out, s1, sizeof s1), nvl_tensor_desc(q, s2, sizeof s2));
+  NVL_TRY(nvl_tensor_check_live(lse, op));
+  if (lse->ndim != 3 || lse->shape[0] != n.B || lse->shape[1] != n.Hq || lse->shape[2] != n.T ||
+      lse->dtype != NVL_F32 || lse->device != NVL_CPU || !nvl_tensor_is_contiguous(lse))
+    return nvl_error(NVL_EINVAL, "%s: lse must be a contiguous f32 (B, Hq, T) = [%lld,%lld,%lld] cpu tensor, got %s%s",
+                     op, (long long)n.B, (long long)n.Hq, (long long)n.T, nvl_tensor_desc(lse, s1, sizeof s1),
+                     nvl_tensor_is_contiguous(lse) ? "" : " (strided)");
+  nvl_tensor gq = nvl_tensor_null(), gk = nvl_tensor_null(), gv = nvl_tensor_null();
+  void *work = NULL;
+  nvl_status st = nvl_tensor_empty(&gq, NVL_F32, NVL_CPU, 4, q->shape); /* (B, T, Hq, D) */
+  if (st == NVL_OK) st = nvl_tensor_empty(&gk, NVL_F32, NVL_CPU, 4, k->shape); /* (B, T, Hkv, D) */
+  if (st == NVL_OK) st = nvl_tensor_empty(&gv, NVL_F32, NVL_CPU, 4, v->shape); /* (B, T, Hkv, D) */
+  int ref = use_ref || n.D == 0;
+  if (st == NVL_OK) {
+    size_t bytes = ref ? nvl_attention_backward_ref_work(n.T, n.D) * sizeof(double)
+                       : nvl_attention_backward_cpu_work(n.T) * sizeof(float);
+    st = scratch(&work, bytes, op);
+    if (st == NVL_OK && ref)
+      nvl_attention_backward_ref(nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
+                                 nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k), nvl_tensor_data(v),
+                                 nvl_tensor_data(out), nvl_tensor_data(lse), work, n.B, n.T, n.Hq, n.Hkv, n.D, scale);
+    else if (st == NVL_OK)
+      nvl_attention_backward_cpu(nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
+                                 nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k), nvl_tensor_data(v),
+                                 nvl_tensor_data(out), nvl_tensor_data(lse), work, bytes / sizeof(float), n.B, n.T,
+                                 n.Hq, n.Hkv, n.D, scale);
+  }
+  free(work);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&gq);
+    nvl_tensor_release(&gk);
+    nvl_tensor_release(&gv);
+    return st;
+  }
+  *dq = gq;
+  *dk = gk;
+  *dv = gv;
+  return NVL_OK;
+}
+
+nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
+                                  const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
+                                  const nvl_tensor *out, const nvl_tensor *lse, double scale) {
+  return nvl_attention_backward_ex(dq, dk, dv, dout, q, k, v, out, lse, scale, 0);
+}
