@@ -270,6 +270,8 @@ nv.quantize = quant.quantize
 nv.qmatmul = quant.qmatmul
 nv.rht = quant.rht
 nv.AmaxHistory = quant.AmaxHistory
+nv.recipe = require "nvlua.recipe"
+nv.stats = require "nvlua.stats"
 
 -- ---- help -----------------------------------------------------------------------------------
 

@@ -1,0 +1,598 @@
+-- nvlua.recipe: precision recipes. A recipe answers, for each linear layer and each of its three
+-- GEMMs, how each operand is quantized (format, block layout, RHT, SR, scale rule, delayed
+-- scaling), and runs those GEMMs for nn.Linear (NUMERICS.md §6 is the contract):
+--
+--   Y[T,N]  = X[T,K] · W[N,K]ᵀ   fprop   reduces over K   operands x, w
+--   dX[T,K] = dY[T,N] · W        dgrad   reduces over N   operands dy, w
+--   dW[N,K] = dYᵀ · X            wgrad   reduces over T   operands dy, x
+--
+-- Each operand is blocked along its GEMM's reduction dim: x and w along K in fprop, dy and w
+-- along N in dgrad (a 2-D weight reuses the fprop quantization transposed, q:t()), dy and x
+-- along T in wgrad ({axis = 1}). fprop and dgrad outputs are rounded to bf16 (returned as f32
+-- tensors holding bf16 values) unless both operands are f32; wgrad outputs are f32.
+-- Not here: the layers themselves (nn.Linear owns parameters and calls linear_forward /
+-- linear_backward), the kernels (nv.quantize / nv.qmatmul, core/quant.c).
+local core = require "nvlua.core"
+local quant = require "nvlua.quant"
+local stats = require "nvlua.stats"
+
+local M = {}
+
+local Recipe = {}
+Recipe.__index = Recipe
+Recipe.__name = "nvlua.Recipe"
+
+local FORMATS = {"f32", "bf16", "e4m3", "e5m2", "mxfp8_e4m3", "mxfp8_e5m2", "nvfp4"}
+local IS_FORMAT = {}
+for _, f in ipairs(FORMATS) do IS_FORMAT[f] = true end
+local SPEC_KEYS = {"block", "delayed", "format", "rht", "scale_rule", "sr"}
+local IS_SPEC_KEY = {}
+for _, k in ipairs(SPEC_KEYS) do IS_SPEC_KEY[k] = true end
+
+local ROLES = {"fprop", "dgrad", "wgrad"}
+local OPERANDS = {fprop = {"x", "w"}, dgrad = {"dy", "w"}, wgrad = {"dy", "x"}}
+local REDUCES = {fprop = "K", dgrad = "N", wgrad = "T"}
+local MX = {mxfp8_e4m3 = true, mxfp8_e5m2 = true}
+local PER_TENSOR = {e4m3 = true, e5m2 = true}
+
+local F32 = {format = "f32"}
+local BF16 = {format = "bf16"}
+
+-- ---- options ----------------------------------------------------------------------------------
+
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks)
+  return ks
+end
+
+-- Check a preset's options table against valid = {name = checker}; a checker returns an error
+-- text for a bad value, or nil.
+local function check_opts(who, opts, valid)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error(string.format("%s: options must be a table, got %s", who, type(opts)), 3) end
+  for k, v in pairs(opts) do
+    local check = valid[k]
+    if not check then
+      error(string.format("%s: unknown option '%s' (valid: %s)", who, tostring(k), table.concat(sorted_keys(valid), ", ")), 3)
+    end
+    local bad = check(v)
+    if bad then error(string.format("%s: option %s %s, got %s", who, k, bad, tostring(v)), 3) end
+  end
+  return opts
+end
+
+local function is_bool(v) if type(v) ~= "boolean" then return "must be true or false" end end
+local function is_count(v) if math.type(v) ~= "integer" or v < 0 then return "must be a non-negative integer" end end
+local function is_int(v) if math.type(v) ~= "integer" then return "must be an integer" end end
+local function is_pos(v) if math.type(v) ~= "integer" or v < 1 then return "must be a positive integer" end end
+local function one_of(...)
+  local set, names = {}, {...}
+  for _, n in ipairs(names) do set[n] = true end
+  return function(v) if not set[v] then return "must be one of " .. table.concat(names, ", ") end end
+end
+local function is_switch(v)
+  if type(v) ~= "table" then return "must be a table {step = N, forward_only = true|false}" end
+  for k in pairs(v) do
+    if k ~= "step" and k ~= "forward_only" then return "has an unknown field '" .. tostring(k) .. "' (valid: forward_only, step)" end
+  end
+  if math.type(v.step) ~= "integer" or v.step < 0 then return "needs step = a non-negative integer" end
+  if v.forward_only ~= nil and type(v.forward_only) ~= "boolean" then return "needs forward_only = true or false" end
+end
+
+-- ---- specs ------------------------------------------------------------------------------------
+
+local function where(r, c)
+  return string.format("recipe %s: layer '%s' %s operand %s", r.name, tostring(c.name), c.role, c.operand)
+end
+
+-- A spec as the spec function returned it (a format name or a table) -> a fresh normalized
+-- table {format, block ("1d"|"2d", nvfp4 only), rht, sr, scale_rule (mxfp8 only), delayed}.
+local function normalize(r, c, s)
+  if type(s) == "string" then s = {format = s} end
+  if type(s) ~= "table" then
+    error(string.format("%s: the spec must be a format name or a table {format = ...}, got %s", where(r, c), type(s)), 0)
+  end
+  for k in pairs(s) do
+    if not IS_SPEC_KEY[k] then
+      error(string.format("%s: unknown spec field '%s' (valid: %s)", where(r, c), tostring(k), table.concat(SPEC_KEYS, ", ")), 0)
+    end
+  end
+  local f = s.format
+  if not IS_FORMAT[f] then
+    error(string.format("%s: unknown format '%s' (valid: %s)", where(r, c), tostring(f), table.concat(FORMATS, ", ")), 0)
+  end
+  for _, k in ipairs({"rht", "sr", "delayed"}) do
+    if s[k] ~= nil and type(s[k]) ~= "boolean" then
+      error(string.format("%s: %s must be true or false, got %s", where(r, c), k, tostring(s[k])), 0)
+    end
+  end
+  local n = {format = f, rht = s.rht or false, sr = s.sr or false, delayed = s.delayed or false}
+  if s.block ~= nil and s.block ~= "1d" and s.block ~= "2d" then
+    error(string.format("%s: block must be \"1d\" or \"2d\", got %s", where(r, c), tostring(s.block)), 0)
+  end
+  if f == "nvfp4" then
+    n.block = s.block or "1d"
+    if n.block == "2d" and c.operand ~= "w" then
+      error(string.format("%s: 2d (16x16) blocks are for weights only", where(r, c)), 0)
+    end
+  elseif s.block == "2d" then
+    error(string.format("%s: 2d blocks are an nvfp4 layout, not %s", where(r, c), f), 0)
+  end
+  if n.sr and f ~= "nvfp4" then error(string.format("%s: stochastic rounding is defined for nvfp4 only, not %s", where(r, c), f), 0) end
+  if MX[f] then
+    n.scale_rule = s.scale_rule or "rceil"
+    if n.scale_rule ~= "rceil" and n.scale_rule ~= "floor" then
+      error(string.format("%s: scale_rule must be \"rceil\" or \"floor\", got %s", where(r, c), tostring(s.scale_rule)), 0)
+    end
+  elseif s.scale_rule ~= nil then
+    error(string.format("%s: scale_rule is an mxfp8 option, not %s's", where(r, c), f), 0)
+  end
+  if n.delayed and not (PER_TENSOR[f] or f == "nvfp4") then
+    error(string.format("%s: delayed scaling needs a format with a global amax (e4m3, e5m2, nvfp4), not %s", where(r, c), f), 0)
+  end
+  return n
+end
+
+local function same_spec(a, b)
+  return a.format == b.format and a.block == b.block and a.rht == b.rht and a.sr == b.sr and a.delayed == b.delayed
+    and a.scale_rule == b.scale_rule
+end
+
+-- Can the fprop quantization of W serve dgrad as q:t()? Only where the transpose is exact: 2-D
+-- nvfp4 tiles, per-tensor fp8, bf16 and f32; never with an RHT or SR (a different transform/draw).
+local function transposable(s)
+  if s.rht or s.sr then return false end
+  return s.format == "f32" or s.format == "bf16" or PER_TENSOR[s.format] or (s.format == "nvfp4" and s.block == "2d")
+end
+
+--- recipe:spec(ctx, role, operand) -> the normalized spec of one operand of one GEMM.
+-- ctx = {name=, block=, num_blocks=, high_precision=, step=}; role "fprop"|"dgrad"|"wgrad";
+-- operand "x"|"w"|"dy". The spec function sees a copy of ctx with role and operand added.
+function Recipe:spec(ctx, role, operand)
+  local c = {name = ctx.name, block = ctx.block, num_blocks = ctx.num_blocks, high_precision = ctx.high_precision or false,
+    step = ctx.step, role = role, operand = operand}
+  return normalize(self, c, self.fn(c))
+end
+
+local function spec_label(s)
+  return s.format
+end
+
+--- recipe:gemm(ctx, role) -> {role, a = spec, b = spec, out = "f32"|"bf16", label}: one GEMM's plan;
+-- a is the first operand (x for fprop, dy otherwise), label the stats key.
+function Recipe:gemm(ctx, role)
+  local ops = OPERANDS[role]
+  if not ops then error(string.format("recipe: invalid role '%s' (valid: fprop, dgrad, wgrad)", tostring(role)), 2) end
+  local a, b = self:spec(ctx, role, ops[1]), self:spec(ctx, role, ops[2])
+  if a.rht ~= b.rht then
+    error(string.format("recipe %s: layer '%s' %s: the RHT must be on both operands (%s, %s) or on neither", self.name,
+      tostring(ctx.name), role, ops[1], ops[2]), 0)
+  end
+  local out = "bf16"
+  if role == "wgrad" or (a.format == "f32" and b.format == "f32") then out = "f32" end
+  local la, lb = spec_label(a), spec_label(b)
+  return {role = role, a = a, b = b, out = out, label = la == lb and la or (la .. " x " .. lb)}
+end
+
+-- ---- running the GEMMs ------------------------------------------------------------------------
+
+-- Delayed scaling: the amax to quantize with, from the history of key (nil: the history has no
+-- usable amax yet, so this step uses current scaling), and the history record.
+function Recipe:_history(key)
+  local h = self.histories[key]
+  if not h then
+    h = {h = quant.AmaxHistory(self.history_len), last = nil}
+    self.histories[key] = h
+  end
+  local a = h.h:amax() -- max over the window's finite entries; 0 when none is positive
+  if a > 0 then h.last = a end
+  return h.last, h
+end
+
+-- Quantize t (2-D) per spec, blocked along axis (1 or 2). key names the delayed-scaling history.
+function Recipe:_quantize(s, t, axis, key)
+  local o = {axis = axis}
+  if s.block == "2d" then o.block = "2d" end
+  if s.rht then o.rht = true end
+  if s.sr then o.sr = true; o.generator = self.gen end
+  if s.scale_rule then o.scale_rule = s.scale_rule end
+  local rec
+  if s.delayed then o.amax, rec = self:_history(key) end
+  local q = quant.quantize(t, s.format, o)
+  if rec then -- push this step's true amax (in the RHT domain if transformed: that is what is scaled)
+    local cur
+    if o.amax == nil then cur = q.amax
+    elseif s.rht then
+      local rt = quant.rht(t, {axis = axis}); cur = rt:amax(); rt:free()
+    else cur = t:amax() end
+    rec.h:push(cur)
+  end
+  return q
+end
+
+-- The f32 x f32 GEMM without an RHT runs as a plain matmul (no copies).
+local function plain(g) return g.a.format == "f32" and g.b.format == "f32" and not g.a.rht end
+
+local function qgemm(qa, qb, out)
+  local y = quant.qmatmul(qa, qb, {out = out})
+  if out == "bf16" then
+    local y32 = y:to("f32")
+    y:free()
+    return y32
+  end
+  return y
+end
+
+local function key_of(ctx, operand, role) return tostring(ctx.name) .. "|" .. operand .. "|" .. role end
+
+local function as2d(t, what)
+  local d = t:dim()
+  if d == 2 then return t end
+  if d < 2 then error(string.format("recipe: %s must have at least 2 dims, got %d", what, d), 3) end
+  return t:reshape(-1, t:size(d))
+end
+
+local function reshape_like(y, lead, last)
+  if #lead == 2 then return y end
+  local shape = {}
+  for i = 1, #lead - 1 do shape[i] = lead[i] end
+  shape[#shape + 1] = last
+  return y:reshape(shape)
+end
+
+--- recipe:linear_forward(ctx, x, w) -> y, saved
+-- x [T,K] f32 (or [..., K]), w [N,K] f32 -> y [T,N] f32 (bf16-rounded values unless the GEMM
+-- is f32 x f32). saved holds x, w and, when dgrad will reuse it, the fprop quantization of w.
+function Recipe:linear_forward(ctx, x, w)
+  local shape = x:size()
+  local x2 = as2d(x, "x")
+  local g = self:gemm(ctx, "fprop")
+  local y, qw
+  if plain(g) then
+    local wt = w:transpose()
+    if self.hook then self.hook({ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
+    y = x2:matmul(wt)
+  else
+    local qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"))
+    qw = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
+    if self.hook then self.hook({ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
+    y = qgemm(qx, qw, g.out)
+    qx:free()
+    -- keep the weight's quantization only when dgrad reuses it (2-D weights: it must)
+    if not (transposable(g.b) and same_spec(g.b, self:spec(ctx, "dgrad", "w"))) then
+      qw:free()
+      qw = nil
+    end
+  end
+  stats.count("fprop", g.label)
+  local saved = {x = x2, w = w, qw = qw, wspec = g.b, shape = shape}
+  return reshape_like(y, shape, w:size(1)), saved
+end
+
+--- recipe:linear_backward(ctx, dy, saved, dw) -> dx
+-- dy [T,N] f32 (or [..., N]); dw [N,K] f32 is accumulated (+=), or nil to skip the wgrad GEMM;
+-- dx [T,K] f32 is a new tensor. SR draws in order: dgrad's operands, then wgrad's.
+function Recipe:linear_backward(ctx, dy, saved, dw)
+  local dy2 = as2d(dy, "dy")
+  local x, w = saved.x, saved.w
+  -- dgrad: dX[T,K] = dY[T,N] · W[N,K], both blocked along N
+  local g = self:gemm(ctx, "dgrad")
+  local dx
+  if plain(g) then
+    if self.hook then self.hook({ctx = ctx, role = "dgrad", gemm = g, a = dy2, b = w}) end
+    dx = dy2:matmul(w)
+  else
+    local qdy = self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"))
+    local qwt
+    if saved.qw and same_spec(g.b, saved.wspec) then
+      qwt = saved.qw:t()                -- the fprop weight, transposed: same values
+    elseif g.b.block == "2d" then
+      local q2 = self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad"))
+      qwt = q2:t()
+      q2:free()
+    else
+      qwt = self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"))
+    end
+    if self.hook then self.hook({ctx = ctx, role = "dgrad", gemm = g, a = qdy, b = qwt}) end
+    dx = qgemm(qdy, qwt, g.out)
+    qdy:free()
+    qwt:free()
+  end
+  stats.count("dgrad", g.label)
+  if saved.qw then saved.qw:free(); saved.qw = nil end
+  -- wgrad: dW[N,K] += dYᵀ · X, both blocked along T
+  if dw ~= nil then
+    local gw = self:gemm(ctx, "wgrad")
+    local gr
+    if plain(gw) then
+      if self.hook then self.hook({ctx = ctx, role = "wgrad", gemm = gw, a = dy2, b = x}) end
+      gr = dy2:transpose():matmul(x)
+    else
+      local qdy = self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"))
+      local qx = self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"))
+      if self.hook then self.hook({ctx = ctx, role = "wgrad", gemm = gw, a = qdy, b = qx}) end
+      gr = qgemm(qdy, qx, gw.out)
+      qdy:free()
+      qx:free()
+    end
+    dw:add_(gr)
+    gr:free()
+    stats.count("wgrad", gw.label)
+  end
+  return reshape_like(dx, saved.shape, x:size(2))
+end
+
+--- recipe:release(saved): free what linear_forward kept for a backward that will not run (eval).
+function Recipe:release(saved)
+  if saved and saved.qw then saved.qw:free(); saved.qw = nil end
+end
+
+--- recipe:trace(fn | nil): call fn{ctx, role, gemm, a, b} before each GEMM, with its operands as
+-- they enter it (QTensors, or the f32 tensors of a plain f32 GEMM), valid only during the call.
+function Recipe:trace(fn) self.hook = fn end
+
+-- ---- plan -------------------------------------------------------------------------------------
+
+local function describe(s)
+  local parts = {s.format}
+  if s.format == "nvfp4" then parts[#parts + 1] = s.block == "2d" and "16x16" or "1x16"
+  elseif MX[s.format] then parts[#parts + 1] = "1x32" .. (s.scale_rule == "floor" and " floor" or "")
+  elseif PER_TENSOR[s.format] then parts[#parts + 1] = s.delayed and "delayed" or "tensor" end
+  if s.format == "nvfp4" and s.delayed then parts[#parts + 1] = "delayed" end
+  if s.rht then parts[#parts + 1] = "rht" end
+  if s.sr then parts[#parts + 1] = "sr" end
+  return table.concat(parts, " ")
+end
+
+--- recipe:plan(model [, {step = 0, num_blocks = L, out = io.stdout, quiet = false}]) -> rows
+-- model:linears() -> {{name, block, high_precision}, ...}. One row per linear layer:
+-- {name, block, high_precision, fprop = {x = spec, w = spec, out, label}, dgrad = {dy, w, ...},
+-- wgrad = {dy, x, ...}}; printed as a table of every layer x its 3 GEMMs, then the totals.
+function Recipe:plan(model, opts)
+  opts = opts or {}
+  if type(model) ~= "table" and type(model) ~= "userdata" or not model.linears then
+    error("plan: expects a model with a linears() method", 2)
+  end
+  local lin = model:linears()
+  local L = opts.num_blocks or model.num_blocks or (type(model.config) == "table" and model.config.num_hidden_layers)
+  if not L then
+    local top = -1
+    for _, l in ipairs(lin) do if l.block and l.block > top then top = l.block end end
+    L = top + 1
+  end
+  local step = opts.step or 0
+  local rows, totals = {}, {fprop = {}, dgrad = {}, wgrad = {}}
+  for _, l in ipairs(lin) do
+    local ctx = {name = l.name, block = l.block, num_blocks = L, high_precision = l.high_precision or false, step = step}
+    local row = {name = l.name, block = l.block, high_precision = l.high_precision or false}
+    for _, role in ipairs(ROLES) do
+      local g = self:gemm(ctx, role)
+      local ops = OPERANDS[role]
+      row[role] = {[ops[1]] = g.a, [ops[2]] = g.b, out = g.out, label = g.label}
+      totals[role][g.label] = (totals[role][g.label] or 0) + 1
+    end
+    rows[#rows + 1] = row
+  end
+  rows.totals = totals
+  if not opts.quiet then
+    local out = opts.out or io.stdout
+    local wname = 5
+    for _, r in ipairs(rows) do wname = math.max(wname, #tostring(r.name)) end
+    out:write(string.format("recipe %s at step %d: %d linear layers, %d blocks\n", tostring(self), step, #rows, L))
+    local fmt = "%-" .. wname .. "s %5s  %-9s %-26s %-26s %s\n"
+    out:write(string.format(fmt, "layer", "block", "gemm", "operand 1", "operand 2", "out"))
+    for _, r in ipairs(rows) do
+      for i, role in ipairs(ROLES) do
+        local g, ops = r[role], OPERANDS[role]
+        local b = g[ops[2]]
+        local bdesc = describe(b)
+        if role == "dgrad" and transposable(b) and same_spec(b, r.fprop.w) then bdesc = bdesc .. " (fprop's, t)" end
+        out:write(string.format(fmt, i == 1 and tostring(r.name) or "", i == 1 and (r.block and tostring(r.block) or "-") or "",
+          role .. "(" .. REDUCES[role] .. ")", ops[1] .. " " .. describe(g[ops[1]]), ops[2] .. " " .. bdesc, g.out))
+      end
+    end
+    for _, role in ipairs(ROLES) do
+      local parts = {}
+      for _, k in ipairs(sorted_keys(totals[role])) do parts[#parts + 1] = k .. " " .. totals[role][k] end
+      out:write(string.format("%s: %s\n", role, table.concat(parts, ", ")))
+    end
+  end
+  return rows
+end
+
+-- ---- state ------------------------------------------------------------------------------------
+
+--- recipe:generator() -> the nv.Generator the SR draws come from
+function Recipe:generator() return self.gen end
+
+--- recipe:state() -> plain table {recipe, seed, offset, histories = {[key] = {len, values, pos,
+-- count, last}}}: what a checkpoint needs to resume with the same SR bits and scales.
+function Recipe:state()
+  local hs = {}
+  for key, h in pairs(self.histories) do
+    local v = {}
+    for i = 1, h.h.count do v[i] = h.h.values[i] end
+    hs[key] = {len = h.h.len, values = v, pos = h.h.pos, count = h.h.count, last = h.last}
+  end
+  return {recipe = self.name, seed = self.gen:seed(), offset = self.gen:offset(), histories = hs}
+end
+
+-- amaxes are fp32 values; rounding what is loaded back to fp32 undoes a text round trip's last
+-- digits (a JSON writer with >= 9 significant digits), so a resumed run scales bit for bit alike.
+local function f32(v)
+  if type(v) ~= "number" then return v end
+  return (string.unpack("<f", string.pack("<f", v)))
+end
+
+local function int_field(t, k, who)
+  local v = t[k]
+  local i = type(v) == "number" and math.tointeger(v)
+  if not i or i < 0 then error(string.format("%s: state field %s must be a non-negative integer, got %s", who, k, tostring(v)), 3) end
+  return i
+end
+
+--- recipe:load_state(s): restore what state() returned (also after a JSON round trip).
+function Recipe:load_state(s)
+  local who = "recipe:load_state"
+  if type(s) ~= "table" then error(who .. ": expects the table recipe:state() returned", 2) end
+  local seed, offset = s.seed, int_field(s, "offset", who)
+  seed = type(seed) == "number" and math.tointeger(seed)
+  if not seed then error(who .. ": state field seed must be an integer", 2) end
+  local hs = {}
+  for key, r in pairs(s.histories or {}) do
+    local len = int_field(r, "len", who)
+    local h = quant.AmaxHistory(len)
+    local count, pos = int_field(r, "count", who), int_field(r, "pos", who)
+    for i = 1, count do h.values[i] = f32(r.values[i]) end
+    h.count, h.pos = count, pos
+    hs[key] = {h = h, last = f32(r.last)}
+  end
+  self.gen:manual_seed(seed)
+  self.gen:set_offset(offset)
+  self.histories = hs
+end
+
+Recipe.__tostring = function(r)
+  local parts = {}
+  for _, k in ipairs(sorted_keys(r.options)) do
+    local v = r.options[k]
+    if type(v) == "table" then
+      local f = {}
+      for _, kk in ipairs(sorted_keys(v)) do f[#f + 1] = kk .. "=" .. tostring(v[kk]) end
+      v = "{" .. table.concat(f, ",") .. "}"
+    end
+    parts[#parts + 1] = k .. "=" .. tostring(v)
+  end
+  return r.name .. (#parts > 0 and ("(" .. table.concat(parts, ", ") .. ")") or "")
+end
+
+-- ---- presets ----------------------------------------------------------------------------------
+
+local function new(name, options, fn, seed, history)
+  return setmetatable({name = name, options = options, fn = fn, gen = core.Generator(seed or 1234),
+    history_len = history or 1024, histories = {}}, Recipe)
+end
+
+-- Low-precision presets share two rules: modules marked high_precision (the LM head) are bf16,
+-- and switch_at = {step = N, forward_only = b} moves fprop (or every GEMM) to bf16 from step N.
+local function low_precision(name, sw, base)
+  return function(c)
+    if c.high_precision then return BF16 end
+    if sw then
+      if c.step == nil then error(string.format("recipe %s: switch_at needs ctx.step (layer '%s')", name, tostring(c.name)), 0) end
+      if c.step >= sw.step and (c.role == "fprop" or not sw.forward_only) then return BF16 end
+    end
+    return base(c)
+  end
+end
+
+--- recipe.f32(): everything f32 (gradient checks, the PyTorch golden test).
+function M.f32(opts)
+  check_opts("recipe.f32", opts, {})
+  return new("f32", {}, function() return F32 end)
+end
+
+--- recipe.bf16(): every operand rounded to bf16, fp32 accumulation, bf16 fprop/dgrad outputs.
+function M.bf16(opts)
+  check_opts("recipe.bf16", opts, {})
+  return new("bf16", {}, function() return BF16 end)
+end
+
+-- fp8: format "hybrid" (e4m3 for x and w, e5m2 for dy; the default) or "e4m3" everywhere.
+local function fp8(name, opts, delayed)
+  local valid = {format = one_of("hybrid", "e4m3"), switch_at = is_switch}
+  if delayed then valid.history = is_pos end
+  opts = check_opts("recipe." .. name, opts, valid)
+  local grad = (opts.format or "hybrid") == "hybrid" and "e5m2" or "e4m3"
+  local fwd, bwd = {format = "e4m3", delayed = delayed}, {format = grad, delayed = delayed}
+  local base = function(c) return c.operand == "dy" and bwd or fwd end
+  local shown = {format = opts.format or "hybrid", switch_at = opts.switch_at}
+  if delayed then shown.history = opts.history or 1024 end
+  return new(name, shown, low_precision(name, opts.switch_at, base), nil, opts.history)
+end
+
+--- recipe.fp8_cs({format = "hybrid"|"e4m3", switch_at}): per-tensor current scaling.
+function M.fp8_cs(opts) return fp8("fp8_cs", opts, false) end
+
+--- recipe.fp8_delayed({history = 1024, format, switch_at}): per-tensor delayed scaling. Each
+-- (layer, operand, role) has an nv.AmaxHistory; a quantization uses the max of the history
+-- (a zero one keeps the previous amax) and then pushes the tensor's own amax. While a history
+-- has no usable amax yet (the first step) the quantization uses current scaling.
+function M.fp8_delayed(opts) return fp8("fp8_delayed", opts, true) end
+
+--- recipe.mxfp8({scale_rule = "rceil"|"floor", format = "e4m3"|"hybrid", switch_at}): 1x32
+-- blocks with e8m0 scales along each GEMM's reduction dim; e4m3 everywhere by default.
+function M.mxfp8(opts)
+  opts = check_opts("recipe.mxfp8", opts, {scale_rule = one_of("rceil", "floor"), format = one_of("e4m3", "hybrid"),
+    switch_at = is_switch})
+  local rule = opts.scale_rule or "rceil"
+  local fwd = {format = "mxfp8_e4m3", scale_rule = rule}
+  local bwd = (opts.format or "e4m3") == "hybrid" and {format = "mxfp8_e5m2", scale_rule = rule} or fwd
+  local base = function(c) return c.operand == "dy" and bwd or fwd end
+  local shown = {scale_rule = rule, format = opts.format or "e4m3", switch_at = opts.switch_at}
+  return new("mxfp8", shown, low_precision("mxfp8", opts.switch_at, base))
+end
+
+--- recipe.nvfp4({rht = true, sr = true, w2d = true, bf16_first, bf16_last, seed = 1234, switch_at}):
+-- the paper's recipe (NUMERICS §6). fprop: x 1x16 RNE, w 16x16 RNE; dgrad: dy 1x16 SR, w the
+-- fprop tiles transposed; wgrad: dy and x 1x16 along T with the RHT, SR on dy.
+-- High-precision blocks: the linears of the first bf16_first and the last bf16_last transformer
+-- blocks run in bf16. Defaults for a model of L blocks scale the paper's 2 and 8 of 32 with depth:
+-- bf16_first = floor(2L/32), bf16_last = floor(8L/32) (L = 32: 2 and 8; L = 16: 1 and 4; L = 4:
+-- 0 and 1; L < 4: none). Linears outside the blocks (block = nil) follow the rest of the recipe.
+function M.nvfp4(opts)
+  opts = check_opts("recipe.nvfp4", opts, {rht = is_bool, sr = is_bool, w2d = is_bool, bf16_first = is_count,
+    bf16_last = is_count, seed = is_int, switch_at = is_switch})
+  local rht, sr, w2d = opts.rht ~= false, opts.sr ~= false, opts.w2d ~= false
+  local W = {format = "nvfp4", block = w2d and "2d" or "1d"}
+  local X = {format = "nvfp4"}
+  local DY = {format = "nvfp4", sr = sr}
+  local XT = {format = "nvfp4", rht = rht}
+  local DYT = {format = "nvfp4", rht = rht, sr = sr}
+  local base = function(c)
+    if c.block ~= nil then
+      local L = c.num_blocks
+      local first = opts.bf16_first or (L and 2 * L // 32)
+      local last = opts.bf16_last or (L and 8 * L // 32)
+      if first == nil or last == nil or (last > 0 and L == nil) then
+        error(string.format("recipe nvfp4: layer '%s' needs ctx.num_blocks for its bf16_first/bf16_last rule", tostring(c.name)), 0)
+      end
+      if c.block < first or (last > 0 and c.block >= L - last) then return BF16 end
+    end
+    if c.operand == "w" then return W end
+    if c.role == "wgrad" then return c.operand == "dy" and DYT or XT end
+    return c.operand == "dy" and DY or X
+  end
+  local shown = {rht = rht, sr = sr, w2d = w2d, seed = opts.seed or 1234, bf16_first = opts.bf16_first or "floor(2L/32)",
+    bf16_last = opts.bf16_last or "floor(8L/32)", switch_at = opts.switch_at}
+  return new("nvfp4", shown, low_precision("nvfp4", opts.switch_at, base), opts.seed)
+end
+
+--- recipe.custom(fn [, {seed = 1234, history = 1024, switch_at}]): fn(ctx) -> spec per operand,
+-- ctx = {name, block, num_blocks, high_precision, step, role, operand}; a spec is a format name
+-- or {format, block, rht, sr, scale_rule, delayed}. fn has full control: it sees
+-- ctx.high_precision and decides what the LM head gets. switch_at, if given, applies on top.
+function M.custom(fn, opts)
+  if type(fn) ~= "function" then error("recipe.custom: expects a function(ctx) -> spec, got " .. type(fn), 2) end
+  opts = check_opts("recipe.custom", opts, {seed = is_int, history = is_pos, switch_at = is_switch})
+  local sw = opts.switch_at
+  local f = fn
+  if sw then
+    f = function(c)
+      if c.step == nil then error(string.format("recipe custom: switch_at needs ctx.step (layer '%s')", tostring(c.name)), 0) end
+      if c.step >= sw.step and (c.role == "fprop" or not sw.forward_only) then return BF16 end
+      return fn(c)
+    end
+  end
+  return new("custom", {seed = opts.seed or 1234, switch_at = sw}, f, opts.seed, opts.history)
+end
+
+M.formats = FORMATS
+M.Recipe = Recipe
+
+--- recipe.is_recipe(v) -> true for recipe values
+function M.is_recipe(v) return getmetatable(v) == Recipe end
+
+return M
