@@ -1,0 +1,458 @@
+-- nvlua.safetensors: read and write the safetensors format (Hugging Face), the checkpoint format.
+--   local st = require "nvlua.safetensors"
+--   st.save(path, {name = tensor, ...}, {key = "string", ...})   -- atomic: temp file + rename
+--   local tensors, metadata = st.load(path)
+--   local header, metadata, layout = st.read_header(path)        -- no tensor data read
+--
+-- The format: 8 bytes N (u64 little-endian), N bytes of JSON header, then the data section.
+-- The header maps each tensor name to {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}
+-- (byte range [b, e) relative to the data section) plus an optional "__metadata__" object of
+-- string → string. Data is row-major, little-endian, unstrided.
+--
+-- The reader follows the rules of the reference implementation (huggingface/safetensors,
+-- safetensors/src/tensor.rs `read_metadata` / `Metadata::validate`, and its README): the header
+-- is at most 100 MB, valid UTF-8 JSON that begins with '{' (padding: trailing spaces), no
+-- duplicate keys; every tensor's byte size is exactly numel × element size; and the tensors,
+-- ordered by offset, cover the data section exactly — no overlaps, no holes, no trailing bytes
+-- (the reference calls this MetadataIncompleteBuffer; it prevents polyglot files). Malformed files
+-- raise "safetensors: <path>: <problem>"; a file that cannot be opened or read returns nil, msg.
+--
+-- The writer orders tensors as the reference does (its dtype enum, in decreasing alignment, then
+-- name), so every tensor is aligned to its element size and the output for a given input is
+-- byte-identical to safetensors' own `save_file` (checked against safetensors 0.8.0; metadata keys
+-- are sorted, where the reference leaves their order to a hash map). It writes a temp file beside the target and renames it over the target, so a reader
+-- sees the old file or the new one, never a half-written one.
+--
+-- JSON numbers are read as doubles (lua-cjson), so offsets and dims above 2^53 are rounded; any
+-- such value is far out of range of a real file and is rejected as such.
+--
+-- Not here: lazy/mmap loading of single tensors (load reads each tensor once, by offset), dtypes
+-- nvlua has no tensor type for (F16, F64, BOOL, I8, ...: rejected with the list of supported ones),
+-- quantized tensors (store their codes and scales as u8/f32 tensors).
+local nv = require "nvlua"
+local cjson = require "cjson"
+local core = require "nvlua.core"
+
+local st = {}
+
+local MAX_HEADER = 100000000 -- bytes; the reference implementation's limit
+
+-- safetensors dtype name ↔ nvlua dtype name, element size in bytes;
+-- rank: the position in the reference's Dtype enum (increasing alignment), which orders the writer
+local DTYPES = {
+  F32 = {nv = "f32", size = 4, rank = 4},
+  BF16 = {nv = "bf16", size = 2, rank = 2},
+  I32 = {nv = "i32", size = 4, rank = 3},
+  I64 = {nv = "i64", size = 8, rank = 5},
+  U8 = {nv = "u8", size = 1, rank = 1},
+}
+local FROM_NV = {}
+for name, d in pairs(DTYPES) do FROM_NV[d.nv] = name end
+local SUPPORTED = "F32, BF16, I32, I64, U8"
+-- dtypes the format defines that nvlua has no tensor type for
+local SPEC_ONLY = {BOOL = true, I8 = true, U16 = true, I16 = true, F16 = true, U32 = true, F64 = true, U64 = true,
+  F8_E4M3 = true, F8_E5M2 = true, F8_E8M0 = true, F4 = true, F6_E2M3 = true, F6_E3M2 = true, C64 = true}
+
+st.dtypes = DTYPES
+
+--- st.fsync_hook(path, is_dir): make path durable; save calls it with the temp file (is_dir false)
+--- after closing it and before the rename, and with the directory (is_dir true) after the rename.
+--- It returns true, or nil and a message (save then fails with nil, msg). core.fsync by default;
+--- tests replace it to simulate a failing disk.
+st.fsync_hook = core.fsync
+
+-- ---- writing ------------------------------------------------------------------------------------
+
+-- JSON string literal, escaped as serde_json does (so headers match the reference byte for byte)
+local ESC = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f', ['\n'] = '\\n', ['\r'] = '\\r',
+  ['\t'] = '\\t'}
+local function json_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    if c == "\127" then return c end
+    return ESC[c] or string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+local function dirname(path)
+  return path:match("^(.*)/[^/]*$") or "."
+end
+
+-- the entries of a save, in file order: {name, t = tensor, dtype = "F32".., shape, nbytes}
+local function plan_save(path, tensors)
+  if type(tensors) ~= "table" then
+    error(string.format("safetensors: %s: save: tensors must be a table {name = tensor}, got %s", path, type(tensors)), 0)
+  end
+  local list = {}
+  for name, t in pairs(tensors) do
+    if type(name) ~= "string" or name == "" then
+      error(string.format("safetensors: %s: save: tensor names must be non-empty strings, got %s", path, tostring(name)), 0)
+    end
+    if name == "__metadata__" then
+      error(string.format("safetensors: %s: save: '__metadata__' is reserved and cannot name a tensor", path), 0)
+    end
+    if not utf8.len(name) then error(string.format("safetensors: %s: save: tensor name %q is not valid UTF-8", path, name), 0) end
+    if not nv.is_tensor(t) then
+      error(string.format("safetensors: %s: save: '%s' is not an nvlua tensor (got %s)", path, name,
+        type(t) == "userdata" and "a quantized tensor or other userdata" or type(t)), 0)
+    end
+    local dt = t:dtype()
+    local sd = FROM_NV[dt]
+    if not sd then
+      error(string.format("safetensors: %s: save: tensor '%s' has dtype %s, which safetensors cannot hold here (supported: f32 bf16 i32 i64 u8)", path, name, dt), 0)
+    end
+    local shape = t:size()
+    list[#list + 1] = {name = name, t = t, dtype = sd, shape = shape, nbytes = t:numel() * DTYPES[sd].size}
+  end
+  table.sort(list, function(a, b)
+    local ra, rb = DTYPES[a.dtype].rank, DTYPES[b.dtype].rank
+    if ra ~= rb then return ra > rb end
+    return a.name < b.name
+  end)
+  return list
+end
+
+local function header_json(path, list, metadata)
+  local meta = {format = "pt"}
+  if metadata ~= nil then
+    if type(metadata) ~= "table" then
+      error(string.format("safetensors: %s: save: metadata must be a table of strings, got %s", path, type(metadata)), 0)
+    end
+    for k, v in pairs(metadata) do
+      if type(k) ~= "string" or type(v) ~= "string" then
+        error(string.format("safetensors: %s: save: metadata must map strings to strings, got %s = %s (%s); encode other values yourself (e.g. cjson.encode)",
+          path, tostring(k), tostring(v), type(v)), 0)
+      end
+      meta[k] = v
+    end
+  end
+  local keys = {}
+  for k in pairs(meta) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local parts = {}
+  for i, k in ipairs(keys) do parts[i] = json_string(k) .. ":" .. json_string(meta[k]) end
+  local out = {'{"__metadata__":{' .. table.concat(parts, ",") .. "}"}
+  local offset = 0
+  for _, e in ipairs(list) do
+    local dims = {}
+    for i, d in ipairs(e.shape) do dims[i] = string.format("%d", d) end
+    out[#out + 1] = string.format('%s:{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}', json_string(e.name), e.dtype,
+      table.concat(dims, ","), offset, offset + e.nbytes)
+    offset = offset + e.nbytes
+  end
+  local h = table.concat(out, ",") .. "}"
+  return h .. string.rep(" ", (8 - #h % 8) % 8)
+end
+
+local function tensor_bytes(e)
+  local t = e.t
+  if t:device() ~= "cpu" then
+    local c = t:cpu()
+    local b = c:bytes()
+    c:free()
+    return b
+  end
+  return t:bytes()
+end
+
+--- st.save(path, tensors, metadata) -> true | nil, msg
+--- Writes {name = tensor} and metadata (string → string; "format" defaults to "pt") atomically.
+--- An I/O failure (directory missing, disk full) returns nil, msg; a bad argument raises. Either
+--- way the temp file is removed and an existing file at path is left as it was.
+function st.save(path, tensors, metadata)
+  if type(path) ~= "string" then error("safetensors: save: path must be a string, got " .. type(path), 2) end
+  local list = plan_save(path, tensors)
+  local header = header_json(path, list, metadata)
+  local tmp = path .. ".tmp"
+  local f, oerr = io.open(tmp, "wb")
+  if not f then return nil, string.format("safetensors: %s: cannot write the temp file: %s", path, oerr) end
+  local ok, werr = pcall(function()
+    local function put(s)
+      local r, e = f:write(s)
+      if not r then error({io = e}) end
+    end
+    put(string.pack("<I8", #header))
+    put(header)
+    for _, e in ipairs(list) do
+      local ok2, b = pcall(tensor_bytes, e)
+      if not ok2 then
+        error(string.format("safetensors: %s: save: tensor '%s': %s", path, e.name, tostring(b)), 0)
+      end
+      if #b ~= e.nbytes then
+        error(string.format("safetensors: %s: save: tensor '%s' gave %d bytes, expected %d", path, e.name, #b, e.nbytes), 0)
+      end
+      put(b)
+    end
+    local r, e = f:flush()
+    if not r then error({io = e}) end
+  end)
+  local cok, cerr = f:close()
+  if ok and not cok then ok, werr = false, {io = cerr} end
+  if ok then
+    local _, ferr = st.fsync_hook(tmp, false)
+    if ferr ~= nil then
+      os.remove(tmp)
+      return nil, string.format("safetensors: %s: cannot sync the temp file: %s", path, tostring(ferr))
+    end
+    local rok, rerr = os.rename(tmp, path)
+    if not rok then
+      os.remove(tmp)
+      return nil, string.format("safetensors: %s: cannot rename the temp file over it: %s", path, rerr)
+    end
+    _, ferr = st.fsync_hook(dirname(path), true)
+    if ferr ~= nil then
+      return nil, string.format("safetensors: %s: written, but syncing its directory failed: %s", path, tostring(ferr))
+    end
+    return true
+  end
+  os.remove(tmp)
+  if type(werr) == "table" and werr.io then
+    return nil, string.format("safetensors: %s: write failed: %s", path, tostring(werr.io))
+  end
+  error(werr, 0)
+end
+
+-- ---- reading ------------------------------------------------------------------------------------
+
+local function bad(path, fmt, ...)
+  error(string.format("safetensors: %s: " .. fmt, path, ...), 0)
+end
+
+local function open_for_read(path)
+  if type(path) ~= "string" then error("safetensors: path must be a string, got " .. type(path), 3) end
+  local f, err = io.open(path, "rb")
+  if not f then
+    local reason = tostring(err)
+    if reason:sub(1, #path + 2) == path .. ": " then reason = reason:sub(#path + 3) end
+    return nil, string.format("safetensors: %s: cannot open: %s", path, reason)
+  end
+  return f
+end
+
+-- read n bytes; returns the string (possibly shorter at EOF) or nil, msg on an I/O error
+local function read_exact(f, n)
+  if n == 0 then return "" end
+  local s, err = f:read(n)
+  if s == nil and err then return nil, err end
+  return s or ""
+end
+
+local function is_list(t)
+  if type(t) ~= "table" then return false end
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n == #t
+end
+
+local function as_int(v)
+  if math.type(v) == "integer" then return v end
+  if math.type(v) == "float" then return math.tointeger(v) end
+  return nil
+end
+
+-- The top-level keys of a JSON object text, in order (the text is already known to be valid JSON),
+-- to catch duplicates, which a table-producing decoder silently merges.
+local function top_level_keys(text)
+  local keys, i, n = {}, text:find("{", 1, true) + 1, #text
+  local depth, expect_key = 0, true
+  while i <= n do
+    local c = text:sub(i, i)
+    if c == '"' then
+      local j = i + 1
+      while true do
+        local q = text:find('["\\]', j)
+        if text:sub(q, q) == "\\" then j = q + 2 else j = q; break end
+      end
+      if depth == 0 and expect_key then
+        keys[#keys + 1] = cjson.decode(text:sub(i, j))
+        expect_key = false
+      end
+      i = j + 1
+    else
+      if c == "{" or c == "[" then depth = depth + 1
+      elseif c == "}" or c == "]" then
+        if depth == 0 then break end
+        depth = depth - 1
+      elseif c == "," and depth == 0 then expect_key = true end
+      i = i + 1
+    end
+  end
+  return keys
+end
+
+-- Parse and validate the header of an open file; returns entries sorted by offset, metadata, layout.
+local function parse(f, path)
+  local size, serr = f:seek("end")
+  if not size then return nil, string.format("safetensors: %s: cannot read: %s", path, tostring(serr)) end
+  f:seek("set", 0)
+  local head, rerr = read_exact(f, 8)
+  if not head then return nil, string.format("safetensors: %s: cannot read: %s", path, tostring(rerr)) end
+  if #head < 8 then
+    bad(path, "truncated: the file has %d bytes, fewer than the 8-byte header length", size)
+  end
+  local n = string.unpack("<i8", head)
+  if n < 0 or n > MAX_HEADER then
+    bad(path, "header length %s is larger than the %d-byte limit (corrupt length field?)",
+      n < 0 and string.format("%u", n) or tostring(n), MAX_HEADER)
+  end
+  if n > size - 8 then
+    bad(path, "truncated: the header length is %d bytes but only %d bytes follow the length field (header length past the end of the file)", n, size - 8)
+  end
+  local text = read_exact(f, n)
+  if not text then return nil, string.format("safetensors: %s: cannot read the header", path) end
+  if #text < n then bad(path, "truncated: the header is cut short (%d of %d bytes)", #text, n) end
+  if not utf8.len(text) then bad(path, "header is not valid UTF-8") end
+  if text:sub(1, 1) ~= "{" then
+    bad(path, "header is not a JSON object (it must begin with '{', got %q)", text:sub(1, 16))
+  end
+  if text:find("\0", 1, true) then bad(path, "header contains a NUL byte (padding must be spaces)") end
+  local ok, hdr = pcall(cjson.decode, text)
+  if not ok then bad(path, "header is not valid JSON: %s", (tostring(hdr):gsub("^.-:%d+: ", ""))) end
+  if type(hdr) ~= "table" then bad(path, "header is not a JSON object") end
+  local seen = {}
+  for _, k in ipairs(top_level_keys(text)) do
+    if seen[k] then bad(path, "duplicate key '%s' in the header", k) end
+    seen[k] = true
+  end
+
+  local data_size = size - 8 - n
+  local metadata = {}
+  local names = {}
+  for name, info in pairs(hdr) do
+    if type(name) ~= "string" then bad(path, "header is not a JSON object") end
+    if name == "__metadata__" then
+      if type(info) ~= "table" or (next(info) ~= nil and is_list(info)) then
+        bad(path, "__metadata__ must be an object of strings")
+      end
+      for k, v in pairs(info) do
+        if type(k) ~= "string" or type(v) ~= "string" then
+          bad(path, "__metadata__ must map strings to strings, but '%s' is a %s", tostring(k), v == cjson.null and "null" or type(v))
+        end
+        metadata[k] = v
+      end
+    else
+      names[#names + 1] = name
+    end
+  end
+  table.sort(names)
+
+  local entries = {}
+  for _, name in ipairs(names) do
+    local info = hdr[name]
+    if type(info) ~= "table" or (next(info) ~= nil and is_list(info)) then
+      bad(path, "tensor '%s': entry is not an object {dtype, shape, data_offsets}", name)
+    end
+    local sd = info.dtype
+    if type(sd) ~= "string" then bad(path, "tensor '%s': missing or non-string dtype", name) end
+    local d = DTYPES[sd]
+    if not d then
+      if SPEC_ONLY[sd] then
+        bad(path, "tensor '%s': dtype %s is not supported by nvlua (supported: %s)", name, sd, SUPPORTED)
+      end
+      bad(path, "tensor '%s': unknown dtype '%s' (supported: %s)", name, sd, SUPPORTED)
+    end
+    local shape = info.shape
+    if not is_list(shape) then bad(path, "tensor '%s': shape must be a list of non-negative integers", name) end
+    local sh = {}
+    for i, v in ipairs(shape) do
+      local k = as_int(v)
+      if not k or k < 0 then
+        bad(path, "tensor '%s': shape must be a list of non-negative integers, but dim %d is %s", name, i,
+          v == cjson.null and "null" or tostring(v))
+      end
+      sh[i] = k
+    end
+    local off = info.data_offsets
+    if off == nil then bad(path, "tensor '%s': missing data_offsets", name) end
+    if not is_list(off) or #off ~= 2 or not as_int(off[1]) or not as_int(off[2]) then
+      bad(path, "tensor '%s': data_offsets must be 2 integers [begin, end]", name)
+    end
+    local b, e = as_int(off[1]), as_int(off[2])
+    if b < 0 or b > e then bad(path, "tensor '%s': data_offsets [%d, %d] have begin > end or a negative begin", name, b, e) end
+    if e > data_size then
+      bad(path, "tensor '%s': data_offsets [%d, %d) are out of range: the data section has %d bytes (file truncated?)",
+        name, b, e, data_size)
+    end
+    -- numel × element size, guarding the multiplication against overflow
+    local nbytes, over = d.size, false
+    for _, k in ipairs(sh) do
+      if k == 0 then nbytes, over = 0, false; break end
+      if not over and nbytes > math.maxinteger // k then over = true end
+      if not over then nbytes = nbytes * k end
+    end
+    if over or nbytes ~= e - b then
+      bad(path, "tensor '%s': %s [%s] needs %s bytes, but data_offsets [%d, %d) hold %d", name, sd,
+        table.concat(sh, ","), over and "more" or tostring(nbytes), b, e, e - b)
+    end
+    entries[#entries + 1] = {name = name, dtype = sd, nv_dtype = d.nv, shape = sh, data_offsets = {b, e}}
+  end
+
+  -- coverage: ordered by offset, the tensors tile [0, data_size) exactly
+  local order = {}
+  for i, x in ipairs(entries) do order[i] = x end
+  table.sort(order, function(x, y)
+    if x.data_offsets[1] ~= y.data_offsets[1] then return x.data_offsets[1] < y.data_offsets[1] end
+    if x.data_offsets[2] ~= y.data_offsets[2] then return x.data_offsets[2] < y.data_offsets[2] end
+    return x.name < y.name
+  end)
+  local pos, prev = 0, nil
+  for _, x in ipairs(order) do
+    local b, e = x.data_offsets[1], x.data_offsets[2]
+    if b < pos then
+      bad(path, "tensors '%s' [%d, %d) and '%s' [%d, %d) overlap", prev.name, prev.data_offsets[1], prev.data_offsets[2],
+        x.name, b, e)
+    end
+    if b > pos then
+      bad(path, "gap in the data section: bytes [%d, %d) belong to no tensor (the spec requires full coverage)", pos, b)
+    end
+    if e > pos then pos, prev = e, x end
+  end
+  if pos < data_size then
+    bad(path, "%d trailing bytes after the last tensor (data section is %d bytes, tensors cover %d; the spec requires full coverage)",
+      data_size - pos, data_size, pos)
+  end
+
+  local header = {}
+  for _, x in ipairs(entries) do
+    header[x.name] = {dtype = x.dtype, shape = x.shape, data_offsets = x.data_offsets}
+  end
+  return order, metadata, {header_size = n, data_start = 8 + n, data_size = data_size, file_size = size}, header
+end
+
+--- st.read_header(path) -> header, metadata, layout | nil, msg
+--- header: name → {dtype = "F32", shape = {...}, data_offsets = {begin, end}} (validated);
+--- metadata: the __metadata__ strings; layout: {header_size, data_start, data_size, file_size}.
+function st.read_header(path)
+  local f, err = open_for_read(path)
+  if not f then return nil, err end
+  local ok, order, metadata, layout, header = pcall(parse, f, path)
+  f:close()
+  if not ok then error(order, 0) end
+  if not order then return nil, metadata end
+  return header, metadata, layout
+end
+
+--- st.load(path) -> {name = tensor}, metadata | nil, msg (a missing file); malformed files raise
+function st.load(path)
+  local f, err = open_for_read(path)
+  if not f then return nil, err end
+  local ok, order, metadata, layout = pcall(parse, f, path)
+  if not ok then f:close(); error(order, 0) end
+  if not order then f:close(); return nil, metadata end
+  local tensors = {}
+  for _, x in ipairs(order) do
+    local b, e = x.data_offsets[1], x.data_offsets[2]
+    f:seek("set", layout.data_start + b)
+    local s, rerr = read_exact(f, e - b)
+    if not s or #s < e - b then
+      f:close()
+      for _, t in pairs(tensors) do t:free() end
+      if not s then return nil, string.format("safetensors: %s: cannot read tensor '%s': %s", path, x.name, tostring(rerr)) end
+      bad(path, "truncated: tensor '%s' is cut short", x.name)
+    end
+    tensors[x.name] = nv.core.from_bytes(s, x.nv_dtype, x.shape)
+  end
+  f:close()
+  return tensors, metadata
+end
+
+return st
