@@ -138,6 +138,10 @@ static lua_State *globalL;
  * prompt, only set prompt_interrupted. */
 static void (*idle_sigint)(int) = SIG_DFL;
 static volatile sig_atomic_t prompt_interrupted;
+/* Deferred mode (nvlua.signal.defer(true), used by the training loop): a first Ctrl-C only sets
+ * interrupt_pending, which the loop polls between steps to checkpoint and stop cleanly; a second
+ * one interrupts as usual. */
+static volatile sig_atomic_t defer_interrupts, interrupt_pending;
 
 static void set_sigint(void (*handler)(int)) {
   struct sigaction sa;
@@ -159,6 +163,10 @@ static void lstop(lua_State *L, lua_Debug *ar) {
 static void laction(int sig) {
   int mask = LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT;
   (void)sig;
+  if (defer_interrupts && !interrupt_pending) {
+    interrupt_pending = 1;
+    return;
+  }
   set_sigint(SIG_DFL);
   lua_sethook(globalL, lstop, mask, 1);
 }
@@ -166,6 +174,33 @@ static void laction(int sig) {
 static void prompt_sigint(int sig) {
   (void)sig;
   prompt_interrupted = 1;
+}
+
+/* nvlua.signal.defer(on): defer Ctrl-C to polling (see defer_interrupts). */
+static int l_signal_defer(lua_State *L) {
+  defer_interrupts = lua_toboolean(L, 1);
+  if (!defer_interrupts) interrupt_pending = 0;
+  return 0;
+}
+
+/* nvlua.signal.pending() -> true once a deferred Ctrl-C came (the flag stays set). */
+static int l_signal_pending(lua_State *L) {
+  lua_pushboolean(L, interrupt_pending);
+  return 1;
+}
+
+/* nvlua.signal.raise(): deliver SIGINT to this process (for tests of the deferred path). */
+static int l_signal_raise(lua_State *L) {
+  (void)L;
+  raise(SIGINT);
+  return 0;
+}
+
+static int luaopen_nvlua_signal(lua_State *L) {
+  static const luaL_Reg f[] = {{"defer", l_signal_defer}, {"pending", l_signal_pending}, {"raise", l_signal_raise},
+                               {NULL, NULL}};
+  luaL_newlib(L, f);
+  return 1;
 }
 
 /* ---- running code ------------------------------------------------------------------------ */
@@ -350,6 +385,8 @@ static void preload_modules(lua_State *L) {
   lua_setfield(L, -2, "lfs");
   lua_pushcfunction(L, luaopen_cjson);
   lua_setfield(L, -2, "cjson");
+  lua_pushcfunction(L, luaopen_nvlua_signal);
+  lua_setfield(L, -2, "nvlua.signal");
   lua_pushcfunction(L, luaopen_nvlua_core);
   lua_setfield(L, -2, "nvlua.core");
   lua_pop(L, 1);

@@ -1,0 +1,361 @@
+-- nvlua.train: the training loop every experiment uses. An experiment is a defaults table and a
+-- call:   local train = require "nvlua.train"
+--         train.main(defaults, arg)         -- parse key=value args, build, train, report
+-- Pieces (data, model, recipe, optimizer, schedule) are built from the config by train.build and
+-- can be replaced by an experiment that wants something else (train.run takes them).
+--
+-- Per step: gradient accumulation over `grad_accum` micro-batches, global-norm clipping, AdamW,
+-- the LR schedule; a console line every `log_every` steps (and a progress bar on a terminal),
+-- metrics.jsonl (one JSON object per step and per eval), eval every `eval_every` steps on the
+-- validation split, checkpoints every `ckpt_every` steps and at the end, a text sample and a
+-- loss-curve PNG at the end. A non-finite loss or gradient norm skips the step (counted and
+-- logged); more than `max_bad_steps` in a row stop the run. Ctrl-C finishes the current step,
+-- writes a checkpoint and returns.
+local nv = require "nvlua"
+local core = require "nvlua.core"
+local cjson = require "cjson"
+local nn = require "nvlua.nn"
+local optim = require "nvlua.optim"
+local data = require "nvlua.data"
+local schedule = require "nvlua.schedule"
+local config = require "nvlua.config"
+local ckpt = require "nvlua.checkpoint"
+local plot = require "nvlua.plot"
+
+local train = {}
+
+--- The keys every experiment understands, with their defaults (an experiment overrides some).
+train.defaults = {
+  -- data
+  data = "kjv", cache = "", seed = 1, data_seed = 1,
+  -- model (Hugging Face Llama keys in short)
+  layers = 4, hidden = 256, heads = 8, kv_heads = 4, ffn = 768, head_dim = 0, vocab = 0, rope_theta = 10000.0,
+  norm_eps = 1e-5, tie = false, seq = 128,
+  -- optimisation
+  steps = 300, batch = 8, grad_accum = 1, lr = 3e-3, min_lr = 3e-4, warmup = 30, schedule = "wsd", decay = 0.2,
+  beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0, z_loss = 0.0,
+  -- precision recipe
+  recipe = "nvfp4", rht = true, sr = true, w2d = true, bf16_first = -1, bf16_last = -1, switch_step = 0,
+  switch_forward_only = true,
+  -- bookkeeping
+  out = "runs/run", resume = "none", eval_every = 100, eval_batches = 8, log_every = 10, ckpt_every = 0, keep = 2,
+  sample_tokens = 200, temperature = 0.8, top_k = 40, max_bad_steps = 5, plot = true, quiet = false,
+}
+
+-- ---- building -------------------------------------------------------------------------------
+
+function train.dataset(c)
+  local cache = c.cache ~= "" and c.cache or nil
+  if c.data == "kjv" then return data.kjv({cache = cache}) end
+  local shards = c.data:match("^shards:(.*)$")
+  if shards then
+    if c.vocab <= 0 then error("config: data=shards:... needs vocab=<vocabulary size>", 0) end
+    return data.shards(shards, {vocab_size = c.vocab})
+  end
+  return data.text(c.data, {cache = cache})
+end
+
+function train.model_config(c, vocab)
+  return {
+    vocab_size = vocab, hidden_size = c.hidden, intermediate_size = c.ffn, num_hidden_layers = c.layers,
+    num_attention_heads = c.heads, num_key_value_heads = c.kv_heads, head_dim = c.head_dim > 0 and c.head_dim or nil,
+    rope_theta = c.rope_theta, rms_norm_eps = c.norm_eps, max_position_embeddings = math.max(c.seq, 1),
+    tie_word_embeddings = c.tie,
+  }
+end
+
+function train.recipe(c)
+  local r = nv.recipe
+  local switch = c.switch_step > 0 and {step = c.switch_step, forward_only = c.switch_forward_only} or nil
+  local name = c.recipe
+  if name == "nvfp4" then
+    return r.nvfp4({rht = c.rht, sr = c.sr, w2d = c.w2d, seed = c.seed,
+      bf16_first = c.bf16_first >= 0 and c.bf16_first or nil, bf16_last = c.bf16_last >= 0 and c.bf16_last or nil,
+      switch_at = switch})
+  elseif name == "f32" or name == "bf16" then
+    return r[name]()
+  elseif name == "fp8_cs" or name == "fp8_delayed" or name == "mxfp8" then
+    return r[name]({switch_at = switch})
+  end
+  error("config: recipe must be one of f32, bf16, fp8_cs, fp8_delayed, mxfp8, nvfp4; got '" .. name .. "'", 0)
+end
+
+--- Build everything a run needs from a resolved config.
+function train.build(c)
+  local ds = train.dataset(c)
+  local vocab = c.vocab > 0 and c.vocab or ds.vocab_size
+  local rec = train.recipe(c)
+  local model = nn.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
+  local opt = optim.AdamW(model:named_parameters(), {lr = c.lr, betas = {c.beta1, c.beta2}, eps = c.eps,
+    weight_decay = c.weight_decay})
+  local sched = schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr, warmup = c.warmup, total = c.steps,
+    decay = c.decay})
+  local loader = data.Loader(ds.train, {batch = c.batch, seq = c.seq, seed = c.data_seed})
+  return {dataset = ds, model = model, recipe = rec, optimizer = opt, schedule = sched, loader = loader}
+end
+
+-- ---- measuring ------------------------------------------------------------------------------
+
+--- Model FLOPs per token for training (forward + backward): 6 per parameter in the GEMMs
+-- (the embedding lookup is not a GEMM) plus attention's QK^T and PV, 12·L·T·head_dim·Hq
+-- (counted for the full square; causal masking halves the useful work).
+function train.flops_per_token(cfg_model, T)
+  local c = cfg_model
+  local hd = c.head_dim or c.hidden_size // c.num_attention_heads
+  local per_layer = c.hidden_size * hd * (c.num_attention_heads * 2 + c.num_key_value_heads * 2)
+    + 3 * c.hidden_size * c.intermediate_size
+  local gemm_params = c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size
+  return 6 * gemm_params + 12 * c.num_hidden_layers * T * hd * c.num_attention_heads
+end
+
+--- The machine's measured fp32 GEMM rate (FLOP/s): the best of 3 sgemms of 1024^3.
+function train.sgemm_peak()
+  local a, b = nv.randn(1024, 1024, {generator = nv.Generator(7)}), nv.randn(1024, 1024, {generator = nv.Generator(8)})
+  local best = math.huge
+  for _ = 1, 3 do
+    local t0 = nv.clock()
+    local c = a:matmul(b)
+    best = math.min(best, nv.clock() - t0)
+    c:free()
+  end
+  a:free(); b:free()
+  return 2 * 1024 ^ 3 / best
+end
+
+-- ---- evaluation and sampling -------------------------------------------------------------------
+
+function train.evaluate(model, ds, c)
+  local loader = data.Loader(ds.val, {batch = c.batch, seq = c.seq, shuffle = false})
+  local total, count = 0, 0
+  local n = math.min(c.eval_batches, loader.per_epoch)
+  for _ = 1, n do
+    local x, y = loader:next()
+    local loss, cnt = model:loss(x, y)
+    total, count = total + loss * cnt, count + cnt
+    x:free(); y:free()
+  end
+  local loss = total / math.max(count, 1)
+  return loss, math.exp(loss)
+end
+
+--- Sample n tokens after a prompt (temperature, top-k), deterministic from the seed.
+function train.sample(model, tokenizer, prompt, n, o)
+  o = o or {}
+  local gen = nv.Generator(o.seed or 1)
+  local ids = {}
+  for i = 1, #prompt do ids[i] = prompt:byte(i) end
+  local T = model.config.max_position_embeddings
+  local was = model.training
+  model:eval()
+  for _ = 1, n do
+    local ctx = {}
+    for i = math.max(1, #ids - T + 1), #ids do ctx[#ctx + 1] = ids[i] end
+    local x = nv.tensor({ctx}, "i64")
+    local logits = model:forward(x)
+    local row = logits:select(1, #ctx):totable()
+    logits:free(); x:free()
+    -- top-k of row / temperature, softmax, one uniform draw
+    local idx = {}
+    for i = 1, #row do idx[i] = i end
+    table.sort(idx, function(a, b) return row[a] > row[b] end)
+    local k = math.min(o.top_k or 40, #idx)
+    local temp = math.max(o.temperature or 1, 1e-6)
+    local m, w, z = row[idx[1]], {}, 0
+    for i = 1, k do w[i] = math.exp((row[idx[i]] - m) / temp); z = z + w[i] end
+    local u = nv.rand(1, {generator = gen}):get(1) * z
+    local pick = idx[k]
+    for i = 1, k do
+      u = u - w[i]
+      if u <= 0 then pick = idx[i]; break end
+    end
+    ids[#ids + 1] = pick - 1
+  end
+  model:train(was)
+  local out = {}
+  for i = #prompt + 1, #ids do out[#out + 1] = ids[i] end
+  return tokenizer and tokenizer.decode(out) or table.concat(out, " ")
+end
+
+-- ---- the loop ---------------------------------------------------------------------------------
+
+local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
+
+local function fmt_time(s)
+  if s < 60 then return string.format("%.0fs", s) end
+  return string.format("%dm%02ds", math.floor(s / 60), math.floor(s % 60))
+end
+
+--- train.run(c, parts) -> summary {final_val_loss, val_ppl, tokens_per_s, steps, skipped, run_dir,
+-- plot, checkpoint, sample, interrupted, losses = {...}}
+function train.run(c, p)
+  local out = c.quiet and {write = function() end, flush = function() end} or io.stdout
+  local model, opt, rec, loader, ds = p.model, p.optimizer, p.recipe, p.loader, p.dataset
+  local params = model:named_parameters()
+  data.mkdir_p(c.out)
+  local run_dir = c.out
+  local f = assert(io.open(run_dir .. "/config.json", "w"))
+  f:write(config.json(c))
+  f:close()
+
+  local start_step, metrics = 0, {}
+  if c.resume ~= "none" then
+    local dir = c.resume == "auto" and ckpt.latest(run_dir) or c.resume
+    if dir then
+      local tr = ckpt.load(dir, {model = model, optimizer = opt, recipe = rec, loader = loader})
+      start_step = tr.step
+      out:write(string.format("resumed from %s at step %d\n", dir, start_step))
+    elseif c.resume ~= "auto" then
+      error("config: resume=" .. c.resume .. " is not a checkpoint directory", 0)
+    else
+      out:write("resume=auto: no checkpoint in " .. run_dir .. "/checkpoints, starting fresh\n")
+    end
+  end
+  local mode = start_step > 0 and "a" or "w"
+  local mf = assert(io.open(run_dir .. "/metrics.jsonl", mode))
+
+  local tokens_per_step = c.batch * c.seq * c.grad_accum
+  local flops_tok = train.flops_per_token(model.config, c.seq)
+  local peak = p.peak or train.sgemm_peak()
+  out:write(string.format("model: %s, %.2fM parameters; recipe %s\n", tostring(model:extra_repr()),
+    model:num_parameters() / 1e6, tostring(rec)))
+  out:write(string.format("%d tokens per step; MFU is against the measured sgemm peak of this machine, %.1f GFLOP/s\n",
+    tokens_per_step, peak / 1e9))
+
+  local signal_ok, signal = pcall(require, "nvlua.signal")
+  if signal_ok then signal.defer(true) end
+  local tty = core.isatty(1) and not c.quiet
+  local bad_in_row, skipped, interrupted = 0, 0, false
+  local losses, val_points = {}, {}
+  local t_run, tok_run = 0, 0
+  local last_loss
+  model:train()
+  local step = start_step
+  local ok, err = pcall(function()
+    while step < c.steps do
+      step = step + 1
+      model.step = step
+      local lr = p.schedule(step)
+      opt:set_lr(lr)
+      local t0 = nv.clock()
+      local loss_sum, n_tok = 0, 0
+      for _ = 1, c.grad_accum do
+        local x, y = loader:next()
+        local loss, cnt = model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum})
+        loss_sum, n_tok = loss_sum + loss, n_tok + cnt
+        x:free(); y:free()
+      end
+      local loss = loss_sum / c.grad_accum
+      local gnorm = optim.clip_grad_norm(params, c.clip)
+      local rec_line
+      if finite(loss) and finite(gnorm) then
+        opt:step()
+        bad_in_row = 0
+        rec_line = {step = step, loss = loss, lr = lr, grad_norm = gnorm}
+        losses[#losses + 1] = {step, loss}
+        last_loss = loss
+      else
+        skipped, bad_in_row = skipped + 1, bad_in_row + 1
+        rec_line = {step = step, skipped = true, loss = finite(loss) and loss or tostring(loss),
+          grad_norm = finite(gnorm) and gnorm or tostring(gnorm)}
+        out:write(string.format("step %d: skipped (loss %s, grad norm %s), %d in a row\n", step, tostring(loss),
+          tostring(gnorm), bad_in_row))
+        if bad_in_row > c.max_bad_steps then
+          error(string.format("training stopped at step %d: %d consecutive steps with a non-finite loss or gradient " ..
+            "(max_bad_steps=%d); lower lr or check the data", step, bad_in_row, c.max_bad_steps), 0)
+        end
+      end
+      model:zero_grad()
+      local dt = nv.clock() - t0
+      t_run, tok_run = t_run + dt, tok_run + tokens_per_step
+      rec_line.ms = dt * 1000
+      rec_line.tokens_per_s = tokens_per_step / dt
+      rec_line.mfu = flops_tok * tokens_per_step / dt / peak
+      mf:write(cjson.encode(rec_line), "\n")
+      if step % c.log_every == 0 or step == c.steps or step == start_step + 1 then
+        if tty then out:write("\r\27[K") end
+        out:write(string.format("step %5d/%d | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | %6.0f ms | mfu %4.1f%%\n",
+          step, c.steps, loss, lr, gnorm, tokens_per_step / dt, dt * 1000, 100 * rec_line.mfu))
+      elseif tty then
+        local frac = (step - start_step) / (c.steps - start_step)
+        local eta = t_run / (step - start_step) * (c.steps - step)
+        out:write(string.format("\r[%-30s] %d/%d eta %s", string.rep("=", math.floor(30 * frac)), step, c.steps,
+          fmt_time(eta)))
+      end
+      out:flush()
+      if c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps) then
+        local vl, ppl = train.evaluate(model, ds, c)
+        val_points[#val_points + 1] = {step, vl}
+        mf:write(cjson.encode({step = step, val_loss = vl, val_ppl = ppl}), "\n")
+        if tty then out:write("\r\27[K") end
+        out:write(string.format("eval  %5d | val loss %.4f | val ppl %.2f\n", step, vl, ppl))
+      end
+      mf:flush()
+      if c.ckpt_every > 0 and step % c.ckpt_every == 0 and step < c.steps then
+        ckpt.save(run_dir, {model = model, optimizer = opt, recipe = rec, loader = loader, step = step, config = c,
+          keep = c.keep})
+      end
+      if signal_ok and signal.pending() then
+        interrupted = true
+        break
+      end
+    end
+  end)
+  if signal_ok then signal.defer(false) end
+  mf:close()
+  if not ok then
+    if tostring(err):find("interrupted!", 1, true) then interrupted = true else error(err, 0) end
+  end
+  local summary = {steps = step, skipped = skipped, run_dir = run_dir, interrupted = interrupted, losses = losses,
+    val = val_points, tokens_per_s = t_run > 0 and tok_run / t_run or 0, last_loss = last_loss}
+  summary.checkpoint = ckpt.save(run_dir, {model = model, optimizer = opt, recipe = rec, loader = loader, step = step,
+    config = c, keep = c.keep})
+  if interrupted then
+    out:write(string.format("\ninterrupted at step %d: checkpoint saved in %s (resume with resume=auto)\n", step,
+      summary.checkpoint))
+    return summary
+  end
+  if #val_points > 0 then
+    summary.final_val_loss = val_points[#val_points][2]
+    summary.val_ppl = math.exp(summary.final_val_loss)
+  end
+  if c.sample_tokens > 0 and ds.tokenizer then
+    summary.sample = train.sample(model, ds.tokenizer, "And ", c.sample_tokens,
+      {temperature = c.temperature, top_k = c.top_k, seed = c.seed})
+  end
+  if c.plot then
+    local xs, ys, vx, vy = {}, {}, {}, {}
+    for _, l in ipairs(losses) do xs[#xs + 1] = l[1]; ys[#ys + 1] = l[2] end
+    for _, l in ipairs(val_points) do vx[#vx + 1] = l[1]; vy[#vy + 1] = l[2] end
+    local png = run_dir .. "/loss.png"
+    local pok, perr = plot.lines(png, {{title = "train loss", x = xs, y = ys}, {title = "val loss", x = vx, y = vy}},
+      {title = string.format("%s — %s", c.out, tostring(c.recipe))})
+    summary.plot = pok and png or nil
+    if not pok then out:write("plot: " .. tostring(perr) .. "\n") end
+  end
+  return summary
+end
+
+--- train.main(defaults, args) -> summary: parse, print and save the config, build, run, report.
+function train.main(defaults, args)
+  local d = {}
+  for k, v in pairs(train.defaults) do d[k] = v end
+  for k, v in pairs(defaults or {}) do d[k] = v end
+  local c = config.parse(d, args)
+  if not c.quiet then
+    print("config:")
+    config.print(c)
+  end
+  local parts = train.build(c)
+  local s = train.run(c, parts)
+  if not c.quiet and not s.interrupted then
+    print(string.format("\ndone: %d steps (%d skipped), %.0f tokens/s", s.steps, s.skipped, s.tokens_per_s))
+    if s.final_val_loss then print(string.format("final validation loss %.4f (perplexity %.2f)", s.final_val_loss, s.val_ppl)) end
+    if s.sample then print("sample: And " .. s.sample:gsub("\n", "\n        ")) end
+    if s.plot then print("loss curve: " .. s.plot) end
+    print("checkpoint: " .. s.checkpoint)
+    print("metrics: " .. s.run_dir .. "/metrics.jsonl")
+  end
+  return s, parts
+end
+
+return train
