@@ -1,0 +1,464 @@
+/* layers.c: validation, output allocation and dispatch for the layer library (core/layers.h):
+ * embedding, RMSNorm, RoPE, SwiGLU, fused cross-entropy, AdamW, sumsq. Attention lives in
+ * core/attention.c.
+ *
+ * Every entry checks its tensors (live, on the CPU, f32 and contiguous — ids and targets: i64,
+ * any strides —, shapes consistent, ids and targets in range) and fails with a message naming
+ * the op (by its Lua name), the tensors' shapes and dtypes, before anything is allocated or
+ * written. Outputs are allocated here; parameter gradients are passed in and accumulated into.
+ * Then the fast kernel (kernels/cpu/layers_cpu.h) runs, or the reference one
+ * (kernels/cpu/ref/layers_ref.h) while nvl_layers_set_reference(1) is on, for tests.
+ *
+ * Shapes, beyond layers.h: the row-wise layers take any leading dims and flatten them to N —
+ * ids (...) -> out (..., C); x (..., C) -> rstd (...); logits (..., V) with targets (...);
+ * swiglu's gate/up any one shape. RoPE takes x (B, T, H, D) with cos/sin exactly (T, D).
+ * Cross-entropy takes f32 or bf16 logits (bf16 is widened to f32 exactly first). sumsq takes
+ * any f32/bf16 tensor, strided or not.
+ *
+ * Not here: attention, CUDA kernels (CUDA tensors get NVL_EUNSUPPORTED), Lua. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cpu/layers_cpu.h"
+#include "cpu/ref/layers_ref.h"
+#include "layers.h"
+
+#define DESC(t, buf) nvl_tensor_desc((t), (buf), sizeof(buf))
+
+/* ---- validation helpers ----------------------------------------------------------------------- */
+
+/* t is live, on the CPU, of dtype dt, contiguous; name is how the op's docs call it. */
+static nvl_status check_tensor(const char *op, const char *name, const nvl_tensor *t, nvl_dtype dt) {
+  char s[160];
+  if (!t) return nvl_error(NVL_EINVAL, "%s: %s is missing (NULL)", op, name);
+  if (!t->storage) return nvl_error(NVL_ESTATE, "%s: %s has been freed", op, name);
+  if (t->device != NVL_CPU)
+    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (%s is %s); copy it with :cpu() first", op, name,
+                     DESC(t, s));
+  if (t->dtype != dt)
+    return nvl_error(NVL_EINVAL, "%s: %s must be %s, got %s", op, name, nvl_dtypes[dt].name, DESC(t, s));
+  if (!nvl_tensor_is_contiguous(t))
+    return nvl_error(NVL_EINVAL, "%s: %s must be contiguous, got a strided view %s; call :contiguous() first", op, name,
+                     DESC(t, s));
+  return NVL_OK;
+}
+
+static int same_shape(const nvl_tensor *a, const nvl_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+/* "op: a is [4,64] f32 but b is [32] f32" (+ what was expected). */
+static nvl_status mismatch(const char *op, const char *an, const nvl_tensor *a, const char *bn, const nvl_tensor *b,
+                           const char *expect) {
+  char s1[160], s2[160];
+  return nvl_error(NVL_EINVAL, "%s: %s is %s but %s is %s%s%s", op, an, DESC(a, s1), bn, DESC(b, s2),
+                   expect ? "; expected " : "", expect ? expect : "");
+}
+
+static nvl_status need_same_shape(const char *op, const char *an, const nvl_tensor *a, const char *bn,
+                                  const nvl_tensor *b) {
+  return same_shape(a, b) ? NVL_OK : mismatch(op, an, a, bn, b, "the same shape");
+}
+
+/* b's shape is a's without its last dim. */
+static int is_leading_shape(const nvl_tensor *a, const nvl_tensor *b) {
+  if (b->ndim != a->ndim - 1) return 0;
+  for (int d = 0; d < b->ndim; d++)
+    if (b->shape[d] != a->shape[d]) return 0;
+  return 1;
+}
+
+static nvl_status need_out_null(const char *op, const char *name, const nvl_tensor *t) {
+  if (!t) return nvl_error(NVL_EINVAL, "%s: no place for the output %s (NULL)", op, name);
+  if (t->storage) return nvl_error(NVL_EINVAL, "%s: the output %s must be a null tensor", op, name);
+  return NVL_OK;
+}
+
+/* Every id in [0, V). what: "id" or "target"; ids with value skip are allowed (ignore_index). */
+static nvl_status check_ids(const char *op, const char *what, const int64_t *ids, int64_t n, int64_t V,
+                            int has_skip, int64_t skip) {
+  for (int64_t i = 0; i < n; i++) {
+    if (has_skip && ids[i] == skip) continue;
+    if (ids[i] < 0 || ids[i] >= V)
+      return nvl_error(NVL_EINVAL, "%s: %s %lld out of range for V = %lld (element %lld of the %ss, 1-based; ids are "
+                       "0-based)%s",
+                       op, what, (long long)ids[i], (long long)V, (long long)i + 1, what,
+                       has_skip ? "; only ignore_index may lie outside [0, V)" : "");
+  }
+  return NVL_OK;
+}
+
+/* ids / targets: live, CPU, i64, any strides — *c gets a contiguous view or copy (these are
+ * small, and slices like tokens[:, 1:] are their natural form). Release *c after use. */
+static nvl_status ids_contiguous(const char *op, const char *name, const nvl_tensor *t, nvl_tensor *c) {
+  char s[160];
+  if (!t) return nvl_error(NVL_EINVAL, "%s: %s is missing (NULL)", op, name);
+  if (!t->storage) return nvl_error(NVL_ESTATE, "%s: %s has been freed", op, name);
+  if (t->device != NVL_CPU)
+    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (%s is %s); copy it with :cpu() first", op, name,
+                     DESC(t, s));
+  if (t->dtype != NVL_I64) return nvl_error(NVL_EINVAL, "%s: %s must be i64, got %s", op, name, DESC(t, s));
+  return nvl_tensor_contiguous(c, t);
+}
+
+/* Contiguous a and b of n f32 elements share memory. */
+static int overlap(const nvl_tensor *a, const nvl_tensor *b, int64_t n) {
+  if (a->storage != b->storage) return 0;
+  return a->offset < b->offset + n && b->offset < a->offset + n;
+}
+
+static int use_ref(void) { return nvl_layers_reference(); }
+
+/* ---- embedding -------------------------------------------------------------------------------- */
+
+nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, const nvl_tensor *weight) {
+  const char *op = "embedding_forward";
+  char s1[160];
+  NVL_TRY(need_out_null(op, "out", out));
+  NVL_TRY(check_tensor(op, "weight", weight, NVL_F32));
+  if (weight->ndim != 2) return nvl_error(NVL_EINVAL, "%s: weight must be 2-D (V, C), got %s", op, DESC(weight, s1));
+  nvl_tensor ids = nvl_tensor_null(), r = nvl_tensor_null();
+  NVL_TRY(ids_contiguous(op, "ids", ids_in, &ids));
+  int64_t V = weight->shape[0], C = weight->shape[1], N = nvl_tensor_numel(&ids);
+  const int64_t *id = nvl_tensor_data(&ids);
+  int64_t shape[NVL_MAX_DIMS];
+  nvl_status st = NVL_OK;
+  if (ids.ndim < 1 || ids.ndim >= NVL_MAX_DIMS)
+    st = nvl_error(NVL_EINVAL, "%s: ids must have 1 to %d dims, got %s", op, NVL_MAX_DIMS - 1, DESC(&ids, s1));
+  if (st == NVL_OK) {
+    memcpy(shape, ids.shape, sizeof(int64_t) * ids.ndim);
+    shape[ids.ndim] = C;
+    st = check_ids(op, "id", id, N, V, 0, 0);
+  }
+  if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, NVL_CPU, ids.ndim + 1, shape);
+  if (st == NVL_OK) {
+    if (use_ref()) nvl_embedding_forward_ref(nvl_tensor_data(&r), id, nvl_tensor_data(weight), N, C);
+    else nvl_embedding_forward_cpu(nvl_tensor_data(&r), id, nvl_tensor_data(weight), N, C);
+    *out = r;
+  }
+  nvl_tensor_release(&ids);
+  return st;
+}
+
+nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *ids_in) {
+  const char *op = "embedding_backward";
+  char s1[160];
+  NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
+  NVL_TRY(check_tensor(op, "dout", dout, NVL_F32));
+  if (dweight->ndim != 2) return nvl_error(NVL_EINVAL, "%s: dweight must be 2-D (V, C), got %s", op, DESC(dweight, s1));
+  nvl_tensor ids = nvl_tensor_null();
+  NVL_TRY(ids_contiguous(op, "ids", ids_in, &ids));
+  int64_t V = dweight->shape[0], C = dweight->shape[1], N = nvl_tensor_numel(&ids);
+  const int64_t *id = nvl_tensor_data(&ids);
+  nvl_status st = NVL_OK;
+  if (ids.ndim < 1 || dout->ndim != ids.ndim + 1 || !is_leading_shape(dout, &ids) || dout->shape[dout->ndim - 1] != C)
+    st = mismatch(op, "dout", dout, "ids", &ids, "dout of shape (ids..., C) with C = dweight's width");
+  if (st == NVL_OK) st = check_ids(op, "id", id, N, V, 0, 0);
+  if (st == NVL_OK) {
+    if (use_ref()) nvl_embedding_backward_ref(nvl_tensor_data(dweight), nvl_tensor_data(dout), id, N, C);
+    else nvl_embedding_backward_cpu(nvl_tensor_data(dweight), nvl_tensor_data(dout), id, N, C);
+  }
+  nvl_tensor_release(&ids);
+  return st;
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------------------------- */
+
+/* x (..., C) with C >= 1 and weight (C). */
+static nvl_status check_rms_x_w(const char *op, const nvl_tensor *x, const nvl_tensor *weight) {
+  char s1[160];
+  NVL_TRY(check_tensor(op, "x", x, NVL_F32));
+  NVL_TRY(check_tensor(op, "weight", weight, NVL_F32));
+  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
+    return nvl_error(NVL_EINVAL, "%s: x must be (..., C) with C >= 1, got %s", op, DESC(x, s1));
+  if (weight->ndim != 1 || weight->shape[0] != x->shape[x->ndim - 1])
+    return mismatch(op, "x", x, "weight", weight, "weight of shape [C] with C = x's last dim");
+  return NVL_OK;
+}
+
+nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
+                               double eps) {
+  const char *op = "rmsnorm_forward";
+  NVL_TRY(need_out_null(op, "out", out));
+  NVL_TRY(need_out_null(op, "rstd", rstd));
+  NVL_TRY(check_rms_x_w(op, x, weight));
+  if (!(eps >= 0.0) || !isfinite(eps))
+    return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, eps);
+  int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
+  nvl_tensor o = nvl_tensor_null(), r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&o, NVL_F32, NVL_CPU, x->ndim, x->shape));
+  nvl_status st = nvl_tensor_empty(&r, NVL_F32, NVL_CPU, x->ndim - 1, x->shape);
+  if (st != NVL_OK) { nvl_tensor_release(&o); return st; }
+  float *po = nvl_tensor_data(&o), *pr = nvl_tensor_data(&r);
+  if (use_ref()) nvl_rmsnorm_forward_ref(po, pr, nvl_tensor_data(x), nvl_tensor_data(weight), N, C, eps);
+  else nvl_rmsnorm_forward_cpu(po, pr, nvl_tensor_data(x), nvl_tensor_data(weight), N, C, eps);
+  *out = o;
+  *rstd = r;
+  return NVL_OK;
+}
+
+nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
+                                const nvl_tensor *weight, const nvl_tensor *rstd) {
+  const char *op = "rmsnorm_backward";
+  NVL_TRY(need_out_null(op, "dx", dx));
+  NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
+  NVL_TRY(check_tensor(op, "dout", dout, NVL_F32));
+  NVL_TRY(check_rms_x_w(op, x, weight));
+  NVL_TRY(check_tensor(op, "rstd", rstd, NVL_F32));
+  NVL_TRY(need_same_shape(op, "dout", dout, "x", x));
+  NVL_TRY(need_same_shape(op, "dweight", dweight, "weight", weight));
+  if (!is_leading_shape(x, rstd)) return mismatch(op, "x", x, "rstd", rstd, "rstd of x's shape without its last dim");
+  int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CPU, x->ndim, x->shape));
+  if (use_ref())
+    nvl_rmsnorm_backward_ref(nvl_tensor_data(&r), nvl_tensor_data(dweight), nvl_tensor_data(dout), nvl_tensor_data(x),
+                             nvl_tensor_data(weight), nvl_tensor_data(rstd), N, C);
+  else
+    nvl_rmsnorm_backward_cpu(nvl_tensor_data(&r), nvl_tensor_data(dweight), nvl_tensor_data(dout), nvl_tensor_data(x),
+                             nvl_tensor_data(weight), nvl_tensor_data(rstd), N, C);
+  *dx = r;
+  return NVL_OK;
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------------- */
+
+nvl_status nvl_rope_tables(nvl_tensor *cos_t, nvl_tensor *sin_t, int64_t T, int64_t D, double theta,
+                           const nvl_rope_scaling *s) {
+  const char *op = "rope_tables";
+  NVL_TRY(need_out_null(op, "cos", cos_t));
+  NVL_TRY(need_out_null(op, "sin", sin_t));
+  if (T < 0) return nvl_error(NVL_EINVAL, "%s: T must be >= 0, got %lld", op, (long long)T);
+  if (D < 2 || D % 2)
+    return nvl_error(NVL_EINVAL, "%s: the head dim D must be even and >= 2, got %lld", op, (long long)D);
+  if (!(theta > 0.0) || !isfinite(theta))
+    return nvl_error(NVL_EINVAL, "%s: theta must be a finite number > 0, got %g", op, theta);
+  if (s && s->llama3) {
+    if (!(s->factor > 0.0) || !isfinite(s->factor))
+      return nvl_error(NVL_EINVAL, "%s: scaling factor must be > 0, got %g", op, s->factor);
+    if (!(s->low_freq_factor > 0.0) || !isfinite(s->low_freq_factor))
+      return nvl_error(NVL_EINVAL, "%s: scaling low_freq_factor must be > 0, got %g", op, s->low_freq_factor);
+    if (!(s->high_freq_factor > s->low_freq_factor) || !isfinite(s->high_freq_factor))
+      return nvl_error(NVL_EINVAL, "%s: scaling high_freq_factor (%g) must be greater than low_freq_factor (%g)", op,
+                       s->high_freq_factor, s->low_freq_factor);
+    if (!(s->original_max_position_embeddings > 0.0) || !isfinite(s->original_max_position_embeddings))
+      return nvl_error(NVL_EINVAL, "%s: scaling original_max_position_embeddings must be > 0, got %g", op,
+                       s->original_max_position_embeddings);
+  }
+  int64_t shape[2] = {T, D};
+  double *inv_freq = malloc((size_t)(D / 2) * sizeof(double)); /* (D/2) */
+  if (!inv_freq) return nvl_error(NVL_ENOMEM, "%s: out of host memory", op);
+  nvl_tensor c = nvl_tensor_null(), sn = nvl_tensor_null();
+  nvl_status st = nvl_tensor_empty(&c, NVL_F32, NVL_CPU, 2, shape);
+  if (st == NVL_OK) st = nvl_tensor_empty(&sn, NVL_F32, NVL_CPU, 2, shape);
+  if (st != NVL_OK) {
+    free(inv_freq);
+    nvl_tensor_release(&c);
+    return st;
+  }
+  nvl_rope_inv_freq_ref(inv_freq, D, theta, s);
+  nvl_rope_tables_ref(nvl_tensor_data(&c), nvl_tensor_data(&sn), inv_freq, T, D);
+  free(inv_freq);
+  *cos_t = c;
+  *sin_t = sn;
+  return NVL_OK;
+}
+
+/* x (B, T, H, D) and cos, sin (T, D), D even. xn names x ("x" or "dout"). */
+static nvl_status check_rope(const char *op, const char *xn, const nvl_tensor *x, const nvl_tensor *c,
+                             const nvl_tensor *s) {
+  char s1[160];
+  NVL_TRY(check_tensor(op, xn, x, NVL_F32));
+  NVL_TRY(check_tensor(op, "cos", c, NVL_F32));
+  NVL_TRY(check_tensor(op, "sin", s, NVL_F32));
+  if (x->ndim != 4) return nvl_error(NVL_EINVAL, "%s: %s must be 4-D (B, T, H, D), got %s", op, xn, DESC(x, s1));
+  if (x->shape[3] % 2) return nvl_error(NVL_EINVAL, "%s: the head dim D must be even, %s is %s", op, xn, DESC(x, s1));
+  if (c->ndim != 2 || c->shape[0] != x->shape[1] || c->shape[1] != x->shape[3])
+    return mismatch(op, xn, x, "cos", c, "cos and sin of shape (T, D) matching (B, T, H, D)");
+  NVL_TRY(need_same_shape(op, "cos", c, "sin", s));
+  return NVL_OK;
+}
+
+nvl_status nvl_rope_forward(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t) {
+  const char *op = "rope_forward";
+  NVL_TRY(need_out_null(op, "out", out));
+  NVL_TRY(check_rope(op, "x", x, cos_t, sin_t));
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CPU, 4, x->shape));
+  const int64_t *sh = x->shape;
+  if (use_ref())
+    nvl_rope_forward_ref(nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t), sh[0],
+                         sh[1], sh[2], sh[3]);
+  else
+    nvl_rope_forward_cpu(nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t), sh[0],
+                         sh[1], sh[2], sh[3]);
+  *out = r;
+  return NVL_OK;
+}
+
+nvl_status nvl_rope_backward(nvl_tensor *dx, const nvl_tensor *dout, const nvl_tensor *cos_t, const nvl_tensor *sin_t) {
+  const char *op = "rope_backward";
+  NVL_TRY(need_out_null(op, "dx", dx));
+  NVL_TRY(check_rope(op, "dout", dout, cos_t, sin_t));
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CPU, 4, dout->shape));
+  const int64_t *sh = dout->shape;
+  if (use_ref())
+    nvl_rope_backward_ref(nvl_tensor_data(&r), nvl_tensor_data(dout), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t),
+                          sh[0], sh[1], sh[2], sh[3]);
+  else
+    nvl_rope_backward_cpu(nvl_tensor_data(&r), nvl_tensor_data(dout), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t),
+                          sh[0], sh[1], sh[2], sh[3]);
+  *dx = r;
+  return NVL_OK;
+}
+
+/* ---- SwiGLU ----------------------------------------------------------------------------------- */
+
+nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up) {
+  const char *op = "swiglu_forward";
+  NVL_TRY(need_out_null(op, "out", out));
+  NVL_TRY(check_tensor(op, "gate", gate, NVL_F32));
+  NVL_TRY(check_tensor(op, "up", up, NVL_F32));
+  NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CPU, gate->ndim, gate->shape));
+  int64_t n = nvl_tensor_numel(gate);
+  if (use_ref()) nvl_swiglu_forward_ref(nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up), n);
+  else nvl_swiglu_forward_cpu(nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up), n);
+  *out = r;
+  return NVL_OK;
+}
+
+nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout, const nvl_tensor *gate,
+                               const nvl_tensor *up) {
+  const char *op = "swiglu_backward";
+  NVL_TRY(need_out_null(op, "dgate", dgate));
+  NVL_TRY(need_out_null(op, "dup", dup));
+  NVL_TRY(check_tensor(op, "dout", dout, NVL_F32));
+  NVL_TRY(check_tensor(op, "gate", gate, NVL_F32));
+  NVL_TRY(check_tensor(op, "up", up, NVL_F32));
+  NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
+  NVL_TRY(need_same_shape(op, "dout", dout, "gate", gate));
+  nvl_tensor g = nvl_tensor_null(), u = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&g, NVL_F32, NVL_CPU, gate->ndim, gate->shape));
+  nvl_status st = nvl_tensor_empty(&u, NVL_F32, NVL_CPU, gate->ndim, gate->shape);
+  if (st != NVL_OK) { nvl_tensor_release(&g); return st; }
+  int64_t n = nvl_tensor_numel(gate);
+  if (use_ref())
+    nvl_swiglu_backward_ref(nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout), nvl_tensor_data(gate),
+                            nvl_tensor_data(up), n);
+  else
+    nvl_swiglu_backward_cpu(nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout), nvl_tensor_data(gate),
+                            nvl_tensor_data(up), n);
+  *dgate = g;
+  *dup = u;
+  return NVL_OK;
+}
+
+/* ---- fused softmax cross-entropy -------------------------------------------------------------- */
+
+nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
+                             const nvl_tensor *targets_in, int64_t ignore_index, double z_loss, double dloss_scale) {
+  const char *op = "cross_entropy";
+  char s1[160];
+  if (!loss || !count) return nvl_error(NVL_EINVAL, "%s: loss and count must not be NULL", op);
+  if (dlogits) NVL_TRY(need_out_null(op, "dlogits", dlogits));
+  if (logits && logits->storage && logits->dtype == NVL_BF16) NVL_TRY(check_tensor(op, "logits", logits, NVL_BF16));
+  else NVL_TRY(check_tensor(op, "logits", logits, NVL_F32));
+  if (logits->ndim < 1 || logits->shape[logits->ndim - 1] < 1)
+    return nvl_error(NVL_EINVAL, "%s: logits must be (N, V) with V >= 1, got %s", op, DESC(logits, s1));
+  if (!isfinite(z_loss)) return nvl_error(NVL_EINVAL, "%s: z_loss must be finite, got %g", op, z_loss);
+  if (!isfinite(dloss_scale))
+    return nvl_error(NVL_EINVAL, "%s: the gradient scale must be finite, got %g", op, dloss_scale);
+  nvl_tensor targets = nvl_tensor_null(), lf = nvl_tensor_null(), d = nvl_tensor_null();
+  NVL_TRY(ids_contiguous(op, "targets", targets_in, &targets));
+  int64_t V = logits->shape[logits->ndim - 1], N = nvl_tensor_numel(&targets);
+  const int64_t *tg = nvl_tensor_data(&targets);
+  nvl_status st = NVL_OK;
+  if (!is_leading_shape(logits, &targets))
+    st = mismatch(op, "logits", logits, "targets", &targets, "targets of logits' shape without its last dim (N)");
+  if (st == NVL_OK) st = check_ids(op, "target", tg, N, V, 1, ignore_index);
+  if (st == NVL_OK) {
+    if (logits->dtype == NVL_BF16) st = nvl_tensor_clone_to(&lf, logits, NVL_F32, NVL_CPU); /* exact widening */
+    else nvl_tensor_share(&lf, logits);
+  }
+  if (st == NVL_OK && dlogits) st = nvl_tensor_empty(&d, NVL_F32, NVL_CPU, logits->ndim, logits->shape);
+  if (st == NVL_OK) {
+    int64_t cnt = 0;
+    for (int64_t n = 0; n < N; n++) cnt += tg[n] != ignore_index;
+    float *dp = dlogits ? nvl_tensor_data(&d) : NULL;
+    double gscale = cnt ? dloss_scale / (double)cnt : 0.0;
+    double total = use_ref() ? nvl_cross_entropy_ref(dp, nvl_tensor_data(&lf), tg, N, V, ignore_index, z_loss, gscale)
+                             : nvl_cross_entropy_cpu(dp, nvl_tensor_data(&lf), tg, N, V, ignore_index, z_loss, gscale);
+    *loss = cnt ? total / (double)cnt : 0.0;
+    *count = cnt;
+    if (dlogits) *dlogits = d;
+  }
+  nvl_tensor_release(&targets);
+  nvl_tensor_release(&lf);
+  return st;
+}
+
+/* ---- optimizer -------------------------------------------------------------------------------- */
+
+nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor *m, nvl_tensor *v,
+                          const nvl_adamw_opts *o) {
+  const char *op = "adamw_step";
+  NVL_TRY(check_tensor(op, "param", param, NVL_F32));
+  NVL_TRY(check_tensor(op, "grad", grad, NVL_F32));
+  NVL_TRY(check_tensor(op, "m", m, NVL_F32));
+  NVL_TRY(check_tensor(op, "v", v, NVL_F32));
+  NVL_TRY(need_same_shape(op, "param", param, "grad", grad));
+  NVL_TRY(need_same_shape(op, "param", param, "m", m));
+  NVL_TRY(need_same_shape(op, "param", param, "v", v));
+  if (!o) return nvl_error(NVL_EINVAL, "%s: options are missing (NULL)", op);
+  if (!(o->lr >= 0.0) || !isfinite(o->lr))
+    return nvl_error(NVL_EINVAL, "%s: lr must be a finite number >= 0, got %g", op, o->lr);
+  if (!(o->beta1 >= 0.0 && o->beta1 < 1.0))
+    return nvl_error(NVL_EINVAL, "%s: beta1 must be in [0, 1), got %g", op, o->beta1);
+  if (!(o->beta2 >= 0.0 && o->beta2 < 1.0))
+    return nvl_error(NVL_EINVAL, "%s: beta2 must be in [0, 1), got %g", op, o->beta2);
+  if (!(o->eps >= 0.0) || !isfinite(o->eps))
+    return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, o->eps);
+  if (!(o->weight_decay >= 0.0) || !isfinite(o->weight_decay))
+    return nvl_error(NVL_EINVAL, "%s: weight_decay must be a finite number >= 0, got %g", op, o->weight_decay);
+  if (o->step < 1)
+    return nvl_error(NVL_EINVAL, "%s: step must be an integer >= 1 (1-based), got %lld", op, (long long)o->step);
+  int64_t n = nvl_tensor_numel(param);
+  const nvl_tensor *ts[4] = {param, grad, m, v};
+  const char *names[4] = {"param", "grad", "m", "v"};
+  for (int i = 0; i < 4; i++) /* views of one flat buffer are fine; overlapping ones are not */
+    for (int j = i + 1; j < 4; j++)
+      if (n > 0 && overlap(ts[i], ts[j], n))
+        return nvl_error(NVL_EINVAL, "%s: %s and %s overlap in memory; they must be separate tensors", op, names[i],
+                         names[j]);
+  if (use_ref())
+    nvl_adamw_step_ref(nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m), nvl_tensor_data(v), n, o);
+  else
+    nvl_adamw_step_cpu(nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m), nvl_tensor_data(v), n, o);
+  return NVL_OK;
+}
+
+nvl_status nvl_sumsq(double *out, const nvl_tensor *t) {
+  const char *op = "sumsq";
+  char s1[160];
+  if (!out) return nvl_error(NVL_EINVAL, "%s: out must not be NULL", op);
+  if (!t) return nvl_error(NVL_EINVAL, "%s: the tensor is missing (NULL)", op);
+  NVL_TRY(nvl_tensor_check_live(t, op));
+  if (t->device != NVL_CPU)
+    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (got %s); copy it with :cpu() first", op,
+                     DESC(t, s1));
+  if (t->dtype != NVL_F32 && t->dtype != NVL_BF16)
+    return nvl_error(NVL_EINVAL, "%s: the tensor must be f32 or bf16, got %s", op, DESC(t, s1));
+  nvl_tensor c = nvl_tensor_null();
+  if (t->dtype == NVL_F32 && nvl_tensor_is_contiguous(t)) nvl_tensor_share(&c, t);
+  else NVL_TRY(nvl_tensor_clone_to(&c, t, NVL_F32, NVL_CPU));
+  int64_t n = nvl_tensor_numel(&c);
+  *out = use_ref() ? nvl_sumsq_ref(nvl_tensor_data(&c), n) : nvl_sumsq_cpu(nvl_tensor_data(&c), n);
+  nvl_tensor_release(&c);
+  return NVL_OK;
+}

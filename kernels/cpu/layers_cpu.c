@@ -1,0 +1,233 @@
+/* layers_cpu.c: fast CPU kernels of the layer library (see layers_cpu.h). Rows go to OpenMP
+ * threads; parameter gradients (embedding, rmsnorm dweight) go by column chunks instead, each
+ * column summed over the rows in order, so there are no races, no atomics and the same bits as
+ * the reference whatever the thread count. Sums over a whole tensor (cross-entropy loss, sumsq)
+ * use at most MAX_PARTS fixed chunks combined in order.
+ *
+ * Not here: validation, allocation (beyond small stack arrays), tensors, Lua. Needs IEEE f32 in
+ * the default rounding mode (no -ffast-math), as the references do. */
+#include "cpu/layers_cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#define NVL_LAYERS_OMP_MIN 32768 /* elements; below this one thread is faster */
+#define COL_CHUNK 64              /* columns per task for the parameter-gradient scatters/sums */
+#define MAX_PARTS 256             /* chunks of a whole-tensor sum */
+
+/* ---- embedding -------------------------------------------------------------------------------- */
+
+void nvl_embedding_forward_cpu(float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
+  for (int64_t n = 0; n < N; n++) memcpy(out + n * C, weight + ids[n] * C, (size_t)C * sizeof(float));
+}
+
+void nvl_embedding_backward_cpu(float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C) {
+  int64_t nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
+#pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
+  for (int64_t k = 0; k < nchunks; k++) {
+    int64_t c0 = k * COL_CHUNK, c1 = c0 + COL_CHUNK < C ? c0 + COL_CHUNK : C;
+    for (int64_t n = 0; n < N; n++) {
+      float *restrict dw = dweight + ids[n] * C;
+      const float *restrict g = dout + n * C;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; c++) dw[c] += g[c];
+    }
+  }
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------------------------- */
+
+void nvl_rmsnorm_forward_cpu(float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
+                             double eps) {
+#pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
+  for (int64_t n = 0; n < N; n++) {
+    const float *restrict xr = x + n * C;
+    float *restrict o = out + n * C;
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+    float r = (float)(1.0 / sqrt(ss / (double)C + eps));
+    rstd[n] = r;
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) o[c] = (xr[c] * r) * weight[c];
+  }
+}
+
+void nvl_rmsnorm_backward_cpu(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
+                              const float *rstd, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
+  for (int64_t n = 0; n < N; n++) {
+    const float *restrict g = dout + n * C, *restrict xr = x + n * C;
+    float *restrict o = dx + n * C;
+    double r = rstd[n], dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t c = 0; c < C; c++) dot += (double)g[c] * weight[c] * xr[c];
+    double k = r * r * r * dot / (double)C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) o[c] = (float)(r * weight[c] * g[c] - (double)xr[c] * k);
+  }
+  /* dweight by column chunks: each column sums its rows in order, as the reference does */
+  int64_t nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
+#pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
+  for (int64_t kc = 0; kc < nchunks; kc++) {
+    int64_t c0 = kc * COL_CHUNK, len = c0 + COL_CHUNK < C ? COL_CHUNK : C - c0;
+    double acc[COL_CHUNK];
+    for (int64_t j = 0; j < len; j++) acc[j] = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+      const float *g = dout + n * C + c0, *xr = x + n * C + c0;
+      double r = rstd[n];
+#pragma omp simd
+      for (int64_t j = 0; j < len; j++) acc[j] += (double)g[j] * xr[j] * r;
+    }
+    for (int64_t j = 0; j < len; j++) dweight[c0 + j] = (float)((double)dweight[c0 + j] + acc[j]);
+  }
+}
+
+/* ---- RoPE: one (b, t, h) row of D at a time, the halves in separate loops so both vectorise --- */
+
+void nvl_rope_forward_cpu(float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                          int64_t H, int64_t D) {
+  int64_t h = D / 2, rows = B * T * H;
+#pragma omp parallel for schedule(static) if (rows * D > NVL_LAYERS_OMP_MIN)
+  for (int64_t row = 0; row < rows; row++) {
+    int64_t t = (row / H) % T;
+    const float *restrict xr = x + row * D, *restrict c = cos_t + t * D, *restrict s = sin_t + t * D;
+    float *restrict o = out + row * D;
+#pragma omp simd
+    for (int64_t j = 0; j < h; j++) o[j] = (float)((double)xr[j] * c[j] + -(double)xr[j + h] * s[j]);
+#pragma omp simd
+    for (int64_t j = h; j < D; j++) o[j] = (float)((double)xr[j] * c[j] + (double)xr[j - h] * s[j]);
+  }
+}
+
+void nvl_rope_backward_cpu(float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                           int64_t H, int64_t D) {
+  int64_t h = D / 2, rows = B * T * H;
+#pragma omp parallel for schedule(static) if (rows * D > NVL_LAYERS_OMP_MIN)
+  for (int64_t row = 0; row < rows; row++) {
+    int64_t t = (row / H) % T;
+    const float *restrict g = dout + row * D, *restrict c = cos_t + t * D, *restrict s = sin_t + t * D;
+    float *restrict o = dx + row * D;
+#pragma omp simd
+    for (int64_t j = 0; j < h; j++) o[j] = (float)((double)g[j] * c[j] + (double)g[j + h] * s[j + h]);
+#pragma omp simd
+    for (int64_t j = h; j < D; j++) o[j] = (float)((double)g[j] * c[j] + -(double)g[j - h] * s[j - h]);
+  }
+}
+
+/* ---- SwiGLU (f32 arithmetic, expf) ------------------------------------------------------------ */
+
+void nvl_swiglu_forward_cpu(float *out, const float *gate, const float *up, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > NVL_LAYERS_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+void nvl_swiglu_backward_cpu(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                             int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > NVL_LAYERS_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    float g = gate[i], d = dout[i];
+    float s = 1.0f / (1.0f + expf(-g));
+    dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
+    dup[i] = d * g * s;
+  }
+}
+
+/* ---- cross-entropy: max, then exp(x - max) once per element (kept in dlogits), then scale ----- */
+
+/* One counted row: returns lse - x[t] + z lse^2. */
+static double ce_row(float *restrict d, const float *restrict x, int64_t t, int64_t V, double z_loss,
+                     double grad_scale) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+  double s = 0.0;
+  if (d) {
+    for (int64_t i = 0; i < V; i++) {
+      float e = expf(x[i] - m);
+      d[i] = e;
+      s += e;
+    }
+  } else {
+    for (int64_t i = 0; i < V; i++) s += expf(x[i] - m);
+  }
+  double lse = (double)m + log(s);
+  if (d) {
+    double k = 1.0 + 2.0 * z_loss * lse;
+    double et = d[t];
+    float f = (float)(grad_scale * k / s);
+#pragma omp simd
+    for (int64_t i = 0; i < V; i++) d[i] = d[i] * f;
+    d[t] = (float)(grad_scale * (k * et / s - 1.0));
+  }
+  return lse - (double)x[t] + z_loss * lse * lse;
+}
+
+double nvl_cross_entropy_cpu(float *dlogits, const float *logits, const int64_t *targets, int64_t N, int64_t V,
+                             int64_t ignore_index, double z_loss, double grad_scale) {
+  double part[MAX_PARTS];
+  int64_t per = (N + MAX_PARTS - 1) / MAX_PARTS, nparts = per ? (N + per - 1) / per : 0;
+#pragma omp parallel for schedule(dynamic, 1) if (N * V > NVL_LAYERS_OMP_MIN)
+  for (int64_t k = 0; k < nparts; k++) {
+    int64_t n0 = k * per, n1 = n0 + per < N ? n0 + per : N;
+    double acc = 0.0;
+    for (int64_t n = n0; n < n1; n++) {
+      float *d = dlogits ? dlogits + n * V : NULL;
+      if (targets[n] == ignore_index) {
+        if (d) memset(d, 0, (size_t)V * sizeof(float));
+        continue;
+      }
+      acc += ce_row(d, logits + n * V, targets[n], V, z_loss, grad_scale);
+    }
+    part[k] = acc;
+  }
+  double total = 0.0;
+  for (int64_t k = 0; k < nparts; k++) total += part[k];
+  return total;
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------------ */
+
+/* One chunk. Vectorises where sqrtf need not set errno (-fno-math-errno); as built, gcc keeps
+ * it scalar, which costs little: the step is bound by memory traffic (7 floats per element). */
+static void adamw_span(float *restrict p, const float *restrict g, float *restrict m, float *restrict v, int64_t n,
+                       const nvl_adamw_coefs *k) {
+  nvl_adamw_coefs kk = *k;
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&p[i], g[i], &m[i], &v[i], &kk);
+}
+
+void nvl_adamw_step_cpu(float *param, const float *grad, float *m, float *v, int64_t n, const nvl_adamw_opts *o) {
+  nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
+  const int64_t chunk = 8192;
+  int64_t nchunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (n > NVL_LAYERS_OMP_MIN)
+  for (int64_t c = 0; c < nchunks; c++) {
+    int64_t i0 = c * chunk, len = i0 + chunk < n ? chunk : n - i0;
+    adamw_span(param + i0, grad + i0, m + i0, v + i0, len, &k);
+  }
+}
+
+/* ---- sum of squares --------------------------------------------------------------------------- */
+
+double nvl_sumsq_cpu(const float *x, int64_t n) {
+  double part[MAX_PARTS];
+  int64_t per = (n + MAX_PARTS - 1) / MAX_PARTS;
+  if (per < 4096) per = 4096;
+  int64_t nparts = (n + per - 1) / per;
+#pragma omp parallel for schedule(static) if (n > NVL_LAYERS_OMP_MIN)
+  for (int64_t k = 0; k < nparts; k++) {
+    int64_t i0 = k * per, i1 = i0 + per < n ? i0 + per : n;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
+    part[k] = s;
+  }
+  double total = 0.0;
+  for (int64_t k = 0; k < nparts; k++) total += part[k];
+  return total;
+}

@@ -1,0 +1,197 @@
+/* layers_ref.c: scalar reference kernels of the layer library (see layers_ref.h). Written to be
+ * read next to the formulas in layers.h; speed is layers_cpu.c's business. */
+#include "cpu/ref/layers_ref.h"
+
+#include <math.h>
+#include <string.h>
+
+static _Thread_local int use_reference;
+
+int nvl_layers_set_reference(int on) {
+  int prev = use_reference;
+  use_reference = on != 0;
+  return prev;
+}
+
+int nvl_layers_reference(void) { return use_reference; }
+
+/* ---- embedding -------------------------------------------------------------------------------- */
+
+void nvl_embedding_forward_ref(float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++) out[n * C + c] = weight[ids[n] * C + c];
+}
+
+void nvl_embedding_backward_ref(float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++) dweight[ids[n] * C + c] += dout[n * C + c];
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------------------------- */
+
+void nvl_rmsnorm_forward_ref(float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
+                             double eps) {
+  for (int64_t n = 0; n < N; n++) {
+    const float *xr = x + n * C;
+    double ss = 0.0;
+    for (int64_t c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+    float r = (float)(1.0 / sqrt(ss / (double)C + eps));
+    rstd[n] = r;
+    for (int64_t c = 0; c < C; c++) out[n * C + c] = (xr[c] * r) * weight[c];
+  }
+}
+
+void nvl_rmsnorm_backward_ref(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
+                              const float *rstd, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; n++) {
+    const float *g = dout + n * C, *xr = x + n * C;
+    double r = rstd[n], dot = 0.0;
+    for (int64_t c = 0; c < C; c++) dot += (double)g[c] * weight[c] * xr[c];
+    double k = r * r * r * dot / (double)C;
+    for (int64_t c = 0; c < C; c++) dx[n * C + c] = (float)(r * weight[c] * g[c] - (double)xr[c] * k);
+  }
+  for (int64_t c = 0; c < C; c++) {
+    double acc = 0.0;
+    for (int64_t n = 0; n < N; n++) acc += (double)dout[n * C + c] * x[n * C + c] * rstd[n];
+    dweight[c] = (float)((double)dweight[c] + acc);
+  }
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------------- */
+
+void nvl_rope_inv_freq_ref(double *inv_freq, int64_t D, double theta, const nvl_rope_scaling *s) {
+  const double pi = 3.14159265358979323846;
+  for (int64_t i = 0; i < D / 2; i++) {
+    double f = pow(theta, -(double)(2 * i) / (double)D);
+    if (s && s->llama3) {
+      double low_wavelen = s->original_max_position_embeddings / s->low_freq_factor;
+      double high_wavelen = s->original_max_position_embeddings / s->high_freq_factor;
+      double wavelen = 2.0 * pi / f;
+      if (wavelen > low_wavelen) {
+        f = f / s->factor;
+      } else if (!(wavelen < high_wavelen)) {
+        double smooth = (s->original_max_position_embeddings / wavelen - s->low_freq_factor) /
+                        (s->high_freq_factor - s->low_freq_factor);
+        f = (1.0 - smooth) * f / s->factor + smooth * f;
+      }
+    }
+    inv_freq[i] = f;
+  }
+}
+
+void nvl_rope_tables_ref(float *cos_t, float *sin_t, const double *inv_freq, int64_t T, int64_t D) {
+  int64_t h = D / 2;
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t i = 0; i < D; i++) {
+      double a = (double)t * inv_freq[i % h];
+      cos_t[t * D + i] = (float)cos(a);
+      sin_t[t * D + i] = (float)sin(a);
+    }
+}
+
+void nvl_rope_forward_ref(float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                          int64_t H, int64_t D) {
+  int64_t h = D / 2;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t hd = 0; hd < H; hd++) {
+        const float *xr = x + ((b * T + t) * H + hd) * D, *c = cos_t + t * D, *s = sin_t + t * D;
+        float *o = out + ((b * T + t) * H + hd) * D;
+        for (int64_t j = 0; j < D; j++) {
+          double rot = j < h ? -(double)xr[j + h] : (double)xr[j - h]; /* rotate_half(x)[j] */
+          o[j] = (float)((double)xr[j] * c[j] + rot * s[j]);
+        }
+      }
+}
+
+void nvl_rope_backward_ref(float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                           int64_t H, int64_t D) {
+  int64_t h = D / 2;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t hd = 0; hd < H; hd++) {
+        const float *g = dout + ((b * T + t) * H + hd) * D, *c = cos_t + t * D, *s = sin_t + t * D;
+        float *o = dx + ((b * T + t) * H + hd) * D;
+        for (int64_t j = 0; j < D; j++) {
+          double tr = j < h ? (double)g[j + h] * s[j + h] : -(double)g[j - h] * s[j - h];
+          o[j] = (float)((double)g[j] * c[j] + tr);
+        }
+      }
+}
+
+/* ---- SwiGLU ----------------------------------------------------------------------------------- */
+
+void nvl_swiglu_forward_ref(float *out, const float *gate, const float *up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    double g = gate[i];
+    out[i] = (float)(g / (1.0 + exp(-g)) * (double)up[i]);
+  }
+}
+
+void nvl_swiglu_backward_ref(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                             int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    double g = gate[i], u = up[i], d = dout[i];
+    double s = 1.0 / (1.0 + exp(-g));
+    dgate[i] = (float)(d * u * s * (1.0 + g * (1.0 - s)));
+    dup[i] = (float)(d * g * s);
+  }
+}
+
+/* ---- cross-entropy ---------------------------------------------------------------------------- */
+
+double nvl_cross_entropy_ref(float *dlogits, const float *logits, const int64_t *targets, int64_t N, int64_t V,
+                             int64_t ignore_index, double z_loss, double grad_scale) {
+  double total = 0.0;
+  for (int64_t n = 0; n < N; n++) {
+    const float *x = logits + n * V;
+    float *d = dlogits ? dlogits + n * V : NULL;
+    if (targets[n] == ignore_index) {
+      if (d) memset(d, 0, (size_t)V * sizeof(float));
+      continue;
+    }
+    double m = -INFINITY;
+    for (int64_t i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+    double s = 0.0;
+    for (int64_t i = 0; i < V; i++) s += exp((double)x[i] - m);
+    double lse = m + log(s);
+    total += lse - (double)x[targets[n]] + z_loss * lse * lse;
+    if (d) {
+      double k = 1.0 + 2.0 * z_loss * lse;
+      for (int64_t i = 0; i < V; i++) {
+        double p = exp((double)x[i] - lse);
+        d[i] = (float)(grad_scale * (k * p - (i == targets[n] ? 1.0 : 0.0)));
+      }
+    }
+  }
+  return total;
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------------ */
+
+nvl_adamw_coefs nvl_adamw_coefs_of(const nvl_adamw_opts *o) {
+  nvl_adamw_coefs k;
+  double bc1 = 1.0 - pow(o->beta1, (double)o->step);
+  double bc2 = 1.0 - pow(o->beta2, (double)o->step);
+  k.decay = (float)(1.0 - o->lr * o->weight_decay);
+  k.w1 = (float)(1.0 - o->beta1);
+  k.b2 = (float)o->beta2;
+  k.one_minus_b2 = (float)(1.0 - o->beta2);
+  k.bc2_sqrt = (float)sqrt(bc2);
+  k.eps = (float)o->eps;
+  k.neg_step_size = (float)(-(o->lr / bc1));
+  return k;
+}
+
+void nvl_adamw_step_ref(float *param, const float *grad, float *m, float *v, int64_t n, const nvl_adamw_opts *o) {
+  nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
+  for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&param[i], grad[i], &m[i], &v[i], &k);
+}
+
+/* ---- sum of squares --------------------------------------------------------------------------- */
+
+double nvl_sumsq_ref(const float *x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+  return s;
+}
