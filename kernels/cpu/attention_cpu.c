@@ -13,7 +13,11 @@
 static int64_t tile_rows(int64_t T) { return T < NVL_ATTN_BLOCK ? T : NVL_ATTN_BLOCK; }
 
 /* Threads for `tasks` independent tasks, each needing per_thread floats of the workspace. */
-static int team_size(int64_t tasks, size_t work_floats, size_t per_thread) {
+/* Threads for `tasks` heads of T x T x D work each: one below ~2 MFLOP in all (a thread team costs
+ * more than it saves there, and on a loaded machine a lot more), else up to one per head within
+ * the scratch space. */
+static int team_size(int64_t tasks, size_t work_floats, size_t per_thread, int64_t T, int64_t D) {
+  if ((double)tasks * (double)T * (double)T * (double)D < 1e6) return 1;
   int64_t nt = omp_get_max_threads();
   if (nt > tasks) nt = tasks;
   if (per_thread > 0 && (size_t)nt > work_floats / per_thread) nt = (int64_t)(work_floats / per_thread);
@@ -73,7 +77,7 @@ void nvl_attention_forward_cpu(float *out, float *lse, const float *q, const flo
   int64_t group = Hq / Hkv, tasks = B * Hq;
   size_t per = (size_t)(tile_rows(T) * T);
   int ldq = (int)(Hq * D), ldk = (int)(Hkv * D);
-  int nt = team_size(tasks, work_floats, per);
+  int nt = team_size(tasks, work_floats, per, T, D);
   int prev = blas_solo_begin(nt);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t i = 0; i < tasks; i++) {
@@ -127,7 +131,7 @@ void nvl_attention_backward_cpu(float *dq, float *dk, float *dv, const float *do
   int64_t group = Hq / Hkv, tasks = B * Hkv;
   size_t tile = (size_t)(tile_rows(T) * T);
   int ldq = (int)(Hq * D), ldk = (int)(Hkv * D);
-  int nt = team_size(tasks, work_floats, 2 * tile);
+  int nt = team_size(tasks, work_floats, 2 * tile, T, D);
   int prev = blas_solo_begin(nt);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t i = 0; i < tasks; i++) {

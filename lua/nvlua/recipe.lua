@@ -254,6 +254,7 @@ function Recipe:linear_forward(ctx, x, w)
     local wt = w:transpose()
     if self.hook then self.hook({ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
     y = x2:matmul(wt)
+    wt:free()
   else
     local qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"))
     qw = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
@@ -308,7 +309,9 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
     local gr
     if plain(gw) then
       if self.hook then self.hook({ctx = ctx, role = "wgrad", gemm = gw, a = dy2, b = x}) end
-      gr = dy2:transpose():matmul(x)
+      local dyt = dy2:transpose()
+      gr = dyt:matmul(x)
+      dyt:free()
     else
       local qdy = self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"))
       local qx = self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"))

@@ -1,0 +1,1071 @@
+-- nvlua.nn: the Lua layer library and the Llama model.   local nn = require "nvlua.nn"
+-- Modules hold parameters (f32 master weights), their gradients (f32, accumulated) and the
+-- activations saved for backward; the arithmetic is the C layers' (core/layers.h) and, for every
+-- linear layer, the recipe's three GEMMs (lua/nvlua/recipe.lua). Torch7-style: m:forward(x) -> y,
+-- m:backward(dy) -> dx; parameter gradients accumulate (+=), the returned dx is a new tensor the
+-- caller owns. Parameters and submodules are registered explicitly, never found by field name.
+-- Not here: quantization (the recipe does it), the optimizer (optim.lua), the training loop.
+-- Shape letters: B batch, T sequence, N = B*T tokens, C hidden, F FFN width, V vocabulary,
+-- Hq / Hkv query / key-value heads, D head dim.
+-- Memory: a module frees its own intermediates as soon as they are dead, never its caller's
+-- input or the output it returned; in eval mode it keeps nothing for backward, and a forward
+-- frees what an earlier forward saved for a backward that never ran.
+local nv = require "nvlua"
+local core = require "nvlua.core"
+
+local nn = {}
+
+-- ---- classes ------------------------------------------------------------------------------------
+
+--- nn.class(name [, parent]) -> a class table; Class(...) makes an instance and calls its __init.
+function nn.class(name, parent)
+  local cls = {}
+  cls.__index = cls
+  cls.__name = "nvlua.nn." .. name
+  cls.__tostring = parent and parent.__tostring
+  cls.class_name = name
+  cls.super = parent
+  return setmetatable(cls, {
+    __index = parent,
+    __call = function(c, ...)
+      local o = setmetatable({}, c)
+      o:__init(...)
+      return o
+    end,
+  })
+end
+
+--- nn.is_instance(obj, cls): obj's class is cls or derives from it
+function nn.is_instance(obj, cls)
+  if type(obj) ~= "table" then return false end
+  local c = getmetatable(obj)
+  while c do
+    if c == cls then return true end
+    c = rawget(c, "super")
+  end
+  return false
+end
+
+local function shape_str(s)
+  if type(s) ~= "table" then s = s:size() end
+  return "[" .. table.concat(s, ",") .. "]"
+end
+
+local function same_shape(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+local function check_int(v, what, fname, min)
+  if math.type(v) ~= "integer" or v < (min or 1) then
+    error(string.format("%s: %s must be an integer >= %d, got %s", fname, what, min or 1, tostring(v)), 3)
+  end
+end
+
+local function check_opts(opts, valid, fname)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error(fname .. ": options must be a table, got " .. type(opts), 3) end
+  for k in pairs(opts) do
+    if not valid[k] then
+      local names = {}
+      for n in pairs(valid) do names[#names + 1] = n end
+      table.sort(names)
+      error(string.format("%s: unknown option '%s' (valid: %s)", fname, tostring(k), table.concat(names, ", ")), 3)
+    end
+  end
+  return opts
+end
+
+-- normal(0, std) f32 [shape] from generator g (nil: the default generator)
+local function normal(shape, std, g)
+  local t = nv.randn(shape, {generator = g})
+  return t:mul_(std)
+end
+
+-- ---- Module -------------------------------------------------------------------------------------
+
+--- nn.Module: the base class. A plain Module() is a container for registered submodules.
+local Module = nn.class("Module")
+nn.Module = Module
+
+function Module:__init()
+  self._params = {}   -- ordered: {name=, param= [..] f32, grad= [..] f32, no_decay=}
+  self._modules = {}  -- ordered: {name=, module=}
+  self.training = true
+end
+
+--- m:register_parameter(name, tensor [, {no_decay = bool}]) -> its entry {name, param, grad, no_decay}
+-- The gradient (f32, zeros, the parameter's shape) is allocated here.
+function Module:register_parameter(name, t, opts)
+  opts = check_opts(opts, {no_decay = true}, "register_parameter")
+  if type(name) ~= "string" or name == "" or name:find(".", 1, true) then
+    error("register_parameter: name must be a non-empty string without dots, got " .. tostring(name), 2)
+  end
+  if not nv.is_tensor(t) or t:dtype() ~= "f32" then
+    error("register_parameter: '" .. name .. "' must be an f32 tensor", 2)
+  end
+  for _, e in ipairs(self._params) do
+    if e.name == name then error("register_parameter: '" .. name .. "' is already registered", 2) end
+  end
+  for _, e in ipairs(self._modules) do
+    if e.name == name then error("register_parameter: '" .. name .. "' is already a submodule", 2) end
+  end
+  local entry = {name = name, param = t, grad = nv.zeros(t:size()), no_decay = opts.no_decay == true}
+  self._params[#self._params + 1] = entry
+  return entry
+end
+
+--- m:register_module(name, module) -> module
+function Module:register_module(name, m)
+  if type(name) ~= "string" or name == "" or name:find(".", 1, true) then
+    error("register_module: name must be a non-empty string without dots, got " .. tostring(name), 2)
+  end
+  if not nn.is_instance(m, Module) then error("register_module: '" .. name .. "' is not an nn.Module", 2) end
+  for _, e in ipairs(self._modules) do
+    if e.name == name then error("register_module: '" .. name .. "' is already registered", 2) end
+  end
+  for _, e in ipairs(self._params) do
+    if e.name == name then error("register_module: '" .. name .. "' is already a parameter", 2) end
+  end
+  self._modules[#self._modules + 1] = {name = name, module = m}
+  return m
+end
+
+-- Visit (full name, entry) of every parameter, depth first in registration order; a tensor
+-- registered twice (shared) is visited once.
+local function each_entry(m, prefix, fn, seen)
+  for _, e in ipairs(m._params) do
+    if not seen[e.param] then
+      seen[e.param] = true
+      fn(prefix .. e.name, e)
+    end
+  end
+  for _, c in ipairs(m._modules) do each_entry(c.module, prefix .. c.name .. ".", fn, seen) end
+end
+
+--- m:named_parameters([prefix]) -> ordered array of {name = full dotted name, param, grad, no_decay}
+function Module:named_parameters(prefix)
+  local out = {}
+  each_entry(self, prefix and prefix ~= "" and prefix .. "." or "", function(name, e)
+    out[#out + 1] = {name = name, param = e.param, grad = e.grad, no_decay = e.no_decay}
+  end, {})
+  return out
+end
+
+--- m:parameters() -> ordered array of parameter tensors
+function Module:parameters()
+  local out = {}
+  for _, p in ipairs(self:named_parameters()) do out[#out + 1] = p.param end
+  return out
+end
+
+--- m:named_modules([prefix]) -> ordered array of {name =, module =}, m itself first (name prefix or "")
+function Module:named_modules(prefix)
+  local out = {}
+  local function walk(m, name)
+    out[#out + 1] = {name = name, module = m}
+    for _, c in ipairs(m._modules) do walk(c.module, name == "" and c.name or name .. "." .. c.name) end
+  end
+  walk(self, prefix or "")
+  return out
+end
+
+--- m:modules() -> ordered array of all modules, m first
+function Module:modules()
+  local out = {}
+  for _, e in ipairs(self:named_modules()) do out[#out + 1] = e.module end
+  return out
+end
+
+--- m:child(name) -> the registered submodule called name (or nil)
+function Module:child(name)
+  for _, e in ipairs(self._modules) do if e.name == name then return e.module end end
+end
+
+--- m:zero_grad(): every parameter gradient = 0
+function Module:zero_grad()
+  each_entry(self, "", function(_, e) e.grad:zero_() end, {})
+  return self
+end
+
+--- m:train([mode = true]) / m:eval(): set training mode on m and every submodule
+function Module:train(mode)
+  if mode == nil then mode = true end
+  for _, m in ipairs(self:modules()) do m.training = mode and true or false end
+  return self
+end
+
+function Module:eval() return self:train(false) end
+
+--- m:num_parameters() -> total number of parameter elements (a shared tensor counted once)
+function Module:num_parameters()
+  local n = 0
+  for _, p in ipairs(self:named_parameters()) do n = n + p.param:numel() end
+  return n
+end
+
+--- m:set_recipe(r): every Linear under m computes its GEMMs with recipe r
+function Module:set_recipe(r)
+  for _, m in ipairs(self:modules()) do
+    if nn.is_instance(m, nn.Linear) then m.recipe = r end
+  end
+  return self
+end
+
+--- m:set_names([prefix]): each module's .name = its full dotted path under m (the names Linear
+-- hands its recipe); called by the model constructors.
+function Module:set_names(prefix)
+  for _, e in ipairs(self:named_modules(prefix)) do
+    if e.name ~= "" then e.module.name = e.name end
+  end
+  return self
+end
+
+function Module:forward() error(self.class_name .. ":forward is not implemented", 2) end
+function Module:backward() error(self.class_name .. ":backward is not implemented", 2) end
+
+function Module:extra_repr() return "" end
+
+function Module:__tostring()
+  local lines = {}
+  local function walk(m, name, indent)
+    local head = indent .. (name and ("(" .. name .. "): ") or "") .. m.class_name .. "(" .. m:extra_repr() .. ")"
+    lines[#lines + 1] = head
+    for _, c in ipairs(m._modules) do walk(c.module, c.name, indent .. "  ") end
+  end
+  walk(self, nil, "")
+  return table.concat(lines, "\n")
+end
+
+--- nn.ModuleList(): numbered submodules "0", "1", ... (Hugging Face's layers.{i})
+local ModuleList = nn.class("ModuleList", Module)
+nn.ModuleList = ModuleList
+
+function ModuleList:__init(mods)
+  Module.__init(self)
+  self.n = 0
+  for _, m in ipairs(mods or {}) do self:append(m) end
+end
+
+function ModuleList:append(m)
+  self:register_module(tostring(self.n), m)
+  self.n = self.n + 1
+  self[self.n] = m -- 1-based array access for Lua loops; registration is what names it
+  return m
+end
+
+function ModuleList:__len() return self.n end
+
+-- ---- recipes ------------------------------------------------------------------------------------
+
+--- nn.default_recipe(): the recipe Linear uses when none was set (recipe.f32())
+function nn.default_recipe()
+  if not nn._default_recipe then
+    local ok, recipe = pcall(require, "nvlua.recipe")
+    if not ok then error("nn: no recipe given and nvlua.recipe cannot be loaded: " .. tostring(recipe), 3) end
+    nn._default_recipe = recipe.f32()
+  end
+  return nn._default_recipe
+end
+
+-- drop a recipe's saved state (in eval mode, or when forward runs twice without a backward)
+local function release_saved(recipe, saved)
+  if saved ~= nil and type(recipe.release) == "function" then recipe:release(saved) end
+end
+
+-- free the tensors of a saved-state table (a forward that had no backward)
+local function free_saved(s, keys)
+  if not s then return end
+  for _, k in ipairs(keys) do if s[k] then s[k]:free() end end
+end
+
+-- ---- Linear -------------------------------------------------------------------------------------
+
+--- nn.Linear(in_features, out_features [, opts]): y = x W^T, W [out, in] f32, no bias.
+-- opts: name (Hugging Face module name, passed to the recipe), block (0-based block index),
+-- num_blocks, high_precision, recipe, generator, std (init, default 0.02), tie (a parameter
+-- entry {param, grad} of shape [out, in] to share instead of owning a weight: tied embeddings).
+-- The three GEMMs are the recipe's: recipe:linear_forward / recipe:linear_backward.
+local Linear = nn.class("Linear", Module)
+nn.Linear = Linear
+
+local LINEAR_OPTS = {name = true, block = true, num_blocks = true, high_precision = true, recipe = true,
+  generator = true, std = true, tie = true}
+
+function Linear:__init(in_features, out_features, opts)
+  Module.__init(self)
+  opts = check_opts(opts, LINEAR_OPTS, "Linear")
+  check_int(in_features, "in_features", "Linear")
+  check_int(out_features, "out_features", "Linear")
+  self.in_features, self.out_features = in_features, out_features
+  self.name = opts.name
+  self.block = opts.block
+  self.num_blocks = opts.num_blocks
+  self.high_precision = opts.high_precision == true
+  self.recipe = opts.recipe
+  self.step = 0
+  if opts.tie then
+    local p = opts.tie.param
+    if not (nv.is_tensor(p) and same_shape(p:size(), {out_features, in_features})) then
+      error(string.format("Linear: tied weight must be [%d,%d], got %s", out_features, in_features,
+        nv.is_tensor(p) and shape_str(p) or type(p)), 2)
+    end
+    self.weight_entry = opts.tie
+    self.tied = true
+  else
+    self.weight_entry = self:register_parameter("weight", normal({out_features, in_features}, opts.std or 0.02,
+      opts.generator))
+  end
+end
+
+function Linear:extra_repr()
+  return string.format("%d -> %d%s", self.in_features, self.out_features, self.tied and ", tied" or "")
+end
+
+--- the context the recipe sees (NUMERICS §6 choices are made per name / block / step)
+function Linear:context()
+  return {name = self.name or "linear", block = self.block, num_blocks = self.num_blocks,
+    high_precision = self.high_precision, step = self.step or 0}
+end
+
+-- forget the state saved by a forward that had no backward
+function Linear:_drop()
+  local s = self._saved
+  if s then
+    release_saved(s.recipe, s.saved)
+    s.x:free()
+    self._saved = nil
+  end
+end
+
+--- y (..., out) = x (..., in) W^T
+function Linear:forward(x)
+  local shape = x:size()
+  local K = shape[#shape]
+  if #shape < 2 or K ~= self.in_features then
+    error(string.format("Linear(%s): input %s %s, expected [..., %d]", self.name or "", shape_str(shape), x:dtype(),
+      self.in_features), 2)
+  end
+  self:_drop()
+  local r = self.recipe or nn.default_recipe()
+  local ctx = self:context()
+  local N = x:numel() // K
+  local x2 = x:reshape(N, K)                                        -- (N, in), our own handle
+  local y, saved = r:linear_forward(ctx, x2, self.weight_entry.param) -- (N, out)
+  if self.training then
+    self._saved = {saved = saved, x = x2, ctx = ctx, recipe = r, shape = shape}
+  else
+    release_saved(r, saved)
+    x2:free()
+  end
+  if #shape ~= 2 then
+    local oshape = {table.unpack(shape)}
+    oshape[#oshape] = self.out_features
+    local yv = y:view(oshape)
+    y:free()
+    y = yv
+  end
+  return y
+end
+
+--- dx (..., in) = dy W; dW += dy^T x
+function Linear:backward(dy)
+  local s = self._saved
+  if not s then error("Linear(" .. (self.name or "") .. "):backward without a forward in training mode", 2) end
+  self._saved = nil
+  local dy2 = dy:reshape(dy:numel() // self.out_features, self.out_features)        -- (N, out)
+  local dx = s.recipe:linear_backward(s.ctx, dy2, s.saved, self.weight_entry.grad) -- (N, in)
+  dy2:free()
+  s.x:free()
+  if #s.shape ~= 2 then
+    local dxv = dx:view(s.shape)
+    dx:free()
+    dx = dxv
+  end
+  return dx
+end
+
+-- ---- Embedding ----------------------------------------------------------------------------------
+
+--- nn.Embedding(num_embeddings, dim [, {generator=, std=0.02}]): out (..., C) = weight[ids]
+local Embedding = nn.class("Embedding", Module)
+nn.Embedding = Embedding
+
+function Embedding:__init(num, dim, opts)
+  Module.__init(self)
+  opts = check_opts(opts, {generator = true, std = true, name = true}, "Embedding")
+  check_int(num, "num_embeddings", "Embedding")
+  check_int(dim, "embedding_dim", "Embedding")
+  self.num_embeddings, self.dim = num, dim
+  self.name = opts.name
+  self.weight_entry = self:register_parameter("weight", normal({num, dim}, opts.std or 0.02, opts.generator),
+    {no_decay = true})
+end
+
+function Embedding:extra_repr() return self.num_embeddings .. ", " .. self.dim end
+
+--- ids (...) i64 -> out (..., C) f32. The ids have no gradient.
+function Embedding:forward(ids)
+  if not nv.is_tensor(ids) or ids:dtype() ~= "i64" then
+    error("Embedding:forward: ids must be an i64 tensor, got " .. (nv.is_tensor(ids) and ids:dtype() or type(ids)), 2)
+  end
+  local shape = ids:size()
+  local flat = ids:reshape(ids:numel())                               -- (N)
+  local out = core.embedding_forward(flat, self.weight_entry.param)   -- (N, C)
+  if self._ids then self._ids:free() end
+  if self.training then self._ids = flat else flat:free(); self._ids = nil end
+  shape[#shape + 1] = self.dim
+  local ov = out:view(shape)
+  out:free()
+  return ov
+end
+
+--- weight.grad += scatter(dout); returns nil (ids are not differentiable)
+function Embedding:backward(dout)
+  local ids = self._ids
+  if not ids then error("Embedding:backward without a forward in training mode", 2) end
+  self._ids = nil
+  local d2 = dout:reshape(ids:numel(), self.dim)                     -- (N, C)
+  core.embedding_backward(self.weight_entry.grad, d2, ids)
+  d2:free(); ids:free()
+  return nil
+end
+
+-- ---- RMSNorm ------------------------------------------------------------------------------------
+
+--- nn.RMSNorm(dim [, {eps = 1e-6}]): out = x / sqrt(mean(x^2) + eps) * weight; weight = ones
+local RMSNorm = nn.class("RMSNorm", Module)
+nn.RMSNorm = RMSNorm
+
+function RMSNorm:__init(dim, opts)
+  Module.__init(self)
+  opts = check_opts(opts, {eps = true, name = true}, "RMSNorm")
+  check_int(dim, "dim", "RMSNorm")
+  self.dim = dim
+  self.eps = opts.eps or 1e-6
+  self.name = opts.name
+  self.weight_entry = self:register_parameter("weight", nv.ones(dim), {no_decay = true})
+end
+
+function RMSNorm:extra_repr() return string.format("%d, eps=%g", self.dim, self.eps) end
+
+function RMSNorm:forward(x)
+  local shape = x:size()
+  if shape[#shape] ~= self.dim then
+    error(string.format("RMSNorm: input %s, expected [..., %d]", shape_str(shape), self.dim), 2)
+  end
+  local x2 = x:reshape(x:numel() // self.dim, self.dim)                          -- (N, C)
+  local out, rstd = core.rmsnorm_forward(x2, self.weight_entry.param, self.eps)  -- (N, C), (N)
+  if self._saved then self._saved.x:free(); self._saved.rstd:free() end
+  if self.training then
+    self._saved = {x = x2, rstd = rstd, shape = shape}
+  else
+    self._saved = nil
+    x2:free(); rstd:free()
+  end
+  if #shape ~= 2 then
+    local ov = out:view(shape)
+    out:free()
+    out = ov
+  end
+  return out
+end
+
+function RMSNorm:backward(dout)
+  local s = self._saved
+  if not s then error("RMSNorm:backward without a forward in training mode", 2) end
+  self._saved = nil
+  local d2 = dout:reshape(dout:numel() // self.dim, self.dim)                        -- (N, C)
+  local dx = core.rmsnorm_backward(self.weight_entry.grad, d2, s.x, self.weight_entry.param, s.rstd) -- (N, C)
+  d2:free(); s.x:free(); s.rstd:free()
+  if #s.shape ~= 2 then
+    local dv = dx:view(s.shape)
+    dx:free()
+    dx = dv
+  end
+  return dx
+end
+
+-- ---- configuration (Hugging Face LlamaConfig keys and defaults) ----------------------------------
+
+-- The keys nn.Llama understands, with Hugging Face's LlamaConfig defaults. head_dim defaults to
+-- hidden_size / num_attention_heads and num_key_value_heads to num_attention_heads.
+local NONE = {} -- no default value
+local CONFIG_DEFAULTS = {
+  vocab_size = 32000, hidden_size = 4096, intermediate_size = 11008, num_hidden_layers = 32,
+  num_attention_heads = 32, num_key_value_heads = NONE, head_dim = NONE, rope_theta = 10000.0,
+  rope_scaling = NONE, rms_norm_eps = 1e-6, max_position_embeddings = 2048, tie_word_embeddings = false,
+  initializer_range = 0.02,
+}
+-- Keys of a Hugging Face config.json that are accepted when they describe what nvlua computes
+-- (checked), or that carry no arithmetic (ignored).
+local CONFIG_CHECKED = {
+  hidden_act = "silu", attention_bias = false, mlp_bias = false, attention_dropout = 0, pretraining_tp = 1,
+  model_type = "llama",
+}
+local CONFIG_IGNORED = {
+  architectures = true, torch_dtype = true, bos_token_id = true, eos_token_id = true, pad_token_id = true,
+  use_cache = true, transformers_version = true,
+}
+local ROPE_SCALING_KEYS = {rope_type = true, type = true, factor = true, low_freq_factor = true,
+  high_freq_factor = true, original_max_position_embeddings = true}
+
+local function config_keys()
+  local names = {}
+  for k in pairs(CONFIG_DEFAULTS) do names[#names + 1] = k end
+  for k in pairs(CONFIG_CHECKED) do names[#names + 1] = k end
+  for k in pairs(CONFIG_IGNORED) do names[#names + 1] = k end
+  table.sort(names)
+  return table.concat(names, ", ")
+end
+
+--- nn.llama_config(cfg) -> a new, complete and checked config table (defaults filled in).
+-- Unknown keys raise an error listing the valid ones.
+function nn.llama_config(cfg)
+  if type(cfg) ~= "table" then error("llama_config: config must be a table, got " .. type(cfg), 2) end
+  if cfg._checked then return cfg end
+  local c = {}
+  for k, v in pairs(cfg) do
+    if CONFIG_DEFAULTS[k] == nil and CONFIG_CHECKED[k] == nil and not CONFIG_IGNORED[k] then
+      error(string.format("llama_config: unknown key '%s' (valid: %s)", tostring(k), config_keys()), 2)
+    end
+    if CONFIG_CHECKED[k] ~= nil and v ~= CONFIG_CHECKED[k] then
+      error(string.format("llama_config: %s = %s is not supported (nvlua computes %s = %s)", k, tostring(v), k,
+        tostring(CONFIG_CHECKED[k])), 2)
+    end
+    c[k] = v
+  end
+  for k, v in pairs(CONFIG_DEFAULTS) do if c[k] == nil and v ~= NONE then c[k] = v end end
+  for _, k in ipairs({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "max_position_embeddings"}) do
+    local v = c[k]
+    if type(v) == "number" and v == math.floor(v) then c[k] = math.tointeger(v) end
+    check_int(c[k], k, "llama_config")
+  end
+  for _, k in ipairs({"num_key_value_heads", "head_dim"}) do
+    if c[k] ~= nil then
+      if type(c[k]) == "number" and c[k] == math.floor(c[k]) then c[k] = math.tointeger(c[k]) end
+      check_int(c[k], k, "llama_config")
+    end
+  end
+  c.num_key_value_heads = c.num_key_value_heads or c.num_attention_heads
+  if c.num_attention_heads % c.num_key_value_heads ~= 0 then
+    error(string.format("llama_config: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
+      c.num_attention_heads, c.num_key_value_heads), 2)
+  end
+  if not c.head_dim then
+    if c.hidden_size % c.num_attention_heads ~= 0 then
+      error(string.format("llama_config: hidden_size (%d) is not divisible by num_attention_heads (%d); give head_dim",
+        c.hidden_size, c.num_attention_heads), 2)
+    end
+    c.head_dim = c.hidden_size // c.num_attention_heads
+  end
+  if c.head_dim % 2 ~= 0 then error("llama_config: head_dim must be even for RoPE, got " .. c.head_dim, 2) end
+  for _, k in ipairs({"rope_theta", "rms_norm_eps", "initializer_range"}) do
+    if type(c[k]) ~= "number" or c[k] <= 0 then error("llama_config: " .. k .. " must be a positive number", 2) end
+  end
+  if type(c.tie_word_embeddings) ~= "boolean" then error("llama_config: tie_word_embeddings must be a boolean", 2) end
+  if c.rope_scaling ~= nil then
+    local rs = c.rope_scaling
+    if type(rs) ~= "table" then error("llama_config: rope_scaling must be a table or nil", 2) end
+    for k in pairs(rs) do
+      if not ROPE_SCALING_KEYS[k] then
+        error("llama_config: unknown rope_scaling key '" .. tostring(k) ..
+          "' (valid: rope_type, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)", 2)
+      end
+    end
+    local rtype = rs.rope_type or rs.type
+    if rtype ~= "llama3" then
+      error("llama_config: rope_scaling.rope_type '" .. tostring(rtype) .. "' is not supported (valid: llama3)", 2)
+    end
+    c.rope_scaling = {factor = rs.factor or 8.0, low_freq_factor = rs.low_freq_factor or 1.0,
+      high_freq_factor = rs.high_freq_factor or 4.0,
+      original_max_position_embeddings = rs.original_max_position_embeddings or 8192}
+  end
+  c._checked = true
+  return c
+end
+
+-- ---- RoPE tables --------------------------------------------------------------------------------
+
+--- nn.RopeCache(head_dim, theta [, scaling]): cos/sin (T, D) tables, computed once for the longest
+-- T asked for and shared by every attention layer of a model; :get(T) returns row views.
+local RopeCache = {}
+RopeCache.__index = RopeCache
+nn.RopeCache = function(head_dim, theta, scaling)
+  return setmetatable({head_dim = head_dim, theta = theta, scaling = scaling, T = 0}, RopeCache)
+end
+
+function RopeCache:get(T)
+  if T > self.T then
+    if self.cos then self.cos:free(); self.sin:free() end
+    self.cos, self.sin = core.rope_tables(T, self.head_dim, self.theta, self.scaling) -- (T, D), (T, D)
+    self.T = T
+  end
+  if T == self.T then return self.cos, self.sin end
+  return self.cos:narrow(1, 1, T), self.sin:narrow(1, 1, T)
+end
+
+function RopeCache:free()
+  if self.cos then self.cos:free(); self.sin:free() end
+  self.cos, self.sin, self.T = nil, nil, 0
+end
+
+-- ---- Attention ----------------------------------------------------------------------------------
+
+--- nn.Attention(config [, {rope = RopeCache, generator =}]): causal grouped-query self-attention
+-- with RoPE; q/k/v/o_proj Linears; scale 1/sqrt(head_dim). x (B, T, C) -> y (B, T, C).
+local Attention = nn.class("Attention", Module)
+nn.Attention = Attention
+
+function Attention:__init(config, opts)
+  Module.__init(self)
+  local c = nn.llama_config(config)
+  opts = check_opts(opts, {rope = true, generator = true, recipe = true}, "Attention")
+  self.hidden, self.n_heads, self.n_kv_heads, self.head_dim = c.hidden_size, c.num_attention_heads,
+    c.num_key_value_heads, c.head_dim
+  self.max_positions = c.max_position_embeddings
+  self.scale = 1 / math.sqrt(c.head_dim)
+  self.rope = opts.rope or nn.RopeCache(c.head_dim, c.rope_theta, c.rope_scaling)
+  local C, Dq, Dkv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+  local lo = {generator = opts.generator, std = c.initializer_range, recipe = opts.recipe}
+  self.q_proj = self:register_module("q_proj", Linear(C, Dq, lo))
+  self.k_proj = self:register_module("k_proj", Linear(C, Dkv, lo))
+  self.v_proj = self:register_module("v_proj", Linear(C, Dkv, lo))
+  self.o_proj = self:register_module("o_proj", Linear(Dq, C, lo))
+end
+
+function Attention:extra_repr()
+  return string.format("heads=%d, kv_heads=%d, head_dim=%d", self.n_heads, self.n_kv_heads, self.head_dim)
+end
+
+function Attention:forward(x)
+  if x:dim() ~= 3 or x:size(3) ~= self.hidden then
+    error(string.format("Attention: input %s, expected [B, T, %d]", shape_str(x), self.hidden), 2)
+  end
+  local B, T = x:size(1), x:size(2)
+  if T > self.max_positions then
+    error(string.format("Attention: sequence length %d exceeds max_position_embeddings %d", T, self.max_positions), 2)
+  end
+  local Hq, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+  free_saved(self._saved, {"q", "k", "v", "out", "out_view", "lse"})
+  self._saved = nil
+  local cos, sin = self.rope:get(T)                          -- (T, D)
+  local q = self.q_proj:forward(x)                           -- (B, T, Hq*D)
+  local qv = q:view(B, T, Hq, D)
+  local qr = core.rope_forward(qv, cos, sin)                 -- (B, T, Hq, D)
+  q:free(); qv:free()
+  local k = self.k_proj:forward(x)                           -- (B, T, Hkv*D)
+  local kv = k:view(B, T, Hkv, D)
+  local kr = core.rope_forward(kv, cos, sin)                 -- (B, T, Hkv, D)
+  k:free(); kv:free()
+  local v = self.v_proj:forward(x)                           -- (B, T, Hkv*D)
+  local vv = v:view(B, T, Hkv, D)
+  v:free()
+  local out, lse = core.attention_forward(qr, kr, vv, self.scale) -- (B, T, Hq, D), (B, Hq, T)
+  local ov = out:view(B, T, Hq * D)
+  local y = self.o_proj:forward(ov)                          -- (B, T, C)
+  if self.training then
+    self._saved = {q = qr, k = kr, v = vv, out = out, out_view = ov, lse = lse, T = T}
+  else
+    qr:free(); kr:free(); vv:free(); out:free(); ov:free(); lse:free()
+  end
+  return y
+end
+
+function Attention:backward(dy)
+  local s = self._saved
+  if not s then error("Attention:backward without a forward in training mode", 2) end
+  self._saved = nil
+  local B, T = dy:size(1), dy:size(2)
+  local Hq, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+  local cos, sin = self.rope:get(s.T)
+  local dout = self.o_proj:backward(dy)                      -- (B, T, Hq*D)
+  s.out_view:free()
+  local doutv = dout:view(B, T, Hq, D)
+  dout:free()
+  local dqr, dkr, dv = core.attention_backward(doutv, s.q, s.k, s.v, s.out, s.lse, self.scale)
+  doutv:free(); s.q:free(); s.k:free(); s.v:free(); s.out:free(); s.lse:free()
+  local dq = core.rope_backward(dqr, cos, sin)               -- (B, T, Hq, D)
+  dqr:free()
+  local dqv = dq:view(B, T, Hq * D)
+  dq:free()
+  local dx = self.q_proj:backward(dqv)                       -- (B, T, C)
+  dqv:free()
+  local dk = core.rope_backward(dkr, cos, sin)               -- (B, T, Hkv, D)
+  dkr:free()
+  local dkv = dk:view(B, T, Hkv * D)
+  dk:free()
+  local dxk = self.k_proj:backward(dkv)
+  dkv:free()
+  dx:add_(dxk)
+  dxk:free()
+  local dvv = dv:view(B, T, Hkv * D)
+  dv:free()
+  local dxv = self.v_proj:backward(dvv)
+  dvv:free()
+  dx:add_(dxv)
+  dxv:free()
+  return dx
+end
+
+-- ---- MLP ----------------------------------------------------------------------------------------
+
+--- nn.MLP(config [, {generator =}]): down_proj(silu(gate_proj(x)) * up_proj(x)). x (..., C).
+local MLP = nn.class("MLP", Module)
+nn.MLP = MLP
+
+function MLP:__init(config, opts)
+  Module.__init(self)
+  local c = nn.llama_config(config)
+  opts = check_opts(opts, {generator = true, recipe = true}, "MLP")
+  local C, F = c.hidden_size, c.intermediate_size
+  self.hidden, self.ffn = C, F
+  local lo = {generator = opts.generator, std = c.initializer_range, recipe = opts.recipe}
+  self.gate_proj = self:register_module("gate_proj", Linear(C, F, lo))
+  self.up_proj = self:register_module("up_proj", Linear(C, F, lo))
+  self.down_proj = self:register_module("down_proj", Linear(F, C, lo))
+end
+
+function MLP:extra_repr() return string.format("%d -> %d -> %d", self.hidden, self.ffn, self.hidden) end
+
+function MLP:forward(x)
+  local shape = x:size()
+  if shape[#shape] ~= self.hidden then
+    error(string.format("MLP: input %s, expected [..., %d]", shape_str(shape), self.hidden), 2)
+  end
+  free_saved(self._saved, {"g", "u", "h"})
+  self._saved = nil
+  local x2 = x:reshape(x:numel() // self.hidden, self.hidden) -- (N, C)
+  local g = self.gate_proj:forward(x2)                       -- (N, F)
+  local u = self.up_proj:forward(x2)                         -- (N, F)
+  x2:free()
+  local h = core.swiglu_forward(g, u)                        -- (N, F)
+  local y = self.down_proj:forward(h)                        -- (N, C)
+  if self.training then
+    self._saved = {g = g, u = u, h = h, shape = shape}
+  else
+    g:free(); u:free(); h:free()
+  end
+  if #shape ~= 2 then
+    local yv = y:view(shape)
+    y:free()
+    y = yv
+  end
+  return y
+end
+
+function MLP:backward(dy)
+  local s = self._saved
+  if not s then error("MLP:backward without a forward in training mode", 2) end
+  self._saved = nil
+  local dy2 = dy:reshape(dy:numel() // self.hidden, self.hidden) -- (N, C)
+  local dh = self.down_proj:backward(dy2)                    -- (N, F)
+  dy2:free()
+  s.h:free()
+  local dg, du = core.swiglu_backward(dh, s.g, s.u)          -- (N, F), (N, F)
+  dh:free(); s.g:free(); s.u:free()
+  local dx = self.gate_proj:backward(dg)                     -- (N, C)
+  dg:free()
+  local dxu = self.up_proj:backward(du)
+  du:free()
+  dx:add_(dxu)
+  dxu:free()
+  if #s.shape ~= 2 then
+    local dv = dx:view(s.shape)
+    dx:free()
+    dx = dv
+  end
+  return dx
+end
+
+-- ---- Block --------------------------------------------------------------------------------------
+
+--- nn.Block(config [, {index = 0-based block index, rope =, generator =}]): a Llama decoder layer,
+-- h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)). x (B, T, C).
+local Block = nn.class("Block", Module)
+nn.Block = Block
+
+function Block:__init(config, opts)
+  Module.__init(self)
+  local c = nn.llama_config(config)
+  opts = check_opts(opts, {index = true, rope = true, generator = true, recipe = true}, "Block")
+  self.index = opts.index
+  -- registered in Hugging Face's order (LlamaDecoderLayer: self_attn, mlp, the two norms)
+  self.self_attn = self:register_module("self_attn", Attention(c, {rope = opts.rope, generator = opts.generator,
+    recipe = opts.recipe}))
+  self.mlp = self:register_module("mlp", MLP(c, {generator = opts.generator, recipe = opts.recipe}))
+  self.input_layernorm = self:register_module("input_layernorm", RMSNorm(c.hidden_size, {eps = c.rms_norm_eps}))
+  self.post_attention_layernorm = self:register_module("post_attention_layernorm",
+    RMSNorm(c.hidden_size, {eps = c.rms_norm_eps}))
+  for _, m in ipairs(self:modules()) do
+    if nn.is_instance(m, Linear) then m.block = opts.index end
+  end
+end
+
+function Block:extra_repr() return self.index and ("index=" .. self.index) or "" end
+
+function Block:forward(x)
+  free_saved(self._saved, {"h", "x1", "h2"})
+  self._saved = nil
+  local h = self.input_layernorm:forward(x)                  -- (B, T, C)
+  local a = self.self_attn:forward(h)                        -- (B, T, C)
+  local x1 = a:add_(x)                                       -- (B, T, C) residual, in place on a
+  local h2 = self.post_attention_layernorm:forward(x1)       -- (B, T, C)
+  local m = self.mlp:forward(h2)                             -- (B, T, C)
+  local out = m:add_(x1)                                     -- (B, T, C)
+  if self.training then
+    self._saved = {h = h, x1 = x1, h2 = h2}
+  else
+    h:free(); x1:free(); h2:free()
+  end
+  return out
+end
+
+function Block:backward(dout)
+  local s = self._saved
+  if not s then error("Block:backward without a forward in training mode", 2) end
+  self._saved = nil
+  local dh2 = self.mlp:backward(dout)                        -- (B, T, C)
+  s.h2:free()
+  local dx1 = self.post_attention_layernorm:backward(dh2)    -- (B, T, C)
+  dh2:free(); s.x1:free()
+  dx1:add_(dout)
+  local dh = self.self_attn:backward(dx1)
+  s.h:free()
+  local dx = self.input_layernorm:backward(dh)
+  dh:free()
+  dx:add_(dx1)
+  dx1:free()
+  return dx
+end
+
+-- ---- Llama --------------------------------------------------------------------------------------
+
+--- nn.Llama(config [, {recipe =, seed =, generator =}]): a Llama 3 language model with Hugging Face
+-- parameter names (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
+-- model.norm.weight, lm_head.weight unless tied). Weights: normal(0, initializer_range) from a
+-- Philox generator seeded with `seed` (else the default generator), norms ones. Gradients live in
+-- one flat f32 buffer (model.grad_buffer) that each parameter's grad is a view of.
+-- model.step (set by the training loop) is passed to the recipe as ctx.step.
+local Llama = nn.class("Llama", Module)
+nn.Llama = Llama
+
+function Llama:__init(config, opts)
+  Module.__init(self)
+  local c = nn.llama_config(config)
+  opts = check_opts(opts, {recipe = true, seed = true, generator = true}, "Llama")
+  self.config = c
+  self.step = 0
+  local gen = opts.generator or (opts.seed and nv.Generator(opts.seed)) or nil
+  self.rope = nn.RopeCache(c.head_dim, c.rope_theta, c.rope_scaling)
+  local model = self:register_module("model", Module())
+  self.embed_tokens = model:register_module("embed_tokens",
+    Embedding(c.vocab_size, c.hidden_size, {generator = gen, std = c.initializer_range}))
+  self.layers = model:register_module("layers", ModuleList())
+  for i = 0, c.num_hidden_layers - 1 do
+    self.layers:append(Block(c, {index = i, rope = self.rope, generator = gen}))
+  end
+  self.norm = model:register_module("norm", RMSNorm(c.hidden_size, {eps = c.rms_norm_eps}))
+  self.lm_head = self:register_module("lm_head", Linear(c.hidden_size, c.vocab_size, {high_precision = true,
+    generator = gen, std = c.initializer_range, tie = c.tie_word_embeddings and self.embed_tokens.weight_entry or nil}))
+  self:set_names("")
+  self._linears = {}
+  for _, m in ipairs(self:modules()) do
+    if nn.is_instance(m, Linear) then
+      m.num_blocks = c.num_hidden_layers
+      self._linears[#self._linears + 1] = m
+    end
+  end
+  self:_flatten_grads()
+  if opts.recipe then self:set_recipe(opts.recipe) end
+end
+
+function Llama:extra_repr()
+  local c = self.config
+  return string.format("layers=%d, hidden=%d, heads=%d/%d, ffn=%d, vocab=%d%s", c.num_hidden_layers, c.hidden_size,
+    c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size,
+    c.tie_word_embeddings and ", tied" or "")
+end
+
+-- Make every gradient a view of one flat f32 buffer (for one all-reduce / one zero fill).
+function Llama:_flatten_grads()
+  local entries, total = {}, 0
+  each_entry(self, "", function(_, e)
+    entries[#entries + 1] = e
+    total = total + e.param:numel()
+  end, {})
+  local buf = nv.zeros(total)
+  local off = 0
+  for _, e in ipairs(entries) do
+    local n = e.param:numel()
+    local g = buf:narrow(1, off + 1, n):view(e.param:size())
+    e.grad:free()
+    e.grad = g
+    off = off + n
+  end
+  self.grad_buffer = buf
+end
+
+function Llama:zero_grad()
+  self.grad_buffer:zero_()
+  return self
+end
+
+--- model:linears() -> ordered array of {name =, block = 0-based or nil, high_precision =, module =}
+function Llama:linears()
+  local out = {}
+  for _, m in ipairs(self._linears) do
+    out[#out + 1] = {name = m.name, block = m.block, high_precision = m.high_precision, module = m}
+  end
+  return out
+end
+
+local function check_ids(ids, what, fname, max_pos)
+  if not nv.is_tensor(ids) or ids:dtype() ~= "i64" or ids:dim() ~= 2 then
+    error(string.format("%s: %s must be an i64 [B, T] tensor, got %s", fname, what,
+      nv.is_tensor(ids) and (ids:dtype() .. " " .. shape_str(ids)) or type(ids)), 3)
+  end
+  if max_pos and ids:size(2) > max_pos then
+    error(string.format("%s: sequence length %d exceeds max_position_embeddings %d", fname, ids:size(2), max_pos), 3)
+  end
+end
+
+--- model:forward(ids) -> logits [B*T, V] f32; ids i64 [B, T] (0-based token ids)
+function Llama:forward(ids)
+  check_ids(ids, "ids", "Llama:forward", self.config.max_position_embeddings)
+  for _, m in ipairs(self._linears) do m.step = self.step end
+  if self._saved then
+    free_saved(self._saved.acts, self._saved.act_keys)
+    free_saved(self._saved, {"x2", "h"})
+    self._saved = nil
+  end
+  local acts = {}
+  local x = self.embed_tokens:forward(ids)                   -- (B, T, C)
+  for i = 1, self.layers.n do
+    acts[i] = x
+    local nx = self.layers[i]:forward(x)                     -- (B, T, C)
+    if not self.training then x:free() end
+    x = nx
+  end
+  acts[self.layers.n + 1] = x
+  local N, C = ids:numel(), self.config.hidden_size
+  local x2 = x:view(N, C)
+  local h = self.norm:forward(x2)                            -- (N, C)
+  local logits = self.lm_head:forward(h)                     -- (N, V)
+  if self.training then
+    local keys = {}
+    for i = 1, #acts do keys[i] = i end
+    self._saved = {acts = acts, act_keys = keys, x2 = x2, h = h}
+  else
+    x:free(); x2:free(); h:free()
+  end
+  return logits
+end
+
+--- model:backward(dlogits [N, V]): accumulates every parameter gradient; returns nil
+function Llama:backward(dlogits)
+  local s = self._saved
+  if not s then error("Llama:backward without a forward in training mode", 2) end
+  self._saved = nil
+  local dh = self.lm_head:backward(dlogits)                  -- (N, C)
+  s.h:free()
+  local dx2 = self.norm:backward(dh)                         -- (N, C)
+  dh:free(); s.x2:free()
+  local L = self.layers.n
+  local last = s.acts[L + 1]
+  local dx = dx2:view(last:size())
+  dx2:free()
+  last:free()
+  for i = L, 1, -1 do
+    local ndx = self.layers[i]:backward(dx)
+    dx:free()
+    s.acts[i]:free()
+    dx = ndx
+  end
+  self.embed_tokens:backward(dx)
+  dx:free()
+  return nil
+end
+
+--- model:forward_backward(ids, targets [, {ignore_index = -100, z_loss = 0, scale = 1}]) -> loss, count
+-- loss: mean cross-entropy over the counted tokens (targets ~= ignore_index), z-loss included;
+-- every parameter gradient += scale * d(loss)/d(param). targets i64 [B, T], 0-based.
+function Llama:forward_backward(ids, targets, opts)
+  opts = check_opts(opts, {ignore_index = true, z_loss = true, scale = true}, "Llama:forward_backward")
+  check_ids(targets, "targets", "Llama:forward_backward")
+  if not same_shape(ids:size(), targets:size()) then
+    error(string.format("Llama:forward_backward: targets %s do not match ids %s", shape_str(targets), shape_str(ids)), 2)
+  end
+  if not self.training then error("Llama:forward_backward: the model is in eval mode (call model:train())", 2) end
+  local logits = self:forward(ids)                           -- (N, V)
+  local tflat = targets:reshape(targets:numel())             -- (N)
+  local loss, count, dlogits = core.cross_entropy(logits, tflat, {ignore_index = opts.ignore_index or -100,
+    z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1})
+  logits:free()
+  self:backward(dlogits)
+  dlogits:free()
+  return loss, count
+end
+
+--- model:loss(ids, targets [, {ignore_index =, z_loss =}]) -> loss, count, without gradients
+-- (the model's training mode is left as it was; nothing is saved)
+function Llama:loss(ids, targets, opts)
+  opts = check_opts(opts, {ignore_index = true, z_loss = true}, "Llama:loss")
+  local was = self.training
+  self:eval()
+  local ok, logits = pcall(self.forward, self, ids)
+  self:train(was)
+  if not ok then error(logits, 2) end
+  local loss, count = core.cross_entropy(logits, targets:reshape(targets:numel()),
+    {ignore_index = opts.ignore_index or -100, z_loss = opts.z_loss or 0, grad = false})
+  logits:free()
+  return loss, count
+end
+
+--- model:state_dict() -> {name = parameter tensor} (the live tensors, not copies)
+function Module:state_dict()
+  local d = {}
+  for _, p in ipairs(self:named_parameters()) do d[p.name] = p.param end
+  return d
+end
+
+--- model:load_state_dict(dict [, {strict = true}]) -> {missing = {...}, unexpected = {...}}
+-- Copies each tensor (any float dtype, converted to f32) into the parameter of that name. Shape
+-- mismatches always raise; missing or unexpected names raise when strict. Nothing is copied
+-- unless every check passes.
+function Module:load_state_dict(dict, opts)
+  opts = check_opts(opts, {strict = true}, "load_state_dict")
+  local strict = opts.strict ~= false
+  if type(dict) ~= "table" then error("load_state_dict: expected a table {name = tensor}, got " .. type(dict), 2) end
+  local params = self:named_parameters()
+  local known = {}
+  local missing, mismatched, unexpected, bad = {}, {}, {}, {}
+  for _, p in ipairs(params) do
+    known[p.name] = true
+    local t = dict[p.name]
+    if t == nil then
+      missing[#missing + 1] = p.name
+    elseif not nv.is_tensor(t) then
+      bad[#bad + 1] = p.name .. " (" .. type(t) .. ")"
+    elseif not same_shape(t:size(), p.param:size()) then
+      mismatched[#mismatched + 1] = string.format("%s: expected %s, got %s", p.name, shape_str(p.param), shape_str(t))
+    end
+  end
+  for k in pairs(dict) do if not known[k] then unexpected[#unexpected + 1] = tostring(k) end end
+  table.sort(unexpected)
+  local problems = {}
+  if #bad > 0 then problems[#problems + 1] = "not tensors: " .. table.concat(bad, ", ") end
+  if #mismatched > 0 then problems[#problems + 1] = "shape mismatch: " .. table.concat(mismatched, "; ") end
+  if strict and #missing > 0 then problems[#problems + 1] = "missing keys: " .. table.concat(missing, ", ") end
+  if strict and #unexpected > 0 then problems[#problems + 1] = "unexpected keys: " .. table.concat(unexpected, ", ") end
+  if #problems > 0 then error("load_state_dict: " .. table.concat(problems, "; "), 2) end
+  for _, p in ipairs(params) do
+    local t = dict[p.name]
+    if t ~= nil then p.param:copy_(t) end
+  end
+  return {missing = missing, unexpected = unexpected}
+end
+
+return nn
