@@ -572,3 +572,21 @@ end
 
 T.case("a tiny model learns a period-7 sequence under recipe.bf16()", function() learns("bf16", "bf16") end)
 T.case("a tiny model learns a period-7 sequence under recipe.nvfp4()", function() learns("nvfp4", "nvfp4") end)
+
+T.case("stats: a Llama with bf16 first/last blocks runs exactly the expected GEMMs per format", function()
+  local recipe = require "nvlua.recipe"
+  local stats = require "nvlua.stats"
+  local m = nn.Llama({vocab_size = 32, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 4,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16},
+    {recipe = recipe.nvfp4({bf16_first = 1, bf16_last = 1}), seed = 3})
+  local ids = nv.tensor({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}, "i64")
+  local tg = nv.tensor({{2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}}, "i64")
+  stats.reset()
+  m:forward_backward(ids, tg)
+  -- 7 linears per block: blocks 1 and 2 (0-based) nvfp4 = 14; blocks 0 and 3 bf16 = 14, plus the
+  -- LM head (always high precision) = 15; one GEMM of each role per linear.
+  local g = stats.gemms()
+  for _, role in ipairs({"fprop", "dgrad", "wgrad"}) do
+    T.eq(g[role], {nvfp4 = 14, bf16 = 15}, role)
+  end
+end)
