@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 #include "cpu/ops_cpu.h"
+#include "cpu/dequant_cpu.h"
 #include "cpu/quant_cpu.h"
 #include "quant.h"
 
@@ -237,31 +238,22 @@ static nvl_status decode_blocked(nvl_tensor *out, float *alpha, const nvl_qtenso
   nvl_status st = NVL_OK;
   switch (f->scale) {
     case NVL_SCALE_TENSOR:
-      if (with_global) {
+      if (with_global) { /* value / scale, as the reference divides */
         st = nvl_fp8_dequantize_tensor_ref(y, c, q->scale, rows * K, (nvl_fp8_elem)f->fp8_elem);
       } else {
-        st = nvl_fp8_dequantize_tensor_ref(y, c, 1.0f, rows * K, (nvl_fp8_elem)f->fp8_elem);
+        nvl_fp8_decode_cpu(y, c, rows * K, (nvl_fp8_elem)f->fp8_elem, 1.0f);
         *alpha = 1.0f / q->scale;
       }
       break;
     case NVL_SCALE_E8M0:
-      st = nvl_mxfp8_dequantize_ref(y, c, nvl_tensor_data(&q->scales), rows, K, (nvl_fp8_elem)f->fp8_elem);
+      nvl_mxfp8_decode_cpu(y, c, nvl_tensor_data(&q->scales), rows, K, (nvl_fp8_elem)f->fp8_elem);
       break;
     case NVL_SCALE_UE4M3:
       if (with_global) {
         st = nvl_nvfp4_dequantize_cpu(y, c, nvl_tensor_data(&q->scales), q->amax, rows, K);
       } else {
         /* value(q) * float(sd): at most 6 significant bits, exact in fp32 */
-        const uint8_t *s = nvl_tensor_data(&q->scales);
-        float ev[16], sv[256];
-        for (int i = 0; i < 16; i++) ev[i] = nvl_e2m1_decode_ref((uint8_t)i);
-        for (int i = 0; i < 256; i++) sv[i] = nvl_ue4m3_decode_ref((uint8_t)i);
-#pragma omp parallel for if (rows * K > 65536)
-        for (int64_t i = 0; i < rows; i++)
-          for (int64_t k = 0; k < K; k++) {
-            uint8_t byte = c[(i * K + k) / 2];
-            y[i * K + k] = ev[(k & 1) ? byte >> 4 : byte & 15] * sv[s[i * (K / 16) + k / 16]];
-          }
+        nvl_nvfp4_decode_unscaled_cpu(y, c, nvl_tensor_data(&q->scales), rows, K);
         *alpha = nvl_nvfp4_dec_scale_ref(q->amax);
       }
       break;

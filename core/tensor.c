@@ -356,6 +356,8 @@ nvl_status nvl_tensor_copy(nvl_tensor *dst, const nvl_tensor *src) {
       nvl_f32_to_bf16_cpu(nvl_tensor_data(dst), nvl_tensor_data(&s), n);
     else if (contig && dst->dtype == NVL_F32 && s.dtype == NVL_BF16)
       nvl_bf16_to_f32_cpu(nvl_tensor_data(dst), nvl_tensor_data(&s), n);
+    else if (dst->dtype == s.dtype && nvl_tensor_is_contiguous(dst))
+      nvl_copy_strided_cpu(dst, &s); /* a gather, e.g. a transpose made contiguous */
     else
       nvl_copy_ref(dst, &s);
     nvl_tensor_release(&s);

@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include "cpu/ops_cpu.h"
 #include "cpu/ref/ops_ref.h"
 #include "dtype.h"
@@ -101,6 +102,48 @@ double nvl_reduce_f32_cpu(nvl_reduce_op op, const float *a, int64_t n) {
     for (int64_t i = 0; i < n; i++) m = fminf(m, a[i]);
   }
   return m;
+}
+
+/* Copy one element of `es` bytes (1, 2, 4 or 8). */
+static inline void copy_elem(char *d, const char *s, int es) {
+  switch (es) {
+    case 1: *d = *s; break;
+    case 2: memcpy(d, s, 2); break;
+    case 4: memcpy(d, s, 4); break;
+    default: memcpy(d, s, 8);
+  }
+}
+
+void nvl_copy_strided_cpu(nvl_tensor *dst, const nvl_tensor *src) {
+  const int es = nvl_dtypes[dst->dtype].elem_size;
+  char *d = nvl_tensor_data(dst);
+  const char *s = nvl_tensor_data(src);
+  int nd = src->ndim;
+  int64_t n = nvl_tensor_numel(dst);
+  if (n == 0) return;
+  if (nd == 2) { /* tiles of 32 x 32 keep both sides in cache */
+    int64_t R = src->shape[0], C = src->shape[1], s0 = src->strides[0], s1 = src->strides[1];
+#pragma omp parallel for collapse(2) if (n > NVL_OMP_MIN)
+    for (int64_t i0 = 0; i0 < R; i0 += 32)
+      for (int64_t j0 = 0; j0 < C; j0 += 32)
+        for (int64_t i = i0; i < R && i < i0 + 32; i++)
+          for (int64_t j = j0; j < C && j < j0 + 32; j++)
+            copy_elem(d + (i * C + j) * es, s + (i * s0 + j * s1) * es, es);
+    return;
+  }
+  int64_t inner = nd ? src->shape[nd - 1] : 1, istride = nd ? src->strides[nd - 1] : 0;
+  int64_t rows = n / inner;
+#pragma omp parallel for if (n > NVL_OMP_MIN)
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t off = 0, rem = r;
+    for (int k = nd - 2; k >= 0; k--) {
+      off += (rem % src->shape[k]) * src->strides[k];
+      rem /= src->shape[k];
+    }
+    char *drow = d + r * inner * es;
+    const char *srow = s + off * es;
+    for (int64_t j = 0; j < inner; j++) copy_elem(drow + j * es, srow + j * istride * es, es);
+  }
 }
 
 void nvl_f32_to_bf16_cpu(uint16_t *out, const float *a, int64_t n) {

@@ -17,6 +17,9 @@ void nvl_unary_f32_cpu(nvl_unary_op op, float *out, const float *a, int64_t n);
  * SUM/MEAN in double, per-thread partial sums (same value as the reference up to the order of
  * the double additions). */
 double nvl_reduce_f32_cpu(nvl_reduce_op op, const float *a, int64_t n);
+/* dst (contiguous) <- src (same dtype and shape, any strides): a 2-D transpose in cache tiles,
+ * otherwise row by row along the last dim. Bytes are moved, never converted. */
+void nvl_copy_strided_cpu(nvl_tensor *dst, const nvl_tensor *src);
 /* Contiguous conversions and copies. */
 void nvl_f32_to_bf16_cpu(uint16_t *out, const float *a, int64_t n);
 void nvl_bf16_to_f32_cpu(float *out, const uint16_t *a, int64_t n);

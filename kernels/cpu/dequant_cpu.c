@@ -1,0 +1,47 @@
+/* dequant_cpu.c: table-driven decoders (see dequant_cpu.h). */
+#include "cpu/dequant_cpu.h"
+
+#define NVL_DEQ_OMP_MIN 65536
+
+static void fp8_table(float t[256], nvl_fp8_elem elem) {
+  for (int c = 0; c < 256; c++) t[c] = nvl_fp8_decode_ref(elem, (uint8_t)c);
+}
+
+void nvl_fp8_decode_cpu(float *y, const uint8_t *codes, int64_t n, nvl_fp8_elem elem, float mul) {
+  float t[256];
+  fp8_table(t, elem);
+  if (mul != 1.0f)
+    for (int c = 0; c < 256; c++) t[c] = t[c] * mul;
+#pragma omp parallel for if (n > NVL_DEQ_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) y[i] = t[codes[i]];
+}
+
+void nvl_mxfp8_decode_cpu(float *y, const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t K,
+                          nvl_fp8_elem elem) {
+  float t[256], e[256];
+  fp8_table(t, elem);
+  for (int c = 0; c < 256; c++) e[c] = nvl_e8m0_decode_ref((uint8_t)c);
+  int64_t nb = rows * (K / 32);
+#pragma omp parallel for if (rows * K > NVL_DEQ_OMP_MIN)
+  for (int64_t b = 0; b < nb; b++) {
+    float s = e[scales[b]];
+    for (int j = 0; j < 32; j++) y[b * 32 + j] = t[codes[b * 32 + j]] * s;
+  }
+}
+
+void nvl_nvfp4_decode_unscaled_cpu(float *y, const uint8_t *packed, const uint8_t *scales, int64_t rows, int64_t K) {
+  float ev[16], sv[256];
+  for (int i = 0; i < 16; i++) ev[i] = nvl_e2m1_decode_ref((uint8_t)i);
+  for (int i = 0; i < 256; i++) sv[i] = nvl_ue4m3_decode_ref((uint8_t)i);
+  int64_t nb = rows * (K / 16);
+#pragma omp parallel for if (rows * K > NVL_DEQ_OMP_MIN)
+  for (int64_t b = 0; b < nb; b++) {
+    float s = sv[scales[b]];
+    const uint8_t *p = packed + b * 8;
+    float *o = y + b * 16;
+    for (int j = 0; j < 8; j++) {
+      o[2 * j] = ev[p[j] & 15] * s;
+      o[2 * j + 1] = ev[p[j] >> 4] * s;
+    }
+  }
+}
