@@ -223,12 +223,36 @@ nvl_status nvl_quantize(nvl_qtensor *out, const nvl_tensor *x, nvl_dtype format,
   return NVL_OK;
 }
 
-/* out (rows, K) f32 = decoded values of q in its blocked layout; with_global = 0 leaves out the
- * per-tensor factor (returned in *alpha) so that every value is exact (NUMERICS §2). */
-static nvl_status decode_blocked(nvl_tensor *out, float *alpha, const nvl_qtensor *q, int with_global) {
+/* y (nr, K) f32 = the decoded rows [r0, r0+nr) of q's blocked layout, without the per-tensor
+ * factor, which goes to *alpha (NUMERICS §2: every value is then exact in fp32). */
+static void decode_rows_unscaled(float *y, float *alpha, const nvl_qtensor *q, int64_t r0, int64_t nr) {
+  const nvl_dtype_traits *f = &nvl_dtypes[q->format];
+  int64_t K = q->K;
+  *alpha = 1.0f;
+  switch (f->scale) {
+    case NVL_SCALE_NONE:
+      if (q->data.dtype == NVL_BF16) nvl_bf16_to_f32_cpu(y, (const uint16_t *)nvl_tensor_data(&q->data) + r0 * K, nr * K);
+      else memcpy(y, (const float *)nvl_tensor_data(&q->data) + r0 * K, (size_t)(nr * K) * sizeof(float));
+      break;
+    case NVL_SCALE_TENSOR:
+      nvl_fp8_decode_cpu(y, (const uint8_t *)nvl_tensor_data(&q->data) + r0 * K, nr * K, (nvl_fp8_elem)f->fp8_elem, 1.0f);
+      *alpha = 1.0f / q->scale;
+      break;
+    case NVL_SCALE_E8M0:
+      nvl_mxfp8_decode_cpu(y, (const uint8_t *)nvl_tensor_data(&q->data) + r0 * K,
+                           (const uint8_t *)nvl_tensor_data(&q->scales) + r0 * (K / 32), nr, K, (nvl_fp8_elem)f->fp8_elem);
+      break;
+    default: /* NVL_SCALE_UE4M3: value(q) * float(sd), at most 6 significant bits */
+      nvl_nvfp4_decode_unscaled_cpu(y, (const uint8_t *)nvl_tensor_data(&q->data) + r0 * (K / 2),
+                                    (const uint8_t *)nvl_tensor_data(&q->scales) + r0 * (K / 16), nr, K);
+      *alpha = nvl_nvfp4_dec_scale_ref(q->amax);
+  }
+}
+
+/* out (rows, K) f32 = the decoded values of q in its blocked layout, global scale applied. */
+static nvl_status decode_blocked(nvl_tensor *out, const nvl_qtensor *q) {
   int64_t rows = q->rows, K = q->K, shape2[2] = {rows, K};
   const nvl_dtype_traits *f = &nvl_dtypes[q->format];
-  *alpha = 1.0f;
   if (!q->data.storage) return nvl_error(NVL_ESTATE, "dequantize: quantized tensor has been freed");
   if (f->scale == NVL_SCALE_NONE) return nvl_tensor_clone_to(out, &q->data, NVL_F32, NVL_CPU);
   nvl_tensor r = nvl_tensor_null();
@@ -236,30 +260,13 @@ static nvl_status decode_blocked(nvl_tensor *out, float *alpha, const nvl_qtenso
   float *y = nvl_tensor_data(&r);
   const uint8_t *c = nvl_tensor_data(&q->data);
   nvl_status st = NVL_OK;
-  switch (f->scale) {
-    case NVL_SCALE_TENSOR:
-      if (with_global) { /* value / scale, as the reference divides */
-        st = nvl_fp8_dequantize_tensor_ref(y, c, q->scale, rows * K, (nvl_fp8_elem)f->fp8_elem);
-      } else {
-        nvl_fp8_decode_cpu(y, c, rows * K, (nvl_fp8_elem)f->fp8_elem, 1.0f);
-        *alpha = 1.0f / q->scale;
-      }
-      break;
-    case NVL_SCALE_E8M0:
-      nvl_mxfp8_decode_cpu(y, c, nvl_tensor_data(&q->scales), rows, K, (nvl_fp8_elem)f->fp8_elem);
-      break;
-    case NVL_SCALE_UE4M3:
-      if (with_global) {
-        st = nvl_nvfp4_dequantize_cpu(y, c, nvl_tensor_data(&q->scales), q->amax, rows, K);
-      } else {
-        /* value(q) * float(sd): at most 6 significant bits, exact in fp32 */
-        nvl_nvfp4_decode_unscaled_cpu(y, c, nvl_tensor_data(&q->scales), rows, K);
-        *alpha = nvl_nvfp4_dec_scale_ref(q->amax);
-      }
-      break;
-    default:
-      st = nvl_error(NVL_EUNSUPPORTED, "dequantize: no decoder for %s", f->name);
-  }
+  float alpha;
+  if (f->scale == NVL_SCALE_TENSOR) /* value / scale, as the reference divides */
+    st = nvl_fp8_dequantize_tensor_ref(y, c, q->scale, rows * K, (nvl_fp8_elem)f->fp8_elem);
+  else if (f->scale == NVL_SCALE_UE4M3)
+    st = nvl_nvfp4_dequantize_cpu(y, c, nvl_tensor_data(&q->scales), q->amax, rows, K);
+  else
+    decode_rows_unscaled(y, &alpha, q, 0, rows); /* mxfp8: no global factor */
   if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
   *out = r;
   return NVL_OK;
@@ -267,8 +274,7 @@ static nvl_status decode_blocked(nvl_tensor *out, float *alpha, const nvl_qtenso
 
 nvl_status nvl_dequantize(nvl_tensor *out, const nvl_qtensor *q) {
   nvl_tensor b = nvl_tensor_null();
-  float alpha;
-  NVL_TRY(decode_blocked(&b, &alpha, q, 1));
+  NVL_TRY(decode_blocked(&b, q));
   nvl_status st = from_blocked(out, &b, q, q->K);
   nvl_tensor_release(&b);
   return st;
@@ -348,28 +354,40 @@ nvl_status nvl_qmatmul(nvl_tensor *out, const nvl_qtensor *qa, const nvl_qtensor
   if (qa->K != qb->K)
     return nvl_error(NVL_EINVAL, "qmatmul: reduction lengths differ: a (%s) is blocked along a dim of %lld, b (%s) along %lld",
                      nvl_dtypes[qa->format].name, (long long)qa->K, nvl_dtypes[qb->format].name, (long long)qb->K);
+  if (qa->rows > INT32_MAX || qb->rows > INT32_MAX || qa->K > INT32_MAX)
+    return nvl_error(NVL_EINVAL, "qmatmul: dims above 2^31 are not supported");
   if (qa->rht != qb->rht || (qa->rht && memcmp(qa->signs, qb->signs, sizeof qa->signs)))
     return nvl_error(NVL_EINVAL, "qmatmul: both operands need the same RHT (or none) for the product to be unchanged");
-  nvl_tensor a = nvl_tensor_null(), b = nvl_tensor_null(), bt = nvl_tensor_null(), r = nvl_tensor_null();
-  float alpha_a, alpha_b;
-  int64_t so[2] = {qa->rows, qb->rows};
-  nvl_status st = decode_blocked(&a, &alpha_a, qa, 0);
-  if (st == NVL_OK) st = decode_blocked(&b, &alpha_b, qb, 0);
-  if (st == NVL_OK) st = nvl_tensor_transpose(&bt, &b, 0, 1);
+  /* A decoded whole; B decoded in chunks of rows (bounded scratch, e.g. for an LM head of 128k
+   * rows), each chunk one sgemm into its columns of the output; alpha applied after. */
+  int64_t M = qa->rows, N = qb->rows, K = qa->K;
+  int64_t so[2] = {M, N}, sa[2] = {M, K};
+  int64_t chunk = K > 0 ? (int64_t)(1 << 22) / K : N; /* ~16 MB of f32 */
+  if (chunk < 64) chunk = 64;
+  if (chunk > N) chunk = N;
+  int64_t sb[2] = {chunk > 0 ? chunk : 1, K};
+  nvl_tensor a = nvl_tensor_null(), b = nvl_tensor_null(), r = nvl_tensor_null();
+  float alpha_a = 1.0f, alpha_b = 1.0f;
+  nvl_status st = nvl_tensor_empty(&a, NVL_F32, NVL_CPU, 2, sa);
+  if (st == NVL_OK) st = nvl_tensor_empty(&b, NVL_F32, NVL_CPU, 2, sb);
   if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, NVL_CPU, 2, so);
   if (st == NVL_OK) {
     float *y = nvl_tensor_data(&r);
-    nvl_matmul_f32_cpu(y, &a, &bt); /* contiguous a, column-major bt: always BLAS-compatible */
+    decode_rows_unscaled(nvl_tensor_data(&a), &alpha_a, qa, 0, M);
+    for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+      int64_t nr = N - n0 < chunk ? N - n0 : chunk;
+      decode_rows_unscaled(nvl_tensor_data(&b), &alpha_b, qb, n0, nr);
+      nvl_matmul_f32_abt_cpu(y + n0, N, nvl_tensor_data(&a), nvl_tensor_data(&b), M, nr, K);
+    }
     float alpha = alpha_a * alpha_b;
     if (alpha != 1.0f) {
-      int64_t n = so[0] * so[1];
+      int64_t n = M * N;
 #pragma omp parallel for if (n > 65536)
       for (int64_t i = 0; i < n; i++) y[i] *= alpha;
     }
   }
   nvl_tensor_release(&a);
   nvl_tensor_release(&b);
-  nvl_tensor_release(&bt);
   if (st == NVL_OK && out_dtype != NVL_F32) {
     nvl_tensor c = nvl_tensor_null();
     st = nvl_cast(&c, &r, out_dtype);

@@ -188,6 +188,17 @@ int nvl_matmul_f32_cpu(float *out, const nvl_tensor *a, const nvl_tensor *b) {
   return 1;
 }
 
+void nvl_matmul_f32_abt_cpu(float *c, int64_t ldc, const float *a, const float *b, int64_t M, int64_t N, int64_t K) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) c[i * ldc + j] = 0.0f;
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, a, (int)K, b, (int)K, 0.0f, c,
+              (int)ldc);
+}
+
 const char *nvl_blas_config(void) {
   static char buf[256];
   if (!buf[0]) snprintf(buf, sizeof buf, "%s, %d threads", openblas_get_config(), openblas_get_num_threads());

@@ -26,6 +26,8 @@ void nvl_bf16_to_f32_cpu(float *out, const uint16_t *a, int64_t n);
 /* out[M,N] (contiguous f32) = a[M,K] @ b[K,N], f32 views whose inner or outer stride is 1
  * (else the caller makes them contiguous). Returns 0 if the layout is not BLAS-compatible. */
 int nvl_matmul_f32_cpu(float *out, const nvl_tensor *a, const nvl_tensor *b);
+/* c (M, N) with row stride ldc = a (M, K) @ b (N, K)^T, both contiguous f32 (sgemm, beta 0). */
+void nvl_matmul_f32_abt_cpu(float *c, int64_t ldc, const float *a, const float *b, int64_t M, int64_t N, int64_t K);
 /* "OpenBLAS 0.3.21 (pthread, 2 threads)" or similar. */
 const char *nvl_blas_config(void);
 #endif
