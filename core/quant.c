@@ -347,47 +347,65 @@ nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q) {
   return NVL_OK;
 }
 
-nvl_status nvl_qmatmul(nvl_tensor *out, const nvl_qtensor *qa, const nvl_qtensor *qb, nvl_dtype out_dtype) {
-  if (!qa->data.storage || !qb->data.storage) return nvl_error(NVL_ESTATE, "qmatmul: quantized tensor has been freed");
-  if (out_dtype != NVL_F32 && out_dtype != NVL_BF16)
-    return nvl_error(NVL_EINVAL, "qmatmul: output dtype must be f32 or bf16, got %s", nvl_dtypes[out_dtype].name);
-  if (qa->K != qb->K)
-    return nvl_error(NVL_EINVAL, "qmatmul: reduction lengths differ: a (%s) is blocked along a dim of %lld, b (%s) along %lld",
-                     nvl_dtypes[qa->format].name, (long long)qa->K, nvl_dtypes[qb->format].name, (long long)qb->K);
-  if (qa->rows > INT32_MAX || qb->rows > INT32_MAX || qa->K > INT32_MAX)
-    return nvl_error(NVL_EINVAL, "qmatmul: dims above 2^31 are not supported");
-  if (qa->rht != qb->rht || (qa->rht && memcmp(qa->signs, qb->signs, sizeof qa->signs)))
-    return nvl_error(NVL_EINVAL, "qmatmul: both operands need the same RHT (or none) for the product to be unchanged");
-  /* A decoded whole; B decoded in chunks of rows (bounded scratch, e.g. for an LM head of 128k
-   * rows), each chunk one sgemm into its columns of the output; alpha applied after. */
+/* The GEMM of qmatmul: y (M, N, row stride ldy) = alpha · A·Bᵀ, or, with acc, y += that
+ * (through a scratch of at most ~16 MB, so the sum rounds exactly as a separate add would). */
+static nvl_status qgemm_into(float *y, int64_t ldy, const nvl_qtensor *qa, const nvl_qtensor *qb, int acc) {
   int64_t M = qa->rows, N = qb->rows, K = qa->K;
-  int64_t so[2] = {M, N}, sa[2] = {M, K};
-  int64_t chunk = K > 0 ? (int64_t)(1 << 22) / K : N; /* ~16 MB of f32 */
+  int64_t chunk = (int64_t)(1 << 22) / (K > 0 ? K : 1);
+  if (acc && M > 0 && (int64_t)(1 << 22) / M < chunk) chunk = (int64_t)(1 << 22) / M;
   if (chunk < 64) chunk = 64;
   if (chunk > N) chunk = N;
-  int64_t sb[2] = {chunk > 0 ? chunk : 1, K};
-  nvl_tensor a = nvl_tensor_null(), b = nvl_tensor_null(), r = nvl_tensor_null();
+  int64_t sa[2] = {M, K}, sb[2] = {chunk > 0 ? chunk : 1, K}, ss[2] = {M, chunk > 0 ? chunk : 1};
+  nvl_tensor a = nvl_tensor_null(), b = nvl_tensor_null(), sc = nvl_tensor_null();
   float alpha_a = 1.0f, alpha_b = 1.0f;
   nvl_status st = nvl_tensor_empty(&a, NVL_F32, NVL_CPU, 2, sa);
   if (st == NVL_OK) st = nvl_tensor_empty(&b, NVL_F32, NVL_CPU, 2, sb);
-  if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, NVL_CPU, 2, so);
+  if (st == NVL_OK && acc) st = nvl_tensor_empty(&sc, NVL_F32, NVL_CPU, 2, ss);
   if (st == NVL_OK) {
-    float *y = nvl_tensor_data(&r);
     decode_rows_unscaled(nvl_tensor_data(&a), &alpha_a, qa, 0, M);
     for (int64_t n0 = 0; n0 < N; n0 += chunk) {
       int64_t nr = N - n0 < chunk ? N - n0 : chunk;
       decode_rows_unscaled(nvl_tensor_data(&b), &alpha_b, qb, n0, nr);
-      nvl_matmul_f32_abt_cpu(y + n0, N, nvl_tensor_data(&a), nvl_tensor_data(&b), M, nr, K);
-    }
-    float alpha = alpha_a * alpha_b;
-    if (alpha != 1.0f) {
-      int64_t n = M * N;
-#pragma omp parallel for if (n > 65536)
-      for (int64_t i = 0; i < n; i++) y[i] *= alpha;
+      float alpha = alpha_a * alpha_b;
+      float *dst = acc ? (float *)nvl_tensor_data(&sc) : y + n0;
+      int64_t ld = acc ? nr : ldy;
+      nvl_matmul_f32_abt_cpu(dst, ld, nvl_tensor_data(&a), nvl_tensor_data(&b), M, nr, K);
+#pragma omp parallel for if (M * nr > 65536)
+      for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < nr; j++) {
+          float v = dst[i * ld + j];
+          if (alpha != 1.0f) v = v * alpha;
+          if (acc) y[i * ldy + n0 + j] = y[i * ldy + n0 + j] + v;
+          else dst[i * ld + j] = v;
+        }
     }
   }
   nvl_tensor_release(&a);
   nvl_tensor_release(&b);
+  nvl_tensor_release(&sc);
+  return st;
+}
+
+static nvl_status qmatmul_check(const char *op, const nvl_qtensor *qa, const nvl_qtensor *qb) {
+  if (!qa->data.storage || !qb->data.storage) return nvl_error(NVL_ESTATE, "%s: quantized tensor has been freed", op);
+  if (qa->K != qb->K)
+    return nvl_error(NVL_EINVAL, "%s: reduction lengths differ: a (%s) is blocked along a dim of %lld, b (%s) along %lld",
+                     op, nvl_dtypes[qa->format].name, (long long)qa->K, nvl_dtypes[qb->format].name, (long long)qb->K);
+  if (qa->rows > INT32_MAX || qb->rows > INT32_MAX || qa->K > INT32_MAX)
+    return nvl_error(NVL_EINVAL, "%s: dims above 2^31 are not supported", op);
+  if (qa->rht != qb->rht || (qa->rht && memcmp(qa->signs, qb->signs, sizeof qa->signs)))
+    return nvl_error(NVL_EINVAL, "%s: both operands need the same RHT (or none) for the product to be unchanged", op);
+  return NVL_OK;
+}
+
+nvl_status nvl_qmatmul(nvl_tensor *out, const nvl_qtensor *qa, const nvl_qtensor *qb, nvl_dtype out_dtype) {
+  NVL_TRY(qmatmul_check("qmatmul", qa, qb));
+  if (out_dtype != NVL_F32 && out_dtype != NVL_BF16)
+    return nvl_error(NVL_EINVAL, "qmatmul: output dtype must be f32 or bf16, got %s", nvl_dtypes[out_dtype].name);
+  int64_t so[2] = {qa->rows, qb->rows};
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CPU, 2, so));
+  nvl_status st = qgemm_into(nvl_tensor_data(&r), qb->rows, qa, qb, 0);
   if (st == NVL_OK && out_dtype != NVL_F32) {
     nvl_tensor c = nvl_tensor_null();
     st = nvl_cast(&c, &r, out_dtype);
@@ -397,4 +415,16 @@ nvl_status nvl_qmatmul(nvl_tensor *out, const nvl_qtensor *qa, const nvl_qtensor
   if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
   *out = r;
   return NVL_OK;
+}
+
+nvl_status nvl_qmatmul_acc(nvl_tensor *acc, const nvl_qtensor *qa, const nvl_qtensor *qb) {
+  NVL_TRY(qmatmul_check("qmatmul", qa, qb));
+  NVL_TRY(nvl_tensor_check_live(acc, "qmatmul"));
+  if (acc->device != NVL_CPU || acc->dtype != NVL_F32 || !nvl_tensor_is_contiguous(acc) || acc->ndim != 2 ||
+      acc->shape[0] != qa->rows || acc->shape[1] != qb->rows) {
+    char d[160];
+    return nvl_error(NVL_EINVAL, "qmatmul: accumulate needs a contiguous f32 [%lld,%lld] cpu tensor, got %s",
+                     (long long)qa->rows, (long long)qb->rows, nvl_tensor_desc(acc, d, sizeof d));
+  }
+  return qgemm_into(nvl_tensor_data(acc), qb->rows, qa, qb, 1);
 }

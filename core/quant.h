@@ -87,6 +87,9 @@ nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q);
  * global scale, an fp32 GEMM, then alpha (the product of the global decode scales) applied in
  * fp32 (NUMERICS §2). out_dtype f32 or bf16. */
 nvl_status nvl_qmatmul(nvl_tensor *out, const nvl_qtensor *qa, const nvl_qtensor *qb, nvl_dtype out_dtype);
+/* acc (an existing contiguous f32 [M, N]) += the f32 result of nvl_qmatmul, bit for bit what
+ * qmatmul followed by an add gives, without a full-size temporary (wgrad into a weight grad). */
+nvl_status nvl_qmatmul_acc(nvl_tensor *acc, const nvl_qtensor *qa, const nvl_qtensor *qb);
 /* out = x with the RHT applied to every 16-chunk along axis (f32). */
 nvl_status nvl_rht(nvl_tensor *out, const nvl_tensor *x, int axis, const float *signs);
 

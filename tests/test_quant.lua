@@ -356,3 +356,19 @@ T.case("show prints one block: inputs, scaled values, codes, decoded values, the
   T.ok(text:find("0x07", 1, true) and text:find("0x0f", 1, true), "the codes of 6 and -6")
   T.raises(function() nv.quant.show(q, {block = 2}) end, "block must be an integer in 1..1")
 end)
+
+T.case("qmatmul accumulate: acc += product, bit for bit what a separate add gives", function()
+  nv.manual_seed(21)
+  local A, B = nv.randn(64, 96), nv.randn(200, 96)
+  for _, f in ipairs({"nvfp4", "e4m3", "mxfp8_e4m3", "bf16", "f32"}) do
+    local qa, qb = nv.quantize(A, f, {axis = 2}), nv.quantize(B, f)
+    local base = nv.randn(64, 200)
+    local expect = base + nv.qmatmul(qa, qb)
+    local acc = base:clone()
+    local r = nv.qmatmul(qa, qb, {accumulate = acc})
+    T.ok(r:is_view_of(acc), "returns the accumulator")
+    T.ok(acc:eq(expect):sum() == 64 * 200, f .. ": bit for bit")
+  end
+  T.raises(function() nv.qmatmul(nv.quantize(A, "nvfp4"), nv.quantize(B, "nvfp4"), {accumulate = nv.zeros(3, 3)}) end,
+    "accumulate needs a contiguous f32 [64,200]")
+end)

@@ -222,9 +222,16 @@ static int q_index(lua_State *L) {
   return 1;
 }
 
-/* core.qmatmul(qa, qb [, out_dtype]) */
+/* core.qmatmul(qa, qb [, out_dtype [, acc]]): with acc (an f32 tensor) acc += the product, and
+ * acc is returned */
 static int l_qmatmul(lua_State *L) {
   nvl_qtensor *a = check_q(L, 1), *b = check_q(L, 2);
+  if (!lua_isnoneornil(L, 4)) {
+    nvl_tensor *acc = nvl_lua_check_tensor(L, 4, "qmatmul");
+    CHECK(L, nvl_qmatmul_acc(acc, a, b));
+    lua_settop(L, 4);
+    return 1;
+  }
   const char *o = luaL_optstring(L, 3, "f32");
   nvl_dtype dt = nvl_dtype_from_name(o);
   if (dt != NVL_F32 && dt != NVL_BF16) return luaL_argerror(L, 3, "output dtype must be \"f32\" or \"bf16\"");

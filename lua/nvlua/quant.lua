@@ -37,9 +37,14 @@ function M.quantize(x, fmt, opts)
   return q
 end
 
---- nv.qmatmul(qa, qb [, {out = "f32"|"bf16"}]) -> [M, N] = sum over the blocked dims (NUMERICS §2)
+--- nv.qmatmul(qa, qb [, {out = "f32"|"bf16", accumulate = t}]) -> [M, N] = sum over the blocked
+-- dims (NUMERICS §2); with accumulate (an f32 [M, N] tensor): t += the f32 product, returns t
 function M.qmatmul(qa, qb, opts)
   local out = opts and opts.out or "f32"
+  if opts and opts.accumulate then
+    if out ~= "f32" then error("qmatmul: accumulate takes the f32 product", 2) end
+    return core.qmatmul(qa, qb, out, opts.accumulate)
+  end
   return core.qmatmul(qa, qb, out)
 end
 

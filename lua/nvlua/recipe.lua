@@ -316,12 +316,18 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
       local qdy = self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"))
       local qx = self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"))
       if self.hook then self.hook({ctx = ctx, role = "wgrad", gemm = gw, a = qdy, b = qx}) end
-      gr = qgemm(qdy, qx, gw.out)
+      if gw.out == "f32" then
+        quant.qmatmul(qdy, qx, {accumulate = dw}) -- dw += the product, no [N, K] temporary
+      else
+        gr = qgemm(qdy, qx, gw.out)
+      end
       qdy:free()
       qx:free()
     end
-    dw:add_(gr)
-    gr:free()
+    if gr then
+      dw:add_(gr)
+      gr:free()
+    end
     stats.count("wgrad", gw.label)
   end
   return reshape_like(dx, saved.shape, x:size(2))
