@@ -39,7 +39,7 @@ train.defaults = {
   switch_forward_only = true,
   -- bookkeeping
   out = "runs/run", resume = "none", eval_every = 100, eval_batches = 8, log_every = 10, ckpt_every = 0, keep = 2,
-  sample_tokens = 200, temperature = 0.8, top_k = 40, max_bad_steps = 5, plot = true, quiet = false,
+  sample_tokens = 200, temperature = 0.8, top_k = 40, max_bad_steps = 5, plot = true, quiet = false, save = true,
 }
 
 -- ---- building -------------------------------------------------------------------------------
@@ -307,8 +307,10 @@ function train.run(c, p)
   end
   local summary = {steps = step, skipped = skipped, run_dir = run_dir, interrupted = interrupted, losses = losses,
     val = val_points, tokens_per_s = t_run > 0 and tok_run / t_run or 0, last_loss = last_loss}
-  summary.checkpoint = ckpt.save(run_dir, {model = model, optimizer = opt, recipe = rec, loader = loader, step = step,
-    config = c, keep = c.keep})
+  if c.save or interrupted then
+    summary.checkpoint = ckpt.save(run_dir, {model = model, optimizer = opt, recipe = rec, loader = loader, step = step,
+      config = c, keep = c.keep})
+  end
   if interrupted then
     out:write(string.format("\ninterrupted at step %d: checkpoint saved in %s (resume with resume=auto)\n", step,
       summary.checkpoint))
@@ -352,7 +354,7 @@ function train.main(defaults, args)
     if s.final_val_loss then print(string.format("final validation loss %.4f (perplexity %.2f)", s.final_val_loss, s.val_ppl)) end
     if s.sample then print("sample: And " .. s.sample:gsub("\n", "\n        ")) end
     if s.plot then print("loss curve: " .. s.plot) end
-    print("checkpoint: " .. s.checkpoint)
+    if s.checkpoint then print("checkpoint: " .. s.checkpoint) end
     print("metrics: " .. s.run_dir .. "/metrics.jsonl")
   end
   return s, parts
