@@ -1,7 +1,8 @@
 /* quant_cpu.h: fast CPU quantizers (OpenMP over rows/blocks, branch-free element encoders the
  * compiler vectorises). Each is bit-identical to its reference in kernels/cpu/ref/formats_ref.h,
  * stochastic rounding included (same Philox stream), and is tested against it.
- * Shapes as in formats_ref.h: x (R, K) f32 row-major, blocks along K. */
+ * Shapes as in formats_ref.h: x (R, K) f32 row-major, blocks along K. Outputs must not overlap x
+ * (the RHT, which may work in place, excepted). */
 #ifndef NVL_QUANT_CPU_H
 #define NVL_QUANT_CPU_H
 #include "cpu/ref/formats_ref.h"

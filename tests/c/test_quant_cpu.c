@@ -6,7 +6,8 @@
  * subnormals, block scales that underflow; a strided sweep of the whole fp32 range through the
  * fp8 encoders; every shape class (rows 1..129, K 16..4096), 1D and 2D, RNE and SR with several
  * seeds and offsets, given amax, both MX element formats and scale rules, current and delayed
- * fp8 scaling, the RHT; and cases big enough to run on several threads. */
+ * fp8 scaling, the RHT; cases big enough to run on several threads; and the whole file built a
+ * second time with NVL_QUANT_PORTABLE, so the code paths of machines without AVX2 run here too. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +17,22 @@
 #include "cpu/quant_cpu.h"
 #include "cpu/ref/formats_ref.h"
 #include "unit.h"
+
+/* ---- the implementation under test ------------------------------------------------------------ */
+
+/* The fast functions, called through this table: normally the library's (on x86-64 they run
+ * their AVX2 code); quant_cpu_portable_build at the end switches to the same source built again
+ * with NVL_QUANT_PORTABLE (baseline vector code, scalar Philox) and reruns tests with it. */
+typedef struct {
+  nvl_status (*nvfp4)(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_nvfp4_ref_opts *);
+  nvl_status (*nvfp4_deq)(float *, const uint8_t *, const uint8_t *, float, int64_t, int64_t);
+  nvl_status (*mxfp8)(uint8_t *, uint8_t *, const float *, int64_t, int64_t, nvl_fp8_elem, nvl_mx_rule);
+  nvl_status (*fp8)(uint8_t *, float *, float *, const float *, int64_t, nvl_fp8_elem, const float *);
+  nvl_status (*rht)(float *, const float *, int64_t, int64_t, const float *);
+} quant_impl;
+static const quant_impl library_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mxfp8_quantize_cpu,
+                                        nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu};
+static const quant_impl *impl = &library_impl;
 
 /* ---- inputs ---------------------------------------------------------------------------------- */
 
@@ -156,6 +173,22 @@ static int same_bytes(const char *what, const char *ctx, const void *a, const vo
   return 0;
 }
 
+/* Float arrays equal bit for bit, except that any NaN matches any NaN: where two NaN operands
+ * meet (or inf - inf makes one), which sign and payload come out depends on the operand order
+ * the compiler picks for a commutative operation, in the reference too. */
+static int same_floats(const char *what, const char *ctx, const float *a, const float *b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t ua, ub;
+    memcpy(&ua, &a[i], 4);
+    memcpy(&ub, &b[i], 4);
+    if (ua != ub && !(isnan(a[i]) && isnan(b[i]))) {
+      fprintf(stderr, "  %s: %s differs at [%lld]: fast 0x%08x, ref 0x%08x\n", ctx, what, (long long)i, ua, ub);
+      return 0;
+    }
+  }
+  return 1;
+}
+
 static uint8_t *bytes(int64_t n) { return malloc((size_t)(n > 0 ? n : 1)); }
 static float *floats(int64_t n) { return malloc(sizeof(float) * (size_t)(n > 0 ? n : 1)); }
 
@@ -168,7 +201,7 @@ static int nvfp4_agrees(const float *x, int64_t R, int64_t K, int two_d, const n
   memset(sf, 0xAA, (size_t)(n / 16));
   int ok = 1;
   nvl_status str = two_d ? nvl_nvfp4_quantize_2d_ref(cr, sr, &ar, x, R, K, o) : nvl_nvfp4_quantize_1d_ref(cr, sr, &ar, x, R, K, o);
-  nvl_status stf = nvl_nvfp4_quantize_cpu(pf, sf, &af, x, R, K, two_d, o);
+  nvl_status stf = impl->nvfp4(pf, sf, &af, x, R, K, two_d, o);
   if (str != NVL_OK || stf != NVL_OK) {
     fprintf(stderr, "  %s: status ref %d fast %d\n", ctx, str, stf);
     ok = 0;
@@ -178,7 +211,7 @@ static int nvfp4_agrees(const float *x, int64_t R, int64_t K, int two_d, const n
     ok &= same_bytes("scales", ctx, sf, sr, (size_t)(n / 16), 1);
     ok &= same_bytes("amax", ctx, &af, &ar, 4, 4);
     ok &= nvl_nvfp4_dequantize_ref(yr, cr, sr, ar, R, K) == NVL_OK;
-    ok &= nvl_nvfp4_dequantize_cpu(yf, pf, sf, af, R, K) == NVL_OK;
+    ok &= impl->nvfp4_deq(yf, pf, sf, af, R, K) == NVL_OK;
     ok &= same_bytes("dequantized", ctx, yf, yr, sizeof(float) * (size_t)n, 4);
   }
   free(cr); free(cf); free(pf); free(sr); free(sf); free(yr); free(yf);
@@ -191,7 +224,7 @@ static int mxfp8_agrees(const float *x, int64_t R, int64_t K, nvl_fp8_elem e, nv
   memset(cf, 0xAA, (size_t)n);
   memset(sf, 0xAA, (size_t)(n / 32));
   int ok = nvl_mxfp8_quantize_ref(cr, sr, x, R, K, e, rule) == NVL_OK;
-  ok &= nvl_mxfp8_quantize_cpu(cf, sf, x, R, K, e, rule) == NVL_OK;
+  ok &= impl->mxfp8(cf, sf, x, R, K, e, rule) == NVL_OK;
   ok = ok && same_bytes("codes", ctx, cf, cr, (size_t)n, 1);
   ok = ok && same_bytes("scales", ctx, sf, sr, (size_t)(n / 32), 1);
   free(cr); free(cf); free(sr); free(sf);
@@ -203,7 +236,7 @@ static int fp8_agrees(const float *x, int64_t n, nvl_fp8_elem e, const float *am
   float scr = -1, scf = -2, ar = -1, af = -2;
   memset(cf, 0xAA, (size_t)n);
   int ok = nvl_fp8_quantize_tensor_ref(cr, &scr, &ar, x, n, e, amax_in) == NVL_OK;
-  ok &= nvl_fp8_quantize_tensor_cpu(cf, &scf, &af, x, n, e, amax_in) == NVL_OK;
+  ok &= impl->fp8(cf, &scf, &af, x, n, e, amax_in) == NVL_OK;
   ok = ok && same_bytes("codes", ctx, cf, cr, (size_t)n, 1);
   ok = ok && same_bytes("scale", ctx, &scf, &scr, 4, 4);
   ok = ok && same_bytes("amax", ctx, &af, &ar, 4, 4);
@@ -257,15 +290,17 @@ NVL_TEST(quant_cpu_nvfp4_1d) { nvfp4_sweep(nvl_failed_, 0); }
 NVL_TEST(quant_cpu_nvfp4_2d) { nvfp4_sweep(nvl_failed_, 1); }
 
 NVL_TEST(quant_cpu_nvfp4_ties_exact) {
-  /* The tie construction really lands on the ties: dequantizing gives back the mark. */
+  /* The tie construction really lands on the ties (every block scale is a power of two and
+   * s_enc is 1): many elements sit exactly on a tie after scaling, and grid values come back
+   * exactly from dequantization. */
   enum { R = 16, K = 64 };
   static float x[R * K], y[R * K];
   static uint8_t packed[R * K / 2], s[R * K / 16];
   float amax;
   fill(x, R, K, D_TIES, 3, NVL_ELEM_E4M3, 16);
-  CHECK(nvl_nvfp4_quantize_cpu(packed, s, &amax, x, R, K, 0, NULL) == NVL_OK);
+  CHECK(impl->nvfp4(packed, s, &amax, x, R, K, 0, NULL) == NVL_OK);
   CHECK(amax == 2688.0f);
-  CHECK(nvl_nvfp4_dequantize_cpu(y, packed, s, amax, R, K) == NVL_OK);
+  CHECK(impl->nvfp4_deq(y, packed, s, amax, R, K) == NVL_OK);
   int exact = 0, ties = 0;
   for (int i = 16; i < R * K; i++) { /* block 0 holds 2688 */
     float bs = nvl_ue4m3_decode_ref(s[i / 16]);
@@ -365,13 +400,13 @@ NVL_TEST(quant_cpu_nvfp4_sr_stream) {
   float amax;
   fill(x, R, K, D_NORMAL, 8, NVL_ELEM_E4M3, 16);
   nvl_nvfp4_ref_opts a = {1, 1, 0, 0, 0.0f}, b = {1, 1, 1, 0, 0.0f}, c = {1, 2, 0, 0, 0.0f};
-  CHECK(nvl_nvfp4_quantize_cpu(p1, s, &amax, x, R, K, 0, &a) == NVL_OK);
-  CHECK(nvl_nvfp4_quantize_cpu(p2, s, &amax, x, R, K, 0, &b) == NVL_OK);
+  CHECK(impl->nvfp4(p1, s, &amax, x, R, K, 0, &a) == NVL_OK);
+  CHECK(impl->nvfp4(p2, s, &amax, x, R, K, 0, &b) == NVL_OK);
   CHECK(memcmp(p1, p2, sizeof p1) != 0);
-  CHECK(nvl_nvfp4_quantize_cpu(p2, s, &amax, x, R, K, 0, &c) == NVL_OK);
+  CHECK(impl->nvfp4(p2, s, &amax, x, R, K, 0, &c) == NVL_OK);
   CHECK(memcmp(p1, p2, sizeof p1) != 0);
-  CHECK(nvl_nvfp4_quantize_cpu(p2, s, &amax, x, R * K / 16, 16, 0, &a) == NVL_OK);
-  CHECK(nvl_nvfp4_quantize_cpu(p3, s, &amax, x, 1, R * K, 0, &a) == NVL_OK);
+  CHECK(impl->nvfp4(p2, s, &amax, x, R * K / 16, 16, 0, &a) == NVL_OK);
+  CHECK(impl->nvfp4(p3, s, &amax, x, 1, R * K, 0, &a) == NVL_OK);
   CHECK(memcmp(p1, p2, sizeof p1) == 0 && memcmp(p1, p3, sizeof p1) == 0);
 }
 
@@ -390,7 +425,7 @@ NVL_TEST(quant_cpu_nvfp4_dequantize_any_bytes) {
   const float amaxes[] = {0.0f, INFINITY, NAN, 1e-45f, 1e-30f, 1.0f, 2688.0f, 1e30f, FLT_MAX};
   for (int i = 0; i < (int)(sizeof amaxes / sizeof amaxes[0]); i++) {
     CHECK(nvl_nvfp4_dequantize_ref(yr, c, s, amaxes[i], R, K) == NVL_OK);
-    CHECK(nvl_nvfp4_dequantize_cpu(yf, p, s, amaxes[i], R, K) == NVL_OK);
+    CHECK(impl->nvfp4_deq(yf, p, s, amaxes[i], R, K) == NVL_OK);
     CHECK(same_bytes("dequantized", "dequantize any bytes", yf, yr, sizeof yr, 4));
   }
 }
@@ -399,16 +434,16 @@ NVL_TEST(quant_cpu_nvfp4_errors) {
   static float x[32 * 48];
   static uint8_t p[32 * 48], s[32 * 48];
   float amax;
-  CHECK(nvl_nvfp4_quantize_cpu(p, s, &amax, x, 8, 48, 1, NULL) == NVL_EINVAL);
-  CHECK(nvl_nvfp4_quantize_cpu(p, s, &amax, x, 1, 17, 0, NULL) == NVL_EINVAL);
-  CHECK(nvl_nvfp4_quantize_cpu(p, s, &amax, x, -1, 16, 0, NULL) == NVL_EINVAL);
-  CHECK(nvl_nvfp4_dequantize_cpu(x, p, s, 1.0f, 1, 24) == NVL_EINVAL);
-  CHECK(nvl_mxfp8_quantize_cpu(p, s, x, 1, 48, NVL_ELEM_E4M3, NVL_MX_RCEIL) == NVL_EINVAL);
-  CHECK(nvl_mxfp8_quantize_cpu(p, s, x, 1, 32, (nvl_fp8_elem)7, NVL_MX_RCEIL) == NVL_EINVAL);
-  CHECK(nvl_mxfp8_quantize_cpu(p, s, x, 1, 32, NVL_ELEM_E4M3, (nvl_mx_rule)5) == NVL_EINVAL);
-  CHECK(nvl_fp8_quantize_tensor_cpu(p, &amax, &amax, x, -1, NVL_ELEM_E4M3, NULL) == NVL_EINVAL);
-  CHECK(nvl_fp8_quantize_tensor_cpu(p, &amax, &amax, x, 4, (nvl_fp8_elem)2, NULL) == NVL_EINVAL);
-  CHECK(nvl_rht16_rows_cpu(x, x, 1, 24, NULL) == NVL_EINVAL);
+  CHECK(impl->nvfp4(p, s, &amax, x, 8, 48, 1, NULL) == NVL_EINVAL);
+  CHECK(impl->nvfp4(p, s, &amax, x, 1, 17, 0, NULL) == NVL_EINVAL);
+  CHECK(impl->nvfp4(p, s, &amax, x, -1, 16, 0, NULL) == NVL_EINVAL);
+  CHECK(impl->nvfp4_deq(x, p, s, 1.0f, 1, 24) == NVL_EINVAL);
+  CHECK(impl->mxfp8(p, s, x, 1, 48, NVL_ELEM_E4M3, NVL_MX_RCEIL) == NVL_EINVAL);
+  CHECK(impl->mxfp8(p, s, x, 1, 32, (nvl_fp8_elem)7, NVL_MX_RCEIL) == NVL_EINVAL);
+  CHECK(impl->mxfp8(p, s, x, 1, 32, NVL_ELEM_E4M3, (nvl_mx_rule)5) == NVL_EINVAL);
+  CHECK(impl->fp8(p, &amax, &amax, x, -1, NVL_ELEM_E4M3, NULL) == NVL_EINVAL);
+  CHECK(impl->fp8(p, &amax, &amax, x, 4, (nvl_fp8_elem)2, NULL) == NVL_EINVAL);
+  CHECK(impl->rht(x, x, 1, 24, NULL) == NVL_EINVAL);
 }
 
 /* ---- MXFP8 ---------------------------------------------------------------------------------- */
@@ -443,6 +478,12 @@ NVL_TEST(quant_cpu_mxfp8) {
     x[j] = 0.0f;
     x[32 + j] = ldexpf(1.0f, -140) * (float)j;
     x[64 + j] = j == 3 ? -INFINITY : 1.0f;
+    x[160 + j] = j == 9 ? INFINITY : (float)j * 1e37f; /* scale 2^-127: finite elements still matter */
+    /* rceil at the subnormal edge: bmax / elem_max = 2^-127 exactly (code 0), one ulp above (1) */
+    x[192 + j] = j == 4 ? 448.0f * ldexpf(1.0f, -127) : ldexpf(1.0f, -130);
+    x[224 + j] = j == 4 ? nextafterf(448.0f * ldexpf(1.0f, -127), 1.0f) : -ldexpf(1.0f, -131);
+    x[256 + j] = j == 4 ? 57344.0f * ldexpf(1.0f, -127) : ldexpf(1.0f, -125);
+    x[288 + j] = j == 4 ? nextafterf(57344.0f * ldexpf(1.0f, -127), 1.0f) : 0.0f;
     x[96 + j] = NAN;
     x[128 + j] = j == 5 ? FLT_MAX : -1e-20f;
   }
@@ -517,6 +558,28 @@ NVL_TEST(quant_cpu_fp8_sweep) {
   free(x);
 }
 
+NVL_TEST(quant_cpu_amax_position) {
+  /* The amax reduction sees every element: the max first, last, at chunk edges, for lengths
+   * that are not a multiple of 16 (fp8 per tensor) and long enough to be threaded. */
+  const int64_t lens[] = {1, 5, 17, 31, 4096 + 7, 16384 * 3 + 1, 200000};
+  for (int li = 0; li < (int)(sizeof lens / sizeof lens[0]); li++) {
+    int64_t n = lens[li];
+    float *x = floats(n);
+    const int64_t at[] = {0, n - 1, n / 2, 16383 % n, 16384 % n};
+    for (int ai = 0; ai < 5; ai++) {
+      fill(x, 1, n, D_NORMAL, (uint64_t)(li * 5 + ai), NVL_ELEM_E4M3, 0);
+      x[at[ai]] = -1000.0f;
+      char ctx[96];
+      snprintf(ctx, sizeof ctx, "amax at %lld of %lld", (long long)at[ai], (long long)n);
+      CHECK(fp8_agrees(x, n, NVL_ELEM_E4M3, NULL, ctx));
+      CHECK(fp8_agrees(x, n, NVL_ELEM_E5M2, NULL, ctx));
+      if (n % 16 == 0) CHECK(nvfp4_agrees(x, 1, n, 0, NULL, ctx));
+      if (n >= 16) CHECK(nvfp4_agrees(x, 1, n - n % 16, 0, NULL, ctx));
+    }
+    free(x);
+  }
+}
+
 /* ---- RHT ------------------------------------------------------------------------------------ */
 
 NVL_TEST(quant_cpu_rht) {
@@ -529,11 +592,11 @@ NVL_TEST(quant_cpu_rht) {
       for (int sv = 0; sv < 2; sv++) {
         const float *signs = sv ? mysigns : NULL;
         CHECK(nvl_rht16_rows_ref(yr, x, R, K, signs) == NVL_OK);
-        CHECK(nvl_rht16_rows_cpu(yf, x, R, K, signs) == NVL_OK);
-        CHECK(same_bytes("rht", "rht", yf, yr, sizeof(float) * (size_t)n, 4));
+        CHECK(impl->rht(yf, x, R, K, signs) == NVL_OK);
+        CHECK(same_floats("rht", "rht", yf, yr, n));
         memcpy(yf, x, sizeof(float) * (size_t)n); /* in place */
-        CHECK(nvl_rht16_rows_cpu(yf, yf, R, K, signs) == NVL_OK);
-        CHECK(same_bytes("rht", "rht in place", yf, yr, sizeof(float) * (size_t)n, 4));
+        CHECK(impl->rht(yf, yf, R, K, signs) == NVL_OK);
+        CHECK(same_floats("rht", "rht in place", yf, yr, n));
       }
       free(x); free(yr); free(yf);
     }
@@ -545,10 +608,43 @@ NVL_TEST(quant_cpu_rht_then_nvfp4) {
   float *x = floats(R * K), *tr = floats(R * K), *tf = floats(R * K);
   fill(x, R, K, D_NORMAL, 21, NVL_ELEM_E4M3, 16);
   CHECK(nvl_rht16_rows_ref(tr, x, R, K, NULL) == NVL_OK);
-  CHECK(nvl_rht16_rows_cpu(tf, x, R, K, NULL) == NVL_OK);
+  CHECK(impl->rht(tf, x, R, K, NULL) == NVL_OK);
   CHECK(same_bytes("rht", "rht rows", tf, tr, sizeof(float) * R * K, 4));
   const nvl_nvfp4_ref_opts sr = {1, 2024, 17, 0, 0.0f}, rne = {0};
   CHECK(nvfp4_agrees(tf, R, K, 0, &sr, "rht + nvfp4 sr"));
   CHECK(nvfp4_agrees(tf, R, K, 0, &rne, "rht + nvfp4 rne"));
   free(x); free(tr); free(tf);
+}
+
+/* ---- the portable build ------------------------------------------------------------------------ */
+
+/* kernels/cpu/quant_cpu.c once more, with NVL_QUANT_PORTABLE and its public names renamed, so the
+ * code a machine without AVX2 (or a non-x86 one) runs is tested here too. */
+#define NVL_QUANT_PORTABLE 1
+#define nvl_nvfp4_quantize_cpu portable_nvfp4_quantize_cpu
+#define nvl_nvfp4_dequantize_cpu portable_nvfp4_dequantize_cpu
+#define nvl_mxfp8_quantize_cpu portable_mxfp8_quantize_cpu
+#define nvl_fp8_quantize_tensor_cpu portable_fp8_quantize_tensor_cpu
+#define nvl_rht16_rows_cpu portable_rht16_rows_cpu
+nvl_status nvl_nvfp4_quantize_cpu(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_nvfp4_ref_opts *);
+nvl_status nvl_nvfp4_dequantize_cpu(float *, const uint8_t *, const uint8_t *, float, int64_t, int64_t);
+nvl_status nvl_mxfp8_quantize_cpu(uint8_t *, uint8_t *, const float *, int64_t, int64_t, nvl_fp8_elem, nvl_mx_rule);
+nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *, float *, float *, const float *, int64_t, nvl_fp8_elem, const float *);
+nvl_status nvl_rht16_rows_cpu(float *, const float *, int64_t, int64_t, const float *);
+#include "cpu/quant_cpu.c"
+static const quant_impl portable_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mxfp8_quantize_cpu,
+                                         nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu};
+
+NVL_TEST(quant_cpu_portable_build) {
+  impl = &portable_impl;
+  quant_cpu_nvfp4_threaded(nvl_failed_);
+  quant_cpu_nvfp4_e2m1_sweep(nvl_failed_);
+  quant_cpu_nvfp4_zero_and_edge(nvl_failed_);
+  quant_cpu_nvfp4_sr_stream(nvl_failed_);
+  quant_cpu_nvfp4_dequantize_any_bytes(nvl_failed_);
+  quant_cpu_mxfp8(nvl_failed_);
+  quant_cpu_fp8_sweep(nvl_failed_);
+  quant_cpu_amax_position(nvl_failed_);
+  quant_cpu_rht(nvl_failed_);
+  impl = &library_impl;
 }
