@@ -14,13 +14,102 @@ size_t nvl_memory_live(nvl_device dev) { return live_bytes[dev]; }
 size_t nvl_memory_peak(nvl_device dev) { return peak_bytes[dev]; }
 int64_t nvl_memory_count(nvl_device dev) { return live_count[dev]; }
 
+/* ---- a small caching allocator for big host buffers ----
+ * A training step frees and re-allocates the same large buffers every time; giving them back to
+ * the OS and taking them again costs a page fault per 4 KiB (on this kind of machine more than
+ * the copy itself). Freed host buffers of at least 1 MiB (sizes rounded up to 64 KiB) are kept,
+ * up to NVLUA_CPU_CACHE_MB (default 1024) in all, and reused for an allocation of the same
+ * rounded size; the oldest go first. Contents of a reused buffer are garbage, as with malloc. */
+#define CACHE_SLOTS 64
+#define CACHE_MIN ((size_t)1 << 20)
+static struct { void *p; size_t size; uint64_t age; } cache[CACHE_SLOTS];
+static size_t cache_bytes, cache_cap = (size_t)-1;
+static uint64_t cache_clock;
+
+static size_t cache_limit(void) {
+  if (cache_cap == (size_t)-1) {
+    const char *e = getenv("NVLUA_CPU_CACHE_MB");
+    long mb = e ? strtol(e, NULL, 10) : 1024;
+    cache_cap = mb > 0 ? (size_t)mb << 20 : 0;
+  }
+  return cache_cap;
+}
+
+static size_t host_round(size_t bytes) {
+  if (bytes >= CACHE_MIN) return (bytes + 65535) & ~(size_t)65535;
+  return (bytes + 63) & ~(size_t)63;
+}
+
+static void *host_alloc(size_t bytes) {
+  size_t r = host_round(bytes);
+  if (r >= CACHE_MIN) {
+    for (int i = 0; i < CACHE_SLOTS; i++)
+      if (cache[i].p && cache[i].size == r) {
+        void *p = cache[i].p;
+        cache[i].p = NULL;
+        cache_bytes -= r;
+        return p;
+      }
+  }
+  void *p = aligned_alloc(64, r);
+  if (!p && cache_bytes) { /* give the cache back and try once more */
+    nvl_memory_empty_cache();
+    p = aligned_alloc(64, r);
+  }
+  return p;
+}
+
+static void host_free(void *p, size_t bytes) {
+  size_t r = host_round(bytes);
+  if (r >= CACHE_MIN && r <= cache_limit()) {
+    while (cache_bytes + r > cache_limit()) { /* evict the oldest */
+      int o = -1;
+      for (int i = 0; i < CACHE_SLOTS; i++)
+        if (cache[i].p && (o < 0 || cache[i].age < cache[o].age)) o = i;
+      if (o < 0) break;
+      free(cache[o].p);
+      cache_bytes -= cache[o].size;
+      cache[o].p = NULL;
+    }
+    int slot = -1;
+    for (int i = 0; i < CACHE_SLOTS && slot < 0; i++)
+      if (!cache[i].p) slot = i;
+    if (slot < 0) { /* all slots full: replace the oldest */
+      slot = 0;
+      for (int i = 1; i < CACHE_SLOTS; i++)
+        if (cache[i].age < cache[slot].age) slot = i;
+      free(cache[slot].p);
+      cache_bytes -= cache[slot].size;
+    }
+    if (cache_bytes + r <= cache_limit()) {
+      cache[slot].p = p;
+      cache[slot].size = r;
+      cache[slot].age = ++cache_clock;
+      cache_bytes += r;
+      return;
+    }
+    cache[slot].p = NULL;
+  }
+  free(p);
+}
+
+size_t nvl_memory_cached(void) { return cache_bytes; }
+
+void nvl_memory_empty_cache(void) {
+  for (int i = 0; i < CACHE_SLOTS; i++)
+    if (cache[i].p) {
+      free(cache[i].p);
+      cache[i].p = NULL;
+    }
+  cache_bytes = 0;
+}
+
 static nvl_status storage_new(nvl_storage **out, nvl_device dev, size_t bytes) {
   nvl_storage *s = calloc(1, sizeof *s);
   if (!s) return nvl_error(NVL_ENOMEM, "out of host memory allocating a storage header");
   size_t alloc = bytes ? bytes : 1;
   if (dev == NVL_CPU) {
-    size_t rounded = (alloc + 63) & ~(size_t)63;
-    s->data = aligned_alloc(64, rounded);
+    s->data = host_alloc(alloc);
     if (!s->data) {
       free(s);
       return nvl_error(NVL_ENOMEM, "out of host memory allocating %zu bytes", bytes);
@@ -43,7 +132,7 @@ static void storage_unref(nvl_storage *s) {
   if (!s || --s->refcount > 0) return;
   live_bytes[s->device] -= s->bytes;
   live_count[s->device]--;
-  if (s->device == NVL_CPU) free(s->data);
+  if (s->device == NVL_CPU) host_free(s->data, s->bytes ? s->bytes : 1);
   else nvl_cuda_free(s->data, s->device_index);
   free(s);
 }

@@ -90,6 +90,9 @@ size_t nvl_memory_live(nvl_device dev);
 size_t nvl_memory_peak(nvl_device dev);
 /* Live storage count per device. */
 int64_t nvl_memory_count(nvl_device dev);
+/* Bytes of freed host buffers kept for reuse (not counted as live), and giving them back. */
+size_t nvl_memory_cached(void);
+void nvl_memory_empty_cache(void);
 
 #ifdef __cplusplus
 }

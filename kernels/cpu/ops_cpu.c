@@ -86,15 +86,25 @@ double nvl_reduce_f32_cpu(nvl_reduce_op op, const float *a, int64_t n) {
     for (int64_t i = 0; i < n; i++) s += a[i];
     return op == NVL_RED_MEAN ? s / (double)n : s;
   }
+  if (op == NVL_RED_AMAX) { /* max of |x|'s bits: the order of non-negative floats; NaN bits are the largest */
+    const uint32_t *u = (const uint32_t *)a;
+    uint32_t mb = 0;
+#pragma omp parallel for simd reduction(max : mb) if (n > NVL_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t b = u[i] & 0x7fffffffu;
+      mb = b > mb ? b : mb;
+    }
+    if (mb > 0x7f800000u) return NAN;
+    float m;
+    memcpy(&m, &mb, 4);
+    return m;
+  }
   int nan = 0;
-  float m = op == NVL_RED_AMAX ? fabsf(a[0]) : a[0];
+  float m = a[0];
 #pragma omp parallel for reduction(| : nan) if (n > NVL_OMP_MIN)
   for (int64_t i = 0; i < n; i++) nan |= isnan(a[i]) != 0;
   if (nan) return NAN;
-  if (op == NVL_RED_AMAX) {
-#pragma omp parallel for reduction(max : m) if (n > NVL_OMP_MIN)
-    for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i]));
-  } else if (op == NVL_RED_MAX) {
+  if (op == NVL_RED_MAX) {
 #pragma omp parallel for reduction(max : m) if (n > NVL_OMP_MIN)
     for (int64_t i = 0; i < n; i++) m = fmaxf(m, a[i]);
   } else {
@@ -121,7 +131,21 @@ void nvl_copy_strided_cpu(nvl_tensor *dst, const nvl_tensor *src) {
   int nd = src->ndim;
   int64_t n = nvl_tensor_numel(dst);
   if (n == 0) return;
-  if (nd == 2) { /* tiles of 32 x 32 keep both sides in cache */
+  if (nd == 2 && es == 4) { /* tiles of 32 x 32 keep both sides in cache */
+    int64_t R = src->shape[0], C = src->shape[1], s0 = src->strides[0], s1 = src->strides[1];
+    uint32_t *dd = (uint32_t *)d;
+    const uint32_t *ss = (const uint32_t *)s;
+    int64_t tr = (R + 31) / 32, tc = (C + 31) / 32;
+#pragma omp parallel for if (n > NVL_OMP_MIN)
+    for (int64_t t = 0; t < tr * tc; t++) {
+      int64_t i0 = (t / tc) * 32, j0 = (t % tc) * 32;
+      int64_t i1 = i0 + 32 < R ? i0 + 32 : R, j1 = j0 + 32 < C ? j0 + 32 : C;
+      for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = j0; j < j1; j++) dd[i * C + j] = ss[i * s0 + j * s1];
+    }
+    return;
+  }
+  if (nd == 2) {
     int64_t R = src->shape[0], C = src->shape[1], s0 = src->strides[0], s1 = src->strides[1];
 #pragma omp parallel for collapse(2) if (n > NVL_OMP_MIN)
     for (int64_t i0 = 0; i0 < R; i0 += 32)
@@ -146,14 +170,22 @@ void nvl_copy_strided_cpu(nvl_tensor *dst, const nvl_tensor *src) {
   }
 }
 
+/* nvl_f32_to_bf16 (core/dtype.c) written branch-free so the loop vectorises: same bits. */
 void nvl_f32_to_bf16_cpu(uint16_t *out, const float *a, int64_t n) {
-#pragma omp parallel for if (n > NVL_OMP_MIN)
-  for (int64_t i = 0; i < n; i++) out[i] = nvl_f32_to_bf16(a[i]);
+  const uint32_t *u = (const uint32_t *)a;
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t x = u[i];
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    uint32_t quiet = (x >> 16) | 0x0040u;
+    out[i] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
 }
 
 void nvl_bf16_to_f32_cpu(float *out, const uint16_t *a, int64_t n) {
-#pragma omp parallel for if (n > NVL_OMP_MIN)
-  for (int64_t i = 0; i < n; i++) out[i] = nvl_bf16_to_f32(a[i]);
+  uint32_t *o = (uint32_t *)out;
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) o[i] = (uint32_t)a[i] << 16;
 }
 
 /* BLAS wants each matrix with unit stride along rows (NoTrans) or columns (Trans). */

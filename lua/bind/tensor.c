@@ -731,6 +731,7 @@ static int l_memory(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)nvl_memory_count(NVL_CPU)); lua_setfield(L, -2, "cpu");
   lua_pushinteger(L, (lua_Integer)nvl_memory_count(NVL_CUDA)); lua_setfield(L, -2, "cuda");
   lua_setfield(L, -2, "tensors");
+  lua_pushinteger(L, (lua_Integer)nvl_memory_cached()); lua_setfield(L, -2, "cached");
   return 1;
 }
 
@@ -740,6 +741,13 @@ static int l_clock(lua_State *L) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   lua_pushnumber(L, (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec);
   return 1;
+}
+
+/* core.empty_cache(): give the host allocator's cached buffers back to the OS */
+static int l_empty_cache(lua_State *L) {
+  (void)L;
+  nvl_memory_empty_cache();
+  return 0;
 }
 
 static int l_cuda_available(lua_State *L) { lua_pushboolean(L, nvl_cuda_device_count() > 0); return 1; }
@@ -819,7 +827,7 @@ static const luaL_Reg module_funcs[] = {
   {"randn_", l_randn_}, {"Generator", l_generator}, {"default_generator", l_default_generator},
   {"manual_seed", l_manual_seed}, {"philox", l_philox}, {"memory", l_memory},
   {"cuda_available", l_cuda_available}, {"cuda_devices", l_cuda_devices}, {"build_info", l_build_info},
-  {"dtypes", l_dtypes}, {"clock", l_clock}, {"from_bytes", l_from_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
+  {"dtypes", l_dtypes}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"from_bytes", l_from_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
 
 int luaopen_nvlua_core(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);

@@ -143,8 +143,11 @@ nv.allclose = core.allclose
 
 function nv.is_tensor(x) return getmetatable(x) == Tensor end
 
---- nv.memory() -> {cpu = live bytes, cuda = live bytes, peak = {...}, tensors = {...}}
+--- nv.memory() -> {cpu = live bytes, cuda = live bytes, peak = {...}, tensors = {...}, cached = bytes}
+-- (cached: freed host buffers >= 1 MiB kept for reuse, at most NVLUA_CPU_CACHE_MB, default 1024)
 nv.memory = core.memory
+--- nv.empty_cache(): give the cached host buffers back to the OS
+nv.empty_cache = core.empty_cache
 
 nv.cuda = {
   available = core.cuda_available,
