@@ -16,8 +16,18 @@ local lfs = require "lfs"
 local cjson = require "cjson"
 local st = require "nvlua.safetensors"
 local data = require "nvlua.data"
+local config = require "nvlua.config"
 
 local ckpt = {}
+
+-- nn.llama_config keeps rope_scaling without its type (llama3 is the only one it computes); HF
+-- and nn.llama_config both need "rope_type" to read it back.
+local function rope_scaling(rs)
+  if rs == nil then return cjson.null end
+  local out = {rope_type = "llama3"}
+  for k, v in pairs(rs) do out[k] = v end
+  return out
+end
 
 --- The HF LlamaConfig of a model config (nn.llama_config's resolved table).
 function ckpt.hf_config(c)
@@ -27,7 +37,7 @@ function ckpt.hf_config(c)
     num_hidden_layers = c.num_hidden_layers, num_attention_heads = c.num_attention_heads,
     num_key_value_heads = c.num_key_value_heads, head_dim = c.head_dim, hidden_act = "silu",
     max_position_embeddings = c.max_position_embeddings, initializer_range = c.initializer_range or 0.02,
-    rms_norm_eps = c.rms_norm_eps, rope_theta = c.rope_theta, rope_scaling = c.rope_scaling or cjson.null,
+    rms_norm_eps = c.rms_norm_eps, rope_theta = c.rope_theta, rope_scaling = rope_scaling(c.rope_scaling),
     tie_word_embeddings = c.tie_word_embeddings, attention_bias = false, attention_dropout = 0.0,
     mlp_bias = false, pretraining_tp = 1, use_cache = true, torch_dtype = "float32",
     bos_token_id = cjson.null, eos_token_id = cjson.null,
@@ -52,7 +62,11 @@ ckpt.rm_rf = rm_rf
 local function int_to_text(v) return math.type(v) == "integer" and string.format("%d", v) or v end
 local function text_to_int(v) return type(v) == "string" and math.tointeger(tonumber(v)) or math.tointeger(v) or v end
 
-local function write_json(path, t) data.atomic_write(path, cjson.encode(t) .. "\n") end
+-- config.encode: numbers read back bit for bit (cjson keeps 14 digits); a non-finite number
+-- (an amax pushed by a step that went NaN) is written as a string and mapped back on load.
+local function write_json(path, t) data.atomic_write(path, config.encode(t) .. "\n") end
+local NONFINITE = {inf = math.huge, ["-inf"] = -math.huge, nan = 0 / 0, ["-nan"] = 0 / 0}
+local function text_to_number(v) if type(v) == "string" then return NONFINITE[v] or tonumber(v) end return v end
 
 local function read_json(path)
   local f, err = io.open(path, "rb")
@@ -64,7 +78,7 @@ local function read_json(path)
   return v
 end
 
---- ckpt.save(run_dir, {model=, optimizer=, recipe=, loader=, step=, config=, metrics=, keep=3})
+--- ckpt.save(run_dir, {model=, optimizer=, recipe=, loader=, step=, config=, metrics=, keep=3 (0: all)})
 -- -> the checkpoint directory
 function ckpt.save(run_dir, o)
   local root = run_dir .. "/checkpoints"
@@ -103,10 +117,12 @@ function ckpt.save(run_dir, o)
   local rok, rerr = os.rename(partial, final)
   if not rok then error("checkpoint: cannot rename " .. partial .. ": " .. tostring(rerr), 2) end
   core.fsync(root, true)
-  -- keep the newest `keep`
+  -- keep the newest `keep` (0 or less: keep all)
   local keep = o.keep or 3
-  local all = ckpt.list(run_dir)
-  for i = 1, #all - keep do rm_rf(all[i]) end
+  if keep > 0 then
+    local all = ckpt.list(run_dir)
+    for i = 1, #all - keep do rm_rf(all[i]) end
+  end
   return final
 end
 
@@ -118,7 +134,8 @@ function ckpt.list(run_dir)
   for n in lfs.dir(root) do
     if n:match("^step%-%d+$") and lfs.attributes(root .. "/" .. n .. "/trainer.json") then out[#out + 1] = n end
   end
-  table.sort(out)
+  -- by step number: "step-1000000" comes after "step-999999"
+  table.sort(out, function(a, b) return tonumber(a:sub(6)) < tonumber(b:sub(6)) end)
   for i, n in ipairs(out) do out[i] = root .. "/" .. n end
   return out
 end
@@ -135,7 +152,10 @@ function ckpt.read_config(dir)
   if not c then return nil, err end
   local keys = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "max_position_embeddings",
-    "tie_word_embeddings", "rope_scaling", "initializer_range"}
+    "tie_word_embeddings", "rope_scaling", "initializer_range",
+    -- checked by nn.llama_config, so a model nvlua does not compute (another activation,
+    -- biases) is refused instead of loaded wrong
+    "model_type", "hidden_act", "attention_bias", "mlp_bias", "attention_dropout", "pretraining_tp"}
   local out = {}
   for _, k in ipairs(keys) do
     local v = c[k]
@@ -178,6 +198,10 @@ function ckpt.load(dir, o)
   end
   if o.recipe and trainer.recipe then
     trainer.recipe.seed, trainer.recipe.offset = text_to_int(trainer.recipe.seed), text_to_int(trainer.recipe.offset)
+    for _, h in pairs(trainer.recipe.histories or {}) do
+      for i, v in ipairs(h.values or {}) do h.values[i] = text_to_number(v) end
+      h.last = text_to_number(h.last)
+    end
     o.recipe:load_state(trainer.recipe)
   end
   if o.loader and trainer.loader then

@@ -14,7 +14,7 @@ local function parse_value(key, text, default)
   elseif t == "float" then
     local v = tonumber(text)
     if not v then error(string.format("config: %s must be a number, got '%s'", key, text), 0) end
-    return v
+    return v + 0.0 -- the default's type: "lr=1" gives 1.0
   elseif t == "boolean" then
     if text == "true" or text == "1" then return true elseif text == "false" or text == "0" then return false end
     error(string.format("config: %s must be true or false, got '%s'", key, text), 0)
@@ -55,13 +55,47 @@ function config.print(c, out)
   for _, k in ipairs(keys) do out:write(string.format("  %-" .. w .. "s = %s\n", k, tostring(c[k]))) end
 end
 
---- JSON text of the config (sorted keys).
+-- A JSON number that reads back as the same value: integers exactly (cjson would write a 64-bit
+-- seed as 1.1529215046068e+18), floats with the fewest of 15..17 digits that round-trip (cjson
+-- keeps 14, which loses bits of a loss).
+local function number(v)
+  if math.type(v) == "integer" then return string.format("%d", v) end
+  if v ~= v or v == math.huge or v == -math.huge then return cjson.encode(tostring(v)) end
+  for _, f in ipairs({"%.15g", "%.16g"}) do
+    local s = string.format(f, v)
+    if tonumber(s) == v then return s end
+  end
+  return string.format("%.17g", v)
+end
+
+--- config.encode(v) -> JSON text of a value (tables with sorted keys; arrays as arrays) whose
+-- numbers read back bit for bit; non-finite numbers are written as strings ("nan", "inf").
+function config.encode(v)
+  local t = type(v)
+  if t == "number" then return number(v) end
+  if t ~= "table" then return cjson.encode(v) end
+  if v == cjson.null then return "null" end
+  local n = #v
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = k end
+  if n > 0 and #keys == n then
+    local parts = {}
+    for i = 1, n do parts[i] = config.encode(v[i]) end
+    return "[" .. table.concat(parts, ",") .. "]"
+  end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  local parts = {}
+  for i, k in ipairs(keys) do parts[i] = cjson.encode(tostring(k)) .. ":" .. config.encode(v[k]) end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+
+--- JSON text of the config (sorted keys, one per line, numbers exact).
 function config.json(c)
   local keys = {}
   for k in pairs(c) do keys[#keys + 1] = k end
   table.sort(keys)
   local parts = {}
-  for _, k in ipairs(keys) do parts[#parts + 1] = string.format("  %s: %s", cjson.encode(k), cjson.encode(c[k])) end
+  for _, k in ipairs(keys) do parts[#parts + 1] = string.format("  %s: %s", cjson.encode(k), config.encode(c[k])) end
   return "{\n" .. table.concat(parts, ",\n") .. "\n}\n"
 end
 

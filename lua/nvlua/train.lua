@@ -199,19 +199,38 @@ function train.run(c, p)
 
   local start_step, metrics = 0, {}
   if c.resume ~= "none" then
-    local dir = c.resume == "auto" and ckpt.latest(run_dir) or c.resume
+    local dir = c.resume
+    if dir == "auto" then
+      dir = ckpt.latest(run_dir)
+    else
+      local probe = io.open(dir .. "/trainer.json", "r")
+      if not probe then error("config: resume=" .. dir .. " is not a checkpoint directory (no trainer.json in it)", 0) end
+      probe:close()
+    end
     if dir then
       local tr = ckpt.load(dir, {model = model, optimizer = opt, recipe = rec, loader = loader})
       start_step = tr.step
       out:write(string.format("resumed from %s at step %d\n", dir, start_step))
-    elseif c.resume ~= "auto" then
-      error("config: resume=" .. c.resume .. " is not a checkpoint directory", 0)
     else
       out:write("resume=auto: no checkpoint in " .. run_dir .. "/checkpoints, starting fresh\n")
     end
   end
-  local mode = start_step > 0 and "a" or "w"
-  local mf = assert(io.open(run_dir .. "/metrics.jsonl", mode))
+  local mpath = run_dir .. "/metrics.jsonl"
+  if start_step > 0 then
+    -- drop what a run that died after its last checkpoint logged past it: those steps run again
+    local kept, f = {}, io.open(mpath, "r")
+    if f then
+      for line in f:lines() do
+        local dok, r = pcall(cjson.decode, line)
+        if dok and type(r) == "table" and type(r.step) == "number" and r.step <= start_step then
+          kept[#kept + 1] = line .. "\n"
+        end
+      end
+      f:close()
+    end
+    data.atomic_write(mpath, table.concat(kept))
+  end
+  local mf = assert(io.open(mpath, start_step > 0 and "a" or "w"))
 
   local tokens_per_step = c.batch * c.seq * c.grad_accum
   local flops_tok = train.flops_per_token(model.config, c.seq)
@@ -246,7 +265,7 @@ function train.run(c, p)
       end
       local loss = loss_sum / c.grad_accum
       local gnorm = optim.clip_grad_norm(params, c.clip)
-      local rec_line
+      local rec_line, stop
       if finite(loss) and finite(gnorm) then
         opt:step()
         bad_in_row = 0
@@ -260,8 +279,8 @@ function train.run(c, p)
         out:write(string.format("step %d: skipped (loss %s, grad norm %s), %d in a row\n", step, tostring(loss),
           tostring(gnorm), bad_in_row))
         if bad_in_row > c.max_bad_steps then
-          error(string.format("training stopped at step %d: %d consecutive steps with a non-finite loss or gradient " ..
-            "(max_bad_steps=%d); lower lr or check the data", step, bad_in_row, c.max_bad_steps), 0)
+          stop = string.format("training stopped at step %d: %d consecutive steps with a non-finite loss or gradient " ..
+            "(max_bad_steps=%d); lower lr or check the data", step, bad_in_row, c.max_bad_steps)
         end
       end
       model:zero_grad()
@@ -270,7 +289,8 @@ function train.run(c, p)
       rec_line.ms = dt * 1000
       rec_line.tokens_per_s = tokens_per_step / dt
       rec_line.mfu = flops_tok * tokens_per_step / dt / peak
-      mf:write(cjson.encode(rec_line), "\n")
+      mf:write(config.encode(rec_line), "\n")
+      if stop then error(stop, 0) end -- after logging the step that made it
       if step % c.log_every == 0 or step == c.steps or step == start_step + 1 then
         if tty then out:write("\r\27[K") end
         out:write(string.format("step %5d/%d | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | %6.0f ms | mfu %4.1f%%\n",
@@ -283,9 +303,13 @@ function train.run(c, p)
       end
       out:flush()
       if c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps) then
+        -- evaluating must not change training: under delayed scaling its forwards push amaxes
+        -- into the recipe's histories, so the recipe's state is put back afterwards
+        local rs = rec and rec.state and rec:state()
         local vl, ppl = train.evaluate(model, ds, c)
+        if rs then rec:load_state(rs) end
         val_points[#val_points + 1] = {step, vl}
-        mf:write(cjson.encode({step = step, val_loss = vl, val_ppl = ppl}), "\n")
+        mf:write(config.encode({step = step, val_loss = vl, val_ppl = ppl}), "\n")
         if tty then out:write("\r\27[K") end
         out:write(string.format("eval  %5d | val loss %.4f | val ppl %.2f\n", step, vl, ppl))
       end

@@ -1,0 +1,349 @@
+-- tests/test_checkpoint.lua: checkpoints (lua/nvlua/checkpoint.lua).
+--   * save/load round trip of everything training needs: parameters, AdamW moments and step,
+--     recipe state (a 64-bit seed > 2^53 and the SR offset under nvfp4; amax histories, including
+--     non-finite entries, under fp8_delayed), the loader cursor and the default generator; the
+--     restored run's next step equals the original's bit for bit.
+--   * keep=K prunes the oldest; latest() ignores "step-N.partial", directories without
+--     trainer.json and other names, and orders by step number; a leftover .partial is replaced.
+--   * the Hugging Face layout: config.json has every LlamaConfig key, model.safetensors has
+--     __metadata__ {"format": "pt"} and HF names/shapes (tied and untied, rope_scaling kept);
+--     from_pretrained gives the same logits bit for bit.
+--   * a Hugging Face directory made from the PyTorch golden model (tests/data/
+--     tiny_llama_ref.safetensors): from_pretrained gives transformers' logits within the tolerance
+--     of tests/test_llama_golden.lua; a config nvlua does not compute is refused.
+-- (scripts/check_hf_export.py checks the other direction with transformers itself.)
+local T = require "nvlua.test"
+local nv = require "nvlua"
+local nn = require "nvlua.nn"
+local optim = require "nvlua.optim"
+local recipe = require "nvlua.recipe"
+local data = require "nvlua.data"
+local ckpt = require "nvlua.checkpoint"
+local st = require "nvlua.safetensors"
+local cjson = require "cjson"
+local lfs = require "lfs"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
+
+local ROOT = os.tmpname()
+os.remove(ROOT)
+assert(lfs.mkdir(ROOT))
+local n_dirs = 0
+local function fresh(name)
+  n_dirs = n_dirs + 1
+  local d = string.format("%s/%02d_%s", ROOT, n_dirs, name)
+  assert(lfs.mkdir(d))
+  return d
+end
+
+local function tiny(extra)
+  local c = {vocab_size = 64, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
+    num_key_value_heads = 2, max_position_embeddings = 32, rms_norm_eps = 1e-5, rope_theta = 10000.0}
+  for k, v in pairs(extra or {}) do c[k] = v end
+  return c
+end
+
+-- 3000 pseudo-random tokens in 0..63 (an LCG), one shard
+local SHARD = ROOT .. "/tokens.bin"
+do
+  local ids, s = {}, 99
+  for i = 1, 3000 do
+    s = (s * 1103515245 + 12345) % 2147483648
+    ids[i] = (s >> 16) % 64
+  end
+  data.write_shard(SHARD, ids, 2)
+end
+
+local function bytes_of(model)
+  local out = {}
+  for _, p in ipairs(model:named_parameters()) do out[p.name] = p.param:bytes() end
+  return out
+end
+
+-- everything a run holds, built from a model seed and a recipe
+local function setup(model_seed, rec)
+  local model = nn.Llama(tiny(), {recipe = rec, seed = model_seed})
+  local opt = optim.AdamW(model:named_parameters(), {lr = 1e-2, betas = {0.9, 0.95}, weight_decay = 0.1})
+  local loader = data.Loader({data.open_shard(SHARD)}, {batch = 2, seq = 16, seed = 3})
+  return {model = model, optimizer = opt, recipe = rec, loader = loader}
+end
+
+local function step(p, n)
+  p.model.step = n
+  p.model:zero_grad()
+  local x, y = p.loader:next()
+  local loss = p.model:forward_backward(x, y)
+  x:free(); y:free()
+  optim.clip_grad_norm(p.model:named_parameters(), 1.0)
+  p.optimizer:step()
+  return loss
+end
+
+local function read_json(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return cjson.decode(s), s
+end
+
+local BIG = (1 << 60) + 12345 -- a seed past 2^53: a JSON double would round it
+
+-- ---- round trip --------------------------------------------------------------------------------
+
+local function round_trip(rec_a, rec_b, tweak)
+  local a = setup(11, rec_a)
+  for i = 1, 3 do step(a, i) end
+  if tweak then tweak(a) end
+  local g = nv.default_generator()
+  g:manual_seed(BIG + 1)
+  nv.rand(10):free()
+  local g_seed, g_offset = g:seed(), g:offset()
+  local run = fresh("rt")
+  local dir = ckpt.save(run, {model = a.model, optimizer = a.optimizer, recipe = a.recipe, loader = a.loader, step = 3,
+    config = {note = "test"}})
+  T.eq(dir, run .. "/checkpoints/step-000003")
+  local files = {}
+  for n in lfs.dir(dir) do if n ~= "." and n ~= ".." then files[#files + 1] = n end end
+  table.sort(files)
+  T.eq(files, {"config.json", "model.safetensors", "trainer.json", "trainer.safetensors"})
+
+  local b = setup(22, rec_b)
+  g:manual_seed(5)
+  T.ok(bytes_of(b.model)["lm_head.weight"] ~= bytes_of(a.model)["lm_head.weight"], "b starts elsewhere")
+  local tr = ckpt.load(dir, b)
+  T.eq(tr.step, 3)
+  T.eq(math.type(tr.step), "integer")
+  T.eq(tr.config, {note = "test"})
+  T.eq(bytes_of(b.model), bytes_of(a.model), "parameters")
+  T.eq(b.optimizer.t, 3)
+  local sa, sb = a.optimizer:state(), b.optimizer:state()
+  for name, m in pairs(sa.m) do
+    T.eq(sb.m[name]:bytes(), m:bytes(), "m of " .. name)
+    T.eq(sb.v[name]:bytes(), sa.v[name]:bytes(), "v of " .. name)
+  end
+  T.eq(b.recipe:state(), a.recipe:state(), "recipe state")
+  T.eq(b.loader.cursor, 3)
+  T.eq({g:seed(), g:offset()}, {g_seed, g_offset}, "default generator")
+  -- training goes on identically
+  local la, lb = step(a, 4), step(b, 4)
+  T.eq(string.pack("<d", lb), string.pack("<d", la), "the next loss, bit for bit")
+  T.eq(bytes_of(b.model), bytes_of(a.model), "parameters after one more step")
+  T.eq(b.recipe:state(), a.recipe:state())
+  return dir, a
+end
+
+T.case("round trip under nvfp4: 64-bit seed and SR offset, AdamW, cursor, default generator", function()
+  local dir, a = round_trip(recipe.nvfp4({seed = BIG}), recipe.nvfp4({seed = 5}))
+  local s = a.recipe:state()
+  T.eq(s.seed, BIG)
+  T.ok(s.offset > 0, "SR drew from the generator")
+  local tr, text = read_json(dir .. "/trainer.json")
+  T.ok(text:find('"seed":"' .. string.format("%d", BIG) .. '"', 1, true), "the 64-bit seed is stored as exact text")
+  T.eq(tr.recipe.recipe, "nvfp4")
+  T.eq(tr.loader.cursor, "3")
+end)
+
+T.case("round trip under fp8_delayed: amax histories (non-finite entries too)", function()
+  local _, a = round_trip(recipe.fp8_delayed({history = 4}), recipe.fp8_delayed({history = 4}), function(p)
+    -- a step that went NaN would have pushed these; they must survive the JSON
+    local key = next(p.recipe.histories)
+    p.recipe.histories[key].h:push(math.huge)
+    p.recipe.histories[key].h:push(0 / 0)
+  end)
+  local n = 0
+  for _, h in pairs(a.recipe:state().histories) do
+    n = n + 1
+    T.ok(h.count >= 1 and h.len == 4)
+  end
+  T.ok(n >= 12, "a history per (layer, operand, role): " .. n)
+end)
+
+T.case("load errors: a checkpoint from another model, a missing trainer.json", function()
+  local a = setup(1, recipe.f32())
+  local run = fresh("err")
+  local dir = ckpt.save(run, {model = a.model, optimizer = a.optimizer, step = 1})
+  local other = nn.Llama(tiny({hidden_size = 48}), {seed = 1})
+  T.raises(function() ckpt.load(dir, {model = other}) end, "shape mismatch")
+  T.raises(function() ckpt.load(run .. "/nowhere", {model = a.model}) end, "trainer.json")
+  local l = data.Loader({data.open_shard(SHARD)}, {batch = 2, seq = 16, seed = 4})
+  local d2 = ckpt.save(run, {model = a.model, loader = setup(1, recipe.f32()).loader, step = 2})
+  T.raises(function() ckpt.load(d2, {model = a.model, loader = l}) end, "data seed 3 differs from this run's 4")
+end)
+
+-- ---- directories -------------------------------------------------------------------------------
+
+T.case("keep=K prunes the oldest; keep=0 keeps all", function()
+  local m = nn.Llama(tiny(), {seed = 1})
+  local run = fresh("keep")
+  for s = 1, 5 do ckpt.save(run, {model = m, step = s, keep = 2}) end
+  local names = {}
+  for i, d in ipairs(ckpt.list(run)) do names[i] = d:match("[^/]+$") end
+  T.eq(names, {"step-000004", "step-000005"})
+  T.eq(lfs.attributes(run .. "/checkpoints/step-000003"), nil)
+  local all = fresh("keepall")
+  for s = 1, 4 do ckpt.save(all, {model = m, step = s, keep = 0}) end
+  T.eq(#ckpt.list(all), 4)
+  ckpt.save(all, {model = m, step = 5, keep = 1})
+  T.eq(ckpt.list(all), {all .. "/checkpoints/step-000005"})
+end)
+
+T.case("latest() ignores .partial, directories without trainer.json, other names; orders by step", function()
+  local m = nn.Llama(tiny(), {seed = 1})
+  local run = fresh("latest")
+  T.eq(ckpt.latest(run), nil, "no checkpoints yet")
+  ckpt.save(run, {model = m, step = 5, keep = 0})
+  local root = run .. "/checkpoints"
+  -- a crash mid-save leaves step-N.partial (complete-looking inside); a half-copied directory
+  -- has no trainer.json; other names are not checkpoints
+  assert(lfs.mkdir(root .. "/step-000009.partial"))
+  for _, f in ipairs({"trainer.json", "config.json", "model.safetensors"}) do
+    local h = assert(io.open(root .. "/step-000009.partial/" .. f, "w")); h:write("{}"); h:close()
+  end
+  assert(lfs.mkdir(root .. "/step-000010"))
+  local h = assert(io.open(root .. "/step-000010/model.safetensors", "w")); h:write("x"); h:close()
+  assert(lfs.mkdir(root .. "/step-abc"))
+  h = assert(io.open(root .. "/notes.txt", "w")); h:write("x"); h:close()
+  T.eq(ckpt.latest(run), root .. "/step-000005")
+  T.eq(ckpt.list(run), {root .. "/step-000005"})
+  -- by number, not by name: step-1000000 is newer than step-999999
+  ckpt.save(run, {model = m, step = 999999, keep = 0})
+  ckpt.save(run, {model = m, step = 1000000, keep = 0})
+  T.eq(ckpt.latest(run), root .. "/step-1000000")
+  ckpt.save(run, {model = m, step = 1000001, keep = 2})
+  T.eq(ckpt.list(run), {root .. "/step-1000000", root .. "/step-1000001"}, "keep prunes by number too")
+  -- saving step 9 replaces the leftover .partial and leaves no temp files
+  ckpt.save(run, {model = m, step = 9, keep = 0})
+  T.eq(lfs.attributes(root .. "/step-000009.partial"), nil)
+  local files = {}
+  for n in lfs.dir(root .. "/step-000009") do if n ~= "." and n ~= ".." then files[#files + 1] = n end end
+  table.sort(files)
+  T.eq(files, {"config.json", "model.safetensors", "trainer.json"})
+end)
+
+-- ---- the Hugging Face layout -------------------------------------------------------------------
+
+local HF_KEYS = {"architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
+  "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
+  "rope_scaling", "max_position_embeddings", "tie_word_embeddings", "hidden_act", "initializer_range",
+  "attention_bias", "attention_dropout", "mlp_bias", "pretraining_tp", "use_cache", "torch_dtype", "bos_token_id",
+  "eos_token_id"}
+
+local function hf_names(L, tied)
+  local out = {["model.embed_tokens.weight"] = {64, 32}, ["model.norm.weight"] = {32}}
+  if not tied then out["lm_head.weight"] = {64, 32} end
+  for i = 0, L - 1 do
+    local p = "model.layers." .. i .. "."
+    out[p .. "input_layernorm.weight"] = {32}
+    out[p .. "post_attention_layernorm.weight"] = {32}
+    out[p .. "self_attn.q_proj.weight"] = {32, 32}
+    out[p .. "self_attn.k_proj.weight"] = {16, 32}
+    out[p .. "self_attn.v_proj.weight"] = {16, 32}
+    out[p .. "self_attn.o_proj.weight"] = {32, 32}
+    out[p .. "mlp.gate_proj.weight"] = {64, 32}
+    out[p .. "mlp.up_proj.weight"] = {64, 32}
+    out[p .. "mlp.down_proj.weight"] = {32, 64}
+  end
+  return out
+end
+
+local IDS = nv.tensor({{1, 7, 3, 63, 0, 12, 5, 30, 9, 9, 2, 44}, {9, 10, 11, 2, 13, 44, 15, 16, 1, 0, 62, 8}}, "i64")
+
+local function logits_of(model)
+  model:eval()
+  local l = model:forward(IDS)
+  local b = l:bytes()
+  l:free()
+  return b
+end
+
+T.case("config.json has every HF LlamaConfig key; model.safetensors has format pt, HF names and shapes", function()
+  for _, tied in ipairs({false, true}) do
+    local m = nn.Llama(tiny({tie_word_embeddings = tied}), {seed = 2})
+    local dir = ckpt.save(fresh("hf"), {model = m, step = 1})
+    local c, text = read_json(dir .. "/config.json")
+    for _, k in ipairs(HF_KEYS) do T.ok(c[k] ~= nil, "config.json has " .. k) end
+    T.eq(c.architectures, {"LlamaForCausalLM"}); T.eq(c.model_type, "llama"); T.eq(c.hidden_act, "silu")
+    T.eq({c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+      c.num_key_value_heads, c.head_dim, c.max_position_embeddings}, {64, 32, 64, 2, 4, 2, 8, 32})
+    T.eq(c.rms_norm_eps, 1e-5); T.eq(c.rope_theta, 10000); T.eq(c.tie_word_embeddings, tied)
+    T.eq(c.rope_scaling, cjson.null); T.eq(c.attention_bias, false); T.eq(c.mlp_bias, false)
+    T.eq(c.torch_dtype, "float32")
+    T.ok(text:find('"rms_norm_eps":1e-05', 1, true), "numbers exact: " .. text)
+    local header, meta = st.read_header(dir .. "/model.safetensors")
+    T.eq(meta, {format = "pt"})
+    local want = hf_names(2, tied)
+    local n = 0
+    for name, shape in pairs(want) do
+      n = n + 1
+      T.ok(header[name], "model.safetensors has " .. name)
+      T.eq(header[name].shape, shape, name)
+      T.eq(header[name].dtype, "F32", name)
+    end
+    for name in pairs(header) do T.ok(want[name], "no extra tensor " .. name) end
+    T.eq(n, tied and 20 or 21)
+    -- nvlua reads its own export back: the same logits bit for bit
+    local back = ckpt.from_pretrained(dir)
+    T.eq(back.config.tie_word_embeddings, tied)
+    T.eq(logits_of(back), logits_of(m), "from_pretrained logits")
+  end
+end)
+
+T.case("rope_scaling (llama3) survives the export with its rope_type", function()
+  local rs = {rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+    original_max_position_embeddings = 16}
+  local m = nn.Llama(tiny({rope_scaling = rs}), {seed = 3})
+  local dir = ckpt.save(fresh("rope"), {model = m, step = 1})
+  local c = read_json(dir .. "/config.json")
+  T.eq(c.rope_scaling, rs)
+  local back = ckpt.from_pretrained(dir)
+  T.eq(logits_of(back), logits_of(m))
+  local plain = nn.Llama(tiny(), {seed = 3})
+  T.ok(logits_of(plain) ~= logits_of(m), "the scaling changes the logits (so the comparison sees it)")
+end)
+
+T.case("a Hugging Face directory (the PyTorch golden model): from_pretrained gives its logits", function()
+  local ref, meta = st.load(here .. "/data/tiny_llama_ref.safetensors")
+  assert(ref, meta)
+  local dir = fresh("golden_hf")
+  -- config.json as transformers writes it: the model's keys plus ones that carry no arithmetic
+  local c = cjson.decode(meta.config)
+  c.architectures = {"LlamaForCausalLM"}; c.model_type = "llama"; c.hidden_act = "silu"
+  c.torch_dtype = "float32"; c.transformers_version = meta.transformers_version; c.use_cache = true
+  c.bos_token_id = 1; c.eos_token_id = 2; c.attention_bias = false; c.attention_dropout = 0.0; c.mlp_bias = false
+  c.pretraining_tp = 1; c.rope_scaling = cjson.null; c.initializer_range = 0.02
+  local f = assert(io.open(dir .. "/config.json", "w"))
+  f:write(cjson.encode(c))
+  f:close()
+  local params = {}
+  for name, t in pairs(ref) do
+    if name:match("^model%.") or name == "lm_head.weight" then params[name] = t end
+  end
+  assert(st.save(dir .. "/model.safetensors", params, {format = "pt"}))
+  local model = ckpt.from_pretrained(dir)
+  T.eq(model.config.vocab_size, 64)
+  model:eval()
+  local logits = model:forward(ref.input_ids)
+  local d = (logits - ref.logits):abs():max()
+  local scale = ref.logits:abs():max()
+  local tol = 1e-5 * scale + 1e-6 -- tests/test_llama_golden.lua's logits tolerance
+  T.ok(d <= tol, string.format("logits: max |Δ| = %.3g > %.3g", d, tol))
+  logits:free()
+  -- a config nvlua does not compute is refused, not loaded wrong
+  c.hidden_act = "gelu"
+  f = assert(io.open(dir .. "/config.json", "w"))
+  f:write(cjson.encode(c))
+  f:close()
+  T.raises(function() ckpt.from_pretrained(dir) end, "hidden_act = gelu is not supported")
+  T.raises(function() ckpt.from_pretrained(ROOT .. "/nowhere") end, "from_pretrained")
+  os.remove(dir .. "/model.safetensors")
+  c.hidden_act = "silu"
+  f = assert(io.open(dir .. "/config.json", "w"))
+  f:write(cjson.encode(c))
+  f:close()
+  T.raises(function() ckpt.from_pretrained(dir) end, "no model.safetensors in " .. dir)
+end)
+
+T.case("cleanup: the scratch directory is removed", function()
+  ckpt.rm_rf(ROOT)
+  T.eq(lfs.attributes(ROOT), nil)
+end)

@@ -1,0 +1,470 @@
+-- tests/test_train.lua: the training loop (lua/nvlua/train.lua) end to end on a tiny Llama (2 layers,
+-- hidden 32, 4/2 heads, seq 16, batch 2) and a ~24 KB text corpus written here (byte tokenizer):
+--   * bit-exact resume: 2N steps straight against N steps, a checkpoint and a new run with
+--     resume=auto, under bf16, nvfp4 (stochastic rounding and RHT on) and fp8_delayed (amax
+--     histories), and with grad_accum=2: every loss, grad norm, lr and validation loss in
+--     metrics.jsonl and every final parameter are equal bit for bit. A control resets the SR
+--     generator at the resume and must differ, so the comparison can see a state that is lost.
+--   * a run that died after its last checkpoint: resume=auto drops the metrics logged past it.
+--   * non-finite loss or gradient (injected by wrapping forward_backward): the step is skipped,
+--     counted, logged, changes nothing; more than max_bad_steps in a row stop the run.
+--   * config: key=value overrides are type-checked; unknown keys list the valid ones; config.json.
+--   * Ctrl-C (nvlua.signal.raise from inside the run): the step finishes, a checkpoint is written,
+--     summary.interrupted; resume=auto then ends where an uninterrupted run ends, bit for bit.
+--   * eval (val loss and perplexity in metrics.jsonl), the end-of-run sample, loss.png; evaluating
+--     does not change training (fp8_delayed: eval forwards would push amaxes into the histories).
+--   * throughput fields: ms, tokens/s and MFU, and the FLOP count they use.
+-- Every run writes under one scratch directory (os.tmpname), removed by the last case.
+local T = require "nvlua.test"
+local train = require "nvlua.train"
+local config = require "nvlua.config"
+local ckpt = require "nvlua.checkpoint"
+local cjson = require "cjson"
+local lfs = require "lfs"
+
+local ROOT = os.tmpname()
+os.remove(ROOT)
+assert(lfs.mkdir(ROOT))
+local CACHE = ROOT .. "/cache"
+
+-- a deterministic corpus: lines of words picked by an LCG (about 24 KB)
+local CORPUS = ROOT .. "/corpus.txt"
+do
+  local words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in", "darkness",
+    "was", "upon", "face", "of", "waters", "said", "let", "there", "be", "morning", "evening", "day"}
+  local s, lines = 12345, {}
+  for i = 1, 500 do
+    local w = {}
+    for _ = 1, 8 do
+      s = (s * 1103515245 + 12345) % 2147483648
+      w[#w + 1] = words[s % #words + 1]
+    end
+    lines[i] = string.format("%d:%d %s.", i // 30 + 1, i % 30 + 1, table.concat(w, " "))
+  end
+  local f = assert(io.open(CORPUS, "w"))
+  f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+end
+
+-- the tiny run every case starts from; extra: more "key=value" arguments (later ones win)
+local BASE = {"data=" .. CORPUS, "cache=" .. CACHE, "layers=2", "hidden=32", "heads=4", "kv_heads=2", "ffn=64",
+  "seq=16", "batch=2", "steps=6", "warmup=2", "lr=3e-3", "min_lr=3e-4", "schedule=wsd", "decay=0.5", "eval_every=3",
+  "eval_batches=2", "log_every=1", "sample_tokens=0", "plot=false", "quiet=true", "keep=0", "seed=7"}
+local function cfg(name, extra)
+  local args = {}
+  for _, a in ipairs(BASE) do args[#args + 1] = a end
+  args[#args + 1] = "out=" .. ROOT .. "/" .. name
+  for _, a in ipairs(extra or {}) do args[#args + 1] = a end
+  return config.parse(train.defaults, args)
+end
+
+local PEAK = 1e9 -- a fixed "peak" so the runs skip measuring sgemm (the MFU case checks the real one)
+
+-- build the parts of c, let hook(parts) change them, run
+local function run(c, hook)
+  local p = train.build(c)
+  p.peak = PEAK
+  if hook then hook(p) end
+  return train.run(c, p), p
+end
+
+local function read_metrics(dir)
+  local out = {}
+  for line in io.lines(dir .. "/metrics.jsonl") do out[#out + 1] = cjson.decode(line) end
+  return out
+end
+
+-- metrics without the wall-clock fields
+local TIMING = {ms = true, tokens_per_s = true, mfu = true}
+local function numerics(recs)
+  local out = {}
+  for i, r in ipairs(recs) do
+    local c = {}
+    for k, v in pairs(r) do if not TIMING[k] then c[k] = v end end
+    out[i] = c
+  end
+  return out
+end
+
+-- records equal field by field; numbers compared by their bits (string.pack), so -0 ~= 0 too
+local function bits(v) return type(v) == "number" and string.pack("<d", v) or v end
+local function same_records(a, b, what)
+  T.eq(#a, #b, what .. ": number of records")
+  for i = 1, #a do
+    for _, r in ipairs({{a[i], b[i]}, {b[i], a[i]}}) do
+      for k, v in pairs(r[1]) do
+        if bits(v) ~= bits(r[2][k]) then
+          error(string.format("%s: record %d (step %s) field %s: %s vs %s", what, i, tostring(a[i].step), k,
+            string.format("%.17g", tonumber(v) or 0 / 0), string.format("%.17g", tonumber(r[2][k]) or 0 / 0)), 2)
+        end
+      end
+    end
+  end
+end
+
+local function param_bytes(model)
+  local out = {}
+  for _, p in ipairs(model:named_parameters()) do out[p.name] = p.param:bytes() end
+  return out
+end
+
+local function same_params(a, b, what)
+  local pa, pb = param_bytes(a), param_bytes(b)
+  local n = 0
+  for name, s in pairs(pa) do
+    n = n + 1
+    T.ok(pb[name] == s, what .. ": parameter " .. name .. " differs")
+  end
+  T.eq(n, 21, what .. ": parameters compared")
+end
+
+local function entry(model, name)
+  for _, p in ipairs(model:named_parameters()) do if p.name == name then return p end end
+  error("no parameter " .. name)
+end
+
+local function is_finite(x) return type(x) == "number" and x == x and x ~= math.huge and x ~= -math.huge end
+
+-- ---- bit-exact resume --------------------------------------------------------------------------
+
+-- 2N = 6 steps straight; then the first N = 3 steps of the same run (its schedule is the 6-step
+-- one: the run is stopped at N as a kill after a checkpoint would stop it) and a new process-like
+-- run (everything rebuilt from the config) with resume=auto for steps 4..6.
+local function resume_case(tag, extra)
+  local straight = cfg(tag .. "/straight", extra)
+  local s0, p0 = run(straight)
+  T.eq(s0.steps, 6)
+  T.eq(s0.skipped, 0)
+
+  local first = cfg(tag .. "/resumed", extra)
+  local p1 = train.build(first)
+  p1.peak = PEAK
+  first.steps = 3
+  local s1 = train.run(first, p1)
+  T.eq(s1.steps, 3)
+  T.eq(s1.checkpoint, ROOT .. "/" .. tag .. "/resumed/checkpoints/step-000003")
+
+  local second = cfg(tag .. "/resumed", {table.unpack(extra)})
+  second.resume = "auto"
+  local s2, p2 = run(second)
+  T.eq(s2.steps, 6)
+  T.eq(#s2.losses, 3, "the resumed run trained steps 4..6")
+  T.eq(s2.losses[1][1], 4)
+
+  local m0, m2 = read_metrics(straight.out), read_metrics(second.out)
+  local steps, evals = 0, 0
+  for _, r in ipairs(m0) do
+    if r.loss then steps = steps + 1; T.ok(is_finite(r.loss) and is_finite(r.grad_norm) and r.lr > 0) end
+    if r.val_loss then evals = evals + 1 end
+  end
+  T.eq(steps, 6, "a record per step")
+  T.eq(evals, 2, "evals at steps 3 and 6")
+  -- metrics.jsonl holds the losses exactly (a JSON writer with 14 digits would not)
+  local k = 0
+  for _, r in ipairs(m0) do
+    if r.loss then k = k + 1; T.eq(bits(r.loss), bits(s0.losses[k][2]), "metrics.jsonl loss of step " .. r.step) end
+  end
+  same_records(numerics(m2), numerics(m0), tag .. " metrics.jsonl")
+  -- the in-memory losses agree too (metrics.jsonl must not round them)
+  for i = 1, 3 do T.eq(bits(s2.losses[i][2]), bits(s0.losses[i + 3][2]), "loss of step " .. (i + 3)) end
+  same_params(p2.model, p0.model, tag .. " final parameters")
+  T.eq(p2.optimizer.t, p0.optimizer.t)
+  local o0, o2 = p0.optimizer:state(), p2.optimizer:state()
+  for name, m in pairs(o0.m) do
+    T.ok(m:bytes() == o2.m[name]:bytes() and o0.v[name]:bytes() == o2.v[name]:bytes(), "AdamW moments of " .. name)
+  end
+  T.eq(p2.loader.cursor, p0.loader.cursor)
+  T.eq(p2.recipe:state(), p0.recipe:state(), "recipe state (generator offset, amax histories)")
+  return s0, p0, m0
+end
+
+T.case("resume is bit-exact under bf16: 6 steps straight = 3 + resume=auto + 3", function()
+  resume_case("bf16", {"recipe=bf16"})
+end)
+
+T.case("resume is bit-exact under nvfp4 (SR + RHT + 2-D weights); losing the SR state is seen", function()
+  local _, p0, m0 = resume_case("nvfp4", {"recipe=nvfp4"})
+  T.eq(p0.recipe.options.sr, true)
+  T.ok(p0.recipe:state().offset > 0, "the SR generator was used")
+  -- control: the same resume with the SR generator's offset reset after loading must differ
+  local c = cfg("nvfp4/resumed", {"recipe=nvfp4"})
+  c.out = ROOT .. "/nvfp4/control"
+  os.execute(string.format("mkdir -p '%s/checkpoints' && cp -r '%s/nvfp4/resumed/checkpoints/step-000003' '%s/checkpoints/'",
+    c.out, ROOT, c.out))
+  c.resume = "auto"
+  local s = run(c, function(p)
+    local base = p.schedule
+    p.schedule = function(step)
+      if step == 4 then p.recipe:generator():set_offset(0) end
+      return base(step)
+    end
+  end)
+  local want = {}
+  for _, r in ipairs(m0) do if r.loss then want[r.step] = r.loss end end
+  T.eq(s.losses[1][2], want[4], "step 4's forward has no SR: same loss")
+  T.ok(s.losses[2][2] ~= want[5] and s.losses[3][2] ~= want[6], "other SR draws give other losses at steps 5, 6")
+end)
+
+T.case("resume is bit-exact under fp8_delayed (amax histories in the checkpoint)", function()
+  local _, p0 = resume_case("fp8d", {"recipe=fp8_delayed"})
+  local n = 0
+  for _, h in pairs(p0.recipe:state().histories) do n = n + 1; T.ok(h.count > 0) end
+  T.ok(n > 0, "the recipe kept amax histories")
+end)
+
+T.case("resume is bit-exact with grad_accum=2 (nvfp4)", function()
+  local _, p0 = resume_case("accum", {"recipe=nvfp4", "grad_accum=2"})
+  T.eq(p0.loader.cursor, 12, "2 micro-batches per step")
+end)
+
+T.case("a run that died after its last checkpoint: resume=auto drops the metrics logged past it", function()
+  local c = cfg("crash", {"recipe=bf16", "ckpt_every=2"})
+  run(c)
+  local before = numerics(read_metrics(c.out))
+  local names = {}
+  for _, d in ipairs(ckpt.list(c.out)) do names[#names + 1] = d:match("[^/]+$") end
+  T.eq(names, {"step-000002", "step-000004", "step-000006"})
+  ckpt.rm_rf(c.out .. "/checkpoints/step-000006")
+  ckpt.rm_rf(c.out .. "/checkpoints/step-000004")
+  local c2 = cfg("crash", {"recipe=bf16", "ckpt_every=2", "resume=auto"})
+  local s = run(c2)
+  T.eq(s.losses[1][1], 3, "resumed after step 2")
+  same_records(numerics(read_metrics(c.out)), before, "metrics after the rerun of steps 3..6")
+end)
+
+-- ---- non-finite steps --------------------------------------------------------------------------
+
+-- Wrap forward_backward: at the steps in nan_w, lm_head.weight[1][1] is NaN during the step (loss
+-- and gradients NaN; the weight is put back after); at the steps in inf_g, the loss is fine and a
+-- gradient element is set to +inf afterwards. snap[step] = the parameters' bytes at the step's start.
+local function inject(p, nan_w, inf_g, snap)
+  local m = p.model
+  local w, orig = entry(m, "lm_head.weight"), m.forward_backward
+  m.forward_backward = function(self, x, y, o)
+    local step = self.step
+    if snap then snap[step] = param_bytes(self) end
+    if nan_w[step] then
+      local old = w.param:get(1, 1)
+      w.param:set(1, 1, 0 / 0)
+      local loss, n = orig(self, x, y, o)
+      w.param:set(1, 1, old)
+      return loss, n
+    end
+    local loss, n = orig(self, x, y, o)
+    if inf_g[step] then entry(self, "model.layers.0.mlp.up_proj.weight").grad:set(2, 3, math.huge) end
+    return loss, n
+  end
+end
+
+T.case("a NaN loss or an Inf gradient skips the step: counted, logged, parameters untouched", function()
+  local c = cfg("nan", {"recipe=nvfp4", "steps=7", "max_bad_steps=2", "eval_every=0"})
+  local snap = {}
+  local s, p = run(c, function(p) inject(p, {[2] = true, [5] = true}, {[3] = true, [6] = true}, snap) end)
+  T.eq(s.steps, 7, "two bad steps in a row (max_bad_steps=2) do not stop the run")
+  T.eq(s.skipped, 4)
+  T.eq(p.optimizer.t, 3, "AdamW stepped only on the good steps")
+  local recs = read_metrics(c.out)
+  T.eq(#recs, 7)
+  for i, r in ipairs(recs) do
+    T.eq(r.step, i)
+    if i == 2 or i == 5 then
+      T.eq(r.skipped, true, "step " .. i)
+      T.ok(type(r.loss) == "string" and r.loss:find("nan"), "the NaN loss is logged as a string: " .. tostring(r.loss))
+      T.ok(type(r.grad_norm) == "string" and r.grad_norm:find("nan"), "grad norm: " .. tostring(r.grad_norm))
+    elseif i == 3 or i == 6 then
+      T.eq(r.skipped, true, "step " .. i)
+      T.ok(is_finite(r.loss), "the loss was finite")
+      T.eq(r.grad_norm, "inf")
+    else
+      T.eq(r.skipped, nil, "step " .. i)
+      T.ok(is_finite(r.loss) and is_finite(r.grad_norm))
+    end
+  end
+  T.eq(snap[3], snap[2], "skipped step 2 changed no parameter")
+  T.eq(snap[4], snap[3], "skipped step 3 changed no parameter")
+  T.ok(snap[5]["lm_head.weight"] ~= snap[4]["lm_head.weight"], "good step 4 did change them")
+  for _, e in ipairs(p.model:named_parameters()) do
+    for _, v in ipairs(e.param:reshape(-1):totable()) do
+      if not is_finite(v) then error("parameter " .. e.name .. " is not finite after the run") end
+    end
+  end
+end)
+
+T.case("more than max_bad_steps non-finite steps in a row stop the run with a clear message", function()
+  local c = cfg("nanstop", {"recipe=bf16", "steps=8", "max_bad_steps=2", "eval_every=0"})
+  local bad = {}
+  for i = 2, 8 do bad[i] = true end
+  T.raises(function() run(c, function(p) inject(p, bad, {}) end) end,
+    "training stopped at step 4: 3 consecutive steps with a non-finite loss or gradient (max_bad_steps=2)")
+  local recs = read_metrics(c.out)
+  T.eq(#recs, 4, "metrics.jsonl holds the steps up to the stop")
+  T.eq({recs[1].skipped, recs[2].skipped, recs[3].skipped, recs[4].skipped}, {nil, true, true, true})
+  T.eq(ckpt.latest(c.out), nil, "no checkpoint of a diverged run")
+  T.eq(require("nvlua.signal").pending(), false)
+end)
+
+-- ---- config ------------------------------------------------------------------------------------
+
+T.case("config: key=value overrides are type-checked; unknown keys list the valid ones", function()
+  local d = train.defaults
+  local c = config.parse(d, {"steps=12", "lr=0.5", "min_lr=1", "tie=true", "quiet=0", "schedule=cosine", "out=a=b"})
+  T.eq(c.steps, 12); T.eq(math.type(c.steps), "integer")
+  T.eq(c.lr, 0.5); T.eq(math.type(c.min_lr), "float", "a number key keeps its type: min_lr=1 is 1.0")
+  T.eq(c.tie, true); T.eq(c.quiet, false)
+  T.eq(c.schedule, "cosine"); T.eq(c.out, "a=b")
+  T.eq(d.steps, 300, "the defaults are not changed")
+  T.raises(function() config.parse(d, {"steps=12.5"}) end, "config: steps must be an integer, got '12.5'")
+  T.raises(function() config.parse(d, {"batch=eight"}) end, "config: batch must be an integer, got 'eight'")
+  T.raises(function() config.parse(d, {"lr=fast"}) end, "config: lr must be a number, got 'fast'")
+  T.raises(function() config.parse(d, {"tie=yes"}) end, "config: tie must be true or false, got 'yes'")
+  T.raises(function() config.parse(d, {"steps"}) end, "config: arguments are key=value, got 'steps'")
+  local err = T.raises(function() config.parse(d, {"stepz=3"}) end, "config: unknown key 'stepz'; valid keys: ")
+  local keys = {}
+  for k in pairs(d) do keys[#keys + 1] = k end
+  table.sort(keys)
+  T.ok(err:find(table.concat(keys, ", "), 1, true), "the message lists every valid key, sorted")
+end)
+
+T.case("config: train.main merges an experiment's defaults, saves the resolved config as config.json", function()
+  local out = ROOT .. "/main"
+  local big = (1 << 60) + 12345 -- a seed past 2^53 must survive the JSON
+  local exp = {my_option = 4, steps = 2}
+  local args = {}
+  for _, a in ipairs(BASE) do args[#args + 1] = a end
+  for _, a in ipairs({"out=" .. out, "steps=2", "my_option=9", "seed=" .. big, "recipe=bf16", "save=false"}) do
+    args[#args + 1] = a
+  end
+  T.raises(function() train.main(exp, {"out=" .. out, "my_optoin=1"}) end, "unknown key 'my_optoin'")
+  T.eq(lfs.attributes(out), nil, "nothing was created for a bad config")
+  local s = train.main(exp, args)
+  T.eq(s.steps, 2)
+  T.eq(s.checkpoint, nil, "save=false")
+  local f = assert(io.open(out .. "/config.json"))
+  local text = f:read("a")
+  f:close()
+  local saved = cjson.decode(text)
+  T.ok(text:find('"seed": ' .. string.format("%d", big), 1, true), "the 64-bit seed is written exactly")
+  local merged = {}
+  for k, v in pairs(train.defaults) do merged[k] = v end
+  merged.my_option = 4
+  local want = config.parse(merged, args)
+  T.eq(want.my_option, 9)
+  local n = 0
+  for k, v in pairs(want) do
+    n = n + 1
+    if k ~= "seed" then T.eq(saved[k], v, "config.json " .. k) end
+  end
+  for k in pairs(saved) do T.ok(want[k] ~= nil, "config.json has no extra key " .. k) end
+  T.ok(n > 50)
+  T.raises(function() run(cfg("main", {"resume=" .. out .. "/nowhere"})) end, "is not a checkpoint directory")
+end)
+
+-- ---- Ctrl-C ------------------------------------------------------------------------------------
+
+T.case("Ctrl-C finishes the step, checkpoints, returns interrupted; resume=auto ends bit-exact", function()
+  local signal = require "nvlua.signal"
+  local extra = {"recipe=nvfp4", "eval_every=2"}
+  local s0, p0 = run(cfg("sigint/straight", extra))
+  local c = cfg("sigint/run", extra)
+  c.save = false -- an interrupt checkpoints regardless
+  local raised = 0
+  local s = run(c, function(p)
+    local base = p.schedule
+    p.schedule = function(step)
+      if step == 3 then raised = raised + 1; signal.raise() end
+      return base(step)
+    end
+  end)
+  T.eq(raised, 1)
+  T.eq(s.interrupted, true)
+  T.eq(s.steps, 3, "step 3 finished")
+  T.eq(#s.losses, 3)
+  T.eq(s.checkpoint, c.out .. "/checkpoints/step-000003")
+  T.eq(ckpt.latest(c.out), s.checkpoint)
+  T.eq(s.sample, nil, "no sample after an interrupt")
+  T.eq(signal.pending(), false, "the run cleared the deferred interrupt")
+  local c2 = cfg("sigint/run", extra)
+  c2.resume = "auto"
+  local s2, p2 = run(c2)
+  T.eq(s2.interrupted, false)
+  T.eq(s2.steps, 6)
+  T.eq(s2.losses[1][1], 4)
+  same_records(numerics(read_metrics(c2.out)), numerics(read_metrics(s0.run_dir)), "metrics")
+  same_params(p2.model, p0.model, "after the interrupted + resumed run")
+end)
+
+-- ---- eval, sample, plot ------------------------------------------------------------------------
+
+T.case("eval: val loss and perplexity at eval_every; the sample; loss.png", function()
+  local extra = {"recipe=bf16", "steps=4", "eval_every=2", "sample_tokens=24", "temperature=0.8", "top_k=10",
+    "plot=true"}
+  local c = cfg("eval", extra)
+  local s, p = run(c)
+  local vals = {}
+  for _, r in ipairs(read_metrics(c.out)) do
+    if r.val_loss then
+      vals[#vals + 1] = r
+      T.eq(r.val_ppl, math.exp(r.val_loss), "perplexity = exp(val loss)")
+      T.ok(r.val_loss > 0 and r.val_loss < 2 * math.log(256), "a plausible loss: " .. r.val_loss)
+    end
+  end
+  T.eq(#vals, 2)
+  T.eq({vals[1].step, vals[2].step}, {2, 4})
+  T.ok(vals[2].val_loss < vals[1].val_loss, "it learns")
+  T.eq(s.val, {{2, vals[1].val_loss}, {4, vals[2].val_loss}})
+  T.eq(s.final_val_loss, vals[2].val_loss)
+  T.eq(s.val_ppl, math.exp(s.final_val_loss))
+  T.eq(train.evaluate(p.model, p.dataset, c), s.final_val_loss, "evaluate is deterministic")
+  -- the sample: 24 tokens = 24 bytes, from the seed
+  T.eq(type(s.sample), "string")
+  T.eq(#s.sample, 24)
+  local again = train.sample(p.model, p.dataset.tokenizer, "And ", 24, {temperature = 0.8, top_k = 10, seed = c.seed})
+  T.eq(again, s.sample)
+  local other = train.sample(p.model, p.dataset.tokenizer, "And ", 24, {temperature = 0.8, top_k = 10, seed = c.seed + 1})
+  T.ok(other ~= s.sample, "another seed, another sample")
+  local s2 = run(cfg("eval2", extra))
+  T.eq(s2.sample, s.sample, "a second identical run samples the same text")
+  if os.execute("command -v gnuplot >/dev/null 2>&1") then
+    T.eq(s.plot, c.out .. "/loss.png")
+    local f = assert(io.open(s.plot, "rb"))
+    T.eq(f:read(8), "\137PNG\r\n\26\n", "a PNG file")
+    f:close()
+  else
+    T.eq(s.plot, nil, "no gnuplot, no plot")
+  end
+end)
+
+T.case("evaluation does not change training (fp8_delayed: eval forwards would push amaxes)", function()
+  local with = run(cfg("evalfree/with", {"recipe=fp8_delayed", "eval_every=1", "steps=4"}))
+  local without = run(cfg("evalfree/without", {"recipe=fp8_delayed", "eval_every=0", "steps=4"}))
+  T.eq(#with.val, 4)
+  for i = 1, 4 do T.eq(bits(with.losses[i][2]), bits(without.losses[i][2]), "loss of step " .. i) end
+end)
+
+-- ---- throughput --------------------------------------------------------------------------------
+
+T.case("throughput: ms, tokens/s and MFU per step, consistent with the FLOP count", function()
+  local mcfg = train.model_config(cfg("x"), 256)
+  -- 6 · (L·(C·hd·(2Hq + 2Hkv) + 3·C·F) + C·V) + 12·L·T·hd·Hq, C 32, hd 8, F 64, L 2, V 256, T 16
+  T.eq(train.flops_per_token(mcfg, 16), 6 * (2 * (32 * 8 * 12 + 3 * 32 * 64) + 32 * 256) + 12 * 2 * 16 * 8 * 4)
+  T.eq(train.flops_per_token(mcfg, 16), 172032)
+  local peak = train.sgemm_peak()
+  T.ok(is_finite(peak) and peak > 1e8, "a measured sgemm rate: " .. peak)
+  local c = cfg("speed", {"recipe=bf16", "steps=3", "grad_accum=2", "eval_every=0"})
+  local s = run(c)
+  local tok = 2 * 16 * 2
+  local n = 0
+  for _, r in ipairs(read_metrics(c.out)) do
+    n = n + 1
+    T.ok(r.ms > 0 and r.tokens_per_s > 0 and r.mfu > 0, "positive throughput fields at step " .. r.step)
+    T.near(r.tokens_per_s * r.ms / 1000, tok, 1e-9 * tok, "tokens/s · s = tokens per step")
+    T.near(r.mfu * PEAK, 172032 * r.tokens_per_s, 1e-9 * 172032 * r.tokens_per_s, "MFU = FLOP/s / peak")
+  end
+  T.eq(n, 3)
+  T.ok(s.tokens_per_s > 0)
+end)
+
+T.case("cleanup: the scratch directory is removed", function()
+  ckpt.rm_rf(ROOT)
+  T.eq(lfs.attributes(ROOT), nil)
+end)
