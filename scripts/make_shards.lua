@@ -1,0 +1,56 @@
+-- scripts/make_shards.lua: convert text (a file or a directory of files, walked in sorted order)
+-- into NVLTOK shard files (format documented in lua/nvlua/data.lua) with the byte tokenizer:
+-- <out>/train_000.bin, train_001.bin, ... and <out>/val_000.bin (the last val_fraction of the
+-- text, cut at a line break). Train with data=shards:<out> vocab=256.
+--   build/nvlua scripts/make_shards.lua <input> <out> [width=2] [val_fraction=0.05] [shard_mb=64]
+-- Tokens from another tokenizer go into the same format: 24-byte header (magic "NVLTOK\0\0",
+-- u32 version 1, u32 width 2|4, u64 count) then the ids, little-endian (data.write_shard).
+local data = require "nvlua.data"
+local lfs = require "lfs"
+
+local input, out = arg[1], arg[2]
+if not input or not out then
+  io.stderr:write("usage: nvlua scripts/make_shards.lua <input file or dir> <out dir> [width=2] [val_fraction=0.05] [shard_mb=64]\n")
+  os.exit(2)
+end
+local o = {width = 2, val_fraction = 0.05, shard_mb = 64}
+for i = 3, #arg do
+  local k, v = arg[i]:match("^([%w_]+)=(.*)$")
+  if not k or o[k] == nil then error("make_shards: unknown argument '" .. arg[i] .. "' (width=, val_fraction=, shard_mb=)") end
+  o[k] = tonumber(v)
+end
+
+local files = {}
+local function walk(p)
+  local a = lfs.attributes(p)
+  if not a then error("make_shards: no such file or directory: " .. p) end
+  if a.mode == "directory" then
+    local names = {}
+    for n in lfs.dir(p) do if n ~= "." and n ~= ".." then names[#names + 1] = n end end
+    table.sort(names)
+    for _, n in ipairs(names) do walk(p .. "/" .. n) end
+  elseif a.mode == "file" then
+    files[#files + 1] = p
+  end
+end
+walk(input)
+local parts = {}
+for _, f in ipairs(files) do
+  local h = assert(io.open(f, "rb"))
+  parts[#parts + 1] = h:read("a")
+  h:close()
+end
+local text = table.concat(parts, "\n")
+local cut = math.floor(#text * (1 - o.val_fraction))
+cut = text:find("\n", cut, true) or cut
+data.mkdir_p(out)
+local per = math.floor(o.shard_mb * 2 ^ 20 / o.width)
+local n = 0
+for start = 1, cut, per do
+  local path = string.format("%s/train_%03d.bin", out, n)
+  data.write_shard(path, text:sub(start, math.min(cut, start + per - 1)), o.width)
+  n = n + 1
+end
+data.write_shard(out .. "/val_000.bin", text:sub(cut + 1), o.width)
+print(string.format("make_shards: %d files, %d bytes -> %d train shard(s) (%d tokens) and 1 val shard (%d tokens) in %s",
+  #files, #text, n, cut, #text - cut, out))
