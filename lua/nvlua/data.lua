@@ -38,27 +38,31 @@ end
 function data.write_shard(path, tokens, width)
   width = width or 2
   if width ~= 2 and width ~= 4 then error("write_shard: width must be 2 or 4", 2) end
-  local ids
-  if type(tokens) == "string" then
-    ids = {}
-    for i = 1, #tokens do ids[i] = tokens:byte(i) end
-  elseif type(tokens) == "table" then
-    ids = tokens
-  else
-    ids = tokens:reshape(-1):totable()
-  end
-  local fmt = width == 2 and "<I2" or "<I4"
-  local limit = width == 2 and 65535 or 4294967295
-  local parts = {MAGIC, string.pack("<I4I4I8", 1, width, #ids)}
-  local chunk = {}
-  for i, v in ipairs(ids) do
-    if math.type(v) ~= "integer" or v < 0 or v > limit then
-      error(string.format("write_shard: token %d is %s, outside 0..%d for width %d", i, tostring(v), limit, width), 2)
+  local fmt1 = width == 2 and "I2" or "I4"
+  local parts
+  if type(tokens) == "string" then -- bytes are tokens 0..255: pack 4096 at a time
+    local n = #tokens
+    parts = {MAGIC, string.pack("<I4I4I8", 1, width, n)}
+    local full = "<" .. fmt1:rep(4096)
+    for i = 1, n, 4096 do
+      local j = math.min(n, i + 4095)
+      local f = j - i + 1 == 4096 and full or ("<" .. fmt1:rep(j - i + 1))
+      parts[#parts + 1] = string.pack(f, tokens:byte(i, j))
     end
-    chunk[#chunk + 1] = string.pack(fmt, v)
-    if #chunk == 65536 then parts[#parts + 1] = table.concat(chunk); chunk = {} end
+  else
+    local ids = type(tokens) == "table" and tokens or tokens:reshape(-1):totable()
+    local limit = width == 2 and 65535 or 4294967295
+    parts = {MAGIC, string.pack("<I4I4I8", 1, width, #ids)}
+    local chunk = {}
+    for i, v in ipairs(ids) do
+      if math.type(v) ~= "integer" or v < 0 or v > limit then
+        error(string.format("write_shard: token %d is %s, outside 0..%d for width %d", i, tostring(v), limit, width), 2)
+      end
+      chunk[#chunk + 1] = string.pack("<" .. fmt1, v)
+      if #chunk == 65536 then parts[#parts + 1] = table.concat(chunk); chunk = {} end
+    end
+    parts[#parts + 1] = table.concat(chunk)
   end
-  parts[#parts + 1] = table.concat(chunk)
   data.atomic_write(path, table.concat(parts))
 end
 
