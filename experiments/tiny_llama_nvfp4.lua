@@ -9,6 +9,6 @@ local train = require "nvlua.train"
 train.main({
   out = "runs/tiny_llama_nvfp4", data = "kjv", recipe = "nvfp4",
   layers = 6, hidden = 384, heads = 6, kv_heads = 2, ffn = 1024, seq = 128, rope_theta = 10000.0,
-  batch = 8, steps = 200, lr = 3e-3, min_lr = 3e-4, warmup = 20, schedule = "wsd", decay = 0.25,
+  batch = 8, steps = 400, lr = 3e-3, min_lr = 3e-4, warmup = 40, schedule = "wsd", decay = 0.25,
   eval_every = 50, eval_batches = 4, log_every = 10, sample_tokens = 200,
 }, arg)
