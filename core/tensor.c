@@ -12,6 +12,7 @@ static int64_t live_count[NVL_DEVICE_COUNT];
 
 size_t nvl_memory_live(nvl_device dev) { return live_bytes[dev]; }
 size_t nvl_memory_peak(nvl_device dev) { return peak_bytes[dev]; }
+void nvl_memory_reset_peak(nvl_device dev) { peak_bytes[dev] = live_bytes[dev]; }
 int64_t nvl_memory_count(nvl_device dev) { return live_count[dev]; }
 
 /* ---- a small caching allocator for big host buffers ----

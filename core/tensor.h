@@ -88,6 +88,8 @@ nvl_status nvl_broadcast_shape(const nvl_tensor *a, const nvl_tensor *b, const c
 size_t nvl_memory_live(nvl_device dev);
 /* Peak bytes per device since start. */
 size_t nvl_memory_peak(nvl_device dev);
+/* Restart the peak from the bytes live now. */
+void nvl_memory_reset_peak(nvl_device dev);
 /* Live storage count per device. */
 int64_t nvl_memory_count(nvl_device dev);
 /* Bytes of freed host buffers kept for reuse (not counted as live), and giving them back. */

@@ -744,6 +744,14 @@ static int l_clock(lua_State *L) {
 }
 
 /* core.empty_cache(): give the host allocator's cached buffers back to the OS */
+/* core.reset_peak_memory(): the peak restarts from what is live now (every device) */
+static int l_reset_peak(lua_State *L) {
+  (void)L;
+  nvl_memory_reset_peak(NVL_CPU);
+  nvl_memory_reset_peak(NVL_CUDA);
+  return 0;
+}
+
 static int l_empty_cache(lua_State *L) {
   (void)L;
   nvl_memory_empty_cache();
@@ -827,7 +835,7 @@ static const luaL_Reg module_funcs[] = {
   {"randn_", l_randn_}, {"Generator", l_generator}, {"default_generator", l_default_generator},
   {"manual_seed", l_manual_seed}, {"philox", l_philox}, {"memory", l_memory},
   {"cuda_available", l_cuda_available}, {"cuda_devices", l_cuda_devices}, {"build_info", l_build_info},
-  {"dtypes", l_dtypes}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"from_bytes", l_from_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
+  {"dtypes", l_dtypes}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"reset_peak_memory", l_reset_peak}, {"from_bytes", l_from_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
 
 int luaopen_nvlua_core(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);

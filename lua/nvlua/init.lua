@@ -148,6 +148,8 @@ function nv.is_tensor(x) return getmetatable(x) == Tensor end
 nv.memory = core.memory
 --- nv.empty_cache(): give the cached host buffers back to the OS
 nv.empty_cache = core.empty_cache
+--- nv.reset_peak_memory(): nv.memory().peak restarts from the live bytes
+nv.reset_peak_memory = core.reset_peak_memory
 
 nv.cuda = {
   available = core.cuda_available,

@@ -14,7 +14,7 @@
 --   weight copies the quantized weights each Linear keeps from fprop for dgrad (formats whose
 --                transposed quantization is exact: 2D nvfp4 0.5625 B/param, fp8 1, bf16 2)
 --   transient    at the LM head's backward its weight copy is transposed (one more copy), plus
---                the GEMM's chunked decode scratch (~32 MB)
+--                the GEMM's chunked decode scratch (<= 16 MB, plus one decoded activation)
 local plan = {}
 
 local function cfg_of(c)
@@ -90,7 +90,8 @@ function plan.memory(c, r, B, T)
   local m = {weights = 4 * p.total, grads = 4 * p.total, optimizer = 8 * p.total}
   local per_tok_block = 4 * C + (C + kvC) + kvC + C + c.num_attention_heads + 2 + 3 * F
   m.activations = 4 * N * (L * per_tok_block + C + C + 2 * V)
-  m.weight_copies, m.transient = 0, 32 * 2 ^ 20
+  -- the emulated GEMM's scratch: B decoded in chunks of at most 4M floats, A whole
+  m.weight_copies, m.transient = 0, 4 * (math.min(2 ^ 22, V * C) + N * math.max(C, F))
   local biggest = 0
   for _, l in ipairs(plan.linears(c)) do
     local ctx = {name = l.name, block = l.block, num_blocks = L, high_precision = l.high_precision, step = 0}
