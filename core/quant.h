@@ -56,6 +56,10 @@ typedef struct {
   int has_amax;              /* use amax instead of max |x| (delayed scaling, reduced amax) */
   float amax;
   int use_ref;               /* 1: scalar reference kernels (for tests); 0: fast CPU kernels */
+  /* SR (nvfp4): x's blocked layout is a slab of a larger tensor's (a data-parallel rank's
+   * slice): rows from sr_row_offset, columns from sr_k_offset, of a layout sr_k_total long
+   * (0: K), so block g of the SR stream is the global one (formats_ref.h). All 0: x itself. */
+  int64_t sr_row_offset, sr_k_offset, sr_k_total;
 } nvl_quant_opts;
 
 static inline nvl_qtensor nvl_qtensor_null(void) {
@@ -68,6 +72,11 @@ static inline nvl_qtensor nvl_qtensor_null(void) {
 
 /* out = x quantized to format (f32, bf16 or a quantized format) per opts. */
 nvl_status nvl_quantize(nvl_qtensor *out, const nvl_tensor *x, nvl_dtype format, const nvl_quant_opts *opts);
+/* row = quantize(x, opts with axis = last), col = quantize(x, opts with axis = first) for a 2-D x,
+ * bit for bit those two calls (a generator's offset advances twice: row draws offset o, col
+ * o + 1). On cuda both copies come from one read of x where the shape allows (kernels/cuda). */
+nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_tensor *x, nvl_dtype format,
+                               const nvl_quant_opts *opts);
 /* Release codes and scales. */
 void nvl_qtensor_release(nvl_qtensor *q);
 /* out (f32, logical shape) = the decoded values (in the RHT domain if q.rht). */

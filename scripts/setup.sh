@@ -8,7 +8,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build"
 
 pkgs=(cmake gcc make pkg-config liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas-openmp-dev libreadline-dev
-      bible-kjv gnuplot-nox)
+      bible-kjv gnuplot-nox openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

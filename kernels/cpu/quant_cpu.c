@@ -317,10 +317,12 @@ static inline void nvfp4_block(uint32_t *restrict q, const float *restrict x, fl
   }
 }
 
-/* 1D: blocks [g0, g1) of x, each with its own max, in groups of NVL_LANES: the group's maxima,
- * scales and Philox draws, each computed across the group, then the blocks. */
+/* 1D: blocks [g0, g1) of x (K = 16 nb per row), each with its own max, in groups of NVL_LANES:
+ * the group's maxima, scales and Philox draws, each computed across the group, then the blocks.
+ * slab: o has SR slab offsets (formats_ref.h), so a block's SR index is not its own index. */
 NVL_WORKER void nvfp4_1d_range(uint8_t *packed, uint8_t *scales, const float *x, int64_t g0,
-                               int64_t g1, const nvfp4_consts *c, const nvl_nvfp4_ref_opts *o) {
+                               int64_t g1, int64_t nb, int slab, const nvfp4_consts *c,
+                               const nvl_nvfp4_ref_opts *o) {
   for (int64_t gl = g0; gl < g1; gl += NVL_LANES) {
     int nl = (int)min64(NVL_LANES, g1 - gl);
     int32_t bmax[NVL_LANES] = {0};
@@ -330,7 +332,8 @@ NVL_WORKER void nvfp4_1d_range(uint8_t *packed, uint8_t *scales, const float *x,
     for (int l = 0; l < NVL_LANES; l++) sd[l] = nvfp4_scale(u2f((uint32_t)bmax[l]), c->s_enc6);
     if (o->sr) {
       uint64_t gs[NVL_LANES];
-      for (int l = 0; l < NVL_LANES; l++) gs[l] = (uint64_t)(gl + l);
+      for (int l = 0; l < NVL_LANES; l++)
+        gs[l] = slab ? nvl_nvfp4_sr_block(o, 16 * nb, (gl + l) / nb, (gl + l) % nb) : (uint64_t)(gl + l);
       philox_lanes(w, gs, o->seed, o->offset);
     }
     uint32_t q[16 * NVL_LANES];
@@ -360,7 +363,7 @@ NVL_WORKER void nvfp4_2d_range(uint8_t *packed, uint8_t *scales, const float *x,
     uint32_t w[NVL_LANES][4];
     if (o->sr) {
       uint64_t gs[NVL_LANES];
-      for (int i = 0; i < 16; i++) gs[i] = (uint64_t)((r0 + i) * nb + tc);
+      for (int i = 0; i < 16; i++) gs[i] = nvl_nvfp4_sr_block(o, K, r0 + i, tc); /* (r0 + i) nb + tc unless a slab */
       philox_lanes(w, gs, o->seed, o->offset);
     }
     for (int i = 0; i < 16; i++) {
@@ -380,6 +383,8 @@ nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax_
   if (rows < 0 || K < 0 || K % 16 || (block2d && rows % 16))
     return nvl_error(NVL_EINVAL, "nvfp4_quantize_cpu: shape [%lld,%lld] is not a whole number of %s blocks",
                      (long long)rows, (long long)K, block2d ? "16x16" : "1x16");
+  NVL_TRY(nvl_nvfp4_check_sr_slab("nvfp4_quantize_cpu", o, K));
+  int slab = o->sr_row_offset != 0 || o->sr_k_offset != 0 || (o->sr_k_total != 0 && o->sr_k_total != K);
   int64_t n = rows * K;
   float amax = o->has_amax ? o->amax : absmax_cpu(x, n);
   nvfp4_consts c;
@@ -393,7 +398,8 @@ nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax_
     int64_t nblk = n / 16, per = 4 * NVL_LANES; /* blocks per work item: 4 KiB of x */
     int64_t nitems = (nblk + per - 1) / per;
 #pragma omp parallel for schedule(static) if (n > NVL_QUANT_OMP_MIN)
-    for (int64_t it = 0; it < nitems; it++) nvfp4_1d_range(packed, scales, x, it * per, min64(nblk, it * per + per), &c, o);
+    for (int64_t it = 0; it < nitems; it++)
+      nvfp4_1d_range(packed, scales, x, it * per, min64(nblk, it * per + per), K / 16, slab, &c, o);
   }
   if (amax_out) *amax_out = amax;
   return NVL_OK;

@@ -1,36 +1,26 @@
-/* device.cu: the CUDA backend's device layer — device discovery, properties, versions, memory
- * (malloc/free/synchronous memcpy) and the elementwise f32 binary kernel (add/sub/mul/div).
- * Implements core/cuda.h with C linkage; kernels/cuda/stub.c is its stand-in without nvcc.
+/* device.cu: the CUDA backend's device layer — device discovery, properties, versions, sync mode,
+ * the caching allocator, copies, memset, event timing, the per-device scratch area, and the
+ * elementwise f32 binary kernel (add/sub/mul/div). Implements core/nvl_cuda.h with C linkage
+ * (quant.cu and gemm.cu implement the rest); kernels/cuda/stub.c is its stand-in without nvcc.
  * Every CUDA call's failure becomes an nvl_status with a message naming the call and the device;
  * nothing here prints, exits or aborts. With no driver or no GPU, nvl_cuda_device_count() is 0
  * and nvl_cuda_unavailable_reason() says why (cudart is linked statically, so nvlua starts on
  * machines without a driver).
- * Not here: streams, events, memory pools, cuBLASLt GEMMs, quantization kernels. Everything runs
- * on the legacy default stream and each call synchronises before returning, so an asynchronous
- * error surfaces in the call that caused it.
+ * Not here: non-default streams, CUDA graphs, multi-GPU peer access.
  * Numerics: the binary kernel is exact IEEE-754 fp32 (round to nearest even, subnormals kept),
  * bit-identical to the CPU's `a op b` on floats whatever nvcc's -ftz/-prec-div/--use_fast_math
  * flags say (the ops are written as non-.ftz PTX). Only NaN payloads may differ: the GPU returns
  * the canonical NaN. */
-#include <cuda_runtime.h>
 #include <cublasLt.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "nvl_cuda.h"
+#include "common.cuh"
 #include "ops.h"
 
-/* Evaluate a CUDA runtime call; on failure clear the (non-sticky) error so a later
- * cudaGetLastError does not report it again, and return NVL_EDEVICE naming the call. */
-#define NVL_CUDA_CHECK(call)                                                          \
-  do {                                                                                \
-    cudaError_t nvl_ce_ = (call);                                                     \
-    if (nvl_ce_ != cudaSuccess) {                                                     \
-      (void)cudaGetLastError();                                                       \
-      return nvl_error(NVL_EDEVICE, "%s: %s failed: %s (%s)", __func__, #call,        \
-                       cudaGetErrorString(nvl_ce_), cudaGetErrorName(nvl_ce_));       \
-    }                                                                                 \
-  } while (0)
+#define NVL_MAX_GPUS 16
 
 /* ---- discovery ---------------------------------------------------------------------------- */
 
@@ -65,7 +55,7 @@ static void probe(void) {
     probe_count = 0;
   } else {
     probe_reason[0] = '\0';
-    probe_count = n;
+    probe_count = n > NVL_MAX_GPUS ? NVL_MAX_GPUS : n;
   }
 }
 
@@ -81,8 +71,7 @@ extern "C" const char *nvl_cuda_unavailable_reason(void) {
   return probe_reason;
 }
 
-/* Check dev is a usable ordinal and make it current; fn names the public caller. */
-static nvl_status use_device(int dev, const char *fn) {
+nvl_status nvl_cuda_use_device(int dev, const char *fn) {
   int n = nvl_cuda_device_count();
   if (n == 0)
     return nvl_error(NVL_EDEVICE, "%s: cuda:%d is not available: %s", fn, dev, probe_reason);
@@ -99,7 +88,7 @@ static nvl_status use_device(int dev, const char *fn) {
 }
 
 extern "C" nvl_status nvl_cuda_device_props(int dev, nvl_cuda_props *p) {
-  NVL_TRY(use_device(dev, __func__));
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
   cudaDeviceProp prop;
   NVL_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   snprintf(p->name, sizeof p->name, "%s", prop.name);
@@ -122,31 +111,359 @@ extern "C" int nvl_cuda_runtime_version(void) {
 /* Needs no GPU: it reports the version of the linked cuBLASLt library. */
 extern "C" size_t nvl_cuda_blaslt_version(void) { return cublasLtGetVersion(); }
 
-/* ---- memory ------------------------------------------------------------------------------- */
+/* Cached per-device attributes: SM count and compute capability (0 until read). */
+static int dev_sms[NVL_MAX_GPUS], dev_cc[NVL_MAX_GPUS];
 
-/* bytes == 0 gives *p = NULL and NVL_OK (cudaMalloc's own behaviour). */
-extern "C" nvl_status nvl_cuda_malloc(void **p, size_t bytes, int dev) {
-  *p = NULL;
-  NVL_TRY(use_device(dev, __func__));
-  cudaError_t e = cudaMalloc(p, bytes);
+static void read_attrs(int dev) {
+  if (dev < 0 || dev >= NVL_MAX_GPUS || dev_sms[dev] > 0) return;
+  int sms = 0, ma = 0, mi = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  dev_cc[dev] = 10 * ma + mi;
+  dev_sms[dev] = sms > 0 ? sms : 1;
+}
+
+int nvl_cuda_sm_count(int dev) {
+  read_attrs(dev);
+  return dev >= 0 && dev < NVL_MAX_GPUS && dev_sms[dev] > 0 ? dev_sms[dev] : 1;
+}
+
+int nvl_cuda_cc(int dev) {
+  read_attrs(dev);
+  return dev >= 0 && dev < NVL_MAX_GPUS ? dev_cc[dev] : 0;
+}
+
+int nvl_cuda_grid(int64_t n, int threads, int dev) {
+  int64_t blocks = (n + threads - 1) / threads;
+  int64_t cap = (int64_t)nvl_cuda_sm_count(dev) * 16; /* grid-stride loops cover the rest */
+  if (blocks > cap) blocks = cap;
+  return blocks < 1 ? 1 : (int)blocks;
+}
+
+/* ---- sync mode ------------------------------------------------------------------------------ */
+
+static int sync_mode = -1; /* -1: not read from the environment yet */
+
+static int sync_on(void) {
+  if (sync_mode < 0) {
+    const char *e = getenv("NVLUA_CUDA_SYNC");
+    sync_mode = !(e && e[0] == '0');
+  }
+  return sync_mode;
+}
+
+extern "C" int nvl_cuda_set_sync(int on) {
+  int prev = sync_on();
+  sync_mode = on ? 1 : 0;
+  return prev;
+}
+
+extern "C" nvl_status nvl_cuda_synchronize(int dev) {
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    *p = NULL;
-    return nvl_error(e == cudaErrorMemoryAllocation ? NVL_ENOMEM : NVL_EDEVICE,
-                     "cudaMalloc(%zu bytes) on cuda:%d failed: %s (%s)", bytes, dev,
+    return nvl_error(NVL_EDEVICE, "cudaDeviceSynchronize on cuda:%d: an earlier asynchronous "
+                     "operation failed: %s (%s)", dev, cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  return NVL_OK;
+}
+
+nvl_status nvl_cuda_check_launch(int dev, const char *fn, const char *what) {
+  cudaError_t e = cudaGetLastError();
+  const char *stage = "launch of";
+  if (e == cudaSuccess && sync_on()) {
+    e = cudaStreamSynchronize(0);
+    stage = "cudaStreamSynchronize after";
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nvl_error(NVL_EDEVICE, "%s: %s %s on cuda:%d failed: %s (%s)", fn, stage, what, dev,
                      cudaGetErrorString(e), cudaGetErrorName(e));
   }
   return NVL_OK;
 }
 
-/* Errors are dropped (a free has no way to report them; a sticky error shows up in the next
- * call that can). */
-extern "C" void nvl_cuda_free(void *p, int dev) {
-  if (p == NULL) return;
-  if (dev >= 0 && dev < nvl_cuda_device_count() && cudaSetDevice(dev) == cudaSuccess)
-    (void)cudaFree(p);
+/* ---- the caching allocator ------------------------------------------------------------------ *
+ * Per device: a hash map of live blocks (pointer -> sizes) and an array of free blocks. A block
+ * is one cudaMalloc allocation of a rounded size; an allocation takes the most recently freed
+ * free block of exactly its rounded size, else calls cudaMalloc. All device work is on the legacy
+ * default stream, so a block freed after the launches that use it and handed to a later launch is
+ * only touched after those finished (stream order): no synchronisation is needed. Host code
+ * never reads device memory except through synchronous copies. */
+
+typedef struct {
+  void *p;
+  size_t size;      /* rounded (what cudaMalloc got) */
+  size_t requested; /* live blocks: what the caller asked for */
+} block;
+
+typedef struct {
+  block *live;      /* open addressing, key p (NULL = empty), tombstones p = (void *)1 */
+  size_t live_cap, live_n, live_used;
+  block *free_list;
+  size_t free_n, free_cap;
+  size_t allocated, peak, reserved, cached;
+  int64_t mallocs;
+} dev_alloc;
+
+static dev_alloc allocs[NVL_MAX_GPUS];
+static pthread_mutex_t alloc_mu = PTHREAD_MUTEX_INITIALIZER;
+static int poison_byte = -1;
+#define TOMB ((void *)1)
+
+static size_t round_size(size_t n) {
+  if (n == 0) n = 1;
+  if (n <= ((size_t)1 << 20)) return (n + 511) & ~(size_t)511;
+  if (n <= ((size_t)64 << 20)) return (n + ((size_t)128 << 10) - 1) & ~(((size_t)128 << 10) - 1);
+  return (n + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+}
+
+static size_t hash_ptr(const void *p, size_t cap) {
+  uint64_t x = (uint64_t)(uintptr_t)p >> 8; /* cudaMalloc pointers are 256-byte aligned */
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  return (size_t)x & (cap - 1);
+}
+
+/* Insert into the live map (grows it at 50% load, tombstones included); 0 on host OOM. */
+static int live_insert(dev_alloc *a, block b) {
+  if ((a->live_used + 1) * 2 > a->live_cap) {
+    size_t cap = a->live_cap ? a->live_cap * 2 : 1024;
+    while (a->live_n * 4 >= cap) cap *= 2;
+    block *t = (block *)calloc(cap, sizeof(block));
+    if (!t) return 0;
+    for (size_t i = 0; i < a->live_cap; i++) {
+      void *p = a->live[i].p;
+      if (p == NULL || p == TOMB) continue;
+      size_t h = hash_ptr(p, cap);
+      while (t[h].p) h = (h + 1) & (cap - 1);
+      t[h] = a->live[i];
+    }
+    free(a->live);
+    a->live = t;
+    a->live_cap = cap;
+    a->live_used = a->live_n;
+  }
+  size_t h = hash_ptr(b.p, a->live_cap);
+  while (a->live[h].p && a->live[h].p != TOMB) h = (h + 1) & (a->live_cap - 1);
+  if (a->live[h].p == NULL) a->live_used++;
+  a->live[h] = b;
+  a->live_n++;
+  return 1;
+}
+
+/* Remove p from the live map into *out; 0 if p is not live. */
+static int live_remove(dev_alloc *a, void *p, block *out) {
+  if (!a->live_cap) return 0;
+  size_t h = hash_ptr(p, a->live_cap);
+  while (a->live[h].p) {
+    if (a->live[h].p == p) {
+      *out = a->live[h];
+      a->live[h].p = TOMB;
+      a->live_n--;
+      return 1;
+    }
+    h = (h + 1) & (a->live_cap - 1);
+  }
+  return 0;
+}
+
+/* Give every cached block of a back (caller holds the lock and has made dev current). */
+static void release_cached(dev_alloc *a) {
+  if (a->free_n) (void)cudaDeviceSynchronize();
+  for (size_t i = 0; i < a->free_n; i++) {
+    (void)cudaFree(a->free_list[i].p);
+    a->reserved -= a->free_list[i].size;
+  }
+  a->free_n = 0;
+  a->cached = 0;
   (void)cudaGetLastError();
 }
+
+/* bytes == 0 gives a 512-byte block (so every tensor has an address). */
+extern "C" nvl_status nvl_cuda_malloc(void **p, size_t bytes, int dev) {
+  *p = NULL;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  size_t size = round_size(bytes);
+  pthread_mutex_lock(&alloc_mu);
+  dev_alloc *a = &allocs[dev];
+  block b = {NULL, size, bytes};
+  for (size_t i = a->free_n; i-- > 0;) {
+    if (a->free_list[i].size == size) {
+      b.p = a->free_list[i].p;
+      a->free_list[i] = a->free_list[--a->free_n];
+      a->cached -= size;
+      break;
+    }
+  }
+  if (!b.p) {
+    cudaError_t e = cudaMalloc(&b.p, size);
+    if (e == cudaErrorMemoryAllocation && a->free_n) { /* give the cache back, try once more */
+      (void)cudaGetLastError();
+      release_cached(a);
+      e = cudaMalloc(&b.p, size);
+    }
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      pthread_mutex_unlock(&alloc_mu);
+      size_t fr = 0, tot = 0;
+      if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) (void)cudaGetLastError();
+      return nvl_error(e == cudaErrorMemoryAllocation ? NVL_ENOMEM : NVL_EDEVICE,
+                       "cudaMalloc(%zu bytes) on cuda:%d failed: %s (%s); %zu MiB allocated by "
+                       "nvlua, %zu MiB free of %zu MiB", size, dev, cudaGetErrorString(e),
+                       cudaGetErrorName(e), a->allocated >> 20, fr >> 20, tot >> 20);
+    }
+    a->reserved += size;
+    a->mallocs++;
+  }
+  if (!live_insert(a, b)) { /* host out of memory: hand the block to the cache and fail */
+    if (a->free_n < a->free_cap) {
+      a->free_list[a->free_n++] = b;
+      a->cached += size;
+    } else {
+      (void)cudaFree(b.p);
+      a->reserved -= size;
+    }
+    pthread_mutex_unlock(&alloc_mu);
+    return nvl_error(NVL_ENOMEM, "nvl_cuda_malloc: out of host memory for the allocator's block map");
+  }
+  a->allocated += bytes;
+  if (a->allocated > a->peak) a->peak = a->allocated;
+  int poison = poison_byte;
+  pthread_mutex_unlock(&alloc_mu);
+  if (poison >= 0) {
+    cudaError_t e = cudaMemsetAsync(b.p, poison, size, 0);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      nvl_cuda_free(b.p, dev);
+      return nvl_error(NVL_EDEVICE, "nvl_cuda_malloc: cudaMemsetAsync (poisoning %zu bytes) on "
+                       "cuda:%d failed: %s (%s)", size, dev, cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+  }
+  *p = b.p;
+  return NVL_OK;
+}
+
+/* The block goes to the free list (stream order makes it reusable at once). Unknown pointers
+ * and errors are dropped: a free has no way to report them. */
+extern "C" void nvl_cuda_free(void *p, int dev) {
+  if (p == NULL || dev < 0 || dev >= nvl_cuda_device_count()) return;
+  pthread_mutex_lock(&alloc_mu);
+  dev_alloc *a = &allocs[dev];
+  block b;
+  if (live_remove(a, p, &b)) {
+    a->allocated -= b.requested;
+    if (a->free_n == a->free_cap) {
+      size_t cap = a->free_cap ? a->free_cap * 2 : 256;
+      block *t = (block *)realloc(a->free_list, cap * sizeof(block));
+      if (t) {
+        a->free_list = t;
+        a->free_cap = cap;
+      }
+    }
+    if (a->free_n < a->free_cap) {
+      a->free_list[a->free_n++] = b;
+      a->cached += b.size;
+    } else if (cudaSetDevice(dev) == cudaSuccess) { /* no room to remember it: give it back */
+      (void)cudaFree(b.p);
+      a->reserved -= b.size;
+    }
+  }
+  pthread_mutex_unlock(&alloc_mu);
+  (void)cudaGetLastError();
+}
+
+extern "C" nvl_status nvl_cuda_memory_stats(int dev, nvl_cuda_mem_stats *s) {
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  pthread_mutex_lock(&alloc_mu);
+  dev_alloc *a = &allocs[dev];
+  s->allocated = a->allocated;
+  s->peak_allocated = a->peak;
+  s->reserved = a->reserved;
+  s->cached = a->cached;
+  s->blocks = (int64_t)a->live_n;
+  s->device_mallocs = a->mallocs;
+  pthread_mutex_unlock(&alloc_mu);
+  s->device_free = s->device_total = 0;
+  if (cudaMemGetInfo(&s->device_free, &s->device_total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s->device_free = s->device_total = 0;
+  }
+  return NVL_OK;
+}
+
+extern "C" void nvl_cuda_empty_cache(int dev) {
+  int n = nvl_cuda_device_count();
+  for (int d = 0; d < n; d++) {
+    if (dev >= 0 && d != dev) continue;
+    if (cudaSetDevice(d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    pthread_mutex_lock(&alloc_mu);
+    release_cached(&allocs[d]);
+    pthread_mutex_unlock(&alloc_mu);
+  }
+}
+
+extern "C" int nvl_cuda_set_poison(int byte) {
+  pthread_mutex_lock(&alloc_mu);
+  int prev = poison_byte;
+  poison_byte = byte < 0 ? -1 : (byte & 0xFF);
+  pthread_mutex_unlock(&alloc_mu);
+  return prev;
+}
+
+/* ---- scratch and timers --------------------------------------------------------------------- */
+
+static void *scratch[NVL_MAX_GPUS];
+static cudaEvent_t timer_ev[NVL_MAX_GPUS][2];
+
+nvl_status nvl_cuda_scratch(int dev, void **p) {
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  if (!scratch[dev]) {
+    void *s = NULL;
+    NVL_CUDA_CHECK(cudaMalloc(&s, 4096));
+    cudaError_t e = cudaMemset(s, 0, 4096);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      (void)cudaFree(s);
+      return nvl_error(NVL_EDEVICE, "%s: cudaMemset failed: %s (%s)", __func__, cudaGetErrorString(e),
+                       cudaGetErrorName(e));
+    }
+    scratch[dev] = s;
+  }
+  *p = scratch[dev];
+  return NVL_OK;
+}
+
+extern "C" nvl_status nvl_cuda_timer_start(int dev) {
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  for (int i = 0; i < 2; i++)
+    if (!timer_ev[dev][i]) NVL_CUDA_CHECK(cudaEventCreate(&timer_ev[dev][i]));
+  NVL_CUDA_CHECK(cudaEventRecord(timer_ev[dev][0], 0));
+  return NVL_OK;
+}
+
+extern "C" nvl_status nvl_cuda_timer_stop(int dev, double *ms) {
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  if (!timer_ev[dev][0] || !timer_ev[dev][1])
+    return nvl_error(NVL_ESTATE, "%s: the timer of cuda:%d was not started", __func__, dev);
+  NVL_CUDA_CHECK(cudaEventRecord(timer_ev[dev][1], 0));
+  NVL_CUDA_CHECK(cudaEventSynchronize(timer_ev[dev][1]));
+  float f = 0;
+  NVL_CUDA_CHECK(cudaEventElapsedTime(&f, timer_ev[dev][0], timer_ev[dev][1]));
+  *ms = f;
+  return NVL_OK;
+}
+
+/* ---- copies --------------------------------------------------------------------------------- */
 
 extern "C" nvl_status nvl_cuda_memcpy(void *dst, const void *src, size_t bytes, int kind, int dev) {
   static const cudaMemcpyKind kinds[3] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
@@ -159,11 +476,17 @@ extern "C" nvl_status nvl_cuda_memcpy(void *dst, const void *src, size_t bytes, 
   if (dst == NULL || src == NULL)
     return nvl_error(NVL_EINVAL, "%s: NULL %s for a %zu-byte %s copy", __func__,
                      dst == NULL ? "dst" : "src", bytes, names[kind]);
-  NVL_TRY(use_device(dev, __func__));
-  cudaError_t e = cudaMemcpy(dst, src, bytes, kinds[kind]);
-  /* host->device from pageable memory and device->device may return before the copy is done:
-   * wait, so the copy is complete and its errors belong to this call. */
-  if (e == cudaSuccess && kind != 1) e = cudaStreamSynchronize(0);
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  cudaError_t e;
+  if (kind == 2) {
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
+    if (e == cudaSuccess && sync_on()) e = cudaStreamSynchronize(0);
+  } else {
+    e = cudaMemcpy(dst, src, bytes, kinds[kind]);
+    /* host->device from pageable memory may return before the copy is done: wait, so the copy
+     * is complete and its errors belong to this call. */
+    if (e == cudaSuccess && kind == 0) e = cudaStreamSynchronize(0);
+  }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return nvl_error(NVL_EDEVICE, "cudaMemcpy(%zu bytes, %s) on cuda:%d failed: %s (%s)", bytes,
@@ -172,18 +495,22 @@ extern "C" nvl_status nvl_cuda_memcpy(void *dst, const void *src, size_t bytes, 
   return NVL_OK;
 }
 
+extern "C" nvl_status nvl_cuda_memset(void *p, int v, size_t bytes, int dev) {
+  if (bytes == 0) return NVL_OK;
+  if (p == NULL) return nvl_error(NVL_EINVAL, "%s: NULL pointer for %zu bytes", __func__, bytes);
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  NVL_CUDA_CHECK(cudaMemsetAsync(p, v, bytes, 0));
+  return NVL_OK;
+}
+
 /* ---- elementwise binary f32 --------------------------------------------------------------- */
 
-/* IEEE fp32 ops, round to nearest even, no flush-to-zero, never contracted into an fma: the
- * non-.ftz PTX instructions pin this regardless of compiler flags. */
 template <int OP>
 __device__ __forceinline__ float binary_f32(float a, float b) {
-  float r;
-  if (OP == NVL_OP_ADD) asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  else if (OP == NVL_OP_SUB) asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  else if (OP == NVL_OP_MUL) asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  else asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
+  if (OP == NVL_OP_ADD) return f_add(a, b);
+  if (OP == NVL_OP_SUB) return f_sub(a, b);
+  if (OP == NVL_OP_MUL) return f_mul(a, b);
+  return f_div(a, b);
 }
 
 /* out[i] = a[i] op b[i], i in [0, n). VEC: out, a, b are 16-byte aligned; the first n/4*4
@@ -229,35 +556,22 @@ extern "C" nvl_status nvl_cuda_binary_f32(int op, float *out, const float *a, co
   if (out == NULL || a == NULL || b == NULL)
     return nvl_error(NVL_EINVAL, "%s: NULL pointer for %s of %lld elements", __func__, names[op],
                      (long long)n);
-  NVL_TRY(use_device(dev, __func__));
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
 
-  int sms = 0;
-  NVL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const bool vec = (((uintptr_t)out | (uintptr_t)a | (uintptr_t)b) & 15) == 0;
   const int threads = 256;
   const int64_t work = vec ? (n + 3) / 4 : n; /* items per thread-slot: float4s (+ tail) */
-  int64_t blocks = (work + threads - 1) / threads;
-  const int64_t max_blocks = (int64_t)(sms > 0 ? sms : 1) * 8; /* grid-stride covers the rest */
-  if (blocks > max_blocks) blocks = max_blocks;
+  const int blocks = nvl_cuda_grid(work, threads, dev);
 
   (void)cudaGetLastError(); /* launch errors below must be this launch's own */
   switch (op) {
-    case NVL_OP_ADD: launch_binary_f32<NVL_OP_ADD>(vec, (int)blocks, threads, out, a, b, n); break;
-    case NVL_OP_SUB: launch_binary_f32<NVL_OP_SUB>(vec, (int)blocks, threads, out, a, b, n); break;
-    case NVL_OP_MUL: launch_binary_f32<NVL_OP_MUL>(vec, (int)blocks, threads, out, a, b, n); break;
-    default: launch_binary_f32<NVL_OP_DIV>(vec, (int)blocks, threads, out, a, b, n); break;
+    case NVL_OP_ADD: launch_binary_f32<NVL_OP_ADD>(vec, blocks, threads, out, a, b, n); break;
+    case NVL_OP_SUB: launch_binary_f32<NVL_OP_SUB>(vec, blocks, threads, out, a, b, n); break;
+    case NVL_OP_MUL: launch_binary_f32<NVL_OP_MUL>(vec, blocks, threads, out, a, b, n); break;
+    default: launch_binary_f32<NVL_OP_DIV>(vec, blocks, threads, out, a, b, n); break;
   }
-  cudaError_t e = cudaGetLastError();
-  const char *what = "launch of";
-  if (e == cudaSuccess) {
-    e = cudaStreamSynchronize(0);
-    what = "cudaStreamSynchronize after";
-  }
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return nvl_error(NVL_EDEVICE, "%s: %s binary_f32_kernel<%s> (n=%lld, %lld blocks x %d) on "
-                     "cuda:%d failed: %s (%s)", __func__, what, names[op], (long long)n,
-                     (long long)blocks, threads, dev, cudaGetErrorString(e), cudaGetErrorName(e));
-  }
-  return NVL_OK;
+  char what[160];
+  snprintf(what, sizeof what, "binary_f32_kernel<%s> (n=%lld, %d blocks x %d)", names[op],
+           (long long)n, blocks, threads);
+  return nvl_cuda_check_launch(dev, __func__, what);
 }

@@ -23,5 +23,11 @@ void nvl_lua_open_layers(lua_State *L);
 void nvl_lua_open_attention(lua_State *L);
 /* Add fsync, isatty, peak_rss, tokens_from_bytes (lua/bind/sys.c). */
 void nvl_lua_open_sys(lua_State *L);
+/* Add the table dist: process group and collectives, core/dist.h (lua/bind/dist.c). */
+void nvl_lua_open_dist(lua_State *L);
+/* Add the CUDA backend's controls: cuda_memory, cuda_gemm_path, cuda_time, ... (lua/bind/cuda.c). */
+void nvl_lua_open_cuda(lua_State *L);
+/* Push {[device] = allocator statistics} for every GPU (an empty table without one). */
+void nvl_lua_push_cuda_memory(lua_State *L);
 
 #endif

@@ -33,6 +33,7 @@
 #include "lua-cjson.h"
 
 #include "bind.h"
+#include "dist.h"
 #include "nvl_cuda.h"
 #include "info.h"
 
@@ -1020,5 +1021,8 @@ int main(int argc, char **argv) {
   report(L, status);
   lua_close(L);
   fflush(stdout);
+  /* data parallelism (nvlua.dist): finalize MPI, or, when the script failed on this rank, end the
+   * whole job instead of leaving the other ranks waiting in their next collective */
+  nvl_dist_shutdown(ok && status == LUA_OK);
   return ok && status == LUA_OK ? EXIT_SUCCESS : EXIT_FAILURE;
 }

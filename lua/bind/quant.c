@@ -6,6 +6,7 @@
 #include <lua.h>
 #include <string.h>
 #include "bind.h"
+#include "nvl_cuda.h"
 #include "quant.h"
 
 #define QTENSOR_MT "nvlua.QTensor"
@@ -54,12 +55,8 @@ static void read_signs(lua_State *L, const char *what, float *s) {
   }
 }
 
-/* core.quantize(x, format, opts) */
-static int l_quantize(lua_State *L) {
-  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "quantize");
-  nvl_dtype f = check_format(L, 2);
-  nvl_quant_opts o = {.axis = -1};
-  float signs[16];
+/* Options table at index 3 -> *o (signs: storage for an RHT sign table). */
+static int parse_quant_opts(lua_State *L, const nvl_tensor *x, nvl_quant_opts *o, float *signs) {
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
     if (lua_getfield(L, 3, "axis") != LUA_TNIL) {
@@ -68,60 +65,94 @@ static int l_quantize(lua_State *L) {
       if (!ok) return luaL_error(L, "quantize: axis must be an integer");
       if (a < 0) a += x->ndim + 1;
       if (a < 1 || a > x->ndim) return luaL_error(L, "quantize: axis %d out of range for a %d-D tensor", (int)lua_tointeger(L, -1), x->ndim);
-      o.axis = (int)a - 1;
+      o->axis = (int)a - 1;
     }
     lua_pop(L, 1);
     if (lua_getfield(L, 3, "block") != LUA_TNIL) {
       const char *b = lua_tostring(L, -1);
-      if (b && strcmp(b, "2d") == 0) o.block2d = 1;
+      if (b && strcmp(b, "2d") == 0) o->block2d = 1;
       else if (!b || strcmp(b, "1d") != 0) return luaL_error(L, "quantize: block must be \"1d\" or \"2d\", got %s", luaL_tolstring(L, -1, NULL));
     }
     lua_pop(L, 1);
     int t = lua_getfield(L, 3, "rht");
-    if (t == LUA_TTABLE) { read_signs(L, "quantize", signs); o.rht = 1; o.signs = signs; }
-    else if (t == LUA_TBOOLEAN) o.rht = lua_toboolean(L, -1);
+    if (t == LUA_TTABLE) { read_signs(L, "quantize", signs); o->rht = 1; o->signs = signs; }
+    else if (t == LUA_TBOOLEAN) o->rht = lua_toboolean(L, -1);
     else if (t != LUA_TNIL) return luaL_error(L, "quantize: rht must be a boolean or a table of 16 signs");
     lua_pop(L, 1);
     if (lua_getfield(L, 3, "sr") != LUA_TNIL) {
       if (!lua_isboolean(L, -1)) return luaL_error(L, "quantize: sr must be a boolean");
-      o.sr = lua_toboolean(L, -1);
+      o->sr = lua_toboolean(L, -1);
     }
     lua_pop(L, 1);
-    if (lua_getfield(L, 3, "generator") != LUA_TNIL) o.gen = ((lgen *)luaL_checkudata(L, -1, GENERATOR_MT))->g;
+    if (lua_getfield(L, 3, "generator") != LUA_TNIL) o->gen = ((lgen *)luaL_checkudata(L, -1, GENERATOR_MT))->g;
     lua_pop(L, 1);
     int has_seed = lua_getfield(L, 3, "seed") != LUA_TNIL;
     if (has_seed) {
       if (!lua_isinteger(L, -1)) return luaL_error(L, "quantize: seed must be an integer");
-      o.seed = (uint64_t)lua_tointeger(L, -1);
+      o->seed = (uint64_t)lua_tointeger(L, -1);
     }
     lua_pop(L, 1);
     if (lua_getfield(L, 3, "offset") != LUA_TNIL) {
       if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0) return luaL_error(L, "quantize: offset must be a non-negative integer");
-      o.offset = (uint64_t)lua_tointeger(L, -1);
+      o->offset = (uint64_t)lua_tointeger(L, -1);
       if (!has_seed) return luaL_error(L, "quantize: offset needs a seed");
     }
     lua_pop(L, 1);
-    if (o.sr && !o.gen && !has_seed) o.gen = nvl_default_generator();
-    if (o.gen && has_seed) return luaL_error(L, "quantize: give either generator or seed/offset, not both");
+    if (o->sr && !o->gen && !has_seed) o->gen = nvl_default_generator();
+    if (o->gen && has_seed) return luaL_error(L, "quantize: give either generator or seed/offset, not both");
     if (lua_getfield(L, 3, "scale_rule") != LUA_TNIL) {
       const char *r = lua_tostring(L, -1);
-      if (r && strcmp(r, "floor") == 0) o.rule = NVL_MX_FLOOR;
+      if (r && strcmp(r, "floor") == 0) o->rule = NVL_MX_FLOOR;
       else if (!r || strcmp(r, "rceil") != 0) return luaL_error(L, "quantize: scale_rule must be \"rceil\" or \"floor\", got %s", luaL_tolstring(L, -1, NULL));
     }
     lua_pop(L, 1);
     if (lua_getfield(L, 3, "amax") != LUA_TNIL) {
       if (!lua_isnumber(L, -1)) return luaL_error(L, "quantize: amax must be a number");
-      o.has_amax = 1;
-      o.amax = (float)lua_tonumber(L, -1);
+      o->has_amax = 1;
+      o->amax = (float)lua_tonumber(L, -1);
     }
     lua_pop(L, 1);
+    static const char *const slab[3] = {"sr_row_offset", "sr_k_offset", "sr_k_total"};
+    int64_t *slab_dst[3] = {&o->sr_row_offset, &o->sr_k_offset, &o->sr_k_total};
+    for (int i = 0; i < 3; i++) {
+      if (lua_getfield(L, 3, slab[i]) != LUA_TNIL) {
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0)
+          return luaL_error(L, "quantize: %s must be a non-negative integer", slab[i]);
+        *slab_dst[i] = (int64_t)lua_tointeger(L, -1);
+      }
+      lua_pop(L, 1);
+    }
     lua_getfield(L, 3, "reference");
-    o.use_ref = lua_toboolean(L, -1);
+    o->use_ref = lua_toboolean(L, -1);
     lua_pop(L, 1);
   }
+  return 0;
+}
+
+/* core.quantize(x, format, opts) */
+static int l_quantize(lua_State *L) {
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "quantize");
+  nvl_dtype f = check_format(L, 2);
+  nvl_quant_opts o = {.axis = -1};
+  float signs[16];
+  parse_quant_opts(L, x, &o, signs);
   nvl_qtensor *q = push_q(L);
   CHECK(L, nvl_quantize(q, x, f, &o));
   return 1;
+}
+
+/* core.quantize_rowcol(x, format, opts) -> q_row, q_col: x (2-D) quantized along its last and
+ * its first dim (opts.axis is ignored), from one read of x on cuda */
+static int l_quantize_rowcol(lua_State *L) {
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "quantize_rowcol");
+  nvl_dtype f = check_format(L, 2);
+  nvl_quant_opts o = {.axis = -1};
+  float signs[16];
+  parse_quant_opts(L, x, &o, signs);
+  nvl_qtensor *r = push_q(L);
+  nvl_qtensor *c = push_q(L);
+  CHECK(L, nvl_quantize_rowcol(r, c, x, f, &o));
+  return 2;
 }
 
 static int q_dequantize(lua_State *L) {
@@ -157,6 +188,47 @@ static int q_t(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
   nvl_qtensor *r = push_q(L);
   CHECK(L, nvl_qtensor_t(r, q));
+  return 1;
+}
+
+/* q:device() -> "cpu" | "cuda" */
+static int q_device(lua_State *L) {
+  lua_pushstring(L, check_q(L, 1)->data.device == NVL_CUDA ? "cuda" : "cpu");
+  return 1;
+}
+
+/* q:cpu() -> q itself on the host, else a host copy (codes, block scales, the same header) */
+static int q_cpu(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  if (q->data.device == NVL_CPU) { lua_settop(L, 1); return 1; }
+  nvl_qtensor *h = push_q(L);
+  nvl_qtensor c = *q;
+  c.data = nvl_tensor_null();
+  c.scales = nvl_tensor_null();
+  nvl_status st = nvl_tensor_clone_to(&c.data, &q->data, q->data.dtype, NVL_CPU);
+  if (st == NVL_OK && q->scales.storage) st = nvl_tensor_clone_to(&c.scales, &q->scales, NVL_U8, NVL_CPU);
+  if (st != NVL_OK) { nvl_qtensor_release(&c); return nvl_lua_raise(L); }
+  *h = c;
+  return 1;
+}
+
+/* q:swizzled_scales() -> u8 cpu tensor: the block scales in cuBLASLt's 128x4 swizzled layout,
+ * padding included (core/nvl_cuda.h), as a device quantization writes them after the row-major
+ * ones; nil for a q without them (cpu, per-tensor) */
+static int q_swizzled_scales(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  int block = nvl_dtypes[q->format].block;
+  if (q->data.device != NVL_CUDA || !q->scales.storage || block == 0 || q->scales.offset != 0) { lua_pushnil(L); return 1; }
+  int64_t nb = q->K / block;
+  size_t off = ((size_t)(q->rows * nb) + 255) & ~(size_t)255, n = nvl_cuda_swizzled_bytes(q->rows, nb);
+  if (q->scales.storage->bytes < off + n) { lua_pushnil(L); return 1; }
+  nvl_tensor full = q->scales; /* a 1-D view of the swizzled bytes of the same storage */
+  full.ndim = 1;
+  full.shape[0] = (int64_t)n;
+  full.strides[0] = 1;
+  full.offset = (int64_t)off;
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_tensor_clone_to(r, &full, NVL_U8, NVL_CPU));
   return 1;
 }
 
@@ -302,12 +374,13 @@ static int l_codec(lua_State *L) {
 static const luaL_Reg q_methods[] = {
   {"dequantize", q_dequantize}, {"codes", q_codes}, {"scale_bytes", q_scale_bytes}, {"data", q_data},
   {"t", q_t}, {"format", q_format}, {"layout", q_layout}, {"axis", q_axis}, {"dim", q_dim},
-  {"size", q_size}, {"nbytes", q_nbytes}, {"free", q_free}, {"is_freed", q_is_freed}, {NULL, NULL}};
+  {"size", q_size}, {"nbytes", q_nbytes}, {"free", q_free}, {"is_freed", q_is_freed},
+  {"device", q_device}, {"cpu", q_cpu}, {"swizzled_scales", q_swizzled_scales}, {NULL, NULL}};
 
 static const luaL_Reg q_meta[] = {{"__index", q_index}, {"__gc", q_free}, {"__close", q_free}, {NULL, NULL}};
 
 static const luaL_Reg q_funcs[] = {
-  {"quantize", l_quantize}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
+  {"quantize", l_quantize}, {"quantize_rowcol", l_quantize_rowcol}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
   {"codec", l_codec}, {NULL, NULL}};
 
 void nvl_lua_open_quant(lua_State *L) {

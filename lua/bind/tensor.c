@@ -732,6 +732,7 @@ static int l_memory(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)nvl_memory_count(NVL_CUDA)); lua_setfield(L, -2, "cuda");
   lua_setfield(L, -2, "tensors");
   lua_pushinteger(L, (lua_Integer)nvl_memory_cached()); lua_setfield(L, -2, "cached");
+  nvl_lua_push_cuda_memory(L); lua_setfield(L, -2, "devices"); /* per GPU: the caching allocator's stats */
   return 1;
 }
 
@@ -860,5 +861,7 @@ int luaopen_nvlua_core(lua_State *L) {
   nvl_lua_open_layers(L);
   nvl_lua_open_attention(L);
   nvl_lua_open_sys(L);
+  nvl_lua_open_cuda(L);
+  nvl_lua_open_dist(L);
   return 1;
 }

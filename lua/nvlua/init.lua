@@ -154,10 +154,18 @@ nv.reset_peak_memory = core.reset_peak_memory
 nv.cuda = {
   available = core.cuda_available,
   devices = core.cuda_devices,
+  gemm_path = core.cuda_gemm_path,       -- which GEMM path a format takes on this device
+  synchronize = core.cuda_synchronize,
+  set_sync = core.cuda_set_sync,
+  memory = core.cuda_memory,
+  empty_cache = core.cuda_empty_cache,
 }
 
 --- nv.clock() -> monotonic wall-clock seconds
 nv.clock = core.clock
+
+--- nv.dist: data-parallel collectives (MPI on the CPU, NCCL on GPUs); world of one without a launcher
+nv.dist = require "nvlua.dist"
 
 --- nv.info() -> build facts (version, BLAS, CUDA)
 nv.info = core.build_info

@@ -4,8 +4,9 @@
 --   optim.clip_grad_norm(model:named_parameters(), 1.0); opt:step(); model:zero_grad()
 -- Parameters are fp32 master weights updated in place; the moments m, v are fp32 tensors of the
 -- parameter's shape. The update is core.adamw_step (core/layers.h: torch.optim.AdamW semantics,
--- decoupled weight decay, bias correction by the 1-based step). Not here: learning-rate schedules
--- (the loop calls set_lr), sharded optimizer state (later, with data parallelism).
+-- decoupled weight decay, bias correction by the 1-based step). optim.ShardedAdamW is the same
+-- update with its state split across data-parallel ranks (ZeRO-1). Not here: learning-rate
+-- schedules (the loop calls set_lr), the collectives themselves (nvlua.dist).
 local nv = require "nvlua"
 local core = require "nvlua.core"
 
@@ -169,6 +170,177 @@ function AdamW:load_state(s)
   if #problems > 0 then error("load_state: " .. table.concat(problems, "; "), 2) end
   for name, t in pairs(self.m) do t:copy_(s.m[name]) end
   for name, t in pairs(self.v) do t:copy_(s.v[name]) end
+  self.t = s.step
+end
+
+-- ---- ZeRO-1 -------------------------------------------------------------------------------------
+
+local ShardedAdamW = {}
+ShardedAdamW.__index = ShardedAdamW
+
+local function mib(bytes) return bytes / (1024 * 1024) end
+
+--- optim.ShardedAdamW(model, {lr, betas, eps, weight_decay}, dist) -> ZeRO-1 AdamW
+-- model: an nn module with one flat gradient buffer (model.grad_buffer, as nn.Llama has); dist:
+-- require "nvlua.dist" after init. The flat parameter space (every parameter, in
+-- named_parameters order, the grad buffer's order) is padded to a multiple of the world size and
+-- cut into world equal shards; rank r owns shard r and keeps AdamW's m and v for it only, so
+-- optimizer memory per rank is 1/world of AdamW's. To make the all-gather one call, the
+-- parameters are moved into one flat f32 buffer here (each parameter becomes a view of it, as
+-- each gradient already is of grad_buffer); the model computes with them as before.
+-- Per step: opt:reduce_clip(max_norm) reduce-scatters (avg) the gradients into this rank's shard
+-- and clips by the global norm (-> the norm, before clipping); opt:step() updates the shard (the
+-- decay / no_decay groups as optim.AdamW splits them) and all-gathers the parameters.
+-- opt:state() is a collective (the moments are gathered; every rank calls it) and returns
+-- AdamW's layout, {step, m = {name = tensor}, v = {...}}, so a checkpoint is the same as an
+-- unsharded run's and either can resume the other; opt:load_state takes that layout too.
+function optim.ShardedAdamW(model, opts, dist)
+  opts = check_opts(opts, ADAMW_OPTS, "ShardedAdamW")
+  if type(model) ~= "table" or not nv.is_tensor(model.grad_buffer) then
+    error("ShardedAdamW: expects a model with one flat gradient buffer (model.grad_buffer)", 2)
+  end
+  if type(dist) ~= "table" or type(dist.reduce_scatter) ~= "function" then
+    error("ShardedAdamW: expects the nvlua.dist module as its third argument", 2)
+  end
+  local betas = opts.betas or {0.9, 0.95}
+  local self = setmetatable({t = 0, dist = dist, sharded = true, lr = opts.lr or 1e-3, beta1 = betas[1],
+    beta2 = betas[2], eps = opts.eps or 1e-8, weight_decay = opts.weight_decay or 0.1}, ShardedAdamW)
+  local world, rank = dist.world_size(), dist.rank()
+  -- the parameter entries (the tables modules hold), in named_parameters order
+  local named, entries, seen = model:named_parameters(), {}, {}
+  for _, m in ipairs(model:modules()) do
+    for _, e in ipairs(m._params) do
+      if not seen[e.param] then seen[e.param] = true; entries[#entries + 1] = e end
+    end
+  end
+  local n = 0
+  for i, e in ipairs(entries) do
+    if named[i].param ~= e.param or e.param:dtype() ~= "f32" then
+      error("ShardedAdamW: the model's parameters are not its named_parameters() in order, or not f32", 2)
+    end
+    n = n + e.param:numel()
+  end
+  if model.grad_buffer:numel() ~= n then
+    error(string.format("ShardedAdamW: grad_buffer has %d elements for %d parameter elements", model.grad_buffer:numel(), n), 2)
+  end
+  local shard = (n + world - 1) // world
+  local npad = shard * world
+  self.n, self.shard, self.npad, self.world, self.rank = n, shard, npad, world, rank
+  -- parameters -> views of one flat buffer; gradients -> views of one padded to npad
+  local flat = nv.zeros(npad)
+  local gflat = npad == n and model.grad_buffer or nv.zeros(npad)
+  local layout, off = {}, 0
+  for i, e in ipairs(entries) do
+    local k, shape = e.param:numel(), e.param:size()
+    local pv = flat:narrow(1, off + 1, k):view(shape)
+    pv:copy_(e.param)
+    e.param:free()
+    e.param = pv
+    if gflat ~= model.grad_buffer then
+      local gv = gflat:narrow(1, off + 1, k):view(shape)
+      gv:copy_(e.grad)
+      e.grad = gv -- a view of the old buffer, which the model drops below
+    end
+    layout[i] = {name = named[i].name, offset = off, numel = k, shape = shape, no_decay = e.no_decay}
+    off = off + k
+  end
+  if gflat ~= model.grad_buffer then
+    model.grad_buffer:free()
+    model.grad_buffer = gflat:narrow(1, 1, n)
+  end
+  self.flat, self.gflat, self.layout = flat, gflat, layout
+  -- this rank's shard [lo, hi) of the flat space: parameter view, gradient, moments
+  local lo, hi = rank * shard, (rank + 1) * shard
+  self.p = flat:narrow(1, lo + 1, shard)
+  self.g, self.m, self.v = nv.zeros(shard), nv.zeros(shard), nv.zeros(shard)
+  -- the pieces of parameters that fall in the shard, each with its group's weight decay
+  self.segments = {}
+  for _, l in ipairs(layout) do
+    local a, b = math.max(lo, l.offset), math.min(hi, l.offset + l.numel)
+    if a < b then
+      local s0, len = a - lo, b - a
+      self.segments[#self.segments + 1] = {name = l.name, from = a - l.offset, len = len, no_decay = l.no_decay,
+        p = self.p:narrow(1, s0 + 1, len), g = self.g:narrow(1, s0 + 1, len), m = self.m:narrow(1, s0 + 1, len),
+        v = self.v:narrow(1, s0 + 1, len)}
+    end
+  end
+  return self
+end
+
+--- opt:memory() -> {state = bytes of m and v on this rank, unsharded = AdamW's, grad_shard = bytes}
+function ShardedAdamW:memory()
+  return {state = 2 * 4 * self.shard, unsharded = 2 * 4 * self.n, grad_shard = 4 * self.shard}
+end
+
+--- opt:describe() -> a line for the log
+function ShardedAdamW:describe()
+  local mem = self:memory()
+  return string.format("ZeRO-1: AdamW state %.2f MiB per rank (m, v of %d of %d elements; unsharded %.2f MiB, world %d)",
+    mib(mem.state), self.shard, self.n, mib(mem.unsharded), self.world)
+end
+
+--- opt:reduce_clip(max_norm) -> global gradient norm before clipping: reduce-scatter (avg) the
+-- model's gradients into this rank's shard, then scale the shard by max_norm / (norm + 1e-6)
+-- when the norm exceeds max_norm (optim.clip_grad_norm's rule; a non-finite norm leaves it).
+function ShardedAdamW:reduce_clip(max_norm)
+  self.dist.reduce_scatter(self.g, self.gflat, "avg")
+  local total = math.sqrt(self.dist.all_reduce_number(core.sumsq(self.g), "sum"))
+  if max_norm and total > max_norm and total < math.huge then self.g:mul_(max_norm / (total + 1e-6)) end
+  return total
+end
+
+--- opt:step(): AdamW on this rank's shard, then every rank gets every shard (all-gather in place)
+function ShardedAdamW:step()
+  self.t = self.t + 1
+  for _, sg in ipairs(self.segments) do
+    core.adamw_step(sg.p, sg.g, sg.m, sg.v, {lr = self.lr, beta1 = self.beta1, beta2 = self.beta2, eps = self.eps,
+      weight_decay = sg.no_decay and 0 or self.weight_decay, step = self.t})
+  end
+  self.dist.all_gather(self.flat, self.p)
+end
+
+function ShardedAdamW:zero_grad() self.gflat:zero_() end
+
+function ShardedAdamW:set_lr(lr)
+  if type(lr) ~= "number" or lr < 0 then error("set_lr: lr must be a non-negative number", 2) end
+  self.lr = lr
+end
+
+function ShardedAdamW:get_lr() return self.lr end
+
+-- full (npad) gathered copy of a shard tensor -> {name = view of it, shaped like the parameter}
+function ShardedAdamW:_gather(shard)
+  local full = nv.zeros(self.npad)
+  self.dist.all_gather(full, shard)
+  local out = {}
+  for _, l in ipairs(self.layout) do out[l.name] = full:narrow(1, l.offset + 1, l.numel):view(l.shape) end
+  return out
+end
+
+--- opt:state() -> {step, m = {name = tensor}, v = {...}}: a collective (every rank calls it);
+-- new tensors holding the gathered moments, in optim.AdamW's layout
+function ShardedAdamW:state()
+  return {step = self.t, m = self:_gather(self.m), v = self:_gather(self.v)}
+end
+
+--- opt:load_state(s): s in optim.AdamW's layout (full moments); this rank keeps its shard
+function ShardedAdamW:load_state(s)
+  if type(s) ~= "table" or math.type(s.step) ~= "integer" or type(s.m) ~= "table" or type(s.v) ~= "table" then
+    error("load_state: expected {step = integer, m = {name = tensor}, v = {name = tensor}}", 2)
+  end
+  local problems = {}
+  for _, l in ipairs(self.layout) do
+    for _, which in ipairs({"m", "v"}) do
+      local x = s[which][l.name]
+      if not nv.is_tensor(x) then problems[#problems + 1] = which .. " missing: " .. l.name
+      elseif x:numel() ~= l.numel then problems[#problems + 1] = string.format("%s shape mismatch: %s", which, l.name) end
+    end
+  end
+  if #problems > 0 then error("load_state: " .. table.concat(problems, "; "), 2) end
+  for _, sg in ipairs(self.segments) do
+    sg.m:copy_(s.m[sg.name]:reshape(-1):narrow(1, sg.from + 1, sg.len))
+    sg.v:copy_(s.v[sg.name]:reshape(-1):narrow(1, sg.from + 1, sg.len))
+  end
   self.t = s.step
 end
 

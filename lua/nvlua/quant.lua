@@ -8,7 +8,7 @@ local QT = core.QTensor            -- metatable of quantized tensors
 local qmethods = QT.__methods
 
 local OPTS = {axis = true, block = true, rht = true, sr = true, seed = true, offset = true, generator = true,
-  scale_rule = true, amax = true, reference = true}
+  scale_rule = true, amax = true, reference = true, sr_row_offset = true, sr_k_offset = true, sr_k_total = true}
 
 -- Quantized tensors keep (weakly, by key) the tensor they came from, for show().
 local source = setmetatable({}, {__mode = "k"})
@@ -29,7 +29,9 @@ end
 --- nv.quantize(x, fmt [, opts]) -> quantized tensor
 -- fmt: "f32" "bf16" "e4m3" "e5m2" "mxfp8_e4m3" "mxfp8_e5m2" "nvfp4". opts: axis (blocked dim,
 -- default the last), block "1d"|"2d", rht true|signs, sr with seed/offset or generator,
--- scale_rule "rceil"|"floor", amax (delayed scaling), reference (use the scalar kernels).
+-- scale_rule "rceil"|"floor", amax (delayed scaling), reference (use the scalar kernels),
+-- sr_row_offset / sr_k_offset / sr_k_total (SR draws of a slab of a larger tensor: x's blocked
+-- layout is rows sr_row_offset.. and columns sr_k_offset.. of one sr_k_total long; data parallelism).
 function M.quantize(x, fmt, opts)
   check_opts(opts, "quantize")
   local q = core.quantize(x, fmt, opts)

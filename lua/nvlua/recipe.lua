@@ -10,6 +10,8 @@
 -- along N in dgrad (a 2-D weight reuses the fprop quantization transposed, q:t()), dy and x
 -- along T in wgrad ({axis = 1}). fprop and dgrad outputs are rounded to bf16 (returned as f32
 -- tensors holding bf16 values) unless both operands are f32; wgrad outputs are f32.
+-- Under data parallelism (set_amax_reducer, set_shard) each rank quantizes its slice of the global
+-- batch exactly as one process would quantize the whole: global amax, global SR block indices.
 -- Not here: the layers themselves (nn.Linear owns parameters and calls linear_forward /
 -- linear_backward), the kernels (nv.quantize / nv.qmatmul, core/quant.c).
 local core = require "nvlua.core"
@@ -191,25 +193,81 @@ function Recipe:_history(key)
   return h.last, h
 end
 
+-- Formats scaled by one amax for the whole tensor: under data parallelism that amax is the one
+-- over every rank's slice (set_amax_reducer).
+local GLOBAL_AMAX = {nvfp4 = true, e4m3 = true, e5m2 = true}
+
+-- max |x| over what quantize scales (t, or its RHT along axis), NaN ignored as quantize ignores it.
+local function local_amax(t, s, axis)
+  local rt = s.rht and quant.rht(t, {axis = axis}) or nil
+  local a = (rt or t):amax()
+  if a ~= a then -- Tensor:amax propagates NaN; quantize's own amax (here fp8's) skips it
+    local q = quant.quantize(rt or t, "e4m3")
+    a = q.amax
+    q:free()
+  end
+  if rt then rt:free() end
+  return a
+end
+
 -- Quantize t (2-D) per spec, blocked along axis (1 or 2). key names the delayed-scaling history.
-function Recipe:_quantize(s, t, axis, key)
+-- split: t is an activation or gradient whose rows (tokens) are this rank's share of the global
+-- batch under data parallelism (x, dy; not a weight): its amax is reduced over the ranks and its
+-- SR draws are placed at its rows' global block indices (set_shard).
+function Recipe:_quantize(s, t, axis, key, split)
   local o = {axis = axis}
   if s.block == "2d" then o.block = "2d" end
   if s.rht then o.rht = true end
   if s.sr then o.sr = true; o.generator = self.gen end
   if s.scale_rule then o.scale_rule = s.scale_rule end
-  local rec
-  if s.delayed then o.amax, rec = self:_history(key) end
+  local rec, hist
+  if s.delayed then hist, rec = self:_history(key); o.amax = hist end
+  local global -- this step's amax over all ranks
+  if split and self.amax_reducer and GLOBAL_AMAX[s.format] and (hist == nil or rec) then
+    global = self.amax_reducer(local_amax(t, s, axis))
+    if hist == nil then o.amax = global end
+  end
+  if s.sr and split and self.shard then -- rank r's tokens are rows [r·n, (r+1)·n) of the global batch
+    local n = t:size(1)
+    if axis == 2 then o.sr_row_offset = self.shard.rank * n
+    else o.sr_k_offset, o.sr_k_total = self.shard.rank * n, self.shard.world * n end
+  end
   local q = quant.quantize(t, s.format, o)
   if rec then -- push this step's true amax (in the RHT domain if transformed: that is what is scaled)
-    local cur
-    if o.amax == nil then cur = q.amax
-    elseif s.rht then
-      local rt = quant.rht(t, {axis = axis}); cur = rt:amax(); rt:free()
-    else cur = t:amax() end
+    local cur = global
+    if cur == nil then
+      if hist == nil then cur = q.amax
+      elseif s.rht then
+        local rt = quant.rht(t, {axis = axis}); cur = rt:amax(); rt:free()
+      else cur = t:amax() end
+    end
     rec.h:push(cur)
   end
   return q
+end
+
+--- recipe:set_amax_reducer(fn | nil): data parallelism. fn(amax) -> the max of every rank's amax
+-- (a collective: every rank quantizes the same operands in the same order). Activations and
+-- gradients in per-tensor-scaled formats (nvfp4's global amax, fp8 current and delayed scaling)
+-- are then scaled by the amax of the whole global batch, so R ranks x batch B quantize exactly
+-- as 1 rank x batch R·B. Weights are the same on every rank and are not reduced.
+function Recipe:set_amax_reducer(fn)
+  if fn ~= nil and type(fn) ~= "function" then error("set_amax_reducer: expects a function or nil", 2) end
+  self.amax_reducer = fn
+end
+
+--- recipe:set_shard(rank, world): this rank's activations and gradients are the rows [rank·n,
+-- (rank+1)·n) of the global batch's (n tokens per rank, the same on every rank), so stochastic
+-- rounding draws the Philox bits of those rows' blocks in the global tensor (NUMERICS §3): the
+-- row-wise copy of dY from row rank·n, the column-wise copy (blocked along tokens) from column
+-- rank·n of world·n. world 1 (or nil) clears it.
+function Recipe:set_shard(rank, world)
+  if world and world > 1 then
+    if math.type(rank) ~= "integer" or rank < 0 or rank >= world then error("set_shard: rank must be in 0..world-1", 2) end
+    self.shard = {rank = rank, world = world}
+  else
+    self.shard = nil
+  end
 end
 
 -- The f32 x f32 GEMM without an RHT runs as a plain matmul (no copies).
@@ -256,7 +314,7 @@ function Recipe:linear_forward(ctx, x, w)
     y = x2:matmul(wt)
     wt:free()
   else
-    local qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"))
+    local qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
     qw = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
     if self.hook then self.hook({ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
     y = qgemm(qx, qw, g.out)
@@ -285,7 +343,7 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
     if self.hook then self.hook({ctx = ctx, role = "dgrad", gemm = g, a = dy2, b = w}) end
     dx = dy2:matmul(w)
   else
-    local qdy = self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"))
+    local qdy = self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"), true)
     local qwt
     if saved.qw and same_spec(g.b, saved.wspec) then
       qwt = saved.qw:t()                -- the fprop weight, transposed: same values
@@ -313,8 +371,8 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
       gr = dyt:matmul(x)
       dyt:free()
     else
-      local qdy = self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"))
-      local qx = self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"))
+      local qdy = self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"), true)
+      local qx = self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"), true)
       if self.hook then self.hook({ctx = ctx, role = "wgrad", gemm = gw, a = qdy, b = qx}) end
       if gw.out == "f32" then
         quant.qmatmul(qdy, qx, {accumulate = dw}) -- dw += the product, no [N, K] temporary

@@ -11,6 +11,15 @@
 -- loss-curve PNG at the end. A non-finite loss or gradient norm skips the step (counted and
 -- logged); more than `max_bad_steps` in a row stop the run. Ctrl-C finishes the current step,
 -- writes a checkpoint and returns.
+--
+-- Data parallelism (dist=true, under `mpirun -np N` or srun; README "Data parallel"): each rank
+-- reads its own windows of every global batch (the loader's rank/world), the gradient buffer is
+-- averaged with one all-reduce per step before clipping (shard_optimizer=true: reduce-scattered,
+-- and AdamW updates this rank's shard, ZeRO-1), the logged loss is the ranks' mean, recipes scale
+-- activations and gradients by the amax of the global batch and draw SR bits at their global
+-- block indices (recipe:set_amax_reducer, set_shard), so N ranks x batch B train as 1 rank x
+-- batch N·B up to fp32 summation order. Only rank 0 prints and writes config, metrics, plots and
+-- checkpoints; every rank resumes from the checkpoint rank 0 picks.
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local cjson = require "cjson"
@@ -40,6 +49,8 @@ train.defaults = {
   -- bookkeeping
   out = "runs/run", resume = "none", eval_every = 100, eval_batches = 8, log_every = 10, ckpt_every = 0, keep = 2,
   sample_tokens = 200, temperature = 0.8, top_k = 40, max_bad_steps = 5, plot = true, quiet = false, save = true,
+  -- data parallelism (nvlua.dist): launch with mpirun / srun; shard_optimizer is ZeRO-1
+  dist = false, shard_optimizer = false,
 }
 
 -- ---- building -------------------------------------------------------------------------------
@@ -80,18 +91,34 @@ function train.recipe(c)
   error("config: recipe must be one of f32, bf16, fp8_cs, fp8_delayed, mxfp8, nvfp4; got '" .. name .. "'", 0)
 end
 
---- Build everything a run needs from a resolved config.
+--- Build everything a run needs from a resolved config. With c.dist the process group is
+-- started here (parts.dist, parts.rank, parts.world).
 function train.build(c)
+  local dist, rank, world
+  if c.dist or c.shard_optimizer then
+    dist = require "nvlua.dist"
+    if c.dist then dist.init() end
+  end
+  rank, world = dist and dist.rank() or 0, dist and dist.world_size() or 1
   local ds = train.dataset(c)
   local vocab = c.vocab > 0 and c.vocab or ds.vocab_size
   local rec = train.recipe(c)
   local model = nn.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
-  local opt = optim.AdamW(model:named_parameters(), {lr = c.lr, betas = {c.beta1, c.beta2}, eps = c.eps,
-    weight_decay = c.weight_decay})
+  if world > 1 then
+    -- the same weights everywhere (they are by construction, from the seed; this makes it so)
+    for _, e in ipairs(model:named_parameters()) do dist.broadcast(e.param, 0) end
+    if rec.set_amax_reducer then
+      rec:set_amax_reducer(function(a) return dist.all_reduce_number(a, "max") end)
+      rec:set_shard(rank, world)
+    end
+  end
+  local oo = {lr = c.lr, betas = {c.beta1, c.beta2}, eps = c.eps, weight_decay = c.weight_decay}
+  local opt = c.shard_optimizer and optim.ShardedAdamW(model, oo, dist) or optim.AdamW(model:named_parameters(), oo)
   local sched = schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr, warmup = c.warmup, total = c.steps,
     decay = c.decay})
-  local loader = data.Loader(ds.train, {batch = c.batch, seq = c.seq, seed = c.data_seed})
-  return {dataset = ds, model = model, recipe = rec, optimizer = opt, schedule = sched, loader = loader}
+  local loader = data.Loader(ds.train, {batch = c.batch, seq = c.seq, seed = c.data_seed, rank = rank, world = world})
+  return {dataset = ds, model = model, recipe = rec, optimizer = opt, schedule = sched, loader = loader, dist = dist,
+    rank = rank, world = world}
 end
 
 -- ---- measuring ------------------------------------------------------------------------------
@@ -124,8 +151,11 @@ end
 
 -- ---- evaluation and sampling -------------------------------------------------------------------
 
-function train.evaluate(model, ds, c)
-  local loader = data.Loader(ds.val, {batch = c.batch, seq = c.seq, shuffle = false})
+--- train.evaluate(model, ds, c [, parts]) -> val loss, perplexity. With parts.world > 1 each rank
+-- evaluates its windows of every batch and the sums are reduced (a collective).
+function train.evaluate(model, ds, c, p)
+  local rank, world = p and p.rank or 0, p and p.world or 1
+  local loader = data.Loader(ds.val, {batch = c.batch, seq = c.seq, shuffle = false, rank = rank, world = world})
   local total, count = 0, 0
   local n = math.min(c.eval_batches, loader.per_epoch)
   for _ = 1, n do
@@ -133,6 +163,9 @@ function train.evaluate(model, ds, c)
     local loss, cnt = model:loss(x, y)
     total, count = total + loss * cnt, count + cnt
     x:free(); y:free()
+  end
+  if world > 1 then
+    total, count = p.dist.all_reduce_number(total, "sum"), p.dist.all_reduce_number(count, "sum")
   end
   local loss = total / math.max(count, 1)
   return loss, math.exp(loss)
@@ -188,20 +221,47 @@ end
 --- train.run(c, parts) -> summary {final_val_loss, val_ppl, tokens_per_s, steps, skipped, run_dir,
 -- plot, checkpoint, sample, interrupted, losses = {...}}
 function train.run(c, p)
-  local out = c.quiet and {write = function() end, flush = function() end} or io.stdout
+  local dist, world = p.dist, p.world or 1
+  local main = (p.rank or 0) == 0 -- the rank that prints and writes
+  local silent = {write = function() end, flush = function() end, close = function() end}
+  local out = (c.quiet or not main) and silent or io.stdout
   local model, opt, rec, loader, ds = p.model, p.optimizer, p.recipe, p.loader, p.dataset
   local params = model:named_parameters()
-  data.mkdir_p(c.out)
   local run_dir = c.out
-  local f = assert(io.open(run_dir .. "/config.json", "w"))
-  f:write(config.json(c))
-  f:close()
+  if main then
+    data.mkdir_p(c.out)
+    local f = assert(io.open(run_dir .. "/config.json", "w"))
+    f:write(config.json(c))
+    f:close()
+  end
+  -- a checkpoint: gathered state on every rank (ZeRO-1's moments: a collective), written by rank 0;
+  -- the others wait until it is complete
+  local function save(step)
+    local optv = opt
+    if opt.sharded then
+      local st = opt:state()
+      optv = {state = function() return st end}
+    end
+    local path = string.format("%s/checkpoints/step-%06d", run_dir, step)
+    if main then
+      path = ckpt.save(run_dir, {model = model, optimizer = optv, recipe = rec, loader = loader, step = step, config = c,
+        keep = c.keep})
+    end
+    if world > 1 then dist.barrier() end
+    return path
+  end
 
   local start_step, metrics = 0, {}
   if c.resume ~= "none" then
     local dir = c.resume
     if dir == "auto" then
       dir = ckpt.latest(run_dir)
+      if world > 1 then -- every rank resumes from the checkpoint rank 0 found
+        local t = nv.tensor({dir and math.tointeger(tonumber(dir:match("step%-(%d+)$"))) or -1}, "i64")
+        dist.broadcast(t, 0)
+        local s = t:get(1)
+        dir = s >= 0 and string.format("%s/checkpoints/step-%06d", run_dir, s) or nil
+      end
     else
       local probe = io.open(dir .. "/trainer.json", "r")
       if not probe then error("config: resume=" .. dir .. " is not a checkpoint directory (no trainer.json in it)", 0) end
@@ -216,7 +276,7 @@ function train.run(c, p)
     end
   end
   local mpath = run_dir .. "/metrics.jsonl"
-  if start_step > 0 then
+  if start_step > 0 and main then
     -- drop what a run that died after its last checkpoint logged past it: those steps run again
     local kept, f = {}, io.open(mpath, "r")
     if f then
@@ -230,15 +290,20 @@ function train.run(c, p)
     end
     data.atomic_write(mpath, table.concat(kept))
   end
-  local mf = assert(io.open(mpath, start_step > 0 and "a" or "w"))
+  local mf = main and assert(io.open(mpath, start_step > 0 and "a" or "w")) or silent
 
-  local tokens_per_step = c.batch * c.seq * c.grad_accum
+  local tokens_per_step = c.batch * c.seq * c.grad_accum * world -- the global batch
   local flops_tok = train.flops_per_token(model.config, c.seq)
   local peak = p.peak or train.sgemm_peak()
   out:write(string.format("model: %s, %.2fM parameters; recipe %s\n", tostring(model:extra_repr()),
     model:num_parameters() / 1e6, tostring(rec)))
   out:write(string.format("%d tokens per step; MFU is against the measured sgemm peak of this machine, %.1f GFLOP/s\n",
     tokens_per_step, peak / 1e9))
+  if dist and dist.initialized() then
+    out:write(string.format("data parallel: %d rank%s (%s), %d x %d sequences per step\n", world, world > 1 and "s" or "",
+      dist.backend(), world, c.batch * c.grad_accum))
+  end
+  if opt.describe then out:write(opt:describe(), "\n") end
 
   local signal_ok, signal = pcall(require, "nvlua.signal")
   if signal_ok then signal.defer(true) end
@@ -264,7 +329,14 @@ function train.run(c, p)
         x:free(); y:free()
       end
       local loss = loss_sum / c.grad_accum
-      local gnorm = optim.clip_grad_norm(params, c.clip)
+      local gnorm
+      if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
+        gnorm = opt:reduce_clip(c.clip)
+      else
+        if world > 1 then dist.all_reduce(model.grad_buffer, "avg") end
+        gnorm = optim.clip_grad_norm(params, c.clip)
+      end
+      if world > 1 then loss = dist.all_reduce_number(loss, "avg") end
       local rec_line, stop
       if finite(loss) and finite(gnorm) then
         opt:step()
@@ -288,7 +360,7 @@ function train.run(c, p)
       t_run, tok_run = t_run + dt, tok_run + tokens_per_step
       rec_line.ms = dt * 1000
       rec_line.tokens_per_s = tokens_per_step / dt
-      rec_line.mfu = flops_tok * tokens_per_step / dt / peak
+      rec_line.mfu = flops_tok * tokens_per_step / dt / (peak * world)
       mf:write(config.encode(rec_line), "\n")
       if stop then error(stop, 0) end -- after logging the step that made it
       if step % c.log_every == 0 or step == c.steps or step == start_step + 1 then
@@ -306,7 +378,7 @@ function train.run(c, p)
         -- evaluating must not change training: under delayed scaling its forwards push amaxes
         -- into the recipe's histories, so the recipe's state is put back afterwards
         local rs = rec and rec.state and rec:state()
-        local vl, ppl = train.evaluate(model, ds, c)
+        local vl, ppl = train.evaluate(model, ds, c, p)
         if rs then rec:load_state(rs) end
         val_points[#val_points + 1] = {step, vl}
         mf:write(config.encode({step = step, val_loss = vl, val_ppl = ppl}), "\n")
@@ -314,11 +386,10 @@ function train.run(c, p)
         out:write(string.format("eval  %5d | val loss %.4f | val ppl %.2f\n", step, vl, ppl))
       end
       mf:flush()
-      if c.ckpt_every > 0 and step % c.ckpt_every == 0 and step < c.steps then
-        ckpt.save(run_dir, {model = model, optimizer = opt, recipe = rec, loader = loader, step = step, config = c,
-          keep = c.keep})
-      end
-      if signal_ok and signal.pending() then
+      if c.ckpt_every > 0 and step % c.ckpt_every == 0 and step < c.steps then save(step) end
+      local pending = signal_ok and signal.pending()
+      if world > 1 then pending = dist.all_reduce_number(pending and 1 or 0, "max") > 0 end -- stop together
+      if pending then
         interrupted = true
         break
       end
@@ -331,10 +402,7 @@ function train.run(c, p)
   end
   local summary = {steps = step, skipped = skipped, run_dir = run_dir, interrupted = interrupted, losses = losses,
     val = val_points, tokens_per_s = t_run > 0 and tok_run / t_run or 0, last_loss = last_loss}
-  if c.save or interrupted then
-    summary.checkpoint = ckpt.save(run_dir, {model = model, optimizer = opt, recipe = rec, loader = loader, step = step,
-      config = c, keep = c.keep})
-  end
+  if c.save or interrupted then summary.checkpoint = save(step) end
   if interrupted then
     out:write(string.format("\ninterrupted at step %d: checkpoint saved in %s (resume with resume=auto)\n", step,
       summary.checkpoint))
@@ -344,11 +412,14 @@ function train.run(c, p)
     summary.final_val_loss = val_points[#val_points][2]
     summary.val_ppl = math.exp(summary.final_val_loss)
   end
-  if c.sample_tokens > 0 and ds.tokenizer then
+  if c.sample_tokens > 0 and ds.tokenizer and main then
+    local reducer = rec and rec.amax_reducer -- rank 0 samples alone: no collective in its forwards
+    if reducer then rec:set_amax_reducer(nil) end
     summary.sample = train.sample(model, ds.tokenizer, "And ", c.sample_tokens,
       {temperature = c.temperature, top_k = c.top_k, seed = c.seed})
+    if reducer then rec:set_amax_reducer(reducer) end
   end
-  if c.plot then
+  if c.plot and main then
     local xs, ys, vx, vy = {}, {}, {}, {}
     for _, l in ipairs(losses) do xs[#xs + 1] = l[1]; ys[#ys + 1] = l[2] end
     for _, l in ipairs(val_points) do vx[#vx + 1] = l[1]; vy[#vy + 1] = l[2] end
@@ -367,13 +438,15 @@ function train.main(defaults, args)
   for k, v in pairs(train.defaults) do d[k] = v end
   for k, v in pairs(defaults or {}) do d[k] = v end
   local c = config.parse(d, args)
-  if not c.quiet then
+  local main = true
+  if c.dist then main = require("nvlua.dist").init() == 0 end
+  if not c.quiet and main then
     print("config:")
     config.print(c)
   end
   local parts = train.build(c)
   local s = train.run(c, parts)
-  if not c.quiet and not s.interrupted then
+  if not c.quiet and main and not s.interrupted then
     print(string.format("\ndone: %d steps (%d skipped), %.0f tokens/s", s.steps, s.skipped, s.tokens_per_s))
     if s.final_val_loss then print(string.format("final validation loss %.4f (perplexity %.2f)", s.final_val_loss, s.val_ppl)) end
     if s.sample then print("sample: And " .. s.sample:gsub("\n", "\n        ")) end

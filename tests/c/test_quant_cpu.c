@@ -6,7 +6,7 @@
  * subnormals, block scales that underflow; a strided sweep of the whole fp32 range through the
  * fp8 encoders; every shape class (rows 1..129, K 16..4096), 1D and 2D, RNE and SR with several
  * seeds and offsets, given amax, both MX element formats and scale rules, current and delayed
- * fp8 scaling, the RHT; cases big enough to run on several threads; and the whole file built a
+ * fp8 scaling, the RHT; SR of a slab of a larger tensor (data-parallel offsets); cases big enough to run on several threads; and the whole file built a
  * second time with NVL_QUANT_PORTABLE, so the code paths of machines without AVX2 run here too. */
 #include <float.h>
 #include <math.h>
@@ -257,11 +257,11 @@ static const int64_t test_K[] = {16, 32, 48, 256, 4096};
  * RNE, SR with two seed/offset pairs, RNE and SR with a given amax. */
 static void nvfp4_sweep(int *nvl_failed_, int two_d) {
   const nvl_nvfp4_ref_opts optsets[] = {
-      {0, 0, 0, 0, 0.0f},
-      {1, 0x1234567890ABCDEFull, 0, 0, 0.0f},
-      {1, 42, 0x100000003ull, 0, 0.0f},
-      {0, 0, 0, 1, 2688.0f},
-      {1, 7, 5, 1, 3.0f}, /* an amax below max|x|: saturation */
+      {.sr = 0, .seed = 0, .offset = 0, .has_amax = 0, .amax = 0.0f},
+      {.sr = 1, .seed = 0x1234567890ABCDEFull, .offset = 0, .has_amax = 0, .amax = 0.0f},
+      {.sr = 1, .seed = 42, .offset = 0x100000003ull, .has_amax = 0, .amax = 0.0f},
+      {.sr = 0, .seed = 0, .offset = 0, .has_amax = 1, .amax = 2688.0f},
+      {.sr = 1, .seed = 7, .offset = 5, .has_amax = 1, .amax = 3.0f}, /* an amax below max|x|: saturation */
   };
   int runs = 0;
   for (int d = 0; d < D_COUNT; d++) {
@@ -316,7 +316,7 @@ NVL_TEST(quant_cpu_nvfp4_zero_and_edge) {
   /* all-zero tensor, empty tensor, -0, all NaN, inf amax, NaN amax, tiny / huge amax */
   enum { R = 16, K = 32 };
   static float x[R * K];
-  const nvl_nvfp4_ref_opts rne = {0}, sr = {1, 99, 1, 0, 0.0f};
+  const nvl_nvfp4_ref_opts rne = {0}, sr = {.sr = 1, .seed = 99, .offset = 1};
   memset(x, 0, sizeof x);
   for (int two_d = 0; two_d < 2; two_d++) {
     CHECK(nvfp4_agrees(x, R, K, two_d, &rne, "zeros"));
@@ -335,7 +335,7 @@ NVL_TEST(quant_cpu_nvfp4_zero_and_edge) {
   x[7] = 1.0f;
   const float amaxes[] = {0.0f, INFINITY, NAN, 1e-45f, 1e-38f, 1e-30f, 1.0f, 1e30f, FLT_MAX, -1.0f};
   for (int i = 0; i < (int)(sizeof amaxes / sizeof amaxes[0]); i++) {
-    nvl_nvfp4_ref_opts o = {i & 1, 11, (uint64_t)i, 1, amaxes[i]};
+    nvl_nvfp4_ref_opts o = {.sr = i & 1, .seed = 11, .offset = (uint64_t)i, .has_amax = 1, .amax = amaxes[i]};
     char ctx[64];
     snprintf(ctx, sizeof ctx, "given amax %g", amaxes[i]);
     CHECK(nvfp4_agrees(x, R, K, 0, &o, ctx));
@@ -369,7 +369,8 @@ NVL_TEST(quant_cpu_nvfp4_e2m1_sweep) {
       x[16 * (i * 7 + d + 3) + 1] = v;
       x[16 * (i * 7 + d + 3) + 2] = -v;
     }
-  const nvl_nvfp4_ref_opts o[] = {{0, 0, 0, 1, 2688.0f}, {1, 5, 9, 1, 2688.0f}};
+  const nvl_nvfp4_ref_opts o[] = {{.sr = 0, .seed = 0, .offset = 0, .has_amax = 1, .amax = 2688.0f},
+                                  {.sr = 1, .seed = 5, .offset = 9, .has_amax = 1, .amax = 2688.0f}};
   CHECK(nvfp4_agrees(x, NB, 16, 0, &o[0], "e2m1 sweep"));
   CHECK(nvfp4_agrees(x, NB, 16, 0, &o[1], "e2m1 sweep sr"));
   free(x);
@@ -381,7 +382,7 @@ NVL_TEST(quant_cpu_nvfp4_threaded) {
   float *x = floats((int64_t)R * K);
   fill(x, R, K, D_NORMAL, 77, NVL_ELEM_E4M3, 16);
   for (int i = 0; i < 64; i++) x[(int64_t)i * 32771 % ((int64_t)R * K)] *= 1000.0f;
-  const nvl_nvfp4_ref_opts rne = {0}, sr = {1, 0xDEADBEEFull, 123456789, 0, 0.0f};
+  const nvl_nvfp4_ref_opts rne = {0}, sr = {.sr = 1, .seed = 0xDEADBEEFull, .offset = 123456789};
   CHECK(nvfp4_agrees(x, R, K, 0, &rne, "threaded 1d"));
   CHECK(nvfp4_agrees(x, R, K, 0, &sr, "threaded 1d sr"));
   CHECK(nvfp4_agrees(x, R, K, 1, &rne, "threaded 2d"));
@@ -399,7 +400,8 @@ NVL_TEST(quant_cpu_nvfp4_sr_stream) {
   static uint8_t p1[R * K / 2], p2[R * K / 2], p3[R * K / 2], s[R * K / 16];
   float amax;
   fill(x, R, K, D_NORMAL, 8, NVL_ELEM_E4M3, 16);
-  nvl_nvfp4_ref_opts a = {1, 1, 0, 0, 0.0f}, b = {1, 1, 1, 0, 0.0f}, c = {1, 2, 0, 0, 0.0f};
+  nvl_nvfp4_ref_opts a = {.sr = 1, .seed = 1, .offset = 0}, b = {.sr = 1, .seed = 1, .offset = 1},
+                     c = {.sr = 1, .seed = 2, .offset = 0};
   CHECK(impl->nvfp4(p1, s, &amax, x, R, K, 0, &a) == NVL_OK);
   CHECK(impl->nvfp4(p2, s, &amax, x, R, K, 0, &b) == NVL_OK);
   CHECK(memcmp(p1, p2, sizeof p1) != 0);
@@ -602,6 +604,82 @@ NVL_TEST(quant_cpu_rht) {
     }
 }
 
+/* SR slab offsets (data parallelism): a slab of a global tensor G (RT, KT) -- rows [r0, r0+R),
+ * columns [k0, k0+K) -- quantized alone with the global amax and sr_row_offset = r0, sr_k_offset =
+ * k0, sr_k_total = KT gives exactly G's codes and scales there (reference and fast, 1D and 2D);
+ * every slab option set agrees ref vs fast on its own; bad offsets are refused. */
+static int slab_matches(const float *G, int64_t RT, int64_t KT, int64_t r0, int64_t R, int64_t k0, int64_t K, int two_d,
+                        const char *ctx) {
+  int64_t n = R * K, N = RT * KT;
+  float *x = floats(n), amax = 0.0f, a2;
+  uint8_t *cg = bytes(N), *sg = bytes(N / 16), *cs = bytes(n), *ss = bytes(n / 16), *ps = bytes(n / 2), *cf = bytes(n);
+  for (int64_t i = 0; i < N; i++) amax = fmaxf(amax, fabsf(G[i]));
+  for (int64_t i = 0; i < R; i++) memcpy(x + i * K, G + (r0 + i) * KT + k0, sizeof(float) * (size_t)K);
+  nvl_nvfp4_ref_opts og = {.sr = 1, .seed = 0xC0FFEE, .offset = 3, .has_amax = 1, .amax = amax};
+  nvl_nvfp4_ref_opts os = og;
+  os.sr_row_offset = r0;
+  os.sr_k_offset = k0;
+  os.sr_k_total = KT;
+  int ok = (two_d ? nvl_nvfp4_quantize_2d_ref : nvl_nvfp4_quantize_1d_ref)(cg, sg, &a2, G, RT, KT, &og) == NVL_OK;
+  ok = ok && (two_d ? nvl_nvfp4_quantize_2d_ref : nvl_nvfp4_quantize_1d_ref)(cs, ss, &a2, x, R, K, &os) == NVL_OK;
+  for (int64_t i = 0; ok && i < R; i++) {
+    ok &= same_bytes("slab codes (ref)", ctx, cs + i * K, cg + (r0 + i) * KT + k0, (size_t)K, 1);
+    ok &= same_bytes("slab scales (ref)", ctx, ss + i * (K / 16), sg + (r0 + i) * (KT / 16) + k0 / 16, (size_t)(K / 16), 1);
+  }
+  ok = ok && impl->nvfp4(ps, ss, &a2, x, R, K, two_d, &os) == NVL_OK;
+  if (ok) nvl_e2m1_unpack_ref(cf, ps, n);
+  for (int64_t i = 0; ok && i < R; i++)
+    ok &= same_bytes("slab codes (fast)", ctx, cf + i * K, cg + (r0 + i) * KT + k0, (size_t)K, 1);
+  ok = ok && nvfp4_agrees(x, R, K, two_d, &os, ctx);
+  free(x); free(cg); free(sg); free(cs); free(ss); free(ps); free(cf);
+  return ok;
+}
+
+NVL_TEST(quant_cpu_nvfp4_sr_slab) {
+  enum { RT = 64, KT = 128 };
+  float *G = floats(RT * KT);
+  fill(G, RT, KT, D_NORMAL, 99, NVL_ELEM_E4M3, 16);
+  /* row slabs (the dgrad copy of dY: each rank owns rows), column slabs (the wgrad copy, blocked
+   * along T: each rank owns a run of K), both, the whole tensor, and a 1-row slab */
+  static const int64_t cases[][4] = {{0, 32, 0, 128}, {32, 32, 0, 128}, {16, 16, 0, 128}, {0, 64, 0, 64},
+                                     {0, 64, 64, 64}, {16, 32, 32, 48}, {0, 64, 0, 128}, {17, 1, 112, 16}};
+  for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++)
+    for (int two_d = 0; two_d < 2; two_d++) {
+      const int64_t *c = cases[i];
+      if (two_d && (c[0] % 16 || c[1] % 16)) continue;
+      char ctx[96];
+      snprintf(ctx, sizeof ctx, "slab rows %lld+%lld cols %lld+%lld %s", (long long)c[0], (long long)c[1],
+               (long long)c[2], (long long)c[3], two_d ? "2d" : "1d");
+      CHECK(slab_matches(G, RT, KT, c[0], c[1], c[2], c[3], two_d, ctx));
+    }
+  /* threaded: a big column slab */
+  enum { RB = 64, KB = 8192 };
+  float *B = floats(RB * KB);
+  fill(B, RB, KB, D_NORMAL, 5, NVL_ELEM_E4M3, 16);
+  CHECK(slab_matches(B, RB, KB, 0, RB, KB / 2, KB / 2, 0, "threaded column slab"));
+  CHECK(slab_matches(B, RB, KB, RB / 2, RB / 2, 0, KB, 0, "threaded row slab"));
+  /* zero offsets with sr_k_total = K: the plain call, bit for bit */
+  uint8_t p1[RT * KT / 2], p2[RT * KT / 2], s1[RT * KT / 16], s2[RT * KT / 16];
+  float a;
+  nvl_nvfp4_ref_opts plain = {.sr = 1, .seed = 4, .offset = 2}, same = plain;
+  same.sr_k_total = KT;
+  CHECK(impl->nvfp4(p1, s1, &a, G, RT, KT, 0, &plain) == NVL_OK);
+  CHECK(impl->nvfp4(p2, s2, &a, G, RT, KT, 0, &same) == NVL_OK);
+  CHECK(memcmp(p1, p2, sizeof p1) == 0);
+  /* refused: k offset not a multiple of 16, a slab past the total, a total not a multiple of 16 */
+  uint8_t codes[RT * KT];
+  nvl_nvfp4_ref_opts bad[3] = {plain, plain, plain};
+  bad[0].sr_k_offset = 8, bad[0].sr_k_total = 2 * KT;
+  bad[1].sr_k_offset = 16, bad[1].sr_k_total = KT;
+  bad[2].sr_k_total = KT + 8;
+  for (int i = 0; i < 3; i++) {
+    CHECK(impl->nvfp4(p1, s1, &a, G, RT, KT, 0, &bad[i]) == NVL_EINVAL);
+    CHECK(nvl_nvfp4_quantize_1d_ref(codes, s1, &a, G, RT, KT, &bad[i]) == NVL_EINVAL);
+  }
+  free(G);
+  free(B);
+}
+
 NVL_TEST(quant_cpu_rht_then_nvfp4) {
   /* The Wgrad operand path: RHT rows, then nvfp4 1D with SR (and RNE), threaded. */
   enum { R = 256, K = 1024 };
@@ -610,7 +688,7 @@ NVL_TEST(quant_cpu_rht_then_nvfp4) {
   CHECK(nvl_rht16_rows_ref(tr, x, R, K, NULL) == NVL_OK);
   CHECK(impl->rht(tf, x, R, K, NULL) == NVL_OK);
   CHECK(same_bytes("rht", "rht rows", tf, tr, sizeof(float) * R * K, 4));
-  const nvl_nvfp4_ref_opts sr = {1, 2024, 17, 0, 0.0f}, rne = {0};
+  const nvl_nvfp4_ref_opts sr = {.sr = 1, .seed = 2024, .offset = 17}, rne = {0};
   CHECK(nvfp4_agrees(tf, R, K, 0, &sr, "rht + nvfp4 sr"));
   CHECK(nvfp4_agrees(tf, R, K, 0, &rne, "rht + nvfp4 rne"));
   free(x); free(tr); free(tf);
@@ -641,6 +719,7 @@ NVL_TEST(quant_cpu_portable_build) {
   quant_cpu_nvfp4_e2m1_sweep(nvl_failed_);
   quant_cpu_nvfp4_zero_and_edge(nvl_failed_);
   quant_cpu_nvfp4_sr_stream(nvl_failed_);
+  quant_cpu_nvfp4_sr_slab(nvl_failed_);
   quant_cpu_nvfp4_dequantize_any_bytes(nvl_failed_);
   quant_cpu_mxfp8(nvl_failed_);
   quant_cpu_fp8_sweep(nvl_failed_);

@@ -233,6 +233,18 @@ static void sr_bytes(uint8_t r[16], const nvl_nvfp4_ref_opts *o, int64_t g) {
   for (int j = 0; j < 16; j++) r[j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
 }
 
+nvl_status nvl_nvfp4_check_sr_slab(const char *op, const nvl_nvfp4_ref_opts *o, int64_t K) {
+  if (!o) return NVL_OK;
+  int64_t kt = o->sr_k_total ? o->sr_k_total : K;
+  if (o->sr_row_offset < 0 || o->sr_k_offset < 0 || o->sr_k_total < 0 || o->sr_k_offset % 16 || kt % 16 ||
+      o->sr_k_offset + K > kt)
+    return nvl_error(NVL_EINVAL, "%s: SR slab offsets (row %lld, k %lld, k total %lld) do not fit a block "
+                     "length of %lld (offsets >= 0, k offset and total multiples of 16, k offset + %lld <= total)",
+                     op, (long long)o->sr_row_offset, (long long)o->sr_k_offset, (long long)o->sr_k_total,
+                     (long long)K, (long long)K);
+  return NVL_OK;
+}
+
 static nvl_status nvfp4_quantize(const char *op, int two_d, uint8_t *codes, uint8_t *scales, float *amax_out,
                                  const float *x, int64_t rows, int64_t K, const nvl_nvfp4_ref_opts *opts) {
   static const nvl_nvfp4_ref_opts defaults;
@@ -240,6 +252,7 @@ static nvl_status nvfp4_quantize(const char *op, int two_d, uint8_t *codes, uint
   if (rows < 0 || K < 0 || K % 16 || (two_d && rows % 16))
     return nvl_error(NVL_EINVAL, "%s: shape [%lld,%lld] is not a whole number of %s blocks", op,
                      (long long)rows, (long long)K, two_d ? "16x16" : "1x16");
+  NVL_TRY(nvl_nvfp4_check_sr_slab(op, o, K));
   float amax = o->has_amax ? o->amax : absmax(x, rows * K);
   float s_enc = nvl_nvfp4_enc_scale_ref(amax);
   float s_dec = 1.0f / s_enc;
@@ -256,7 +269,7 @@ static nvl_status nvfp4_quantize(const char *op, int two_d, uint8_t *codes, uint
         bmax = absmax(xb, 16);
       }
       uint8_t rb[16];
-      if (o->sr) sr_bytes(rb, o, r * nb + b);
+      if (o->sr) sr_bytes(rb, o, (int64_t)nvl_nvfp4_sr_block(o, K, r, b));  /* r * nb + b for a whole tensor */
       scales[r * nb + b] = nvfp4_block(codes + r * K + b * 16, xb, bmax, s_enc, s_dec, o->sr ? rb : NULL);
     }
   }

@@ -95,7 +95,23 @@ typedef struct {
   uint64_t offset;  /* SR: Philox counter words 1-2, the generator's call counter */
   int has_amax;     /* 1: use amax below (e.g. a precomputed or reduced amax), not max|x| */
   float amax;
+  /* SR block indices of a slab of a larger tensor (data parallelism: each rank quantizes its
+   * slice, and must draw the bits the whole tensor would). x (R, K) is rows [sr_row_offset,
+   * +R) x columns [sr_k_offset, +K) of a global blocked layout (., sr_k_total); block (row, k/16)
+   * draws counter g = (sr_row_offset + row) * (sr_k_total/16) + (sr_k_offset + k)/16. All zero
+   * (sr_k_total 0 means K): the tensor itself, g = row * (K/16) + k/16. sr_k_offset and
+   * sr_k_total are multiples of 16, sr_k_offset + K <= sr_k_total. */
+  int64_t sr_row_offset, sr_k_offset, sr_k_total;
 } nvl_nvfp4_ref_opts;
+
+/* Check o's SR slab fields for an (R, K) call; op names the caller. NULL o: OK. */
+nvl_status nvl_nvfp4_check_sr_slab(const char *op, const nvl_nvfp4_ref_opts *o, int64_t K);
+/* The SR block index (NUMERICS §3) of block (row, b) (b = k/16) of an (R, K) call under o's
+ * slab fields: row * (K/16) + b when they are zero. */
+static inline uint64_t nvl_nvfp4_sr_block(const nvl_nvfp4_ref_opts *o, int64_t K, int64_t row, int64_t b) {
+  int64_t kt = o->sr_k_total ? o->sr_k_total : K;
+  return (uint64_t)((o->sr_row_offset + row) * (kt / 16) + o->sr_k_offset / 16 + b);
+}
 
 /* Global encode scale s_enc = 2688 / amax with the §2 guards (FLT_MAX cap, 1 for 0/inf/nan). */
 float nvl_nvfp4_enc_scale_ref(float amax);
@@ -106,8 +122,9 @@ float nvl_nvfp4_dec_scale_ref(float amax);
 uint8_t nvl_nvfp4_block_scale_ref(float bmax, float s_enc);
 
 /* NVFP4 1D: 1x16 blocks along K. codes (R, K) 0..15, scales (R, K/16) ue4m3, *amax the amax
- * used. x (R, K) f32. opts NULL: defaults. Block g = row * (K/16) + k/16 draws Philox counter
- * (g, offset lo, offset hi, 0) under SR. K % 16 == 0. */
+ * used. x (R, K) f32. opts NULL: defaults. Block g = row * (K/16) + k/16 (or its index in the
+ * global layout given by opts' SR slab fields) draws Philox counter (g, offset lo, offset hi, 0)
+ * under SR. K % 16 == 0. */
 nvl_status nvl_nvfp4_quantize_1d_ref(uint8_t *codes, uint8_t *scales, float *amax, const float *x,
                                      int64_t rows, int64_t K, const nvl_nvfp4_ref_opts *opts);
 /* NVFP4 2D (weights): one block max per 16x16 tile of x (R, K), shared by the tile's 16 1x16

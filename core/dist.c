@@ -1,0 +1,475 @@
+/* dist.c: the process group and the collectives on CPU tensors (see dist.h). MPI when nvlua was
+ * built with it (NVLUA_HAVE_MPI) and a launcher started the process; else a world of one.
+ * CUDA tensors are handed to core/dist_nccl.c. A watchdog thread (worlds larger than one) ends a
+ * process whose collective has waited longer than the timeout: MPI has no timeouts of its own.
+ * Not here: Lua, NCCL calls, what training reduces. */
+#include "dist.h"
+
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef NVLUA_HAVE_MPI
+#include <mpi.h>
+#endif
+#include "dist_nccl.h"
+
+const char *const nvl_dist_op_names[NVL_DIST_OP_COUNT] = {"sum", "avg", "max", "min"};
+
+static struct {
+  int init, finalized, use_mpi;
+  int rank, world, local_rank, local_size;
+} S = {0, 0, 0, 0, 1, 0, 1};
+
+#ifdef NVLUA_HAVE_MPI
+static MPI_Comm comm = MPI_COMM_NULL; /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
+#endif
+
+/* ---- the watchdog --------------------------------------------------------------------------- */
+
+static _Atomic long long op_start_ns;        /* when the collective in flight began; 0: none */
+static _Atomic long long timeout_ms = -1;    /* -1: not read from the environment yet */
+static char op_desc[192];                    /* the collective in flight, for the message */
+static pthread_t watchdog;
+static atomic_int watchdog_stop, watchdog_running;
+
+static long long now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+double nvl_dist_timeout(void) {
+  long long ms = atomic_load(&timeout_ms);
+  if (ms < 0) {
+    const char *e = getenv("NVLUA_DIST_TIMEOUT");
+    double s = e && *e ? atof(e) : 600.0;
+    ms = s > 0 ? (long long)(s * 1000.0) : 0;
+    atomic_store(&timeout_ms, ms);
+  }
+  return (double)ms / 1000.0;
+}
+
+void nvl_dist_set_timeout(double seconds) { atomic_store(&timeout_ms, seconds > 0 ? (long long)(seconds * 1000.0) : 0); }
+
+/* Mark a collective in flight (desc is printf-style) / done. */
+static void op_begin(const char *fmt, ...) __attribute__((format(printf, 1, 2), unused));
+static void op_begin(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(op_desc, sizeof op_desc, fmt, ap);
+  va_end(ap);
+  atomic_store(&op_start_ns, now_ns()); /* seq_cst: op_desc is written before */
+}
+static __attribute__((unused)) void op_end(void) { atomic_store(&op_start_ns, 0); }
+
+/* Wakes every 100 ms; ends the process when a collective has run past the timeout, or when NCCL
+ * reports an asynchronous error (its communicator is aborted first). Calls no MPI function (MPI
+ * runs in MPI_THREAD_FUNNELED mode), only write and _exit, so it is safe next to any MPI call. */
+static void *watchdog_main(void *arg) {
+  (void)arg;
+  while (!atomic_load(&watchdog_stop)) {
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    long long t0 = atomic_load(&op_start_ns), ms = atomic_load(&timeout_ms);
+    const char *nccl_err = nvl_nccl_watch(t0 != 0);
+    double waited = t0 ? (double)(now_ns() - t0) / 1e9 : 0.0;
+    if (nccl_err || (t0 && ms > 0 && waited * 1000.0 > (double)ms)) {
+      char msg[512];
+      if (nccl_err)
+        snprintf(msg, sizeof msg, "nvlua dist: rank %d of %d: NCCL failed during %s: %s; communicator aborted, "
+                 "ending this process\n", S.rank, S.world, t0 ? op_desc : "(no collective)", nccl_err);
+      else
+        snprintf(msg, sizeof msg, "nvlua dist: rank %d of %d: %s did not complete within %.0f s (timeout "
+                 "NVLUA_DIST_TIMEOUT=%g): a peer rank is dead or hung; ending this process\n", S.rank, S.world,
+                 op_desc, waited, (double)ms / 1000.0);
+      if (!nccl_err) nvl_nccl_abort();
+      fflush(stdout);
+      ssize_t w = write(2, msg, strlen(msg));
+      (void)w;
+      _exit(1);
+    }
+  }
+  return NULL;
+}
+
+static __attribute__((unused)) void watchdog_start(void) {
+  nvl_dist_timeout(); /* read the environment once, on the main thread */
+  atomic_store(&watchdog_stop, 0);
+  if (pthread_create(&watchdog, NULL, watchdog_main, NULL) == 0) atomic_store(&watchdog_running, 1);
+  else fprintf(stderr, "nvlua dist: warning: no watchdog thread; collectives have no timeout\n");
+}
+
+static void watchdog_join(void) {
+  if (!atomic_load(&watchdog_running)) return;
+  atomic_store(&watchdog_stop, 1);
+  pthread_join(watchdog, NULL);
+  atomic_store(&watchdog_running, 0);
+}
+
+/* ---- the process group ------------------------------------------------------------------------- */
+
+#ifdef NVLUA_HAVE_MPI
+/* Was this process started by an MPI launcher? (A plain `nvlua script` is a world of one.) */
+static int launched(void) {
+  const char *force = getenv("NVLUA_DIST_MPI");
+  if (force && *force) return atoi(force) != 0;
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS",
+                                     NULL};
+  for (int i = 0; vars[i]; i++)
+    if (getenv(vars[i])) return 1;
+  return 0;
+}
+
+static nvl_status mpi_fail(const char *op, const char *call, int rc) {
+  char s[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "error code %d", rc);
+  return nvl_error(NVL_EDEVICE, "%s: %s failed on rank %d of %d: %s", op, call, S.rank, S.world, s);
+}
+#define MPI_TRY(op, call)                             \
+  do {                                                \
+    int rc_ = (call);                                 \
+    if (rc_ != MPI_SUCCESS) return mpi_fail(op, #call, rc_); \
+  } while (0)
+#endif
+
+nvl_status nvl_dist_init(void) {
+  if (S.init) return NVL_OK;
+#ifdef NVLUA_HAVE_MPI
+  if (launched()) {
+    int provided, flag = 0;
+    MPI_Initialized(&flag);
+    if (!flag && MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      return nvl_error(NVL_EDEVICE, "dist.init: MPI_Init_thread failed");
+    MPI_Comm local;
+    MPI_TRY("dist.init", MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+    MPI_TRY("dist.init", MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    MPI_TRY("dist.init", MPI_Comm_rank(comm, &S.rank));
+    MPI_TRY("dist.init", MPI_Comm_size(comm, &S.world));
+    MPI_TRY("dist.init", MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, S.rank, MPI_INFO_NULL, &local));
+    MPI_TRY("dist.init", MPI_Comm_rank(local, &S.local_rank));
+    MPI_TRY("dist.init", MPI_Comm_size(local, &S.local_size));
+    MPI_Comm_free(&local);
+    S.use_mpi = 1;
+#ifdef NVLUA_HAVE_CUDA
+    /* one GPU per rank: core allocates on device 0, so each rank of a node sees only its own
+     * GPU (unless the launcher already chose, as srun --gpus-per-task does). Effective because
+     * the CUDA runtime has not started yet (init comes before any CUDA tensor). */
+    if (S.local_size > 1 && !getenv("CUDA_VISIBLE_DEVICES")) {
+      char dev[16];
+      snprintf(dev, sizeof dev, "%d", S.local_rank);
+      setenv("CUDA_VISIBLE_DEVICES", dev, 1);
+    }
+#endif
+    if (S.world > 1) watchdog_start();
+  }
+#endif
+  S.init = 1;
+  return NVL_OK;
+}
+
+int nvl_dist_initialized(void) { return S.init; }
+int nvl_dist_rank(void) { return S.rank; }
+int nvl_dist_world_size(void) { return S.world; }
+int nvl_dist_local_rank(void) { return S.local_rank; }
+int nvl_dist_local_size(void) { return S.local_size; }
+const char *nvl_dist_backend(void) { return S.use_mpi ? "mpi" : "none"; }
+
+int nvl_dist_mpi_compiled(const char **mpi_version) {
+#ifdef NVLUA_HAVE_MPI
+  static char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  if (mpi_version) {
+    int len = 0;
+    if (!v[0] && MPI_Get_library_version(v, &len) == MPI_SUCCESS) {
+      char *nl = strchr(v, '\n');
+      if (nl) *nl = '\0';
+      char *comma = strchr(v, ',');
+      if (comma) *comma = '\0';
+    }
+    *mpi_version = v;
+  }
+  return 1;
+#else
+  if (mpi_version) *mpi_version = "";
+  return 0;
+#endif
+}
+
+int nvl_dist_nccl_compiled(void) { return nvl_nccl_compiled(); }
+
+void nvl_dist_finalize(void) {
+  if (!S.init || S.finalized) return;
+  watchdog_join();
+  nvl_nccl_shutdown();
+#ifdef NVLUA_HAVE_MPI
+  if (S.use_mpi) {
+    MPI_Comm_free(&comm);
+    MPI_Finalize();
+  }
+#endif
+  S.finalized = 1;
+}
+
+void nvl_dist_abort(int status) {
+#ifdef NVLUA_HAVE_MPI
+  if (S.use_mpi && !S.finalized && S.world > 1) {
+    fflush(stdout);
+    fflush(stderr);
+    nvl_nccl_abort();
+    MPI_Abort(comm, status ? status : 1); /* ends every rank; does not return */
+  }
+#endif
+  (void)status;
+}
+
+void nvl_dist_shutdown(int ok) {
+  if (!S.init || S.finalized) return;
+  if (ok) {
+    nvl_dist_finalize();
+    return;
+  }
+  if (S.use_mpi && S.world > 1) {
+    fflush(stdout);
+    fprintf(stderr, "nvlua dist: rank %d of %d failed (the error above); ending the job\n", S.rank, S.world);
+  }
+  nvl_dist_abort(1);
+  nvl_dist_finalize(); /* a world of one that failed: finalize all the same */
+}
+
+/* ---- checks ------------------------------------------------------------------------------------ */
+
+static nvl_status check_op(const char *name, nvl_dist_op op, const nvl_tensor *t) {
+  if ((unsigned)op >= NVL_DIST_OP_COUNT) return nvl_error(NVL_EINVAL, "%s: invalid op %d (valid: sum, avg, max, min)", name, (int)op);
+  if (op == NVL_DIST_AVG && t && !nvl_dtypes[t->dtype].is_float)
+    return nvl_error(NVL_EINVAL, "%s: avg needs a float tensor, got %s", name, nvl_dtypes[t->dtype].name);
+  return NVL_OK;
+}
+
+static nvl_status check_tensor(const char *name, const nvl_tensor *t) {
+  NVL_TRY(nvl_tensor_check_live(t, name));
+  if (nvl_dtypes[t->dtype].is_quantized) return nvl_error(NVL_EINVAL, "%s: quantized tensors cannot be reduced", name);
+  return NVL_OK;
+}
+
+#ifdef NVLUA_HAVE_MPI
+static MPI_Datatype mpi_type(nvl_dtype dt) {
+  switch (dt) {
+    case NVL_F32: return MPI_FLOAT;
+    case NVL_I32: return MPI_INT32_T;
+    case NVL_I64: return MPI_INT64_T;
+    case NVL_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL; /* bf16: reduced as f32 */
+  }
+}
+
+static MPI_Op mpi_op(nvl_dist_op op) {
+  return op == NVL_DIST_MAX ? MPI_MAX : op == NVL_DIST_MIN ? MPI_MIN : MPI_SUM;
+}
+
+/* MPI counts are int: the collectives below move at most INT_MAX elements (8 GiB of f32) per
+ * call; larger tensors are refused with a message (chunk them in the caller). */
+static nvl_status check_count(const char *name, int64_t n) {
+  if (n > INT_MAX) return nvl_error(NVL_EUNSUPPORTED, "%s: %lld elements is more than one MPI call moves (%d)", name, (long long)n, INT_MAX);
+  return NVL_OK;
+}
+#endif
+
+#ifdef NVLUA_HAVE_MPI
+/* w (f32 or the dtype itself, contiguous, CPU) = a working copy of t for a reduction: t itself
+ * when it is contiguous and not bf16. *shared says which. */
+static nvl_status work_copy(nvl_tensor *w, const nvl_tensor *t, int *shared) {
+  if (t->dtype == NVL_BF16) {
+    *shared = 0;
+    return nvl_tensor_clone_to(w, t, NVL_F32, NVL_CPU);
+  }
+  NVL_TRY(nvl_tensor_contiguous(w, t));
+  *shared = nvl_tensor_data(w) == nvl_tensor_data(t) && nvl_tensor_is_contiguous(t);
+  return NVL_OK;
+}
+
+/* x (n) /= world, the avg of a sum. */
+static void divide(nvl_tensor *w, int world) {
+  float *p = nvl_tensor_data(w);
+  for (int64_t i = 0, n = nvl_tensor_numel(w); i < n; i++) p[i] = p[i] / (float)world;
+}
+
+/* For dist_nccl.c: buf (bytes) = root's buf on every rank (the NCCL unique id). */
+nvl_status nvl_dist_bcast_bytes(void *buf, int bytes, int root) {
+  if (!S.use_mpi) return NVL_OK;
+  op_begin("broadcast (the NCCL unique id)");
+  int rc = MPI_Bcast(buf, bytes, MPI_BYTE, root, comm);
+  op_end();
+  return rc == MPI_SUCCESS ? NVL_OK : mpi_fail("dist", "MPI_Bcast", rc);
+}
+#else
+nvl_status nvl_dist_bcast_bytes(void *buf, int bytes, int root) {
+  (void)buf; (void)bytes; (void)root;
+  return NVL_OK;
+}
+#endif
+
+static int same_shape_tail(const nvl_tensor *a, const nvl_tensor *b) {
+  if (a->ndim != b->ndim || a->ndim < 1) return 0;
+  for (int d = 1; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+/* ---- collectives --------------------------------------------------------------------------------- */
+
+nvl_status nvl_dist_barrier(void) {
+#ifdef NVLUA_HAVE_MPI
+  if (S.use_mpi) {
+    op_begin("barrier");
+    int rc = MPI_Barrier(comm);
+    op_end();
+    if (rc != MPI_SUCCESS) return mpi_fail("barrier", "MPI_Barrier", rc);
+  }
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_all_reduce_f64(double *x, nvl_dist_op op) {
+  NVL_TRY(check_op("all_reduce", op, NULL));
+#ifdef NVLUA_HAVE_MPI
+  if (S.use_mpi) {
+    op_begin("all_reduce (a number, %s)", nvl_dist_op_names[op]);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_DOUBLE, mpi_op(op), comm);
+    op_end();
+    if (rc != MPI_SUCCESS) return mpi_fail("all_reduce", "MPI_Allreduce", rc);
+  }
+#endif
+  if (op == NVL_DIST_AVG) *x /= S.world;
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_all_reduce(nvl_tensor *t, nvl_dist_op op) {
+  NVL_TRY(check_tensor("all_reduce", t));
+  NVL_TRY(check_op("all_reduce", op, t));
+  if (t->device == NVL_CUDA) return nvl_nccl_all_reduce(t, op, S.rank, S.world);
+  if (!S.use_mpi) return NVL_OK; /* a world of one: sum, max, min and avg are t itself */
+#ifdef NVLUA_HAVE_MPI
+  char d[160];
+  int64_t n = nvl_tensor_numel(t);
+  NVL_TRY(check_count("all_reduce", n));
+  nvl_tensor w = nvl_tensor_null();
+  int shared;
+  NVL_TRY(work_copy(&w, t, &shared));
+  op_begin("all_reduce (%s, %s)", nvl_tensor_desc(t, d, sizeof d), nvl_dist_op_names[op]);
+  int rc = MPI_Allreduce(MPI_IN_PLACE, nvl_tensor_data(&w), (int)n, mpi_type(w.dtype), mpi_op(op), comm);
+  op_end();
+  nvl_status st = rc == MPI_SUCCESS ? NVL_OK : mpi_fail("all_reduce", "MPI_Allreduce", rc);
+  if (st == NVL_OK && op == NVL_DIST_AVG) divide(&w, S.world);
+  if (st == NVL_OK && !shared) st = nvl_tensor_copy(t, &w);
+  nvl_tensor_release(&w);
+  return st;
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_broadcast(nvl_tensor *t, int root) {
+  NVL_TRY(check_tensor("broadcast", t));
+  if (root < 0 || root >= S.world)
+    return nvl_error(NVL_EINVAL, "broadcast: root %d is not a rank (0..%d)", root, S.world - 1);
+  if (t->device == NVL_CUDA) return nvl_nccl_broadcast(t, root, S.rank, S.world);
+  if (!S.use_mpi) return NVL_OK;
+#ifdef NVLUA_HAVE_MPI
+  char d[160];
+  int64_t bytes = nvl_tensor_numel(t) * nvl_dtypes[t->dtype].elem_size;
+  NVL_TRY(check_count("broadcast", bytes));
+  nvl_tensor w = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_contiguous(&w, t));
+  int shared = nvl_tensor_data(&w) == nvl_tensor_data(t) && nvl_tensor_is_contiguous(t);
+  op_begin("broadcast (%s, root %d)", nvl_tensor_desc(t, d, sizeof d), root);
+  int rc = MPI_Bcast(nvl_tensor_data(&w), (int)bytes, MPI_BYTE, root, comm);
+  op_end();
+  nvl_status st = rc == MPI_SUCCESS ? NVL_OK : mpi_fail("broadcast", "MPI_Bcast", rc);
+  if (st == NVL_OK && !shared) st = nvl_tensor_copy(t, &w);
+  nvl_tensor_release(&w);
+  return st;
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op) {
+  char d1[160], d2[160];
+  NVL_TRY(check_tensor("reduce_scatter", t));
+  NVL_TRY(check_tensor("reduce_scatter", out));
+  NVL_TRY(check_op("reduce_scatter", op, t));
+  if (t->ndim < 1 || t->shape[0] % S.world || out->dtype != t->dtype || out->device != t->device ||
+      !same_shape_tail(out, t) || out->shape[0] * S.world != t->shape[0])
+    return nvl_error(NVL_EINVAL, "reduce_scatter: t is cut along dim 1 into %d equal chunks and out holds one: got t "
+                     "%s, out %s", S.world, nvl_tensor_desc(t, d1, sizeof d1), nvl_tensor_desc(out, d2, sizeof d2));
+  if (t->device == NVL_CUDA) return nvl_nccl_reduce_scatter(out, t, op, S.rank, S.world);
+  if (!S.use_mpi) return nvl_tensor_copy(out, t);
+#ifdef NVLUA_HAVE_MPI
+  int64_t n = nvl_tensor_numel(out);
+  NVL_TRY(check_count("reduce_scatter", n * S.world));
+  nvl_tensor w = nvl_tensor_null(), r = nvl_tensor_null();
+  int shared_in, shared_out;
+  NVL_TRY(work_copy(&w, t, &shared_in));
+  nvl_status st = work_copy(&r, out, &shared_out);
+  if (st == NVL_OK) {
+    op_begin("reduce_scatter (%s, %s)", nvl_tensor_desc(t, d1, sizeof d1), nvl_dist_op_names[op]);
+    int rc = MPI_Reduce_scatter_block(nvl_tensor_data(&w), nvl_tensor_data(&r), (int)n, mpi_type(w.dtype), mpi_op(op),
+                                      comm);
+    op_end();
+    st = rc == MPI_SUCCESS ? NVL_OK : mpi_fail("reduce_scatter", "MPI_Reduce_scatter_block", rc);
+  }
+  if (st == NVL_OK && op == NVL_DIST_AVG) divide(&r, S.world);
+  if (st == NVL_OK && !shared_out) st = nvl_tensor_copy(out, &r);
+  nvl_tensor_release(&w);
+  nvl_tensor_release(&r);
+  return st;
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t) {
+  char d1[160], d2[160];
+  NVL_TRY(check_tensor("all_gather", t));
+  NVL_TRY(check_tensor("all_gather", out));
+  if (t->ndim < 1 || out->dtype != t->dtype || out->device != t->device || !same_shape_tail(out, t) ||
+      out->shape[0] != t->shape[0] * S.world)
+    return nvl_error(NVL_EINVAL, "all_gather: out holds the %d ranks' t along dim 1: got out %s, t %s", S.world,
+                     nvl_tensor_desc(out, d1, sizeof d1), nvl_tensor_desc(t, d2, sizeof d2));
+  size_t chunk = (size_t)nvl_tensor_numel(t) * (size_t)nvl_dtypes[t->dtype].elem_size;
+  int in_place = t->storage == out->storage && nvl_tensor_is_contiguous(out) && nvl_tensor_is_contiguous(t) &&
+                 (char *)nvl_tensor_data(t) == (char *)nvl_tensor_data(out) + (size_t)S.rank * chunk;
+  if (t->device == NVL_CUDA) return nvl_nccl_all_gather(out, t, in_place, S.rank, S.world);
+  if (!S.use_mpi) return in_place ? NVL_OK : nvl_tensor_copy(out, t);
+#ifdef NVLUA_HAVE_MPI
+  NVL_TRY(check_count("all_gather", (int64_t)chunk * S.world));
+  nvl_tensor w = nvl_tensor_null(), r = nvl_tensor_null();
+  nvl_status st = NVL_OK;
+  if (!in_place) {
+    if (t->storage == out->storage)
+      return nvl_error(NVL_EINVAL, "all_gather: t shares out's storage but is not this rank's chunk of a contiguous out");
+    st = nvl_tensor_contiguous(&w, t);
+  }
+  if (st == NVL_OK) st = nvl_tensor_contiguous(&r, out);
+  int shared_out = st == NVL_OK && nvl_tensor_data(&r) == nvl_tensor_data(out) && nvl_tensor_is_contiguous(out);
+  if (st == NVL_OK) {
+    op_begin("all_gather (%s)", nvl_tensor_desc(t, d1, sizeof d1));
+    int rc = MPI_Allgather(in_place ? MPI_IN_PLACE : nvl_tensor_data(&w), (int)chunk, MPI_BYTE, nvl_tensor_data(&r),
+                           (int)chunk, MPI_BYTE, comm);
+    op_end();
+    st = rc == MPI_SUCCESS ? NVL_OK : mpi_fail("all_gather", "MPI_Allgather", rc);
+  }
+  if (st == NVL_OK && !shared_out) st = nvl_tensor_copy(out, &r);
+  nvl_tensor_release(&w);
+  nvl_tensor_release(&r);
+  return st;
+#endif
+  return NVL_OK;
+}
+
+int nvl_nccl_available(const char **why) { return nvl_nccl_load(why); }

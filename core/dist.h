@@ -1,0 +1,83 @@
+/* dist.h: data-parallel collectives across processes (DESIGN.md "Scale-out"). Ranks are launched
+ * by Open MPI (mpirun) or Slurm (srun); CPU tensors travel through MPI, CUDA tensors through NCCL
+ * (one communicator, bootstrapped over MPI). Built without MPI, or run without a launcher, this is
+ * a world of one process whose collectives are identities, so single-process code needs no
+ * special case.
+ *
+ * Ranks are 0-based (MPI's numbering; the data loader takes the same). Reductions: sum, avg
+ * (sum / world, correctly rounded division), max, min. bf16 tensors are reduced in f32 and
+ * rounded once; integer tensors take sum, max and min. A collective is called by every rank with
+ * tensors of the same dtype and shape; a mismatch is a programmer error (MPI may report it, or
+ * hang until the timeout below).
+ *
+ * Faults: a collective that does not complete within the timeout (NVLUA_DIST_TIMEOUT seconds,
+ * default 600; 0 disables) makes a watchdog thread print which rank waited in which op and end
+ * the process (exit status 1), and mpirun then ends the job. A rank that dies is noticed by the
+ * launcher, which ends the others (Open MPI's default). MPI errors come back as statuses
+ * (MPI_ERRORS_RETURN) whose message names the op and MPI's error string.
+ *
+ * Not here: Lua (lua/bind/dist.c), what is reduced when (lua/nvlua/train.lua, optim.lua). */
+#ifndef NVL_DIST_H
+#define NVL_DIST_H
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { NVL_DIST_SUM = 0, NVL_DIST_AVG = 1, NVL_DIST_MAX = 2, NVL_DIST_MIN = 3, NVL_DIST_OP_COUNT } nvl_dist_op;
+extern const char *const nvl_dist_op_names[NVL_DIST_OP_COUNT];
+
+/* Start (idempotent): MPI_Init_thread when nvlua has MPI and the process was started by a
+ * launcher (mpirun, srun; NVLUA_DIST_MPI=1 forces it, 0 forbids it); otherwise a world of one. */
+nvl_status nvl_dist_init(void);
+/* 1 after nvl_dist_init. */
+int nvl_dist_initialized(void);
+/* This process's rank, the number of ranks, its rank among the ranks on its node and their
+ * number (0, 1, 0, 1 before init or without MPI). */
+int nvl_dist_rank(void);
+int nvl_dist_world_size(void);
+int nvl_dist_local_rank(void);
+int nvl_dist_local_size(void);
+/* "mpi" when MPI runs the collectives, else "none". */
+const char *nvl_dist_backend(void);
+/* What was compiled in: MPI (with its library version in *mpi_version, may be NULL), NCCL. */
+int nvl_dist_mpi_compiled(const char **mpi_version);
+int nvl_dist_nccl_compiled(void);
+
+/* Every rank waits for every other. */
+nvl_status nvl_dist_barrier(void);
+/* t (every rank's, same dtype and shape) = op over the ranks, in place. */
+nvl_status nvl_dist_all_reduce(nvl_tensor *t, nvl_dist_op op);
+/* *x (a double on every rank) = op over the ranks (for losses, norms, flags). */
+nvl_status nvl_dist_all_reduce_f64(double *x, nvl_dist_op op);
+/* t = root's t on every rank. */
+nvl_status nvl_dist_broadcast(nvl_tensor *t, int root);
+/* t (world * n, ...) is cut along dim 0 into world equal chunks; out (n, ...) on rank r = op over
+ * the ranks of chunk r. */
+nvl_status nvl_dist_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op);
+/* out (world * n, ...) = the ranks' t (n, ...) in rank order. t may be out's own chunk (the view
+ * of rows [rank n, (rank+1) n) of a contiguous out): then it is gathered in place. */
+nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t);
+
+/* Collective timeout in seconds (0: none); the default comes from NVLUA_DIST_TIMEOUT or 600. */
+void nvl_dist_set_timeout(double seconds);
+double nvl_dist_timeout(void);
+
+/* End cleanly: MPI_Finalize (every rank must call it; idempotent; nothing before init). */
+void nvl_dist_finalize(void);
+/* End every rank's process with this exit status (MPI_Abort when the world is larger than one,
+ * else exit). For a rank that fails alone: the others would wait in their next collective. */
+void nvl_dist_abort(int status);
+/* The driver's last call: finalize when ok, else (a script that failed on this rank) print
+ * nothing more and abort the job. */
+void nvl_dist_shutdown(int ok);
+
+/* ---- NCCL (core/dist_nccl.c; compiled with CUDA and NCCL, untested without a GPU) ---------- */
+/* 1 if the NCCL library can be loaded and every function resolves; else 0 and *why. */
+int nvl_nccl_available(const char **why);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,26 @@
+/* dist_nccl.h: what core/dist.c asks of the NCCL backend (core/dist_nccl.c): collectives on CUDA
+ * tensors over one communicator, and the hooks of dist.c's watchdog. Internal to core/. Without
+ * CUDA + NCCL every collective here fails with NVL_EUNSUPPORTED. */
+#ifndef NVL_DIST_NCCL_H
+#define NVL_DIST_NCCL_H
+#include "dist.h"
+
+/* 1 if compiled with NCCL. */
+int nvl_nccl_compiled(void);
+/* Load libnccl and resolve its functions (once); 1 on success, else 0 and *why. */
+int nvl_nccl_load(const char **why);
+/* Watchdog tick: NULL, or the NCCL asynchronous error (the communicator is then aborted). */
+const char *nvl_nccl_watch(int in_op);
+/* Abort the communicator (if any), so kernels waiting on dead peers return. */
+void nvl_nccl_abort(void);
+/* Destroy the communicator (at finalize). */
+void nvl_nccl_shutdown(void);
+/* The collectives of dist.h on contiguous CUDA tensors, checked by dist.c. */
+nvl_status nvl_nccl_all_reduce(nvl_tensor *t, nvl_dist_op op, int rank, int world);
+nvl_status nvl_nccl_broadcast(nvl_tensor *t, int root, int rank, int world);
+nvl_status nvl_nccl_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int rank, int world);
+nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_place, int rank, int world);
+/* From dist.c: buf = root's buf on every rank (MPI_Bcast; nothing in a world of one). */
+nvl_status nvl_dist_bcast_bytes(void *buf, int bytes, int root);
+
+#endif

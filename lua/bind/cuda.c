@@ -1,0 +1,132 @@
+/* cuda.c: the Lua binding of the CUDA backend's own controls (core/nvl_cuda.h) — per-device
+ * allocator statistics, the GEMM path a format pair takes, sync mode, synchronisation, device
+ * timing with events, allocator poisoning (tests) and cache release. Device tensors, quantization
+ * and qmatmul are bound where their CPU versions are (tensor.c, quant.c); they dispatch on the
+ * tensor's device in core/.
+ * Every function works in a build without CUDA or on a machine without a GPU: the queries answer
+ * (no devices, "unsupported"), the actions raise the backend's error. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <string.h>
+#include "bind.h"
+#include "nvl_cuda.h"
+
+static int raise_last(lua_State *L) { return luaL_error(L, "%s", nvl_last_error()); }
+
+/* Device ordinal argument i (1-based in Lua, default 1) -> 0-based. */
+static int opt_device(lua_State *L, int i) {
+  lua_Integer d = luaL_optinteger(L, i, 1);
+  int n = nvl_cuda_device_count();
+  if (n == 0) luaL_error(L, "cuda: no GPU: %s", nvl_cuda_unavailable_reason());
+  luaL_argcheck(L, d >= 1 && d <= n, i, lua_pushfstring(L, "device must be in 1..%d", n));
+  return (int)d - 1;
+}
+
+void nvl_lua_push_cuda_memory(lua_State *L) {
+  int n = nvl_cuda_device_count();
+  lua_createtable(L, n, 0);
+  for (int d = 0; d < n; d++) {
+    nvl_cuda_mem_stats s;
+    if (nvl_cuda_memory_stats(d, &s) != NVL_OK) {
+      lua_pushstring(L, nvl_last_error());
+    } else {
+      lua_createtable(L, 0, 8);
+      lua_pushinteger(L, (lua_Integer)s.allocated); lua_setfield(L, -2, "allocated");
+      lua_pushinteger(L, (lua_Integer)s.peak_allocated); lua_setfield(L, -2, "peak");
+      lua_pushinteger(L, (lua_Integer)s.reserved); lua_setfield(L, -2, "reserved");
+      lua_pushinteger(L, (lua_Integer)s.cached); lua_setfield(L, -2, "cached");
+      lua_pushinteger(L, (lua_Integer)s.blocks); lua_setfield(L, -2, "blocks");
+      lua_pushinteger(L, (lua_Integer)s.device_mallocs); lua_setfield(L, -2, "device_mallocs");
+      lua_pushinteger(L, (lua_Integer)s.device_free); lua_setfield(L, -2, "free");
+      lua_pushinteger(L, (lua_Integer)s.device_total); lua_setfield(L, -2, "total");
+    }
+    lua_rawseti(L, -2, d + 1);
+  }
+}
+
+/* core.cuda_memory() -> {[device] = {allocated, peak, reserved, cached, blocks, device_mallocs,
+ * free, total}} (bytes; an empty table without a GPU) */
+static int l_cuda_memory(lua_State *L) {
+  nvl_lua_push_cuda_memory(L);
+  return 1;
+}
+
+/* core.cuda_gemm_path(fmt [, fmt_b [, device]]) -> "native" | "emulated", detail; or nil, why */
+static int l_gemm_path(lua_State *L) {
+  const char *na = luaL_checkstring(L, 1), *nb = luaL_optstring(L, 2, na);
+  nvl_dtype fa = nvl_dtype_from_name(na), fb = nvl_dtype_from_name(nb);
+  if (fa == NVL_DTYPE_COUNT) return luaL_argerror(L, 1, lua_pushfstring(L, "unknown format '%s'", na));
+  if (fb == NVL_DTYPE_COUNT) return luaL_argerror(L, 2, lua_pushfstring(L, "unknown format '%s'", nb));
+  int dev = (int)luaL_optinteger(L, 3, 1) - 1;
+  char detail[256];
+  nvl_gemm_path p = nvl_cuda_gemm_path(fa, fb, dev, detail, sizeof detail);
+  if (p == NVL_GEMM_UNSUPPORTED) {
+    luaL_pushfail(L);
+    lua_pushstring(L, nvl_last_error());
+    return 2;
+  }
+  lua_pushstring(L, p == NVL_GEMM_NATIVE ? "native" : "emulated");
+  lua_pushstring(L, detail);
+  return 2;
+}
+
+/* core.cuda_set_sync(on) -> the previous setting */
+static int l_set_sync(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TBOOLEAN);
+  lua_pushboolean(L, nvl_cuda_set_sync(lua_toboolean(L, 1)));
+  return 1;
+}
+
+/* core.cuda_synchronize([device]) */
+static int l_synchronize(lua_State *L) {
+  int dev = opt_device(L, 1);
+  if (nvl_cuda_synchronize(dev) != NVL_OK) return raise_last(L);
+  return 0;
+}
+
+/* core.cuda_time(fn, iters [, device]) -> milliseconds per call of fn, timed with device events
+ * around iters back-to-back calls (fn's host time counts where the device waits for it) */
+static int l_time(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_Integer iters = luaL_checkinteger(L, 2);
+  luaL_argcheck(L, iters >= 1, 2, "iterations must be >= 1");
+  int dev = opt_device(L, 3);
+  if (nvl_cuda_timer_start(dev) != NVL_OK) return raise_last(L);
+  for (lua_Integer i = 0; i < iters; i++) {
+    lua_pushvalue(L, 1);
+    lua_call(L, 0, 0);
+  }
+  double ms = 0;
+  if (nvl_cuda_timer_stop(dev, &ms) != NVL_OK) return raise_last(L);
+  lua_pushnumber(L, ms / (double)iters);
+  return 1;
+}
+
+/* core.cuda_set_poison(byte | nil) -> the previous byte or nil: fill every device block the
+ * allocator hands out with byte (tests prove kernels write every output element) */
+static int l_set_poison(lua_State *L) {
+  int b = -1;
+  if (!lua_isnoneornil(L, 1)) {
+    lua_Integer v = luaL_checkinteger(L, 1);
+    luaL_argcheck(L, v >= 0 && v <= 255, 1, "byte must be 0..255");
+    b = (int)v;
+  }
+  int prev = nvl_cuda_set_poison(b);
+  if (prev < 0) lua_pushnil(L);
+  else lua_pushinteger(L, prev);
+  return 1;
+}
+
+/* core.cuda_empty_cache([device]): give the caching allocator's free blocks back */
+static int l_cuda_empty_cache(lua_State *L) {
+  int dev = lua_isnoneornil(L, 1) ? -1 : opt_device(L, 1);
+  nvl_cuda_empty_cache(dev);
+  return 0;
+}
+
+static const luaL_Reg cuda_funcs[] = {
+  {"cuda_memory", l_cuda_memory}, {"cuda_gemm_path", l_gemm_path}, {"cuda_set_sync", l_set_sync},
+  {"cuda_synchronize", l_synchronize}, {"cuda_time", l_time}, {"cuda_set_poison", l_set_poison},
+  {"cuda_empty_cache", l_cuda_empty_cache}, {NULL, NULL}};
+
+void nvl_lua_open_cuda(lua_State *L) { luaL_setfuncs(L, cuda_funcs, 0); }

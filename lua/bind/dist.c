@@ -1,0 +1,124 @@
+/* dist.c: the Lua binding of core/dist.h — the table nvlua.core.dist, which lua/nvlua/dist.lua
+ * (require "nvlua.dist") presents. Ranks are 0-based, as MPI numbers them; ops are "sum", "avg",
+ * "max", "min". Collectives return their output tensor; core's errors become Lua errors. */
+#include <lauxlib.h>
+#include <lua.h>
+#include "bind.h"
+#include "dist.h"
+
+#define CHECK(L, expr)                             \
+  do {                                             \
+    if ((expr) != NVL_OK) return nvl_lua_raise(L); \
+  } while (0)
+
+static nvl_dist_op check_op(lua_State *L, int i) {
+  return (nvl_dist_op)luaL_checkoption(L, i, "sum", nvl_dist_op_names);
+}
+
+static int l_init(lua_State *L) {
+  CHECK(L, nvl_dist_init());
+  lua_pushinteger(L, nvl_dist_rank());
+  lua_pushinteger(L, nvl_dist_world_size());
+  return 2;
+}
+
+static int l_initialized(lua_State *L) { lua_pushboolean(L, nvl_dist_initialized()); return 1; }
+static int l_rank(lua_State *L) { lua_pushinteger(L, nvl_dist_rank()); return 1; }
+static int l_world_size(lua_State *L) { lua_pushinteger(L, nvl_dist_world_size()); return 1; }
+static int l_local_rank(lua_State *L) { lua_pushinteger(L, nvl_dist_local_rank()); return 1; }
+static int l_local_size(lua_State *L) { lua_pushinteger(L, nvl_dist_local_size()); return 1; }
+static int l_backend(lua_State *L) { lua_pushstring(L, nvl_dist_backend()); return 1; }
+
+/* info() -> {mpi = bool, mpi_version = string, nccl = bool, nccl_loads = bool, nccl_why = string} */
+static int l_info(lua_State *L) {
+  const char *v, *why;
+  lua_createtable(L, 0, 5);
+  lua_pushboolean(L, nvl_dist_mpi_compiled(&v)); lua_setfield(L, -2, "mpi");
+  lua_pushstring(L, v); lua_setfield(L, -2, "mpi_version");
+  lua_pushboolean(L, nvl_dist_nccl_compiled()); lua_setfield(L, -2, "nccl");
+  lua_pushboolean(L, nvl_nccl_available(&why)); lua_setfield(L, -2, "nccl_loads");
+  lua_pushstring(L, why); lua_setfield(L, -2, "nccl_why");
+  return 1;
+}
+
+static int l_barrier(lua_State *L) {
+  CHECK(L, nvl_dist_barrier());
+  return 0;
+}
+
+/* all_reduce(t [, op]) -> t */
+static int l_all_reduce(lua_State *L) {
+  nvl_tensor *t = nvl_lua_check_tensor(L, 1, "all_reduce");
+  CHECK(L, nvl_dist_all_reduce(t, check_op(L, 2)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* all_reduce_number(x [, op]) -> number, reduced in double precision */
+static int l_all_reduce_number(lua_State *L) {
+  double x = luaL_checknumber(L, 1);
+  CHECK(L, nvl_dist_all_reduce_f64(&x, check_op(L, 2)));
+  lua_pushnumber(L, x);
+  return 1;
+}
+
+/* broadcast(t [, root = 0]) -> t */
+static int l_broadcast(lua_State *L) {
+  nvl_tensor *t = nvl_lua_check_tensor(L, 1, "broadcast");
+  lua_Integer root = luaL_optinteger(L, 2, 0);
+  luaL_argcheck(L, root >= 0 && root < nvl_dist_world_size(), 2,
+                lua_pushfstring(L, "root %d is not a rank (0..%d)", (int)root, nvl_dist_world_size() - 1));
+  CHECK(L, nvl_dist_broadcast(t, (int)root));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* reduce_scatter(out, t [, op]) -> out */
+static int l_reduce_scatter(lua_State *L) {
+  nvl_tensor *out = nvl_lua_check_tensor(L, 1, "reduce_scatter");
+  nvl_tensor *t = nvl_lua_check_tensor(L, 2, "reduce_scatter");
+  CHECK(L, nvl_dist_reduce_scatter(out, t, check_op(L, 3)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* all_gather(out, t) -> out */
+static int l_all_gather(lua_State *L) {
+  nvl_tensor *out = nvl_lua_check_tensor(L, 1, "all_gather");
+  nvl_tensor *t = nvl_lua_check_tensor(L, 2, "all_gather");
+  CHECK(L, nvl_dist_all_gather(out, t));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_set_timeout(lua_State *L) {
+  nvl_dist_set_timeout(luaL_checknumber(L, 1));
+  return 0;
+}
+
+static int l_timeout(lua_State *L) { lua_pushnumber(L, nvl_dist_timeout()); return 1; }
+
+static int l_finalize(lua_State *L) {
+  (void)L;
+  nvl_dist_finalize();
+  return 0;
+}
+
+/* abort(status): end every rank (returns only in a world of one) */
+static int l_abort(lua_State *L) {
+  nvl_dist_abort((int)luaL_optinteger(L, 1, 1));
+  return 0;
+}
+
+static const luaL_Reg dist_funcs[] = {
+  {"init", l_init}, {"initialized", l_initialized}, {"rank", l_rank}, {"world_size", l_world_size},
+  {"local_rank", l_local_rank}, {"local_size", l_local_size}, {"backend", l_backend}, {"info", l_info},
+  {"barrier", l_barrier}, {"all_reduce", l_all_reduce}, {"all_reduce_number", l_all_reduce_number},
+  {"broadcast", l_broadcast}, {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
+  {"set_timeout", l_set_timeout}, {"timeout", l_timeout}, {"finalize", l_finalize}, {"abort", l_abort},
+  {NULL, NULL}};
+
+void nvl_lua_open_dist(lua_State *L) {
+  luaL_newlib(L, dist_funcs);
+  lua_setfield(L, -2, "dist");
+}

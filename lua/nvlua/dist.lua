@@ -1,0 +1,78 @@
+-- nvlua.dist: data parallelism across processes (DESIGN.md "Scale-out"; core/dist.h).
+--   local dist = require "nvlua.dist"
+--   dist.init()                                  -- under mpirun / srun: MPI; else a world of one
+--   dist.all_reduce(model.grad_buffer, "avg")    -- t in place; ops "sum" "avg" "max" "min"
+--   if dist.rank() == 0 then print(...) end
+-- Ranks are launched by Open MPI (`mpirun -np 2 build/nvlua script.lua`) or Slurm (`srun`).
+-- Ranks are 0-based, as MPI numbers them. CPU tensors go through MPI, CUDA tensors through NCCL
+-- (one communicator, each rank on its own GPU; that path compiles but is untested). nvlua built
+-- without MPI, or started without a launcher, is a world of one: every collective is an identity.
+--
+-- Collectives: barrier(), all_reduce(t, op), all_reduce_number(x, op) (in double precision),
+-- broadcast(t, root), reduce_scatter(out, t, op) (t cut along dim 1 into world equal chunks;
+-- out gets this rank's, reduced), all_gather(out, t) (out = the ranks' t along dim 1; t may be
+-- out's own chunk, gathered in place). Each returns its output.
+--
+-- Faults: a collective that waits longer than the timeout (set_timeout(s), or the environment's
+-- NVLUA_DIST_TIMEOUT; default 600 s) ends the process with a message naming the rank and the
+-- op, and the launcher ends the job. A rank whose script fails, or that calls os.exit with a
+-- failure status, ends the whole job (MPI_Abort) rather than leave the others waiting; after
+-- init, os.exit with success finalizes MPI first (so a script may end with os.exit(0)).
+local core = require "nvlua.core"
+
+local C = core.dist
+local dist = {}
+
+local raw_exit
+
+--- dist.init() -> rank, world: start the process group (idempotent).
+function dist.init()
+  local rank, world = C.init()
+  if not raw_exit then
+    -- os.exit leaves without returning to the driver, which would finalize or abort: do it here
+    raw_exit = os.exit
+    os.exit = function(code, close) ---@diagnostic disable-line: duplicate-set-field
+      local ok = code == nil or code == true or code == 0
+      if ok then C.finalize()
+      elseif C.world_size() > 1 then
+        io.stdout:flush()
+        io.stderr:write(string.format("nvlua dist: rank %d of %d exits with status %s; ending the job\n", C.rank(),
+          C.world_size(), tostring(code)))
+        io.stderr:flush()
+        C.abort(math.type(code) == "integer" and code or 1)
+      end
+      return raw_exit(code, close)
+    end
+  end
+  return rank, world
+end
+
+dist.initialized = C.initialized
+--- dist.rank() -> this process's rank (0-based; 0 before init)
+dist.rank = C.rank
+--- dist.world_size() -> number of ranks (1 before init or without a launcher)
+dist.world_size = C.world_size
+--- dist.local_rank(), dist.local_size(): the rank among the ranks on this node, and their number
+dist.local_rank = C.local_rank
+dist.local_size = C.local_size
+--- dist.backend() -> "mpi" or "none"
+dist.backend = C.backend
+--- dist.info() -> {mpi, mpi_version, nccl, nccl_loads, nccl_why}: what this build can do
+dist.info = C.info
+dist.barrier = C.barrier
+dist.all_reduce = C.all_reduce
+dist.all_reduce_number = C.all_reduce_number
+dist.broadcast = C.broadcast
+dist.reduce_scatter = C.reduce_scatter
+dist.all_gather = C.all_gather
+dist.set_timeout = C.set_timeout
+dist.timeout = C.timeout
+--- dist.finalize(): end MPI cleanly (the driver does it at the end of the script)
+dist.finalize = C.finalize
+--- dist.abort(status): end every rank's process (returns in a world of one)
+dist.abort = C.abort
+
+--- dist.is_main() -> true on rank 0 (the rank that logs and writes checkpoints)
+function dist.is_main() return C.rank() == 0 end
+
+return dist
