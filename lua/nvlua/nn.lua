@@ -12,6 +12,8 @@
 -- frees what an earlier forward saved for a backward that never ran.
 local nv = require "nvlua"
 local core = require "nvlua.core"
+local util = require "nvlua.util"
+local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
 
 local nn = {}
 
@@ -46,16 +48,7 @@ function nn.is_instance(obj, cls)
   return false
 end
 
-local function shape_str(s)
-  if type(s) ~= "table" then s = s:size() end
-  return "[" .. table.concat(s, ",") .. "]"
-end
 
-local function same_shape(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
-end
 
 local function check_int(v, what, fname, min)
   if math.type(v) ~= "integer" or v < (min or 1) then
@@ -63,19 +56,6 @@ local function check_int(v, what, fname, min)
   end
 end
 
-local function check_opts(opts, valid, fname)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(fname .. ": options must be a table, got " .. type(opts), 3) end
-  for k in pairs(opts) do
-    if not valid[k] then
-      local names = {}
-      for n in pairs(valid) do names[#names + 1] = n end
-      table.sort(names)
-      error(string.format("%s: unknown option '%s' (valid: %s)", fname, tostring(k), table.concat(names, ", ")), 3)
-    end
-  end
-  return opts
-end
 
 -- normal(0, std) f32 [shape] from generator g (nil: the default generator)
 local function normal(shape, std, g)

@@ -9,30 +9,10 @@
 -- schedules (the loop calls set_lr), the collectives themselves (nvlua.dist).
 local nv = require "nvlua"
 local core = require "nvlua.core"
+local util = require "nvlua.util"
+local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
 
 local optim = {}
-
-local function check_opts(opts, valid, fname)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(fname .. ": options must be a table, got " .. type(opts), 3) end
-  for k in pairs(opts) do
-    if not valid[k] then
-      local names = {}
-      for n in pairs(valid) do names[#names + 1] = n end
-      table.sort(names)
-      error(string.format("%s: unknown option '%s' (valid: %s)", fname, tostring(k), table.concat(names, ", ")), 3)
-    end
-  end
-  return opts
-end
-
-local function same_shape(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
-end
-
-local function shape_str(t) return "[" .. table.concat(t:size(), ",") .. "]" end
 
 -- A list of parameters: an nn.Module (its named_parameters()) or an array of entries
 -- {name =, param =, grad =, no_decay =}.
