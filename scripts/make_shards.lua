@@ -6,7 +6,6 @@
 -- Tokens from another tokenizer go into the same format: 24-byte header (magic "NVLTOK\0\0",
 -- u32 version 1, u32 width 2|4, u64 count) then the ids, little-endian (data.write_shard).
 local data = require "nvlua.data"
-local lfs = require "lfs"
 
 local input, out = arg[1], arg[2]
 if not input or not out then
@@ -20,20 +19,7 @@ for i = 3, #arg do
   o[k] = tonumber(v)
 end
 
-local files = {}
-local function walk(p)
-  local a = lfs.attributes(p)
-  if not a then error("make_shards: no such file or directory: " .. p) end
-  if a.mode == "directory" then
-    local names = {}
-    for n in lfs.dir(p) do if n ~= "." and n ~= ".." then names[#names + 1] = n end end
-    table.sort(names)
-    for _, n in ipairs(names) do walk(p .. "/" .. n) end
-  elseif a.mode == "file" then
-    files[#files + 1] = p
-  end
-end
-walk(input)
+local files = data.list_files(input)
 local parts = {}
 for _, f in ipairs(files) do
   local h = assert(io.open(f, "rb"))

@@ -169,15 +169,12 @@ function data.kjv(opts)
   return byte_corpus("kjv", table.concat(lines, "\n") .. "\n", dir, 0.05)
 end
 
---- Any text file or directory of text files (walked recursively, sorted), byte tokens, the
--- last 5% for validation; cached under <cache>/text-<hash>/.
-function data.text(path, opts)
-  opts = opts or {}
-  local attr = lfs.attributes(path)
-  if not attr then error("text: no such file or directory: " .. tostring(path), 2) end
+--- The files under path (itself if a file), walked recursively in sorted order.
+function data.list_files(path)
   local files = {}
   local function walk(p)
     local a = lfs.attributes(p)
+    if not a then error("no such file or directory: " .. tostring(p), 3) end
     if a.mode == "directory" then
       local names = {}
       for n in lfs.dir(p) do if n ~= "." and n ~= ".." then names[#names + 1] = n end end
@@ -188,6 +185,16 @@ function data.text(path, opts)
     end
   end
   walk(path)
+  return files
+end
+
+--- Any text file or directory of text files (walked recursively, sorted), byte tokens, the
+-- last 5% for validation; cached under <cache>/text-<hash>/.
+function data.text(path, opts)
+  opts = opts or {}
+  local attr = lfs.attributes(path)
+  if not attr then error("text: no such file or directory: " .. tostring(path), 2) end
+  local files = data.list_files(path)
   if #files == 0 then error("text: no files under " .. path, 2) end
   local parts = {}
   for _, f in ipairs(files) do
