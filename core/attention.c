@@ -2,28 +2,38 @@
  * nvl_attention_forward / nvl_attention_backward (contract in layers.h; kernels in
  * kernels/cpu/attention_cpu.h and kernels/cpu/ref/attention_ref.h).
  * q, out, dq, dout (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); all f32,
- * contiguous, on the CPU. Backward: dq, dk, dv are activation gradients, WRITTEN (=).
- * Not here: the arithmetic, CUDA (a clean "not supported on cuda yet" error). */
+ * contiguous, all on one device (q's). Backward: dq, dk, dv are activation gradients, WRITTEN (=).
+ * CUDA tensors run kernels/cuda/attention.cu (through nvl_cuda.h; the use_ref flag is for the CPU).
+ * Not here: the arithmetic. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include "cpu/attention_cpu.h"
 #include "cpu/ref/attention_ref.h"
 #include "layers.h"
+#include "nvl_cuda.h"
 
 typedef struct {
   int64_t B, T, Hq, Hkv, D;
 } dims;
 
-/* t is a live, 4-D, f32, contiguous CPU tensor; name is its argument name ("q"). */
-static nvl_status check_4d(const char *op, const char *name, const char *layout, const nvl_tensor *t) {
-  char s[160];
+/* t and like are on one device (and GPU). */
+static int same_device(const nvl_tensor *t, const nvl_tensor *like) {
+  if (t->device != like->device) return 0;
+  return t->device != NVL_CUDA || t->storage->device_index == like->storage->device_index;
+}
+
+/* t is a live, 4-D, f32, contiguous tensor on like's device (like NULL: any device); name is
+ * its argument name ("q"). */
+static nvl_status check_4d_on(const char *op, const char *name, const char *layout, const nvl_tensor *t,
+                              const nvl_tensor *like) {
+  char s[160], s2[160];
   NVL_TRY(nvl_tensor_check_live(t, op));
   if (t->ndim != 4)
     return nvl_error(NVL_EINVAL, "%s: %s must be 4-D %s, got %s", op, name, layout, nvl_tensor_desc(t, s, sizeof s));
-  if (t->device != NVL_CPU)
-    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (%s is %s); copy it with :cpu() first", op, name,
-                     nvl_tensor_desc(t, s, sizeof s));
+  if (like && like != t && !same_device(t, like))
+    return nvl_error(NVL_EINVAL, "%s: %s is %s but q is %s; every tensor must be on one device", op, name,
+                     nvl_tensor_desc(t, s, sizeof s), nvl_tensor_desc(like, s2, sizeof s2));
   if (t->dtype != NVL_F32)
     return nvl_error(NVL_EINVAL, "%s: %s must be f32, got %s", op, name, nvl_tensor_desc(t, s, sizeof s));
   if (!nvl_tensor_is_contiguous(t))
@@ -43,9 +53,9 @@ static int same_shape(const nvl_tensor *a, const nvl_tensor *b) {
 static nvl_status check_qkv(const char *op, const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
                             double scale, dims *n) {
   char s1[160], s2[160];
-  NVL_TRY(check_4d(op, "q", "(B, T, Hq, D)", q));
-  NVL_TRY(check_4d(op, "k", "(B, T, Hkv, D)", k));
-  NVL_TRY(check_4d(op, "v", "(B, T, Hkv, D)", v));
+  NVL_TRY(check_4d_on(op, "q", "(B, T, Hq, D)", q, NULL));
+  NVL_TRY(check_4d_on(op, "k", "(B, T, Hkv, D)", k, q));
+  NVL_TRY(check_4d_on(op, "v", "(B, T, Hkv, D)", v, q));
   if (!same_shape(k, v))
     return nvl_error(NVL_EINVAL, "%s: k and v must have one shape (B, T, Hkv, D), got k %s and v %s", op,
                      nvl_tensor_desc(k, s1, sizeof s1), nvl_tensor_desc(v, s2, sizeof s2));
@@ -82,10 +92,13 @@ nvl_status nvl_attention_forward_ex(nvl_tensor *out, nvl_tensor *lse, const nvl_
   int64_t lse_shape[3] = {n.B, n.Hq, n.T};
   nvl_tensor o = nvl_tensor_null(), l = nvl_tensor_null();
   void *work = NULL;
-  nvl_status st = nvl_tensor_empty(&o, NVL_F32, NVL_CPU, 4, q->shape); /* (B, T, Hq, D) */
-  if (st == NVL_OK) st = nvl_tensor_empty(&l, NVL_F32, NVL_CPU, 3, lse_shape); /* (B, Hq, T) */
+  nvl_status st = nvl_tensor_empty(&o, NVL_F32, q->device, 4, q->shape); /* (B, T, Hq, D) */
+  if (st == NVL_OK) st = nvl_tensor_empty(&l, NVL_F32, q->device, 3, lse_shape); /* (B, Hq, T) */
   int ref = use_ref || n.D == 0;
-  if (st == NVL_OK) {
+  if (st == NVL_OK && q->device == NVL_CUDA) {
+    st = nvl_cuda_attention_forward(nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q), nvl_tensor_data(k),
+                                    nvl_tensor_data(v), n.B, n.T, n.Hq, n.Hkv, n.D, scale, q->storage->device_index);
+  } else if (st == NVL_OK) {
     size_t bytes = ref ? nvl_attention_forward_ref_work(n.T, n.D) * sizeof(double)
                        : nvl_attention_forward_cpu_work(n.T) * sizeof(float);
     st = scratch(&work, bytes, op);
@@ -119,8 +132,8 @@ nvl_status nvl_attention_backward_ex(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor 
   char s1[160], s2[160];
   dims n;
   NVL_TRY(check_qkv(op, q, k, v, scale, &n));
-  NVL_TRY(check_4d(op, "dout", "(B, T, Hq, D)", dout));
-  NVL_TRY(check_4d(op, "out", "(B, T, Hq, D)", out));
+  NVL_TRY(check_4d_on(op, "dout", "(B, T, Hq, D)", dout, q));
+  NVL_TRY(check_4d_on(op, "out", "(B, T, Hq, D)", out, q));
   if (!same_shape(dout, q))
     return nvl_error(NVL_EINVAL, "%s: dout must have q's shape (B, T, Hq, D): dout is %s, q is %s", op,
                      nvl_tensor_desc(dout, s1, sizeof s1), nvl_tensor_desc(q, s2, sizeof s2));
@@ -129,17 +142,22 @@ nvl_status nvl_attention_backward_ex(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor 
                      nvl_tensor_desc(out, s1, sizeof s1), nvl_tensor_desc(q, s2, sizeof s2));
   NVL_TRY(nvl_tensor_check_live(lse, op));
   if (lse->ndim != 3 || lse->shape[0] != n.B || lse->shape[1] != n.Hq || lse->shape[2] != n.T ||
-      lse->dtype != NVL_F32 || lse->device != NVL_CPU || !nvl_tensor_is_contiguous(lse))
-    return nvl_error(NVL_EINVAL, "%s: lse must be a contiguous f32 (B, Hq, T) = [%lld,%lld,%lld] cpu tensor, got %s%s",
-                     op, (long long)n.B, (long long)n.Hq, (long long)n.T, nvl_tensor_desc(lse, s1, sizeof s1),
-                     nvl_tensor_is_contiguous(lse) ? "" : " (strided)");
+      lse->dtype != NVL_F32 || !same_device(lse, q) || !nvl_tensor_is_contiguous(lse))
+    return nvl_error(NVL_EINVAL, "%s: lse must be a contiguous f32 (B, Hq, T) = [%lld,%lld,%lld] %s tensor, got %s%s",
+                     op, (long long)n.B, (long long)n.Hq, (long long)n.T, q->device == NVL_CUDA ? "cuda" : "cpu",
+                     nvl_tensor_desc(lse, s1, sizeof s1), nvl_tensor_is_contiguous(lse) ? "" : " (strided)");
   nvl_tensor gq = nvl_tensor_null(), gk = nvl_tensor_null(), gv = nvl_tensor_null();
   void *work = NULL;
-  nvl_status st = nvl_tensor_empty(&gq, NVL_F32, NVL_CPU, 4, q->shape); /* (B, T, Hq, D) */
-  if (st == NVL_OK) st = nvl_tensor_empty(&gk, NVL_F32, NVL_CPU, 4, k->shape); /* (B, T, Hkv, D) */
-  if (st == NVL_OK) st = nvl_tensor_empty(&gv, NVL_F32, NVL_CPU, 4, v->shape); /* (B, T, Hkv, D) */
+  nvl_status st = nvl_tensor_empty(&gq, NVL_F32, q->device, 4, q->shape); /* (B, T, Hq, D) */
+  if (st == NVL_OK) st = nvl_tensor_empty(&gk, NVL_F32, q->device, 4, k->shape); /* (B, T, Hkv, D) */
+  if (st == NVL_OK) st = nvl_tensor_empty(&gv, NVL_F32, q->device, 4, v->shape); /* (B, T, Hkv, D) */
   int ref = use_ref || n.D == 0;
-  if (st == NVL_OK) {
+  if (st == NVL_OK && q->device == NVL_CUDA) {
+    st = nvl_cuda_attention_backward(nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
+                                     nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k), nvl_tensor_data(v),
+                                     nvl_tensor_data(out), nvl_tensor_data(lse), n.B, n.T, n.Hq, n.Hkv, n.D, scale,
+                                     q->storage->device_index);
+  } else if (st == NVL_OK) {
     size_t bytes = ref ? nvl_attention_backward_ref_work(n.T, n.D) * sizeof(double)
                        : nvl_attention_backward_cpu_work(n.T) * sizeof(float);
     st = scratch(&work, bytes, op);

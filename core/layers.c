@@ -15,32 +15,55 @@
  * Cross-entropy takes f32 or bf16 logits (bf16 is widened to f32 exactly first). sumsq takes
  * any f32/bf16 tensor, strided or not.
  *
- * Not here: attention, CUDA kernels (CUDA tensors get NVL_EUNSUPPORTED), Lua. */
+ * CUDA: when an op's first tensor is on the GPU, every tensor of the call must be on that GPU
+ * (ids and targets may also be on the CPU: they are range-checked on the host either way) and
+ * the device kernel (kernels/cuda/layers.cu via nvl_cuda.h) runs; the checks are the same.
+ *
+ * Not here: attention, the CUDA kernels themselves, Lua. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cpu/layers_cpu.h"
 #include "cpu/ref/layers_ref.h"
 #include "layers.h"
+#include "nvl_cuda.h"
 
 #define DESC(t, buf) nvl_tensor_desc((t), (buf), sizeof(buf))
 
 /* ---- validation helpers ----------------------------------------------------------------------- */
 
-/* t is live, on the CPU, of dtype dt, contiguous; name is how the op's docs call it. */
-static nvl_status check_tensor(const char *op, const char *name, const nvl_tensor *t, nvl_dtype dt) {
-  char s[160];
+/* t and like are on one device (and GPU). */
+static int same_device(const nvl_tensor *t, const nvl_tensor *like) {
+  if (t->device != like->device) return 0;
+  return t->device != NVL_CUDA || t->storage->device_index == like->storage->device_index;
+}
+
+/* The GPU ordinal of a live CUDA tensor. */
+static int gpu_of(const nvl_tensor *t) { return t->storage->device_index; }
+
+static int on_cuda(const nvl_tensor *t) { return t && t->storage && t->device == NVL_CUDA; }
+
+/* t is live, on like's device (like: the op's first tensor, already checked; NULL or t itself:
+ * any device), of dtype dt, contiguous; name is how the op's docs call it. */
+static nvl_status check_tensor_on(const char *op, const char *name, const nvl_tensor *t, nvl_dtype dt,
+                                  const nvl_tensor *like) {
+  char s[160], s2[160];
   if (!t) return nvl_error(NVL_EINVAL, "%s: %s is missing (NULL)", op, name);
   if (!t->storage) return nvl_error(NVL_ESTATE, "%s: %s has been freed", op, name);
-  if (t->device != NVL_CPU)
-    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (%s is %s); copy it with :cpu() first", op, name,
-                     DESC(t, s));
+  if (like && like != t && like->storage && !same_device(t, like))
+    return nvl_error(NVL_EINVAL, "%s: %s is %s but the call's first tensor is %s; every tensor must be on one device",
+                     op, name, DESC(t, s), DESC(like, s2));
   if (t->dtype != dt)
     return nvl_error(NVL_EINVAL, "%s: %s must be %s, got %s", op, name, nvl_dtypes[dt].name, DESC(t, s));
   if (!nvl_tensor_is_contiguous(t))
     return nvl_error(NVL_EINVAL, "%s: %s must be contiguous, got a strided view %s; call :contiguous() first", op, name,
                      DESC(t, s));
   return NVL_OK;
+}
+
+/* The op's first tensor: any device. */
+static nvl_status check_tensor(const char *op, const char *name, const nvl_tensor *t, nvl_dtype dt) {
+  return check_tensor_on(op, name, t, dt, NULL);
 }
 
 static int same_shape(const nvl_tensor *a, const nvl_tensor *b) {
@@ -98,10 +121,36 @@ static nvl_status ids_contiguous(const char *op, const char *name, const nvl_ten
   if (!t) return nvl_error(NVL_EINVAL, "%s: %s is missing (NULL)", op, name);
   if (!t->storage) return nvl_error(NVL_ESTATE, "%s: %s has been freed", op, name);
   if (t->device != NVL_CPU)
-    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (%s is %s); copy it with :cpu() first", op, name,
-                     DESC(t, s));
+    return nvl_error(NVL_EINVAL, "%s: %s is %s but the call's other tensors are on the cpu; every tensor must be on one "
+                     "device", op, name, DESC(t, s));
   if (t->dtype != NVL_I64) return nvl_error(NVL_EINVAL, "%s: %s must be i64, got %s", op, name, DESC(t, s));
   return nvl_tensor_contiguous(c, t);
+}
+
+/* ids / targets for an op on like's device: *h a contiguous CPU view or copy (for the range
+ * checks), *d the same ids on like's device (a share of *h when that is the CPU). Release both. */
+static nvl_status ids_on(const char *op, const char *name, const nvl_tensor *t, const nvl_tensor *like, nvl_tensor *h,
+                         nvl_tensor *d) {
+  char s[160];
+  if (!on_cuda(like)) {
+    NVL_TRY(ids_contiguous(op, name, t, h));
+    nvl_tensor_share(d, h);
+    return NVL_OK;
+  }
+  if (!t) return nvl_error(NVL_EINVAL, "%s: %s is missing (NULL)", op, name);
+  if (!t->storage) return nvl_error(NVL_ESTATE, "%s: %s has been freed", op, name);
+  if (t->dtype != NVL_I64) return nvl_error(NVL_EINVAL, "%s: %s must be i64, got %s", op, name, DESC(t, s));
+  if (t->device == NVL_CUDA && !same_device(t, like))
+    return nvl_error(NVL_EINVAL, "%s: %s is %s, on another GPU than the call's first tensor", op, name, DESC(t, s));
+  if (t->device == NVL_CUDA && !nvl_tensor_is_contiguous(t))
+    return nvl_error(NVL_EINVAL, "%s: %s on cuda must be contiguous, got %s", op, name, DESC(t, s));
+  if (t->device == NVL_CPU) NVL_TRY(nvl_tensor_contiguous(h, t));
+  else NVL_TRY(nvl_tensor_clone_to(h, t, NVL_I64, NVL_CPU));
+  nvl_status st = NVL_OK;
+  if (t->device == NVL_CUDA) nvl_tensor_share(d, t);
+  else st = nvl_tensor_clone_to(d, h, NVL_I64, NVL_CUDA);
+  if (st != NVL_OK) nvl_tensor_release(h);
+  return st;
 }
 
 /* Contiguous a and b of n f32 elements share memory. */
@@ -120,8 +169,8 @@ nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, cons
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(check_tensor(op, "weight", weight, NVL_F32));
   if (weight->ndim != 2) return nvl_error(NVL_EINVAL, "%s: weight must be 2-D (V, C), got %s", op, DESC(weight, s1));
-  nvl_tensor ids = nvl_tensor_null(), r = nvl_tensor_null();
-  NVL_TRY(ids_contiguous(op, "ids", ids_in, &ids));
+  nvl_tensor ids = nvl_tensor_null(), idd = nvl_tensor_null(), r = nvl_tensor_null();
+  NVL_TRY(ids_on(op, "ids", ids_in, weight, &ids, &idd));
   int64_t V = weight->shape[0], C = weight->shape[1], N = nvl_tensor_numel(&ids);
   const int64_t *id = nvl_tensor_data(&ids);
   int64_t shape[NVL_MAX_DIMS];
@@ -133,13 +182,19 @@ nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, cons
     shape[ids.ndim] = C;
     st = check_ids(op, "id", id, N, V, 0, 0);
   }
-  if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, NVL_CPU, ids.ndim + 1, shape);
-  if (st == NVL_OK) {
+  if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, weight->device, ids.ndim + 1, shape);
+  if (st == NVL_OK && on_cuda(weight)) {
+    st = nvl_cuda_embedding_forward(nvl_tensor_data(&r), nvl_tensor_data(&idd), nvl_tensor_data(weight), N, C,
+                                    gpu_of(weight));
+    if (st == NVL_OK) *out = r;
+    else nvl_tensor_release(&r);
+  } else if (st == NVL_OK) {
     if (use_ref()) nvl_embedding_forward_ref(nvl_tensor_data(&r), id, nvl_tensor_data(weight), N, C);
     else nvl_embedding_forward_cpu(nvl_tensor_data(&r), id, nvl_tensor_data(weight), N, C);
     *out = r;
   }
   nvl_tensor_release(&ids);
+  nvl_tensor_release(&idd);
   return st;
 }
 
@@ -147,21 +202,25 @@ nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, c
   const char *op = "embedding_backward";
   char s1[160];
   NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
-  NVL_TRY(check_tensor(op, "dout", dout, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "dout", dout, NVL_F32, dweight));
   if (dweight->ndim != 2) return nvl_error(NVL_EINVAL, "%s: dweight must be 2-D (V, C), got %s", op, DESC(dweight, s1));
-  nvl_tensor ids = nvl_tensor_null();
-  NVL_TRY(ids_contiguous(op, "ids", ids_in, &ids));
+  nvl_tensor ids = nvl_tensor_null(), idd = nvl_tensor_null();
+  NVL_TRY(ids_on(op, "ids", ids_in, dweight, &ids, &idd));
   int64_t V = dweight->shape[0], C = dweight->shape[1], N = nvl_tensor_numel(&ids);
   const int64_t *id = nvl_tensor_data(&ids);
   nvl_status st = NVL_OK;
   if (ids.ndim < 1 || dout->ndim != ids.ndim + 1 || !is_leading_shape(dout, &ids) || dout->shape[dout->ndim - 1] != C)
     st = mismatch(op, "dout", dout, "ids", &ids, "dout of shape (ids..., C) with C = dweight's width");
   if (st == NVL_OK) st = check_ids(op, "id", id, N, V, 0, 0);
-  if (st == NVL_OK) {
+  if (st == NVL_OK && on_cuda(dweight)) {
+    st = nvl_cuda_embedding_backward(nvl_tensor_data(dweight), nvl_tensor_data(dout), nvl_tensor_data(&idd), N, C,
+                                     gpu_of(dweight));
+  } else if (st == NVL_OK) {
     if (use_ref()) nvl_embedding_backward_ref(nvl_tensor_data(dweight), nvl_tensor_data(dout), id, N, C);
     else nvl_embedding_backward_cpu(nvl_tensor_data(dweight), nvl_tensor_data(dout), id, N, C);
   }
   nvl_tensor_release(&ids);
+  nvl_tensor_release(&idd);
   return st;
 }
 
@@ -171,7 +230,7 @@ nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, c
 static nvl_status check_rms_x_w(const char *op, const nvl_tensor *x, const nvl_tensor *weight) {
   char s1[160];
   NVL_TRY(check_tensor(op, "x", x, NVL_F32));
-  NVL_TRY(check_tensor(op, "weight", weight, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "weight", weight, NVL_F32, x));
   if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
     return nvl_error(NVL_EINVAL, "%s: x must be (..., C) with C >= 1, got %s", op, DESC(x, s1));
   if (weight->ndim != 1 || weight->shape[0] != x->shape[x->ndim - 1])
@@ -189,11 +248,18 @@ nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tens
     return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, eps);
   int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
   nvl_tensor o = nvl_tensor_null(), r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&o, NVL_F32, NVL_CPU, x->ndim, x->shape));
-  nvl_status st = nvl_tensor_empty(&r, NVL_F32, NVL_CPU, x->ndim - 1, x->shape);
+  NVL_TRY(nvl_tensor_empty(&o, NVL_F32, x->device, x->ndim, x->shape));
+  nvl_status st = nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim - 1, x->shape);
   if (st != NVL_OK) { nvl_tensor_release(&o); return st; }
   float *po = nvl_tensor_data(&o), *pr = nvl_tensor_data(&r);
-  if (use_ref()) nvl_rmsnorm_forward_ref(po, pr, nvl_tensor_data(x), nvl_tensor_data(weight), N, C, eps);
+  if (on_cuda(x)) {
+    st = nvl_cuda_rmsnorm_forward(po, pr, nvl_tensor_data(x), nvl_tensor_data(weight), N, C, eps, gpu_of(x));
+    if (st != NVL_OK) {
+      nvl_tensor_release(&o);
+      nvl_tensor_release(&r);
+      return st;
+    }
+  } else if (use_ref()) nvl_rmsnorm_forward_ref(po, pr, nvl_tensor_data(x), nvl_tensor_data(weight), N, C, eps);
   else nvl_rmsnorm_forward_cpu(po, pr, nvl_tensor_data(x), nvl_tensor_data(weight), N, C, eps);
   *out = o;
   *rstd = r;
@@ -205,16 +271,22 @@ nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_t
   const char *op = "rmsnorm_backward";
   NVL_TRY(need_out_null(op, "dx", dx));
   NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
-  NVL_TRY(check_tensor(op, "dout", dout, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "dout", dout, NVL_F32, dweight));
   NVL_TRY(check_rms_x_w(op, x, weight));
-  NVL_TRY(check_tensor(op, "rstd", rstd, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "x", x, NVL_F32, dweight));
+  NVL_TRY(check_tensor_on(op, "rstd", rstd, NVL_F32, dweight));
   NVL_TRY(need_same_shape(op, "dout", dout, "x", x));
   NVL_TRY(need_same_shape(op, "dweight", dweight, "weight", weight));
   if (!is_leading_shape(x, rstd)) return mismatch(op, "x", x, "rstd", rstd, "rstd of x's shape without its last dim");
   int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
   nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CPU, x->ndim, x->shape));
-  if (use_ref())
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim, x->shape));
+  if (on_cuda(x)) {
+    nvl_status st = nvl_cuda_rmsnorm_backward(nvl_tensor_data(&r), nvl_tensor_data(dweight), nvl_tensor_data(dout),
+                                              nvl_tensor_data(x), nvl_tensor_data(weight), nvl_tensor_data(rstd), N, C,
+                                              gpu_of(x));
+    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
+  } else if (use_ref())
     nvl_rmsnorm_backward_ref(nvl_tensor_data(&r), nvl_tensor_data(dweight), nvl_tensor_data(dout), nvl_tensor_data(x),
                              nvl_tensor_data(weight), nvl_tensor_data(rstd), N, C);
   else
@@ -272,8 +344,8 @@ static nvl_status check_rope(const char *op, const char *xn, const nvl_tensor *x
                              const nvl_tensor *s) {
   char s1[160];
   NVL_TRY(check_tensor(op, xn, x, NVL_F32));
-  NVL_TRY(check_tensor(op, "cos", c, NVL_F32));
-  NVL_TRY(check_tensor(op, "sin", s, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "cos", c, NVL_F32, x));
+  NVL_TRY(check_tensor_on(op, "sin", s, NVL_F32, x));
   if (x->ndim != 4) return nvl_error(NVL_EINVAL, "%s: %s must be 4-D (B, T, H, D), got %s", op, xn, DESC(x, s1));
   if (x->shape[3] % 2) return nvl_error(NVL_EINVAL, "%s: the head dim D must be even, %s is %s", op, xn, DESC(x, s1));
   if (c->ndim != 2 || c->shape[0] != x->shape[1] || c->shape[1] != x->shape[3])
@@ -287,9 +359,13 @@ nvl_status nvl_rope_forward(nvl_tensor *out, const nvl_tensor *x, const nvl_tens
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(check_rope(op, "x", x, cos_t, sin_t));
   nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CPU, 4, x->shape));
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, x->device, 4, x->shape));
   const int64_t *sh = x->shape;
-  if (use_ref())
+  if (on_cuda(x)) {
+    nvl_status st = nvl_cuda_rope_forward(nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
+                                          nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3], gpu_of(x));
+    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
+  } else if (use_ref())
     nvl_rope_forward_ref(nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t), sh[0],
                          sh[1], sh[2], sh[3]);
   else
@@ -304,9 +380,13 @@ nvl_status nvl_rope_backward(nvl_tensor *dx, const nvl_tensor *dout, const nvl_t
   NVL_TRY(need_out_null(op, "dx", dx));
   NVL_TRY(check_rope(op, "dout", dout, cos_t, sin_t));
   nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CPU, 4, dout->shape));
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, dout->device, 4, dout->shape));
   const int64_t *sh = dout->shape;
-  if (use_ref())
+  if (on_cuda(dout)) {
+    nvl_status st = nvl_cuda_rope_backward(nvl_tensor_data(&r), nvl_tensor_data(dout), nvl_tensor_data(cos_t),
+                                           nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3], gpu_of(dout));
+    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
+  } else if (use_ref())
     nvl_rope_backward_ref(nvl_tensor_data(&r), nvl_tensor_data(dout), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t),
                           sh[0], sh[1], sh[2], sh[3]);
   else
@@ -322,12 +402,16 @@ nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl
   const char *op = "swiglu_forward";
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(check_tensor(op, "gate", gate, NVL_F32));
-  NVL_TRY(check_tensor(op, "up", up, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "up", up, NVL_F32, gate));
   NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
   nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CPU, gate->ndim, gate->shape));
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, gate->device, gate->ndim, gate->shape));
   int64_t n = nvl_tensor_numel(gate);
-  if (use_ref()) nvl_swiglu_forward_ref(nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up), n);
+  if (on_cuda(gate)) {
+    nvl_status st = nvl_cuda_swiglu_forward(nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up), n,
+                                            gpu_of(gate));
+    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
+  } else if (use_ref()) nvl_swiglu_forward_ref(nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up), n);
   else nvl_swiglu_forward_cpu(nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up), n);
   *out = r;
   return NVL_OK;
@@ -339,16 +423,24 @@ nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_ten
   NVL_TRY(need_out_null(op, "dgate", dgate));
   NVL_TRY(need_out_null(op, "dup", dup));
   NVL_TRY(check_tensor(op, "dout", dout, NVL_F32));
-  NVL_TRY(check_tensor(op, "gate", gate, NVL_F32));
-  NVL_TRY(check_tensor(op, "up", up, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "gate", gate, NVL_F32, dout));
+  NVL_TRY(check_tensor_on(op, "up", up, NVL_F32, dout));
   NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
   NVL_TRY(need_same_shape(op, "dout", dout, "gate", gate));
   nvl_tensor g = nvl_tensor_null(), u = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&g, NVL_F32, NVL_CPU, gate->ndim, gate->shape));
-  nvl_status st = nvl_tensor_empty(&u, NVL_F32, NVL_CPU, gate->ndim, gate->shape);
+  NVL_TRY(nvl_tensor_empty(&g, NVL_F32, dout->device, gate->ndim, gate->shape));
+  nvl_status st = nvl_tensor_empty(&u, NVL_F32, dout->device, gate->ndim, gate->shape);
   if (st != NVL_OK) { nvl_tensor_release(&g); return st; }
   int64_t n = nvl_tensor_numel(gate);
-  if (use_ref())
+  if (on_cuda(dout)) {
+    st = nvl_cuda_swiglu_backward(nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout),
+                                  nvl_tensor_data(gate), nvl_tensor_data(up), n, gpu_of(dout));
+    if (st != NVL_OK) {
+      nvl_tensor_release(&g);
+      nvl_tensor_release(&u);
+      return st;
+    }
+  } else if (use_ref())
     nvl_swiglu_backward_ref(nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout), nvl_tensor_data(gate),
                             nvl_tensor_data(up), n);
   else
@@ -374,14 +466,34 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
   if (!isfinite(z_loss)) return nvl_error(NVL_EINVAL, "%s: z_loss must be finite, got %g", op, z_loss);
   if (!isfinite(dloss_scale))
     return nvl_error(NVL_EINVAL, "%s: the gradient scale must be finite, got %g", op, dloss_scale);
-  nvl_tensor targets = nvl_tensor_null(), lf = nvl_tensor_null(), d = nvl_tensor_null();
-  NVL_TRY(ids_contiguous(op, "targets", targets_in, &targets));
+  nvl_tensor targets = nvl_tensor_null(), tgd = nvl_tensor_null(), lf = nvl_tensor_null(), d = nvl_tensor_null();
+  NVL_TRY(ids_on(op, "targets", targets_in, logits, &targets, &tgd));
   int64_t V = logits->shape[logits->ndim - 1], N = nvl_tensor_numel(&targets);
   const int64_t *tg = nvl_tensor_data(&targets);
   nvl_status st = NVL_OK;
   if (!is_leading_shape(logits, &targets))
     st = mismatch(op, "logits", logits, "targets", &targets, "targets of logits' shape without its last dim (N)");
   if (st == NVL_OK) st = check_ids(op, "target", tg, N, V, 1, ignore_index);
+  if (st == NVL_OK && on_cuda(logits)) { /* bf16 is read as it is: no widened copy on the device */
+    int64_t cnt = 0;
+    for (int64_t n = 0; n < N; n++) cnt += tg[n] != ignore_index;
+    double gscale = cnt ? dloss_scale / (double)cnt : 0.0, total = 0.0;
+    if (dlogits) st = nvl_tensor_empty(&d, NVL_F32, NVL_CUDA, logits->ndim, logits->shape);
+    if (st == NVL_OK)
+      st = nvl_cuda_cross_entropy(&total, dlogits ? nvl_tensor_data(&d) : NULL, nvl_tensor_data(logits),
+                                  logits->dtype == NVL_BF16, nvl_tensor_data(&tgd), N, V, ignore_index, z_loss, gscale,
+                                  gpu_of(logits));
+    if (st == NVL_OK) {
+      *loss = cnt ? total / (double)cnt : 0.0;
+      *count = cnt;
+      if (dlogits) *dlogits = d;
+    } else {
+      nvl_tensor_release(&d);
+    }
+    nvl_tensor_release(&targets);
+    nvl_tensor_release(&tgd);
+    return st;
+  }
   if (st == NVL_OK) {
     if (logits->dtype == NVL_BF16) st = nvl_tensor_clone_to(&lf, logits, NVL_F32, NVL_CPU); /* exact widening */
     else nvl_tensor_share(&lf, logits);
@@ -399,6 +511,7 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
     if (dlogits) *dlogits = d;
   }
   nvl_tensor_release(&targets);
+  nvl_tensor_release(&tgd);
   nvl_tensor_release(&lf);
   return st;
 }
@@ -409,9 +522,9 @@ nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor 
                           const nvl_adamw_opts *o) {
   const char *op = "adamw_step";
   NVL_TRY(check_tensor(op, "param", param, NVL_F32));
-  NVL_TRY(check_tensor(op, "grad", grad, NVL_F32));
-  NVL_TRY(check_tensor(op, "m", m, NVL_F32));
-  NVL_TRY(check_tensor(op, "v", v, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "grad", grad, NVL_F32, param));
+  NVL_TRY(check_tensor_on(op, "m", m, NVL_F32, param));
+  NVL_TRY(check_tensor_on(op, "v", v, NVL_F32, param));
   NVL_TRY(need_same_shape(op, "param", param, "grad", grad));
   NVL_TRY(need_same_shape(op, "param", param, "m", m));
   NVL_TRY(need_same_shape(op, "param", param, "v", v));
@@ -436,6 +549,9 @@ nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor 
       if (n > 0 && overlap(ts[i], ts[j], n))
         return nvl_error(NVL_EINVAL, "%s: %s and %s overlap in memory; they must be separate tensors", op, names[i],
                          names[j]);
+  if (on_cuda(param))
+    return nvl_cuda_adamw_step(nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m), nvl_tensor_data(v),
+                               n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->step, gpu_of(param));
   if (use_ref())
     nvl_adamw_step_ref(nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m), nvl_tensor_data(v), n, o);
   else
@@ -449,11 +565,14 @@ nvl_status nvl_sumsq(double *out, const nvl_tensor *t) {
   if (!out) return nvl_error(NVL_EINVAL, "%s: out must not be NULL", op);
   if (!t) return nvl_error(NVL_EINVAL, "%s: the tensor is missing (NULL)", op);
   NVL_TRY(nvl_tensor_check_live(t, op));
-  if (t->device != NVL_CPU)
-    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (got %s); copy it with :cpu() first", op,
-                     DESC(t, s1));
   if (t->dtype != NVL_F32 && t->dtype != NVL_BF16)
     return nvl_error(NVL_EINVAL, "%s: the tensor must be f32 or bf16, got %s", op, DESC(t, s1));
+  if (on_cuda(t)) {
+    if (!nvl_tensor_is_contiguous(t))
+      return nvl_error(NVL_EINVAL, "%s: a cuda tensor must be contiguous, got a strided view %s; call :contiguous() first",
+                       op, DESC(t, s1));
+    return nvl_cuda_sumsq(out, nvl_tensor_data(t), t->dtype == NVL_BF16, nvl_tensor_numel(t), gpu_of(t));
+  }
   nvl_tensor c = nvl_tensor_null();
   if (t->dtype == NVL_F32 && nvl_tensor_is_contiguous(t)) nvl_tensor_share(&c, t);
   else NVL_TRY(nvl_tensor_clone_to(&c, t, NVL_F32, NVL_CPU));

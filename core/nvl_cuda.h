@@ -169,6 +169,53 @@ nvl_gemm_path nvl_cuda_gemm_path(int format_a, int format_b, int dev, char *deta
 nvl_status nvl_cuda_qgemm(void *out, int out_bf16, int accumulate, const nvl_cuda_gemm_operand *a,
                           const nvl_cuda_gemm_operand *b, int64_t K, int dev);
 
+/* ---- layers (kernels/cuda/layers.cu; the contracts of core/layers.h) ------------------------ *
+ * Device pointers, contiguous f32 unless said; shapes validated and ids/targets range-checked by
+ * the caller (core/layers.c). Parameter gradients accumulate (+=), everything else is written. */
+
+/* out (N, C) = weight[ids[n], :]; ids (N) i64. */
+nvl_status nvl_cuda_embedding_forward(float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C,
+                                      int dev);
+/* dweight (V, C) += dout (N, C) scattered by ids (N) (atomicAdd). */
+nvl_status nvl_cuda_embedding_backward(float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C,
+                                       int dev);
+/* out (N, C), rstd (N) from x (N, C), weight (C). */
+nvl_status nvl_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
+                                    double eps, int dev);
+/* dx (N, C) =, dweight (C) +=. */
+nvl_status nvl_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
+                                     const float *rstd, int64_t N, int64_t C, int dev);
+/* out (B, T, H, D) = rope(x) with cos, sin (T, D); backward: dx = the transposed rotation of dout. */
+nvl_status nvl_cuda_rope_forward(float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B,
+                                 int64_t T, int64_t H, int64_t D, int dev);
+nvl_status nvl_cuda_rope_backward(float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B,
+                                  int64_t T, int64_t H, int64_t D, int dev);
+/* out (n) = silu(gate) * up; backward: dgate, dup (n) =. */
+nvl_status nvl_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n, int dev);
+nvl_status nvl_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                    int64_t n, int dev);
+/* *total (host) = sum over counted rows of lse - logit[target] + z_loss lse^2 (layers_ref.h
+ * nvl_cross_entropy_ref); logits (N, V) f32 or bf16 (logits_bf16), targets (N) i64; dlogits
+ * (N, V) f32 or NULL. Reads back N doubles (synchronising). */
+nvl_status nvl_cuda_cross_entropy(double *total, float *dlogits, const void *logits, int logits_bf16,
+                                  const int64_t *targets, int64_t N, int64_t V, int64_t ignore_index, double z_loss,
+                                  double grad_scale, int dev);
+/* One fused AdamW step over n f32 elements, in place (layers.h nvl_adamw_step, bit for bit). */
+nvl_status nvl_cuda_adamw_step(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
+                               double beta2, double eps, double weight_decay, int64_t step, int dev);
+/* *out (host) = sum of x^2 over n f32 or bf16 (x_bf16) elements, fp64 accumulation (synchronising). */
+nvl_status nvl_cuda_sumsq(double *out, const void *x, int x_bf16, int64_t n, int dev);
+
+/* ---- attention (kernels/cuda/attention.cu) ------------------------------------------------- *
+ * Causal grouped-query attention, tiled with an online softmax (never the T x T matrix), fp32:
+ * q, out, dq, dout (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); 1 <= D <= 256.
+ * Outputs and dq, dk, dv are written (=). */
+nvl_status nvl_cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                                      int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale, int dev);
+nvl_status nvl_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                       const float *k, const float *v, const float *out, const float *lse, int64_t B,
+                                       int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale, int dev);
+
 #ifdef __cplusplus
 }
 #endif

@@ -95,3 +95,91 @@ nvl_status nvl_cuda_qgemm(void *out, int out_bf16, int accumulate, const nvl_cud
   (void)out; (void)out_bf16; (void)accumulate; (void)a; (void)b; (void)K; (void)dev;
   return NVL_NO_CUDA(__func__);
 }
+
+/* ---- layers ----------------------------------------------------------------------------------- */
+
+nvl_status nvl_cuda_embedding_forward(float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C,
+                                      int dev) {
+  (void)out; (void)ids; (void)weight; (void)N; (void)C; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_embedding_backward(float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C,
+                                       int dev) {
+  (void)dweight; (void)dout; (void)ids; (void)N; (void)C; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
+                                    double eps, int dev) {
+  (void)out; (void)rstd; (void)x; (void)weight; (void)N; (void)C; (void)eps; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
+                                     const float *rstd, int64_t N, int64_t C, int dev) {
+  (void)dx; (void)dweight; (void)dout; (void)x; (void)weight; (void)rstd; (void)N; (void)C; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_rope_forward(float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B,
+                                 int64_t T, int64_t H, int64_t D, int dev) {
+  (void)out; (void)x; (void)cos_t; (void)sin_t; (void)B; (void)T; (void)H; (void)D; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_rope_backward(float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B,
+                                  int64_t T, int64_t H, int64_t D, int dev) {
+  (void)dx; (void)dout; (void)cos_t; (void)sin_t; (void)B; (void)T; (void)H; (void)D; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n, int dev) {
+  (void)out; (void)gate; (void)up; (void)n; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                    int64_t n, int dev) {
+  (void)dgate; (void)dup; (void)dout; (void)gate; (void)up; (void)n; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_cross_entropy(double *total, float *dlogits, const void *logits, int logits_bf16,
+                                  const int64_t *targets, int64_t N, int64_t V, int64_t ignore_index, double z_loss,
+                                  double grad_scale, int dev) {
+  (void)dlogits; (void)logits; (void)logits_bf16; (void)targets; (void)N; (void)V; (void)ignore_index; (void)z_loss;
+  (void)grad_scale; (void)dev;
+  if (total) *total = 0.0;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_adamw_step(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
+                               double beta2, double eps, double weight_decay, int64_t step, int dev) {
+  (void)param; (void)grad; (void)m; (void)v; (void)n; (void)lr; (void)beta1; (void)beta2; (void)eps;
+  (void)weight_decay; (void)step; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_sumsq(double *out, const void *x, int x_bf16, int64_t n, int dev) {
+  (void)x; (void)x_bf16; (void)n; (void)dev;
+  if (out) *out = 0.0;
+  return NVL_NO_CUDA(__func__);
+}
+
+/* ---- attention -------------------------------------------------------------------------------- */
+
+nvl_status nvl_cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                                      int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale, int dev) {
+  (void)out; (void)lse; (void)q; (void)k; (void)v; (void)B; (void)T; (void)Hq; (void)Hkv; (void)D; (void)scale;
+  (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                       const float *k, const float *v, const float *out, const float *lse, int64_t B,
+                                       int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale, int dev) {
+  (void)dq; (void)dk; (void)dv; (void)dout; (void)q; (void)k; (void)v; (void)out; (void)lse; (void)B; (void)T;
+  (void)Hq; (void)Hkv; (void)D; (void)scale; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}

@@ -1,0 +1,431 @@
+/* layers.cu: the layer library's kernels on the device (core/nvl_cuda.h "layers"): embedding,
+ * RMSNorm, RoPE, SwiGLU forward and backward, the fused softmax cross-entropy, AdamW and the
+ * sum of squares. Each is the twin of a reference in kernels/cpu/ref/layers_ref.c and is tested
+ * against it within fp32 tolerance (tests/test_cuda_layers.lua); only AdamW is bit-exact (same
+ * f32 operations in the same order, pinned with common.cuh's f_* so nothing is fused).
+ *
+ * Contract (core/layers.h): parameter gradients ACCUMULATE (+=: embedding and RMSNorm dweight),
+ * activation gradients and outputs are WRITTEN (=). All pointers are device memory, contiguous,
+ * f32 unless said; the caller (core/layers.c) has validated shapes and index ranges. Shapes:
+ * N tokens, C width, V vocabulary, B batch, T sequence, H heads, D head dim.
+ *
+ * Reductions that feed a host value (cross-entropy loss, sumsq) write one partial per row or per
+ * block and the host adds them in order, so results are deterministic run to run. The dweight
+ * reductions use atomicAdd (fp32: order may vary in the last bits).
+ *
+ * Not here: validation and allocation (core/layers.c), attention (attention.cu), bf16
+ * activations (the layer contract is f32; the cross-entropy and sumsq also read bf16). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common.cuh"
+#include "cpu/ref/layers_ref.h"
+
+static const int kThreads = 256;
+
+/* Sum over the block of v (float or double); every thread gets the total. blockDim.x is a
+ * multiple of 32, at most 1024. */
+template <typename F>
+__device__ F block_sum(F v) {
+  __shared__ F part[32];
+  __shared__ F total;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    F s = lane < nw ? part[lane] : (F)0;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  F r = total;
+  __syncthreads(); /* part/total may be reused by a following call */
+  return r;
+}
+
+/* (m, s) online-softmax pair merge: s is sum exp(x - m). */
+__device__ __forceinline__ void ms_merge(float &m, float &s, float m2, float s2) {
+  float mn = fmaxf(m, m2);
+  if (mn == -INFINITY) return; /* both empty */
+  s = s * expf(m - mn) + s2 * expf(m2 - mn);
+  m = mn;
+}
+
+__device__ __forceinline__ float load_f(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float load_f(const uint16_t *p, int64_t i) { return bf16_bits_to_f32(p[i]); }
+
+static nvl_status launched(int dev, const char *fn, const char *kernel, int64_t a, int64_t b) {
+  char what[160];
+  snprintf(what, sizeof what, "%s (%lld x %lld)", kernel, (long long)a, (long long)b);
+  return nvl_cuda_check_launch(dev, fn, what);
+}
+
+/* ---- embedding -------------------------------------------------------------------------------- */
+
+/* out (N, C) = weight[ids[n], :]. */
+__global__ void embedding_fwd_kernel(float *__restrict__ out, const int64_t *__restrict__ ids,
+                                     const float *__restrict__ weight, int64_t N, int64_t C) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N * C; i += stride) {
+    int64_t n = i / C, c = i - n * C;
+    out[i] = weight[ids[n] * C + c];
+  }
+}
+
+/* dweight (V, C) += dout (N, C) scattered by ids (atomics: repeated ids collide). */
+__global__ void embedding_bwd_kernel(float *__restrict__ dweight, const float *__restrict__ dout,
+                                     const int64_t *__restrict__ ids, int64_t N, int64_t C) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N * C; i += stride) {
+    int64_t n = i / C, c = i - n * C;
+    atomicAdd(&dweight[ids[n] * C + c], dout[i]);
+  }
+}
+
+extern "C" nvl_status nvl_cuda_embedding_forward(float *out, const int64_t *ids, const float *weight, int64_t N,
+                                                 int64_t C, int dev) {
+  if (N * C == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  (void)cudaGetLastError();
+  embedding_fwd_kernel<<<nvl_cuda_grid(N * C, kThreads, dev), kThreads>>>(out, ids, weight, N, C);
+  return launched(dev, __func__, "embedding_fwd_kernel", N, C);
+}
+
+extern "C" nvl_status nvl_cuda_embedding_backward(float *dweight, const float *dout, const int64_t *ids, int64_t N,
+                                                  int64_t C, int dev) {
+  if (N * C == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  (void)cudaGetLastError();
+  embedding_bwd_kernel<<<nvl_cuda_grid(N * C, kThreads, dev), kThreads>>>(dweight, dout, ids, N, C);
+  return launched(dev, __func__, "embedding_bwd_kernel", N, C);
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------------------------- */
+
+/* One block per row: rstd[n] = 1 / sqrt(mean(x^2) + eps) (sum in double, as the reference),
+ * out = (x * rstd) * weight. */
+__global__ void rmsnorm_fwd_kernel(float *__restrict__ out, float *__restrict__ rstd, const float *__restrict__ x,
+                                   const float *__restrict__ weight, int64_t N, int64_t C, double eps) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float *xr = x + n * C;
+    double ss = 0.0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += (double)xr[c] * xr[c];
+    ss = block_sum(ss);
+    float r = (float)(1.0 / sqrt(ss / (double)C + eps));
+    if (threadIdx.x == 0) rstd[n] = r;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = f_mul(f_mul(xr[c], r), weight[c]);
+  }
+}
+
+/* One block per row: dx = r w g - x r^3 (sum g w x) / C. */
+__global__ void rmsnorm_bwd_dx_kernel(float *__restrict__ dx, const float *__restrict__ dout,
+                                      const float *__restrict__ x, const float *__restrict__ weight,
+                                      const float *__restrict__ rstd, int64_t N, int64_t C) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float *g = dout + n * C, *xr = x + n * C;
+    double dot = 0.0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += (double)g[c] * weight[c] * xr[c];
+    dot = block_sum(dot);
+    double r = rstd[n], k = r * r * r * dot / (double)C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      dx[n * C + c] = (float)(r * weight[c] * g[c] - (double)xr[c] * k);
+  }
+}
+
+/* dweight (C) += sum_n dout x rstd. Block (32, 8): 32 columns, each of the 8 rows of threads
+ * walks a strided share of this block's row slab; then one atomicAdd per column and block. */
+__global__ void rmsnorm_bwd_dw_kernel(float *__restrict__ dweight, const float *__restrict__ dout,
+                                      const float *__restrict__ x, const float *__restrict__ rstd, int64_t N,
+                                      int64_t C, int64_t rows_per_block) {
+  __shared__ float part[8][33];
+  const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
+  const int64_t n0 = (int64_t)blockIdx.y * rows_per_block;
+  const int64_t n1 = n0 + rows_per_block < N ? n0 + rows_per_block : N;
+  float acc = 0.0f;
+  if (c < C)
+    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8) acc += dout[n * C + c] * x[n * C + c] * rstd[n];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float s = 0.0f;
+    for (int i = 0; i < 8; i++) s += part[i][threadIdx.x];
+    atomicAdd(&dweight[c], s);
+  }
+}
+
+extern "C" nvl_status nvl_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int64_t N,
+                                               int64_t C, double eps, int dev) {
+  if (N == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16);
+  (void)cudaGetLastError();
+  rmsnorm_fwd_kernel<<<blocks, kThreads>>>(out, rstd, x, weight, N, C, eps);
+  return launched(dev, __func__, "rmsnorm_fwd_kernel", N, C);
+}
+
+extern "C" nvl_status nvl_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
+                                                const float *weight, const float *rstd, int64_t N, int64_t C,
+                                                int dev) {
+  if (N == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16);
+  (void)cudaGetLastError();
+  rmsnorm_bwd_dx_kernel<<<blocks, kThreads>>>(dx, dout, x, weight, rstd, N, C);
+  NVL_TRY(launched(dev, __func__, "rmsnorm_bwd_dx_kernel", N, C));
+  /* enough row slabs to fill the machine, each at least 64 rows */
+  int64_t cb = (C + 31) / 32, want = (int64_t)nvl_cuda_sm_count(dev) * 8 / (cb > 0 ? cb : 1);
+  int64_t slabs = want < 1 ? 1 : want, max_slabs = (N + 63) / 64;
+  if (slabs > max_slabs) slabs = max_slabs;
+  if (slabs > 65535) slabs = 65535;
+  int64_t rpb = (N + slabs - 1) / slabs;
+  dim3 grid((unsigned)cb, (unsigned)((N + rpb - 1) / rpb)), block(32, 8);
+  rmsnorm_bwd_dw_kernel<<<grid, block>>>(dweight, dout, x, rstd, N, C, rpb);
+  return launched(dev, __func__, "rmsnorm_bwd_dw_kernel", N, C);
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------------- */
+
+/* x, out (B, T, H, D); cos, sin (T, D). BWD: the transposed rotation. */
+template <bool BWD>
+__global__ void rope_kernel(float *__restrict__ out, const float *__restrict__ x, const float *__restrict__ cos_t,
+                            const float *__restrict__ sin_t, int64_t B, int64_t T, int64_t H, int64_t D) {
+  const int64_t total = B * T * H * D, h = D / 2;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t j = i % D, t = (i / (H * D)) % T;
+    const float *c = cos_t + t * D, *s = sin_t + t * D;
+    double r;
+    if (!BWD) r = j < h ? -(double)x[i + h] * s[j] : (double)x[i - h] * s[j];
+    else r = j < h ? (double)x[i + h] * s[j + h] : -(double)x[i - h] * s[j - h];
+    out[i] = (float)((double)x[i] * c[j] + r);
+  }
+}
+
+static nvl_status rope_launch(bool bwd, float *out, const float *x, const float *c, const float *s, int64_t B,
+                              int64_t T, int64_t H, int64_t D, int dev, const char *fn) {
+  int64_t n = B * T * H * D;
+  if (n == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, fn));
+  int blocks = nvl_cuda_grid(n, kThreads, dev);
+  (void)cudaGetLastError();
+  if (bwd) rope_kernel<true><<<blocks, kThreads>>>(out, x, c, s, B, T, H, D);
+  else rope_kernel<false><<<blocks, kThreads>>>(out, x, c, s, B, T, H, D);
+  return launched(dev, fn, bwd ? "rope_kernel<bwd>" : "rope_kernel<fwd>", B * T, H * D);
+}
+
+extern "C" nvl_status nvl_cuda_rope_forward(float *out, const float *x, const float *cos_t, const float *sin_t,
+                                            int64_t B, int64_t T, int64_t H, int64_t D, int dev) {
+  return rope_launch(false, out, x, cos_t, sin_t, B, T, H, D, dev, __func__);
+}
+
+extern "C" nvl_status nvl_cuda_rope_backward(float *dx, const float *dout, const float *cos_t, const float *sin_t,
+                                             int64_t B, int64_t T, int64_t H, int64_t D, int dev) {
+  return rope_launch(true, dx, dout, cos_t, sin_t, B, T, H, D, dev, __func__);
+}
+
+/* ---- SwiGLU ----------------------------------------------------------------------------------- */
+
+__global__ void swiglu_fwd_kernel(float *__restrict__ out, const float *__restrict__ gate,
+                                  const float *__restrict__ up, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void swiglu_bwd_kernel(float *__restrict__ dgate, float *__restrict__ dup, const float *__restrict__ dout,
+                                  const float *__restrict__ gate, const float *__restrict__ up, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float g = gate[i], u = up[i], d = dout[i];
+    float s = 1.0f / (1.0f + expf(-g));
+    dgate[i] = d * u * s * (1.0f + g * (1.0f - s));
+    dup[i] = d * g * s;
+  }
+}
+
+extern "C" nvl_status nvl_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n, int dev) {
+  if (n == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  (void)cudaGetLastError();
+  swiglu_fwd_kernel<<<nvl_cuda_grid(n, kThreads, dev), kThreads>>>(out, gate, up, n);
+  return launched(dev, __func__, "swiglu_fwd_kernel", n, 1);
+}
+
+extern "C" nvl_status nvl_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                               const float *up, int64_t n, int dev) {
+  if (n == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  (void)cudaGetLastError();
+  swiglu_bwd_kernel<<<nvl_cuda_grid(n, kThreads, dev), kThreads>>>(dgate, dup, dout, gate, up, n);
+  return launched(dev, __func__, "swiglu_bwd_kernel", n, 1);
+}
+
+/* ---- fused softmax cross-entropy -------------------------------------------------------------- *
+ * One block per row. Pass 1: each thread keeps an online (max, sum exp) over its strided share of
+ * the row, merged across the block into lse. Pass 2 (dlogits only): re-reads the row and writes
+ * grad_scale * (k softmax - onehot). The logits are read in their own dtype (f32 or bf16); no
+ * widened copy exists, and no fp32 row buffer beyond registers. */
+template <typename X>
+__global__ void cross_entropy_kernel(double *__restrict__ row_loss, float *__restrict__ dlogits,
+                                     const X *__restrict__ logits, const int64_t *__restrict__ targets, int64_t N,
+                                     int64_t V, int64_t ignore_index, double z_loss, double grad_scale) {
+  __shared__ float sm[32], ss[32];
+  __shared__ float lse_sh;
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const X *x = logits + n * V;
+    const int64_t tg = targets[n];
+    float *d = dlogits ? dlogits + n * V : NULL;
+    if (tg == ignore_index) {
+      if (d)
+        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) d[i] = 0.0f;
+      if (threadIdx.x == 0) row_loss[n] = 0.0;
+      continue;
+    }
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+      float v = load_f(x, i);
+      if (v > m) {
+        s = s * expf(m - v) + 1.0f;
+        m = v;
+      } else {
+        s += expf(v - m);
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+      ms_merge(m, s, m2, s2);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) { sm[warp] = m; ss[warp] = s; }
+    __syncthreads();
+    if (warp == 0) {
+      m = lane < nw ? sm[lane] : -INFINITY;
+      s = lane < nw ? ss[lane] : 0.0f;
+      for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ms_merge(m, s, m2, s2);
+      }
+      if (lane == 0) {
+        double lse = (double)m + log((double)s);
+        lse_sh = (float)lse;
+        row_loss[n] = lse - (double)load_f(x, tg) + z_loss * lse * lse;
+      }
+    }
+    __syncthreads();
+    const float lse = lse_sh;
+    if (d) {
+      const float k = (float)(1.0 + 2.0 * z_loss * (double)lse), gs = (float)grad_scale;
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+        float p = expf(load_f(x, i) - lse);
+        d[i] = gs * (k * p - (i == tg ? 1.0f : 0.0f));
+      }
+    }
+    __syncthreads(); /* sm/ss/lse_sh reused by the next row */
+  }
+}
+
+extern "C" nvl_status nvl_cuda_cross_entropy(double *total, float *dlogits, const void *logits, int logits_bf16,
+                                             const int64_t *targets, int64_t N, int64_t V, int64_t ignore_index,
+                                             double z_loss, double grad_scale, int dev) {
+  *total = 0.0;
+  if (N == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  double *rows = NULL; /* (N) per-row loss terms, device */
+  NVL_TRY(nvl_cuda_malloc((void **)&rows, (size_t)N * sizeof(double), dev));
+  int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16), threads = 512;
+  (void)cudaGetLastError();
+  if (logits_bf16)
+    cross_entropy_kernel<uint16_t><<<blocks, threads>>>(rows, dlogits, (const uint16_t *)logits, targets, N, V,
+                                                        ignore_index, z_loss, grad_scale);
+  else
+    cross_entropy_kernel<float><<<blocks, threads>>>(rows, dlogits, (const float *)logits, targets, N, V,
+                                                     ignore_index, z_loss, grad_scale);
+  nvl_status st = launched(dev, __func__, logits_bf16 ? "cross_entropy_kernel<bf16>" : "cross_entropy_kernel<f32>",
+                           N, V);
+  double *host = st == NVL_OK ? (double *)malloc((size_t)N * sizeof(double)) : NULL;
+  if (st == NVL_OK && !host) st = nvl_error(NVL_ENOMEM, "%s: out of host memory", __func__);
+  if (st == NVL_OK) st = nvl_cuda_memcpy(host, rows, (size_t)N * sizeof(double), 1, dev);
+  if (st == NVL_OK) {
+    double acc = 0.0;
+    for (int64_t n = 0; n < N; n++) acc += host[n];
+    *total = acc;
+  }
+  free(host);
+  nvl_cuda_free(rows, dev);
+  return st;
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------------ *
+ * layers_ref.h nvl_adamw_elem, operation for operation, each rounding pinned (bit-exact). */
+__global__ void adamw_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
+                             float *__restrict__ v, int64_t n, nvl_adamw_coefs k) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float gi = g[i], pp = f_mul(p[i], k.decay), mm = m[i], vv = v[i];
+    mm = fabsf(k.w1) < 0.5f ? f_add(mm, f_mul(k.w1, f_sub(gi, mm)))
+                            : f_sub(gi, f_mul(f_sub(gi, mm), f_sub(1.0f, k.w1)));
+    vv = f_mul(vv, k.b2);
+    vv = f_add(vv, f_mul(f_mul(k.one_minus_b2, gi), gi));
+    float denom = f_add(f_div(__fsqrt_rn(vv), k.bc2_sqrt), k.eps);
+    pp = f_add(pp, f_div(f_mul(k.neg_step_size, mm), denom));
+    p[i] = pp;
+    m[i] = mm;
+    v[i] = vv;
+  }
+}
+
+extern "C" nvl_status nvl_cuda_adamw_step(float *param, const float *grad, float *m, float *v, int64_t n, double lr,
+                                          double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                                          int dev) {
+  if (n == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  nvl_adamw_opts o;
+  o.lr = lr; o.beta1 = beta1; o.beta2 = beta2; o.eps = eps; o.weight_decay = weight_decay; o.step = step;
+  nvl_adamw_coefs k = nvl_adamw_coefs_of(&o);
+  (void)cudaGetLastError();
+  adamw_kernel<<<nvl_cuda_grid(n, kThreads, dev), kThreads>>>(param, grad, m, v, n, k);
+  return launched(dev, __func__, "adamw_kernel", n, 1);
+}
+
+/* ---- sum of squares --------------------------------------------------------------------------- */
+
+/* partial[blockIdx.x] = sum over this block's grid-stride share of x^2, in double. */
+template <typename X>
+__global__ void sumsq_kernel(double *__restrict__ partial, const X *__restrict__ x, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  double acc = 0.0;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    double a = (double)load_f(x, i);
+    acc += a * a;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+extern "C" nvl_status nvl_cuda_sumsq(double *out, const void *x, int x_bf16, int64_t n, int dev) {
+  *out = 0.0;
+  if (n == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  int blocks = nvl_cuda_grid(n, kThreads, dev);
+  double *partial = NULL; /* (blocks) device */
+  NVL_TRY(nvl_cuda_malloc((void **)&partial, (size_t)blocks * sizeof(double), dev));
+  (void)cudaGetLastError();
+  if (x_bf16) sumsq_kernel<uint16_t><<<blocks, kThreads>>>(partial, (const uint16_t *)x, n);
+  else sumsq_kernel<float><<<blocks, kThreads>>>(partial, (const float *)x, n);
+  nvl_status st = launched(dev, __func__, x_bf16 ? "sumsq_kernel<bf16>" : "sumsq_kernel<f32>", n, 1);
+  double *host = st == NVL_OK ? (double *)malloc((size_t)blocks * sizeof(double)) : NULL;
+  if (st == NVL_OK && !host) st = nvl_error(NVL_ENOMEM, "%s: out of host memory", __func__);
+  if (st == NVL_OK) st = nvl_cuda_memcpy(host, partial, (size_t)blocks * sizeof(double), 1, dev);
+  if (st == NVL_OK) {
+    double acc = 0.0;
+    for (int i = 0; i < blocks; i++) acc += host[i];
+    *out = acc;
+  }
+  free(host);
+  nvl_cuda_free(partial, dev);
+  return st;
+}
