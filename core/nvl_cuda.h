@@ -83,6 +83,22 @@ nvl_status nvl_cuda_timer_stop(int dev, double *ms);
 /* out[i] = a[i] op b[i] over n contiguous f32 (op: nvl_binary_op ADD..DIV). */
 nvl_status nvl_cuda_binary_f32(int op, float *out, const float *a, const float *b, int64_t n, int dev);
 
+/* ---- tensor ops (kernels/cuda/ops.cu), bit-identical to the CPU's ---------------------------- */
+
+/* dst[i] = src[i] over an ndim view of shape, strides in elements (a 0 stride repeats an
+ * element); dtypes equal (any), or f32 <-> bf16 (RNE). dst and src must not overlap. */
+nvl_status nvl_cuda_copy_strided(void *dst, int dst_dtype, const int64_t *dst_strides, const void *src,
+                                 int src_dtype, const int64_t *src_strides, int ndim, const int64_t *shape, int dev);
+/* p[0..n) = *value (one element of dtype, as its bytes), contiguous. */
+nvl_status nvl_cuda_fill(void *p, int dtype, const void *value, int64_t n, int dev);
+/* y += alpha * x over n contiguous f32 (nvl_axpy_f32_cpu's operations). */
+nvl_status nvl_cuda_axpy_f32(float *y, const float *x, float alpha, int64_t n, int dev);
+/* p *= s over n contiguous f32 (nvl_binary_scalar_f32_cpu's MUL). */
+nvl_status nvl_cuda_scale_f32(float *p, double s, int64_t n, int dev);
+/* *out (host) = max |x| over n contiguous f32 or bf16 (x_bf16) elements; NaN if any is NaN; 0 if
+ * n == 0 (synchronising). */
+nvl_status nvl_cuda_amax(double *out, const void *x, int x_bf16, int64_t n, int dev);
+
 /* ---- quantization (NUMERICS.md; kernels/cuda/quant.cu) -------------------------------------- *
  * The input x is contiguous f32 or bf16 on the device, seen as (B, Kx, C) with the blocked dim in
  * the middle: the blocked layout (rows = B*C, K = Kx) has row r = b*C + c and its element k at

@@ -131,9 +131,19 @@ nvl_status nvl_reduce_all(nvl_scalar *result, nvl_reduce_op op, const nvl_tensor
   if ((unsigned)op >= NVL_REDUCE_COUNT) return nvl_error(NVL_EINVAL, "reduce: invalid op %d", (int)op);
   const char *name = nvl_reduce_names[op];
   NVL_TRY(nvl_tensor_check_live(a, name));
-  NVL_TRY(cpu_only(name, a));
   if (nvl_tensor_numel(a) == 0 && op >= NVL_RED_MAX)
     return nvl_error(NVL_EINVAL, "%s: the tensor is empty", name);
+  if (a->device == NVL_CUDA) { /* amax (what recipes scale by) of a contiguous f32 or bf16 tensor */
+    if (op != NVL_RED_AMAX || !nvl_dtypes[a->dtype].is_float || !nvl_tensor_is_contiguous(a)) {
+      char s1[160];
+      return nvl_error(NVL_EUNSUPPORTED, "%s: on cuda only amax() over all elements of a contiguous f32 or bf16 tensor "
+                       "is supported yet (got %s); copy it with :cpu() first", name, nvl_tensor_desc(a, s1, sizeof s1));
+    }
+    double m;
+    NVL_TRY(nvl_cuda_amax(&m, nvl_tensor_data(a), a->dtype == NVL_BF16, nvl_tensor_numel(a), a->storage->device_index));
+    *result = nvl_scalar_f(m);
+    return NVL_OK;
+  }
   if (is_f32_contig(a) && nvl_tensor_numel(a) > 0) *result = nvl_scalar_f(nvl_reduce_f32_cpu(op, nvl_tensor_data(a), nvl_tensor_numel(a)));
   else *result = nvl_reduce_all_ref(op, a);
   return NVL_OK;
@@ -258,11 +268,33 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   return NVL_OK;
 }
 
+/* add_ on the GPU: t contiguous f32; src (broadcast to t's shape) gathered to a contiguous
+ * temporary unless it already is one of t's shape. */
+static nvl_status add_cuda(nvl_tensor *t, const nvl_tensor *src, double alpha) {
+  char s1[160], s2[160];
+  if (!is_f32_contig(t))
+    return nvl_error(NVL_EUNSUPPORTED, "add_: on cuda the destination must be a contiguous f32 tensor, got %s",
+                     nvl_tensor_desc(t, s1, sizeof s1));
+  nvl_tensor e = nvl_tensor_null(), c = nvl_tensor_null();
+  if (nvl_tensor_expand(&e, src, t->ndim, t->shape) != NVL_OK)
+    return nvl_error(NVL_EINVAL, "add_: %s does not broadcast to %s", nvl_tensor_desc(src, s1, sizeof s1),
+                     nvl_tensor_desc(t, s2, sizeof s2));
+  nvl_status st = NVL_OK;
+  if (is_f32_contig(&e) && e.storage != t->storage) nvl_tensor_share(&c, &e);
+  else st = nvl_tensor_clone_to(&c, &e, NVL_F32, NVL_CUDA);
+  if (st == NVL_OK)
+    st = nvl_cuda_axpy_f32(nvl_tensor_data(t), nvl_tensor_data(&c), (float)alpha, nvl_tensor_numel(t),
+                           t->storage->device_index);
+  nvl_tensor_release(&e);
+  nvl_tensor_release(&c);
+  return st;
+}
+
 nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
   NVL_TRY(nvl_tensor_check_live(t, "add_"));
   NVL_TRY(nvl_tensor_check_live(src, "add_"));
-  NVL_TRY(cpu_only("add_", t));
-  NVL_TRY(cpu_only("add_", src));
+  NVL_TRY(same_device("add_", t, src));
+  if (t->device == NVL_CUDA) return add_cuda(t, src, alpha);
   if (!nvl_dtypes[t->dtype].is_float)
     return nvl_error(NVL_EINVAL, "add_: the destination must be f32 or bf16, got %s", nvl_dtypes[t->dtype].name);
   nvl_tensor e = nvl_tensor_null();
@@ -288,9 +320,15 @@ nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
 
 nvl_status nvl_mul_(nvl_tensor *t, double s) {
   NVL_TRY(nvl_tensor_check_live(t, "mul_"));
-  NVL_TRY(cpu_only("mul_", t));
   if (!nvl_dtypes[t->dtype].is_float)
     return nvl_error(NVL_EINVAL, "mul_: the tensor must be f32 or bf16, got %s", nvl_dtypes[t->dtype].name);
+  if (t->device == NVL_CUDA) {
+    char s1[160];
+    if (!is_f32_contig(t))
+      return nvl_error(NVL_EUNSUPPORTED, "mul_: on cuda the tensor must be contiguous f32, got %s",
+                       nvl_tensor_desc(t, s1, sizeof s1));
+    return nvl_cuda_scale_f32(nvl_tensor_data(t), s, nvl_tensor_numel(t), t->storage->device_index);
+  }
   if (is_f32_contig(t)) {
     float *p = nvl_tensor_data(t);
     nvl_binary_scalar_f32_cpu(NVL_OP_MUL, p, p, s, 0, nvl_tensor_numel(t));
@@ -305,9 +343,26 @@ nvl_status nvl_mul_(nvl_tensor *t, double s) {
 
 nvl_status nvl_fill_(nvl_tensor *t, nvl_scalar v) {
   NVL_TRY(nvl_tensor_check_live(t, "fill"));
-  NVL_TRY(cpu_only("fill", t));
-  nvl_fill_ref(t, v);
-  return NVL_OK;
+  if (t->device == NVL_CPU) {
+    nvl_fill_ref(t, v);
+    return NVL_OK;
+  }
+  /* cuda: the element's bytes as the CPU stores them, then a fill kernel (a strided t: through a
+   * contiguous temporary) */
+  nvl_tensor one = nvl_tensor_null(), c = nvl_tensor_null();
+  int64_t n1 = 1;
+  NVL_TRY(nvl_tensor_empty(&one, t->dtype, NVL_CPU, 1, &n1));
+  nvl_fill_ref(&one, v);
+  nvl_status st = NVL_OK;
+  if (nvl_tensor_is_contiguous(t)) nvl_tensor_share(&c, t);
+  else st = nvl_tensor_empty(&c, t->dtype, NVL_CUDA, t->ndim, t->shape);
+  if (st == NVL_OK)
+    st = nvl_cuda_fill(nvl_tensor_data(&c), c.dtype, nvl_tensor_data(&one), nvl_tensor_numel(&c),
+                       c.storage->device_index);
+  if (st == NVL_OK && c.storage != t->storage) st = nvl_tensor_copy(t, &c);
+  nvl_tensor_release(&one);
+  nvl_tensor_release(&c);
+  return st;
 }
 
 nvl_status nvl_arange_(nvl_tensor *t, double start, double step) {

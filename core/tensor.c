@@ -427,6 +427,30 @@ nvl_status nvl_broadcast_shape(const nvl_tensor *a, const nvl_tensor *b, const c
 
 /* ---- copies ---- */
 
+/* dst = s on one GPU, s already expanded to dst's shape: one strided-copy kernel (dtypes equal,
+ * or f32 <-> bf16). Overlapping storage goes through a contiguous temporary. */
+static nvl_status copy_on_device(nvl_tensor *dst, const nvl_tensor *s) {
+  char s1[160], s2[160];
+  if (dst->storage->device_index != s->storage->device_index)
+    return nvl_error(NVL_EUNSUPPORTED, "copy: %s and %s are on different GPUs (cuda:%d, cuda:%d)",
+                     nvl_tensor_desc(s, s1, sizeof s1), nvl_tensor_desc(dst, s2, sizeof s2),
+                     s->storage->device_index, dst->storage->device_index);
+  int dev = dst->storage->device_index;
+  if (dst->storage == s->storage) {
+    nvl_tensor c = nvl_tensor_null();
+    NVL_TRY(nvl_tensor_empty(&c, s->dtype, NVL_CUDA, s->ndim, s->shape));
+    nvl_status st = nvl_cuda_copy_strided(nvl_tensor_data(&c), c.dtype, c.strides, nvl_tensor_data(s), s->dtype,
+                                          s->strides, s->ndim, s->shape, dev);
+    if (st == NVL_OK)
+      st = nvl_cuda_copy_strided(nvl_tensor_data(dst), dst->dtype, dst->strides, nvl_tensor_data(&c), c.dtype,
+                                 c.strides, dst->ndim, dst->shape, dev);
+    nvl_tensor_release(&c);
+    return st;
+  }
+  return nvl_cuda_copy_strided(nvl_tensor_data(dst), dst->dtype, dst->strides, nvl_tensor_data(s), s->dtype,
+                               s->strides, dst->ndim, dst->shape, dev);
+}
+
 nvl_status nvl_tensor_copy(nvl_tensor *dst, const nvl_tensor *src) {
   NVL_TRY(nvl_tensor_check_live(dst, "copy"));
   NVL_TRY(nvl_tensor_check_live(src, "copy"));
@@ -453,49 +477,47 @@ nvl_status nvl_tensor_copy(nvl_tensor *dst, const nvl_tensor *src) {
     nvl_tensor_release(&s);
     return NVL_OK;
   }
-  /* Host <-> device: stage through a contiguous host tensor of the destination's dtype. */
+  /* Host <-> device: stage through a contiguous tensor of the destination's dtype; the device
+   * side makes strided or broadcast layouts with one strided-copy kernel. */
   int64_t n = nvl_tensor_numel(dst);
+  size_t bytes = (size_t)n * nvl_dtypes[dst->dtype].elem_size;
   if (dst->device == NVL_CUDA && s.device == NVL_CPU) {
-    nvl_tensor tmp = nvl_tensor_null();
-    if (!nvl_tensor_is_contiguous(dst)) {
-      nvl_tensor_release(&s);
-      return nvl_error(NVL_EUNSUPPORTED, "copy: a non-contiguous cuda destination is not supported yet");
-    }
-    st = nvl_tensor_clone_to(&tmp, &s, dst->dtype, NVL_CPU);
-    if (st == NVL_OK)
-      st = nvl_cuda_memcpy(nvl_tensor_data(dst), nvl_tensor_data(&tmp), (size_t)n * nvl_dtypes[dst->dtype].elem_size, 0,
-                           dst->storage->device_index);
-    nvl_tensor_release(&tmp);
+    nvl_tensor tmp = nvl_tensor_null(), dtmp = nvl_tensor_null();
+    st = nvl_tensor_clone_to(&tmp, &s, dst->dtype, NVL_CPU); /* contiguous, dst's shape */
     nvl_tensor_release(&s);
+    if (st == NVL_OK && nvl_tensor_is_contiguous(dst)) {
+      st = nvl_cuda_memcpy(nvl_tensor_data(dst), nvl_tensor_data(&tmp), bytes, 0, dst->storage->device_index);
+    } else if (st == NVL_OK) {
+      st = nvl_tensor_empty(&dtmp, dst->dtype, NVL_CUDA, dst->ndim, dst->shape);
+      if (st == NVL_OK) st = nvl_cuda_memcpy(nvl_tensor_data(&dtmp), nvl_tensor_data(&tmp), bytes, 0,
+                                             dtmp.storage->device_index);
+      if (st == NVL_OK) st = copy_on_device(dst, &dtmp);
+    }
+    nvl_tensor_release(&tmp);
+    nvl_tensor_release(&dtmp);
     return st;
   }
   if (dst->device == NVL_CPU && s.device == NVL_CUDA) {
-    nvl_tensor tmp = nvl_tensor_null();
-    if (!nvl_tensor_is_contiguous(src) || nvl_tensor_numel(src) != n) {
-      nvl_tensor_release(&s);
-      return nvl_error(NVL_EUNSUPPORTED, "copy: cuda source must be contiguous and of the destination's shape");
+    nvl_tensor c = nvl_tensor_null(), tmp = nvl_tensor_null();
+    if (nvl_tensor_is_contiguous(&s)) nvl_tensor_share(&c, &s);
+    else { /* strided or broadcast on the device: gather it there first */
+      st = nvl_tensor_empty(&c, s.dtype, NVL_CUDA, s.ndim, s.shape);
+      if (st == NVL_OK) st = copy_on_device(&c, &s);
     }
-    st = nvl_tensor_empty(&tmp, src->dtype, NVL_CPU, src->ndim, src->shape);
-    if (st == NVL_OK)
-      st = nvl_cuda_memcpy(nvl_tensor_data(&tmp), nvl_tensor_data(src), (size_t)n * nvl_dtypes[src->dtype].elem_size, 1,
-                           src->storage->device_index);
-    if (st == NVL_OK) {
-      nvl_tensor e = nvl_tensor_null();
-      st = nvl_tensor_view(&e, &tmp, dst->ndim, dst->shape);
-      if (st == NVL_OK) nvl_copy_ref(dst, &e);
-      nvl_tensor_release(&e);
-    }
-    nvl_tensor_release(&tmp);
     nvl_tensor_release(&s);
+    if (st == NVL_OK) st = nvl_tensor_empty(&tmp, c.dtype, NVL_CPU, c.ndim, c.shape);
+    if (st == NVL_OK)
+      st = nvl_cuda_memcpy(nvl_tensor_data(&tmp), nvl_tensor_data(&c), (size_t)n * nvl_dtypes[c.dtype].elem_size, 1,
+                           c.storage->device_index);
+    if (st == NVL_OK) st = nvl_tensor_copy(dst, &tmp); /* host: casts and dst's strides */
+    nvl_tensor_release(&c);
+    nvl_tensor_release(&tmp);
     return st;
   }
   /* device -> device */
+  st = copy_on_device(dst, &s);
   nvl_tensor_release(&s);
-  if (!nvl_tensor_is_contiguous(dst) || !nvl_tensor_is_contiguous(src) || dst->dtype != src->dtype ||
-      nvl_tensor_numel(src) != n)
-    return nvl_error(NVL_EUNSUPPORTED, "copy: cuda to cuda copies need contiguous tensors of one shape and dtype");
-  return nvl_cuda_memcpy(nvl_tensor_data(dst), nvl_tensor_data(src), (size_t)n * nvl_dtypes[dst->dtype].elem_size, 2,
-                         dst->storage->device_index);
+  return st;
 }
 
 nvl_status nvl_tensor_clone_to(nvl_tensor *out, const nvl_tensor *t, nvl_dtype dt, nvl_device dev) {

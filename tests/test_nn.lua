@@ -590,3 +590,32 @@ T.case("stats: a Llama with bf16 first/last blocks runs exactly the expected GEM
     T.eq(g[role], {nvfp4 = 14, bf16 = 15}, role)
   end
 end)
+
+T.case("model:to(device): to the cpu keeps every value and gradient; the grads stay views of one flat buffer", function()
+  local m = nn.Llama(tiny_config({tie_word_embeddings = true}), {seed = 5, recipe = recipe.bf16()})
+  local ids = nv.tensor({{1, 2, 3, 4, 5, 6, 7, 8}}, "i64")
+  local tg = nv.tensor({{2, 3, 4, 5, 6, 7, 8, 9}}, "i64")
+  m:forward_backward(ids, tg)
+  local before = {}
+  for _, p in ipairs(m:named_parameters()) do before[p.name] = {p.param:clone(), p.grad:clone()} end
+  local old_buffer = m.grad_buffer
+  T.ok(m:to("cpu") == m, "to returns the model")
+  T.ok(m.grad_buffer ~= old_buffer and old_buffer:is_freed(), "a new flat buffer; the old one freed")
+  for _, p in ipairs(m:named_parameters()) do
+    T.eq(p.param:device(), "cpu", p.name)
+    T.ok(p.param:eq(before[p.name][1]):sum() == p.param:numel(), p.name .. ": value kept")
+    T.ok(p.grad:eq(before[p.name][2]):sum() == p.grad:numel(), p.name .. ": gradient kept")
+  end
+  T.ok(m.lm_head.weight_entry == m.embed_tokens.weight_entry, "tied embeddings stay one parameter")
+  m:zero_grad() -- one fill of the new buffer zeroes every gradient: they are its views
+  for _, p in ipairs(m:named_parameters()) do T.eq(p.grad:abs():max(), 0.0, p.name .. ": zeroed through the buffer") end
+  T.eq(m.grad_buffer:numel(), m:num_parameters(), "buffer size")
+end)
+
+T.case("model:to(device): an unknown device, or cuda without a GPU, is a clear error", function()
+  local m = nn.Llama(tiny_config(), {seed = 5})
+  T.raises(function() m:to("gpu") end, "Module:to: invalid device 'gpu' (valid: cpu, cuda)")
+  if nv.cuda.available() then T.skip("a GPU is present: the cuda move is tested in test_cuda_train.lua") end
+  T.raises(function() m:to("cuda") end, "Module:to: device 'cuda' is not available here")
+  T.eq(m.grad_buffer:device(), "cpu", "nothing moved")
+end)

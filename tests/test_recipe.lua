@@ -521,6 +521,33 @@ T.case("mxfp8 and fp8_cs GEMMs equal their explicit quantizations", function()
   same(dw, nv.qmatmul(nv.quantize(dy, "e5m2", {axis = 1}), nv.quantize(x, "e4m3", {axis = 1})), "fp8 dw")
 end)
 
+T.case("the GPU's dgrad weight (quantized again along the other axis with the fprop amax) = q:t() bit for bit", function()
+  -- On a GPU a QTensor has no transpose, so dgrad re-quantizes W along dim 1; NUMERICS §2 makes
+  -- that the same values as q:t() for 2-D nvfp4 tiles, per-tensor fp8, bf16 and f32. Checked here
+  -- on the CPU, where both can be taken: codes, scale bytes and amax.
+  -- q:t() is W^T [K, N] blocked along dim 2; the re-quantization is W [N, K] blocked along dim 1:
+  -- one blocked layout (K rows of N), so the codes, scales and the dgrad product are the same.
+  local _, w, dy = data(32, 64, 48, 21)
+  w:mul_(3)
+  local specs = {{format = "nvfp4", block = "2d"}, {format = "e4m3"}, {format = "e5m2"}, {format = "bf16"},
+    {format = "f32"}}
+  for _, s in ipairs(specs) do
+    local q = nv.quantize(w, s.format, s.block and {block = s.block} or nil)
+    local a, b = q:t(), recipe._transposed(q, w, s, true)
+    local what = s.format .. (s.block and " 2d" or "")
+    T.eq(b:size(), w:size(), what .. ": shape")
+    same(b:dequantize():t():contiguous(), a:dequantize(), what .. ": values")
+    if s.format ~= "bf16" and s.format ~= "f32" then
+      same(b:codes():t():contiguous(), a:codes(), what .. ": codes")
+      T.eq(b.amax, a.amax, what .. ": amax")
+    end
+    if s.format == "nvfp4" then same(b:scale_bytes():t():contiguous(), a:scale_bytes(), what .. ": scale bytes") end
+    local qdy = nv.quantize(dy, s.format == "nvfp4" and "nvfp4" or s.format)
+    same(nv.qmatmul(qdy, b, {out = "f32"}), nv.qmatmul(qdy, a, {out = "f32"}), what .. ": dgrad product")
+    q:free(); a:free(); b:free(); qdy:free()
+  end
+end)
+
 -- ---- (f) errors -------------------------------------------------------------------------------------
 
 T.case("errors: unknown options list the valid ones; bad custom specs name the layer and the role", function()

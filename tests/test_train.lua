@@ -336,6 +336,10 @@ T.case("config: train.main merges an experiment's defaults, saves the resolved c
   end
   T.raises(function() train.main(exp, {"out=" .. out, "my_optoin=1"}) end, "unknown key 'my_optoin'")
   T.eq(lfs.attributes(out), nil, "nothing was created for a bad config")
+  T.raises(function() train.main(exp, {"out=" .. out, "device=gpu"}) end, "config: device: invalid device 'gpu' (valid: cpu, cuda)")
+  if not require("nvlua").cuda.available() then
+    T.raises(function() train.main(exp, {"out=" .. out, "device=cuda"}) end, "config: device: device 'cuda' is not available here")
+  end
   local s = train.main(exp, args)
   T.eq(s.steps, 2)
   T.eq(s.checkpoint, nil, "save=false")

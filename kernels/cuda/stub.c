@@ -183,3 +183,33 @@ nvl_status nvl_cuda_attention_backward(float *dq, float *dk, float *dv, const fl
   (void)Hq; (void)Hkv; (void)D; (void)scale; (void)dev;
   return NVL_NO_CUDA(__func__);
 }
+
+/* ---- tensor ops ------------------------------------------------------------------------------- */
+
+nvl_status nvl_cuda_copy_strided(void *dst, int dst_dtype, const int64_t *dst_strides, const void *src,
+                                 int src_dtype, const int64_t *src_strides, int ndim, const int64_t *shape, int dev) {
+  (void)dst; (void)dst_dtype; (void)dst_strides; (void)src; (void)src_dtype; (void)src_strides; (void)ndim;
+  (void)shape; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_fill(void *p, int dtype, const void *value, int64_t n, int dev) {
+  (void)p; (void)dtype; (void)value; (void)n; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_axpy_f32(float *y, const float *x, float alpha, int64_t n, int dev) {
+  (void)y; (void)x; (void)alpha; (void)n; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_scale_f32(float *p, double s, int64_t n, int dev) {
+  (void)p; (void)s; (void)n; (void)dev;
+  return NVL_NO_CUDA(__func__);
+}
+
+nvl_status nvl_cuda_amax(double *out, const void *x, int x_bf16, int64_t n, int dev) {
+  (void)x; (void)x_bf16; (void)n; (void)dev;
+  if (out) *out = 0.0;
+  return NVL_NO_CUDA(__func__);
+}

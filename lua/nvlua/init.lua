@@ -153,6 +153,8 @@ nv.reset_peak_memory = core.reset_peak_memory
 
 nv.cuda = {
   available = core.cuda_available,
+  --- nv.cuda.unavailable_reason() -> why no GPU can be used ("" when one can)
+  unavailable_reason = function() return core.build_info().cuda_unavailable_reason or "" end,
   devices = core.cuda_devices,
   gemm_path = core.cuda_gemm_path,       -- which GEMM path a format takes on this device
   synchronize = core.cuda_synchronize,

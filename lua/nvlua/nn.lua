@@ -169,6 +169,36 @@ function Module:zero_grad()
   return self
 end
 
+-- device is "cpu", or "cuda" with a GPU present; anything else raises a message naming fname.
+local function check_device(device, fname)
+  if device ~= "cpu" and device ~= "cuda" then
+    error(string.format("%s: invalid device '%s' (valid: cpu, cuda)", fname, tostring(device)), 3)
+  end
+  if device == "cuda" and not nv.cuda.available() then
+    error(string.format("%s: device 'cuda' is not available here (%s)", fname, nv.cuda.unavailable_reason()), 3)
+  end
+end
+nn.check_device = check_device
+
+--- m:to(device) -> m: every parameter and its gradient moved to "cpu" or "cuda" (values copied
+-- exactly), and the RoPE tables with them; the layers then run on that device, since each op
+-- runs where its tensors are. Call it between steps (nothing saved for a backward is moved).
+function Module:to(device)
+  check_device(device, "Module:to")
+  each_entry(self, "", function(_, e)
+    if e.param:device() ~= device then
+      local p, g = e.param:to(device), e.grad:to(device)
+      e.param:free(); e.grad:free()
+      e.param, e.grad = p, g
+    end
+  end, {})
+  for _, m in ipairs(self:modules()) do
+    if m.rope then m.rope:to(device) end
+  end
+  self.device = device
+  return self
+end
+
 --- m:train([mode = true]) / m:eval(): set training mode on m and every submodule
 function Module:train(mode)
   if mode == nil then mode = true end
@@ -574,7 +604,19 @@ end
 local RopeCache = {}
 RopeCache.__index = RopeCache
 nn.RopeCache = function(head_dim, theta, scaling)
-  return setmetatable({head_dim = head_dim, theta = theta, scaling = scaling, T = 0}, RopeCache)
+  return setmetatable({head_dim = head_dim, theta = theta, scaling = scaling, T = 0, device = "cpu"}, RopeCache)
+end
+
+--- rope:to(device): keep the tables on "cpu" or "cuda" (computed on the CPU, copied exactly)
+function RopeCache:to(device)
+  if device == self.device then return self end
+  if self.cos then
+    local c, s = self.cos:to(device), self.sin:to(device)
+    self.cos:free(); self.sin:free()
+    self.cos, self.sin = c, s
+  end
+  self.device = device
+  return self
 end
 
 function RopeCache:get(T)
@@ -582,6 +624,11 @@ function RopeCache:get(T)
     if self.cos then self.cos:free(); self.sin:free() end
     self.cos, self.sin = core.rope_tables(T, self.head_dim, self.theta, self.scaling) -- (T, D), (T, D)
     self.T = T
+    if self.device ~= "cpu" then
+      local c, s = self.cos:to(self.device), self.sin:to(self.device)
+      self.cos:free(); self.sin:free()
+      self.cos, self.sin = c, s
+    end
   end
   if T == self.T then return self.cos, self.sin end
   return self.cos:narrow(1, 1, T), self.sin:narrow(1, 1, T)
@@ -869,18 +916,21 @@ function Llama:extra_repr()
     c.tie_word_embeddings and ", tied" or "")
 end
 
--- Make every gradient a view of one flat f32 buffer (for one all-reduce / one zero fill).
+-- Make every gradient a view of one flat f32 buffer on the parameters' device (for one
+-- all-reduce / one zero fill); the gradients' values are kept.
 function Llama:_flatten_grads()
   local entries, total = {}, 0
   each_entry(self, "", function(_, e)
     entries[#entries + 1] = e
     total = total + e.param:numel()
   end, {})
-  local buf = nv.zeros(total)
+  local old = self.grad_buffer
+  local buf = nv.zeros(total, {device = self.device or "cpu"})
   local off = 0
   for _, e in ipairs(entries) do
     local n = e.param:numel()
     local g = buf:narrow(1, off + 1, n):view(e.param:size())
+    if old then g:copy_(e.grad) end
     e.grad:free()
     e.grad = g
     off = off + n
@@ -890,6 +940,15 @@ end
 
 function Llama:zero_grad()
   self.grad_buffer:zero_()
+  return self
+end
+
+--- model:to(device) -> model: Module:to, then one flat gradient buffer again, on that device
+function Llama:to(device)
+  Module.to(self, device)
+  local old = self.grad_buffer
+  self:_flatten_grads()
+  old:free()
   return self
 end
 

@@ -81,8 +81,8 @@ function optim.AdamW(params, opts)
       seen[e.param] = true
       local name = e.name or (g.name .. "." .. i)
       if self.m[name] then error("AdamW: two parameters are named '" .. name .. "'", 2) end
-      self.m[name] = nv.zeros(e.param:size())
-      self.v[name] = nv.zeros(e.param:size())
+      self.m[name] = nv.zeros(e.param:size(), {device = e.param:device()}) -- on the parameter's device
+      self.v[name] = nv.zeros(e.param:size(), {device = e.param:device()})
       self.names[e] = name
     end
   end

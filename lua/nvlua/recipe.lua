@@ -199,6 +199,12 @@ local GLOBAL_AMAX = {nvfp4 = true, e4m3 = true, e5m2 = true}
 
 -- max |x| over what quantize scales (t, or its RHT along axis), NaN ignored as quantize ignores it.
 local function local_amax(t, s, axis)
+  if s.rht and t:device() == "cuda" then -- no standalone RHT on the GPU: quantize's amax is the one after it
+    local q = quant.quantize(t, "nvfp4", {axis = axis, rht = true})
+    local a = q.amax
+    q:free()
+    return a
+  end
   local rt = s.rht and quant.rht(t, {axis = axis}) or nil
   local a = (rt or t):amax()
   if a ~= a then -- Tensor:amax propagates NaN; quantize's own amax (here fp8's) skips it
@@ -269,6 +275,19 @@ function Recipe:set_shard(rank, world)
     self.shard = nil
   end
 end
+
+-- The dgrad copy Wᵀ of a weight from its fprop quantization q (a transposable spec s, blocked
+-- along K): q:t() on the CPU. A device QTensor has no transpose yet, so on a GPU W is quantized
+-- again along its other axis with q's amax: for 2-D nvfp4 tiles and per-tensor fp8 that gives
+-- exactly q:t()'s values (NUMERICS §2; tests/test_recipe.lua checks the identity on the CPU).
+local function transposed(q, w, s, requantize)
+  if not requantize and q:device() ~= "cuda" then return q:t() end
+  local o = {axis = 1}
+  if s.block == "2d" then o.block = "2d" end
+  if PER_TENSOR[s.format] or s.format == "nvfp4" then o.amax = q.amax end
+  return quant.quantize(w, s.format, o)
+end
+M._transposed = transposed -- for the test of that identity (tests/test_recipe.lua)
 
 -- The f32 x f32 GEMM without an RHT runs as a plain matmul (no copies).
 local function plain(g) return g.a.format == "f32" and g.b.format == "f32" and not g.a.rht end
@@ -346,10 +365,10 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
     local qdy = self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"), true)
     local qwt
     if saved.qw and same_spec(g.b, saved.wspec) then
-      qwt = saved.qw:t()                -- the fprop weight, transposed: same values
+      qwt = transposed(saved.qw, w, g.b) -- the fprop weight, transposed: same values
     elseif g.b.block == "2d" then
       local q2 = self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad"))
-      qwt = q2:t()
+      qwt = transposed(q2, w, g.b)
       q2:free()
     else
       qwt = self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"))

@@ -51,6 +51,8 @@ train.defaults = {
   sample_tokens = 200, temperature = 0.8, top_k = 40, max_bad_steps = 5, plot = true, quiet = false, save = true,
   -- data parallelism (nvlua.dist): launch with mpirun / srun; shard_optimizer is ZeRO-1
   dist = false, shard_optimizer = false,
+  -- where the model, its gradients and the optimizer state live: cpu | cuda
+  device = "cpu",
 }
 
 -- ---- building -------------------------------------------------------------------------------
@@ -103,6 +105,10 @@ function train.build(c)
   local ds = train.dataset(c)
   local vocab = c.vocab > 0 and c.vocab or ds.vocab_size
   local rec = train.recipe(c)
+  nn.check_device(c.device, "config: device")
+  if c.device == "cuda" and c.shard_optimizer then
+    error("config: shard_optimizer=true keeps its shards on the cpu; it does not run with device=cuda yet", 0)
+  end
   local model = nn.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
   if world > 1 then
     -- the same weights everywhere (they are by construction, from the seed; this makes it so)
@@ -112,6 +118,8 @@ function train.build(c)
       rec:set_shard(rank, world)
     end
   end
+  -- initialised on the cpu from the seed, then moved: the same weights on either device
+  if c.device ~= "cpu" then model:to(c.device) end
   local oo = {lr = c.lr, betas = {c.beta1, c.beta2}, eps = c.eps, weight_decay = c.weight_decay}
   local opt = c.shard_optimizer and optim.ShardedAdamW(model, oo, dist) or optim.AdamW(model:named_parameters(), oo)
   local sched = schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr, warmup = c.warmup, total = c.steps,
@@ -147,6 +155,28 @@ function train.sgemm_peak()
   end
   a:free(); b:free()
   return 2 * 1024 ^ 3 / best
+end
+
+--- The GPU's measured dense bf16 GEMM rate (FLOP/s): the best of 5 cuBLASLt GEMMs of 4096^3
+-- (after one warm-up), timed with a device synchronisation.
+function train.gpu_gemm_peak()
+  local n = 4096
+  local a, b = nv.randn(n, n, {generator = nv.Generator(7)}), nv.randn(n, n, {generator = nv.Generator(8)})
+  local da, db = a:cuda(), b:cuda()
+  a:free(); b:free()
+  local qa, qb = nv.quantize(da, "bf16"), nv.quantize(db, "bf16")
+  da:free(); db:free()
+  local best = math.huge
+  for i = 0, 5 do
+    nv.cuda.synchronize()
+    local t0 = nv.clock()
+    local y = nv.qmatmul(qa, qb, {out = "bf16"})
+    nv.cuda.synchronize()
+    if i > 0 then best = math.min(best, nv.clock() - t0) end
+    y:free()
+  end
+  qa:free(); qb:free()
+  return 2 * n ^ 3 / best
 end
 
 -- ---- evaluation and sampling -------------------------------------------------------------------
@@ -185,8 +215,11 @@ function train.sample(model, tokenizer, prompt, n, o)
     for i = math.max(1, #ids - T + 1), #ids do ctx[#ctx + 1] = ids[i] end
     local x = nv.tensor({ctx}, "i64")
     local logits = model:forward(x)
-    local row = logits:select(1, #ctx):totable()
-    logits:free(); x:free()
+    local last = logits:select(1, #ctx)
+    local host = last:device() == "cpu" and last or last:cpu()
+    local row = host:totable()
+    if host ~= last then host:free() end
+    last:free(); logits:free(); x:free()
     -- top-k of row / temperature, softmax, one uniform draw
     local idx = {}
     for i = 1, #row do idx[i] = i end
@@ -294,11 +327,12 @@ function train.run(c, p)
 
   local tokens_per_step = c.batch * c.seq * c.grad_accum * world -- the global batch
   local flops_tok = train.flops_per_token(model.config, c.seq)
-  local peak = p.peak or train.sgemm_peak()
+  local gpu = c.device == "cuda"
+  local peak = p.peak or (gpu and train.gpu_gemm_peak() or train.sgemm_peak())
   out:write(string.format("model: %s, %.2fM parameters; recipe %s\n", tostring(model:extra_repr()),
     model:num_parameters() / 1e6, tostring(rec)))
-  out:write(string.format("%d tokens per step; MFU is against the measured sgemm peak of this machine, %.1f GFLOP/s\n",
-    tokens_per_step, peak / 1e9))
+  out:write(string.format("%d tokens per step; MFU is against the measured %s, %.1f GFLOP/s\n", tokens_per_step,
+    gpu and "dense bf16 cuBLASLt GEMM rate of this GPU" or "sgemm peak of this machine", peak / 1e9))
   if dist and dist.initialized() then
     out:write(string.format("data parallel: %d rank%s (%s), %d x %d sequences per step\n", world, world > 1 and "s" or "",
       dist.backend(), world, c.batch * c.grad_accum))

@@ -1,0 +1,207 @@
+/* ops.cu: the plain tensor ops the layer library and the training loop run on device tensors
+ * (core/nvl_cuda.h "tensor ops"): strided copies with the f32 <-> bf16 casts, fill, in-place
+ * y += alpha x and x *= s, and max |x|. Each computes exactly what its CPU twin computes (core/
+ * ops.c, kernels/cpu/ops_cpu.c): the same fp32 operations in the same order, pinned with
+ * common.cuh's f_* so nvcc fuses nothing, so device results are bit-identical to the CPU's.
+ *
+ * Not here: validation and allocation (core/ops.c, core/tensor.c), broadcasting (the caller
+ * passes expanded strides; a stride of 0 repeats an element), casts other than f32 <-> bf16. */
+#include <stdio.h>
+
+#include "common.cuh"
+#include "dtype.h"
+
+static const int kThreads = 256;
+
+/* ---- strided copy ------------------------------------------------------------------------- */
+
+typedef struct {
+  int ndim;
+  int64_t shape[NVL_MAX_DIMS];
+  int64_t dst_strides[NVL_MAX_DIMS], src_strides[NVL_MAX_DIMS]; /* in elements */
+} strided_desc;
+
+/* Element offsets of linear index i (row-major over shape) in dst and src. */
+__device__ __forceinline__ void offsets(const strided_desc &d, int64_t i, int64_t *od, int64_t *os) {
+  int64_t a = 0, b = 0;
+  for (int k = d.ndim - 1; k >= 0; k--) {
+    const int64_t c = i % d.shape[k];
+    i /= d.shape[k];
+    a += c * d.dst_strides[k];
+    b += c * d.src_strides[k];
+  }
+  *od = a;
+  *os = b;
+}
+
+template <typename D, typename S>
+__device__ __forceinline__ D convert(S v) { return (D)v; }
+template <>
+__device__ __forceinline__ uint16_t convert<uint16_t, float>(float v) { return f32_to_bf16_bits(v); }
+template <>
+__device__ __forceinline__ float convert<float, uint16_t>(uint16_t v) { return bf16_bits_to_f32(v); }
+
+template <typename D, typename S>
+__global__ void copy_strided_kernel(D *__restrict__ dst, const S *__restrict__ src, strided_desc d, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t od, os;
+    offsets(d, i, &od, &os);
+    dst[od] = convert<D, S>(src[os]);
+  }
+}
+
+template <typename D, typename S>
+static void launch_copy(void *dst, const void *src, const strided_desc &d, int64_t n, int blocks) {
+  copy_strided_kernel<D, S><<<blocks, kThreads>>>((D *)dst, (const S *)src, d, n);
+}
+
+extern "C" nvl_status nvl_cuda_copy_strided(void *dst, int dst_dtype, const int64_t *dst_strides, const void *src,
+                                            int src_dtype, const int64_t *src_strides, int ndim,
+                                            const int64_t *shape, int dev) {
+  if (ndim < 0 || ndim > NVL_MAX_DIMS) return nvl_error(NVL_EINVAL, "%s: %d dims", __func__, ndim);
+  strided_desc d;
+  memset(&d, 0, sizeof d);
+  d.ndim = ndim;
+  int64_t n = 1;
+  for (int k = 0; k < ndim; k++) {
+    d.shape[k] = shape[k];
+    d.dst_strides[k] = dst_strides[k];
+    d.src_strides[k] = src_strides[k];
+    n *= shape[k];
+  }
+  if (n == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  const int blocks = nvl_cuda_grid(n, kThreads, dev);
+  (void)cudaGetLastError();
+  if (dst_dtype == src_dtype) {
+    switch (nvl_dtypes[dst_dtype].elem_size) {
+      case 1: launch_copy<uint8_t, uint8_t>(dst, src, d, n, blocks); break;
+      case 2: launch_copy<uint16_t, uint16_t>(dst, src, d, n, blocks); break;
+      case 4: launch_copy<uint32_t, uint32_t>(dst, src, d, n, blocks); break;
+      case 8: launch_copy<uint64_t, uint64_t>(dst, src, d, n, blocks); break;
+      default:
+        return nvl_error(NVL_EUNSUPPORTED, "%s: no device copy for %s elements", __func__,
+                         nvl_dtypes[dst_dtype].name);
+    }
+  } else if (dst_dtype == NVL_BF16 && src_dtype == NVL_F32) {
+    launch_copy<uint16_t, float>(dst, src, d, n, blocks);
+  } else if (dst_dtype == NVL_F32 && src_dtype == NVL_BF16) {
+    launch_copy<float, uint16_t>(dst, src, d, n, blocks);
+  } else {
+    return nvl_error(NVL_EUNSUPPORTED, "copy: %s -> %s is not supported on cuda (only f32 <-> bf16 casts); cast on the cpu",
+                     nvl_dtypes[src_dtype].name, nvl_dtypes[dst_dtype].name);
+  }
+  char what[160];
+  snprintf(what, sizeof what, "copy_strided_kernel<%s <- %s> (n=%lld, %d dims)", nvl_dtypes[dst_dtype].name,
+           nvl_dtypes[src_dtype].name, (long long)n, ndim);
+  return nvl_cuda_check_launch(dev, __func__, what);
+}
+
+/* ---- fill --------------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void fill_kernel(T *__restrict__ p, T v, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) p[i] = v;
+}
+
+extern "C" nvl_status nvl_cuda_fill(void *p, int dtype, const void *value, int64_t n, int dev) {
+  if (n <= 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  const int blocks = nvl_cuda_grid(n, kThreads, dev);
+  (void)cudaGetLastError();
+  switch (nvl_dtypes[dtype].elem_size) { /* value: one element's bytes, stored as the CPU stores it */
+    case 1: fill_kernel<uint8_t><<<blocks, kThreads>>>((uint8_t *)p, *(const uint8_t *)value, n); break;
+    case 2: fill_kernel<uint16_t><<<blocks, kThreads>>>((uint16_t *)p, *(const uint16_t *)value, n); break;
+    case 4: fill_kernel<uint32_t><<<blocks, kThreads>>>((uint32_t *)p, *(const uint32_t *)value, n); break;
+    case 8: fill_kernel<uint64_t><<<blocks, kThreads>>>((uint64_t *)p, *(const uint64_t *)value, n); break;
+    default: return nvl_error(NVL_EUNSUPPORTED, "%s: no device fill for %s", __func__, nvl_dtypes[dtype].name);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "fill_kernel<%s> (n=%lld)", nvl_dtypes[dtype].name, (long long)n);
+  return nvl_cuda_check_launch(dev, __func__, what);
+}
+
+/* ---- y += alpha x, x *= s ------------------------------------------------------------------ */
+
+/* nvl_axpy_f32_cpu: alpha == 1 adds x; else p = alpha * x rounded, then y + p. */
+__global__ void axpy_kernel(float *__restrict__ y, const float *__restrict__ x, float alpha, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    y[i] = alpha == 1.0f ? f_add(y[i], x[i]) : f_add(y[i], f_mul(alpha, x[i]));
+}
+
+extern "C" nvl_status nvl_cuda_axpy_f32(float *y, const float *x, float alpha, int64_t n, int dev) {
+  if (n <= 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  const int blocks = nvl_cuda_grid(n, kThreads, dev);
+  (void)cudaGetLastError();
+  axpy_kernel<<<blocks, kThreads>>>(y, x, alpha, n);
+  char what[64];
+  snprintf(what, sizeof what, "axpy_kernel (n=%lld)", (long long)n);
+  return nvl_cuda_check_launch(dev, __func__, what);
+}
+
+/* nvl_binary_scalar_f32_cpu's MUL: s exact in f32 -> one f32 multiply; else the double product
+ * rounded once to f32. */
+__global__ void scale_kernel(float *__restrict__ p, double s, int exact, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const float sf = (float)s;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    p[i] = exact ? f_mul(p[i], sf) : __double2float_rn(__dmul_rn((double)p[i], s));
+}
+
+extern "C" nvl_status nvl_cuda_scale_f32(float *p, double s, int64_t n, int dev) {
+  if (n <= 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  const int blocks = nvl_cuda_grid(n, kThreads, dev);
+  (void)cudaGetLastError();
+  scale_kernel<<<blocks, kThreads>>>(p, s, (double)(float)s == s, n);
+  char what[64];
+  snprintf(what, sizeof what, "scale_kernel (n=%lld)", (long long)n);
+  return nvl_cuda_check_launch(dev, __func__, what);
+}
+
+/* ---- max |x| ------------------------------------------------------------------------------- */
+
+/* The max of |x|'s bits over n f32 or bf16 elements into *out (an unsigned max: non-negative
+ * floats order as their bits, NaN bits above +inf), as nvl_reduce_f32_cpu's AMAX. */
+template <typename T>
+__global__ void amax_bits_kernel(unsigned int *__restrict__ out, const T *__restrict__ x, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  unsigned int m = 0;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float v;
+    if (sizeof(T) == 2) v = bf16_bits_to_f32((uint16_t)x[i]);
+    else v = u2f((uint32_t)x[i]);
+    const unsigned int b = f2u(v) & 0x7fffffffu;
+    m = b > m ? b : m;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned int t = __shfl_xor_sync(0xffffffffu, m, o);
+    m = t > m ? t : m;
+  }
+  if ((threadIdx.x & 31) == 0) atomicMax(out, m);
+}
+
+extern "C" nvl_status nvl_cuda_amax(double *out, const void *x, int x_bf16, int64_t n, int dev) {
+  *out = 0.0;
+  if (n <= 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  void *scratch;
+  NVL_TRY(nvl_cuda_scratch(dev, &scratch));
+  unsigned int *word = (unsigned int *)scratch;
+  NVL_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof *word, 0));
+  const int blocks = nvl_cuda_grid(n, kThreads, dev);
+  (void)cudaGetLastError();
+  if (x_bf16) amax_bits_kernel<uint16_t><<<blocks, kThreads>>>(word, (const uint16_t *)x, n);
+  else amax_bits_kernel<uint32_t><<<blocks, kThreads>>>(word, (const uint32_t *)x, n);
+  char what[64];
+  snprintf(what, sizeof what, "amax_bits_kernel (n=%lld)", (long long)n);
+  NVL_TRY(nvl_cuda_check_launch(dev, __func__, what));
+  unsigned int bits = 0;
+  NVL_CUDA_CHECK(cudaMemcpy(&bits, word, sizeof bits, cudaMemcpyDeviceToHost));
+  *out = bits > 0x7f800000u ? (double)NAN : (double)u2f(bits);
+  return NVL_OK;
+}
