@@ -1,0 +1,154 @@
+-- test_cuda_train.lua: training on the GPU (issue 7): the tensor ops the layer library and the
+-- loop use on device tensors (kernels/cuda/ops.cu) against the CPU bit for bit, Llama:to("cuda"),
+-- and a 2-layer model trained 50 steps on the device against the same model on the CPU under
+-- bf16 and nvfp4, then an experiment run with device=cuda (checkpoint, resume).
+--
+-- Tolerances. The device ops (copy, cast, fill, add_, mul_, amax) are the CPU's operations in the
+-- same order: bit for bit. Training: the two devices start from the same weights and see the same
+-- batches; they differ only in the order of fp32 sums (cuBLASLt vs OpenBLAS GEMMs, the fused
+-- attention and cross-entropy, atomics in the weight-gradient scatters). Those differences are
+-- ~1e-6 relative, but a GEMM output rounded to bf16 (the recipes' fprop/dgrad outputs) can flip
+-- by one bf16 ulp (2^-8 = 0.4%) where a sum lands near a rounding boundary, and nvfp4's SR draws
+-- are the same bits but decide on slightly different inputs. So: step 1's loss within 0.5%
+-- (one bf16 ulp of the logits' effect), every step within 3% and the final loss within 3%
+-- (training is not chaotic at this size and 50 steps; a wrong kernel is off by far more —
+-- a wrong gradient stalls the loss near ln V = 4.16). These bounds are stated, not measured:
+-- the file has not yet run on a GPU.
+-- Every case needs a GPU and skips without one.
+local T = require "nvlua.test"
+local nv = require "nvlua"
+local nn = require "nvlua.nn"
+local optim = require "nvlua.optim"
+local recipe = require "nvlua.recipe"
+
+local function need_gpu()
+  if not nv.cuda.available() then T.skip("no GPU") end
+end
+
+-- a and b (any devices) hold the same bits: compared as their f32 values on the CPU, NaN = NaN
+local function same_bits(a, b, what)
+  local ha, hb = a:cpu():to("f32"), b:cpu():to("f32")
+  T.eq(ha:size(), hb:size(), what .. ": shape")
+  local ta, tb = ha:reshape(-1):totable(), hb:reshape(-1):totable()
+  local bad = 0
+  for i = 1, #ta do
+    local x, y = ta[i], tb[i]
+    if not (x == y or (x ~= x and y ~= y)) or (x == 0 and y == 0 and 1 / x ~= 1 / y) then bad = bad + 1 end
+  end
+  T.ok(bad == 0, string.format("%s: %d of %d elements differ", what, bad, #ta))
+end
+
+T.case("tensor ops on cuda equal the cpu bit for bit: strided copies, f32<->bf16, fill, add_, mul_, amax", function()
+  need_gpu()
+  nv.manual_seed(11)
+  local x = nv.randn(37, 53) * 3
+  local dx = x:cuda()
+  -- transposes, narrows and broadcasts made contiguous on the device
+  same_bits(dx:transpose():contiguous(), x:transpose():contiguous(), "transpose")
+  same_bits(dx:narrow(2, 5, 17):contiguous(), x:narrow(2, 5, 17):contiguous(), "narrow")
+  same_bits(dx:narrow(1, 3, 1):expand(9, 53):contiguous(), x:narrow(1, 3, 1):expand(9, 53):contiguous(), "broadcast")
+  -- a strided cuda source copied to the cpu, and a cpu source into a strided cuda destination
+  same_bits(dx:transpose():cpu(), x:transpose(), "strided download")
+  local d2 = nv.zeros(53, 37):cuda()
+  d2:transpose():copy_(x)
+  same_bits(d2, x:transpose(), "strided upload")
+  -- casts, specials included
+  local sp = nv.tensor({0, -0.0, 1 / 0, -1 / 0, 0 / 0, 1.00390625, 1.01171875, 3.4e38, 1e-40, -2.5e-39})
+  same_bits(sp:cuda():to("bf16"), sp:to("bf16"), "f32 -> bf16 (ties, overflow, subnormals, nan)")
+  same_bits(sp:to("bf16"):cuda():to("f32"), sp:to("bf16"):to("f32"), "bf16 -> f32")
+  -- fill, zero_, in-place arithmetic
+  local f = nv.empty(5, 7):cuda(); f:fill_(0.1)
+  same_bits(f, nv.full({5, 7}, 0.1), "fill 0.1")
+  local fb = nv.empty(6, "bf16"):cuda(); fb:fill_(1 / 3)
+  same_bits(fb, nv.full({6}, 1 / 3, "bf16"), "fill bf16")
+  local y, dy = x:clone(), dx:clone()
+  y:add_(x:transpose():contiguous():transpose(), 0.3); dy:add_(dx:transpose():contiguous():transpose(), 0.3)
+  same_bits(dy, y, "add_ with alpha")
+  y:add_(x:narrow(1, 1, 1)); dy:add_(dx:narrow(1, 1, 1))
+  same_bits(dy, y, "add_ broadcast")
+  y:mul_(0.1); dy:mul_(0.1)
+  same_bits(dy, y, "mul_ by a scalar not exact in f32")
+  y:mul_(0.5); dy:mul_(0.5)
+  same_bits(dy, y, "mul_ by a scalar exact in f32")
+  T.eq(dx:amax(), x:amax(), "amax")
+  T.eq(dx:to("bf16"):amax(), x:to("bf16"):amax(), "amax bf16")
+  local n = x:clone(); n:set(3, 4, 0 / 0)
+  local a = n:cuda():amax()
+  T.ok(a ~= a, "amax propagates NaN on cuda, as on the cpu")
+end)
+
+T.case("Llama:to('cuda') and back keeps every value; the gradient buffer and optimizer state follow", function()
+  need_gpu()
+  local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32, tie_word_embeddings = true}
+  local cpu = nn.Llama(cfg, {seed = 3})
+  local m = nn.Llama(cfg, {seed = 3}):to("cuda")
+  T.eq(m.grad_buffer:device(), "cuda", "flat gradient buffer")
+  local opt = optim.AdamW(m:named_parameters(), {lr = 1e-3})
+  for name, t in pairs(opt:state().m) do T.eq(t:device(), "cuda", "AdamW m of " .. name) end
+  local want = {}
+  for _, p in ipairs(cpu:named_parameters()) do want[p.name] = p.param end
+  for _, p in ipairs(m:named_parameters()) do
+    T.eq(p.param:device(), "cuda", p.name)
+    same_bits(p.param, want[p.name], p.name)
+  end
+  m:to("cpu")
+  for _, p in ipairs(m:named_parameters()) do same_bits(p.param, want[p.name], p.name .. " (back on the cpu)") end
+end)
+
+-- batch `step` of B sequences of T+1 tokens: a walk t' = (5t + 3 + noise) mod 64 (noise 0 or 1,
+-- from an LCG), so the next token is predictable to about 1 bit: the loss can fall from ln 64
+local function batch(step, B, T)
+  local s, rows = 1234567 + step * 7919, {}
+  for b = 1, B do
+    s = (s * 1103515245 + 12345) % 2147483648
+    local t, row = s % 64, {}
+    for i = 1, T + 1 do
+      row[i] = t
+      s = (s * 1103515245 + 12345) % 2147483648
+      t = (5 * t + 3 + (s >> 16) % 2) % 64
+    end
+    rows[b] = row
+  end
+  local ids = nv.tensor(rows, "i64")
+  local x, y = ids:narrow(2, 1, T):contiguous(), ids:narrow(2, 2, T):contiguous()
+  ids:free()
+  return x, y
+end
+
+-- the 2-layer model of the issue, trained n steps on device dev under recipe rname
+local function losses(dev, rname, n)
+  local cfg = {vocab_size = 64, hidden_size = 128, intermediate_size = 256, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64}
+  local m = nn.Llama(cfg, {seed = 7, recipe = recipe[rname]()})
+  if dev == "cuda" then m:to("cuda") end
+  local opt = optim.AdamW(m:named_parameters(), {lr = 3e-3, betas = {0.9, 0.95}, weight_decay = 0.1})
+  local out = {}
+  for step = 1, n do
+    m.step = step
+    m:zero_grad()
+    local x, y = batch(step, 4, 32) -- the same batches on both devices (ids on the cpu either way)
+    out[step] = m:forward_backward(x, y)
+    x:free(); y:free()
+    optim.clip_grad_norm(m:named_parameters(), 1.0)
+    opt:step()
+  end
+  return out
+end
+
+local function follows(rname)
+  need_gpu()
+  local c, g = losses("cpu", rname, 50), losses("cuda", rname, 50)
+  local worst, at = 0, 1
+  for i = 1, 50 do
+    local r = math.abs(g[i] - c[i]) / c[i]
+    if r > worst then worst, at = r, i end
+  end
+  T.ok(math.abs(g[1] - c[1]) / c[1] <= 0.005, string.format("%s step 1: cuda %.6f vs cpu %.6f", rname, g[1], c[1]))
+  T.ok(worst <= 0.03, string.format("%s: worst relative gap %.4f at step %d (cuda %.5f, cpu %.5f), bound 0.03", rname,
+    worst, at, g[at], c[at]))
+  T.ok(g[50] < g[1] - 0.5, string.format("%s: the device run learns (%.4f -> %.4f)", rname, g[1], g[50]))
+end
+
+T.case("a 2-layer model trained 50 steps on cuda follows the cpu loss curve under bf16", function() follows("bf16") end)
+T.case("a 2-layer model trained 50 steps on cuda follows the cpu loss curve under nvfp4", function() follows("nvfp4") end)
