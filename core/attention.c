@@ -17,11 +17,6 @@ typedef struct {
   int64_t B, T, Hq, Hkv, D;
 } dims;
 
-/* t and like are on one device (and GPU). */
-static int same_device(const nvl_tensor *t, const nvl_tensor *like) {
-  if (t->device != like->device) return 0;
-  return t->device != NVL_CUDA || t->storage->device_index == like->storage->device_index;
-}
 
 /* t is a live, 4-D, f32, contiguous tensor on like's device (like NULL: any device); name is
  * its argument name ("q"). */
@@ -31,7 +26,7 @@ static nvl_status check_4d_on(const char *op, const char *name, const char *layo
   NVL_TRY(nvl_tensor_check_live(t, op));
   if (t->ndim != 4)
     return nvl_error(NVL_EINVAL, "%s: %s must be 4-D %s, got %s", op, name, layout, nvl_tensor_desc(t, s, sizeof s));
-  if (like && like != t && !same_device(t, like))
+  if (like && like != t && !nvl_tensor_same_device(t, like))
     return nvl_error(NVL_EINVAL, "%s: %s is %s but q is %s; every tensor must be on one device", op, name,
                      nvl_tensor_desc(t, s, sizeof s), nvl_tensor_desc(like, s2, sizeof s2));
   if (t->dtype != NVL_F32)
@@ -142,7 +137,7 @@ nvl_status nvl_attention_backward_ex(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor 
                      nvl_tensor_desc(out, s1, sizeof s1), nvl_tensor_desc(q, s2, sizeof s2));
   NVL_TRY(nvl_tensor_check_live(lse, op));
   if (lse->ndim != 3 || lse->shape[0] != n.B || lse->shape[1] != n.Hq || lse->shape[2] != n.T ||
-      lse->dtype != NVL_F32 || !same_device(lse, q) || !nvl_tensor_is_contiguous(lse))
+      lse->dtype != NVL_F32 || !nvl_tensor_same_device(lse, q) || !nvl_tensor_is_contiguous(lse))
     return nvl_error(NVL_EINVAL, "%s: lse must be a contiguous f32 (B, Hq, T) = [%lld,%lld,%lld] %s tensor, got %s%s",
                      op, (long long)n.B, (long long)n.Hq, (long long)n.T, q->device == NVL_CUDA ? "cuda" : "cpu",
                      nvl_tensor_desc(lse, s1, sizeof s1), nvl_tensor_is_contiguous(lse) ? "" : " (strided)");

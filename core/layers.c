@@ -32,11 +32,6 @@
 
 /* ---- validation helpers ----------------------------------------------------------------------- */
 
-/* t and like are on one device (and GPU). */
-static int same_device(const nvl_tensor *t, const nvl_tensor *like) {
-  if (t->device != like->device) return 0;
-  return t->device != NVL_CUDA || t->storage->device_index == like->storage->device_index;
-}
 
 /* The GPU ordinal of a live CUDA tensor. */
 static int gpu_of(const nvl_tensor *t) { return t->storage->device_index; }
@@ -50,7 +45,7 @@ static nvl_status check_tensor_on(const char *op, const char *name, const nvl_te
   char s[160], s2[160];
   if (!t) return nvl_error(NVL_EINVAL, "%s: %s is missing (NULL)", op, name);
   if (!t->storage) return nvl_error(NVL_ESTATE, "%s: %s has been freed", op, name);
-  if (like && like != t && like->storage && !same_device(t, like))
+  if (like && like != t && like->storage && !nvl_tensor_same_device(t, like))
     return nvl_error(NVL_EINVAL, "%s: %s is %s but the call's first tensor is %s; every tensor must be on one device",
                      op, name, DESC(t, s), DESC(like, s2));
   if (t->dtype != dt)
@@ -140,7 +135,7 @@ static nvl_status ids_on(const char *op, const char *name, const nvl_tensor *t, 
   if (!t) return nvl_error(NVL_EINVAL, "%s: %s is missing (NULL)", op, name);
   if (!t->storage) return nvl_error(NVL_ESTATE, "%s: %s has been freed", op, name);
   if (t->dtype != NVL_I64) return nvl_error(NVL_EINVAL, "%s: %s must be i64, got %s", op, name, DESC(t, s));
-  if (t->device == NVL_CUDA && !same_device(t, like))
+  if (t->device == NVL_CUDA && !nvl_tensor_same_device(t, like))
     return nvl_error(NVL_EINVAL, "%s: %s is %s, on another GPU than the call's first tensor", op, name, DESC(t, s));
   if (t->device == NVL_CUDA && !nvl_tensor_is_contiguous(t))
     return nvl_error(NVL_EINVAL, "%s: %s on cuda must be contiguous, got %s", op, name, DESC(t, s));

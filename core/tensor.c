@@ -186,6 +186,11 @@ nvl_status nvl_tensor_check_live(const nvl_tensor *t, const char *op) {
   return NVL_OK;
 }
 
+int nvl_tensor_same_device(const nvl_tensor *a, const nvl_tensor *b) {
+  if (a->device != b->device) return 0;
+  return a->device != NVL_CUDA || a->storage->device_index == b->storage->device_index;
+}
+
 int64_t nvl_tensor_numel(const nvl_tensor *t) {
   int64_t n = 1;
   for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
@@ -431,7 +436,7 @@ nvl_status nvl_broadcast_shape(const nvl_tensor *a, const nvl_tensor *b, const c
  * or f32 <-> bf16). Overlapping storage goes through a contiguous temporary. */
 static nvl_status copy_on_device(nvl_tensor *dst, const nvl_tensor *s) {
   char s1[160], s2[160];
-  if (dst->storage->device_index != s->storage->device_index)
+  if (!nvl_tensor_same_device(dst, s))
     return nvl_error(NVL_EUNSUPPORTED, "copy: %s and %s are on different GPUs (cuda:%d, cuda:%d)",
                      nvl_tensor_desc(s, s1, sizeof s1), nvl_tensor_desc(dst, s2, sizeof s2),
                      s->storage->device_index, dst->storage->device_index);

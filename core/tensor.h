@@ -48,6 +48,8 @@ void nvl_tensor_release(nvl_tensor *t);
 void nvl_tensor_share(nvl_tensor *out, const nvl_tensor *t);
 /* Error (NVL_ESTATE) if t has been freed; op names the caller. */
 nvl_status nvl_tensor_check_live(const nvl_tensor *t, const char *op);
+/* 1 if live a and b are on one device (for CUDA: one GPU). */
+int nvl_tensor_same_device(const nvl_tensor *a, const nvl_tensor *b);
 
 int64_t nvl_tensor_numel(const nvl_tensor *t);
 int nvl_tensor_is_contiguous(const nvl_tensor *t);

@@ -6,9 +6,7 @@
 local T = require "nvlua.test"
 local nv = require "nvlua"
 
-local function need_gpu()
-  if not nv.cuda.available() then T.skip("no GPU") end
-end
+local need_gpu = T.need_gpu
 
 -- Bit equality of two lists of f32 values read back as Lua floats (f32 -> double is exact, so
 -- equal doubles mean equal floats; -0 and +0 differ). NaNs match any NaN: the GPU returns the

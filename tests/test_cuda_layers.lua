@@ -20,29 +20,15 @@ local T = require "nvlua.test"
 local nv = require "nvlua"
 local core = nv.core
 
-local function need_gpu()
-  if not nv.cuda.available() then T.skip("no GPU") end
-end
+local need_gpu = T.need_gpu
 
 local function flat(t) return t:cpu():contiguous():reshape(-1):totable() end
 
 -- Run fn with every new device block filled with 0xFF (f32 NaN); restores the setting.
-local function poisoned(fn, ...)
-  local prev = core.cuda_set_poison(0xFF)
-  local r = table.pack(pcall(fn, ...))
-  core.cuda_set_poison(prev)
-  if not r[1] then error(r[2], 0) end
-  return table.unpack(r, 2, r.n)
-end
+local function poisoned(fn, ...) return T.with(core.cuda_set_poison, 0xFF, fn, ...) end
 
 -- The CPU reference kernels' results for fn(args...) on CPU tensors.
-local function ref(fn, ...)
-  local prev = core.layers_use_reference(true)
-  local r = table.pack(pcall(fn, ...))
-  core.layers_use_reference(prev)
-  if not r[1] then error(r[2], 0) end
-  return table.unpack(r, 2, r.n)
-end
+local function ref(fn, ...) return T.with(core.layers_use_reference, true, fn, ...) end
 
 local function near(got, want, rtol, atol, what)
   local g, w = flat(got), flat(want)

@@ -13,20 +13,13 @@ local T = require "nvlua.test"
 local nv = require "nvlua"
 local core = require "nvlua.core"
 
-local function need_gpu()
-  if not nv.cuda.available() then T.skip("no GPU") end
-end
+local need_gpu = T.need_gpu
 
 local gemm_path = (nv.cuda and nv.cuda.gemm_path) or core.cuda_gemm_path
 
 -- Run fn once with every new device block filled with 0xFF and once with 0x00.
 local function poisoned(fn)
-  for _, byte in ipairs({ 0xFF, 0x00 }) do
-    local prev = core.cuda_set_poison(byte)
-    local ok, err = pcall(fn, byte)
-    core.cuda_set_poison(prev)
-    if not ok then error(err, 0) end
-  end
+  for _, byte in ipairs({ 0xFF, 0x00 }) do T.with(core.cuda_set_poison, byte, fn, byte) end
 end
 
 -- First differing byte of two strings, or nil.

@@ -21,9 +21,7 @@ local nn = require "nvlua.nn"
 local optim = require "nvlua.optim"
 local recipe = require "nvlua.recipe"
 
-local function need_gpu()
-  if not nv.cuda.available() then T.skip("no GPU") end
-end
+local need_gpu = T.need_gpu
 
 -- a and b (any devices) hold the same bits: compared as their f32 values on the CPU, NaN = NaN
 local function same_bits(a, b, what)

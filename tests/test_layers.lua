@@ -28,13 +28,7 @@ local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
 local function randn_flat(n) return flat(nv.randn(n)) end
 
 -- Run fn with the reference kernels selected; restores the previous setting even on error.
-local function with_ref(fn, ...)
-  local prev = core.layers_use_reference(true)
-  local r = table.pack(pcall(fn, ...))
-  core.layers_use_reference(prev)
-  if not r[1] then error(r[2], 0) end
-  return table.unpack(r, 2, r.n)
-end
+local function with_ref(fn, ...) return T.with(core.layers_use_reference, true, fn, ...) end
 
 -- Elementwise |got - want| <= atol + rtol |want| over two flat tables.
 local function near_tbl(got, want, rtol, atol, what)

@@ -180,22 +180,32 @@ local function check_device(device, fname)
 end
 nn.check_device = check_device
 
+-- t on device: t itself, or a copy there with t freed
+local function moved(t, device)
+  if t:device() == device then return t end
+  local d = t:to(device)
+  t:free()
+  return d
+end
+
+-- Move m's parameters (and, with grads, their gradients) and RoPE tables to a checked device.
+local function move_to(m, device, grads)
+  each_entry(m, "", function(_, e)
+    e.param = moved(e.param, device)
+    if grads then e.grad = moved(e.grad, device) end
+  end, {})
+  for _, sub in ipairs(m:modules()) do
+    if sub.rope then sub.rope:to(device) end
+  end
+  m.device = device
+end
+
 --- m:to(device) -> m: every parameter and its gradient moved to "cpu" or "cuda" (values copied
 -- exactly), and the RoPE tables with them; the layers then run on that device, since each op
 -- runs where its tensors are. Call it between steps (nothing saved for a backward is moved).
 function Module:to(device)
   check_device(device, "Module:to")
-  each_entry(self, "", function(_, e)
-    if e.param:device() ~= device then
-      local p, g = e.param:to(device), e.grad:to(device)
-      e.param:free(); e.grad:free()
-      e.param, e.grad = p, g
-    end
-  end, {})
-  for _, m in ipairs(self:modules()) do
-    if m.rope then m.rope:to(device) end
-  end
-  self.device = device
+  move_to(self, device, true)
   return self
 end
 
@@ -609,12 +619,7 @@ end
 
 --- rope:to(device): keep the tables on "cpu" or "cuda" (computed on the CPU, copied exactly)
 function RopeCache:to(device)
-  if device == self.device then return self end
-  if self.cos then
-    local c, s = self.cos:to(device), self.sin:to(device)
-    self.cos:free(); self.sin:free()
-    self.cos, self.sin = c, s
-  end
+  if self.cos then self.cos, self.sin = moved(self.cos, device), moved(self.sin, device) end
   self.device = device
   return self
 end
@@ -622,13 +627,9 @@ end
 function RopeCache:get(T)
   if T > self.T then
     if self.cos then self.cos:free(); self.sin:free() end
-    self.cos, self.sin = core.rope_tables(T, self.head_dim, self.theta, self.scaling) -- (T, D), (T, D)
+    local c, s = core.rope_tables(T, self.head_dim, self.theta, self.scaling) -- (T, D), (T, D) on the cpu
+    self.cos, self.sin = moved(c, self.device), moved(s, self.device)
     self.T = T
-    if self.device ~= "cpu" then
-      local c, s = self.cos:to(self.device), self.sin:to(self.device)
-      self.cos:free(); self.sin:free()
-      self.cos, self.sin = c, s
-    end
   end
   if T == self.T then return self.cos, self.sin end
   return self.cos:narrow(1, 1, T), self.sin:narrow(1, 1, T)
@@ -943,9 +944,11 @@ function Llama:zero_grad()
   return self
 end
 
---- model:to(device) -> model: Module:to, then one flat gradient buffer again, on that device
+--- model:to(device) -> model: Module:to, with the gradients copied straight into one new flat
+-- buffer on that device
 function Llama:to(device)
-  Module.to(self, device)
+  check_device(device, "Module:to")
+  move_to(self, device, false)
   local old = self.grad_buffer
   self:_flatten_grads()
   old:free()

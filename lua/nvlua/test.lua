@@ -18,6 +18,21 @@ function T.case(name, fn) cases[#cases + 1] = {name = name, fn = fn} end
 function T.skip(reason) error(setmetatable({reason = reason or "skipped"}, SKIP), 0) end
 function T.is_skip(e) return getmetatable(e) == SKIP end
 
+--- Skip the running case when no GPU is usable (the GPU test files' guard).
+function T.need_gpu()
+  if not require("nvlua").cuda.available() then T.skip("no GPU") end
+end
+
+--- T.with(set, value, fn, ...) -> fn(...)'s results, run with the setting set(value) (set returns
+-- the previous value), which is restored afterwards, also when fn raises.
+function T.with(set, value, fn, ...)
+  local prev = set(value)
+  local r = table.pack(pcall(fn, ...))
+  set(prev)
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
 local function show(v)
   if type(v) == "string" then return string.format("%q", v) end
   if type(v) ~= "table" then return tostring(v) end
