@@ -27,6 +27,7 @@
 -- error of O(1), or of a few % for a slightly wrong constant, far above both. An element passes
 -- if |num - ana| <= atol + rtol*|ana|; h is the actual f32 difference of the perturbed values.
 local nv = require "nvlua"
+local util = require "nvlua.util"
 
 local U = 2.0 ^ -24 -- f32 unit roundoff
 
@@ -86,10 +87,7 @@ end
 -- gradients), eval (function target: loss without gradients), names (names of the inputs, for
 -- messages), verbose.
 local function gradcheck(target, inputs, opts)
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not VALID[k] then error("gradcheck: unknown option '" .. tostring(k) .. "'", 2) end
-  end
+  opts = util.check_opts(opts, VALID, "gradcheck")
   for k, v in pairs(DEFAULTS) do if opts[k] == nil then opts[k] = v end end
   inputs = inputs or {}
   local is_fn = type(target) == "function"

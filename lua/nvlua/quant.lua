@@ -2,6 +2,7 @@
 -- REPL tools nv.quant.report (a format comparison table) and nv.quant.show (one block, digit by
 -- digit). The formats and their arithmetic are NUMERICS.md's; the kernels are C (core/quant.c).
 local core = require "nvlua.core"
+local util = require "nvlua.util"
 
 local M = {}
 local QT = core.QTensor            -- metatable of quantized tensors
@@ -13,19 +14,6 @@ local OPTS = {axis = true, block = true, rht = true, sr = true, seed = true, off
 -- Quantized tensors keep (weakly, by key) the tensor they came from, for show().
 local source = setmetatable({}, {__mode = "k"})
 
-local function check_opts(opts, fname)
-  if opts == nil then return end
-  if type(opts) ~= "table" then error(fname .. ": options must be a table, got " .. type(opts), 3) end
-  for k in pairs(opts) do
-    if not OPTS[k] then
-      local valid = {}
-      for name in pairs(OPTS) do valid[#valid + 1] = name end
-      table.sort(valid)
-      error(string.format("%s: unknown option '%s' (valid: %s)", fname, tostring(k), table.concat(valid, ", ")), 3)
-    end
-  end
-end
-
 --- nv.quantize(x, fmt [, opts]) -> quantized tensor
 -- fmt: "f32" "bf16" "e4m3" "e5m2" "mxfp8_e4m3" "mxfp8_e5m2" "nvfp4". opts: axis (blocked dim,
 -- default the last), block "1d"|"2d", rht true|signs, sr with seed/offset or generator,
@@ -33,7 +21,7 @@ end
 -- sr_row_offset / sr_k_offset / sr_k_total (SR draws of a slab of a larger tensor: x's blocked
 -- layout is rows sr_row_offset.. and columns sr_k_offset.. of one sr_k_total long; data parallelism).
 function M.quantize(x, fmt, opts)
-  check_opts(opts, "quantize")
+  util.check_opts(opts, OPTS, "quantize")
   local q = core.quantize(x, fmt, opts)
   source[q] = x
   return q

@@ -15,8 +15,11 @@
 -- Not here: the layers themselves (nn.Linear owns parameters and calls linear_forward /
 -- linear_backward), the kernels (nv.quantize / nv.qmatmul, core/quant.c).
 local core = require "nvlua.core"
+local util = require "nvlua.util"
 local quant = require "nvlua.quant"
 local stats = require "nvlua.stats"
+
+local check_opts = util.check_opts
 
 local M = {}
 
@@ -49,22 +52,7 @@ local function sorted_keys(t)
   return ks
 end
 
--- Check a preset's options table against valid = {name = checker}; a checker returns an error
--- text for a bad value, or nil.
-local function check_opts(who, opts, valid)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(string.format("%s: options must be a table, got %s", who, type(opts)), 3) end
-  for k, v in pairs(opts) do
-    local check = valid[k]
-    if not check then
-      error(string.format("%s: unknown option '%s' (valid: %s)", who, tostring(k), table.concat(sorted_keys(valid), ", ")), 3)
-    end
-    local bad = check(v)
-    if bad then error(string.format("%s: option %s %s, got %s", who, k, bad, tostring(v)), 3) end
-  end
-  return opts
-end
-
+-- Checkers of option values for util.check_opts: nil for a good value, else what is wrong with it.
 local function is_bool(v) if type(v) ~= "boolean" then return "must be true or false" end end
 local function is_count(v) if math.type(v) ~= "integer" or v < 0 then return "must be a non-negative integer" end end
 local function is_int(v) if math.type(v) ~= "integer" then return "must be an integer" end end
@@ -576,13 +564,13 @@ end
 
 --- recipe.f32(): everything f32 (gradient checks, the PyTorch golden test).
 function M.f32(opts)
-  check_opts("recipe.f32", opts, {})
+  check_opts(opts, {}, "recipe.f32")
   return new("f32", {}, function() return F32 end)
 end
 
 --- recipe.bf16(): every operand rounded to bf16, fp32 accumulation, bf16 fprop/dgrad outputs.
 function M.bf16(opts)
-  check_opts("recipe.bf16", opts, {})
+  check_opts(opts, {}, "recipe.bf16")
   return new("bf16", {}, function() return BF16 end)
 end
 
@@ -590,7 +578,7 @@ end
 local function fp8(name, opts, delayed)
   local valid = {format = one_of("hybrid", "e4m3"), switch_at = is_switch}
   if delayed then valid.history = is_pos end
-  opts = check_opts("recipe." .. name, opts, valid)
+  opts = check_opts(opts, valid, "recipe." .. name)
   local grad = (opts.format or "hybrid") == "hybrid" and "e5m2" or "e4m3"
   local fwd, bwd = {format = "e4m3", delayed = delayed}, {format = grad, delayed = delayed}
   local base = function(c) return c.operand == "dy" and bwd or fwd end
@@ -611,8 +599,8 @@ function M.fp8_delayed(opts) return fp8("fp8_delayed", opts, true) end
 --- recipe.mxfp8({scale_rule = "rceil"|"floor", format = "e4m3"|"hybrid", switch_at}): 1x32
 -- blocks with e8m0 scales along each GEMM's reduction dim; e4m3 everywhere by default.
 function M.mxfp8(opts)
-  opts = check_opts("recipe.mxfp8", opts, {scale_rule = one_of("rceil", "floor"), format = one_of("e4m3", "hybrid"),
-    switch_at = is_switch})
+  opts = check_opts(opts, {scale_rule = one_of("rceil", "floor"), format = one_of("e4m3", "hybrid"),
+    switch_at = is_switch}, "recipe.mxfp8")
   local rule = opts.scale_rule or "rceil"
   local fwd = {format = "mxfp8_e4m3", scale_rule = rule}
   local bwd = (opts.format or "e4m3") == "hybrid" and {format = "mxfp8_e5m2", scale_rule = rule} or fwd
@@ -629,8 +617,8 @@ end
 -- bf16_first = floor(2L/32), bf16_last = floor(8L/32) (L = 32: 2 and 8; L = 16: 1 and 4; L = 4:
 -- 0 and 1; L < 4: none). Linears outside the blocks (block = nil) follow the rest of the recipe.
 function M.nvfp4(opts)
-  opts = check_opts("recipe.nvfp4", opts, {rht = is_bool, sr = is_bool, w2d = is_bool, bf16_first = is_count,
-    bf16_last = is_count, seed = is_int, switch_at = is_switch})
+  opts = check_opts(opts, {rht = is_bool, sr = is_bool, w2d = is_bool, bf16_first = is_count,
+    bf16_last = is_count, seed = is_int, switch_at = is_switch}, "recipe.nvfp4")
   local rht, sr, w2d = opts.rht ~= false, opts.sr ~= false, opts.w2d ~= false
   local W = {format = "nvfp4", block = w2d and "2d" or "1d"}
   local X = {format = "nvfp4"}
@@ -662,7 +650,7 @@ end
 -- ctx.high_precision and decides what the LM head gets. switch_at, if given, applies on top.
 function M.custom(fn, opts)
   if type(fn) ~= "function" then error("recipe.custom: expects a function(ctx) -> spec, got " .. type(fn), 2) end
-  opts = check_opts("recipe.custom", opts, {seed = is_int, history = is_pos, switch_at = is_switch})
+  opts = check_opts(opts, {seed = is_int, history = is_pos, switch_at = is_switch}, "recipe.custom")
   local sw = opts.switch_at
   local f = fn
   if sw then
