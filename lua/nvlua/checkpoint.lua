@@ -7,9 +7,9 @@
 --     trainer.json        step, optimizer step, data cursor, recipe state (SR generator, amax
 --                         histories), default generator, the run config, the metrics so far
 --
--- A checkpoint is written into step-N.partial/, each file atomically (temp, fsync, rename), then
--- the directory is renamed to step-N and its parent fsync'd: a directory named step-N is always
--- complete. Older ones beyond `keep` are removed. latest() picks the newest complete one.
+-- A checkpoint is written into step-N.partial/, each file atomically (util.atomic_write: temp,
+-- fsync, rename), then the directory is renamed to step-N and its parent fsync'd: a directory
+-- named step-N is always complete. Older ones beyond `keep` are removed. latest() picks the newest complete one.
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local lfs = require "lfs"
@@ -17,6 +17,7 @@ local cjson = require "cjson"
 local st = require "nvlua.safetensors"
 local data = require "nvlua.data"
 local config = require "nvlua.config"
+local util = require "nvlua.util"
 
 local ckpt = {}
 
@@ -64,7 +65,10 @@ local function text_to_int(v) return type(v) == "string" and math.tointeger(tonu
 
 -- config.encode: numbers read back bit for bit (cjson keeps 14 digits); a non-finite number
 -- (an amax pushed by a step that went NaN) is written as a string and mapped back on load.
-local function write_json(path, t) data.atomic_write(path, config.encode(t) .. "\n") end
+local function write_json(path, t)
+  local ok, err = util.atomic_write(path, config.encode(t) .. "\n")
+  if not ok then error("checkpoint: " .. path .. ": " .. err, 3) end
+end
 local NONFINITE = {inf = math.huge, ["-inf"] = -math.huge, nan = 0 / 0, ["-nan"] = 0 / 0}
 local function text_to_number(v) if type(v) == "string" then return NONFINITE[v] or tonumber(v) end return v end
 

@@ -12,6 +12,7 @@
 -- write the same format (e.g. numpy: header + ids.astype('<u2').tobytes()).
 local core = require "nvlua.core"
 local lfs = require "lfs"
+local util = require "nvlua.util"
 
 local data = {}
 
@@ -34,7 +35,7 @@ end
 -- ---- shards ---------------------------------------------------------------------------------
 
 --- Write tokens (an i64 tensor, a table of integers, or a byte string for width-1 tokens)
--- as a shard; atomic (temp file, fsync, rename, fsync of the directory).
+-- as a shard, atomically (util.atomic_write); an I/O failure raises.
 function data.write_shard(path, tokens, width)
   width = width or 2
   if width ~= 2 and width ~= 4 then error("write_shard: width must be 2 or 4", 2) end
@@ -63,24 +64,8 @@ function data.write_shard(path, tokens, width)
     end
     parts[#parts + 1] = table.concat(chunk)
   end
-  data.atomic_write(path, table.concat(parts))
-end
-
---- Write bytes to path atomically: temp file in the same directory, flush, fsync, rename over
--- path, fsync the directory. A crash leaves either the old file or the new one, never a mix.
-function data.atomic_write(path, bytes)
-  local dir = path:match("^(.*)/[^/]*$") or "."
-  local tmp = string.format("%s.tmp.%d", path, math.random(1 << 30))
-  local f, err = io.open(tmp, "wb")
-  if not f then error("atomic_write: " .. err, 2) end
-  local ok, werr = f:write(bytes)
-  if ok then ok, werr = f:flush() end
-  f:close()
-  if ok then ok, werr = core.fsync(tmp) end
-  if not ok then os.remove(tmp); error("atomic_write: " .. tostring(werr), 2) end
-  local rok, rerr = os.rename(tmp, path)
-  if not rok then os.remove(tmp); error("atomic_write: " .. tostring(rerr), 2) end
-  core.fsync(dir, true)
+  local ok, err = util.atomic_write(path, table.concat(parts))
+  if not ok then error("write_shard: " .. path .. ": " .. err, 2) end
 end
 
 --- Open a shard: {path, width, count}; nil, msg for a missing file; raises on a malformed one.

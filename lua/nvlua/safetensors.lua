@@ -20,8 +20,9 @@
 -- The writer orders tensors as the reference does (its dtype enum, in decreasing alignment, then
 -- name), so every tensor is aligned to its element size and the output for a given input is
 -- byte-identical to safetensors' own `save_file` (checked against safetensors 0.8.0; metadata keys
--- are sorted, where the reference leaves their order to a hash map). It writes a temp file beside the target and renames it over the target, so a reader
--- sees the old file or the new one, never a half-written one.
+-- are sorted, where the reference leaves their order to a hash map). It writes through
+-- util.atomic_write (a temp file <path>.tmp, fsync'd and renamed over the target), so a reader sees
+-- the old file or the new one, never a half-written one.
 --
 -- JSON numbers are read as doubles (lua-cjson), so offsets and dims above 2^53 are rounded; any
 -- such value is far out of range of a real file and is rejected as such.
@@ -32,6 +33,7 @@
 local nv = require "nvlua"
 local cjson = require "cjson"
 local core = require "nvlua.core"
+local util = require "nvlua.util"
 
 local st = {}
 
@@ -71,10 +73,6 @@ local function json_string(s)
     if c == "\127" then return c end
     return ESC[c] or string.format("\\u%04x", c:byte())
   end) .. '"'
-end
-
-local function dirname(path)
-  return path:match("^(.*)/[^/]*$") or "."
 end
 
 -- the entries of a save, in file order: {name, t = tensor, dtype = "F32".., shape, nbytes}
@@ -162,14 +160,7 @@ function st.save(path, tensors, metadata)
   if type(path) ~= "string" then error("safetensors: save: path must be a string, got " .. type(path), 2) end
   local list = plan_save(path, tensors)
   local header = header_json(path, list, metadata)
-  local tmp = path .. ".tmp"
-  local f, oerr = io.open(tmp, "wb")
-  if not f then return nil, string.format("safetensors: %s: cannot write the temp file: %s", path, oerr) end
-  local ok, werr = pcall(function()
-    local function put(s)
-      local r, e = f:write(s)
-      if not r then error({io = e}) end
-    end
+  local ok, err = util.atomic_write(path, function(put)
     put(string.pack("<I8", #header))
     put(header)
     for _, e in ipairs(list) do
@@ -182,33 +173,9 @@ function st.save(path, tensors, metadata)
       end
       put(b)
     end
-    local r, e = f:flush()
-    if not r then error({io = e}) end
-  end)
-  local cok, cerr = f:close()
-  if ok and not cok then ok, werr = false, {io = cerr} end
-  if ok then
-    local _, ferr = st.fsync_hook(tmp, false)
-    if ferr ~= nil then
-      os.remove(tmp)
-      return nil, string.format("safetensors: %s: cannot sync the temp file: %s", path, tostring(ferr))
-    end
-    local rok, rerr = os.rename(tmp, path)
-    if not rok then
-      os.remove(tmp)
-      return nil, string.format("safetensors: %s: cannot rename the temp file over it: %s", path, rerr)
-    end
-    _, ferr = st.fsync_hook(dirname(path), true)
-    if ferr ~= nil then
-      return nil, string.format("safetensors: %s: written, but syncing its directory failed: %s", path, tostring(ferr))
-    end
-    return true
-  end
-  os.remove(tmp)
-  if type(werr) == "table" and werr.io then
-    return nil, string.format("safetensors: %s: write failed: %s", path, tostring(werr.io))
-  end
-  error(werr, 0)
+  end, {tmp = path .. ".tmp", fsync = st.fsync_hook})
+  if not ok then return nil, string.format("safetensors: %s: %s", path, err) end
+  return true
 end
 
 -- ---- reading ------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ local optim = require "nvlua.optim"
 local data = require "nvlua.data"
 local schedule = require "nvlua.schedule"
 local config = require "nvlua.config"
+local util = require "nvlua.util"
 local ckpt = require "nvlua.checkpoint"
 local plot = require "nvlua.plot"
 
@@ -321,7 +322,8 @@ function train.run(c, p)
       end
       f:close()
     end
-    data.atomic_write(mpath, table.concat(kept))
+    local wok, werr = util.atomic_write(mpath, table.concat(kept))
+    if not wok then error("train: " .. mpath .. ": " .. werr, 0) end
   end
   local mf = main and assert(io.open(mpath, start_step > 0 and "a" or "w")) or silent
 

@@ -1,4 +1,6 @@
--- nvlua.util: small helpers the Lua library shares (option checking, shapes).
+-- nvlua.util: small helpers the Lua library shares (option checking, shapes, atomic file writes).
+local core = require "nvlua.core"
+
 local util = {}
 
 --- util.check_opts(opts, valid, fname) -> opts ({} for nil): the one option checker of the Lua
@@ -36,6 +38,60 @@ end
 function util.shape_str(s)
   if type(s) ~= "table" then s = s:size() end
   return "[" .. table.concat(s, ",") .. "]"
+end
+
+-- An I/O failure inside atomic_write's writing (a marker table, told apart from other errors).
+local IO_FAIL = {}
+local function io_fail(msg) error(setmetatable({msg = msg}, IO_FAIL), 0) end
+
+-- the contents (a string, or a function calling put(s) for each piece) into the open file f
+local function write_contents(f, contents)
+  local function put(s)
+    local ok, err = f:write(s)
+    if not ok then io_fail(err) end
+  end
+  if type(contents) == "string" then put(contents) else contents(put) end
+  local ok, err = f:flush()
+  if not ok then io_fail(err) end
+end
+
+--- util.atomic_write(path, contents [, {tmp =, fsync =}]) -> true | nil, msg
+-- Writes contents (a string, or a function(put) that calls put(s) for each piece) to a temp file
+-- beside path, flushes and fsyncs it, renames it over path and fsyncs the directory: a crash
+-- leaves the old file or the new one, never a mix. opts.tmp names the temp file (default
+-- "<path>.tmp.<random>", so writers racing on one path do not share it); opts.fsync(path, is_dir)
+-- -> true | nil, msg makes a file or directory durable (core.fsync by default). An I/O failure
+-- returns nil and a message saying what failed ("cannot write the temp file: ...", "write failed:
+-- ...", "cannot sync the temp file: ...", "cannot rename the temp file over it: ...", "written, but
+-- syncing its directory failed: ..."); an error raised by a contents function is raised again.
+-- Except after the rename, the temp file is removed and a file already at path is left as it was.
+function util.atomic_write(path, contents, opts)
+  opts = util.check_opts(opts, {tmp = true, fsync = true}, "atomic_write")
+  local fsync = opts.fsync or core.fsync
+  local tmp = opts.tmp or string.format("%s.tmp.%d", path, math.random(1 << 30))
+  local f, oerr = io.open(tmp, "wb")
+  if not f then return nil, "cannot write the temp file: " .. tostring(oerr) end
+  local ok, err = pcall(write_contents, f, contents)
+  local cok, cerr = f:close()
+  if ok and not cok then ok, err = false, setmetatable({msg = cerr}, IO_FAIL) end
+  if not ok then
+    os.remove(tmp)
+    if getmetatable(err) == IO_FAIL then return nil, "write failed: " .. tostring(err.msg) end
+    error(err, 0)
+  end
+  local _, ferr = fsync(tmp, false)
+  if ferr ~= nil then
+    os.remove(tmp)
+    return nil, "cannot sync the temp file: " .. tostring(ferr)
+  end
+  local rok, rerr = os.rename(tmp, path)
+  if not rok then
+    os.remove(tmp)
+    return nil, "cannot rename the temp file over it: " .. tostring(rerr)
+  end
+  _, ferr = fsync(path:match("^(.*)/[^/]*$") or ".", true)
+  if ferr ~= nil then return nil, "written, but syncing its directory failed: " .. tostring(ferr) end
+  return true
 end
 
 return util
