@@ -37,14 +37,14 @@ end
 
 -- ---- one configuration, in a child process: prints "RESULT nvlua <recipe> <layers> <ms> <peak bytes>"
 if cfg.one ~= "" then
-  local nn = require "nvlua.nn"
+  local llama = require "nvlua.llama"
   local optim = require "nvlua.optim"
   local recipe = require "nvlua.recipe"
   local rname, layers = cfg.one:match("^([%w_]+):(%d+)$")
   layers = math.tointeger(tonumber(layers))
   nv.cuda.set_sync(false)
   local rec = rname == "nvfp4" and recipe.nvfp4({bf16_first = 0, bf16_last = 0}) or recipe[rname]()
-  local m = nn.Llama(model_config(layers, cfg.seq), {seed = 1, recipe = rec}):to("cuda")
+  local m = llama.Llama(model_config(layers, cfg.seq), {seed = 1, recipe = rec}):to("cuda")
   local opt = optim.AdamW(m:named_parameters(), {lr = 1e-4, betas = {0.9, 0.95}, weight_decay = 0.1})
   local g = nv.Generator(5)
   local ids = (nv.rand({1, cfg.seq + 1}, {generator = g}) * 255):to("i64")

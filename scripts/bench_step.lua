@@ -4,7 +4,7 @@
 -- experiments/bench/ with the machine and date.
 --   build/nvlua scripts/bench_step.lua [steps=5] [batch=8] [seq=128] [recipes=bf16,fp8_cs,mxfp8,nvfp4]
 local nv = require "nvlua"
-local nn = require "nvlua.nn"
+local llama = require "nvlua.llama"
 local optim = require "nvlua.optim"
 local quant = require "nvlua.quant"
 local recipe = require "nvlua.recipe"
@@ -84,7 +84,7 @@ print("|---|---:|---:|---:|---:|---:|---:|---:|")
 local bf16_ms
 local flops_gemm = 6 * tokens * (6 * (384 * 64 * (6 * 2 + 2 * 2) + 3 * 384 * 1024) + 384 * 256)
 for r in cfg.recipes:gmatch("[^,]+") do
-  local model = nn.Llama(mcfg, {recipe = recipe[r](), seed = 1})
+  local model = llama.Llama(mcfg, {recipe = recipe[r](), seed = 1})
   local opt = optim.AdamW(model:named_parameters(), {lr = 1e-3})
   local times, tq, tg = {}, {}, {}
   for i = 0, cfg.steps do
@@ -114,4 +114,4 @@ for r in cfg.recipes:gmatch("[^,]+") do
 end
 print("")
 print(string.format("parameters: %.2fM; GEMM FLOPs per step %.2f G (6 x tokens x GEMM parameters)",
-  nn.Llama(mcfg):num_parameters() / 1e6, flops_gemm / 1e9))
+  llama.Llama(mcfg):num_parameters() / 1e6, flops_gemm / 1e9))

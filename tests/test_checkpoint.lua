@@ -14,7 +14,7 @@
 -- (scripts/check_hf_export.py checks the other direction with transformers itself.)
 local T = require "nvlua.test"
 local nv = require "nvlua"
-local nn = require "nvlua.nn"
+local llama = require "nvlua.llama"
 local optim = require "nvlua.optim"
 local recipe = require "nvlua.recipe"
 local data = require "nvlua.data"
@@ -62,7 +62,7 @@ end
 
 -- everything a run holds, built from a model seed and a recipe
 local function setup(model_seed, rec)
-  local model = nn.Llama(tiny(), {recipe = rec, seed = model_seed})
+  local model = llama.Llama(tiny(), {recipe = rec, seed = model_seed})
   local opt = optim.AdamW(model:named_parameters(), {lr = 1e-2, betas = {0.9, 0.95}, weight_decay = 0.1})
   local loader = data.Loader({data.open_shard(SHARD)}, {batch = 2, seq = 16, seed = 3})
   return {model = model, optimizer = opt, recipe = rec, loader = loader}
@@ -162,7 +162,7 @@ T.case("load errors: a checkpoint from another model, a missing trainer.json", f
   local a = setup(1, recipe.f32())
   local run = fresh("err")
   local dir = ckpt.save(run, {model = a.model, optimizer = a.optimizer, step = 1})
-  local other = nn.Llama(tiny({hidden_size = 48}), {seed = 1})
+  local other = llama.Llama(tiny({hidden_size = 48}), {seed = 1})
   T.raises(function() ckpt.load(dir, {model = other}) end, "shape mismatch")
   T.raises(function() ckpt.load(run .. "/nowhere", {model = a.model}) end, "trainer.json")
   local l = data.Loader({data.open_shard(SHARD)}, {batch = 2, seq = 16, seed = 4})
@@ -173,7 +173,7 @@ end)
 -- ---- directories -------------------------------------------------------------------------------
 
 T.case("keep=K prunes the oldest; keep=0 keeps all", function()
-  local m = nn.Llama(tiny(), {seed = 1})
+  local m = llama.Llama(tiny(), {seed = 1})
   local run = fresh("keep")
   for s = 1, 5 do ckpt.save(run, {model = m, step = s, keep = 2}) end
   local names = {}
@@ -188,7 +188,7 @@ T.case("keep=K prunes the oldest; keep=0 keeps all", function()
 end)
 
 T.case("latest() ignores .partial, directories without trainer.json, other names; orders by step", function()
-  local m = nn.Llama(tiny(), {seed = 1})
+  local m = llama.Llama(tiny(), {seed = 1})
   local run = fresh("latest")
   T.eq(ckpt.latest(run), nil, "no checkpoints yet")
   ckpt.save(run, {model = m, step = 5, keep = 0})
@@ -258,7 +258,7 @@ end
 
 T.case("config.json has every HF LlamaConfig key; model.safetensors has format pt, HF names and shapes", function()
   for _, tied in ipairs({false, true}) do
-    local m = nn.Llama(tiny({tie_word_embeddings = tied}), {seed = 2})
+    local m = llama.Llama(tiny({tie_word_embeddings = tied}), {seed = 2})
     local dir = ckpt.save(fresh("hf"), {model = m, step = 1})
     local c, text = read_json(dir .. "/config.json")
     for _, k in ipairs(HF_KEYS) do T.ok(c[k] ~= nil, "config.json has " .. k) end
@@ -291,13 +291,13 @@ end)
 T.case("rope_scaling (llama3) survives the export with its rope_type", function()
   local rs = {rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
     original_max_position_embeddings = 16}
-  local m = nn.Llama(tiny({rope_scaling = rs}), {seed = 3})
+  local m = llama.Llama(tiny({rope_scaling = rs}), {seed = 3})
   local dir = ckpt.save(fresh("rope"), {model = m, step = 1})
   local c = read_json(dir .. "/config.json")
   T.eq(c.rope_scaling, rs)
   local back = ckpt.from_pretrained(dir)
   T.eq(logits_of(back), logits_of(m))
-  local plain = nn.Llama(tiny(), {seed = 3})
+  local plain = llama.Llama(tiny(), {seed = 3})
   T.ok(logits_of(plain) ~= logits_of(m), "the scaling changes the logits (so the comparison sees it)")
 end)
 

@@ -17,7 +17,7 @@
 -- Every case needs a GPU and skips without one.
 local T = require "nvlua.test"
 local nv = require "nvlua"
-local nn = require "nvlua.nn"
+local llama = require "nvlua.llama"
 local optim = require "nvlua.optim"
 local recipe = require "nvlua.recipe"
 
@@ -79,8 +79,8 @@ T.case("Llama:to('cuda') and back keeps every value; the gradient buffer and opt
   need_gpu()
   local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2,
     num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32, tie_word_embeddings = true}
-  local cpu = nn.Llama(cfg, {seed = 3})
-  local m = nn.Llama(cfg, {seed = 3}):to("cuda")
+  local cpu = llama.Llama(cfg, {seed = 3})
+  local m = llama.Llama(cfg, {seed = 3}):to("cuda")
   T.eq(m.grad_buffer:device(), "cuda", "flat gradient buffer")
   local opt = optim.AdamW(m:named_parameters(), {lr = 1e-3})
   for name, t in pairs(opt:state().m) do T.eq(t:device(), "cuda", "AdamW m of " .. name) end
@@ -118,7 +118,7 @@ end
 local function losses(dev, rname, n)
   local cfg = {vocab_size = 64, hidden_size = 128, intermediate_size = 256, num_hidden_layers = 2,
     num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64}
-  local m = nn.Llama(cfg, {seed = 7, recipe = recipe[rname]()})
+  local m = llama.Llama(cfg, {seed = 7, recipe = recipe[rname]()})
   if dev == "cuda" then m:to("cuda") end
   local opt = optim.AdamW(m:named_parameters(), {lr = 3e-3, betas = {0.9, 0.95}, weight_decay = 0.1})
   local out = {}

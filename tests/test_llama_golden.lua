@@ -1,4 +1,4 @@
--- tests/test_llama_golden.lua: nn.Llama under the f32 recipe against PyTorch — logits, loss,
+-- tests/test_llama_golden.lua: llama.Llama under the f32 recipe against PyTorch — logits, loss,
 -- every parameter gradient, the losses of 5 AdamW steps and the parameters after them — for the
 -- 2-layer GQA tiny Llama in tests/data/tiny_llama_ref.safetensors (scripts/make_reference.py:
 -- transformers' LlamaForCausalLM on the CPU in f32, cross-checked there against a plain-torch Llama).
@@ -44,7 +44,7 @@ local TOL = {
   final_abs = 1e-3 * LR,
 }
 
-local ok_nn, nn = pcall(require, "nvlua.nn")
+local ok_llama, llama = pcall(require, "nvlua.llama")
 local ok_optim, optim = pcall(require, "nvlua.optim")
 local ok_recipe, recipe = pcall(require, "nvlua.recipe")
 
@@ -61,8 +61,8 @@ end
 
 -- a fresh model holding the reference weights
 local function make_model()
-  if not (ok_nn and ok_recipe) then T.skip("nvlua.nn / nvlua.recipe not available") end
-  local model = nn.Llama(cjson.decode(meta.config), {recipe = recipe.f32()})
+  if not (ok_llama and ok_recipe) then T.skip("nvlua.llama / nvlua.recipe not available") end
+  local model = llama.Llama(cjson.decode(meta.config), {recipe = recipe.f32()})
   local dict = {}
   for _, p in ipairs(model:named_parameters()) do dict[p.name] = ref[p.name] end
   model:load_state_dict(dict)

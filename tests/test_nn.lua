@@ -1,5 +1,5 @@
--- tests/test_nn.lua: the Lua layer library (lua/nvlua/nn.lua), AdamW and clipping (optim.lua) and
--- the gradient checker (gradcheck.lua).
+-- tests/test_nn.lua: the Lua layer library (lua/nvlua/nn.lua), the Llama model (llama.lua), AdamW
+-- and clipping (optim.lua) and the gradient checker (gradcheck.lua).
 --   * finite-difference gradient checks of Linear, Embedding, RMSNorm, Attention (GQA), MLP, Block
 --     and of the whole tiny Llama (loss included) under the f32 recipe; gradcheck.lua states its
 --     tolerance (about u*F/h for the f32 rounding noise, 1% for truncation). Modules are
@@ -14,6 +14,7 @@
 local T = require "nvlua.test"
 local nv = require "nvlua"
 local nn = require "nvlua.nn"
+local llama = require "nvlua.llama"
 local optim = require "nvlua.optim"
 local gradcheck = require "nvlua.gradcheck"
 local recipe = require "nvlua.recipe"
@@ -91,13 +92,13 @@ end)
 
 T.case("gradcheck Block: norms, attention, MLP, residuals", function()
   local g = nv.Generator(16)
-  local m = reinit(nn.Block(tiny_config(), {index = 0, generator = g}):set_recipe(F32), g)
+  local m = reinit(llama.Block(tiny_config(), {index = 0, generator = g}):set_recipe(F32), g)
   local rep = gradcheck(m, {nv.randn(2, 8, 32, {generator = g})})
   T.eq(#rep.tensors, 10) -- x and 9 parameters
 end)
 
 local function llama_gradcheck(cfg, loss_opts)
-  local m = nn.Llama(cfg, {recipe = F32, seed = 3})
+  local m = llama.Llama(cfg, {recipe = F32, seed = 3})
   reinit(m, nv.Generator(17))
   local ids, tg = ids_tensor(IDS), ids_tensor(TARGETS)
   if loss_opts and loss_opts.ignore_index then tg:set(1, 3, loss_opts.ignore_index); tg:set(2, 8, loss_opts.ignore_index) end
@@ -164,7 +165,7 @@ end
 
 for _, tied in ipairs({false, true}) do
   T.case("Hugging Face names, order, shapes, no_decay (" .. (tied and "tied" or "untied") .. " embeddings)", function()
-    local m = nn.Llama(tiny_config({tie_word_embeddings = tied}), {seed = 1, recipe = F32})
+    local m = llama.Llama(tiny_config({tie_word_embeddings = tied}), {seed = 1, recipe = F32})
     local got = m:named_parameters()
     local want = expected_names(2, tied)
     T.eq(#got, #want)
@@ -210,11 +211,17 @@ for _, tied in ipairs({false, true}) do
 end
 
 T.case("the same seed gives the same model; different seeds differ", function()
-  local a = nn.Llama(tiny_config(), {seed = 5}):state_dict()
-  local b = nn.Llama(tiny_config(), {seed = 5}):state_dict()
-  local c = nn.Llama(tiny_config(), {seed = 6}):state_dict()
+  local a = llama.Llama(tiny_config(), {seed = 5}):state_dict()
+  local b = llama.Llama(tiny_config(), {seed = 5}):state_dict()
+  local c = llama.Llama(tiny_config(), {seed = 6}):state_dict()
   for k, v in pairs(a) do T.ok(v:allclose(b[k], 0, 0), k) end
   T.ok(not a["lm_head.weight"]:allclose(c["lm_head.weight"], 0, 0))
+end)
+
+T.case("nn.Llama and nn.Block are llama.lua's classes (the names nn kept when the model moved)", function()
+  T.ok(nn.Llama == llama.Llama, "nn.Llama")
+  T.ok(nn.Block == llama.Block, "nn.Block")
+  T.ok(nn.is_instance(nn.Llama(tiny_config(), {seed = 1}), nn.Module), "a Llama is an nn.Module")
 end)
 
 T.case("config: Hugging Face defaults, head_dim, unknown keys and bad values", function()
@@ -225,18 +232,18 @@ T.case("config: Hugging Face defaults, head_dim, unknown keys and bad values", f
   T.eq(c.rms_norm_eps, 1e-6)
   T.eq(c.tie_word_embeddings, false)
   T.eq(c.vocab_size, 32000)
-  local err = T.raises(function() nn.Llama(tiny_config({hidden_layers = 2})) end, "unknown key 'hidden_layers'")
+  local err = T.raises(function() llama.Llama(tiny_config({hidden_layers = 2})) end, "unknown key 'hidden_layers'")
   T.ok(err:find("num_hidden_layers", 1, true) and err:find("rope_scaling", 1, true), "lists the valid keys: " .. err)
   T.raises(function() nn.llama_config({num_attention_heads = 4, num_key_value_heads = 3}) end, "multiple of")
   T.raises(function() nn.llama_config({hidden_act = "gelu"}) end, "hidden_act = gelu is not supported")
   T.raises(function() nn.llama_config({rope_scaling = {rope_type = "yarn", factor = 4}}) end, "rope_type 'yarn'")
   T.raises(function() nn.llama_config({rope_scaling = {rope_type = "llama3", fctor = 4}}) end, "unknown rope_scaling key")
-  T.raises(function() nn.Llama(tiny_config(), {sed = 1}) end, "unknown option 'sed'")
+  T.raises(function() llama.Llama(tiny_config(), {sed = 1}) end, "unknown option 'sed'")
   -- a config.json's bookkeeping keys are accepted
   nn.llama_config({architectures = {"LlamaForCausalLM"}, model_type = "llama", torch_dtype = "bfloat16",
     bos_token_id = 128000, eos_token_id = 128001, hidden_act = "silu", attention_bias = false})
   -- explicit head_dim: projections are [H*D, C]
-  local m = nn.Llama(tiny_config({head_dim = 16}), {seed = 1, recipe = F32})
+  local m = llama.Llama(tiny_config({head_dim = 16}), {seed = 1, recipe = F32})
   local sd = m:state_dict()
   T.eq(sd["model.layers.0.self_attn.q_proj.weight"]:size(), {64, 32})
   T.eq(sd["model.layers.0.self_attn.k_proj.weight"]:size(), {32, 32})
@@ -250,8 +257,8 @@ end)
 -- ---- state dicts ------------------------------------------------------------------------------------
 
 T.case("load_state_dict: round trip, and errors that name the offending parameters", function()
-  local a = nn.Llama(tiny_config(), {seed = 1, recipe = F32})
-  local b = nn.Llama(tiny_config(), {seed = 2, recipe = F32})
+  local a = llama.Llama(tiny_config(), {seed = 1, recipe = F32})
+  local b = llama.Llama(tiny_config(), {seed = 2, recipe = F32})
   local ids = ids_tensor(IDS)
   local before = b:state_dict()["model.norm.weight"]:clone()
   b:state_dict()["model.norm.weight"]:fill_(2)
@@ -286,7 +293,7 @@ T.case("load_state_dict: round trip, and errors that name the offending paramete
   b:load_state_dict(half)
   T.ok(b:state_dict()[q]:allclose(a:state_dict()[q]:to("bf16"):to("f32"), 0, 0))
   -- a tied model has no lm_head.weight
-  local t = nn.Llama(tiny_config({tie_word_embeddings = true}), {seed = 1})
+  local t = llama.Llama(tiny_config({tie_word_embeddings = true}), {seed = 1})
   T.raises(function() t:load_state_dict(a:state_dict()) end, "unexpected keys: lm_head.weight")
   before:free()
 end)
@@ -294,7 +301,7 @@ end)
 -- ---- behaviour ------------------------------------------------------------------------------------
 
 T.case("train/eval: same logits; eval keeps nothing for backward; forward_backward accumulates", function()
-  local m = nn.Llama(tiny_config(), {seed = 1, recipe = F32})
+  local m = llama.Llama(tiny_config(), {seed = 1, recipe = F32})
   local ids, tg = ids_tensor(IDS), ids_tensor(TARGETS)
   local l1 = m:forward(ids)
   m:backward(nv.zeros(16, 50))
@@ -322,7 +329,7 @@ T.case("the recipe sees each linear's name, block, num_blocks, high_precision an
   local r = recipe.f32()
   local seen = {}
   r:trace(function(e) if e.role == "fprop" then seen[#seen + 1] = e.ctx end end)
-  local m = nn.Llama(tiny_config(), {seed = 1, recipe = r})
+  local m = llama.Llama(tiny_config(), {seed = 1, recipe = r})
   m.step = 7
   m:forward(ids_tensor(IDS))
   r:trace(nil)
@@ -356,7 +363,7 @@ T.case("modules free what they allocate (nothing is left for the garbage collect
     gw:free()
     return dy:matmul(s.w)
   end
-  local m = nn.Llama(tiny_config(), {seed = 1, recipe = r})
+  local m = llama.Llama(tiny_config(), {seed = 1, recipe = r})
   local ids, tg = ids_tensor(IDS), ids_tensor(TARGETS)
   m:forward_backward(ids, tg) -- builds the RoPE tables
   collectgarbage()
@@ -382,7 +389,7 @@ end)
 -- ---- optimizer ------------------------------------------------------------------------------------
 
 T.case("AdamW groups: weight decay on linear weights, none on norms and embeddings", function()
-  local m = nn.Llama(tiny_config(), {seed = 1})
+  local m = llama.Llama(tiny_config(), {seed = 1})
   local opt = optim.AdamW(m:named_parameters(), {lr = 1e-3, weight_decay = 0.1})
   T.eq(#opt.groups, 2)
   local decay, no_decay = {}, {}
@@ -455,7 +462,7 @@ end)
 
 T.case("AdamW: state() / load_state() resume exactly; mismatches raise", function()
   local function setup(seed)
-    local m = nn.Llama(tiny_config({num_hidden_layers = 1}), {seed = seed, recipe = F32})
+    local m = llama.Llama(tiny_config({num_hidden_layers = 1}), {seed = seed, recipe = F32})
     return m, optim.AdamW(m:named_parameters(), {lr = 1e-2})
   end
   local ids, tg = ids_tensor(IDS), ids_tensor(TARGETS)
@@ -492,7 +499,7 @@ T.case("clip_grad_norm: global L2 norm over all grads; scales only above max_nor
   T.ok(n ~= n, "a NaN norm is returned")
   T.near(a.grad:get(1, 1), 0.6, 1e-6, "and the grads are left alone")
   -- on a model: the norm is sqrt of the sum of squares of its flat grad buffer
-  local m = nn.Llama(tiny_config(), {seed = 1, recipe = F32})
+  local m = llama.Llama(tiny_config(), {seed = 1, recipe = F32})
   m:forward_backward(ids_tensor(IDS), ids_tensor(TARGETS))
   local want = math.sqrt((m.grad_buffer * m.grad_buffer):sum())
   T.near(optim.clip_grad_norm(m, 1e9), want, 1e-6 * want)
@@ -543,7 +550,7 @@ local function learns(rname, expect_label)
   local cfg = {vocab_size = 32, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2,
     num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64}
   local r = recipe[rname]()
-  local m = nn.Llama(cfg, {seed = 1, recipe = r})
+  local m = llama.Llama(cfg, {seed = 1, recipe = r})
   local ids, tg = pattern_batch(4, 32)
   local floor = bigram_floor(ids, tg)
   T.ok(floor > 0.6 and floor < 0.75, "bigram floor " .. floor)
@@ -576,7 +583,7 @@ T.case("a tiny model learns a period-7 sequence under recipe.nvfp4()", function(
 T.case("stats: a Llama with bf16 first/last blocks runs exactly the expected GEMMs per format", function()
   local recipe = require "nvlua.recipe"
   local stats = require "nvlua.stats"
-  local m = nn.Llama({vocab_size = 32, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 4,
+  local m = llama.Llama({vocab_size = 32, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 4,
     num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16},
     {recipe = recipe.nvfp4({bf16_first = 1, bf16_last = 1}), seed = 3})
   local ids = nv.tensor({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}, "i64")
@@ -592,7 +599,7 @@ T.case("stats: a Llama with bf16 first/last blocks runs exactly the expected GEM
 end)
 
 T.case("model:to(device): to the cpu keeps every value and gradient; the grads stay views of one flat buffer", function()
-  local m = nn.Llama(tiny_config({tie_word_embeddings = true}), {seed = 5, recipe = recipe.bf16()})
+  local m = llama.Llama(tiny_config({tie_word_embeddings = true}), {seed = 5, recipe = recipe.bf16()})
   local ids = nv.tensor({{1, 2, 3, 4, 5, 6, 7, 8}}, "i64")
   local tg = nv.tensor({{2, 3, 4, 5, 6, 7, 8, 9}}, "i64")
   m:forward_backward(ids, tg)
@@ -613,7 +620,7 @@ T.case("model:to(device): to the cpu keeps every value and gradient; the grads s
 end)
 
 T.case("model:to(device): an unknown device, or cuda without a GPU, is a clear error", function()
-  local m = nn.Llama(tiny_config(), {seed = 5})
+  local m = llama.Llama(tiny_config(), {seed = 5})
   T.raises(function() m:to("gpu") end, "Module:to: invalid device 'gpu' (valid: cpu, cuda)")
   if nv.cuda.available() then T.skip("a GPU is present: the cuda move is tested in test_cuda_train.lua") end
   T.raises(function() m:to("cuda") end, "Module:to: device 'cuda' is not available here")

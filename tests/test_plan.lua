@@ -2,7 +2,7 @@
 -- against the measured peak of a real training step.
 local T = require "nvlua.test"
 local nv = require "nvlua"
-local nn = require "nvlua.nn"
+local llama = require "nvlua.llama"
 local optim = require "nvlua.optim"
 local plan = require "nvlua.plan"
 
@@ -10,11 +10,11 @@ local cfg = {vocab_size = 256, hidden_size = 128, intermediate_size = 384, num_h
   num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64}
 
 T.case("parameter counts match the built model", function()
-  T.eq(plan.params(cfg).total, nn.Llama(cfg):num_parameters())
+  T.eq(plan.params(cfg).total, llama.Llama(cfg):num_parameters())
   local tied = {}
   for k, v in pairs(cfg) do tied[k] = v end
   tied.tie_word_embeddings = true
-  T.eq(plan.params(tied).total, nn.Llama(tied):num_parameters())
+  T.eq(plan.params(tied).total, llama.Llama(tied):num_parameters())
   -- Llama 3 8B: 8.03B parameters
   local p = plan.params({vocab_size = 128256, hidden_size = 4096, intermediate_size = 14336, num_hidden_layers = 32,
     num_attention_heads = 32, num_key_value_heads = 8})
@@ -27,7 +27,7 @@ T.case("the memory plan predicts a training step's peak within 20%", function()
     nv.reset_peak_memory()
     local base = nv.memory().cpu
     local r = nv.recipe[name]()
-    local m = nn.Llama(cfg, {recipe = r, seed = 1})
+    local m = llama.Llama(cfg, {recipe = r, seed = 1})
     local opt = optim.AdamW(m:named_parameters(), {lr = 1e-3})
     local g = nv.Generator(3)
     local x = (nv.rand(4, 64, {generator = g}) * 255):to("i64")

@@ -20,7 +20,7 @@ local function is_bf16_valued(t) return t:dtype() == "f32" and t:to("bf16"):to("
 local BLOCK_LINEARS = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
   "mlp.up_proj", "mlp.down_proj"}
 
--- A stand-in for nn.Llama: 7 linears per block, then the LM head (high precision, no block).
+-- A stand-in for llama.Llama: 7 linears per block, then the LM head (high precision, no block).
 local function fake_model(L)
   local lin = {}
   for b = 0, L - 1 do

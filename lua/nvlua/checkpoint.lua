@@ -150,7 +150,7 @@ function ckpt.latest(run_dir)
   return all[#all]
 end
 
---- Read a checkpoint's HF config.json into nn.Llama config keys.
+--- Read a checkpoint's HF config.json into llama.Llama config keys.
 function ckpt.read_config(dir)
   local c, err = read_json(dir .. "/config.json")
   if not c then return nil, err end
@@ -168,13 +168,13 @@ function ckpt.read_config(dir)
   return out
 end
 
---- ckpt.from_pretrained(dir [, {recipe =}]) -> an nn.Llama with the weights of dir (a Hugging
+--- ckpt.from_pretrained(dir [, {recipe =}]) -> a llama.Llama with the weights of dir (a Hugging
 -- Face Llama directory with config.json and model.safetensors, or an nvlua checkpoint).
 function ckpt.from_pretrained(dir, o)
-  local nn = require "nvlua.nn"
+  local llama = require "nvlua.llama"
   local c, err = ckpt.read_config(dir)
   if not c then error("from_pretrained: " .. tostring(err), 2) end
-  local model = nn.Llama(c, {recipe = o and o.recipe})
+  local model = llama.Llama(c, {recipe = o and o.recipe})
   local tensors = st.load(dir .. "/model.safetensors")
   if not tensors then error("from_pretrained: no model.safetensors in " .. dir, 2) end
   model:load_state_dict(tensors)

@@ -161,7 +161,7 @@ ShardedAdamW.__index = ShardedAdamW
 local function mib(bytes) return bytes / (1024 * 1024) end
 
 --- optim.ShardedAdamW(model, {lr, betas, eps, weight_decay}, dist) -> ZeRO-1 AdamW
--- model: an nn module with one flat gradient buffer (model.grad_buffer, as nn.Llama has); dist:
+-- model: an nn module with one flat gradient buffer (model.grad_buffer, as llama.Llama has); dist:
 -- require "nvlua.dist" after init. The flat parameter space (every parameter, in
 -- named_parameters order, the grad buffer's order) is padded to a multiple of the world size and
 -- cut into world equal shards; rank r owns shard r and keeps AdamW's m and v for it only, so

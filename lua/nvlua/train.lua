@@ -24,6 +24,7 @@ local nv = require "nvlua"
 local core = require "nvlua.core"
 local cjson = require "cjson"
 local nn = require "nvlua.nn"
+local llama = require "nvlua.llama"
 local optim = require "nvlua.optim"
 local data = require "nvlua.data"
 local schedule = require "nvlua.schedule"
@@ -110,7 +111,7 @@ function train.build(c)
   if c.device == "cuda" and c.shard_optimizer then
     error("config: shard_optimizer=true keeps its shards on the cpu; it does not run with device=cuda yet", 0)
   end
-  local model = nn.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
+  local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
   if world > 1 then
     -- the same weights everywhere (they are by construction, from the seed; this makes it so)
     for _, e in ipairs(model:named_parameters()) do dist.broadcast(e.param, 0) end

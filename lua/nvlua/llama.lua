@@ -1,0 +1,280 @@
+-- nvlua.llama: the Llama 3 model, built from the nn layers.   local llama = require "nvlua.llama"
+-- llama.Block, a decoder layer, and llama.Llama: token embedding, blocks, final norm and LM head,
+-- registered under Hugging Face's parameter names so that the state dict is a Hugging Face
+-- checkpoint's (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
+-- lm_head.weight); its forward/backward over token ids, loss and forward_backward (fused
+-- cross-entropy, z-loss), and one flat gradient buffer. The config is nn.llama_config's (Hugging
+-- Face LlamaConfig keys and defaults). nn.Llama and nn.Block are these same classes.
+-- Not here: the layers (nn.lua), the optimizer (optim.lua), the training loop (train.lua),
+-- checkpoints and Hugging Face config.json (checkpoint.lua).
+-- Shape letters as in nn.lua: B batch, T sequence, N = B*T tokens, C hidden, V vocabulary.
+local nv = require "nvlua"
+local core = require "nvlua.core"
+local util = require "nvlua.util"
+local nn = require "nvlua.nn"
+local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
+local Module, ModuleList, Linear, Embedding, RMSNorm = nn.Module, nn.ModuleList, nn.Linear, nn.Embedding, nn.RMSNorm
+local Attention, MLP = nn.Attention, nn.MLP
+local free_saved, move_to, check_device = nn.free_saved, nn.move_to, nn.check_device
+
+local llama = {}
+
+-- ---- Block --------------------------------------------------------------------------------------
+
+--- llama.Block(config [, {index = 0-based block index, rope =, generator =}]): a Llama decoder layer,
+-- h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)). x (B, T, C).
+local Block = nn.class("Block", Module)
+llama.Block = Block
+
+function Block:__init(config, opts)
+  Module.__init(self)
+  local c = nn.llama_config(config)
+  opts = check_opts(opts, {index = true, rope = true, generator = true, recipe = true}, "Block")
+  self.index = opts.index
+  -- registered in Hugging Face's order (LlamaDecoderLayer: self_attn, mlp, the two norms)
+  self.self_attn = self:register_module("self_attn", Attention(c, {rope = opts.rope, generator = opts.generator,
+    recipe = opts.recipe}))
+  self.mlp = self:register_module("mlp", MLP(c, {generator = opts.generator, recipe = opts.recipe}))
+  self.input_layernorm = self:register_module("input_layernorm", RMSNorm(c.hidden_size, {eps = c.rms_norm_eps}))
+  self.post_attention_layernorm = self:register_module("post_attention_layernorm",
+    RMSNorm(c.hidden_size, {eps = c.rms_norm_eps}))
+  for _, m in ipairs(self:modules()) do
+    if nn.is_instance(m, Linear) then m.block = opts.index end
+  end
+end
+
+function Block:extra_repr() return self.index and ("index=" .. self.index) or "" end
+
+function Block:forward(x)
+  free_saved(self._saved, {"h", "x1", "h2"})
+  self._saved = nil
+  local h = self.input_layernorm:forward(x)                  -- (B, T, C)
+  local a = self.self_attn:forward(h)                        -- (B, T, C)
+  local x1 = a:add_(x)                                       -- (B, T, C) residual, in place on a
+  local h2 = self.post_attention_layernorm:forward(x1)       -- (B, T, C)
+  local m = self.mlp:forward(h2)                             -- (B, T, C)
+  local out = m:add_(x1)                                     -- (B, T, C)
+  if self.training then
+    self._saved = {h = h, x1 = x1, h2 = h2}
+  else
+    h:free(); x1:free(); h2:free()
+  end
+  return out
+end
+
+function Block:backward(dout)
+  local s = self._saved
+  if not s then error("Block:backward without a forward in training mode", 2) end
+  self._saved = nil
+  local dh2 = self.mlp:backward(dout)                        -- (B, T, C)
+  s.h2:free()
+  local dx1 = self.post_attention_layernorm:backward(dh2)    -- (B, T, C)
+  dh2:free(); s.x1:free()
+  dx1:add_(dout)
+  local dh = self.self_attn:backward(dx1)
+  s.h:free()
+  local dx = self.input_layernorm:backward(dh)
+  dh:free()
+  dx:add_(dx1)
+  dx1:free()
+  return dx
+end
+
+-- ---- Llama --------------------------------------------------------------------------------------
+
+--- llama.Llama(config [, {recipe =, seed =, generator =}]): a Llama 3 language model with Hugging Face
+-- parameter names (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
+-- model.norm.weight, lm_head.weight unless tied). Weights: normal(0, initializer_range) from a
+-- Philox generator seeded with `seed` (else the default generator), norms ones. Gradients live in
+-- one flat f32 buffer (model.grad_buffer) that each parameter's grad is a view of.
+-- model.step (set by the training loop) is passed to the recipe as ctx.step.
+local Llama = nn.class("Llama", Module)
+llama.Llama = Llama
+
+function Llama:__init(config, opts)
+  Module.__init(self)
+  local c = nn.llama_config(config)
+  opts = check_opts(opts, {recipe = true, seed = true, generator = true}, "Llama")
+  self.config = c
+  self.step = 0
+  local gen = opts.generator or (opts.seed and nv.Generator(opts.seed)) or nil
+  self.rope = nn.RopeCache(c.head_dim, c.rope_theta, c.rope_scaling)
+  local model = self:register_module("model", Module())
+  self.embed_tokens = model:register_module("embed_tokens",
+    Embedding(c.vocab_size, c.hidden_size, {generator = gen, std = c.initializer_range}))
+  self.layers = model:register_module("layers", ModuleList())
+  for i = 0, c.num_hidden_layers - 1 do
+    self.layers:append(Block(c, {index = i, rope = self.rope, generator = gen}))
+  end
+  self.norm = model:register_module("norm", RMSNorm(c.hidden_size, {eps = c.rms_norm_eps}))
+  self.lm_head = self:register_module("lm_head", Linear(c.hidden_size, c.vocab_size, {high_precision = true,
+    generator = gen, std = c.initializer_range, tie = c.tie_word_embeddings and self.embed_tokens.weight_entry or nil}))
+  self:set_names("")
+  self._linears = {}
+  for _, m in ipairs(self:modules()) do
+    if nn.is_instance(m, Linear) then
+      m.num_blocks = c.num_hidden_layers
+      self._linears[#self._linears + 1] = m
+    end
+  end
+  self:_flatten_grads()
+  if opts.recipe then self:set_recipe(opts.recipe) end
+end
+
+function Llama:extra_repr()
+  local c = self.config
+  return string.format("layers=%d, hidden=%d, heads=%d/%d, ffn=%d, vocab=%d%s", c.num_hidden_layers, c.hidden_size,
+    c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size,
+    c.tie_word_embeddings and ", tied" or "")
+end
+
+-- Make every gradient a view of one flat f32 buffer on the parameters' device (for one
+-- all-reduce / one zero fill); the gradients' values are kept.
+function Llama:_flatten_grads()
+  local entries, total = {}, 0
+  nn.each_entry(self, function(_, e)
+    entries[#entries + 1] = e
+    total = total + e.param:numel()
+  end)
+  local old = self.grad_buffer
+  local buf = nv.zeros(total, {device = self.device or "cpu"})
+  local off = 0
+  for _, e in ipairs(entries) do
+    local n = e.param:numel()
+    local g = buf:narrow(1, off + 1, n):view(e.param:size())
+    if old then g:copy_(e.grad) end
+    e.grad:free()
+    e.grad = g
+    off = off + n
+  end
+  self.grad_buffer = buf
+end
+
+function Llama:zero_grad()
+  self.grad_buffer:zero_()
+  return self
+end
+
+--- model:to(device) -> model: Module:to, with the gradients copied straight into one new flat
+-- buffer on that device
+function Llama:to(device)
+  check_device(device, "Module:to")
+  move_to(self, device, false)
+  local old = self.grad_buffer
+  self:_flatten_grads()
+  old:free()
+  return self
+end
+
+--- model:linears() -> ordered array of {name =, block = 0-based or nil, high_precision =, module =}
+function Llama:linears()
+  local out = {}
+  for _, m in ipairs(self._linears) do
+    out[#out + 1] = {name = m.name, block = m.block, high_precision = m.high_precision, module = m}
+  end
+  return out
+end
+
+local function check_ids(ids, what, fname, max_pos)
+  if not nv.is_tensor(ids) or ids:dtype() ~= "i64" or ids:dim() ~= 2 then
+    error(string.format("%s: %s must be an i64 [B, T] tensor, got %s", fname, what,
+      nv.is_tensor(ids) and (ids:dtype() .. " " .. shape_str(ids)) or type(ids)), 3)
+  end
+  if max_pos and ids:size(2) > max_pos then
+    error(string.format("%s: sequence length %d exceeds max_position_embeddings %d", fname, ids:size(2), max_pos), 3)
+  end
+end
+
+--- model:forward(ids) -> logits [B*T, V] f32; ids i64 [B, T] (0-based token ids)
+function Llama:forward(ids)
+  check_ids(ids, "ids", "Llama:forward", self.config.max_position_embeddings)
+  for _, m in ipairs(self._linears) do m.step = self.step end
+  if self._saved then
+    free_saved(self._saved.acts, self._saved.act_keys)
+    free_saved(self._saved, {"x2", "h"})
+    self._saved = nil
+  end
+  local acts = {}
+  local x = self.embed_tokens:forward(ids)                   -- (B, T, C)
+  for i = 1, self.layers.n do
+    acts[i] = x
+    local nx = self.layers[i]:forward(x)                     -- (B, T, C)
+    if not self.training then x:free() end
+    x = nx
+  end
+  acts[self.layers.n + 1] = x
+  local N, C = ids:numel(), self.config.hidden_size
+  local x2 = x:view(N, C)
+  local h = self.norm:forward(x2)                            -- (N, C)
+  local logits = self.lm_head:forward(h)                     -- (N, V)
+  if self.training then
+    local keys = {}
+    for i = 1, #acts do keys[i] = i end
+    self._saved = {acts = acts, act_keys = keys, x2 = x2, h = h}
+  else
+    x:free(); x2:free(); h:free()
+  end
+  return logits
+end
+
+--- model:backward(dlogits [N, V]): accumulates every parameter gradient; returns nil
+function Llama:backward(dlogits)
+  local s = self._saved
+  if not s then error("Llama:backward without a forward in training mode", 2) end
+  self._saved = nil
+  local dh = self.lm_head:backward(dlogits)                  -- (N, C)
+  s.h:free()
+  local dx2 = self.norm:backward(dh)                         -- (N, C)
+  dh:free(); s.x2:free()
+  local L = self.layers.n
+  local last = s.acts[L + 1]
+  local dx = dx2:view(last:size())
+  dx2:free()
+  last:free()
+  for i = L, 1, -1 do
+    local ndx = self.layers[i]:backward(dx)
+    dx:free()
+    s.acts[i]:free()
+    dx = ndx
+  end
+  self.embed_tokens:backward(dx)
+  dx:free()
+  return nil
+end
+
+--- model:forward_backward(ids, targets [, {ignore_index = -100, z_loss = 0, scale = 1}]) -> loss, count
+-- loss: mean cross-entropy over the counted tokens (targets ~= ignore_index), z-loss included;
+-- every parameter gradient += scale * d(loss)/d(param). targets i64 [B, T], 0-based.
+function Llama:forward_backward(ids, targets, opts)
+  opts = check_opts(opts, {ignore_index = true, z_loss = true, scale = true}, "Llama:forward_backward")
+  check_ids(targets, "targets", "Llama:forward_backward")
+  if not same_shape(ids:size(), targets:size()) then
+    error(string.format("Llama:forward_backward: targets %s do not match ids %s", shape_str(targets), shape_str(ids)), 2)
+  end
+  if not self.training then error("Llama:forward_backward: the model is in eval mode (call model:train())", 2) end
+  local logits = self:forward(ids)                           -- (N, V)
+  local tflat = targets:reshape(targets:numel())             -- (N)
+  local loss, count, dlogits = core.cross_entropy(logits, tflat, {ignore_index = opts.ignore_index or -100,
+    z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1})
+  logits:free()
+  self:backward(dlogits)
+  dlogits:free()
+  return loss, count
+end
+
+--- model:loss(ids, targets [, {ignore_index =, z_loss =}]) -> loss, count, without gradients
+-- (the model's training mode is left as it was; nothing is saved)
+function Llama:loss(ids, targets, opts)
+  opts = check_opts(opts, {ignore_index = true, z_loss = true}, "Llama:loss")
+  local was = self.training
+  self:eval()
+  local ok, logits = pcall(self.forward, self, ids)
+  self:train(was)
+  if not ok then error(logits, 2) end
+  local loss, count = core.cross_entropy(logits, targets:reshape(targets:numel()),
+    {ignore_index = opts.ignore_index or -100, z_loss = opts.z_loss or 0, grad = false})
+  logits:free()
+  return loss, count
+end
+
+return llama
