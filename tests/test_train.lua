@@ -9,6 +9,8 @@
 --   * non-finite loss or gradient (injected by wrapping forward_backward): the step is skipped,
 --     counted, logged, changes nothing; more than max_bad_steps in a row stop the run.
 --   * config: key=value overrides are type-checked; unknown keys list the valid ones; config.json.
+--   * recipes: train.build takes a recipe value or a name registered with recipe.register, and under
+--     dist=true (a world of 2 stubbed in this process) either gets the amax reducer and the shard.
 --   * Ctrl-C (nvlua.signal.raise from inside the run): the step finishes, a checkpoint is written,
 --     summary.interrupted; resume=auto then ends where an uninterrupted run ends, bit for bit.
 --   * eval (val loss and perplexity in metrics.jsonl), the end-of-run sample, loss.png; evaluating
@@ -361,6 +363,63 @@ T.case("config: train.main merges an experiment's defaults, saves the resolved c
   for k in pairs(saved) do T.ok(want[k] ~= nil, "config.json has no extra key " .. k) end
   T.ok(n > 50)
   T.raises(function() run(cfg("main", {"resume=" .. out .. "/nowhere"})) end, "is not a checkpoint directory")
+end)
+
+-- ---- recipes: a value or a registered name -------------------------------------------------------
+
+-- fn() with train.build seeing a world of 2 ranks (rank 0) in this one process: dist's functions
+-- are stubbed (broadcast and all_reduce_number are identities) and put back afterwards.
+local function in_world_of_two(fn)
+  local dist = require "nvlua.dist"
+  local fake = {init = function() return 0, 2 end, rank = function() return 0 end, world_size = function() return 2 end,
+    broadcast = function(t) return t end, all_reduce_number = function(x) return x end}
+  local function set(fns)
+    local prev = {}
+    for k, f in pairs(fns) do prev[k], dist[k] = dist[k], f end
+    return prev
+  end
+  return T.with(set, fake, fn)
+end
+
+T.case("train.build takes a recipe value or a registered name; under dist=true either gets the data-parallel hooks", function()
+  local recipe = require "nvlua.recipe"
+  -- a value: the run's recipe, every linear's, with the amax reducer and the shard set
+  local mine = recipe.custom(function(c) return c.high_precision and "bf16" or "e4m3" end)
+  local c = cfg("recipe/value", {"dist=true"})
+  c.recipe = mine
+  local p = in_world_of_two(function() return train.build(c) end)
+  T.eq(p.world, 2)
+  T.ok(p.recipe == mine, "parts.recipe is the value")
+  for _, l in ipairs(p.model:linears()) do T.ok(l.module.recipe == mine, l.name .. " runs the value") end
+  T.eq(type(mine.amax_reducer), "function", "the amax reducer (max over the ranks) is set")
+  T.eq(mine.amax_reducer(0.5), 0.5)
+  T.eq(mine.shard, {rank = 0, world = 2}, "SR draws at this rank's rows of the global batch")
+  -- a name registered by the user: built from the config's settings, hooked the same way
+  recipe.register("test_train_mine", function(s) return recipe.custom(function() return "bf16" end, {seed = s.seed}) end)
+  T.eq(recipe.names()[#recipe.names()], "test_train_mine")
+  local pn = in_world_of_two(function() return train.build(cfg("recipe/named", {"dist=true", "recipe=test_train_mine"})) end)
+  T.eq(pn.recipe.name, "custom")
+  T.eq(pn.recipe.options.seed, 7, "the config's seed")
+  T.eq(type(pn.recipe.amax_reducer), "function")
+  T.eq(pn.recipe.shard, {rank = 0, world = 2})
+  -- a preset by name, as before
+  local pp = in_world_of_two(function() return train.build(cfg("recipe/preset", {"dist=true", "recipe=nvfp4"})) end)
+  T.eq(type(pp.recipe.amax_reducer), "function")
+  T.eq(pp.recipe.shard, {rank = 0, world = 2})
+  -- one process without dist: no hooks; the value trains, and config.json holds its text
+  local plain = recipe.custom(function() return "bf16" end)
+  local c1 = cfg("recipe/plain", {"steps=2", "eval_every=0", "save=false"})
+  c1.recipe = plain
+  local s = run(c1)
+  T.eq(s.steps, 2)
+  T.eq(plain.amax_reducer, nil)
+  T.eq(plain.shard, nil)
+  local f = assert(io.open(c1.out .. "/config.json"))
+  T.eq(cjson.decode(f:read("a")).recipe, tostring(plain))
+  f:close()
+  T.raises(function() train.build(cfg("recipe/bad", {"recipe=nvfp5"})) end,
+    "config: recipe must be a recipe value or one of f32, bf16, fp8_cs, fp8_delayed, mxfp8, nvfp4")
+  T.raises(function() recipe.make("nvfp5") end, "recipe.make: unknown recipe 'nvfp5' (valid: f32, bf16,")
 end)
 
 -- ---- Ctrl-C ------------------------------------------------------------------------------------

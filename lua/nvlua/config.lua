@@ -69,12 +69,15 @@ local function number(v)
 end
 
 --- config.encode(v) -> JSON text of a value (tables with sorted keys; arrays as arrays) whose
--- numbers read back bit for bit; non-finite numbers are written as strings ("nan", "inf").
+-- numbers read back bit for bit; non-finite numbers are written as strings ("nan", "inf"), and
+-- a table with a __tostring metamethod (a recipe value in a config) as its string.
 function config.encode(v)
   local t = type(v)
   if t == "number" then return number(v) end
   if t ~= "table" then return cjson.encode(v) end
   if v == cjson.null then return "null" end
+  local mt = getmetatable(v)
+  if mt and mt.__tostring then return cjson.encode(tostring(v)) end
   local n = #v
   local keys = {}
   for k in pairs(v) do keys[#keys + 1] = k end

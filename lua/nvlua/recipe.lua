@@ -663,6 +663,53 @@ function M.custom(fn, opts)
   return new("custom", {seed = opts.seed or 1234, switch_at = sw}, f, opts.seed, opts.history)
 end
 
+-- ---- registry ---------------------------------------------------------------------------------
+
+-- Recipes by name, for configs (train.build's recipe=<name>). A constructor takes the settings an
+-- experiment's config gives every recipe, any of them nil: seed, switch_at ({step, forward_only}),
+-- rht, sr, w2d, bf16_first, bf16_last; it uses those that apply to it.
+local registry, registered = {}, {}
+
+--- recipe.register(name, ctor): recipe.make(name, settings) (and recipe=<name> in a config) then
+-- builds ctor(settings), which returns a recipe value (a preset or recipe.custom). Registering a
+-- name again replaces its constructor.
+function M.register(name, ctor)
+  if type(name) ~= "string" or name == "" then
+    error("recipe.register: name must be a non-empty string, got " .. tostring(name), 2)
+  end
+  if type(ctor) ~= "function" then
+    error(string.format("recipe.register: '%s' needs a constructor function(settings) -> recipe, got %s", name, type(ctor)), 2)
+  end
+  if not registry[name] then registered[#registered + 1] = name end
+  registry[name] = ctor
+end
+
+--- recipe.names() -> the registered names, in registration order (the presets first)
+function M.names() return {table.unpack(registered)} end
+
+--- recipe.make(name [, settings]) -> a new recipe from the constructor registered under name
+function M.make(name, settings)
+  local ctor = registry[name]
+  if not ctor then
+    error(string.format("recipe.make: unknown recipe '%s' (valid: %s)", tostring(name), table.concat(registered, ", ")), 2)
+  end
+  local r = ctor(settings or {})
+  if not M.is_recipe(r) then
+    error(string.format("recipe.make: the constructor of '%s' returned %s, not a recipe", name, type(r)), 2)
+  end
+  return r
+end
+
+M.register("f32", function() return M.f32() end)
+M.register("bf16", function() return M.bf16() end)
+M.register("fp8_cs", function(s) return M.fp8_cs({switch_at = s.switch_at}) end)
+M.register("fp8_delayed", function(s) return M.fp8_delayed({switch_at = s.switch_at}) end)
+M.register("mxfp8", function(s) return M.mxfp8({switch_at = s.switch_at}) end)
+M.register("nvfp4", function(s)
+  return M.nvfp4({rht = s.rht, sr = s.sr, w2d = s.w2d, seed = s.seed, bf16_first = s.bf16_first, bf16_last = s.bf16_last,
+    switch_at = s.switch_at})
+end)
+
 M.formats = FORMATS
 M.Recipe = Recipe
 

@@ -2,7 +2,10 @@
 -- call:   local train = require "nvlua.train"
 --         train.main(defaults, arg)         -- parse key=value args, build, train, report
 -- Pieces (data, model, recipe, optimizer, schedule) are built from the config by train.build and
--- can be replaced by an experiment that wants something else (train.run takes them).
+-- can be replaced by an experiment that wants something else (train.run takes them). A recipe of
+-- one's own goes into the config instead (recipe = a recipe value, or a name registered with
+-- recipe.register, which key=value arguments can then pick): train.build gives it the
+-- data-parallel hooks, which a recipe swapped into the parts afterwards would lack.
 --
 -- Per step: gradient accumulation over `grad_accum` micro-batches, global-norm clipping, AdamW,
 -- the LR schedule; a console line every `log_every` steps (and a progress bar on a terminal),
@@ -79,24 +82,42 @@ function train.model_config(c, vocab)
   }
 end
 
+-- The settings a config gives every recipe constructor (recipe.register): seed, switch_at, rht,
+-- sr, w2d, bf16_first, bf16_last (nil where the config leaves them to the recipe).
+local function recipe_settings(c)
+  local switch = c.switch_step > 0 and {step = c.switch_step, forward_only = c.switch_forward_only} or nil
+  return {seed = c.seed, switch_at = switch, rht = c.rht, sr = c.sr, w2d = c.w2d,
+    bf16_first = c.bf16_first >= 0 and c.bf16_first or nil, bf16_last = c.bf16_last >= 0 and c.bf16_last or nil}
+end
+
+--- The run's recipe: c.recipe itself when it is a recipe value (recipe.custom, a preset), else the
+-- recipe registered under the name c.recipe (recipe.register), built from the config's settings.
 function train.recipe(c)
   local r = nv.recipe
-  local switch = c.switch_step > 0 and {step = c.switch_step, forward_only = c.switch_forward_only} or nil
   local name = c.recipe
-  if name == "nvfp4" then
-    return r.nvfp4({rht = c.rht, sr = c.sr, w2d = c.w2d, seed = c.seed,
-      bf16_first = c.bf16_first >= 0 and c.bf16_first or nil, bf16_last = c.bf16_last >= 0 and c.bf16_last or nil,
-      switch_at = switch})
-  elseif name == "f32" or name == "bf16" then
-    return r[name]()
-  elseif name == "fp8_cs" or name == "fp8_delayed" or name == "mxfp8" then
-    return r[name]({switch_at = switch})
+  if r.is_recipe(name) then return name end
+  local names = r.names()
+  local known = false
+  for _, n in ipairs(names) do known = known or n == name end
+  if not known then
+    error(string.format("config: recipe must be a recipe value or one of %s; got %s", table.concat(names, ", "),
+      type(name) == "string" and "'" .. name .. "'" or type(name)), 0)
   end
-  error("config: recipe must be one of f32, bf16, fp8_cs, fp8_delayed, mxfp8, nvfp4; got '" .. name .. "'", 0)
+  return r.make(name, recipe_settings(c))
+end
+
+-- Data parallelism: rec scales activations and gradients by the amax of the global batch and
+-- draws SR bits at this rank's rows of it (recipe:set_amax_reducer, set_shard).
+local function dist_hooks(rec, dist, rank, world)
+  if rec.set_amax_reducer then
+    rec:set_amax_reducer(function(a) return dist.all_reduce_number(a, "max") end)
+    rec:set_shard(rank, world)
+  end
 end
 
 --- Build everything a run needs from a resolved config. With c.dist the process group is
--- started here (parts.dist, parts.rank, parts.world).
+-- started here (parts.dist, parts.rank, parts.world). c.recipe is a registered name or a recipe
+-- value (train.recipe); either way, with more than one rank, it gets the data-parallel hooks.
 function train.build(c)
   local dist, rank, world
   if c.dist or c.shard_optimizer then
@@ -115,10 +136,7 @@ function train.build(c)
   if world > 1 then
     -- the same weights everywhere (they are by construction, from the seed; this makes it so)
     for _, e in ipairs(model:named_parameters()) do dist.broadcast(e.param, 0) end
-    if rec.set_amax_reducer then
-      rec:set_amax_reducer(function(a) return dist.all_reduce_number(a, "max") end)
-      rec:set_shard(rank, world)
-    end
+    dist_hooks(rec, dist, rank, world)
   end
   -- initialised on the cpu from the seed, then moved: the same weights on either device
   if c.device ~= "cpu" then model:to(c.device) end
