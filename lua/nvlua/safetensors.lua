@@ -246,8 +246,9 @@ local function top_level_keys(text)
   return keys
 end
 
--- Parse and validate the header of an open file; returns entries sorted by offset, metadata, layout.
-local function parse(f, path)
+-- The 8-byte length and the header text of an open file, checked up to JSON decoding. -> text,
+-- its length n, the file size; nil, msg when the file cannot be read.
+local function read_header_text(f, path)
   local size, serr = f:seek("end")
   if not size then return nil, string.format("safetensors: %s: cannot read: %s", path, tostring(serr)) end
   f:seek("set", 0)
@@ -272,6 +273,11 @@ local function parse(f, path)
     bad(path, "header is not a JSON object (it must begin with '{', got %q)", text:sub(1, 16))
   end
   if text:find("\0", 1, true) then bad(path, "header contains a NUL byte (padding must be spaces)") end
+  return text, n, size
+end
+
+-- The header text decoded: a JSON object without duplicate top-level keys.
+local function decode_header(path, text)
   local ok, hdr = pcall(cjson.decode, text)
   if not ok then bad(path, "header is not valid JSON: %s", (tostring(hdr):gsub("^.-:%d+: ", ""))) end
   if type(hdr) ~= "table" then bad(path, "header is not a JSON object") end
@@ -280,8 +286,11 @@ local function parse(f, path)
     if seen[k] then bad(path, "duplicate key '%s' in the header", k) end
     seen[k] = true
   end
+  return hdr
+end
 
-  local data_size = size - 8 - n
+-- The header's __metadata__ strings, and the tensor names (sorted).
+local function split_header(path, hdr)
   local metadata = {}
   local names = {}
   for name, info in pairs(hdr) do
@@ -301,59 +310,62 @@ local function parse(f, path)
     end
   end
   table.sort(names)
+  return metadata, names
+end
 
-  local entries = {}
-  for _, name in ipairs(names) do
-    local info = hdr[name]
-    if type(info) ~= "table" or (next(info) ~= nil and is_list(info)) then
-      bad(path, "tensor '%s': entry is not an object {dtype, shape, data_offsets}", name)
-    end
-    local sd = info.dtype
-    if type(sd) ~= "string" then bad(path, "tensor '%s': missing or non-string dtype", name) end
-    local d = DTYPES[sd]
-    if not d then
-      if SPEC_ONLY[sd] then
-        bad(path, "tensor '%s': dtype %s is not supported by nvlua (supported: %s)", name, sd, SUPPORTED)
-      end
-      bad(path, "tensor '%s': unknown dtype '%s' (supported: %s)", name, sd, SUPPORTED)
-    end
-    local shape = info.shape
-    if not is_list(shape) then bad(path, "tensor '%s': shape must be a list of non-negative integers", name) end
-    local sh = {}
-    for i, v in ipairs(shape) do
-      local k = as_int(v)
-      if not k or k < 0 then
-        bad(path, "tensor '%s': shape must be a list of non-negative integers, but dim %d is %s", name, i,
-          v == cjson.null and "null" or tostring(v))
-      end
-      sh[i] = k
-    end
-    local off = info.data_offsets
-    if off == nil then bad(path, "tensor '%s': missing data_offsets", name) end
-    if not is_list(off) or #off ~= 2 or not as_int(off[1]) or not as_int(off[2]) then
-      bad(path, "tensor '%s': data_offsets must be 2 integers [begin, end]", name)
-    end
-    local b, e = as_int(off[1]), as_int(off[2])
-    if b < 0 or b > e then bad(path, "tensor '%s': data_offsets [%d, %d] have begin > end or a negative begin", name, b, e) end
-    if e > data_size then
-      bad(path, "tensor '%s': data_offsets [%d, %d) are out of range: the data section has %d bytes (file truncated?)",
-        name, b, e, data_size)
-    end
-    -- numel × element size, guarding the multiplication against overflow
-    local nbytes, over = d.size, false
-    for _, k in ipairs(sh) do
-      if k == 0 then nbytes, over = 0, false; break end
-      if not over and nbytes > math.maxinteger // k then over = true end
-      if not over then nbytes = nbytes * k end
-    end
-    if over or nbytes ~= e - b then
-      bad(path, "tensor '%s': %s [%s] needs %s bytes, but data_offsets [%d, %d) hold %d", name, sd,
-        table.concat(sh, ","), over and "more" or tostring(nbytes), b, e, e - b)
-    end
-    entries[#entries + 1] = {name = name, dtype = sd, nv_dtype = d.nv, shape = sh, data_offsets = {b, e}}
+-- The validated entry of tensor name: {name, dtype, nv_dtype, shape, data_offsets}; its byte
+-- range lies in the data section of data_size bytes and holds exactly numel x element size.
+local function check_entry(path, name, info, data_size)
+  if type(info) ~= "table" or (next(info) ~= nil and is_list(info)) then
+    bad(path, "tensor '%s': entry is not an object {dtype, shape, data_offsets}", name)
   end
+  local sd = info.dtype
+  if type(sd) ~= "string" then bad(path, "tensor '%s': missing or non-string dtype", name) end
+  local d = DTYPES[sd]
+  if not d then
+    if SPEC_ONLY[sd] then
+      bad(path, "tensor '%s': dtype %s is not supported by nvlua (supported: %s)", name, sd, SUPPORTED)
+    end
+    bad(path, "tensor '%s': unknown dtype '%s' (supported: %s)", name, sd, SUPPORTED)
+  end
+  local shape = info.shape
+  if not is_list(shape) then bad(path, "tensor '%s': shape must be a list of non-negative integers", name) end
+  local sh = {}
+  for i, v in ipairs(shape) do
+    local k = as_int(v)
+    if not k or k < 0 then
+      bad(path, "tensor '%s': shape must be a list of non-negative integers, but dim %d is %s", name, i,
+        v == cjson.null and "null" or tostring(v))
+    end
+    sh[i] = k
+  end
+  local off = info.data_offsets
+  if off == nil then bad(path, "tensor '%s': missing data_offsets", name) end
+  if not is_list(off) or #off ~= 2 or not as_int(off[1]) or not as_int(off[2]) then
+    bad(path, "tensor '%s': data_offsets must be 2 integers [begin, end]", name)
+  end
+  local b, e = as_int(off[1]), as_int(off[2])
+  if b < 0 or b > e then bad(path, "tensor '%s': data_offsets [%d, %d] have begin > end or a negative begin", name, b, e) end
+  if e > data_size then
+    bad(path, "tensor '%s': data_offsets [%d, %d) are out of range: the data section has %d bytes (file truncated?)",
+      name, b, e, data_size)
+  end
+  -- numel × element size, guarding the multiplication against overflow
+  local nbytes, over = d.size, false
+  for _, k in ipairs(sh) do
+    if k == 0 then nbytes, over = 0, false; break end
+    if not over and nbytes > math.maxinteger // k then over = true end
+    if not over then nbytes = nbytes * k end
+  end
+  if over or nbytes ~= e - b then
+    bad(path, "tensor '%s': %s [%s] needs %s bytes, but data_offsets [%d, %d) hold %d", name, sd,
+      table.concat(sh, ","), over and "more" or tostring(nbytes), b, e, e - b)
+  end
+  return {name = name, dtype = sd, nv_dtype = d.nv, shape = sh, data_offsets = {b, e}}
+end
 
-  -- coverage: ordered by offset, the tensors tile [0, data_size) exactly
+-- The entries ordered by offset, checked to tile the data section [0, data_size) exactly.
+local function check_coverage(path, entries, data_size)
   local order = {}
   for i, x in ipairs(entries) do order[i] = x end
   table.sort(order, function(x, y)
@@ -377,7 +389,20 @@ local function parse(f, path)
     bad(path, "%d trailing bytes after the last tensor (data section is %d bytes, tensors cover %d; the spec requires full coverage)",
       data_size - pos, data_size, pos)
   end
+  return order
+end
 
+-- Parse and validate the header of an open file; returns entries sorted by offset, metadata,
+-- layout, and the header table (name -> {dtype, shape, data_offsets}).
+local function parse(f, path)
+  local text, n, size = read_header_text(f, path)
+  if not text then return nil, n end
+  local hdr = decode_header(path, text)
+  local data_size = size - 8 - n
+  local metadata, names = split_header(path, hdr)
+  local entries = {}
+  for _, name in ipairs(names) do entries[#entries + 1] = check_entry(path, name, hdr[name], data_size) end
+  local order = check_coverage(path, entries, data_size)
   local header = {}
   for _, x in ipairs(entries) do
     header[x.name] = {dtype = x.dtype, shape = x.shape, data_offsets = x.data_offsets}

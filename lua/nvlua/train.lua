@@ -263,6 +263,11 @@ function train.sample(model, tokenizer, prompt, n, o)
 end
 
 -- ---- the loop ---------------------------------------------------------------------------------
+-- train.run in named steps: start_run (config.json, resume, metrics.jsonl, the header), then per
+-- step step_once (one optimisation step and its metrics record), report_step (console),
+-- eval_and_log, save_checkpoint and interrupt_requested, and at the end finish_run (the final
+-- checkpoint, sample and plot). They share one table r: the config c, the parts, the rank's role,
+-- and the run's running state (step, losses, val_points, skipped, ...).
 
 local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 
@@ -271,71 +276,65 @@ local function fmt_time(s)
   return string.format("%dm%02ds", math.floor(s / 60), math.floor(s % 60))
 end
 
---- train.run(c, parts) -> summary {final_val_loss, val_ppl, tokens_per_s, steps, skipped, run_dir,
--- plot, checkpoint, sample, interrupted, losses = {...}}
-function train.run(c, p)
-  local dist, world = p.dist, p.world or 1
-  local main = (p.rank or 0) == 0 -- the rank that prints and writes
-  local silent = {write = function() end, flush = function() end, close = function() end}
-  local out = (c.quiet or not main) and silent or io.stdout
-  local model, opt, rec, loader, ds = p.model, p.optimizer, p.recipe, p.loader, p.dataset
-  local params = model:named_parameters()
-  local run_dir = c.out
-  if main then
-    data.mkdir_p(c.out)
-    local f = assert(io.open(run_dir .. "/config.json", "w"))
-    f:write(config.json(c))
-    f:close()
-  end
-  -- a checkpoint: gathered state on every rank (ZeRO-1's moments: a collective), written by rank 0;
-  -- the others wait until it is complete
-  local function save(step)
-    local optv = opt
-    if opt.sharded then
-      local st = opt:state()
-      optv = {state = function() return st end}
-    end
-    local path = string.format("%s/checkpoints/step-%06d", run_dir, step)
-    if main then
-      path = ckpt.save(run_dir, {model = model, optimizer = optv, recipe = rec, loader = loader, step = step, config = c,
-        keep = c.keep})
-    end
-    if world > 1 then dist.barrier() end
-    return path
-  end
+-- where ranks other than 0, and quiet runs, write
+local SILENT = {write = function() end, flush = function() end, close = function() end}
 
-  local start_step, metrics = 0, {}
-  if c.resume ~= "none" then
-    local dir = c.resume
-    if dir == "auto" then
-      dir = ckpt.latest(run_dir)
-      if world > 1 then -- every rank resumes from the checkpoint rank 0 found
-        local t = nv.tensor({dir and math.tointeger(tonumber(dir:match("step%-(%d+)$"))) or -1}, "i64")
-        dist.broadcast(t, 0)
-        local s = t:get(1)
-        dir = s >= 0 and string.format("%s/checkpoints/step-%06d", run_dir, s) or nil
-      end
-    else
-      local probe = io.open(dir .. "/trainer.json", "r")
-      if not probe then error("config: resume=" .. dir .. " is not a checkpoint directory (no trainer.json in it)", 0) end
-      probe:close()
-    end
-    if dir then
-      local tr = ckpt.load(dir, {model = model, optimizer = opt, recipe = rec, loader = loader})
-      start_step = tr.step
-      out:write(string.format("resumed from %s at step %d\n", dir, start_step))
-    else
-      out:write("resume=auto: no checkpoint in " .. run_dir .. "/checkpoints, starting fresh\n")
-    end
+-- A checkpoint at step: gathered state on every rank (ZeRO-1's moments: a collective), written by
+-- rank 0; the others wait until it is complete. -> its directory
+local function save_checkpoint(r, step)
+  local opt = r.opt
+  local optv = opt
+  if opt.sharded then
+    local st = opt:state()
+    optv = {state = function() return st end}
   end
-  local mpath = run_dir .. "/metrics.jsonl"
-  if start_step > 0 and main then
-    -- drop what a run that died after its last checkpoint logged past it: those steps run again
+  local path = string.format("%s/checkpoints/step-%06d", r.run_dir, step)
+  if r.main then
+    path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
+      config = r.c, keep = r.c.keep})
+  end
+  if r.world > 1 then r.dist.barrier() end
+  return path
+end
+
+-- resume=<dir>|auto: load that checkpoint into the parts. -> the step it was taken at (0: none)
+local function resume(r)
+  local c, dist = r.c, r.dist
+  if c.resume == "none" then return 0 end
+  local dir = c.resume
+  if dir == "auto" then
+    dir = ckpt.latest(r.run_dir)
+    if r.world > 1 then -- every rank resumes from the checkpoint rank 0 found
+      local t = nv.tensor({dir and math.tointeger(tonumber(dir:match("step%-(%d+)$"))) or -1}, "i64")
+      dist.broadcast(t, 0)
+      local s = t:get(1)
+      dir = s >= 0 and string.format("%s/checkpoints/step-%06d", r.run_dir, s) or nil
+    end
+  else
+    local probe = io.open(dir .. "/trainer.json", "r")
+    if not probe then error("config: resume=" .. dir .. " is not a checkpoint directory (no trainer.json in it)", 0) end
+    probe:close()
+  end
+  if not dir then
+    r.out:write("resume=auto: no checkpoint in " .. r.run_dir .. "/checkpoints, starting fresh\n")
+    return 0
+  end
+  local tr = ckpt.load(dir, {model = r.model, optimizer = r.opt, recipe = r.rec, loader = r.loader})
+  r.out:write(string.format("resumed from %s at step %d\n", dir, tr.step))
+  return tr.step
+end
+
+-- metrics.jsonl, opened for writing on rank 0 (SILENT elsewhere). After a resume at start_step it
+-- first drops what a run that died after its last checkpoint logged past it: those steps run again.
+local function open_metrics(r, start_step)
+  if not r.main then return SILENT end
+  local mpath = r.run_dir .. "/metrics.jsonl"
+  if start_step > 0 then
     local kept, f = {}, io.open(mpath, "r")
     if f then
       for line in f:lines() do
-        local dok, r = pcall(cjson.decode, line)
-        if dok and type(r) == "table" and type(r.step) == "number" and r.step <= start_step then
+        local dok, rec = pcall(cjson.decode, line)
+        if dok and type(rec) == "table" and type(rec.step) == "number" and rec.step <= start_step then
           kept[#kept + 1] = line .. "\n"
         end
       end
@@ -344,147 +343,214 @@ function train.run(c, p)
     local wok, werr = util.atomic_write(mpath, table.concat(kept))
     if not wok then error("train: " .. mpath .. ": " .. werr, 0) end
   end
-  local mf = main and assert(io.open(mpath, start_step > 0 and "a" or "w")) or silent
+  return assert(io.open(mpath, start_step > 0 and "a" or "w"))
+end
 
-  local tokens_per_step = c.batch * c.seq * c.grad_accum * world -- the global batch
-  local flops_tok = train.flops_per_token(model.config, c.seq)
-  local gpu = c.device == "cuda"
-  local peak = p.peak or (gpu and train.gpu_gemm_peak() or train.sgemm_peak())
-  out:write(string.format("model: %s, %.2fM parameters; recipe %s\n", tostring(model:extra_repr()),
-    model:num_parameters() / 1e6, tostring(rec)))
-  out:write(string.format("%d tokens per step; MFU is against the measured %s, %.1f GFLOP/s\n", tokens_per_step,
-    gpu and "dense bf16 cuBLASLt GEMM rate of this GPU" or "sgemm peak of this machine", peak / 1e9))
-  if dist and dist.initialized() then
-    out:write(string.format("data parallel: %d rank%s (%s), %d x %d sequences per step\n", world, world > 1 and "s" or "",
-      dist.backend(), world, c.batch * c.grad_accum))
+-- Everything before the first step: config.json, the resume, metrics.jsonl, the throughput
+-- references, the header lines, deferred Ctrl-C. -> the run table r
+local function start_run(c, p)
+  local r = {c = c, p = p, dist = p.dist, world = p.world or 1, main = (p.rank or 0) == 0, -- rank 0 prints and writes
+    model = p.model, opt = p.optimizer, rec = p.recipe, loader = p.loader, ds = p.dataset, run_dir = c.out}
+  r.out = (c.quiet or not r.main) and SILENT or io.stdout
+  r.params = r.model:named_parameters()
+  if r.main then
+    data.mkdir_p(c.out)
+    local f = assert(io.open(r.run_dir .. "/config.json", "w"))
+    f:write(config.json(c))
+    f:close()
   end
-  if opt.describe then out:write(opt:describe(), "\n") end
+  r.start_step = resume(r)
+  r.mf = open_metrics(r, r.start_step)
 
-  local signal_ok, signal = pcall(require, "nvlua.signal")
-  if signal_ok then signal.defer(true) end
-  local tty = core.isatty(1) and not c.quiet
-  local bad_in_row, skipped, interrupted = 0, 0, false
-  local losses, val_points = {}, {}
-  local t_run, tok_run = 0, 0
-  local last_loss
+  local out, model, world = r.out, r.model, r.world
+  r.tokens_per_step = c.batch * c.seq * c.grad_accum * world -- the global batch
+  r.flops_tok = train.flops_per_token(model.config, c.seq)
+  local gpu = c.device == "cuda"
+  r.peak = p.peak or (gpu and train.gpu_gemm_peak() or train.sgemm_peak())
+  out:write(string.format("model: %s, %.2fM parameters; recipe %s\n", tostring(model:extra_repr()),
+    model:num_parameters() / 1e6, tostring(r.rec)))
+  out:write(string.format("%d tokens per step; MFU is against the measured %s, %.1f GFLOP/s\n", r.tokens_per_step,
+    gpu and "dense bf16 cuBLASLt GEMM rate of this GPU" or "sgemm peak of this machine", r.peak / 1e9))
+  if r.dist and r.dist.initialized() then
+    out:write(string.format("data parallel: %d rank%s (%s), %d x %d sequences per step\n", world, world > 1 and "s" or "",
+      r.dist.backend(), world, c.batch * c.grad_accum))
+  end
+  if r.opt.describe then out:write(r.opt:describe(), "\n") end
+
+  r.signal_ok, r.signal = pcall(require, "nvlua.signal")
+  if r.signal_ok then r.signal.defer(true) end
+  r.tty = core.isatty(1) and not c.quiet
+  r.bad_in_row, r.skipped, r.interrupted = 0, 0, false
+  r.losses, r.val_points = {}, {}
+  r.t_run, r.tok_run = 0, 0
+  r.step = r.start_step
   model:train()
-  local step = start_step
+  return r
+end
+
+-- One optimisation step: grad_accum micro-batches, the gradients averaged over the ranks (ZeRO-1:
+-- reduce-scattered) and clipped, AdamW when the loss and the gradient norm are finite (else the
+-- step is skipped and counted), the step's record in metrics.jsonl. Raises, after logging it, at
+-- a step that makes more than max_bad_steps bad ones in a row. -> {lr, loss, gnorm, dt, mfu}
+local function step_once(r, step)
+  local c, model, opt, world, dist = r.c, r.model, r.opt, r.world, r.dist
+  model.step = step
+  local lr = r.p.schedule(step)
+  opt:set_lr(lr)
+  local t0 = nv.clock()
+  local loss_sum, n_tok = 0, 0
+  for _ = 1, c.grad_accum do
+    local x, y = r.loader:next()
+    local loss, cnt = model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum})
+    loss_sum, n_tok = loss_sum + loss, n_tok + cnt
+    x:free(); y:free()
+  end
+  local loss = loss_sum / c.grad_accum
+  local gnorm
+  if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
+    gnorm = opt:reduce_clip(c.clip)
+  else
+    if world > 1 then dist.all_reduce(model.grad_buffer, "avg") end
+    gnorm = optim.clip_grad_norm(r.params, c.clip)
+  end
+  if world > 1 then loss = dist.all_reduce_number(loss, "avg") end
+  local rec_line, stop
+  if finite(loss) and finite(gnorm) then
+    opt:step()
+    r.bad_in_row = 0
+    rec_line = {step = step, loss = loss, lr = lr, grad_norm = gnorm}
+    r.losses[#r.losses + 1] = {step, loss}
+    r.last_loss = loss
+  else
+    r.skipped, r.bad_in_row = r.skipped + 1, r.bad_in_row + 1
+    rec_line = {step = step, skipped = true, loss = finite(loss) and loss or tostring(loss),
+      grad_norm = finite(gnorm) and gnorm or tostring(gnorm)}
+    r.out:write(string.format("step %d: skipped (loss %s, grad norm %s), %d in a row\n", step, tostring(loss),
+      tostring(gnorm), r.bad_in_row))
+    if r.bad_in_row > c.max_bad_steps then
+      stop = string.format("training stopped at step %d: %d consecutive steps with a non-finite loss or gradient " ..
+        "(max_bad_steps=%d); lower lr or check the data", step, r.bad_in_row, c.max_bad_steps)
+    end
+  end
+  model:zero_grad()
+  local dt = nv.clock() - t0
+  r.t_run, r.tok_run = r.t_run + dt, r.tok_run + r.tokens_per_step
+  rec_line.ms = dt * 1000
+  rec_line.tokens_per_s = r.tokens_per_step / dt
+  rec_line.mfu = r.flops_tok * r.tokens_per_step / dt / (r.peak * world)
+  r.mf:write(config.encode(rec_line), "\n")
+  if stop then error(stop, 0) end -- after logging the step that made it
+  return {lr = lr, loss = loss, gnorm = gnorm, dt = dt, mfu = rec_line.mfu}
+end
+
+-- The console: a line every log_every steps (and at the first and last), else on a terminal a
+-- progress bar with the time left.
+local function report_step(r, step, s)
+  local c, out = r.c, r.out
+  if step % c.log_every == 0 or step == c.steps or step == r.start_step + 1 then
+    if r.tty then out:write("\r\27[K") end
+    out:write(string.format("step %5d/%d | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | %6.0f ms | mfu %4.1f%%\n",
+      step, c.steps, s.loss, s.lr, s.gnorm, r.tokens_per_step / s.dt, s.dt * 1000, 100 * s.mfu))
+  elseif r.tty then
+    local frac = (step - r.start_step) / (c.steps - r.start_step)
+    local eta = r.t_run / (step - r.start_step) * (c.steps - step)
+    out:write(string.format("\r[%-30s] %d/%d eta %s", string.rep("=", math.floor(30 * frac)), step, c.steps,
+      fmt_time(eta)))
+  end
+  out:flush()
+end
+
+-- Validation loss and perplexity at step, logged. Evaluating must not change training: under
+-- delayed scaling its forwards push amaxes into the recipe's histories, so the recipe's state is
+-- put back afterwards.
+local function eval_and_log(r, step)
+  local rec = r.rec
+  local rs = rec and rec.state and rec:state()
+  local vl, ppl = train.evaluate(r.model, r.ds, r.c, r.p)
+  if rs then rec:load_state(rs) end
+  r.val_points[#r.val_points + 1] = {step, vl}
+  r.mf:write(config.encode({step = step, val_loss = vl, val_ppl = ppl}), "\n")
+  if r.tty then r.out:write("\r\27[K") end
+  r.out:write(string.format("eval  %5d | val loss %.4f | val ppl %.2f\n", step, vl, ppl))
+end
+
+-- A Ctrl-C came (deferred by start_run) on any rank: every rank stops after this step.
+local function interrupt_requested(r)
+  local pending = r.signal_ok and r.signal.pending()
+  if r.world > 1 then pending = r.dist.all_reduce_number(pending and 1 or 0, "max") > 0 end -- stop together
+  return pending
+end
+
+-- The end-of-run text sample (rank 0 alone: no collective may run in its forwards).
+local function sample_text(r)
+  local c, rec = r.c, r.rec
+  local reducer = rec and rec.amax_reducer
+  if reducer then rec:set_amax_reducer(nil) end
+  local text = train.sample(r.model, r.ds.tokenizer, "And ", c.sample_tokens,
+    {temperature = c.temperature, top_k = c.top_k, seed = c.seed})
+  if reducer then rec:set_amax_reducer(reducer) end
+  return text
+end
+
+-- loss.png: the train and validation losses. -> its path, or nil (the reason printed)
+local function plot_losses(r)
+  local c = r.c
+  local xs, ys, vx, vy = {}, {}, {}, {}
+  for _, l in ipairs(r.losses) do xs[#xs + 1] = l[1]; ys[#ys + 1] = l[2] end
+  for _, l in ipairs(r.val_points) do vx[#vx + 1] = l[1]; vy[#vy + 1] = l[2] end
+  local png = r.run_dir .. "/loss.png"
+  local pok, perr = plot.lines(png, {{title = "train loss", x = xs, y = ys}, {title = "val loss", x = vx, y = vy}},
+    {title = string.format("%s — %s", c.out, tostring(c.recipe))})
+  if not pok then r.out:write("plot: " .. tostring(perr) .. "\n") end
+  return pok and png or nil
+end
+
+-- After the loop (ok, err: its pcall's results): Ctrl-C handling restored, metrics.jsonl closed,
+-- the final checkpoint, then (unless interrupted) the sample and the plot. -> the summary
+local function finish_run(r, ok, err)
+  local c = r.c
+  if r.signal_ok then r.signal.defer(false) end
+  r.mf:close()
+  if not ok then
+    if tostring(err):find("interrupted!", 1, true) then r.interrupted = true else error(err, 0) end
+  end
+  local summary = {steps = r.step, skipped = r.skipped, run_dir = r.run_dir, interrupted = r.interrupted,
+    losses = r.losses, val = r.val_points, tokens_per_s = r.t_run > 0 and r.tok_run / r.t_run or 0,
+    last_loss = r.last_loss}
+  if c.save or r.interrupted then summary.checkpoint = save_checkpoint(r, r.step) end
+  if r.interrupted then
+    r.out:write(string.format("\ninterrupted at step %d: checkpoint saved in %s (resume with resume=auto)\n", r.step,
+      summary.checkpoint))
+    return summary
+  end
+  if #r.val_points > 0 then
+    summary.final_val_loss = r.val_points[#r.val_points][2]
+    summary.val_ppl = math.exp(summary.final_val_loss)
+  end
+  if c.sample_tokens > 0 and r.ds.tokenizer and r.main then summary.sample = sample_text(r) end
+  if c.plot and r.main then summary.plot = plot_losses(r) end
+  return summary
+end
+
+--- train.run(c, parts) -> summary {final_val_loss, val_ppl, tokens_per_s, steps, skipped, run_dir,
+-- plot, checkpoint, sample, interrupted, losses = {...}}
+function train.run(c, p)
+  local r = start_run(c, p)
   local ok, err = pcall(function()
-    while step < c.steps do
-      step = step + 1
-      model.step = step
-      local lr = p.schedule(step)
-      opt:set_lr(lr)
-      local t0 = nv.clock()
-      local loss_sum, n_tok = 0, 0
-      for _ = 1, c.grad_accum do
-        local x, y = loader:next()
-        local loss, cnt = model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum})
-        loss_sum, n_tok = loss_sum + loss, n_tok + cnt
-        x:free(); y:free()
-      end
-      local loss = loss_sum / c.grad_accum
-      local gnorm
-      if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
-        gnorm = opt:reduce_clip(c.clip)
-      else
-        if world > 1 then dist.all_reduce(model.grad_buffer, "avg") end
-        gnorm = optim.clip_grad_norm(params, c.clip)
-      end
-      if world > 1 then loss = dist.all_reduce_number(loss, "avg") end
-      local rec_line, stop
-      if finite(loss) and finite(gnorm) then
-        opt:step()
-        bad_in_row = 0
-        rec_line = {step = step, loss = loss, lr = lr, grad_norm = gnorm}
-        losses[#losses + 1] = {step, loss}
-        last_loss = loss
-      else
-        skipped, bad_in_row = skipped + 1, bad_in_row + 1
-        rec_line = {step = step, skipped = true, loss = finite(loss) and loss or tostring(loss),
-          grad_norm = finite(gnorm) and gnorm or tostring(gnorm)}
-        out:write(string.format("step %d: skipped (loss %s, grad norm %s), %d in a row\n", step, tostring(loss),
-          tostring(gnorm), bad_in_row))
-        if bad_in_row > c.max_bad_steps then
-          stop = string.format("training stopped at step %d: %d consecutive steps with a non-finite loss or gradient " ..
-            "(max_bad_steps=%d); lower lr or check the data", step, bad_in_row, c.max_bad_steps)
-        end
-      end
-      model:zero_grad()
-      local dt = nv.clock() - t0
-      t_run, tok_run = t_run + dt, tok_run + tokens_per_step
-      rec_line.ms = dt * 1000
-      rec_line.tokens_per_s = tokens_per_step / dt
-      rec_line.mfu = flops_tok * tokens_per_step / dt / (peak * world)
-      mf:write(config.encode(rec_line), "\n")
-      if stop then error(stop, 0) end -- after logging the step that made it
-      if step % c.log_every == 0 or step == c.steps or step == start_step + 1 then
-        if tty then out:write("\r\27[K") end
-        out:write(string.format("step %5d/%d | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | %6.0f ms | mfu %4.1f%%\n",
-          step, c.steps, loss, lr, gnorm, tokens_per_step / dt, dt * 1000, 100 * rec_line.mfu))
-      elseif tty then
-        local frac = (step - start_step) / (c.steps - start_step)
-        local eta = t_run / (step - start_step) * (c.steps - step)
-        out:write(string.format("\r[%-30s] %d/%d eta %s", string.rep("=", math.floor(30 * frac)), step, c.steps,
-          fmt_time(eta)))
-      end
-      out:flush()
-      if c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps) then
-        -- evaluating must not change training: under delayed scaling its forwards push amaxes
-        -- into the recipe's histories, so the recipe's state is put back afterwards
-        local rs = rec and rec.state and rec:state()
-        local vl, ppl = train.evaluate(model, ds, c, p)
-        if rs then rec:load_state(rs) end
-        val_points[#val_points + 1] = {step, vl}
-        mf:write(config.encode({step = step, val_loss = vl, val_ppl = ppl}), "\n")
-        if tty then out:write("\r\27[K") end
-        out:write(string.format("eval  %5d | val loss %.4f | val ppl %.2f\n", step, vl, ppl))
-      end
-      mf:flush()
-      if c.ckpt_every > 0 and step % c.ckpt_every == 0 and step < c.steps then save(step) end
-      local pending = signal_ok and signal.pending()
-      if world > 1 then pending = dist.all_reduce_number(pending and 1 or 0, "max") > 0 end -- stop together
-      if pending then
-        interrupted = true
+    while r.step < c.steps do
+      r.step = r.step + 1
+      local step = r.step
+      report_step(r, step, step_once(r, step))
+      if c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps) then eval_and_log(r, step) end
+      r.mf:flush()
+      if c.ckpt_every > 0 and step % c.ckpt_every == 0 and step < c.steps then save_checkpoint(r, step) end
+      if interrupt_requested(r) then
+        r.interrupted = true
         break
       end
     end
   end)
-  if signal_ok then signal.defer(false) end
-  mf:close()
-  if not ok then
-    if tostring(err):find("interrupted!", 1, true) then interrupted = true else error(err, 0) end
-  end
-  local summary = {steps = step, skipped = skipped, run_dir = run_dir, interrupted = interrupted, losses = losses,
-    val = val_points, tokens_per_s = t_run > 0 and tok_run / t_run or 0, last_loss = last_loss}
-  if c.save or interrupted then summary.checkpoint = save(step) end
-  if interrupted then
-    out:write(string.format("\ninterrupted at step %d: checkpoint saved in %s (resume with resume=auto)\n", step,
-      summary.checkpoint))
-    return summary
-  end
-  if #val_points > 0 then
-    summary.final_val_loss = val_points[#val_points][2]
-    summary.val_ppl = math.exp(summary.final_val_loss)
-  end
-  if c.sample_tokens > 0 and ds.tokenizer and main then
-    local reducer = rec and rec.amax_reducer -- rank 0 samples alone: no collective in its forwards
-    if reducer then rec:set_amax_reducer(nil) end
-    summary.sample = train.sample(model, ds.tokenizer, "And ", c.sample_tokens,
-      {temperature = c.temperature, top_k = c.top_k, seed = c.seed})
-    if reducer then rec:set_amax_reducer(reducer) end
-  end
-  if c.plot and main then
-    local xs, ys, vx, vy = {}, {}, {}, {}
-    for _, l in ipairs(losses) do xs[#xs + 1] = l[1]; ys[#ys + 1] = l[2] end
-    for _, l in ipairs(val_points) do vx[#vx + 1] = l[1]; vy[#vy + 1] = l[2] end
-    local png = run_dir .. "/loss.png"
-    local pok, perr = plot.lines(png, {{title = "train loss", x = xs, y = ys}, {title = "val loss", x = vx, y = vy}},
-      {title = string.format("%s — %s", c.out, tostring(c.recipe))})
-    summary.plot = pok and png or nil
-    if not pok then out:write("plot: " .. tostring(perr) .. "\n") end
-  end
-  return summary
+  return finish_run(r, ok, err)
 end
 
 --- train.main(defaults, args) -> summary: parse, print and save the config, build, run, report.
