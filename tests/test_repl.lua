@@ -1,6 +1,7 @@
--- tests/test_repl.lua: the nvlua program itself (lua/bind/main.c): a command line compatible with
--- Lua 5.4's `lua` (arg, -e -l -i -v -E -W - --, LUA_INIT, errors and exit status), the REPL driven
--- through a pipe, the built-in modules, and package.path (the nvlua library, NVLUA_PATH).
+-- tests/test_repl.lua: the nvlua program itself (lua/bind/main.c and repl.c): a command line
+-- compatible with Lua 5.4's `lua` (arg, -e -l -i -v -E -W - --, LUA_INIT, errors and exit
+-- status), the REPL driven through a pipe, the built-in modules, and package.path (the nvlua
+-- library, NVLUA_PATH).
 -- Not here: interactive line editing, history and Ctrl-C at a prompt, which need a terminal.
 -- Every case runs the binary as a child process: stdin from a file (/dev/null unless given),
 -- stdout and stderr captured apart, and the variables that nvlua reads removed from its
