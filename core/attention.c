@@ -3,15 +3,12 @@
  * kernels/cpu/attention_cpu.h and kernels/cpu/ref/attention_ref.h).
  * q, out, dq, dout (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); all f32,
  * contiguous, all on one device (q's). Backward: dq, dk, dv are activation gradients, WRITTEN (=).
- * CUDA tensors run kernels/cuda/attention.cu (through nvl_cuda.h; the use_ref flag is for the CPU).
+ * One entry of the device's kernel table runs (core/dispatch.h); its workspace is call scratch.
  * Not here: the arithmetic. */
 #include <limits.h>
 #include <math.h>
-#include <stdlib.h>
-#include "cpu/attention_cpu.h"
-#include "cpu/ref/attention_ref.h"
+#include "dispatch.h"
 #include "layers.h"
-#include "nvl_cuda.h"
 
 typedef struct {
   int64_t B, T, Hq, Hkv, D;
@@ -72,39 +69,20 @@ static nvl_status check_qkv(const char *op, const nvl_tensor *q, const nvl_tenso
   return NVL_OK;
 }
 
-/* malloc with a clean error; never returns NULL on success (n == 0 too). */
-static nvl_status scratch(void **p, size_t bytes, const char *op) {
-  *p = malloc(bytes ? bytes : 1);
-  if (!*p) return nvl_error(NVL_ENOMEM, "%s: out of memory for a %zu-byte workspace", op, bytes);
-  return NVL_OK;
-}
-
-nvl_status nvl_attention_forward_ex(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
-                                    const nvl_tensor *v, double scale, int use_ref) {
+nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                 const nvl_tensor *v, double scale) {
   const char *op = "attention_forward";
+  const nvl_backend *be;
   dims n;
   NVL_TRY(check_qkv(op, q, k, v, scale, &n));
+  NVL_PICK(be, q, attention_forward, op);
   int64_t lse_shape[3] = {n.B, n.Hq, n.T};
   nvl_tensor o = nvl_tensor_null(), l = nvl_tensor_null();
-  void *work = NULL;
   nvl_status st = nvl_tensor_empty(&o, NVL_F32, q->device, 4, q->shape); /* (B, T, Hq, D) */
   if (st == NVL_OK) st = nvl_tensor_empty(&l, NVL_F32, q->device, 3, lse_shape); /* (B, Hq, T) */
-  int ref = use_ref || n.D == 0;
-  if (st == NVL_OK && q->device == NVL_CUDA) {
-    st = nvl_cuda_attention_forward(nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q), nvl_tensor_data(k),
-                                    nvl_tensor_data(v), n.B, n.T, n.Hq, n.Hkv, n.D, scale, q->storage->device_index);
-  } else if (st == NVL_OK) {
-    size_t bytes = ref ? nvl_attention_forward_ref_work(n.T, n.D) * sizeof(double)
-                       : nvl_attention_forward_cpu_work(n.T) * sizeof(float);
-    st = scratch(&work, bytes, op);
-    if (st == NVL_OK && ref)
-      nvl_attention_forward_ref(nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q), nvl_tensor_data(k),
-                                nvl_tensor_data(v), work, n.B, n.T, n.Hq, n.Hkv, n.D, scale);
-    else if (st == NVL_OK)
-      nvl_attention_forward_cpu(nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q), nvl_tensor_data(k),
-                                nvl_tensor_data(v), work, bytes / sizeof(float), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
-  }
-  free(work);
+  if (st == NVL_OK)
+    st = NVL_CALL(be, q, attention_forward, nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q),
+                  nvl_tensor_data(k), nvl_tensor_data(v), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
   if (st != NVL_OK) {
     nvl_tensor_release(&o);
     nvl_tensor_release(&l);
@@ -115,16 +93,12 @@ nvl_status nvl_attention_forward_ex(nvl_tensor *out, nvl_tensor *lse, const nvl_
   return NVL_OK;
 }
 
-nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
-                                 const nvl_tensor *v, double scale) {
-  return nvl_attention_forward_ex(out, lse, q, k, v, scale, 0);
-}
-
-nvl_status nvl_attention_backward_ex(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
-                                     const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
-                                     const nvl_tensor *out, const nvl_tensor *lse, double scale, int use_ref) {
+nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
+                                  const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
+                                  const nvl_tensor *out, const nvl_tensor *lse, double scale) {
   const char *op = "attention_backward";
   char s1[160], s2[160];
+  const nvl_backend *be;
   dims n;
   NVL_TRY(check_qkv(op, q, k, v, scale, &n));
   NVL_TRY(check_4d_on(op, "dout", "(B, T, Hq, D)", dout, q));
@@ -141,32 +115,15 @@ nvl_status nvl_attention_backward_ex(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor 
     return nvl_error(NVL_EINVAL, "%s: lse must be a contiguous f32 (B, Hq, T) = [%lld,%lld,%lld] %s tensor, got %s%s",
                      op, (long long)n.B, (long long)n.Hq, (long long)n.T, q->device == NVL_CUDA ? "cuda" : "cpu",
                      nvl_tensor_desc(lse, s1, sizeof s1), nvl_tensor_is_contiguous(lse) ? "" : " (strided)");
+  NVL_PICK(be, q, attention_backward, op);
   nvl_tensor gq = nvl_tensor_null(), gk = nvl_tensor_null(), gv = nvl_tensor_null();
-  void *work = NULL;
   nvl_status st = nvl_tensor_empty(&gq, NVL_F32, q->device, 4, q->shape); /* (B, T, Hq, D) */
   if (st == NVL_OK) st = nvl_tensor_empty(&gk, NVL_F32, q->device, 4, k->shape); /* (B, T, Hkv, D) */
   if (st == NVL_OK) st = nvl_tensor_empty(&gv, NVL_F32, q->device, 4, v->shape); /* (B, T, Hkv, D) */
-  int ref = use_ref || n.D == 0;
-  if (st == NVL_OK && q->device == NVL_CUDA) {
-    st = nvl_cuda_attention_backward(nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
-                                     nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k), nvl_tensor_data(v),
-                                     nvl_tensor_data(out), nvl_tensor_data(lse), n.B, n.T, n.Hq, n.Hkv, n.D, scale,
-                                     q->storage->device_index);
-  } else if (st == NVL_OK) {
-    size_t bytes = ref ? nvl_attention_backward_ref_work(n.T, n.D) * sizeof(double)
-                       : nvl_attention_backward_cpu_work(n.T) * sizeof(float);
-    st = scratch(&work, bytes, op);
-    if (st == NVL_OK && ref)
-      nvl_attention_backward_ref(nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
-                                 nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k), nvl_tensor_data(v),
-                                 nvl_tensor_data(out), nvl_tensor_data(lse), work, n.B, n.T, n.Hq, n.Hkv, n.D, scale);
-    else if (st == NVL_OK)
-      nvl_attention_backward_cpu(nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
-                                 nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k), nvl_tensor_data(v),
-                                 nvl_tensor_data(out), nvl_tensor_data(lse), work, bytes / sizeof(float), n.B, n.T,
-                                 n.Hq, n.Hkv, n.D, scale);
-  }
-  free(work);
+  if (st == NVL_OK)
+    st = NVL_CALL(be, q, attention_backward, nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
+                  nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k), nvl_tensor_data(v),
+                  nvl_tensor_data(out), nvl_tensor_data(lse), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
   if (st != NVL_OK) {
     nvl_tensor_release(&gq);
     nvl_tensor_release(&gk);
@@ -177,10 +134,4 @@ nvl_status nvl_attention_backward_ex(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor 
   *dk = gk;
   *dv = gv;
   return NVL_OK;
-}
-
-nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
-                                  const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
-                                  const nvl_tensor *out, const nvl_tensor *lse, double scale) {
-  return nvl_attention_backward_ex(dq, dk, dv, dout, q, k, v, out, lse, scale, 0);
 }

@@ -1,4 +1,4 @@
-/* dtype.c: the dtype traits table and bf16 conversion (see dtype.h). */
+/* dtype.c: the dtype traits table, its name tables and bf16 conversion (see dtype.h). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -67,12 +67,24 @@ static void store_u8(void *p, double v) { *(uint8_t *)p = (uint8_t)sat_i64(v, 0.
 static int64_t load_i_u8(const void *p) { return *(const uint8_t *)p; }
 static void store_i_u8(void *p, int64_t v) { *(uint8_t *)p = v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v; }
 
+/* Per-tensor factors (dtype.h enc_scale / dec_scale). */
+static float e4m3_enc_scale(float amax) { return nvl_fp8_tensor_scale_ref(amax, NVL_ELEM_E4M3); }
+static float e5m2_enc_scale(float amax) { return nvl_fp8_tensor_scale_ref(amax, NVL_ELEM_E5M2); }
+static float fp8_dec_scale(float amax, float enc_scale) { (void)amax; return 1.0f / enc_scale; }
+static float nvfp4_dec_scale(float amax, float enc_scale) { (void)enc_scale; return nvl_nvfp4_dec_scale_ref(amax); }
+
 #define PLAIN(nm, bits_, size, flt, rank, sig, maxv, minv, lf, sf, li, si)                              \
-  {.name = nm, .bits = bits_, .elem_size = size, .is_float = flt, .promote_rank = rank, .significand_bits = sig, .max_finite = maxv, \
-   .min_value = minv, .load_f = lf, .store_f = sf, .load_i = li, .store_i = si, .fp8_elem = -1}
-#define QUANT(nm, bits_, blk, sc, maxv, enc, dec, sbits, elem)                                            \
-  {.name = nm, .bits = bits_, .elem_size = 1, .is_float = 1, .is_quantized = 1, .block = blk, .scale = sc,  \
-   .max_finite = maxv, .min_value = -(maxv), .encode = enc, .decode = dec, .scale_bits = sbits, .fp8_elem = elem}
+  {.name = nm, .bits = bits_, .elem_size = size, .is_float = flt, .promote_rank = rank, .significand_bits = sig, \
+   .max_finite = maxv, .min_value = minv, .load_f = lf, .store_f = sf, .load_i = li, .store_i = si, .elem = -1, \
+   .bits_per_elem = bits_}
+/* A quantized format: element codec e (bits eb, max maxv), scale kind sc with blocks of blk along
+ * the blocked dim (layout lay), scales of sbits each, rounded by rule. */
+#define QUANT(nm, e, eb, maxv, sc, blk, lay, sbits, rule, enc, dec, es, ds)                                \
+  {.name = nm, .bits = eb, .elem_size = 1, .is_float = 1, .max_finite = maxv, .min_value = -(maxv),        \
+   .is_quantized = 1, .elem = e, .scale = sc, .block = blk, .layout = lay, .scale_bits = sbits,            \
+   .bits_per_elem = (eb) + (blk ? (double)(sbits) / (blk) : 0.0), .scale_rule = rule,                      \
+   .sr = (e) == NVL_ELEM_E2M1, .global_amax = (sc) == NVL_SCALE_TENSOR || (sc) == NVL_SCALE_UE4M3,         \
+   .block2d = (sc) == NVL_SCALE_UE4M3, .encode = enc, .decode = dec, .enc_scale = es, .dec_scale = ds}
 
 const nvl_dtype_traits nvl_dtypes[NVL_DTYPE_COUNT] = {
   [NVL_F32] = PLAIN("f32", 32, 4, 1, 4, 24, 3.4028234663852886e38, -3.4028234663852886e38, load_f32, store_f32, load_i_f32, store_i_f32),
@@ -80,13 +92,38 @@ const nvl_dtype_traits nvl_dtypes[NVL_DTYPE_COUNT] = {
   [NVL_I32] = PLAIN("i32", 32, 4, 0, 1, 0, 2147483647.0, -2147483648.0, load_i32, store_i32, load_i_i32, store_i_i32),
   [NVL_I64] = PLAIN("i64", 64, 8, 0, 2, 0, 9223372036854775807.0, -9223372036854775808.0, load_i64, store_i64, load_i_i64, store_i_i64),
   [NVL_U8] = PLAIN("u8", 8, 1, 0, 0, 0, 255.0, 0.0, load_u8, store_u8, load_i_u8, store_i_u8),
-  [NVL_E4M3] = QUANT("e4m3", 8, 0, NVL_SCALE_TENSOR, 448.0, nvl_e4m3_encode_ref, nvl_e4m3_decode_ref, 32, NVL_ELEM_E4M3),
-  [NVL_E5M2] = QUANT("e5m2", 8, 0, NVL_SCALE_TENSOR, 57344.0, nvl_e5m2_encode_ref, nvl_e5m2_decode_ref, 32, NVL_ELEM_E5M2),
-  [NVL_MXFP8_E4M3] = QUANT("mxfp8_e4m3", 8, 32, NVL_SCALE_E8M0, 448.0, nvl_e4m3_encode_ref, nvl_e4m3_decode_ref, 8, NVL_ELEM_E4M3),
-  [NVL_MXFP8_E5M2] = QUANT("mxfp8_e5m2", 8, 32, NVL_SCALE_E8M0, 57344.0, nvl_e5m2_encode_ref, nvl_e5m2_decode_ref, 8, NVL_ELEM_E5M2),
-  [NVL_NVFP4] = QUANT("nvfp4", 4, 16, NVL_SCALE_UE4M3, 6.0, nvl_e2m1_encode_ref, nvl_e2m1_decode_ref, 8, -1),
+  [NVL_E4M3] = QUANT("e4m3", NVL_ELEM_E4M3, 8, 448.0, NVL_SCALE_TENSOR, 0, NVL_LAYOUT_TENSOR, 32, "fp32",
+                     nvl_e4m3_encode_ref, nvl_e4m3_decode_ref, e4m3_enc_scale, fp8_dec_scale),
+  [NVL_E5M2] = QUANT("e5m2", NVL_ELEM_E5M2, 8, 57344.0, NVL_SCALE_TENSOR, 0, NVL_LAYOUT_TENSOR, 32, "fp32",
+                     nvl_e5m2_encode_ref, nvl_e5m2_decode_ref, e5m2_enc_scale, fp8_dec_scale),
+  [NVL_MXFP8_E4M3] = QUANT("mxfp8_e4m3", NVL_ELEM_E4M3, 8, 448.0, NVL_SCALE_E8M0, 32, NVL_LAYOUT_1X32, 8, "rceil",
+                           nvl_e4m3_encode_ref, nvl_e4m3_decode_ref, NULL, NULL),
+  [NVL_MXFP8_E5M2] = QUANT("mxfp8_e5m2", NVL_ELEM_E5M2, 8, 57344.0, NVL_SCALE_E8M0, 32, NVL_LAYOUT_1X32, 8, "rceil",
+                           nvl_e5m2_encode_ref, nvl_e5m2_decode_ref, NULL, NULL),
+  [NVL_NVFP4] = QUANT("nvfp4", NVL_ELEM_E2M1, 4, 6.0, NVL_SCALE_UE4M3, 16, NVL_LAYOUT_1X16, 8, "rne",
+                      nvl_e2m1_encode_ref, nvl_e2m1_decode_ref, nvl_nvfp4_enc_scale_ref, nvfp4_dec_scale),
 };
 _Static_assert(sizeof nvl_dtypes / sizeof nvl_dtypes[0] == NVL_DTYPE_COUNT, "a dtype lacks its traits row");
+
+static const nvl_codec codecs[] = {
+  {"e4m3", nvl_e4m3_encode_ref, nvl_e4m3_decode_ref}, {"e5m2", nvl_e5m2_encode_ref, nvl_e5m2_decode_ref},
+  {"e2m1", nvl_e2m1_encode_ref, nvl_e2m1_decode_ref}, {"ue4m3", nvl_ue4m3_encode_ref, nvl_ue4m3_decode_ref},
+  {"e8m0", NULL, nvl_e8m0_decode_ref}};
+
+const nvl_codec *nvl_codec_from_name(const char *name) {
+  for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++)
+    if (strcmp(codecs[i].name, name) == 0) return &codecs[i];
+  return NULL;
+}
+
+const char *nvl_codec_names(void) { return "e4m3, e5m2, e2m1, ue4m3, e8m0"; }
+
+const float nvl_rht16_default_signs[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
+
+const char *const nvl_layout_names[NVL_LAYOUT_COUNT] = {"none", "tensor", "1x16", "16x16", "1x32"};
+const char *const nvl_elem_names[NVL_ELEM_COUNT] = {"e4m3", "e5m2", "e2m1"};
+const char *const nvl_scale_kind_names[NVL_SCALE_KIND_COUNT] = {"none", "fp32", "ue4m3", "e8m0"};
+const char *const nvl_mx_rule_names[NVL_MX_RULE_COUNT] = {"rceil", "floor"};
 
 nvl_dtype nvl_dtype_from_name(const char *name) {
   for (int i = 0; i < NVL_DTYPE_COUNT; i++)

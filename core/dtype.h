@@ -1,7 +1,14 @@
-/* dtype.h: the number formats nvlua knows, one traits row per dtype (DESIGN.md "Formats").
- * Generic code reads this table (element size, float or integer, scalar load/store); it never
- * switches on a dtype by hand. Quantized formats (fp8, nvfp4, mxfp8) join the table with their
- * block layout and scale kind; NUMERICS.md is their contract.
+/* dtype.h: the number formats nvlua knows, one traits row per dtype (DESIGN.md "Formats"). This is
+ * a shared format header: core/, every backend in kernels/ and (through nv.formats) the Lua library
+ * read the same row; nothing else keeps its own table of bits, block lengths or names, and generic
+ * code never switches on a format by hand. core/NUMERICS.md is the contract of the quantized rows.
+ *
+ * A quantized format is (element codec) x (block layout) x (scale kind): nvfp4 = e2m1 elements in
+ * 1x16 blocks with ue4m3 scales and an fp32 amax; mxfp8 = e4m3/e5m2 elements in 1x32 blocks with
+ * e8m0 scales; fp8 = e4m3/e5m2 elements with one fp32 scale per tensor. The backends' quantizers
+ * are written per (scale kind), generic over the element codec and block length read from here, so
+ * a new combination is an enum value, a row, and one line in each backend table.
+ *
  * Enum values are stable: they appear in files. */
 #ifndef NVL_DTYPE_H
 #define NVL_DTYPE_H
@@ -27,37 +34,77 @@ typedef enum {
   NVL_DTYPE_COUNT
 } nvl_dtype;
 
+/* Element codecs of the quantized formats (NUMERICS §1). */
 typedef enum {
-  NVL_SCALE_NONE = 0,      /* plain element type */
-  NVL_SCALE_TENSOR = 1,    /* one fp32 scale per tensor (fp8 current/delayed scaling) */
-  NVL_SCALE_UE4M3 = 2,     /* e4m3 block scale + fp32 tensor amax (nvfp4) */
-  NVL_SCALE_E8M0 = 3,      /* power-of-two block scale (mx formats) */
+  NVL_ELEM_E4M3 = 0, /* fp8 "fn": s1 e4 m3, bias 7, max 448, no inf */
+  NVL_ELEM_E5M2 = 1, /* fp8: s1 e5 m2, bias 15, max 57344, inf */
+  NVL_ELEM_E2M1 = 2, /* fp4: s1 e2 m1, bias 1, max 6; two per byte, the lower index in the low nibble */
+  NVL_ELEM_COUNT
+} nvl_elem;
+
+typedef enum {
+  NVL_SCALE_NONE = 0,   /* plain element type */
+  NVL_SCALE_TENSOR = 1, /* one fp32 scale per tensor (fp8 current/delayed scaling) */
+  NVL_SCALE_UE4M3 = 2,  /* ue4m3 block scale + fp32 tensor amax (nvfp4) */
+  NVL_SCALE_E8M0 = 3,   /* power-of-two block scale (OCP microscaling) */
   NVL_SCALE_KIND_COUNT
 } nvl_scale_kind;
 
+/* Rules for an e8m0 block scale (NUMERICS §4). */
+typedef enum { NVL_MX_RCEIL = 0, NVL_MX_FLOOR = 1, NVL_MX_RULE_COUNT } nvl_mx_rule;
+
+/* Where the scales of a quantized tensor sit. */
+typedef enum {
+  NVL_LAYOUT_NONE = 0,   /* f32 / bf16: no scales */
+  NVL_LAYOUT_TENSOR = 1, /* one fp32 scale */
+  NVL_LAYOUT_1X16 = 2,   /* 16 consecutive elements along the blocked dim */
+  NVL_LAYOUT_16X16 = 3,  /* 16x16 tiles (2-D weights), stored per 1x16 block, equal down a tile */
+  NVL_LAYOUT_1X32 = 4,   /* 32 consecutive elements along the blocked dim */
+  NVL_LAYOUT_COUNT
+} nvl_block_layout;
+
+extern const char *const nvl_layout_names[NVL_LAYOUT_COUNT];
+extern const char *const nvl_elem_names[NVL_ELEM_COUNT];
+extern const char *const nvl_scale_kind_names[NVL_SCALE_KIND_COUNT];
+extern const char *const nvl_mx_rule_names[NVL_MX_RULE_COUNT];
+
 typedef struct {
   const char *name;     /* "f32", as Lua spells it */
-  int bits;             /* bits per element */
-  int elem_size;        /* bytes per stored element */
+  int bits;             /* bits per stored element (without scales) */
+  int elem_size;        /* bytes per stored element (quantized: per stored byte of codes) */
   int is_float;         /* 1: loads/stores go through double; 0: through int64 */
   int promote_rank;     /* binary ops give the operand dtype of higher rank */
   int significand_bits; /* floats: bits of precision including the implicit one (f32 24) */
-  int is_quantized;     /* 1: a format of nv.quantize, with element codes (no load/store) */
-  int block;            /* elements per scale block (0: none) */
-  nvl_scale_kind scale; /* how blocks are scaled */
-  double max_finite;    /* largest finite value (integers: largest value) */
+  double max_finite;    /* largest finite value (integers: largest value; nvfp4: 6, its element max) */
   double min_value;     /* most negative value (floats: -max_finite) */
-  /* Reference scalar access. Floats round to nearest even on store; integers truncate
-   * toward zero and saturate on store from double; NaN stores as 0. */
+  /* Reference scalar access of plain dtypes. Floats round to nearest even on store; integers
+   * truncate toward zero and saturate on store from double; NaN stores as 0. */
   double (*load_f)(const void *p);
   void (*store_f)(void *p, double v);
   int64_t (*load_i)(const void *p);
   void (*store_i)(void *p, int64_t v);
-  /* Quantized formats: the reference element codec (fp32 <-> code, RNE, NUMERICS §1). */
+  /* ---- quantized formats (is_quantized = 1) ---- */
+  int is_quantized;     /* 1: a format of nv.quantize, with element codes (no load/store) */
+  int elem;             /* nvl_elem; -1 for plain dtypes */
+  nvl_scale_kind scale; /* how blocks are scaled */
+  int block;            /* elements per scale block along the blocked dim (0: none) */
+  nvl_block_layout layout; /* the default layout (nvfp4 also has 16x16, see block2d) */
+  int block2d;          /* 1: the 16x16 2-D layout is offered (weights) */
+  int scale_bits;       /* bits per block scale (8), or 32 for the per-tensor fp32 scale */
+  double bits_per_elem; /* storage per element, scales included: bits + scale_bits / block */
+  const char *scale_rule; /* how the scale is rounded: "rne" (ue4m3), "rceil"/"floor" (e8m0),
+                             "fp32" (per tensor) */
+  int sr;               /* 1: stochastic rounding of the elements is defined (NUMERICS §3) */
+  int global_amax;      /* 1: an fp32 amax scales the tensor (the amax option applies) */
+  /* The reference element codec (fp32 <-> code, RNE, NUMERICS §1); NULL for plain dtypes. */
   uint8_t (*encode)(float x);
   float (*decode)(uint8_t code);
-  int scale_bits;       /* bits per block scale (8), or 32 for the per-tensor fp32 scale */
-  int fp8_elem;         /* fp8 element formats: nvl_fp8_elem (formats_ref.h); else -1 */
+  /* The per-tensor factors from the amax (NULL: none, the factor is 1):
+   * enc_scale: what x is multiplied by before the block scales (fp8: elem_max / amax; nvfp4:
+   * s_enc = 2688 / amax), as q.scale; dec_scale: the factor a GEMM applies to the products of
+   * decoded values and block scales (fp8: 1 / scale; nvfp4: amax / 2688), NUMERICS §2. */
+  float (*enc_scale)(float amax);
+  float (*dec_scale)(float amax, float enc_scale);
 } nvl_dtype_traits;
 
 extern const nvl_dtype_traits nvl_dtypes[NVL_DTYPE_COUNT];
@@ -70,6 +117,22 @@ const char *nvl_dtype_names(void);
 const char *nvl_qformat_names(void);
 /* Result dtype of a binary op between a and b (u8 < i32 < i64 < bf16 < f32). */
 nvl_dtype nvl_dtype_promote(nvl_dtype a, nvl_dtype b);
+/* Bytes of n codes of a quantized format (4-bit elements: two per byte; n even). */
+static inline int64_t nvl_code_bytes(nvl_dtype f, int64_t n) { return n * nvl_dtypes[f].bits / 8; }
+
+/* The reference codecs of elements and scales by name ("e4m3", "e5m2", "e2m1", "ue4m3", "e8m0"):
+ * encode NULL where the rounding depends on more than the value (e8m0: the scale rule). */
+typedef struct {
+  const char *name;
+  uint8_t (*encode)(float x);
+  float (*decode)(uint8_t code);
+} nvl_codec;
+/* The codec called name, or NULL; names: a comma-separated list of them, for messages. */
+const nvl_codec *nvl_codec_from_name(const char *name);
+const char *nvl_codec_names(void);
+
+/* The default sign vector s of the random Hadamard transform R = diag(s) H / 4 (NUMERICS §5). */
+extern const float nvl_rht16_default_signs[16];
 
 /* bf16 <-> f32, round to nearest even; NaN stays a (quiet) NaN with its sign. */
 uint16_t nvl_f32_to_bf16(float f);

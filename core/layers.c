@@ -6,8 +6,8 @@
  * any strides —, shapes consistent, ids and targets in range) and fails with a message naming
  * the op (by its Lua name), the tensors' shapes and dtypes, before anything is allocated or
  * written. Outputs are allocated here; parameter gradients are passed in and accumulated into.
- * Then the fast kernel (kernels/cpu/layers_cpu.h) runs, or the reference one
- * (kernels/cpu/ref/layers_ref.h) while nvl_layers_set_reference(1) is on, for tests.
+ * Then one entry of the kernel table of the tensors' device runs (core/dispatch.h: the CPU
+ * table, the reference while nv.use_reference is on, or CUDA).
  *
  * Shapes, beyond layers.h: the row-wise layers take any leading dims and flatten them to N —
  * ids (...) -> out (..., C); x (..., C) -> rstd (...); logits (..., V) with targets (...);
@@ -15,28 +15,22 @@
  * Cross-entropy takes f32 or bf16 logits (bf16 is widened to f32 exactly first). sumsq takes
  * any f32/bf16 tensor, strided or not.
  *
- * CUDA: when an op's first tensor is on the GPU, every tensor of the call must be on that GPU
- * (ids and targets may also be on the CPU: they are range-checked on the host either way) and
- * the device kernel (kernels/cuda/layers.cu via nvl_cuda.h) runs; the checks are the same.
+ * Devices: every tensor of a call must be on the device of its first tensor (ids and targets may
+ * also be on the CPU: they are range-checked on the host either way).
  *
- * Not here: attention, the CUDA kernels themselves, Lua. */
+ * Not here: attention, the kernels themselves, Lua. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cpu/layers_cpu.h"
-#include "cpu/ref/layers_ref.h"
+#include "dispatch.h"
 #include "layers.h"
-#include "nvl_cuda.h"
 
 #define DESC(t, buf) nvl_tensor_desc((t), (buf), sizeof(buf))
 
 /* ---- validation helpers ----------------------------------------------------------------------- */
 
 
-/* The GPU ordinal of a live CUDA tensor. */
-static int gpu_of(const nvl_tensor *t) { return t->storage->device_index; }
-
-static int on_cuda(const nvl_tensor *t) { return t && t->storage && t->device == NVL_CUDA; }
+static int on_host(const nvl_tensor *t) { return !t || !t->storage || t->device == NVL_CPU; }
 
 /* t is live, on like's device (like: the op's first tensor, already checked; NULL or t itself:
  * any device), of dtype dt, contiguous; name is how the op's docs call it. */
@@ -127,7 +121,7 @@ static nvl_status ids_contiguous(const char *op, const char *name, const nvl_ten
 static nvl_status ids_on(const char *op, const char *name, const nvl_tensor *t, const nvl_tensor *like, nvl_tensor *h,
                          nvl_tensor *d) {
   char s[160];
-  if (!on_cuda(like)) {
+  if (on_host(like)) {
     NVL_TRY(ids_contiguous(op, name, t, h));
     nvl_tensor_share(d, h);
     return NVL_OK;
@@ -135,15 +129,15 @@ static nvl_status ids_on(const char *op, const char *name, const nvl_tensor *t, 
   if (!t) return nvl_error(NVL_EINVAL, "%s: %s is missing (NULL)", op, name);
   if (!t->storage) return nvl_error(NVL_ESTATE, "%s: %s has been freed", op, name);
   if (t->dtype != NVL_I64) return nvl_error(NVL_EINVAL, "%s: %s must be i64, got %s", op, name, DESC(t, s));
-  if (t->device == NVL_CUDA && !nvl_tensor_same_device(t, like))
-    return nvl_error(NVL_EINVAL, "%s: %s is %s, on another GPU than the call's first tensor", op, name, DESC(t, s));
-  if (t->device == NVL_CUDA && !nvl_tensor_is_contiguous(t))
-    return nvl_error(NVL_EINVAL, "%s: %s on cuda must be contiguous, got %s", op, name, DESC(t, s));
+  if (t->device != NVL_CPU && !nvl_tensor_same_device(t, like))
+    return nvl_error(NVL_EINVAL, "%s: %s is %s, on another device than the call's first tensor", op, name, DESC(t, s));
+  if (t->device != NVL_CPU && !nvl_tensor_is_contiguous(t))
+    return nvl_error(NVL_EINVAL, "%s: %s on a device must be contiguous, got %s", op, name, DESC(t, s));
   if (t->device == NVL_CPU) NVL_TRY(nvl_tensor_contiguous(h, t));
   else NVL_TRY(nvl_tensor_clone_to(h, t, NVL_I64, NVL_CPU));
   nvl_status st = NVL_OK;
-  if (t->device == NVL_CUDA) nvl_tensor_share(d, t);
-  else st = nvl_tensor_clone_to(d, h, NVL_I64, NVL_CUDA);
+  if (t->device != NVL_CPU) nvl_tensor_share(d, t);
+  else st = nvl_tensor_clone_to(d, h, NVL_I64, like->device);
   if (st != NVL_OK) nvl_tensor_release(h);
   return st;
 }
@@ -154,20 +148,20 @@ static int overlap(const nvl_tensor *a, const nvl_tensor *b, int64_t n) {
   return a->offset < b->offset + n && b->offset < a->offset + n;
 }
 
-static int use_ref(void) { return nvl_layers_reference(); }
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
 nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, const nvl_tensor *weight) {
   const char *op = "embedding_forward";
   char s1[160];
+  const nvl_backend *be;
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(check_tensor(op, "weight", weight, NVL_F32));
   if (weight->ndim != 2) return nvl_error(NVL_EINVAL, "%s: weight must be 2-D (V, C), got %s", op, DESC(weight, s1));
+  NVL_PICK(be, weight, embedding_forward, op);
   nvl_tensor ids = nvl_tensor_null(), idd = nvl_tensor_null(), r = nvl_tensor_null();
   NVL_TRY(ids_on(op, "ids", ids_in, weight, &ids, &idd));
   int64_t V = weight->shape[0], C = weight->shape[1], N = nvl_tensor_numel(&ids);
-  const int64_t *id = nvl_tensor_data(&ids);
   int64_t shape[NVL_MAX_DIMS];
   nvl_status st = NVL_OK;
   if (ids.ndim < 1 || ids.ndim >= NVL_MAX_DIMS)
@@ -175,19 +169,14 @@ nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, cons
   if (st == NVL_OK) {
     memcpy(shape, ids.shape, sizeof(int64_t) * ids.ndim);
     shape[ids.ndim] = C;
-    st = check_ids(op, "id", id, N, V, 0, 0);
+    st = check_ids(op, "id", nvl_tensor_data(&ids), N, V, 0, 0);
   }
   if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, weight->device, ids.ndim + 1, shape);
-  if (st == NVL_OK && on_cuda(weight)) {
-    st = nvl_cuda_embedding_forward(nvl_tensor_data(&r), nvl_tensor_data(&idd), nvl_tensor_data(weight), N, C,
-                                    gpu_of(weight));
-    if (st == NVL_OK) *out = r;
-    else nvl_tensor_release(&r);
-  } else if (st == NVL_OK) {
-    if (use_ref()) nvl_embedding_forward_ref(nvl_tensor_data(&r), id, nvl_tensor_data(weight), N, C);
-    else nvl_embedding_forward_cpu(nvl_tensor_data(&r), id, nvl_tensor_data(weight), N, C);
-    *out = r;
-  }
+  if (st == NVL_OK)
+    st = NVL_CALL(be, weight, embedding_forward, nvl_tensor_data(&r), nvl_tensor_data(&idd), nvl_tensor_data(weight),
+                  N, C);
+  if (st == NVL_OK) *out = r;
+  else nvl_tensor_release(&r);
   nvl_tensor_release(&ids);
   nvl_tensor_release(&idd);
   return st;
@@ -196,24 +185,21 @@ nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, cons
 nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *ids_in) {
   const char *op = "embedding_backward";
   char s1[160];
+  const nvl_backend *be;
   NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
   NVL_TRY(check_tensor_on(op, "dout", dout, NVL_F32, dweight));
   if (dweight->ndim != 2) return nvl_error(NVL_EINVAL, "%s: dweight must be 2-D (V, C), got %s", op, DESC(dweight, s1));
+  NVL_PICK(be, dweight, embedding_backward, op);
   nvl_tensor ids = nvl_tensor_null(), idd = nvl_tensor_null();
   NVL_TRY(ids_on(op, "ids", ids_in, dweight, &ids, &idd));
   int64_t V = dweight->shape[0], C = dweight->shape[1], N = nvl_tensor_numel(&ids);
-  const int64_t *id = nvl_tensor_data(&ids);
   nvl_status st = NVL_OK;
   if (ids.ndim < 1 || dout->ndim != ids.ndim + 1 || !is_leading_shape(dout, &ids) || dout->shape[dout->ndim - 1] != C)
     st = mismatch(op, "dout", dout, "ids", &ids, "dout of shape (ids..., C) with C = dweight's width");
-  if (st == NVL_OK) st = check_ids(op, "id", id, N, V, 0, 0);
-  if (st == NVL_OK && on_cuda(dweight)) {
-    st = nvl_cuda_embedding_backward(nvl_tensor_data(dweight), nvl_tensor_data(dout), nvl_tensor_data(&idd), N, C,
-                                     gpu_of(dweight));
-  } else if (st == NVL_OK) {
-    if (use_ref()) nvl_embedding_backward_ref(nvl_tensor_data(dweight), nvl_tensor_data(dout), id, N, C);
-    else nvl_embedding_backward_cpu(nvl_tensor_data(dweight), nvl_tensor_data(dout), id, N, C);
-  }
+  if (st == NVL_OK) st = check_ids(op, "id", nvl_tensor_data(&ids), N, V, 0, 0);
+  if (st == NVL_OK)
+    st = NVL_CALL(be, dweight, embedding_backward, nvl_tensor_data(dweight), nvl_tensor_data(dout),
+                  nvl_tensor_data(&idd), N, C);
   nvl_tensor_release(&ids);
   nvl_tensor_release(&idd);
   return st;
@@ -236,26 +222,25 @@ static nvl_status check_rms_x_w(const char *op, const nvl_tensor *x, const nvl_t
 nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
                                double eps) {
   const char *op = "rmsnorm_forward";
+  const nvl_backend *be;
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(need_out_null(op, "rstd", rstd));
   NVL_TRY(check_rms_x_w(op, x, weight));
   if (!(eps >= 0.0) || !isfinite(eps))
     return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, eps);
+  NVL_PICK(be, x, rmsnorm_forward, op);
   int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
   nvl_tensor o = nvl_tensor_null(), r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&o, NVL_F32, x->device, x->ndim, x->shape));
-  nvl_status st = nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim - 1, x->shape);
-  if (st != NVL_OK) { nvl_tensor_release(&o); return st; }
-  float *po = nvl_tensor_data(&o), *pr = nvl_tensor_data(&r);
-  if (on_cuda(x)) {
-    st = nvl_cuda_rmsnorm_forward(po, pr, nvl_tensor_data(x), nvl_tensor_data(weight), N, C, eps, gpu_of(x));
-    if (st != NVL_OK) {
-      nvl_tensor_release(&o);
-      nvl_tensor_release(&r);
-      return st;
-    }
-  } else if (use_ref()) nvl_rmsnorm_forward_ref(po, pr, nvl_tensor_data(x), nvl_tensor_data(weight), N, C, eps);
-  else nvl_rmsnorm_forward_cpu(po, pr, nvl_tensor_data(x), nvl_tensor_data(weight), N, C, eps);
+  nvl_status st = nvl_tensor_empty(&o, NVL_F32, x->device, x->ndim, x->shape);
+  if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim - 1, x->shape);
+  if (st == NVL_OK)
+    st = NVL_CALL(be, x, rmsnorm_forward, nvl_tensor_data(&o), nvl_tensor_data(&r), nvl_tensor_data(x),
+                  nvl_tensor_data(weight), N, C, eps);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&o);
+    nvl_tensor_release(&r);
+    return st;
+  }
   *out = o;
   *rstd = r;
   return NVL_OK;
@@ -264,6 +249,7 @@ nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tens
 nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
                                 const nvl_tensor *weight, const nvl_tensor *rstd) {
   const char *op = "rmsnorm_backward";
+  const nvl_backend *be;
   NVL_TRY(need_out_null(op, "dx", dx));
   NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
   NVL_TRY(check_tensor_on(op, "dout", dout, NVL_F32, dweight));
@@ -273,20 +259,17 @@ nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_t
   NVL_TRY(need_same_shape(op, "dout", dout, "x", x));
   NVL_TRY(need_same_shape(op, "dweight", dweight, "weight", weight));
   if (!is_leading_shape(x, rstd)) return mismatch(op, "x", x, "rstd", rstd, "rstd of x's shape without its last dim");
+  NVL_PICK(be, x, rmsnorm_backward, op);
   int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim, x->shape));
-  if (on_cuda(x)) {
-    nvl_status st = nvl_cuda_rmsnorm_backward(nvl_tensor_data(&r), nvl_tensor_data(dweight), nvl_tensor_data(dout),
-                                              nvl_tensor_data(x), nvl_tensor_data(weight), nvl_tensor_data(rstd), N, C,
-                                              gpu_of(x));
-    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
-  } else if (use_ref())
-    nvl_rmsnorm_backward_ref(nvl_tensor_data(&r), nvl_tensor_data(dweight), nvl_tensor_data(dout), nvl_tensor_data(x),
-                             nvl_tensor_data(weight), nvl_tensor_data(rstd), N, C);
-  else
-    nvl_rmsnorm_backward_cpu(nvl_tensor_data(&r), nvl_tensor_data(dweight), nvl_tensor_data(dout), nvl_tensor_data(x),
-                             nvl_tensor_data(weight), nvl_tensor_data(rstd), N, C);
+  nvl_status st = NVL_CALL(be, x, rmsnorm_backward, nvl_tensor_data(&r), nvl_tensor_data(dweight),
+                           nvl_tensor_data(dout), nvl_tensor_data(x), nvl_tensor_data(weight), nvl_tensor_data(rstd),
+                           N, C);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&r);
+    return st;
+  }
   *dx = r;
   return NVL_OK;
 }
@@ -315,20 +298,18 @@ nvl_status nvl_rope_tables(nvl_tensor *cos_t, nvl_tensor *sin_t, int64_t T, int6
       return nvl_error(NVL_EINVAL, "%s: scaling original_max_position_embeddings must be > 0, got %g", op,
                        s->original_max_position_embeddings);
   }
+  const nvl_backend *be = nvl_backend_for(NVL_CPU, op); /* computed on the host, in double */
+  if (!be->rope_tables) return nvl_unsupported(be, op);
   int64_t shape[2] = {T, D};
-  double *inv_freq = malloc((size_t)(D / 2) * sizeof(double)); /* (D/2) */
-  if (!inv_freq) return nvl_error(NVL_ENOMEM, "%s: out of host memory", op);
   nvl_tensor c = nvl_tensor_null(), sn = nvl_tensor_null();
   nvl_status st = nvl_tensor_empty(&c, NVL_F32, NVL_CPU, 2, shape);
   if (st == NVL_OK) st = nvl_tensor_empty(&sn, NVL_F32, NVL_CPU, 2, shape);
+  if (st == NVL_OK) st = NVL_CALL(be, &c, rope_tables, nvl_tensor_data(&c), nvl_tensor_data(&sn), T, D, theta, s);
   if (st != NVL_OK) {
-    free(inv_freq);
     nvl_tensor_release(&c);
+    nvl_tensor_release(&sn);
     return st;
   }
-  nvl_rope_inv_freq_ref(inv_freq, D, theta, s);
-  nvl_rope_tables_ref(nvl_tensor_data(&c), nvl_tensor_data(&sn), inv_freq, T, D);
-  free(inv_freq);
   *cos_t = c;
   *sin_t = sn;
   return NVL_OK;
@@ -349,65 +330,55 @@ static nvl_status check_rope(const char *op, const char *xn, const nvl_tensor *x
   return NVL_OK;
 }
 
-nvl_status nvl_rope_forward(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t) {
-  const char *op = "rope_forward";
-  NVL_TRY(need_out_null(op, "out", out));
-  NVL_TRY(check_rope(op, "x", x, cos_t, sin_t));
+/* out (or dx) = the rotation (bwd: its transpose) of x (B, T, H, D): one table entry. */
+static nvl_status rope(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t, int bwd) {
+  const char *op = bwd ? "rope_backward" : "rope_forward";
+  const nvl_backend *be;
+  NVL_TRY(need_out_null(op, bwd ? "dx" : "out", out));
+  NVL_TRY(check_rope(op, bwd ? "dout" : "x", x, cos_t, sin_t));
+  if (bwd) NVL_PICK(be, x, rope_backward, op);
+  else NVL_PICK(be, x, rope_forward, op);
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, NVL_F32, x->device, 4, x->shape));
   const int64_t *sh = x->shape;
-  if (on_cuda(x)) {
-    nvl_status st = nvl_cuda_rope_forward(nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
-                                          nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3], gpu_of(x));
-    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
-  } else if (use_ref())
-    nvl_rope_forward_ref(nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t), sh[0],
-                         sh[1], sh[2], sh[3]);
-  else
-    nvl_rope_forward_cpu(nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t), sh[0],
-                         sh[1], sh[2], sh[3]);
+  nvl_status st = bwd ? NVL_CALL(be, x, rope_backward, nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
+                                 nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3])
+                      : NVL_CALL(be, x, rope_forward, nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
+                                 nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3]);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&r);
+    return st;
+  }
   *out = r;
   return NVL_OK;
 }
 
+nvl_status nvl_rope_forward(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t) {
+  return rope(out, x, cos_t, sin_t, 0);
+}
+
 nvl_status nvl_rope_backward(nvl_tensor *dx, const nvl_tensor *dout, const nvl_tensor *cos_t, const nvl_tensor *sin_t) {
-  const char *op = "rope_backward";
-  NVL_TRY(need_out_null(op, "dx", dx));
-  NVL_TRY(check_rope(op, "dout", dout, cos_t, sin_t));
-  nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, dout->device, 4, dout->shape));
-  const int64_t *sh = dout->shape;
-  if (on_cuda(dout)) {
-    nvl_status st = nvl_cuda_rope_backward(nvl_tensor_data(&r), nvl_tensor_data(dout), nvl_tensor_data(cos_t),
-                                           nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3], gpu_of(dout));
-    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
-  } else if (use_ref())
-    nvl_rope_backward_ref(nvl_tensor_data(&r), nvl_tensor_data(dout), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t),
-                          sh[0], sh[1], sh[2], sh[3]);
-  else
-    nvl_rope_backward_cpu(nvl_tensor_data(&r), nvl_tensor_data(dout), nvl_tensor_data(cos_t), nvl_tensor_data(sin_t),
-                          sh[0], sh[1], sh[2], sh[3]);
-  *dx = r;
-  return NVL_OK;
+  return rope(dx, dout, cos_t, sin_t, 1);
 }
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 
 nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up) {
   const char *op = "swiglu_forward";
+  const nvl_backend *be;
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(check_tensor(op, "gate", gate, NVL_F32));
   NVL_TRY(check_tensor_on(op, "up", up, NVL_F32, gate));
   NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
+  NVL_PICK(be, gate, swiglu_forward, op);
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, NVL_F32, gate->device, gate->ndim, gate->shape));
-  int64_t n = nvl_tensor_numel(gate);
-  if (on_cuda(gate)) {
-    nvl_status st = nvl_cuda_swiglu_forward(nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up), n,
-                                            gpu_of(gate));
-    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
-  } else if (use_ref()) nvl_swiglu_forward_ref(nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up), n);
-  else nvl_swiglu_forward_cpu(nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up), n);
+  nvl_status st = NVL_CALL(be, gate, swiglu_forward, nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up),
+                           nvl_tensor_numel(gate));
+  if (st != NVL_OK) {
+    nvl_tensor_release(&r);
+    return st;
+  }
   *out = r;
   return NVL_OK;
 }
@@ -415,6 +386,7 @@ nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl
 nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout, const nvl_tensor *gate,
                                const nvl_tensor *up) {
   const char *op = "swiglu_backward";
+  const nvl_backend *be;
   NVL_TRY(need_out_null(op, "dgate", dgate));
   NVL_TRY(need_out_null(op, "dup", dup));
   NVL_TRY(check_tensor(op, "dout", dout, NVL_F32));
@@ -422,25 +394,18 @@ nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_ten
   NVL_TRY(check_tensor_on(op, "up", up, NVL_F32, dout));
   NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
   NVL_TRY(need_same_shape(op, "dout", dout, "gate", gate));
+  NVL_PICK(be, dout, swiglu_backward, op);
   nvl_tensor g = nvl_tensor_null(), u = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&g, NVL_F32, dout->device, gate->ndim, gate->shape));
-  nvl_status st = nvl_tensor_empty(&u, NVL_F32, dout->device, gate->ndim, gate->shape);
-  if (st != NVL_OK) { nvl_tensor_release(&g); return st; }
-  int64_t n = nvl_tensor_numel(gate);
-  if (on_cuda(dout)) {
-    st = nvl_cuda_swiglu_backward(nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout),
-                                  nvl_tensor_data(gate), nvl_tensor_data(up), n, gpu_of(dout));
-    if (st != NVL_OK) {
-      nvl_tensor_release(&g);
-      nvl_tensor_release(&u);
-      return st;
-    }
-  } else if (use_ref())
-    nvl_swiglu_backward_ref(nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout), nvl_tensor_data(gate),
-                            nvl_tensor_data(up), n);
-  else
-    nvl_swiglu_backward_cpu(nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout), nvl_tensor_data(gate),
-                            nvl_tensor_data(up), n);
+  nvl_status st = nvl_tensor_empty(&g, NVL_F32, dout->device, gate->ndim, gate->shape);
+  if (st == NVL_OK) st = nvl_tensor_empty(&u, NVL_F32, dout->device, gate->ndim, gate->shape);
+  if (st == NVL_OK)
+    st = NVL_CALL(be, dout, swiglu_backward, nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout),
+                  nvl_tensor_data(gate), nvl_tensor_data(up), nvl_tensor_numel(gate));
+  if (st != NVL_OK) {
+    nvl_tensor_release(&g);
+    nvl_tensor_release(&u);
+    return st;
+  }
   *dgate = g;
   *dup = u;
   return NVL_OK;
@@ -452,6 +417,7 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
                              const nvl_tensor *targets_in, int64_t ignore_index, double z_loss, double dloss_scale) {
   const char *op = "cross_entropy";
   char s1[160];
+  const nvl_backend *be;
   if (!loss || !count) return nvl_error(NVL_EINVAL, "%s: loss and count must not be NULL", op);
   if (dlogits) NVL_TRY(need_out_null(op, "dlogits", dlogits));
   if (logits && logits->storage && logits->dtype == NVL_BF16) NVL_TRY(check_tensor(op, "logits", logits, NVL_BF16));
@@ -461,7 +427,8 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
   if (!isfinite(z_loss)) return nvl_error(NVL_EINVAL, "%s: z_loss must be finite, got %g", op, z_loss);
   if (!isfinite(dloss_scale))
     return nvl_error(NVL_EINVAL, "%s: the gradient scale must be finite, got %g", op, dloss_scale);
-  nvl_tensor targets = nvl_tensor_null(), tgd = nvl_tensor_null(), lf = nvl_tensor_null(), d = nvl_tensor_null();
+  NVL_PICK(be, logits, cross_entropy, op);
+  nvl_tensor targets = nvl_tensor_null(), tgd = nvl_tensor_null(), d = nvl_tensor_null();
   NVL_TRY(ids_on(op, "targets", targets_in, logits, &targets, &tgd));
   int64_t V = logits->shape[logits->ndim - 1], N = nvl_tensor_numel(&targets);
   const int64_t *tg = nvl_tensor_data(&targets);
@@ -469,45 +436,22 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
   if (!is_leading_shape(logits, &targets))
     st = mismatch(op, "logits", logits, "targets", &targets, "targets of logits' shape without its last dim (N)");
   if (st == NVL_OK) st = check_ids(op, "target", tg, N, V, 1, ignore_index);
-  if (st == NVL_OK && on_cuda(logits)) { /* bf16 is read as it is: no widened copy on the device */
-    int64_t cnt = 0;
-    for (int64_t n = 0; n < N; n++) cnt += tg[n] != ignore_index;
-    double gscale = cnt ? dloss_scale / (double)cnt : 0.0, total = 0.0;
-    if (dlogits) st = nvl_tensor_empty(&d, NVL_F32, NVL_CUDA, logits->ndim, logits->shape);
-    if (st == NVL_OK)
-      st = nvl_cuda_cross_entropy(&total, dlogits ? nvl_tensor_data(&d) : NULL, nvl_tensor_data(logits),
-                                  logits->dtype == NVL_BF16, nvl_tensor_data(&tgd), N, V, ignore_index, z_loss, gscale,
-                                  gpu_of(logits));
-    if (st == NVL_OK) {
-      *loss = cnt ? total / (double)cnt : 0.0;
-      *count = cnt;
-      if (dlogits) *dlogits = d;
-    } else {
-      nvl_tensor_release(&d);
-    }
-    nvl_tensor_release(&targets);
-    nvl_tensor_release(&tgd);
-    return st;
-  }
+  int64_t cnt = 0;
+  for (int64_t n = 0; st == NVL_OK && n < N; n++) cnt += tg[n] != ignore_index;
+  double gscale = cnt ? dloss_scale / (double)cnt : 0.0, total = 0.0;
+  if (st == NVL_OK && dlogits) st = nvl_tensor_empty(&d, NVL_F32, logits->device, logits->ndim, logits->shape);
+  if (st == NVL_OK) /* bf16 logits are read as they are (the CPU widens them exactly first) */
+    st = NVL_CALL(be, logits, cross_entropy, &total, dlogits ? nvl_tensor_data(&d) : NULL, nvl_tensor_data(logits),
+                  logits->dtype, nvl_tensor_data(&tgd), N, V, ignore_index, z_loss, gscale);
   if (st == NVL_OK) {
-    if (logits->dtype == NVL_BF16) st = nvl_tensor_clone_to(&lf, logits, NVL_F32, NVL_CPU); /* exact widening */
-    else nvl_tensor_share(&lf, logits);
-  }
-  if (st == NVL_OK && dlogits) st = nvl_tensor_empty(&d, NVL_F32, NVL_CPU, logits->ndim, logits->shape);
-  if (st == NVL_OK) {
-    int64_t cnt = 0;
-    for (int64_t n = 0; n < N; n++) cnt += tg[n] != ignore_index;
-    float *dp = dlogits ? nvl_tensor_data(&d) : NULL;
-    double gscale = cnt ? dloss_scale / (double)cnt : 0.0;
-    double total = use_ref() ? nvl_cross_entropy_ref(dp, nvl_tensor_data(&lf), tg, N, V, ignore_index, z_loss, gscale)
-                             : nvl_cross_entropy_cpu(dp, nvl_tensor_data(&lf), tg, N, V, ignore_index, z_loss, gscale);
     *loss = cnt ? total / (double)cnt : 0.0;
     *count = cnt;
     if (dlogits) *dlogits = d;
+  } else {
+    nvl_tensor_release(&d);
   }
   nvl_tensor_release(&targets);
   nvl_tensor_release(&tgd);
-  nvl_tensor_release(&lf);
   return st;
 }
 
@@ -516,6 +460,7 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
 nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor *m, nvl_tensor *v,
                           const nvl_adamw_opts *o) {
   const char *op = "adamw_step";
+  const nvl_backend *be;
   NVL_TRY(check_tensor(op, "param", param, NVL_F32));
   NVL_TRY(check_tensor_on(op, "grad", grad, NVL_F32, param));
   NVL_TRY(check_tensor_on(op, "m", m, NVL_F32, param));
@@ -544,35 +489,24 @@ nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor 
       if (n > 0 && overlap(ts[i], ts[j], n))
         return nvl_error(NVL_EINVAL, "%s: %s and %s overlap in memory; they must be separate tensors", op, names[i],
                          names[j]);
-  if (on_cuda(param))
-    return nvl_cuda_adamw_step(nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m), nvl_tensor_data(v),
-                               n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->step, gpu_of(param));
-  if (use_ref())
-    nvl_adamw_step_ref(nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m), nvl_tensor_data(v), n, o);
-  else
-    nvl_adamw_step_cpu(nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m), nvl_tensor_data(v), n, o);
-  return NVL_OK;
+  NVL_PICK(be, param, adamw_step, op);
+  return NVL_CALL(be, param, adamw_step, nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m),
+                  nvl_tensor_data(v), n, o);
 }
 
 nvl_status nvl_sumsq(double *out, const nvl_tensor *t) {
   const char *op = "sumsq";
   char s1[160];
+  const nvl_backend *be;
   if (!out) return nvl_error(NVL_EINVAL, "%s: out must not be NULL", op);
   if (!t) return nvl_error(NVL_EINVAL, "%s: the tensor is missing (NULL)", op);
   NVL_TRY(nvl_tensor_check_live(t, op));
   if (t->dtype != NVL_F32 && t->dtype != NVL_BF16)
     return nvl_error(NVL_EINVAL, "%s: the tensor must be f32 or bf16, got %s", op, DESC(t, s1));
-  if (on_cuda(t)) {
-    if (!nvl_tensor_is_contiguous(t))
-      return nvl_error(NVL_EINVAL, "%s: a cuda tensor must be contiguous, got a strided view %s; call :contiguous() first",
-                       op, DESC(t, s1));
-    return nvl_cuda_sumsq(out, nvl_tensor_data(t), t->dtype == NVL_BF16, nvl_tensor_numel(t), gpu_of(t));
-  }
-  nvl_tensor c = nvl_tensor_null();
-  if (t->dtype == NVL_F32 && nvl_tensor_is_contiguous(t)) nvl_tensor_share(&c, t);
-  else NVL_TRY(nvl_tensor_clone_to(&c, t, NVL_F32, NVL_CPU));
-  int64_t n = nvl_tensor_numel(&c);
-  *out = use_ref() ? nvl_sumsq_ref(nvl_tensor_data(&c), n) : nvl_sumsq_cpu(nvl_tensor_data(&c), n);
+  NVL_PICK(be, t, sumsq, op);
+  nvl_tensor c = nvl_tensor_null(); /* strided views are gathered first */
+  NVL_TRY(nvl_tensor_contiguous(&c, t));
+  nvl_status st = NVL_CALL(be, &c, sumsq, out, nvl_tensor_data(&c), c.dtype, nvl_tensor_numel(&c));
   nvl_tensor_release(&c);
-  return NVL_OK;
+  return st;
 }

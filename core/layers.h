@@ -1,6 +1,7 @@
 /* layers.h: the layer library's C contracts — forward/backward pairs for Llama's layers, the
  * fused cross-entropy, AdamW and the gradient-norm helpers (DESIGN.md "Layers").
- * CPU tensors, f32, contiguous unless said otherwise; shapes outermost first:
+ * Tensors on one device (the CPU, or a GPU), f32, contiguous unless said otherwise; shapes outermost
+ * first:
  *   N tokens (B*T flattened), C model width, V vocabulary, B batch, T sequence, H heads,
  *   Hq query heads, Hkv key/value heads (Hq % Hkv == 0), D head dim, F FFN width.
  * Contract of every backward: parameter gradients ACCUMULATE (+=), activation gradients are
@@ -32,14 +33,7 @@ nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tens
 nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
                                 const nvl_tensor *weight, const nvl_tensor *rstd);
 
-/* ---- RoPE (Hugging Face rotate-half layout) ---------------------------------------------------- */
-typedef struct {
-  int llama3;                 /* 1: Llama 3.1 frequency scaling (rope_type "llama3") */
-  double factor;              /* 8 for Llama 3.1 */
-  double low_freq_factor;     /* 1 */
-  double high_freq_factor;    /* 4 */
-  double original_max_position_embeddings; /* 8192 */
-} nvl_rope_scaling;
+/* ---- RoPE (Hugging Face rotate-half layout; nvl_rope_scaling: core/backend.h) ------------------- */
 /* cos, sin (T, D): for position t and i < D/2, angle = t * inv_freq[i] with inv_freq[i] =
  * theta^(-2i/D) (then Llama 3.1 scaling if given); both halves repeat the D/2 angles, as in
  * Hugging Face (emb = cat(freqs, freqs)). Computed in double, stored f32. scaling may be NULL. */
@@ -61,15 +55,6 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
                                   const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
                                   const nvl_tensor *out, const nvl_tensor *lse, double scale);
 
-/* The two entries above with the kernel chosen: use_ref 1 runs the reference, 0 the
- * fast kernel (what nvl_attention_forward/backward do). For tests and the binding's
- * {reference = true}; . */
-nvl_status nvl_attention_forward_ex(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
-                                    const nvl_tensor *v, double scale, int use_ref);
-nvl_status nvl_attention_backward_ex(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
-                                     const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
-                                     const nvl_tensor *out, const nvl_tensor *lse, double scale, int use_ref);
-
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 /* out (N, F) = silu(gate) * up. */
 nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up);
@@ -85,11 +70,7 @@ nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_ten
 nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
                              const nvl_tensor *targets, int64_t ignore_index, double z_loss, double dloss_scale);
 
-/* ---- optimizer -------------------------------------------------------------------------------- */
-typedef struct {
-  double lr, beta1, beta2, eps, weight_decay;
-  int64_t step; /* 1-based step number, for bias correction */
-} nvl_adamw_opts;
+/* ---- optimizer (nvl_adamw_opts: core/backend.h) ------------------------------------------------ */
 /* In place, f32, all of one shape: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * param -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * param), m_hat = m / (1-b1^step),
  * v_hat = v / (1-b2^step) (decoupled weight decay, as torch.optim.AdamW). */

@@ -1,10 +1,8 @@
-/* ops.c: validation, output allocation and backend dispatch for tensor ops (see ops.h). */
+/* ops.c: validation, output allocation and one kernel-table call per tensor op (see ops.h). */
 #include <limits.h>
 #include <math.h>
 #include <string.h>
-#include "cpu/ops_cpu.h"
-#include "cpu/ref/ops_ref.h"
-#include "nvl_cuda.h"
+#include "dispatch.h"
 #include "ops.h"
 
 const char *const nvl_binary_names[NVL_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
@@ -21,20 +19,14 @@ static nvl_status same_device(const char *op, const nvl_tensor *a, const nvl_ten
   return NVL_OK;
 }
 
-static nvl_status cpu_only(const char *op, const nvl_tensor *t) {
+/* Element access reads host memory. */
+static nvl_status host_only(const char *op, const nvl_tensor *t) {
   if (t->device != NVL_CPU) {
     char s[160];
-    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on cuda yet (tensor %s); copy it with :cpu() first", op,
+    return nvl_error(NVL_EUNSUPPORTED, "%s: not supported on a device tensor (%s); copy it with :cpu() first", op,
                      nvl_tensor_desc(t, s, sizeof s));
   }
   return NVL_OK;
-}
-
-static int same_shape(const nvl_tensor *a, const nvl_tensor *b) {
-  if (a->ndim != b->ndim) return 0;
-  for (int d = 0; d < a->ndim; d++)
-    if (a->shape[d] != b->shape[d]) return 0;
-  return 1;
 }
 
 static int is_f32_contig(const nvl_tensor *t) { return t->dtype == NVL_F32 && nvl_tensor_is_contiguous(t); }
@@ -52,33 +44,18 @@ nvl_status nvl_binary(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, co
   if ((op == NVL_OP_DIV || op == NVL_OP_POW) && !nvl_dtypes[dt].is_float) dt = NVL_F32;
   if (op >= NVL_OP_EQ) dt = NVL_U8;
 
-  if (a->device == NVL_CUDA) {
-    if (!(op <= NVL_OP_DIV && is_f32_contig(a) && is_f32_contig(b) && same_shape(a, b))) {
-      char s1[160], s2[160];
-      return nvl_error(NVL_EUNSUPPORTED, "%s: on cuda only contiguous f32 tensors of one shape are supported yet (got %s and %s)",
-                       name, nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
-    }
-    nvl_tensor r = nvl_tensor_null();
-    NVL_TRY(nvl_tensor_empty(&r, NVL_F32, NVL_CUDA, ndim, shape));
-    nvl_status st = nvl_cuda_binary_f32(op, nvl_tensor_data(&r), nvl_tensor_data(a), nvl_tensor_data(b),
-                                        nvl_tensor_numel(&r), a->storage->device_index);
-    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
-    *out = r;
-    return NVL_OK;
-  }
-
-  nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, dt, NVL_CPU, ndim, shape));
-  if (dt == NVL_F32 && op < NVL_OP_EQ && is_f32_contig(a) && is_f32_contig(b) && same_shape(a, b)) {
-    nvl_binary_f32_cpu(op, nvl_tensor_data(&r), nvl_tensor_data(a), nvl_tensor_data(b), nvl_tensor_numel(&r));
-  } else {
-    nvl_tensor ea = nvl_tensor_null(), eb = nvl_tensor_null();
-    nvl_status st = nvl_tensor_expand(&ea, a, ndim, shape);
-    if (st == NVL_OK) st = nvl_tensor_expand(&eb, b, ndim, shape);
-    if (st == NVL_OK) nvl_binary_ref(op, &r, &ea, &eb);
-    nvl_tensor_release(&ea);
-    nvl_tensor_release(&eb);
-    if (st != NVL_OK) { nvl_tensor_release(&r); return st; }
+  const nvl_backend *be;
+  NVL_PICK(be, a, binary, name);
+  nvl_tensor r = nvl_tensor_null(), ea = nvl_tensor_null(), eb = nvl_tensor_null();
+  nvl_status st = nvl_tensor_empty(&r, dt, a->device, ndim, shape);
+  if (st == NVL_OK) st = nvl_tensor_expand(&ea, a, ndim, shape);
+  if (st == NVL_OK) st = nvl_tensor_expand(&eb, b, ndim, shape);
+  if (st == NVL_OK) st = NVL_CALL(be, a, binary, op, &r, &ea, &eb);
+  nvl_tensor_release(&ea);
+  nvl_tensor_release(&eb);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&r);
+    return st;
   }
   *out = r;
   return NVL_OK;
@@ -88,17 +65,19 @@ nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor
   double s = sc.f;
   if ((unsigned)op >= NVL_BINARY_COUNT) return nvl_error(NVL_EINVAL, "binary: invalid op %d", (int)op);
   const char *name = nvl_binary_names[op];
+  const nvl_backend *be;
   NVL_TRY(nvl_tensor_check_live(a, name));
-  NVL_TRY(cpu_only(name, a));
+  NVL_PICK(be, a, binary_scalar, name);
   nvl_dtype dt = a->dtype;
   if (!nvl_dtypes[dt].is_float && (op == NVL_OP_DIV || op == NVL_OP_POW || s != floor(s) || !isfinite(s))) dt = NVL_F32;
   if (op >= NVL_OP_EQ) dt = NVL_U8;
   nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, dt, NVL_CPU, a->ndim, a->shape));
-  if (dt == NVL_F32 && op < NVL_OP_EQ && is_f32_contig(a))
-    nvl_binary_scalar_f32_cpu(op, nvl_tensor_data(&r), nvl_tensor_data(a), s, scalar_left, nvl_tensor_numel(a));
-  else
-    nvl_binary_scalar_ref(op, &r, a, sc, scalar_left);
+  NVL_TRY(nvl_tensor_empty(&r, dt, a->device, a->ndim, a->shape));
+  nvl_status st = NVL_CALL(be, a, binary_scalar, op, &r, a, sc, scalar_left);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&r);
+    return st;
+  }
   *out = r;
   return NVL_OK;
 }
@@ -106,16 +85,18 @@ nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor
 nvl_status nvl_unary(nvl_tensor *out, nvl_unary_op op, const nvl_tensor *a) {
   if ((unsigned)op >= NVL_UNARY_COUNT) return nvl_error(NVL_EINVAL, "unary: invalid op %d", (int)op);
   const char *name = nvl_unary_names[op];
+  const nvl_backend *be;
   NVL_TRY(nvl_tensor_check_live(a, name));
-  NVL_TRY(cpu_only(name, a));
+  NVL_PICK(be, a, unary, name);
   nvl_dtype dt = a->dtype;
   if (!nvl_dtypes[dt].is_float && (op == NVL_OP_EXP || op == NVL_OP_LOG || op == NVL_OP_SQRT)) dt = NVL_F32;
   nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, dt, NVL_CPU, a->ndim, a->shape));
-  if (dt == NVL_F32 && is_f32_contig(a))
-    nvl_unary_f32_cpu(op, nvl_tensor_data(&r), nvl_tensor_data(a), nvl_tensor_numel(a));
-  else
-    nvl_unary_ref(op, &r, a);
+  NVL_TRY(nvl_tensor_empty(&r, dt, a->device, a->ndim, a->shape));
+  nvl_status st = NVL_CALL(be, a, unary, op, &r, a);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&r);
+    return st;
+  }
   *out = r;
   return NVL_OK;
 }
@@ -133,28 +114,18 @@ nvl_status nvl_reduce_all(nvl_scalar *result, nvl_reduce_op op, const nvl_tensor
   NVL_TRY(nvl_tensor_check_live(a, name));
   if (nvl_tensor_numel(a) == 0 && op >= NVL_RED_MAX)
     return nvl_error(NVL_EINVAL, "%s: the tensor is empty", name);
-  if (a->device == NVL_CUDA) { /* amax (what recipes scale by) of a contiguous f32 or bf16 tensor */
-    if (op != NVL_RED_AMAX || !nvl_dtypes[a->dtype].is_float || !nvl_tensor_is_contiguous(a)) {
-      char s1[160];
-      return nvl_error(NVL_EUNSUPPORTED, "%s: on cuda only amax() over all elements of a contiguous f32 or bf16 tensor "
-                       "is supported yet (got %s); copy it with :cpu() first", name, nvl_tensor_desc(a, s1, sizeof s1));
-    }
-    double m;
-    NVL_TRY(nvl_cuda_amax(&m, nvl_tensor_data(a), a->dtype == NVL_BF16, nvl_tensor_numel(a), a->storage->device_index));
-    *result = nvl_scalar_f(m);
-    return NVL_OK;
-  }
-  if (is_f32_contig(a) && nvl_tensor_numel(a) > 0) *result = nvl_scalar_f(nvl_reduce_f32_cpu(op, nvl_tensor_data(a), nvl_tensor_numel(a)));
-  else *result = nvl_reduce_all_ref(op, a);
-  return NVL_OK;
+  const nvl_backend *be;
+  NVL_PICK(be, a, reduce_all, name);
+  return NVL_CALL(be, a, reduce_all, op, result, a);
 }
 
 nvl_status nvl_reduce_dim(nvl_tensor *out, nvl_tensor *idx, nvl_reduce_op op, const nvl_tensor *a, int dim, int keepdim) {
   if ((unsigned)op >= NVL_REDUCE_COUNT) return nvl_error(NVL_EINVAL, "reduce: invalid op %d", (int)op);
   const char *name = nvl_reduce_names[op];
   char sh[160];
+  const nvl_backend *be;
   NVL_TRY(nvl_tensor_check_live(a, name));
-  NVL_TRY(cpu_only(name, a));
+  NVL_PICK(be, a, reduce_last, name);
   if (dim < 0 || dim >= a->ndim)
     return nvl_error(NVL_EINVAL, "%s: dim %d out of range for a %d-D tensor %s", name, dim + 1, a->ndim,
                      nvl_shape_str(a, sh, sizeof sh));
@@ -171,11 +142,13 @@ nvl_status nvl_reduce_dim(nvl_tensor *out, nvl_tensor *idx, nvl_reduce_op op, co
   nvl_tensor ap = nvl_tensor_null(), r = nvl_tensor_null(), rv = nvl_tensor_null();
   nvl_tensor ix = nvl_tensor_null(), ixv = nvl_tensor_null();
   nvl_status st = nvl_tensor_permute(&ap, a, perm);
-  if (st == NVL_OK) st = nvl_tensor_empty(&r, reduce_dtype(op, a->dtype), NVL_CPU, keepdim ? a->ndim : a->ndim - 1, keepdim ? full : lead);
+  if (st == NVL_OK)
+    st = nvl_tensor_empty(&r, reduce_dtype(op, a->dtype), a->device, keepdim ? a->ndim : a->ndim - 1, keepdim ? full : lead);
   if (st == NVL_OK) st = nvl_tensor_view(&rv, &r, a->ndim - 1, lead);
-  if (st == NVL_OK && idx) st = nvl_tensor_empty(&ix, NVL_I64, NVL_CPU, keepdim ? a->ndim : a->ndim - 1, keepdim ? full : lead);
+  if (st == NVL_OK && idx)
+    st = nvl_tensor_empty(&ix, NVL_I64, a->device, keepdim ? a->ndim : a->ndim - 1, keepdim ? full : lead);
   if (st == NVL_OK && idx) st = nvl_tensor_view(&ixv, &ix, a->ndim - 1, lead);
-  if (st == NVL_OK) nvl_reduce_last_ref(op, &rv, idx ? &ixv : NULL, &ap);
+  if (st == NVL_OK) st = NVL_CALL(be, a, reduce_last, op, &rv, idx ? &ixv : NULL, &ap);
   nvl_tensor_release(&ap);
   nvl_tensor_release(&rv);
   nvl_tensor_release(&ixv);
@@ -208,7 +181,8 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   NVL_TRY(nvl_tensor_check_live(a, "matmul"));
   NVL_TRY(nvl_tensor_check_live(b, "matmul"));
   NVL_TRY(same_device("matmul", a, b));
-  NVL_TRY(cpu_only("matmul", a));
+  const nvl_backend *be;
+  NVL_PICK(be, a, matmul, "matmul");
   if (a->ndim < 2 || b->ndim < 2)
     return nvl_error(NVL_EINVAL, "matmul: expects 2-D or batched matrices, got a %s and b %s",
                      nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
@@ -241,24 +215,16 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   nvl_tensor r = nvl_tensor_null(), rf = nvl_tensor_null();
   nvl_status st = NVL_OK;
   /* bf16 operands are widened to f32 (exact) and the product rounded once at the end. */
-  if (a->dtype == NVL_F32) nvl_tensor_share(&fa, a); else st = nvl_tensor_clone_to(&fa, a, NVL_F32, NVL_CPU);
-  if (st == NVL_OK) { if (b->dtype == NVL_F32) nvl_tensor_share(&fb, b); else st = nvl_tensor_clone_to(&fb, b, NVL_F32, NVL_CPU); }
+  nvl_device dev = a->device;
+  if (a->dtype == NVL_F32) nvl_tensor_share(&fa, a); else st = nvl_tensor_clone_to(&fa, a, NVL_F32, dev);
+  if (st == NVL_OK) { if (b->dtype == NVL_F32) nvl_tensor_share(&fb, b); else st = nvl_tensor_clone_to(&fb, b, NVL_F32, dev); }
   if (st == NVL_OK) st = nvl_tensor_expand(&ea, &fa, nb + 2, sa);
   if (st == NVL_OK) st = nvl_tensor_expand(&eb, &fb, nb + 2, sb);
-  if (st == NVL_OK) st = nvl_tensor_empty(&r, dt, NVL_CPU, nb + 2, so);
-  if (st == NVL_OK) { if (dt == NVL_F32) nvl_tensor_share(&rf, &r); else st = nvl_tensor_empty(&rf, NVL_F32, NVL_CPU, nb + 2, so); }
+  if (st == NVL_OK) st = nvl_tensor_empty(&r, dt, dev, nb + 2, so);
+  if (st == NVL_OK) { if (dt == NVL_F32) nvl_tensor_share(&rf, &r); else st = nvl_tensor_empty(&rf, NVL_F32, dev, nb + 2, so); }
   for (int64_t bi = 0; st == NVL_OK && bi < batches; bi++) {
     nvl_tensor ma = batch_matrix(&ea, bi), mb = batch_matrix(&eb, bi), mo = batch_matrix(&rf, bi);
-    if (!nvl_matmul_f32_cpu(nvl_tensor_data(&mo), &ma, &mb)) {
-      /* layout BLAS cannot take (e.g. a broadcast view): make the operands contiguous */
-      nvl_tensor ca = nvl_tensor_null(), cb = nvl_tensor_null();
-      st = nvl_tensor_contiguous(&ca, &ma);
-      if (st == NVL_OK) st = nvl_tensor_contiguous(&cb, &mb);
-      if (st == NVL_OK && !nvl_matmul_f32_cpu(nvl_tensor_data(&mo), &ca, &cb))
-        st = nvl_error(NVL_EINVAL, "matmul: internal error: contiguous operands rejected by BLAS layout");
-      nvl_tensor_release(&ca);
-      nvl_tensor_release(&cb);
-    }
+    st = NVL_CALL(be, a, matmul, &mo, &ma, &mb);
   }
   if (st == NVL_OK && dt != NVL_F32) st = nvl_tensor_copy(&r, &rf);
   nvl_tensor_release(&fa); nvl_tensor_release(&fb); nvl_tensor_release(&ea); nvl_tensor_release(&eb);
@@ -268,45 +234,28 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   return NVL_OK;
 }
 
-/* add_ on the GPU: t contiguous f32; src (broadcast to t's shape) gathered to a contiguous
- * temporary unless it already is one of t's shape. */
-static nvl_status add_cuda(nvl_tensor *t, const nvl_tensor *src, double alpha) {
+nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
   char s1[160], s2[160];
-  if (!is_f32_contig(t))
-    return nvl_error(NVL_EUNSUPPORTED, "add_: on cuda the destination must be a contiguous f32 tensor, got %s",
-                     nvl_tensor_desc(t, s1, sizeof s1));
+  NVL_TRY(nvl_tensor_check_live(t, "add_"));
+  NVL_TRY(nvl_tensor_check_live(src, "add_"));
+  NVL_TRY(same_device("add_", t, src));
+  if (!nvl_dtypes[t->dtype].is_float)
+    return nvl_error(NVL_EINVAL, "add_: the destination must be f32 or bf16, got %s", nvl_dtypes[t->dtype].name);
   nvl_tensor e = nvl_tensor_null(), c = nvl_tensor_null();
   if (nvl_tensor_expand(&e, src, t->ndim, t->shape) != NVL_OK)
     return nvl_error(NVL_EINVAL, "add_: %s does not broadcast to %s", nvl_tensor_desc(src, s1, sizeof s1),
                      nvl_tensor_desc(t, s2, sizeof s2));
   nvl_status st = NVL_OK;
-  if (is_f32_contig(&e) && e.storage != t->storage) nvl_tensor_share(&c, &e);
-  else st = nvl_tensor_clone_to(&c, &e, NVL_F32, NVL_CUDA);
-  if (st == NVL_OK)
-    st = nvl_cuda_axpy_f32(nvl_tensor_data(t), nvl_tensor_data(&c), (float)alpha, nvl_tensor_numel(t),
-                           t->storage->device_index);
-  nvl_tensor_release(&e);
-  nvl_tensor_release(&c);
-  return st;
-}
-
-nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
-  NVL_TRY(nvl_tensor_check_live(t, "add_"));
-  NVL_TRY(nvl_tensor_check_live(src, "add_"));
-  NVL_TRY(same_device("add_", t, src));
-  if (t->device == NVL_CUDA) return add_cuda(t, src, alpha);
-  if (!nvl_dtypes[t->dtype].is_float)
-    return nvl_error(NVL_EINVAL, "add_: the destination must be f32 or bf16, got %s", nvl_dtypes[t->dtype].name);
-  nvl_tensor e = nvl_tensor_null();
-  nvl_status st = nvl_tensor_expand(&e, src, t->ndim, t->shape);
-  if (st != NVL_OK) {
-    char s1[160], s2[160];
-    return nvl_error(NVL_EINVAL, "add_: %s does not broadcast to %s", nvl_tensor_desc(src, s1, sizeof s1),
-                     nvl_tensor_desc(t, s2, sizeof s2));
-  }
-  if (is_f32_contig(t) && is_f32_contig(&e)) {
-    nvl_axpy_f32_cpu(nvl_tensor_data(t), nvl_tensor_data(&e), (float)alpha, nvl_tensor_numel(t));
-  } else {
+  if (is_f32_contig(t)) { /* t += (float)alpha * src, src gathered to a contiguous f32 temporary unless it is one */
+    const nvl_backend *be = nvl_backend_of(t, "add_");
+    if (!be) st = NVL_EUNSUPPORTED;
+    else if (!be->axpy) st = nvl_unsupported(be, "add_");
+    if (st == NVL_OK) {
+      if (is_f32_contig(&e) && e.storage != t->storage) nvl_tensor_share(&c, &e);
+      else st = nvl_tensor_clone_to(&c, &e, NVL_F32, t->device);
+    }
+    if (st == NVL_OK) st = NVL_CALL(be, t, axpy, nvl_tensor_data(t), nvl_tensor_data(&c), alpha, nvl_tensor_numel(t));
+  } else { /* other dtypes and layouts: t + src * alpha, written back */
     nvl_tensor scaled = nvl_tensor_null(), sum = nvl_tensor_null();
     st = nvl_binary_scalar(&scaled, NVL_OP_MUL, &e, nvl_scalar_f(alpha), 0);
     if (st == NVL_OK) st = nvl_binary(&sum, NVL_OP_ADD, t, &scaled);
@@ -315,6 +264,7 @@ nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
     nvl_tensor_release(&sum);
   }
   nvl_tensor_release(&e);
+  nvl_tensor_release(&c);
   return st;
 }
 
@@ -322,17 +272,10 @@ nvl_status nvl_mul_(nvl_tensor *t, double s) {
   NVL_TRY(nvl_tensor_check_live(t, "mul_"));
   if (!nvl_dtypes[t->dtype].is_float)
     return nvl_error(NVL_EINVAL, "mul_: the tensor must be f32 or bf16, got %s", nvl_dtypes[t->dtype].name);
-  if (t->device == NVL_CUDA) {
-    char s1[160];
-    if (!is_f32_contig(t))
-      return nvl_error(NVL_EUNSUPPORTED, "mul_: on cuda the tensor must be contiguous f32, got %s",
-                       nvl_tensor_desc(t, s1, sizeof s1));
-    return nvl_cuda_scale_f32(nvl_tensor_data(t), s, nvl_tensor_numel(t), t->storage->device_index);
-  }
   if (is_f32_contig(t)) {
-    float *p = nvl_tensor_data(t);
-    nvl_binary_scalar_f32_cpu(NVL_OP_MUL, p, p, s, 0, nvl_tensor_numel(t));
-    return NVL_OK;
+    const nvl_backend *be;
+    NVL_PICK(be, t, scale, "mul_");
+    return NVL_CALL(be, t, scale, nvl_tensor_data(t), s, nvl_tensor_numel(t));
   }
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_binary_scalar(&r, NVL_OP_MUL, t, nvl_scalar_f(s), 0));
@@ -343,50 +286,43 @@ nvl_status nvl_mul_(nvl_tensor *t, double s) {
 
 nvl_status nvl_fill_(nvl_tensor *t, nvl_scalar v) {
   NVL_TRY(nvl_tensor_check_live(t, "fill"));
-  if (t->device == NVL_CPU) {
-    nvl_fill_ref(t, v);
-    return NVL_OK;
-  }
-  /* cuda: the element's bytes as the CPU stores them, then a fill kernel (a strided t: through a
-   * contiguous temporary) */
-  nvl_tensor one = nvl_tensor_null(), c = nvl_tensor_null();
-  int64_t n1 = 1;
-  NVL_TRY(nvl_tensor_empty(&one, t->dtype, NVL_CPU, 1, &n1));
-  nvl_fill_ref(&one, v);
-  nvl_status st = NVL_OK;
-  if (nvl_tensor_is_contiguous(t)) nvl_tensor_share(&c, t);
-  else st = nvl_tensor_empty(&c, t->dtype, NVL_CUDA, t->ndim, t->shape);
-  if (st == NVL_OK)
-    st = nvl_cuda_fill(nvl_tensor_data(&c), c.dtype, nvl_tensor_data(&one), nvl_tensor_numel(&c),
-                       c.storage->device_index);
-  if (st == NVL_OK && c.storage != t->storage) st = nvl_tensor_copy(t, &c);
-  nvl_tensor_release(&one);
+  const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
+  const nvl_backend *be;
+  NVL_PICK(be, t, fill, "fill");
+  uint8_t value[8]; /* the element's bytes: integers exact, floats rounded once */
+  if (v.is_int && !tt->is_float) tt->store_i(value, v.i);
+  else tt->store_f(value, v.f);
+  if (nvl_tensor_is_contiguous(t)) return NVL_CALL(be, t, fill, t, value);
+  nvl_tensor c = nvl_tensor_null(); /* a strided t: through a contiguous temporary */
+  NVL_TRY(nvl_tensor_empty(&c, t->dtype, t->device, t->ndim, t->shape));
+  nvl_status st = NVL_CALL(be, t, fill, &c, value);
+  if (st == NVL_OK) st = nvl_tensor_copy(t, &c);
   nvl_tensor_release(&c);
   return st;
 }
 
 nvl_status nvl_arange_(nvl_tensor *t, double start, double step) {
+  const nvl_backend *be;
   NVL_TRY(nvl_tensor_check_live(t, "arange"));
-  NVL_TRY(cpu_only("arange", t));
+  NVL_PICK(be, t, arange, "arange");
   if (t->ndim != 1 || !nvl_tensor_is_contiguous(t)) return nvl_error(NVL_EINVAL, "arange: needs a contiguous 1-D tensor");
-  nvl_arange_ref(t, start, step);
-  return NVL_OK;
+  return NVL_CALL(be, t, arange, t, start, step);
 }
 
 static nvl_status random_fill(nvl_tensor *t, nvl_generator *g, int normal) {
   const char *name = normal ? "randn" : "rand";
+  const nvl_backend *be;
   NVL_TRY(nvl_tensor_check_live(t, name));
-  NVL_TRY(cpu_only(name, t));
+  NVL_PICK(be, t, random, name);
   if (!nvl_dtypes[t->dtype].is_float)
     return nvl_error(NVL_EINVAL, "%s: dtype must be f32 or bf16, got %s", name, nvl_dtypes[t->dtype].name);
   if (!g) g = nvl_default_generator();
   nvl_tensor c = nvl_tensor_null();
   if (nvl_tensor_is_contiguous(t)) nvl_tensor_share(&c, t);
-  else NVL_TRY(nvl_tensor_empty(&c, t->dtype, NVL_CPU, t->ndim, t->shape));
-  if (normal) nvl_randn_ref(&c, g->seed, g->offset);
-  else nvl_rand_ref(&c, g->seed, g->offset);
-  g->offset++;
-  nvl_status st = nvl_tensor_is_contiguous(t) ? NVL_OK : nvl_tensor_copy(t, &c);
+  else NVL_TRY(nvl_tensor_empty(&c, t->dtype, t->device, t->ndim, t->shape));
+  nvl_status st = NVL_CALL(be, t, random, &c, g->seed, g->offset, normal);
+  if (st == NVL_OK) g->offset++;
+  if (st == NVL_OK && !nvl_tensor_is_contiguous(t)) st = nvl_tensor_copy(t, &c);
   nvl_tensor_release(&c);
   return st;
 }
@@ -403,15 +339,16 @@ nvl_status nvl_cast(nvl_tensor *out, const nvl_tensor *t, nvl_dtype dt) {
 nvl_status nvl_allclose(int *result, const nvl_tensor *a, const nvl_tensor *b, double rtol, double atol, int equal_nan) {
   NVL_TRY(nvl_tensor_check_live(a, "allclose"));
   NVL_TRY(nvl_tensor_check_live(b, "allclose"));
-  NVL_TRY(cpu_only("allclose", a));
-  NVL_TRY(cpu_only("allclose", b));
+  NVL_TRY(same_device("allclose", a, b));
+  const nvl_backend *be;
+  NVL_PICK(be, a, allclose, "allclose");
   int ndim;
   int64_t shape[NVL_MAX_DIMS];
   NVL_TRY(nvl_broadcast_shape(a, b, "allclose", &ndim, shape));
   nvl_tensor ea = nvl_tensor_null(), eb = nvl_tensor_null();
   nvl_status st = nvl_tensor_expand(&ea, a, ndim, shape);
   if (st == NVL_OK) st = nvl_tensor_expand(&eb, b, ndim, shape);
-  if (st == NVL_OK) *result = nvl_allclose_ref(&ea, &eb, rtol, atol, equal_nan);
+  if (st == NVL_OK) st = NVL_CALL(be, a, allclose, result, &ea, &eb, rtol, atol, equal_nan);
   nvl_tensor_release(&ea);
   nvl_tensor_release(&eb);
   return st;
@@ -419,7 +356,7 @@ nvl_status nvl_allclose(int *result, const nvl_tensor *a, const nvl_tensor *b, d
 
 static nvl_status check_index(const char *op, const nvl_tensor *t, const int64_t *idx) {
   NVL_TRY(nvl_tensor_check_live(t, op));
-  NVL_TRY(cpu_only(op, t));
+  NVL_TRY(host_only(op, t));
   for (int d = 0; d < t->ndim; d++)
     if (idx[d] < 0 || idx[d] >= t->shape[d]) {
       char sh[160];

@@ -1,44 +1,17 @@
-/* ops.h: tensor operations, dispatched on the tensors' device to kernels/cpu or kernels/cuda.
+/* ops.h: tensor operations, dispatched through the kernel table of the tensors' device (dispatch.h).
  * Every function validates shapes/dtypes/devices and returns an nvl_status with a message that
  * names the op and the offending shapes and dtypes. Outputs are allocated here (out must be a
  * null tensor) unless the name ends in _ (in-place).
- * Not here: layers (forward/backward), quantization (later issues). */
+ * Not here: layers (forward/backward, layers.h), quantization (quant.h). */
 #ifndef NVL_OPS_H
 #define NVL_OPS_H
-#include "philox.h"
-#include "tensor.h"
+#include "backend.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum {
-  NVL_OP_ADD = 0, NVL_OP_SUB = 1, NVL_OP_MUL = 2, NVL_OP_DIV = 3, NVL_OP_POW = 4,
-  NVL_OP_MAXIMUM = 5, NVL_OP_MINIMUM = 6,
-  /* comparisons: u8 results, 1 where true */
-  NVL_OP_EQ = 7, NVL_OP_NE = 8, NVL_OP_LT = 9, NVL_OP_LE = 10, NVL_OP_GT = 11, NVL_OP_GE = 12,
-  NVL_BINARY_COUNT
-} nvl_binary_op;
-
-typedef enum {
-  NVL_OP_EXP = 0, NVL_OP_LOG = 1, NVL_OP_SQRT = 2, NVL_OP_ABS = 3, NVL_OP_NEG = 4,
-  NVL_UNARY_COUNT
-} nvl_unary_op;
-
-typedef enum {
-  NVL_RED_SUM = 0, NVL_RED_MEAN = 1, NVL_RED_MAX = 2, NVL_RED_MIN = 3, NVL_RED_AMAX = 4,
-  NVL_REDUCE_COUNT
-} nvl_reduce_op;
-
-/* A scalar operand: Lua integers stay exact for integer tensors (i64 beyond 2^53). */
-typedef struct {
-  double f;    /* the value (rounded, for integers beyond 2^53) */
-  int64_t i;   /* the exact value when is_int */
-  int is_int;
-} nvl_scalar;
-static inline nvl_scalar nvl_scalar_f(double f) { nvl_scalar s = {f, 0, 0}; return s; }
-static inline nvl_scalar nvl_scalar_i(int64_t i) { nvl_scalar s = {(double)i, i, 1}; return s; }
-
+/* The op codes (nvl_binary_op, nvl_unary_op, nvl_reduce_op) and nvl_scalar: core/backend.h. */
 extern const char *const nvl_binary_names[NVL_BINARY_COUNT];
 extern const char *const nvl_unary_names[NVL_UNARY_COUNT];
 extern const char *const nvl_reduce_names[NVL_REDUCE_COUNT];

@@ -1,4 +1,4 @@
-/* quant.h: quantized tensors and the ops on them (NUMERICS.md is the contract).
+/* quant.h: quantized tensors and the ops on them (core/NUMERICS.md is the contract).
  * A quantized tensor is x (any shape, any float dtype) moved so that its blocked dim (axis) is
  * last and flattened to the "blocked layout" [rows, K]: codes and block scales live in that
  * layout, row-major, so each block is contiguous and block g = row*(K/block) + k/block is the
@@ -7,23 +7,13 @@
  * Not here: recipes (which format each GEMM operand gets), layers. */
 #ifndef NVL_QUANT_H
 #define NVL_QUANT_H
-#include "cpu/ref/formats_ref.h"
 #include "ops.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum {
-  NVL_LAYOUT_NONE = 0,   /* f32 / bf16: no scales */
-  NVL_LAYOUT_TENSOR = 1, /* fp8 current/delayed scaling: one fp32 scale */
-  NVL_LAYOUT_1X16 = 2,   /* nvfp4 1D */
-  NVL_LAYOUT_16X16 = 3,  /* nvfp4 2D (weights): one scale per 16x16 tile, stored per 1x16 block */
-  NVL_LAYOUT_1X32 = 4,   /* mxfp8 */
-  NVL_LAYOUT_COUNT
-} nvl_block_layout;
-
-extern const char *const nvl_layout_names[NVL_LAYOUT_COUNT];
+/* nvl_block_layout, nvl_mx_rule and the formats' traits: dtype.h. */
 
 typedef struct {
   nvl_dtype format;         /* f32, bf16, or a quantized format */
@@ -32,33 +22,32 @@ typedef struct {
   int64_t shape[NVL_MAX_DIMS]; /* logical shape (x's) */
   int axis;                 /* the blocked dim of the logical shape, 0-based */
   int64_t rows, K;          /* the blocked layout */
-  nvl_tensor data;          /* (rows, K) u8 codes; nvfp4: (rows, K/2) packed, low nibble first;
-                               f32/bf16: (rows, K) values */
+  nvl_tensor data;          /* (rows, K) u8 codes; 4-bit elements: (rows, K/2) packed, low nibble
+                               first; f32/bf16: (rows, K) values */
   nvl_tensor scales;        /* (rows, K/block) u8 block scales, or null */
   float amax;               /* the global amax used (max |x| after RHT, or the one given) */
-  float scale;              /* fp8 per-tensor: encode scale (x * scale); nvfp4: s_enc */
+  float scale;              /* the traits' enc_scale of amax: fp8 x * scale; nvfp4 s_enc; else 0 */
   int rht;                  /* 1: the RHT of NUMERICS §5 was applied along axis first */
   float signs[16];          /* its sign vector */
   int sr;                   /* 1: stochastic rounding; seed/offset of the draw */
   uint64_t seed, offset;
-  nvl_mx_rule rule;         /* mxfp8 scale rule */
+  nvl_mx_rule rule;         /* e8m0 scale rule */
 } nvl_qtensor;
 
 typedef struct {
   int axis;                  /* blocked dim, 0-based; -1: the last */
-  int block2d;               /* nvfp4: 16x16 tiles (2-D x only) */
+  int block2d;               /* 16x16 tiles (2-D x only; formats whose traits offer them) */
   int rht;                   /* apply the RHT along axis before quantizing */
   const float *signs;        /* RHT signs (16), NULL: the default */
-  int sr;                    /* stochastic rounding (nvfp4 only) */
+  int sr;                    /* stochastic rounding (formats whose traits define it: e2m1 elements) */
   nvl_generator *gen;        /* SR draw from gen (offset advanced by one), or ... */
   uint64_t seed, offset;     /* ... from this explicit (seed, offset) when gen is NULL */
-  nvl_mx_rule rule;          /* mxfp8 scale rule */
+  nvl_mx_rule rule;          /* e8m0 scale rule */
   int has_amax;              /* use amax instead of max |x| (delayed scaling, reduced amax) */
   float amax;
-  int use_ref;               /* 1: scalar reference kernels (for tests); 0: fast CPU kernels */
-  /* SR (nvfp4): x's blocked layout is a slab of a larger tensor's (a data-parallel rank's
+  /* SR: x's blocked layout is a slab of a larger tensor's (a data-parallel rank's
    * slice): rows from sr_row_offset, columns from sr_k_offset, of a layout sr_k_total long
-   * (0: K), so block g of the SR stream is the global one (formats_ref.h). All 0: x itself. */
+   * (0: K), so block g of the SR stream is the global one (backend.h nvl_qdesc). All 0: x itself. */
   int64_t sr_row_offset, sr_k_offset, sr_k_total;
 } nvl_quant_opts;
 
@@ -85,6 +74,9 @@ nvl_status nvl_dequantize(nvl_tensor *out, const nvl_qtensor *q);
 nvl_status nvl_qtensor_codes(nvl_tensor *out, const nvl_qtensor *q);
 /* out (u8) = block-scale bytes, logical shape with axis divided by the block size. */
 nvl_status nvl_qtensor_scale_bytes(nvl_tensor *out, const nvl_qtensor *q);
+/* out (u8, host) = the block scales in cuBLASLt's 128x4 swizzled layout, padding included, as a
+ * backend with swizzled_scales (CUDA) writes them; an error for q without them. */
+nvl_status nvl_qtensor_swizzled_scales(nvl_tensor *out, const nvl_qtensor *q);
 /* out = the quantization of x^T for a 2-D q, blocked along the same dim index, bit for bit
  * what quantize(x^T, same options) gives: exact for 16x16 nvfp4 (the tile scales do not depend
  * on the orientation), f32, bf16 and per-tensor fp8. 1x16 / 1x32 blocks raise (quantize x along

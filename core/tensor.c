@@ -2,10 +2,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "nvl_cuda.h"
+#include "dispatch.h"
 #include "tensor.h"
-#include "cpu/ops_cpu.h"
-#include "cpu/ref/ops_ref.h"
 
 static size_t live_bytes[NVL_DEVICE_COUNT], peak_bytes[NVL_DEVICE_COUNT];
 static int64_t live_count[NVL_DEVICE_COUNT];
@@ -116,7 +114,8 @@ static nvl_status storage_new(nvl_storage **out, nvl_device dev, size_t bytes) {
       return nvl_error(NVL_ENOMEM, "out of host memory allocating %zu bytes", bytes);
     }
   } else {
-    nvl_status st = nvl_cuda_malloc(&s->data, alloc, 0);
+    const nvl_device_api *api = nvl_device_api_for(dev, "empty");
+    nvl_status st = api ? api->alloc(&s->data, alloc, 0) : NVL_EUNSUPPORTED;
     if (st != NVL_OK) { free(s); return st; }
   }
   s->refcount = 1;
@@ -134,7 +133,7 @@ static void storage_unref(nvl_storage *s) {
   live_bytes[s->device] -= s->bytes;
   live_count[s->device]--;
   if (s->device == NVL_CPU) host_free(s->data, s->bytes ? s->bytes : 1);
-  else nvl_cuda_free(s->data, s->device_index);
+  else nvl_device_api_for(s->device, "free")->free(s->data, s->device_index); /* it allocated s, so it exists */
   free(s);
 }
 
@@ -432,28 +431,27 @@ nvl_status nvl_broadcast_shape(const nvl_tensor *a, const nvl_tensor *b, const c
 
 /* ---- copies ---- */
 
-/* dst = s on one GPU, s already expanded to dst's shape: one strided-copy kernel (dtypes equal,
- * or f32 <-> bf16). Overlapping storage goes through a contiguous temporary. */
+/* dst = s on one device, s already expanded to dst's shape: one copy entry of the device's table.
+ * Overlapping storage goes through a contiguous temporary. */
 static nvl_status copy_on_device(nvl_tensor *dst, const nvl_tensor *s) {
   char s1[160], s2[160];
   if (!nvl_tensor_same_device(dst, s))
     return nvl_error(NVL_EUNSUPPORTED, "copy: %s and %s are on different GPUs (cuda:%d, cuda:%d)",
                      nvl_tensor_desc(s, s1, sizeof s1), nvl_tensor_desc(dst, s2, sizeof s2),
                      s->storage->device_index, dst->storage->device_index);
-  int dev = dst->storage->device_index;
-  if (dst->storage == s->storage) {
+  const nvl_backend *be;
+  NVL_PICK(be, dst, copy, "copy");
+  int overlap = dst->storage == s->storage &&
+                !(nvl_tensor_is_contiguous(dst) && nvl_tensor_is_contiguous(s) && dst->dtype == s->dtype);
+  if (overlap) {
     nvl_tensor c = nvl_tensor_null();
-    NVL_TRY(nvl_tensor_empty(&c, s->dtype, NVL_CUDA, s->ndim, s->shape));
-    nvl_status st = nvl_cuda_copy_strided(nvl_tensor_data(&c), c.dtype, c.strides, nvl_tensor_data(s), s->dtype,
-                                          s->strides, s->ndim, s->shape, dev);
-    if (st == NVL_OK)
-      st = nvl_cuda_copy_strided(nvl_tensor_data(dst), dst->dtype, dst->strides, nvl_tensor_data(&c), c.dtype,
-                                 c.strides, dst->ndim, dst->shape, dev);
+    NVL_TRY(nvl_tensor_empty(&c, s->dtype, s->device, s->ndim, s->shape));
+    nvl_status st = NVL_CALL(be, dst, copy, &c, s);
+    if (st == NVL_OK) st = NVL_CALL(be, dst, copy, dst, &c);
     nvl_tensor_release(&c);
     return st;
   }
-  return nvl_cuda_copy_strided(nvl_tensor_data(dst), dst->dtype, dst->strides, nvl_tensor_data(s), s->dtype,
-                               s->strides, dst->ndim, dst->shape, dev);
+  return NVL_CALL(be, dst, copy, dst, s);
 }
 
 nvl_status nvl_tensor_copy(nvl_tensor *dst, const nvl_tensor *src) {
@@ -466,62 +464,51 @@ nvl_status nvl_tensor_copy(nvl_tensor *dst, const nvl_tensor *src) {
     return nvl_error(NVL_EINVAL, "copy: source %s does not broadcast to destination %s",
                      nvl_tensor_desc(src, s1, sizeof s1), nvl_tensor_desc(dst, s2, sizeof s2));
   }
-  if (dst->device == NVL_CPU && s.device == NVL_CPU) {
-    int contig = nvl_tensor_is_contiguous(dst) && nvl_tensor_is_contiguous(&s);
-    int64_t n = nvl_tensor_numel(dst);
-    if (contig && dst->dtype == s.dtype)
-      memmove(nvl_tensor_data(dst), nvl_tensor_data(&s), (size_t)n * nvl_dtypes[dst->dtype].elem_size);
-    else if (contig && dst->dtype == NVL_BF16 && s.dtype == NVL_F32)
-      nvl_f32_to_bf16_cpu(nvl_tensor_data(dst), nvl_tensor_data(&s), n);
-    else if (contig && dst->dtype == NVL_F32 && s.dtype == NVL_BF16)
-      nvl_bf16_to_f32_cpu(nvl_tensor_data(dst), nvl_tensor_data(&s), n);
-    else if (dst->dtype == s.dtype && nvl_tensor_is_contiguous(dst))
-      nvl_copy_strided_cpu(dst, &s); /* a gather, e.g. a transpose made contiguous */
-    else
-      nvl_copy_ref(dst, &s);
+  if (dst->device == s.device) { /* one device (the host too) */
+    st = copy_on_device(dst, &s);
     nvl_tensor_release(&s);
-    return NVL_OK;
+    return st;
   }
   /* Host <-> device: stage through a contiguous tensor of the destination's dtype; the device
-   * side makes strided or broadcast layouts with one strided-copy kernel. */
+   * side makes strided or broadcast layouts with its own copy. */
+  nvl_device devd = dst->device != NVL_CPU ? dst->device : s.device;
+  const nvl_device_api *api = nvl_device_api_for(devd, "copy");
+  if (!api) {
+    nvl_tensor_release(&s);
+    return NVL_EUNSUPPORTED;
+  }
   int64_t n = nvl_tensor_numel(dst);
   size_t bytes = (size_t)n * nvl_dtypes[dst->dtype].elem_size;
-  if (dst->device == NVL_CUDA && s.device == NVL_CPU) {
+  if (s.device == NVL_CPU) { /* host -> device */
     nvl_tensor tmp = nvl_tensor_null(), dtmp = nvl_tensor_null();
     st = nvl_tensor_clone_to(&tmp, &s, dst->dtype, NVL_CPU); /* contiguous, dst's shape */
     nvl_tensor_release(&s);
     if (st == NVL_OK && nvl_tensor_is_contiguous(dst)) {
-      st = nvl_cuda_memcpy(nvl_tensor_data(dst), nvl_tensor_data(&tmp), bytes, 0, dst->storage->device_index);
+      st = api->memcpy(nvl_tensor_data(dst), nvl_tensor_data(&tmp), bytes, 0, dst->storage->device_index);
     } else if (st == NVL_OK) {
-      st = nvl_tensor_empty(&dtmp, dst->dtype, NVL_CUDA, dst->ndim, dst->shape);
-      if (st == NVL_OK) st = nvl_cuda_memcpy(nvl_tensor_data(&dtmp), nvl_tensor_data(&tmp), bytes, 0,
-                                             dtmp.storage->device_index);
+      st = nvl_tensor_empty(&dtmp, dst->dtype, dst->device, dst->ndim, dst->shape);
+      if (st == NVL_OK) st = api->memcpy(nvl_tensor_data(&dtmp), nvl_tensor_data(&tmp), bytes, 0, dtmp.storage->device_index);
       if (st == NVL_OK) st = copy_on_device(dst, &dtmp);
     }
     nvl_tensor_release(&tmp);
     nvl_tensor_release(&dtmp);
     return st;
   }
-  if (dst->device == NVL_CPU && s.device == NVL_CUDA) {
-    nvl_tensor c = nvl_tensor_null(), tmp = nvl_tensor_null();
-    if (nvl_tensor_is_contiguous(&s)) nvl_tensor_share(&c, &s);
-    else { /* strided or broadcast on the device: gather it there first */
-      st = nvl_tensor_empty(&c, s.dtype, NVL_CUDA, s.ndim, s.shape);
-      if (st == NVL_OK) st = copy_on_device(&c, &s);
-    }
-    nvl_tensor_release(&s);
-    if (st == NVL_OK) st = nvl_tensor_empty(&tmp, c.dtype, NVL_CPU, c.ndim, c.shape);
-    if (st == NVL_OK)
-      st = nvl_cuda_memcpy(nvl_tensor_data(&tmp), nvl_tensor_data(&c), (size_t)n * nvl_dtypes[c.dtype].elem_size, 1,
-                           c.storage->device_index);
-    if (st == NVL_OK) st = nvl_tensor_copy(dst, &tmp); /* host: casts and dst's strides */
-    nvl_tensor_release(&c);
-    nvl_tensor_release(&tmp);
-    return st;
+  /* device -> host */
+  nvl_tensor c = nvl_tensor_null(), tmp = nvl_tensor_null();
+  if (nvl_tensor_is_contiguous(&s)) nvl_tensor_share(&c, &s);
+  else { /* strided or broadcast on the device: gather it there first */
+    st = nvl_tensor_empty(&c, s.dtype, s.device, s.ndim, s.shape);
+    if (st == NVL_OK) st = copy_on_device(&c, &s);
   }
-  /* device -> device */
-  st = copy_on_device(dst, &s);
   nvl_tensor_release(&s);
+  if (st == NVL_OK) st = nvl_tensor_empty(&tmp, c.dtype, NVL_CPU, c.ndim, c.shape);
+  if (st == NVL_OK)
+    st = api->memcpy(nvl_tensor_data(&tmp), nvl_tensor_data(&c), (size_t)n * nvl_dtypes[c.dtype].elem_size, 1,
+                     c.storage->device_index);
+  if (st == NVL_OK) st = nvl_tensor_copy(dst, &tmp); /* host: casts and dst's strides */
+  nvl_tensor_release(&c);
+  nvl_tensor_release(&tmp);
   return st;
 }
 

@@ -61,9 +61,9 @@ for _, c in ipairs(cases) do
   local t_fast = time(function() nv.quantize(x, fmt, opts):free() end)
   local t_ref
   if cfg.reference then
-    local o = {reference = true}
-    for k, v in pairs(opts) do o[k] = v end
-    t_ref = time(function() nv.quantize(x, fmt, o):free() end)
+    nv.use_reference(true)
+    t_ref = time(function() nv.quantize(x, fmt, opts):free() end)
+    nv.use_reference(false)
   end
   print(string.format("| %s | %.2f | %.0f | %s | %s |", label, bytes / t_fast / 1e9, 100 * t_copy / t_fast,
     t_ref and string.format("%.2f", bytes / t_ref / 1e9) or "-", t_ref and string.format("%.1fx", t_ref / t_fast) or "-"))

@@ -86,6 +86,10 @@ local function near_list(a, e, rtol, atol, what)
   end
 end
 
+-- The attention entries with the scalar reference kernels (ref = true) or the fast ones.
+local function fwd(ref, ...) return T.with(nv.use_reference, ref, core.attention_forward, ...) end
+local function bwd(ref, ...) return T.with(nv.use_reference, ref, core.attention_backward, ...) end
+
 -- Fast tensor a against reference tensor b: |a - b| <= 1e-5 (|b| + max|b|).
 local function close_fp32(a, b, what)
   T.close(a, b, 1e-5, 1e-5 * math.max(b:abs():max(), 1e-30), what)
@@ -106,7 +110,7 @@ for i, c in ipairs(SMALL) do
     local scale = 1 / math.sqrt(c.D)
     local eo, el = naive(q:totable(), k:totable(), v:totable(), scale)
     eo, el = flat(eo), flat(el)
-    local ro, rl = core.attention_forward(q, k, v, scale, {reference = true})
+    local ro, rl = T.with(nv.use_reference, true, core.attention_forward, q, k, v, scale)
     T.eq(ro:size(), {c.B, c.T, c.Hq, c.D}, "out shape")
     T.eq(rl:size(), {c.B, c.Hq, c.T}, "lse shape")
     near_list(ro, eo, 2e-7, 1e-7, "reference out")
@@ -120,12 +124,12 @@ end
 T.case("forward: row 1 of every head is v[1] of its kv head; a scale of 0 averages v causally", function()
   local q, k, v = inputs(3, 1, 4, 4, 2, 8)
   for _, ref in ipairs({true, false}) do
-    local o = core.attention_forward(q, k, v, 0.7, {reference = ref})
+    local o = fwd(ref, q, k, v, 0.7)
     for h = 1, 4 do
       local g = (h - 1) // 2 + 1
       for d = 1, 8 do T.eq(o:get(1, 1, h, d), v:get(1, 1, g, d), "out[1] = v[1]") end
     end
-    local z, lz = core.attention_forward(q, k, v, 0, {reference = ref})
+    local z, lz = fwd(ref, q, k, v, 0)
     for t = 1, 4 do
       T.near(lz:get(1, 1, t), math.log(t), 1e-6, "lse with equal scores is log(t)")
       for d = 1, 8 do
@@ -145,7 +149,7 @@ T.case("lse is the log of the softmax denominator, and exp(score - lse) sums to 
   local scale = 0.3
   local qt, kt = q:totable(), k:totable()
   for _, ref in ipairs({true, false}) do
-    local _, lse = core.attention_forward(q, k, v, scale, {reference = ref})
+    local _, lse = fwd(ref, q, k, v, scale)
     for b = 1, B do
       for h = 1, Hq do
         local g = (h - 1) // (Hq // Hkv) + 1
@@ -174,13 +178,13 @@ T.case("causality: changing k, v at positions > t leaves out[1..t] and lse[1..t]
   local B, Tn, Hq, Hkv, D = 2, 7, 4, 2, 8
   local q, k, v = inputs(31, B, Tn, Hq, Hkv, D)
   for _, ref in ipairs({true, false}) do
-    local o1, l1 = core.attention_forward(q, k, v, 0.4, {reference = ref})
+    local o1, l1 = fwd(ref, q, k, v, 0.4)
     for t = 1, Tn - 1 do
       local k2, v2 = k:clone(), v:clone()
       local g = nv.Generator(100 + t)
       k2:narrow(2, t + 1, Tn - t):copy_(randn(g, B, Tn - t, Hkv, D) * 5)
       v2:narrow(2, t + 1, Tn - t):copy_(randn(g, B, Tn - t, Hkv, D) * 5)
-      local o2, l2 = core.attention_forward(q, k2, v2, 0.4, {reference = ref})
+      local o2, l2 = fwd(ref, q, k2, v2, 0.4)
       T.eq(o2:narrow(2, 1, t):totable(), o1:narrow(2, 1, t):totable(), "out[1.." .. t .. "] (bit for bit)")
       T.eq(l2:narrow(3, 1, t):totable(), l1:narrow(3, 1, t):totable(), "lse[1.." .. t .. "] (bit for bit)")
       T.ok((o2:narrow(2, t + 1, 1) - o1:narrow(2, t + 1, 1)):abs():max() > 1e-3, "out[t+1] does see the change")
@@ -228,7 +232,7 @@ for i, c in ipairs(FD) do
     local est = {fd_grad(q, q, k, v, scale, R, h), fd_grad(k, q, k, v, scale, R, h), fd_grad(v, q, k, v, scale, R, h)}
     local out, lse = core.attention_forward(q, k, v, scale)
     for _, ref in ipairs({true, false}) do
-      local grads = {core.attention_backward(R, q, k, v, out, lse, scale, {reference = ref})}
+      local grads = {bwd(ref, R, q, k, v, out, lse, scale)}
       for j, name in ipairs({"dq", "dk", "dv"}) do
         near_list(grads[j], est[j], 1e-3, 5e-4, (ref and "reference " or "fast ") .. name)
       end
@@ -249,11 +253,11 @@ for i, c in ipairs(BIG) do
     local q, k, v = inputs(60 + i, c.B, c.T, c.Hq, c.Hkv, c.D)
     local dout = randn(nv.Generator(70 + i), c.B, c.T, c.Hq, c.D)
     local scale = 1 / math.sqrt(c.D)
-    local ro, rl = core.attention_forward(q, k, v, scale, {reference = true})
+    local ro, rl = T.with(nv.use_reference, true, core.attention_forward, q, k, v, scale)
     local fo, fl = core.attention_forward(q, k, v, scale)
     close_fp32(fo, ro, "out")
     close_fp32(fl, rl, "lse")
-    local r = {core.attention_backward(dout, q, k, v, ro, rl, scale, {reference = true})}
+    local r = {T.with(nv.use_reference, true, core.attention_backward, dout, q, k, v, ro, rl, scale)}
     local f = {core.attention_backward(dout, q, k, v, ro, rl, scale)}
     for j, name in ipairs({"dq", "dk", "dv"}) do close_fp32(f[j], r[j], name) end
   end)
@@ -273,16 +277,16 @@ T.case("empty sizes: T = 0, B = 0 and D = 0", function()
   for _, sz in ipairs({{1, 0, 2, 1, 4}, {0, 3, 2, 2, 4}}) do
     local q, k, v = nv.zeros(sz[1], sz[2], sz[3], sz[5]), nv.zeros(sz[1], sz[2], sz[4], sz[5]), nv.zeros(sz[1], sz[2], sz[4], sz[5])
     for _, ref in ipairs({true, false}) do
-      local o, l = core.attention_forward(q, k, v, 1, {reference = ref})
+      local o, l = fwd(ref, q, k, v, 1)
       T.eq(o:numel(), 0)
       T.eq(l:size(), {sz[1], sz[3], sz[2]})
-      local dq, dk, dv = core.attention_backward(o, q, k, v, o, l, 1, {reference = ref})
+      local dq, dk, dv = bwd(ref, o, q, k, v, o, l, 1)
       T.eq({dq:numel(), dk:numel(), dv:numel()}, {0, 0, 0})
     end
   end
   local q, k = nv.zeros(1, 3, 2, 0), nv.zeros(1, 3, 1, 0) -- D = 0: every score is 0
   for _, ref in ipairs({true, false}) do
-    local o, l = core.attention_forward(q, k, k, 1, {reference = ref})
+    local o, l = fwd(ref, q, k, k, 1)
     T.eq(o:size(), {1, 3, 2, 0})
     for t = 1, 3 do T.near(l:get(1, 2, t), math.log(t), 1e-6, "lse of t equal scores") end
   end
@@ -297,7 +301,7 @@ T.case("bad inputs: each error names the op, the problem and the shapes", functi
   local F, Bk = core.attention_forward, core.attention_backward
   local function both(qq, kk, vv, text)
     T.raises(function() return F(qq, kk, vv, 1) end, "attention_forward: " .. text)
-    T.raises(function() return F(qq, kk, vv, 1, {reference = true}) end, "attention_forward: " .. text)
+    T.raises(function() return T.with(nv.use_reference, true, F, qq, kk, vv, 1) end, "attention_forward: " .. text)
     T.raises(function() return Bk(out, qq, kk, vv, out, lse, 1) end, "attention_backward: " .. text)
   end
   both(z(2, 5, 3, 8), k, v, "Hq (3) must be a positive multiple of Hkv (2): q is [2,5,3,8] f32, k is [2,5,2,8] f32")
@@ -313,8 +317,6 @@ T.case("bad inputs: each error names the op, the problem and the shapes", functi
   both(q, z(2, 5, 0, 8), z(2, 5, 0, 8), "Hq (4) must be a positive multiple of Hkv (0)")
   T.raises(function() return F(q, k, v, 0 / 0) end, "attention_forward: scale must be finite")
   T.raises(function() return F(q, k, v, "x") end, "number expected")
-  T.raises(function() return F(q, k, v, 1, {refrence = true}) end, "attention_forward: unknown option 'refrence'")
-  T.raises(function() return F(q, k, v, 1, {reference = 1}) end, "attention_forward: reference must be a boolean")
   T.raises(function() return core.attention_forward(q, k) end, "bad argument #3 to 'attention_forward'")
   T.raises(function() return Bk(z(2, 5, 4, 4), q, k, v, out, lse, 1) end,
     "attention_backward: dout must have q's shape (B, T, Hq, D): dout is [2,5,4,4] f32, q is [2,5,4,8] f32")

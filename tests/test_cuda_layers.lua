@@ -1,5 +1,5 @@
 -- test_cuda_layers.lua: the layer library on the GPU (kernels/cuda/layers.cu through core/layers.c)
--- against the CPU reference kernels (nv.core.layers_use_reference): embedding, RMSNorm, RoPE,
+-- against the CPU reference kernels (nv.use_reference): embedding, RMSNorm, RoPE,
 -- SwiGLU forward and backward, the fused cross-entropy (f32 and bf16 logits, ignore_index,
 -- z_loss, scale), AdamW, sumsq, and causal GQA attention forward and backward. Every device output is allocated poisoned (0xFF bytes, a NaN
 -- in f32), so an element a kernel leaves unwritten fails the comparison.
@@ -28,7 +28,7 @@ local function flat(t) return t:cpu():contiguous():reshape(-1):totable() end
 local function poisoned(fn, ...) return T.with(core.cuda_set_poison, 0xFF, fn, ...) end
 
 -- The CPU reference kernels' results for fn(args...) on CPU tensors.
-local function ref(fn, ...) return T.with(core.layers_use_reference, true, fn, ...) end
+local function ref(fn, ...) return T.with(nv.use_reference, true, fn, ...) end
 
 local function near(got, want, rtol, atol, what)
   local g, w = flat(got), flat(want)
@@ -203,8 +203,8 @@ T.case("attention forward and backward on cuda vs the reference (causal, GQA, D 
     local scale = 1 / math.sqrt(D)
     local q, k, v = nv.randn(B, Tn, Hq, D), nv.randn(B, Tn, Hkv, D), nv.randn(B, Tn, Hkv, D)
     local g = nv.randn(B, Tn, Hq, D)
-    local out, lse = core.attention_forward(q, k, v, scale, { reference = true })
-    local dq, dk, dv = core.attention_backward(g, q, k, v, out, lse, scale, { reference = true })
+    local out, lse = ref(core.attention_forward, q, k, v, scale)
+    local dq, dk, dv = ref(core.attention_backward, g, q, k, v, out, lse, scale)
     poisoned(function()
       local what = string.format("(B %d, T %d, Hq %d, Hkv %d, D %d)", B, Tn, Hq, Hkv, D)
       local qd, kd, vd = q:cuda(), k:cuda(), v:cuda()

@@ -167,7 +167,7 @@ T.case("SR from a generator: the same draw as the CPU, and the offset advances b
   xd:free()
 end)
 
--- The swizzled copy of (rows, nb) row-major scale bytes, computed here (core/nvl_cuda.h).
+-- The swizzled copy of (rows, nb) row-major scale bytes, computed here (core/backend.h nvl_swizzled_bytes).
 local function swizzle(bytes, rows, nb)
   local ncb = (nb + 3) // 4
   local nrb = (rows + 127) // 128
@@ -261,7 +261,7 @@ T.case("quantize errors on cuda: block lengths, layouts, options", function()
   T.raises(function() return core.quantize(x, "mxfp8_e4m3") end, "not a multiple of 32")
   T.raises(function() return core.quantize(x, "e4m3", { rht = true }) end, "16-element chunks")
   T.raises(function() return core.quantize(nv.randn(8, 32):cuda(), "nvfp4", { block = "2d" }) end, "2d")
-  T.raises(function() return core.quantize(nv.randn(16, 32):cuda(), "nvfp4", { reference = true }) end, "CPU")
+  T.raises(function() return T.with(nv.use_reference, true, core.quantize, nv.randn(16, 32):cuda(), "nvfp4") end, "CPU")
   local y = nv.randn(16, 64):cuda()
   local yt = y:transpose(1, 2)
   T.raises(function() return core.quantize(yt, "nvfp4") end, "contiguous")

@@ -123,21 +123,21 @@ end)
 
 T.case("quantize's SR slab options: a rank's rows quantize as their part of the whole batch (dgrad and wgrad copies)", function()
   local x = nv.randn(64, 32, {generator = nv.Generator(3)})           -- (tokens, N), the global dY
-  for _, ref in ipairs({false, true}) do
+  for _, ref in ipairs({false, true}) do T.with(nv.use_reference, ref, function()
     -- row-wise copy (blocked along N): rank 1 owns tokens 33..64 = rows from 32
-    local whole = nv.quantize(x, "nvfp4", {sr = true, seed = 5, offset = 2, reference = ref})
+    local whole = nv.quantize(x, "nvfp4", {sr = true, seed = 5, offset = 2})
     local part = nv.quantize(x:narrow(1, 33, 32), "nvfp4", {sr = true, seed = 5, offset = 2, amax = whole.amax,
-      sr_row_offset = 32, reference = ref})
+      sr_row_offset = 32})
     T.eq(part:codes():bytes(), whole:codes():narrow(1, 33, 32):bytes(), "row-wise codes")
     T.eq(part:scale_bytes():bytes(), whole:scale_bytes():narrow(1, 33, 32):bytes(), "row-wise scales")
-    local plain = nv.quantize(x:narrow(1, 33, 32), "nvfp4", {sr = true, seed = 5, offset = 2, amax = whole.amax, reference = ref})
+    local plain = nv.quantize(x:narrow(1, 33, 32), "nvfp4", {sr = true, seed = 5, offset = 2, amax = whole.amax})
     T.ok(plain:codes():bytes() ~= part:codes():bytes(), "without the offset the draws differ")
     -- column-wise copy with the RHT (blocked along tokens): columns 32.. of a layout 64 long
-    local wt = nv.quantize(x, "nvfp4", {axis = 1, rht = true, sr = true, seed = 5, offset = 3, reference = ref})
+    local wt = nv.quantize(x, "nvfp4", {axis = 1, rht = true, sr = true, seed = 5, offset = 3})
     local pt = nv.quantize(x:narrow(1, 33, 32), "nvfp4", {axis = 1, rht = true, sr = true, seed = 5, offset = 3,
-      amax = wt.amax, sr_k_offset = 32, sr_k_total = 64, reference = ref})
+      amax = wt.amax, sr_k_offset = 32, sr_k_total = 64})
     T.eq(pt:codes():bytes(), wt:codes():narrow(1, 33, 32):bytes(), "column-wise codes")
-  end
+  end) end
   T.raises(function() nv.quantize(x, "nvfp4", {sr_row_offset = 16}) end, "they need sr = true")
   T.raises(function() nv.quantize(x, "nvfp4", {sr = true, sr_k_offset = 8, sr_k_total = 64}) end, "SR slab offsets")
   T.raises(function() nv.quantize(x, "nvfp4", {sr = true, sr_row_offset = -1}) end, "sr_row_offset must be a non-negative integer")

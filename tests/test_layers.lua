@@ -2,7 +2,7 @@
 -- RoPE (tables, Llama 3.1 scaling, forward/backward), SwiGLU, fused cross-entropy, AdamW, sumsq.
 -- For each: the forward against a plain-Lua implementation (double precision), the backward
 -- against central finite differences of the f32 forward, the accumulate (+=) vs write (=)
--- contract, the fast kernels against the scalar references (nv.core.layers_use_reference), and
+-- contract, the fast kernels against the scalar references (nv.use_reference), and
 -- bad inputs with their messages. Attention is tested in tests/test_attention.lua.
 --
 -- Finite differences. The scalar loss is L = sum_i out_i * w_i with fixed random weights w, so
@@ -28,7 +28,7 @@ local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
 local function randn_flat(n) return flat(nv.randn(n)) end
 
 -- Run fn with the reference kernels selected; restores the previous setting even on error.
-local function with_ref(fn, ...) return T.with(core.layers_use_reference, true, fn, ...) end
+local function with_ref(fn, ...) return T.with(nv.use_reference, true, fn, ...) end
 
 -- Elementwise |got - want| <= atol + rtol |want| over two flat tables.
 local function near_tbl(got, want, rtol, atol, what)
@@ -580,10 +580,10 @@ T.case("fast vs reference: adamw (bit for bit) and sumsq (1e-12 relative)", func
   T.near(a, b, 1e-12 * b)
 end)
 
-T.case("layers_use_reference returns the previous setting", function()
-  T.eq(core.layers_use_reference(true), false)
-  T.eq(core.layers_use_reference(false), true)
-  T.eq(core.layers_use_reference(false), false)
+T.case("use_reference returns the previous setting", function()
+  T.eq(nv.use_reference(true), false)
+  T.eq(nv.use_reference(false), true)
+  T.eq(nv.use_reference(false), false)
 end)
 
 -- ---- bad inputs ---------------------------------------------------------------------------------

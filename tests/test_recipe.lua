@@ -568,7 +568,7 @@ T.case("errors: unknown options list the valid ones; bad custom specs name the l
     "recipe custom: layer 'model.layers.0.mlp.up_proj' fprop operand w: unknown format 'fp4' (valid: f32, bf16, e4m3, e5m2, mxfp8_e4m3, mxfp8_e5m2, nvfp4)")
   T.raises(run(function() return {format = "nvfp4", blocks = "2d"} end), "fprop operand x: unknown spec field 'blocks'")
   T.raises(run(function() return nil end), "fprop operand x: the spec must be a format name or a table")
-  T.raises(run(function() return {format = "e4m3", sr = true} end), "stochastic rounding is defined for nvfp4 only")
+  T.raises(run(function() return {format = "e4m3", sr = true} end), "stochastic rounding is defined for e2m1 elements")
   T.raises(run(function() return {format = "nvfp4", block = "2d"} end), "fprop operand x: 2d (16x16) blocks are for weights only")
   T.raises(run(function(c) return {format = "nvfp4", rht = c.operand == "x"} end),
     "layer 'model.layers.0.mlp.up_proj' fprop: the RHT must be on both operands (x, w) or on neither")

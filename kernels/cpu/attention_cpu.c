@@ -36,7 +36,7 @@ static void blas_solo_end(int prev) {
   if (prev > 0) openblas_set_num_threads(prev);
 }
 
-size_t nvl_attention_forward_cpu_work(int64_t T) {
+static size_t forward_work(int64_t T) {
   return (size_t)omp_get_max_threads() * (size_t)(tile_rows(T) * T);
 }
 
@@ -71,9 +71,13 @@ static void forward_head(float *out, float *lse, const float *q, const float *k,
   }
 }
 
-void nvl_attention_forward_cpu(float *out, float *lse, const float *q, const float *k, const float *v, float *work,
-                               size_t work_floats, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
-                               double scale) {
+nvl_status nvl_attention_forward_cpu(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                     const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                     double scale) {
+  if (D == 0) return nvl_attention_forward_ref(ctx, out, lse, q, k, v, B, T, Hq, Hkv, D, scale);
+  size_t work_floats = forward_work(T);
+  float *work;
+  NVL_TRY(ctx->scratch(ctx, (work_floats ? work_floats : 1) * sizeof(float), (void **)&work));
   int64_t group = Hq / Hkv, tasks = B * Hq;
   size_t per = (size_t)(tile_rows(T) * T);
   int ldq = (int)(Hq * D), ldk = (int)(Hkv * D);
@@ -87,9 +91,10 @@ void nvl_attention_forward_cpu(float *out, float *lse, const float *q, const flo
                  k + (b * T * Hkv + g) * D, v + (b * T * Hkv + g) * D, S, T, D, ldq, ldk, (float)scale);
   }
   blas_solo_end(prev);
+  return NVL_OK;
 }
 
-size_t nvl_attention_backward_cpu_work(int64_t T) {
+static size_t backward_work(int64_t T) {
   return (size_t)omp_get_max_threads() * (size_t)(2 * tile_rows(T) * T);
 }
 
@@ -125,9 +130,14 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout, co
   }
 }
 
-void nvl_attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                                const float *v, const float *out, const float *lse, float *work, size_t work_floats,
-                                int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale) {
+nvl_status nvl_attention_backward_cpu(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout,
+                                      const float *q, const float *k, const float *v, const float *out,
+                                      const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                      double scale) {
+  if (D == 0) return nvl_attention_backward_ref(ctx, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D, scale);
+  size_t work_floats = backward_work(T);
+  float *work;
+  NVL_TRY(ctx->scratch(ctx, (work_floats ? work_floats : 1) * sizeof(float), (void **)&work));
   int64_t group = Hq / Hkv, tasks = B * Hkv;
   size_t tile = (size_t)(tile_rows(T) * T);
   int ldq = (int)(Hq * D), ldk = (int)(Hkv * D);
@@ -149,4 +159,5 @@ void nvl_attention_backward_cpu(float *dq, float *dk, float *dv, const float *do
     }
   }
   blas_solo_end(prev);
+  return NVL_OK;
 }

@@ -1,32 +1,27 @@
 /* attention_cpu.h: the fast CPU kernels of causal grouped-query attention — OpenMP over heads,
  * OpenBLAS sgemm on tiles of NVL_ATTN_BLOCK query rows, the softmax in fp32 (expf). Tested
  * against kernels/cpu/ref/attention_ref.h within fp32 summation-order error (tests/test_attention.lua).
- * Raw contiguous f32 buffers, validated and allocated by core/attention.c, which also hands in
- * the f32 workspace (kernels never allocate). Shapes as in attention_ref.h:
+ * Raw contiguous f32 buffers, validated and allocated by core/attention.c; the f32 workspace
+ * comes from the caller's scratch (nvl_kctx; kernels never allocate). D = 0 runs the reference. Shapes as in attention_ref.h:
  * q, out, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T).
  * Not here: validation, the reference arithmetic. */
 #ifndef NVL_ATTENTION_CPU_H
 #define NVL_ATTENTION_CPU_H
-#include <stddef.h>
-#include <stdint.h>
-#include "layers.h"
+#include "cpu/ref/attention_ref.h"
 
 #define NVL_ATTN_BLOCK 64 /* query rows per tile */
 
-/* Floats of workspace the forward wants: one (NVL_ATTN_BLOCK, T) score tile per thread. */
-size_t nvl_attention_forward_cpu_work(int64_t T);
-/* out, lse as nvl_attention_forward_ref; threads over (b, query head), at most as many as the
- * workspace (work_floats, at least one thread's share) has tiles for. */
-void nvl_attention_forward_cpu(float *out, float *lse, const float *q, const float *k, const float *v, float *work,
-                               size_t work_floats, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
-                               double scale);
-
-/* Floats of workspace the backward wants: two (NVL_ATTN_BLOCK, T) tiles (P, dS) per thread. */
-size_t nvl_attention_backward_cpu_work(int64_t T);
+/* out, lse as nvl_attention_forward_ref; threads over (b, query head). Scratch: one
+ * (NVL_ATTN_BLOCK, T) f32 score tile per thread. */
+nvl_status nvl_attention_forward_cpu(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                     const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                     double scale);
 /* dq, dk, dv as nvl_attention_backward_ref; threads over (b, kv head), so the Hq / Hkv query
- * heads that share a kv head add into its dk, dv on one thread (no race). */
-void nvl_attention_backward_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                                const float *v, const float *out, const float *lse, float *work, size_t work_floats,
-                                int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale);
+ * heads that share a kv head add into its dk, dv on one thread (no race). Scratch: two
+ * (NVL_ATTN_BLOCK, T) tiles (P, dS) per thread. */
+nvl_status nvl_attention_backward_cpu(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout,
+                                      const float *q, const float *k, const float *v, const float *out,
+                                      const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                      double scale);
 
 #endif

@@ -3,25 +3,36 @@
 
 #define NVL_DEQ_OMP_MIN 65536
 
-static void fp8_table(float t[256], nvl_fp8_elem elem) {
-  for (int c = 0; c < 256; c++) t[c] = nvl_fp8_decode_ref(elem, (uint8_t)c);
+static void elem_table(float t[256], nvl_elem elem) {
+  for (int c = 0; c < 256; c++) t[c] = nvl_elem_decode_ref(elem, (uint8_t)(elem == NVL_ELEM_E2M1 ? c & 15 : c));
 }
 
-void nvl_fp8_decode_cpu(float *y, const uint8_t *codes, int64_t n, nvl_fp8_elem elem, float mul) {
+void nvl_fp8_decode_cpu(float *y, const uint8_t *codes, int64_t n, nvl_elem elem, float mul) {
   float t[256];
-  fp8_table(t, elem);
+  elem_table(t, elem);
   if (mul != 1.0f)
     for (int c = 0; c < 256; c++) t[c] = t[c] * mul;
 #pragma omp parallel for if (n > NVL_DEQ_OMP_MIN)
   for (int64_t i = 0; i < n; i++) y[i] = t[codes[i]];
 }
 
-void nvl_mxfp8_decode_cpu(float *y, const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t K,
-                          nvl_fp8_elem elem) {
+void nvl_mx_decode_cpu(float *y, const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t K, nvl_elem elem) {
   float t[256], e[256];
-  fp8_table(t, elem);
+  elem_table(t, elem);
   for (int c = 0; c < 256; c++) e[c] = nvl_e8m0_decode_ref((uint8_t)c);
   int64_t nb = rows * (K / 32);
+  if (elem == NVL_ELEM_E2M1) { /* packed: two codes per byte, the lower index in the low nibble */
+#pragma omp parallel for if (rows * K > NVL_DEQ_OMP_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+      float s = e[scales[b]];
+      const uint8_t *p = codes + b * 16;
+      for (int j = 0; j < 16; j++) {
+        y[b * 32 + 2 * j] = t[p[j] & 15] * s;
+        y[b * 32 + 2 * j + 1] = t[p[j] >> 4] * s;
+      }
+    }
+    return;
+  }
 #pragma omp parallel for if (rows * K > NVL_DEQ_OMP_MIN)
   for (int64_t b = 0; b < nb; b++) {
     float s = e[scales[b]];

@@ -7,6 +7,7 @@
  * Not here: validation, allocation (beyond small stack arrays), tensors, Lua. Needs IEEE f32 in
  * the default rounding mode (no -ffast-math), as the references do. */
 #include "cpu/layers_cpu.h"
+#include "cpu/ops_cpu.h"
 
 #include <math.h>
 #include <string.h>
@@ -17,12 +18,13 @@
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
-void nvl_embedding_forward_cpu(float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C) {
+nvl_status nvl_embedding_forward_cpu(nvl_kctx *ctx, float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t n = 0; n < N; n++) memcpy(out + n * C, weight + ids[n] * C, (size_t)C * sizeof(float));
+  return NVL_OK;
 }
 
-void nvl_embedding_backward_cpu(float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C) {
+nvl_status nvl_embedding_backward_cpu(nvl_kctx *ctx, float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C) {
   int64_t nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t k = 0; k < nchunks; k++) {
@@ -34,11 +36,12 @@ void nvl_embedding_backward_cpu(float *dweight, const float *dout, const int64_t
       for (int64_t c = c0; c < c1; c++) dw[c] += g[c];
     }
   }
+  return NVL_OK;
 }
 
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
-void nvl_rmsnorm_forward_cpu(float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
+nvl_status nvl_rmsnorm_forward_cpu(nvl_kctx *ctx, float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
                              double eps) {
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t n = 0; n < N; n++) {
@@ -52,9 +55,10 @@ void nvl_rmsnorm_forward_cpu(float *out, float *rstd, const float *x, const floa
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) o[c] = (xr[c] * r) * weight[c];
   }
+  return NVL_OK;
 }
 
-void nvl_rmsnorm_backward_cpu(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
+nvl_status nvl_rmsnorm_backward_cpu(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x, const float *weight,
                               const float *rstd, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t n = 0; n < N; n++) {
@@ -82,11 +86,12 @@ void nvl_rmsnorm_backward_cpu(float *dx, float *dweight, const float *dout, cons
     }
     for (int64_t j = 0; j < len; j++) dweight[c0 + j] = (float)((double)dweight[c0 + j] + acc[j]);
   }
+  return NVL_OK;
 }
 
 /* ---- RoPE: one (b, t, h) row of D at a time, the halves in separate loops so both vectorise --- */
 
-void nvl_rope_forward_cpu(float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+nvl_status nvl_rope_forward_cpu(nvl_kctx *ctx, float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
                           int64_t H, int64_t D) {
   int64_t h = D / 2, rows = B * T * H;
 #pragma omp parallel for schedule(static) if (rows * D > NVL_LAYERS_OMP_MIN)
@@ -99,9 +104,10 @@ void nvl_rope_forward_cpu(float *out, const float *x, const float *cos_t, const 
 #pragma omp simd
     for (int64_t j = h; j < D; j++) o[j] = (float)((double)xr[j] * c[j] + (double)xr[j - h] * s[j]);
   }
+  return NVL_OK;
 }
 
-void nvl_rope_backward_cpu(float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+nvl_status nvl_rope_backward_cpu(nvl_kctx *ctx, float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
                            int64_t H, int64_t D) {
   int64_t h = D / 2, rows = B * T * H;
 #pragma omp parallel for schedule(static) if (rows * D > NVL_LAYERS_OMP_MIN)
@@ -114,19 +120,21 @@ void nvl_rope_backward_cpu(float *dx, const float *dout, const float *cos_t, con
 #pragma omp simd
     for (int64_t j = h; j < D; j++) o[j] = (float)((double)g[j] * c[j] + -(double)g[j - h] * s[j - h]);
   }
+  return NVL_OK;
 }
 
 /* ---- SwiGLU (f32 arithmetic, expf) ------------------------------------------------------------ */
 
-void nvl_swiglu_forward_cpu(float *out, const float *gate, const float *up, int64_t n) {
+nvl_status nvl_swiglu_forward_cpu(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > NVL_LAYERS_OMP_MIN)
   for (int64_t i = 0; i < n; i++) {
     float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];
   }
+  return NVL_OK;
 }
 
-void nvl_swiglu_backward_cpu(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+nvl_status nvl_swiglu_backward_cpu(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                              int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > NVL_LAYERS_OMP_MIN)
   for (int64_t i = 0; i < n; i++) {
@@ -135,6 +143,7 @@ void nvl_swiglu_backward_cpu(float *dgate, float *dup, const float *dout, const 
     dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
     dup[i] = d * g * s;
   }
+  return NVL_OK;
 }
 
 /* ---- cross-entropy: max, then exp(x - max) once per element (kept in dlogits), then scale ----- */
@@ -167,8 +176,24 @@ static double ce_row(float *restrict d, const float *restrict x, int64_t t, int6
   return lse - (double)x[t] + z_loss * lse * lse;
 }
 
-double nvl_cross_entropy_cpu(float *dlogits, const float *logits, const int64_t *targets, int64_t N, int64_t V,
-                             int64_t ignore_index, double z_loss, double grad_scale) {
+/* *out = x as f32: x itself, or a widened copy of bf16 x (exact) in scratch. */
+static nvl_status widen(nvl_kctx *ctx, const float **out, const void *x, nvl_dtype dt, int64_t n) {
+  if (dt == NVL_F32) {
+    *out = x;
+    return NVL_OK;
+  }
+  float *w;
+  NVL_TRY(ctx->scratch(ctx, (size_t)n * sizeof(float), (void **)&w));
+  nvl_bf16_to_f32_cpu(w, x, n);
+  *out = w;
+  return NVL_OK;
+}
+
+nvl_status nvl_cross_entropy_cpu(nvl_kctx *ctx, double *total_out, float *dlogits, const void *logits_in,
+                                 nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
+                                 int64_t ignore_index, double z_loss, double grad_scale) {
+  const float *logits;
+  NVL_TRY(widen(ctx, &logits, logits_in, logits_dtype, N * V));
   double part[MAX_PARTS];
   int64_t per = (N + MAX_PARTS - 1) / MAX_PARTS, nparts = per ? (N + per - 1) / per : 0;
 #pragma omp parallel for schedule(dynamic, 1) if (N * V > NVL_LAYERS_OMP_MIN)
@@ -187,7 +212,8 @@ double nvl_cross_entropy_cpu(float *dlogits, const float *logits, const int64_t 
   }
   double total = 0.0;
   for (int64_t k = 0; k < nparts; k++) total += part[k];
-  return total;
+  *total_out = total;
+  return NVL_OK;
 }
 
 /* ---- AdamW ------------------------------------------------------------------------------------ */
@@ -201,7 +227,7 @@ static void adamw_span(float *restrict p, const float *restrict g, float *restri
   for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&p[i], g[i], &m[i], &v[i], &kk);
 }
 
-void nvl_adamw_step_cpu(float *param, const float *grad, float *m, float *v, int64_t n, const nvl_adamw_opts *o) {
+nvl_status nvl_adamw_step_cpu(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n, const nvl_adamw_opts *o) {
   nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
   const int64_t chunk = 8192;
   int64_t nchunks = (n + chunk - 1) / chunk;
@@ -210,11 +236,14 @@ void nvl_adamw_step_cpu(float *param, const float *grad, float *m, float *v, int
     int64_t i0 = c * chunk, len = i0 + chunk < n ? chunk : n - i0;
     adamw_span(param + i0, grad + i0, m + i0, v + i0, len, &k);
   }
+  return NVL_OK;
 }
 
 /* ---- sum of squares --------------------------------------------------------------------------- */
 
-double nvl_sumsq_cpu(const float *x, int64_t n) {
+nvl_status nvl_sumsq_cpu(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype dt, int64_t n) {
+  const float *x;
+  NVL_TRY(widen(ctx, &x, x_in, dt, n));
   double part[MAX_PARTS];
   int64_t per = (n + MAX_PARTS - 1) / MAX_PARTS;
   if (per < 4096) per = 4096;
@@ -229,5 +258,6 @@ double nvl_sumsq_cpu(const float *x, int64_t n) {
   }
   double total = 0.0;
   for (int64_t k = 0; k < nparts; k++) total += part[k];
-  return total;
+  *out = total;
+  return NVL_OK;
 }

@@ -236,3 +236,96 @@ const char *nvl_blas_config(void) {
   if (!buf[0]) snprintf(buf, sizeof buf, "%s, %d threads", openblas_get_config(), openblas_get_num_threads());
   return buf;
 }
+
+/* ---- the tensor-op entries of the CPU table: the fast kernels above where the layout allows,
+ * the references otherwise ---- */
+
+static int f32_contig(const nvl_tensor *t) { return t->dtype == NVL_F32 && nvl_tensor_is_contiguous(t); }
+
+nvl_status nvl_copy_cpu(nvl_kctx *ctx, nvl_tensor *dst, const nvl_tensor *src) {
+  int contig = nvl_tensor_is_contiguous(dst) && nvl_tensor_is_contiguous(src);
+  int64_t n = nvl_tensor_numel(dst);
+  if (contig && dst->dtype == src->dtype)
+    memmove(nvl_tensor_data(dst), nvl_tensor_data(src), (size_t)n * nvl_dtypes[dst->dtype].elem_size);
+  else if (contig && dst->dtype == NVL_BF16 && src->dtype == NVL_F32)
+    nvl_f32_to_bf16_cpu(nvl_tensor_data(dst), nvl_tensor_data(src), n);
+  else if (contig && dst->dtype == NVL_F32 && src->dtype == NVL_BF16)
+    nvl_bf16_to_f32_cpu(nvl_tensor_data(dst), nvl_tensor_data(src), n);
+  else if (dst->dtype == src->dtype && nvl_tensor_is_contiguous(dst))
+    nvl_copy_strided_cpu(dst, src); /* a gather, e.g. a transpose made contiguous */
+  else
+    return nvl_copy_ref(ctx, dst, src);
+  return NVL_OK;
+}
+
+nvl_status nvl_binary_cpu(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+  if (out->dtype != NVL_F32 || op >= NVL_OP_EQ || !f32_contig(a) || !f32_contig(b))
+    return nvl_binary_ref(ctx, op, out, a, b);
+  nvl_binary_f32_cpu(op, nvl_tensor_data(out), nvl_tensor_data(a), nvl_tensor_data(b), nvl_tensor_numel(out));
+  return NVL_OK;
+}
+
+nvl_status nvl_binary_scalar_cpu(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, nvl_scalar s,
+                                 int scalar_left) {
+  if (out->dtype != NVL_F32 || op >= NVL_OP_EQ || !f32_contig(a))
+    return nvl_binary_scalar_ref(ctx, op, out, a, s, scalar_left);
+  nvl_binary_scalar_f32_cpu(op, nvl_tensor_data(out), nvl_tensor_data(a), s.f, scalar_left, nvl_tensor_numel(a));
+  return NVL_OK;
+}
+
+nvl_status nvl_unary_cpu(nvl_kctx *ctx, nvl_unary_op op, nvl_tensor *out, const nvl_tensor *a) {
+  if (out->dtype != NVL_F32 || !f32_contig(a)) return nvl_unary_ref(ctx, op, out, a);
+  nvl_unary_f32_cpu(op, nvl_tensor_data(out), nvl_tensor_data(a), nvl_tensor_numel(a));
+  return NVL_OK;
+}
+
+nvl_status nvl_reduce_all_cpu(nvl_kctx *ctx, nvl_reduce_op op, nvl_scalar *out, const nvl_tensor *a) {
+  if (!f32_contig(a) || nvl_tensor_numel(a) == 0) return nvl_reduce_all_ref(ctx, op, out, a);
+  *out = nvl_scalar_f(nvl_reduce_f32_cpu(op, nvl_tensor_data(a), nvl_tensor_numel(a)));
+  return NVL_OK;
+}
+
+/* t as a contiguous f32 matrix: itself, or a gathered copy in scratch (a layout BLAS cannot take,
+ * e.g. a broadcast view). */
+static nvl_status blas_operand(nvl_kctx *ctx, nvl_tensor *view, nvl_storage *st, const nvl_tensor *t) {
+  *view = *t;
+  CBLAS_TRANSPOSE tr;
+  int ld;
+  if (blas_layout(t, &tr, &ld)) return NVL_OK;
+  int64_t n = t->shape[0] * t->shape[1];
+  memset(st, 0, sizeof *st);
+  st->refcount = 1;
+  st->bytes = (size_t)n * sizeof(float);
+  NVL_TRY(ctx->scratch(ctx, st->bytes ? st->bytes : 1, &st->data));
+  view->storage = st;
+  view->offset = 0;
+  view->strides[0] = t->shape[1];
+  view->strides[1] = 1;
+  nvl_copy_strided_cpu(view, t);
+  return NVL_OK;
+}
+
+nvl_status nvl_matmul_cpu(nvl_kctx *ctx, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+  nvl_tensor ca, cb;
+  nvl_storage sa, sb;
+  if (a->shape[0] > 0 && b->shape[1] > 0 && a->shape[1] > 0) {
+    NVL_TRY(blas_operand(ctx, &ca, &sa, a));
+    NVL_TRY(blas_operand(ctx, &cb, &sb, b));
+  } else {
+    ca = *a;
+    cb = *b;
+  }
+  if (!nvl_matmul_f32_cpu(nvl_tensor_data(out), &ca, &cb))
+    return nvl_error(NVL_EINVAL, "matmul: internal error: contiguous operands rejected by BLAS layout");
+  return NVL_OK;
+}
+
+nvl_status nvl_axpy_cpu(nvl_kctx *ctx, float *y, const float *x, double alpha, int64_t n) {
+  nvl_axpy_f32_cpu(y, x, (float)alpha, n);
+  return NVL_OK;
+}
+
+nvl_status nvl_scale_cpu(nvl_kctx *ctx, float *p, double s, int64_t n) {
+  nvl_binary_scalar_f32_cpu(NVL_OP_MUL, p, p, s, 0, n);
+  return NVL_OK;
+}

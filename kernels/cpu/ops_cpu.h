@@ -1,8 +1,10 @@
 /* ops_cpu.h: fast CPU kernels (OpenMP, OpenBLAS) for the common cases; each is bit-identical
- * to its reference in kernels/cpu/ref/ops_ref.h (matmul: within fp32 summation-order error). */
+ * to its reference in kernels/cpu/ref/ops_ref.h (matmul: within fp32 summation-order error;
+ * sum/mean: up to the order of the double additions). The nvl_*_cpu entries at the end are the
+ * tensor ops of the CPU table: a fast kernel where the layout allows, the reference otherwise. */
 #ifndef NVL_OPS_CPU_H
 #define NVL_OPS_CPU_H
-#include "ops.h"
+#include "cpu/ref/ops_ref.h"
 
 /* out[i] = a[i] op b[i], n contiguous f32 (op ADD..MINIMUM). */
 void nvl_binary_f32_cpu(nvl_binary_op op, float *out, const float *a, const float *b, int64_t n);
@@ -30,4 +32,17 @@ int nvl_matmul_f32_cpu(float *out, const nvl_tensor *a, const nvl_tensor *b);
 void nvl_matmul_f32_abt_cpu(float *c, int64_t ldc, const float *a, const float *b, int64_t M, int64_t N, int64_t K);
 /* "OpenBLAS 0.3.21 (pthread, 2 threads)" or similar. */
 const char *nvl_blas_config(void);
+
+/* Entries of the CPU table (core/backend.h). */
+nvl_status nvl_copy_cpu(nvl_kctx *ctx, nvl_tensor *dst, const nvl_tensor *src);
+nvl_status nvl_binary_cpu(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b);
+nvl_status nvl_binary_scalar_cpu(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, nvl_scalar s,
+                                 int scalar_left);
+nvl_status nvl_unary_cpu(nvl_kctx *ctx, nvl_unary_op op, nvl_tensor *out, const nvl_tensor *a);
+nvl_status nvl_reduce_all_cpu(nvl_kctx *ctx, nvl_reduce_op op, nvl_scalar *out, const nvl_tensor *a);
+/* out (M, N) contiguous f32 = a @ b for f32 views: OpenBLAS, operands BLAS cannot read as they are
+ * gathered into scratch first. */
+nvl_status nvl_matmul_cpu(nvl_kctx *ctx, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b);
+nvl_status nvl_axpy_cpu(nvl_kctx *ctx, float *y, const float *x, double alpha, int64_t n);
+nvl_status nvl_scale_cpu(nvl_kctx *ctx, float *p, double s, int64_t n);
 #endif

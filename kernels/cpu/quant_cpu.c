@@ -322,7 +322,7 @@ static inline void nvfp4_block(uint32_t *restrict q, const float *restrict x, fl
  * slab: o has SR slab offsets (formats_ref.h), so a block's SR index is not its own index. */
 NVL_WORKER void nvfp4_1d_range(uint8_t *packed, uint8_t *scales, const float *x, int64_t g0,
                                int64_t g1, int64_t nb, int slab, const nvfp4_consts *c,
-                               const nvl_nvfp4_ref_opts *o) {
+                               const nvl_quant_ref_opts *o) {
   for (int64_t gl = g0; gl < g1; gl += NVL_LANES) {
     int nl = (int)min64(NVL_LANES, g1 - gl);
     int32_t bmax[NVL_LANES] = {0};
@@ -333,7 +333,7 @@ NVL_WORKER void nvfp4_1d_range(uint8_t *packed, uint8_t *scales, const float *x,
     if (o->sr) {
       uint64_t gs[NVL_LANES];
       for (int l = 0; l < NVL_LANES; l++)
-        gs[l] = slab ? nvl_nvfp4_sr_block(o, 16 * nb, (gl + l) / nb, (gl + l) % nb) : (uint64_t)(gl + l);
+        gs[l] = slab ? nvl_sr_group(o, 16 * nb, (gl + l) / nb, (gl + l) % nb) : (uint64_t)(gl + l);
       philox_lanes(w, gs, o->seed, o->offset);
     }
     uint32_t q[16 * NVL_LANES];
@@ -349,7 +349,7 @@ NVL_WORKER void nvfp4_1d_range(uint8_t *packed, uint8_t *scales, const float *x,
 /* 2D: tiles [t0, t1) of the (R/16, K/16) tile grid. Each tile's max is shared by its 16 blocks
  * g = (16 tr + i) * nb + tc, i = 0..15. */
 NVL_WORKER void nvfp4_2d_range(uint8_t *packed, uint8_t *scales, const float *x, int64_t K,
-                               int64_t t0, int64_t t1, const nvfp4_consts *c, const nvl_nvfp4_ref_opts *o) {
+                               int64_t t0, int64_t t1, const nvfp4_consts *c, const nvl_quant_ref_opts *o) {
   int64_t nb = K / 16;
   for (int64_t t = t0; t < t1; t++) {
     int64_t r0 = 16 * (t / nb), tc = t % nb;
@@ -363,7 +363,7 @@ NVL_WORKER void nvfp4_2d_range(uint8_t *packed, uint8_t *scales, const float *x,
     uint32_t w[NVL_LANES][4];
     if (o->sr) {
       uint64_t gs[NVL_LANES];
-      for (int i = 0; i < 16; i++) gs[i] = nvl_nvfp4_sr_block(o, K, r0 + i, tc); /* (r0 + i) nb + tc unless a slab */
+      for (int i = 0; i < 16; i++) gs[i] = nvl_sr_group(o, K, r0 + i, tc); /* (r0 + i) nb + tc unless a slab */
       philox_lanes(w, gs, o->seed, o->offset);
     }
     for (int i = 0; i < 16; i++) {
@@ -377,13 +377,13 @@ NVL_WORKER void nvfp4_2d_range(uint8_t *packed, uint8_t *scales, const float *x,
 }
 
 nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax_out, const float *x, int64_t rows,
-                                  int64_t K, int block2d, const nvl_nvfp4_ref_opts *opts) {
-  static const nvl_nvfp4_ref_opts defaults;
-  const nvl_nvfp4_ref_opts *o = opts ? opts : &defaults;
+                                  int64_t K, int block2d, const nvl_quant_ref_opts *opts) {
+  static const nvl_quant_ref_opts defaults;
+  const nvl_quant_ref_opts *o = opts ? opts : &defaults;
   if (rows < 0 || K < 0 || K % 16 || (block2d && rows % 16))
     return nvl_error(NVL_EINVAL, "nvfp4_quantize_cpu: shape [%lld,%lld] is not a whole number of %s blocks",
                      (long long)rows, (long long)K, block2d ? "16x16" : "1x16");
-  NVL_TRY(nvl_nvfp4_check_sr_slab("nvfp4_quantize_cpu", o, K));
+  NVL_TRY(nvl_sr_check_slab("nvfp4_quantize_cpu", o, K, 16));
   int slab = o->sr_row_offset != 0 || o->sr_k_offset != 0 || (o->sr_k_total != 0 && o->sr_k_total != K);
   int64_t n = rows * K;
   float amax = o->has_amax ? o->amax : absmax_cpu(x, n);
@@ -438,10 +438,16 @@ nvl_status nvl_nvfp4_dequantize_cpu(float *y, const uint8_t *packed, const uint8
   return NVL_OK;
 }
 
-/* ---- MXFP8 ---------------------------------------------------------------------------------- */
+/* ---- MX formats ----------------------------------------------------------------------------- */
 
-static nvl_status check_elem(const char *op, nvl_fp8_elem elem) {
-  if ((int)elem < 0 || elem >= NVL_ELEM_COUNT)
+static nvl_status check_elem(const char *op, nvl_elem elem) {
+  if ((int)elem < 0 || elem >= NVL_ELEM_COUNT) return nvl_error(NVL_EINVAL, "%s: invalid element codec %d", op, (int)elem);
+  return NVL_OK;
+}
+
+/* Per-tensor fp8 takes the two fp8 codecs only. */
+static nvl_status check_fp8(const char *op, nvl_elem elem) {
+  if (elem != NVL_ELEM_E4M3 && elem != NVL_ELEM_E5M2)
     return nvl_error(NVL_EINVAL, "%s: invalid fp8 element format %d", op, (int)elem);
   return NVL_OK;
 }
@@ -475,45 +481,79 @@ static inline float e8m0_inverse(uint32_t e) {
   return e == 254 ? u2f(1u << 22) : u2f((254 - e) << 23);
 }
 
-/* One 32-block g with max |x| bmax: its scale and codes. */
-static inline void mxfp8_block(uint8_t *restrict codes, uint8_t *restrict scales, const float *restrict x, int64_t g,
-                               float bmax, int e5, nvl_mx_rule rule) {
+/* One 32-block g with max |x| bmax: its scale and codes (e2m1: packed, 16 bytes; SR with the
+ * block's 8 Philox words w when w is not NULL, the two groups' words one after the other). */
+static inline void mx_block(uint8_t *restrict codes, uint8_t *restrict scales, const float *restrict x, int64_t g,
+                            float bmax, nvl_elem elem, nvl_mx_rule rule, const uint32_t *w) {
   const float *xb = x + 32 * g;
-  uint32_t e = rule == NVL_MX_RCEIL ? e8m0_rceil(bmax, e5 ? 57344.0f : 448.0f) : e8m0_floor(bmax, e5 ? 15 : 8);
+  static const float emax_val[NVL_ELEM_COUNT] = {448.0f, 57344.0f, 6.0f};
+  static const int emax_exp[NVL_ELEM_COUNT] = {8, 15, 2};
+  uint32_t e = rule == NVL_MX_RCEIL ? e8m0_rceil(bmax, emax_val[elem]) : e8m0_floor(bmax, emax_exp[elem]);
   float inv = e8m0_inverse(e);
-  uint8_t *cb = codes + 32 * g;
   scales[g] = (uint8_t)e;
-  if (e5)
+  if (elem == NVL_ELEM_E2M1) {
+    uint32_t q[32];
+    if (w) {
+      uint8_t r[32];
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+      memcpy(r, w, 32);
+#else
+      for (int j = 0; j < 32; j++) r[j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
+#endif
+      for (int j = 0; j < 32; j++) q[j] = e2m1_encode_sr(xb[j] * inv, r[j]);
+    } else {
+      for (int j = 0; j < 32; j++) q[j] = e2m1_encode(xb[j] * inv);
+    }
+    pack_codes(codes + 16 * g, q, 32);
+    return;
+  }
+  uint8_t *cb = codes + 32 * g;
+  if (elem == NVL_ELEM_E5M2)
     for (int j = 0; j < 32; j++) cb[j] = (uint8_t)e5m2_encode(xb[j] * inv);
   else
     for (int j = 0; j < 32; j++) cb[j] = (uint8_t)e4m3_encode(xb[j] * inv);
 }
 
-/* 32-element blocks [g0, g1), in groups of NVL_LANES for the maxima. */
-NVL_WORKER void mxfp8_range(uint8_t *restrict codes, uint8_t *restrict scales, const float *restrict x, int64_t g0,
-                            int64_t g1, nvl_fp8_elem elem, nvl_mx_rule rule) {
-  int e5 = elem == NVL_ELEM_E5M2;
-  for (int64_t gl = g0; gl < g1; gl += NVL_LANES) {
-    int nl = (int)min64(NVL_LANES, g1 - gl);
-    int32_t bmax[NVL_LANES];
-    if (nl == NVL_LANES) block_maxima(bmax, x + 32 * gl, NVL_LANES, 32); /* constant trip counts */
+/* 32-element blocks [g0, g1) (nb per row), in groups of NVL_LANES for the maxima (and the
+ * Philox draws of SR: two counters per block). */
+NVL_WORKER void mx_range(uint8_t *restrict codes, uint8_t *restrict scales, const float *restrict x, int64_t g0,
+                         int64_t g1, int64_t nb, nvl_elem elem, nvl_mx_rule rule, const nvl_quant_ref_opts *o) {
+  for (int64_t gl = g0; gl < g1; gl += NVL_LANES / 2) {
+    int nl = (int)min64(NVL_LANES / 2, g1 - gl);
+    int32_t bmax[NVL_LANES / 2];
+    uint32_t w[NVL_LANES][4];
+    if (nl == NVL_LANES / 2) block_maxima(bmax, x + 32 * gl, NVL_LANES / 2, 32); /* constant trip counts */
     else block_maxima(bmax, x + 32 * gl, nl, 32);
-    for (int l = 0; l < nl; l++) mxfp8_block(codes, scales, x, gl + l, u2f((uint32_t)bmax[l]), e5, rule);
+    if (o->sr) {
+      uint64_t gs[NVL_LANES];
+      for (int l = 0; l < NVL_LANES; l++) {
+        int64_t g = gl + l / 2; /* block g draws groups 2 b and 2 b + 1 of its row */
+        gs[l] = nvl_sr_group(o, 32 * nb, g / nb, 2 * (g % nb) + l % 2);
+      }
+      philox_lanes(w, gs, o->seed, o->offset);
+    }
+    for (int l = 0; l < nl; l++) mx_block(codes, scales, x, gl + l, u2f((uint32_t)bmax[l]), elem, rule, o->sr ? w[2 * l] : NULL);
   }
 }
 
-nvl_status nvl_mxfp8_quantize_cpu(uint8_t *codes, uint8_t *scales, const float *x, int64_t rows, int64_t K,
-                                  nvl_fp8_elem elem, nvl_mx_rule rule) {
-  NVL_TRY(check_elem("mxfp8_quantize_cpu", elem));
+nvl_status nvl_mx_quantize_cpu(uint8_t *codes, uint8_t *scales, const float *x, int64_t rows, int64_t K, nvl_elem elem,
+                               nvl_mx_rule rule, const nvl_quant_ref_opts *opts) {
+  static const nvl_quant_ref_opts defaults;
+  const nvl_quant_ref_opts *o = opts ? opts : &defaults;
+  NVL_TRY(check_elem("mx_quantize_cpu", elem));
   if ((int)rule < 0 || rule >= NVL_MX_RULE_COUNT)
-    return nvl_error(NVL_EINVAL, "mxfp8_quantize_cpu: invalid scale rule %d", (int)rule);
+    return nvl_error(NVL_EINVAL, "mx_quantize_cpu: invalid scale rule %d", (int)rule);
   if (rows < 0 || K < 0 || K % 32)
-    return nvl_error(NVL_EINVAL, "mxfp8_quantize_cpu: shape [%lld,%lld] is not a whole number of 1x32 blocks",
+    return nvl_error(NVL_EINVAL, "mx_quantize_cpu: shape [%lld,%lld] is not a whole number of 1x32 blocks",
                      (long long)rows, (long long)K);
+  if (o->sr && elem != NVL_ELEM_E2M1)
+    return nvl_error(NVL_EINVAL, "mx_quantize_cpu: stochastic rounding is defined for e2m1 elements only");
+  NVL_TRY(nvl_sr_check_slab("mx_quantize_cpu", o, K, 32));
   int64_t n = rows * K, nblk = n / 32, per = NVL_CHUNK / 32;
   int64_t nitems = (nblk + per - 1) / per;
 #pragma omp parallel for schedule(static) if (n > NVL_QUANT_OMP_MIN)
-  for (int64_t it = 0; it < nitems; it++) mxfp8_range(codes, scales, x, it * per, min64(nblk, it * per + per), elem, rule);
+  for (int64_t it = 0; it < nitems; it++)
+    mx_range(codes, scales, x, it * per, min64(nblk, it * per + per), K / 32, elem, rule, o);
   return NVL_OK;
 }
 
@@ -521,7 +561,7 @@ nvl_status nvl_mxfp8_quantize_cpu(uint8_t *codes, uint8_t *scales, const float *
 
 /* codes[i] = fp8(x[i] * s) for i in [i0, i1): 32 at a time, then the tail. */
 NVL_WORKER void fp8_range(uint8_t *restrict codes, const float *restrict x, float s, int64_t i0, int64_t i1,
-                          nvl_fp8_elem elem) {
+                          nvl_elem elem) {
   int64_t i = i0;
   if (elem == NVL_ELEM_E5M2) {
     for (; i + 32 <= i1; i += 32)
@@ -535,8 +575,8 @@ NVL_WORKER void fp8_range(uint8_t *restrict codes, const float *restrict x, floa
 }
 
 nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *codes, float *scale, float *amax, const float *x, int64_t n,
-                                       nvl_fp8_elem elem, const float *amax_in) {
-  NVL_TRY(check_elem("fp8_quantize_tensor_cpu", elem));
+                                       nvl_elem elem, const float *amax_in) {
+  NVL_TRY(check_fp8("fp8_quantize_tensor_cpu", elem));
   if (n < 0) return nvl_error(NVL_EINVAL, "fp8_quantize_tensor_cpu: negative size %lld", (long long)n);
   float a = amax_in ? *amax_in : absmax_cpu(x, n);
   float s = nvl_fp8_tensor_scale_ref(a, elem);

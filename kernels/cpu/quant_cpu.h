@@ -14,16 +14,17 @@ extern "C" {
 /* NVFP4 1D (block2d 0) or 2D 16x16 (block2d 1): packed (R, K/2) e2m1 codes, two per byte, low
  * nibble first; scales (R, K/16) ue4m3; *amax the amax used. */
 nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax, const float *x, int64_t rows,
-                                  int64_t K, int block2d, const nvl_nvfp4_ref_opts *opts);
+                                  int64_t K, int block2d, const nvl_quant_ref_opts *opts);
 /* y (R, K) from packed codes (R, K/2) and scales (R, K/16), as nvl_nvfp4_dequantize_ref. */
 nvl_status nvl_nvfp4_dequantize_cpu(float *y, const uint8_t *packed, const uint8_t *scales, float amax, int64_t rows,
                                     int64_t K);
-/* MXFP8: codes (R, K), scales (R, K/32). */
-nvl_status nvl_mxfp8_quantize_cpu(uint8_t *codes, uint8_t *scales, const float *x, int64_t rows, int64_t K,
-                                  nvl_fp8_elem elem, nvl_mx_rule rule);
+/* MX formats: codes (R, K) one byte each (e2m1 elements: packed (R, K/2), low nibble first),
+ * scales (R, K/32); SR (e2m1) per opts, as nvl_mx_quantize_ref. opts may be NULL. */
+nvl_status nvl_mx_quantize_cpu(uint8_t *codes, uint8_t *scales, const float *x, int64_t rows, int64_t K, nvl_elem elem,
+                               nvl_mx_rule rule, const nvl_quant_ref_opts *opts);
 /* FP8 per-tensor: codes (n); amax_in NULL: current scaling. */
 nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *codes, float *scale, float *amax, const float *x, int64_t n,
-                                       nvl_fp8_elem elem, const float *amax_in);
+                                       nvl_elem elem, const float *amax_in);
 /* RHT on every 16-chunk along K; y may alias x. */
 nvl_status nvl_rht16_rows_cpu(float *y, const float *x, int64_t rows, int64_t K, const float *signs);
 

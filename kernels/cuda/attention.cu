@@ -1,4 +1,4 @@
-/* attention.cu: causal grouped-query attention on the device (core/nvl_cuda.h "attention"),
+/* attention.cu: causal grouped-query attention on the device (the attention entries of the CUDA table, kernels/cuda/cuda.h),
  * FlashAttention-style: K/V are streamed through shared memory in tiles of 32 keys and the
  * softmax is computed online (running max and sum per query row), so the T x T score matrix is
  * never stored; fp32 throughout (the contract of core/layers.h: f32 in, f32 out). The twin of
@@ -301,9 +301,10 @@ static nvl_status dq_launch(float *dq, const float *dout, const float *q, const 
   return NVL_OK;
 }
 
-extern "C" nvl_status nvl_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
+extern "C" nvl_status nvl_cuda_attention_forward(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
                                                  const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                                                 int64_t D, double scale, int dev) {
+                                                 int64_t D, double scale) {
+  const int dev = ctx->dev;
   NVL_TRY(check_dims(__func__, B, T, Hq, Hkv, D));
   if (B * T * Hq == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
@@ -320,17 +321,18 @@ extern "C" nvl_status nvl_cuda_attention_forward(float *out, float *lse, const f
   return nvl_cuda_check_launch(dev, __func__, what);
 }
 
-extern "C" nvl_status nvl_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+extern "C" nvl_status nvl_cuda_attention_backward(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                                   const float *k, const float *v, const float *out, const float *lse,
                                                   int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
-                                                  double scale, int dev) {
+                                                  double scale) {
+  const int dev = ctx->dev;
   NVL_TRY(check_dims(__func__, B, T, Hq, Hkv, D));
   if (B * T * Hq == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   const int d = (int)D;
   const float sc = (float)scale;
-  float *delta = NULL; /* (B, Hq, T) */
-  NVL_TRY(nvl_cuda_malloc((void **)&delta, (size_t)(B * Hq * T) * sizeof(float), dev));
+  float *delta = NULL; /* (B, Hq, T), call scratch */
+  NVL_TRY(ctx->scratch(ctx, (size_t)(B * Hq * T) * sizeof(float), (void **)&delta));
   char what[160];
   snprintf(what, sizeof what, "attention backward (B %lld, T %lld, Hq %lld, Hkv %lld, D %lld)", (long long)B,
            (long long)T, (long long)Hq, (long long)Hkv, (long long)D);
@@ -353,6 +355,5 @@ extern "C" nvl_status nvl_cuda_attention_backward(float *dq, float *dk, float *d
       st = nvl_cuda_check_launch(dev, __func__, what);
     }
   }
-  nvl_cuda_free(delta, dev);
   return st;
 }

@@ -21,7 +21,7 @@
 #define NVL_CUDA_COMMON_CUH
 #include <stdint.h>
 
-#include "nvl_cuda.h"
+#include "cuda/cuda.h"
 
 /* NVL_HD: the numerics below are __host__ __device__ so that a plain host build can check them
  * (the host branch of each pinned operation is the same IEEE operation in C++; compile such a
@@ -52,9 +52,6 @@ nvl_status nvl_cuda_check_launch(int dev, const char *fn, const char *what);
 /* Multiprocessor count of dev (cached), and compute capability as 10*major + minor. */
 int nvl_cuda_sm_count(int dev);
 int nvl_cuda_cc(int dev);
-/* A small per-device scratch area of device memory (4 KiB, zero at creation), for amax words,
- * flags and GEMM scale factors; stream order makes reuse between calls safe. */
-nvl_status nvl_cuda_scratch(int dev, void **p);
 /* A blocks-per-grid count for n work items at `threads` per block, capped at a few waves
  * (grid-stride loops cover the rest). */
 int nvl_cuda_grid(int64_t n, int threads, int dev);
@@ -312,7 +309,7 @@ NVL_UNROLL
   for (int i = 0; i < 16; i++) t[i] = f_mul(t[i], 0.25f);
 }
 
-/* Offset of scale (r, j) in the 128x4 swizzled layout for nb scales per row (nvl_cuda.h). */
+/* Offset of scale (r, j) in the 128x4 swizzled layout for nb scales per row (core/backend.h nvl_swizzled_bytes). */
 NVL_HD int64_t swizzle_offset(int64_t r, int64_t j, int64_t nb) {
   int64_t ncb = (nb + 3) / 4;
   return ((r / 128) * ncb + j / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (j % 4);

@@ -1,7 +1,7 @@
 /* device.cu: the CUDA backend's device layer — device discovery, properties, versions, sync mode,
- * the caching allocator, copies, memset, event timing, the per-device scratch area, and the
- * elementwise f32 binary kernel (add/sub/mul/div). Implements core/nvl_cuda.h with C linkage
- * (quant.cu and gemm.cu implement the rest); kernels/cuda/stub.c is its stand-in without nvcc.
+ * the caching allocator, copies, memset, event timing, and the elementwise f32 binary kernel
+ * (add/sub/mul/div): the device API of the CUDA table (kernels/cuda/backend_cuda.c), with C
+ * linkage. A build without nvcc has no CUDA table at all (core/dispatch.c says so).
  * Every CUDA call's failure becomes an nvl_status with a message naming the call and the device;
  * nothing here prints, exits or aborts. With no driver or no GPU, nvl_cuda_device_count() is 0
  * and nvl_cuda_unavailable_reason() says why (cudart is linked statically, so nvlua starts on
@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "common.cuh"
-#include "ops.h"
 
 #define NVL_MAX_GPUS 16
 
@@ -59,8 +58,6 @@ static void probe(void) {
   }
 }
 
-extern "C" int nvl_cuda_compiled(void) { return 1; }
-
 extern "C" int nvl_cuda_device_count(void) {
   pthread_once(&probe_once, probe);
   return probe_count;
@@ -87,7 +84,7 @@ nvl_status nvl_cuda_use_device(int dev, const char *fn) {
   return NVL_OK;
 }
 
-extern "C" nvl_status nvl_cuda_device_props(int dev, nvl_cuda_props *p) {
+extern "C" nvl_status nvl_cuda_device_props(int dev, nvl_device_props *p) {
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   cudaDeviceProp prop;
   NVL_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
@@ -379,7 +376,7 @@ extern "C" void nvl_cuda_free(void *p, int dev) {
   (void)cudaGetLastError();
 }
 
-extern "C" nvl_status nvl_cuda_memory_stats(int dev, nvl_cuda_mem_stats *s) {
+extern "C" nvl_status nvl_cuda_memory_stats(int dev, nvl_device_mem_stats *s) {
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   pthread_mutex_lock(&alloc_mu);
   dev_alloc *a = &allocs[dev];
@@ -420,28 +417,9 @@ extern "C" int nvl_cuda_set_poison(int byte) {
   return prev;
 }
 
-/* ---- scratch and timers --------------------------------------------------------------------- */
+/* ---- timers --------------------------------------------------------------------- */
 
-static void *scratch[NVL_MAX_GPUS];
 static cudaEvent_t timer_ev[NVL_MAX_GPUS][2];
-
-nvl_status nvl_cuda_scratch(int dev, void **p) {
-  NVL_TRY(nvl_cuda_use_device(dev, __func__));
-  if (!scratch[dev]) {
-    void *s = NULL;
-    NVL_CUDA_CHECK(cudaMalloc(&s, 4096));
-    cudaError_t e = cudaMemset(s, 0, 4096);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      (void)cudaFree(s);
-      return nvl_error(NVL_EDEVICE, "%s: cudaMemset failed: %s (%s)", __func__, cudaGetErrorString(e),
-                       cudaGetErrorName(e));
-    }
-    scratch[dev] = s;
-  }
-  *p = scratch[dev];
-  return NVL_OK;
-}
 
 extern "C" nvl_status nvl_cuda_timer_start(int dev) {
   NVL_TRY(nvl_cuda_use_device(dev, __func__));

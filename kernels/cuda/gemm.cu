@@ -1,5 +1,6 @@
 /* gemm.cu: the GEMMs of nvl_qmatmul on device operands, through cuBLASLt with fp32 accumulation
- * (the GEMM part of core/nvl_cuda.h):
+ * (the qgemm entry of the CUDA table, and its gemm_path query). Operands are classified by their
+ * format's traits row (scale kind, element codec), never by format name:
  *   f32 x f32      native fp32 GEMM (CUBLAS_COMPUTE_32F, no TF32)
  *   bf16 x bf16    native bf16 GEMM
  *   fp8 x fp8      native fp8 GEMM, per-tensor decode scales through A/B_SCALE_POINTER (sm_89+;
@@ -8,7 +9,7 @@
  *                  layout, s_dec_a * s_dec_b as alpha); emulated elsewhere
  *   mxfp8 x mxfp8  native on sm_100 (VEC32_UE8M0 scales, swizzled); emulated elsewhere and for
  *                  e5m2 x e5m2
- *   other mixes of bf16 / fp8 / mxfp8 / nvfp4: emulated
+ *   other mixes of bf16 / fp8 / mx formats / nvfp4 (mx with e2m1 elements included): emulated
  * "Emulated" is NUMERICS §2's exact emulation: each operand dequantized to bf16 without its global
  * factor (exact: nvfp4 value * ue4m3 scale has at most 6 significant bits; fp8 values fit bf16;
  * mxfp8 value * 2^k fits unless the product leaves bf16's exponent range, which is detected and
@@ -21,7 +22,10 @@
  * (a K x N column-major matrix, ld K, op T), its B is our A (K x M, ld K, op N), D is N x M with
  * ld N: the "TN" layout the fp8 and block-scaled kernels require.
  *
- * Not here: quantization (quant.cu), the CPU emulation (core/quant.c). */
+ * Scratch (the bf16 copies of emulated operands, the fp8 scale floats, the inexact flag, the
+ * cuBLASLt workspace) is call scratch from the caller (nvl_kctx).
+ *
+ * Not here: quantization (quant.cu), the CPU emulation (kernels/cpu/qentry_cpu.c). */
 #include <cublasLt.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -50,7 +54,6 @@ const size_t WORKSPACE = (size_t)32 << 20;
 
 struct Lt {
   cublasLtHandle_t h;
-  void *ws;
 };
 Lt lts[NVL_MAX_GPUS];
 pthread_mutex_t lt_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -66,16 +69,6 @@ nvl_status get_lt(int dev, Lt **out) {
       pthread_mutex_unlock(&lt_mu);
       return nvl_error(NVL_EDEVICE, "%s: cublasLtCreate on cuda:%d failed: %s (%s)", fn, dev,
                        cublasLtGetStatusString(st), cublasLtGetStatusName(st));
-    }
-  }
-  if (!l->ws) {
-    cudaError_t e = cudaMalloc(&l->ws, WORKSPACE);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      l->ws = NULL;
-      pthread_mutex_unlock(&lt_mu);
-      return nvl_error(NVL_EDEVICE, "%s: cudaMalloc(%zu bytes) for the cuBLASLt workspace on cuda:%d failed: %s (%s)",
-                       fn, WORKSPACE, dev, cudaGetErrorString(e), cudaGetErrorName(e));
     }
   }
   pthread_mutex_unlock(&lt_mu);
@@ -131,7 +124,7 @@ const char *type_name(cudaDataType t) {
   }
 }
 
-nvl_status build_plan(Lt *l, const Spec &s, Plan *p) {
+nvl_status build_plan(Lt *l, const Spec &s, Plan *p, void *placeholder) {
   const char *fn = "nvl_cuda_qgemm";
   memset(p, 0, sizeof *p);
   p->s = s;
@@ -153,12 +146,13 @@ nvl_status build_plan(Lt *l, const Spec &s, Plan *p) {
       LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
       LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
     }
-    /* placeholder scale pointers so the heuristic sees a scaled GEMM; real ones per call */
+    /* placeholder scale pointers (any device memory) so the heuristic sees a scaled GEMM; the
+     * real ones are set per call */
     if (s.scale_mode >= 0 || s.per_tensor_scales) {
-      void *scratch = NULL;
-      if ((st = nvl_cuda_scratch(s.dev, &scratch)) != NVL_OK) break;
-      LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scratch, sizeof scratch));
-      LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scratch, sizeof scratch));
+      LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
+                                            sizeof placeholder));
+      LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
+                                            sizeof placeholder));
     }
     LT_TRY(cublasLtMatrixLayoutCreate(&p->a, s.ta, (uint64_t)s.k, (uint64_t)s.m, s.k));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->b, s.tb, (uint64_t)s.k, (uint64_t)s.n, s.k));
@@ -198,7 +192,7 @@ nvl_status build_plan(Lt *l, const Spec &s, Plan *p) {
   return NVL_OK;
 }
 
-nvl_status get_plan(Lt *l, const Spec &s, Plan **out) {
+nvl_status get_plan(Lt *l, const Spec &s, Plan **out, void *placeholder) {
   pthread_mutex_lock(&lt_mu);
   for (int i = 0; i < NPLANS; i++)
     if (plans[i].used && same_spec(plans[i].s, s)) {
@@ -209,27 +203,30 @@ nvl_status get_plan(Lt *l, const Spec &s, Plan **out) {
   Plan *p = &plans[next_victim];
   next_victim = (next_victim + 1) % NPLANS;
   if (p->used) destroy_plan(p);
-  nvl_status st = build_plan(l, s, p);
+  nvl_status st = build_plan(l, s, p, placeholder);
   pthread_mutex_unlock(&lt_mu);
   if (st == NVL_OK) *out = p;
   return st;
 }
 
-/* Run one planned matmul: d (m x n col-major) = alpha * op(A) op(B) (+ d when accumulating). */
-nvl_status run_matmul(const Spec &s, const void *A, const void *B, void *D, float alpha, const void *scale_a,
-                      const void *scale_b) {
+/* Run one planned matmul: d (m x n col-major) = alpha * op(A) op(B) (+ d when accumulating); the
+ * cuBLASLt workspace is call scratch. */
+nvl_status run_matmul(nvl_kctx *ctx, const Spec &s, const void *A, const void *B, void *D, float alpha,
+                      const void *scale_a, const void *scale_b) {
   const char *fn = "nvl_cuda_qgemm";
   Lt *l = NULL;
   NVL_TRY(get_lt(s.dev, &l));
+  void *ws = NULL;
+  NVL_TRY(ctx->scratch(ctx, WORKSPACE, &ws));
   Plan *p = NULL;
-  NVL_TRY(get_plan(l, s, &p));
+  NVL_TRY(get_plan(l, s, &p, ws));
   if (s.scale_mode >= 0 || s.per_tensor_scales) {
     LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a));
     LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b));
   }
   const float beta = s.accumulate ? 1.0f : 0.0f;
   (void)cudaGetLastError();
-  LT_CHECK(cublasLtMatmul(l->h, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, &p->algo, l->ws, WORKSPACE, 0));
+  LT_CHECK(cublasLtMatmul(l->h, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, &p->algo, ws, WORKSPACE, 0));
   char what[160];
   snprintf(what, sizeof what, "cublasLtMatmul (%s x %s -> %s, M=%lld, N=%lld, K=%lld)", type_name(s.tb), type_name(s.ta),
            type_name(s.tc), (long long)s.n, (long long)s.m, (long long)s.k);
@@ -259,33 +256,31 @@ __global__ void __launch_bounds__(256) dequant_nvfp4_kernel(uint16_t *__restrict
   }
 }
 
-/* mxfp8 blocks [0, nblk): y (32 per block) = value(code) * 2^(e-127); *inexact |= 1 where the
- * product is not a bf16 value (outside bf16's exponent range). */
-__global__ void __launch_bounds__(256) dequant_mxfp8_kernel(uint16_t *__restrict__ y, const uint8_t *__restrict__ codes,
-                                                            const uint8_t *__restrict__ scales, int64_t nblk, int e5,
-                                                            uint32_t *inexact) {
+/* One element code of codec elem (0 e4m3, 1 e5m2, 2 e2m1) -> its value. */
+__device__ __forceinline__ float elem_decode(int elem, uint32_t c) {
+  return elem == 2 ? e2m1_decode(c & 15u) : elem == 1 ? e5m2_decode(c) : e4m3_decode(c);
+}
+
+/* mx blocks [0, nblk) of any element codec (e2m1 codes packed two per byte): y (32 per block) =
+ * value(code) * 2^(e-127); *inexact |= 1 where the product is not a bf16 value (outside bf16's
+ * exponent range). */
+__global__ void __launch_bounds__(256) dequant_mx_kernel(uint16_t *__restrict__ y, const uint8_t *__restrict__ codes,
+                                                         const uint8_t *__restrict__ scales, int64_t nblk, int elem,
+                                                         uint32_t *inexact) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int bpb = elem == 2 ? 16 : 32; /* code bytes per block */
   uint32_t bad = 0;
   for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < nblk; g += stride) {
     const float s = e8m0_decode(scales[g]);
-    const uint4 *src = reinterpret_cast<const uint4 *>(codes + 32 * g);
-    uint4 *dst = reinterpret_cast<uint4 *>(y + 32 * g);
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const uint4 u = src[h];
-      const uint32_t cw[4] = {u.x, u.y, u.z, u.w};
-      uint32_t w[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++) {
-        uint32_t c0 = (cw[i >> 1] >> (16 * (i & 1))) & 0xFFu, c1 = (cw[i >> 1] >> (16 * (i & 1) + 8)) & 0xFFu;
-        float v0 = f_mul(e5 ? e5m2_decode(c0) : e4m3_decode(c0), s);
-        float v1 = f_mul(e5 ? e5m2_decode(c1) : e4m3_decode(c1), s);
-        uint32_t b0 = f32_to_bf16_bits(v0), b1 = f32_to_bf16_bits(v1);
-        bad |= (v0 == v0 && bf16_bits_to_f32((uint16_t)b0) != v0) | (v1 == v1 && bf16_bits_to_f32((uint16_t)b1) != v1);
-        w[i] = b0 | b1 << 16;
-      }
-      dst[2 * h] = make_uint4(w[0], w[1], w[2], w[3]);
-      dst[2 * h + 1] = make_uint4(w[4], w[5], w[6], w[7]);
+    const uint8_t *src = codes + bpb * g;
+    uint16_t *dst = y + 32 * g;
+#pragma unroll 4
+    for (int j = 0; j < 32; j++) {
+      uint32_t c = elem == 2 ? (src[j >> 1] >> (4 * (j & 1))) & 15u : src[j];
+      float v = f_mul(elem_decode(elem, c), s);
+      uint16_t b = f32_to_bf16_bits(v);
+      bad |= (v == v && bf16_bits_to_f32(b) != v);
+      dst[j] = b;
     }
   }
   if (bad) atomicOr(inexact, 1u);
@@ -299,42 +294,49 @@ __global__ void __launch_bounds__(256) dequant_fp8_kernel(uint16_t *__restrict__
     y[i] = f32_to_bf16_bits(e5 ? e5m2_decode(codes[i]) : e4m3_decode(codes[i]));
 }
 
+/* The GEMM class of a format, from its traits row. */
 enum Cls { CLS_F32, CLS_BF16, CLS_FP8, CLS_MX, CLS_NVFP4, CLS_NONE };
 
 Cls cls_of(int f) {
-  switch (f) {
-    case NVL_F32: return CLS_F32;
-    case NVL_BF16: return CLS_BF16;
-    case NVL_E4M3: case NVL_E5M2: return CLS_FP8;
-    case NVL_MXFP8_E4M3: case NVL_MXFP8_E5M2: return CLS_MX;
-    case NVL_NVFP4: return CLS_NVFP4;
+  if (f < 0 || f >= NVL_DTYPE_COUNT) return CLS_NONE;
+  const nvl_dtype_traits *t = &nvl_dtypes[f];
+  if (f == NVL_F32) return CLS_F32;
+  if (f == NVL_BF16) return CLS_BF16;
+  switch (t->is_quantized ? t->scale : NVL_SCALE_KIND_COUNT) {
+    case NVL_SCALE_TENSOR: return CLS_FP8;
+    case NVL_SCALE_E8M0: return CLS_MX;
+    case NVL_SCALE_UE4M3: return CLS_NVFP4;
     default: return CLS_NONE;
   }
 }
-bool is_e5(int f) { return f == NVL_E5M2 || f == NVL_MXFP8_E5M2; }
+int elem_of(int f) { return f >= 0 && f < NVL_DTYPE_COUNT ? nvl_dtypes[f].elem : -1; }
+bool is_e5(int f) { return elem_of(f) == NVL_ELEM_E5M2; }
+bool is_fp4(int f) { return elem_of(f) == NVL_ELEM_E2M1; }
 cudaDataType fp8_type(int f) { return is_e5(f) ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 
-/* y (rows, K) bf16 = the operand dequantized without its global factor; *inexact set by mxfp8. */
-nvl_status dequant_bf16(uint16_t *y, const nvl_cuda_gemm_operand *o, int64_t K, uint32_t *inexact, int dev) {
-  const int64_t n = o->rows * K;
+/* y (rows, K) bf16 = the operand dequantized without its global factor; *inexact set by mx. */
+nvl_status dequant_bf16(uint16_t *y, const nvl_qview *o, uint32_t *inexact, int dev) {
+  const int64_t n = o->rows * o->K;
   if (n == 0) return NVL_OK;
   char what[120];
   switch (cls_of(o->format)) {
     case CLS_NVFP4: {
       const int64_t nblk = n / 16;
-      dequant_nvfp4_kernel<<<nvl_cuda_grid(nblk, 256, dev), 256>>>(y, static_cast<const uint8_t *>(o->data), o->scales, nblk);
+      dequant_nvfp4_kernel<<<nvl_cuda_grid(nblk, 256, dev), 256>>>(y, static_cast<const uint8_t *>(o->codes), o->scales,
+                                                                   nblk);
       snprintf(what, sizeof what, "dequant_nvfp4_kernel (%lld blocks)", (long long)nblk);
       break;
     }
     case CLS_MX: {
       const int64_t nblk = n / 32;
-      dequant_mxfp8_kernel<<<nvl_cuda_grid(nblk, 256, dev), 256>>>(y, static_cast<const uint8_t *>(o->data), o->scales, nblk,
-                                                                   is_e5(o->format), inexact);
-      snprintf(what, sizeof what, "dequant_mxfp8_kernel (%lld blocks)", (long long)nblk);
+      dequant_mx_kernel<<<nvl_cuda_grid(nblk, 256, dev), 256>>>(y, static_cast<const uint8_t *>(o->codes), o->scales,
+                                                                nblk, elem_of(o->format), inexact);
+      snprintf(what, sizeof what, "dequant_mx_kernel<%s> (%lld blocks)", fmt_name(o->format), (long long)nblk);
       break;
     }
     case CLS_FP8:
-      dequant_fp8_kernel<<<nvl_cuda_grid(n, 256, dev), 256>>>(y, static_cast<const uint8_t *>(o->data), n, is_e5(o->format));
+      dequant_fp8_kernel<<<nvl_cuda_grid(n, 256, dev), 256>>>(y, static_cast<const uint8_t *>(o->codes), n,
+                                                              is_e5(o->format));
       snprintf(what, sizeof what, "dequant_fp8_kernel (%lld elements)", (long long)n);
       break;
     default:
@@ -343,9 +345,83 @@ nvl_status dequant_bf16(uint16_t *y, const nvl_cuda_gemm_operand *o, int64_t K, 
   return nvl_cuda_check_launch(dev, "nvl_cuda_qgemm", what);
 }
 
+/* The native GEMM of path NATIVE (operands of one class). */
+nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha) {
+  const char *fn = "nvl_cuda_qgemm";
+  const nvl_qview *a = g->a, *b = g->b;
+  switch (cls_of(a->format)) {
+    case CLS_F32:
+    case CLS_BF16:
+      s.ta = s.tb = cls_of(a->format) == CLS_F32 ? CUDA_R_32F : CUDA_R_16BF;
+      return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, NULL, NULL);
+    case CLS_FP8: {
+      /* decode scales on the device: [0] for cuBLASLt's A (our b), [1] for its B (our a) */
+      float *sc = NULL;
+      NVL_TRY(ctx->scratch(ctx, 2 * sizeof(float), (void **)&sc));
+      const float host[2] = {b->alpha, a->alpha};
+      /* from pageable memory the call returns once host is staged: the stack array may go */
+      NVL_CUDA_CHECK(cudaMemcpyAsync(sc, host, sizeof host, cudaMemcpyHostToDevice, 0));
+      s.ta = fp8_type(b->format);
+      s.tb = fp8_type(a->format);
+      s.per_tensor_scales = 1;
+      return run_matmul(ctx, s, b->codes, a->codes, g->out, 1.0f, sc, sc + 1);
+    }
+    case CLS_NVFP4:
+    case CLS_MX:
+      if (!a->scales_swz || !b->scales_swz)
+        return nvl_error(NVL_EINVAL, "%s: the native %s GEMM needs the operands' swizzled block scales", fn,
+                         fmt_name(a->format));
+      if (cls_of(a->format) == CLS_NVFP4) {
+        s.ta = s.tb = CUDA_R_4F_E2M1;
+        s.scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+      } else {
+        s.ta = fp8_type(b->format);
+        s.tb = fp8_type(a->format);
+        s.scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+      }
+      return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, b->scales_swz, a->scales_swz);
+    default:
+      return nvl_error(NVL_EINVAL, "%s: internal error: no native path for %s", fn, fmt_name(a->format));
+  }
+}
+
+/* The emulated GEMM: bf16 copies of the operands that are not bf16 already (call scratch), then a
+ * bf16 GEMM with alpha = alpha_a * alpha_b; an mx product outside bf16's range is an error. */
+nvl_status emulated_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha) {
+  const char *fn = "nvl_cuda_qgemm";
+  const int dev = ctx->dev;
+  const nvl_qview *ops[2] = {g->a, g->b};
+  const void *bf[2] = {g->a->codes, g->b->codes};
+  uint32_t *inexact = NULL;
+  if (cls_of(g->a->format) == CLS_MX || cls_of(g->b->format) == CLS_MX) {
+    NVL_TRY(ctx->scratch(ctx, sizeof(uint32_t), (void **)&inexact));
+    NVL_TRY(nvl_cuda_memset(inexact, 0, sizeof(uint32_t), dev));
+  }
+  for (int i = 0; i < 2; i++) {
+    if (cls_of(ops[i]->format) == CLS_BF16) continue;
+    if ((cls_of(ops[i]->format) == CLS_NVFP4 || cls_of(ops[i]->format) == CLS_MX) && !ops[i]->scales)
+      return nvl_error(NVL_EINVAL, "%s: %s operand without block scales", fn, fmt_name(ops[i]->format));
+    void *p = NULL;
+    NVL_TRY(ctx->scratch(ctx, (size_t)(ops[i]->rows * ops[i]->K) * 2, &p));
+    bf[i] = p;
+    NVL_TRY(dequant_bf16(static_cast<uint16_t *>(p), ops[i], inexact, dev));
+  }
+  s.ta = s.tb = CUDA_R_16BF;
+  NVL_TRY(run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL));
+  if (inexact) {
+    uint32_t flag = 0;
+    NVL_CUDA_CHECK(cudaMemcpy(&flag, inexact, 4, cudaMemcpyDeviceToHost));
+    if (flag)
+      return nvl_error(NVL_EUNSUPPORTED, "%s: emulated mx GEMM: a block scale puts an element outside bf16's "
+                       "exponent range, so the bf16 emulation is not exact and its result was discarded; use the CPU "
+                       "path for such data", fn);
+  }
+  return NVL_OK;
+}
+
 } /* namespace */
 
-extern "C" nvl_gemm_path nvl_cuda_gemm_path(int fa, int fb, int dev, char *detail, size_t n) {
+extern "C" nvl_gemm_path nvl_cuda_gemm_path(nvl_dtype fa, nvl_dtype fb, int dev, char *detail, size_t n) {
   char buf[256];
   nvl_gemm_path path = NVL_GEMM_UNSUPPORTED;
   Cls ca = cls_of(fa), cb = cls_of(fb);
@@ -379,7 +455,7 @@ extern "C" nvl_gemm_path nvl_cuda_gemm_path(int fa, int fb, int dev, char *detai
   } else if (ca == CLS_NVFP4 && cb == CLS_NVFP4 && blackwell) {
     path = NVL_GEMM_NATIVE;
     snprintf(buf, sizeof buf, "cuBLASLt block-scaled GEMM: CUDA_R_4F_E2M1, VEC16_UE4M3 swizzled scales, alpha = s_dec_a s_dec_b");
-  } else if (ca == CLS_MX && cb == CLS_MX && blackwell && !(is_e5(fa) && is_e5(fb))) {
+  } else if (ca == CLS_MX && cb == CLS_MX && blackwell && !is_fp4(fa) && !is_fp4(fb) && !(is_e5(fa) && is_e5(fb))) {
     path = NVL_GEMM_NATIVE;
     snprintf(buf, sizeof buf, "cuBLASLt block-scaled GEMM: %s x %s, VEC32_UE8M0 swizzled scales", fmt_name(fa), fmt_name(fb));
   } else {
@@ -392,113 +468,31 @@ extern "C" nvl_gemm_path nvl_cuda_gemm_path(int fa, int fb, int dev, char *detai
   return path;
 }
 
-extern "C" nvl_status nvl_cuda_qgemm(void *out, int out_bf16, int accumulate, const nvl_cuda_gemm_operand *a,
-                                     const nvl_cuda_gemm_operand *b, int64_t K, int dev) {
+extern "C" nvl_status nvl_cuda_qgemm(nvl_kctx *ctx, const nvl_gemm_desc *g) {
   const char *fn = __func__;
+  const int dev = ctx->dev;
   NVL_TRY(nvl_cuda_use_device(dev, fn));
+  const int accumulate = g->accumulate, out_bf16 = g->out_dtype == NVL_BF16;
   if (accumulate && out_bf16) return nvl_error(NVL_EINVAL, "%s: accumulation is into f32 only", fn);
-  const int64_t M = a->rows, N = b->rows;
-  if (M < 0 || N < 0 || K < 0) return nvl_error(NVL_EINVAL, "%s: negative dims", fn);
+  const int64_t M = g->a->rows, N = g->b->rows, K = g->a->K;
   if (M == 0 || N == 0) return NVL_OK;
-  if (!out || !a->data || !b->data) return nvl_error(NVL_EINVAL, "%s: NULL pointer", fn);
+  if (!g->out || !g->a->codes || !g->b->codes) return nvl_error(NVL_EINVAL, "%s: NULL pointer", fn);
   if (K == 0) { /* an empty sum */
     if (accumulate) return NVL_OK;
-    return nvl_cuda_memset(out, 0, (size_t)(M * N) * (out_bf16 ? 2 : 4), dev);
+    return nvl_cuda_memset(g->out, 0, (size_t)(M * N) * (out_bf16 ? 2 : 4), dev);
   }
   char detail[256];
-  nvl_gemm_path path = nvl_cuda_gemm_path(a->format, b->format, dev, detail, sizeof detail);
+  nvl_gemm_path path = nvl_cuda_gemm_path(g->a->format, g->b->format, dev, detail, sizeof detail);
   if (path == NVL_GEMM_UNSUPPORTED) return NVL_EUNSUPPORTED;
-  const cudaDataType tout = out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
   Spec s;
   memset(&s, 0, sizeof s);
   s.dev = dev;
-  s.tc = tout;
+  s.tc = out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
   s.scale_mode = -1;
   s.m = N;
   s.n = M;
   s.k = K;
   s.accumulate = accumulate;
-  const float alpha = a->alpha * b->alpha; /* as core/quant.c's qgemm_into: alpha_a * alpha_b in fp32 */
-  const Cls ca = cls_of(a->format);
-
-  if (path == NVL_GEMM_NATIVE) {
-    switch (ca) {
-      case CLS_F32:
-      case CLS_BF16:
-        s.ta = s.tb = ca == CLS_F32 ? CUDA_R_32F : CUDA_R_16BF;
-        return run_matmul(s, b->data, a->data, out, alpha, NULL, NULL);
-      case CLS_FP8: {
-        /* decode scales on the device: [0] for cuBLASLt's A (our b), [1] for its B (our a) */
-        void *scratch = NULL;
-        NVL_TRY(nvl_cuda_scratch(dev, &scratch));
-        float *sc = reinterpret_cast<float *>(static_cast<char *>(scratch) + 1024);
-        const float host[2] = {b->alpha, a->alpha};
-        NVL_CUDA_CHECK(cudaMemcpyAsync(sc, host, sizeof host, cudaMemcpyHostToDevice, 0));
-        s.ta = fp8_type(b->format);
-        s.tb = fp8_type(a->format);
-        s.per_tensor_scales = 1;
-        return run_matmul(s, b->data, a->data, out, 1.0f, sc, sc + 1);
-      }
-      case CLS_NVFP4:
-      case CLS_MX:
-        if (!a->scales_swz || !b->scales_swz)
-          return nvl_error(NVL_EINVAL, "%s: the native %s GEMM needs the operands' swizzled block scales", fn,
-                           fmt_name(a->format));
-        if (ca == CLS_NVFP4) {
-          s.ta = s.tb = CUDA_R_4F_E2M1;
-          s.scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
-        } else {
-          s.ta = fp8_type(b->format);
-          s.tb = fp8_type(a->format);
-          s.scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
-        }
-        return run_matmul(s, b->data, a->data, out, alpha, b->scales_swz, a->scales_swz);
-      default:
-        return nvl_error(NVL_EINVAL, "%s: internal error: no native path for %s", fn, fmt_name(a->format));
-    }
-  }
-
-  /* emulated: bf16 copies of the operands that are not bf16 already, then a bf16 GEMM */
-  const nvl_cuda_gemm_operand *ops[2] = {a, b};
-  uint16_t *tmp[2] = {NULL, NULL};
-  const void *bf[2] = {a->data, b->data};
-  uint32_t *inexact = NULL;
-  nvl_status st = NVL_OK;
-  bool any_mx = cls_of(a->format) == CLS_MX || cls_of(b->format) == CLS_MX;
-  if (any_mx) {
-    void *scratch = NULL;
-    st = nvl_cuda_scratch(dev, &scratch);
-    if (st == NVL_OK) {
-      inexact = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) + 2048);
-      st = nvl_cuda_memset(inexact, 0, 4, dev);
-    }
-  }
-  for (int i = 0; i < 2 && st == NVL_OK; i++) {
-    if (cls_of(ops[i]->format) == CLS_BF16) continue;
-    if ((cls_of(ops[i]->format) == CLS_NVFP4 || cls_of(ops[i]->format) == CLS_MX) && !ops[i]->scales) {
-      st = nvl_error(NVL_EINVAL, "%s: %s operand without block scales", fn, fmt_name(ops[i]->format));
-      break;
-    }
-    void *p = NULL;
-    st = nvl_cuda_malloc(&p, (size_t)(ops[i]->rows * K) * 2, dev);
-    if (st != NVL_OK) break;
-    tmp[i] = static_cast<uint16_t *>(p);
-    bf[i] = p;
-    st = dequant_bf16(tmp[i], ops[i], K, inexact, dev);
-  }
-  if (st == NVL_OK) {
-    s.ta = s.tb = CUDA_R_16BF;
-    st = run_matmul(s, bf[1], bf[0], out, alpha, NULL, NULL);
-  }
-  /* stream order: the frees below may be reused by later launches only */
-  for (int i = 0; i < 2; i++) nvl_cuda_free(tmp[i], dev);
-  if (st == NVL_OK && inexact) {
-    uint32_t flag = 0;
-    NVL_CUDA_CHECK(cudaMemcpy(&flag, inexact, 4, cudaMemcpyDeviceToHost));
-    if (flag)
-      return nvl_error(NVL_EUNSUPPORTED, "%s: emulated mxfp8 GEMM: a block scale puts an element outside bf16's "
-                       "exponent range, so the bf16 emulation is not exact and its result was discarded; use the CPU "
-                       "path for such data", fn);
-  }
-  return st;
+  const float alpha = g->a->alpha * g->b->alpha; /* as the CPU's qgemm: alpha_a * alpha_b in fp32 */
+  return path == NVL_GEMM_NATIVE ? native_gemm(ctx, s, g, alpha) : emulated_gemm(ctx, s, g, alpha);
 }

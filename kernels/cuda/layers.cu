@@ -1,4 +1,4 @@
-/* layers.cu: the layer library's kernels on the device (core/nvl_cuda.h "layers"): embedding,
+/* layers.cu: the layer library's kernels on the device (entries of the CUDA table): embedding,
  * RMSNorm, RoPE, SwiGLU forward and backward, the fused softmax cross-entropy, AdamW and the
  * sum of squares. Each is the twin of a reference in kernels/cpu/ref/layers_ref.c and is tested
  * against it within fp32 tolerance (tests/test_cuda_layers.lua); only AdamW is bit-exact (same
@@ -10,14 +10,13 @@
  * N tokens, C width, V vocabulary, B batch, T sequence, H heads, D head dim.
  *
  * Reductions that feed a host value (cross-entropy loss, sumsq) write one partial per row or per
- * block and the host adds them in order, so results are deterministic run to run. The dweight
- * reductions use atomicAdd (fp32: order may vary in the last bits).
+ * block into call scratch and one block adds them in a fixed order, so results are deterministic
+ * run to run. The dweight reductions use atomicAdd (fp32: order may vary in the last bits).
  *
  * Not here: validation and allocation (core/layers.c), attention (attention.cu), bf16
  * activations (the layer contract is f32; the cross-entropy and sumsq also read bf16). */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "common.cuh"
 #include "cpu/ref/layers_ref.h"
@@ -84,8 +83,9 @@ __global__ void embedding_bwd_kernel(float *__restrict__ dweight, const float *_
   }
 }
 
-extern "C" nvl_status nvl_cuda_embedding_forward(float *out, const int64_t *ids, const float *weight, int64_t N,
-                                                 int64_t C, int dev) {
+extern "C" nvl_status nvl_cuda_embedding_forward(nvl_kctx *ctx, float *out, const int64_t *ids, const float *weight, int64_t N,
+                                                 int64_t C) {
+  const int dev = ctx->dev;
   if (N * C == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   (void)cudaGetLastError();
@@ -93,8 +93,9 @@ extern "C" nvl_status nvl_cuda_embedding_forward(float *out, const int64_t *ids,
   return launched(dev, __func__, "embedding_fwd_kernel", N, C);
 }
 
-extern "C" nvl_status nvl_cuda_embedding_backward(float *dweight, const float *dout, const int64_t *ids, int64_t N,
-                                                  int64_t C, int dev) {
+extern "C" nvl_status nvl_cuda_embedding_backward(nvl_kctx *ctx, float *dweight, const float *dout, const int64_t *ids, int64_t N,
+                                                  int64_t C) {
+  const int dev = ctx->dev;
   if (N * C == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   (void)cudaGetLastError();
@@ -155,8 +156,9 @@ __global__ void rmsnorm_bwd_dw_kernel(float *__restrict__ dweight, const float *
   }
 }
 
-extern "C" nvl_status nvl_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int64_t N,
-                                               int64_t C, double eps, int dev) {
+extern "C" nvl_status nvl_cuda_rmsnorm_forward(nvl_kctx *ctx, float *out, float *rstd, const float *x, const float *weight, int64_t N,
+                                               int64_t C, double eps) {
+  const int dev = ctx->dev;
   if (N == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16);
@@ -165,9 +167,9 @@ extern "C" nvl_status nvl_cuda_rmsnorm_forward(float *out, float *rstd, const fl
   return launched(dev, __func__, "rmsnorm_fwd_kernel", N, C);
 }
 
-extern "C" nvl_status nvl_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
-                                                const float *weight, const float *rstd, int64_t N, int64_t C,
-                                                int dev) {
+extern "C" nvl_status nvl_cuda_rmsnorm_backward(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x,
+                                                const float *weight, const float *rstd, int64_t N, int64_t C) {
+  const int dev = ctx->dev;
   if (N == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16);
@@ -215,13 +217,15 @@ static nvl_status rope_launch(bool bwd, float *out, const float *x, const float 
   return launched(dev, fn, bwd ? "rope_kernel<bwd>" : "rope_kernel<fwd>", B * T, H * D);
 }
 
-extern "C" nvl_status nvl_cuda_rope_forward(float *out, const float *x, const float *cos_t, const float *sin_t,
-                                            int64_t B, int64_t T, int64_t H, int64_t D, int dev) {
+extern "C" nvl_status nvl_cuda_rope_forward(nvl_kctx *ctx, float *out, const float *x, const float *cos_t, const float *sin_t,
+                                            int64_t B, int64_t T, int64_t H, int64_t D) {
+  const int dev = ctx->dev;
   return rope_launch(false, out, x, cos_t, sin_t, B, T, H, D, dev, __func__);
 }
 
-extern "C" nvl_status nvl_cuda_rope_backward(float *dx, const float *dout, const float *cos_t, const float *sin_t,
-                                             int64_t B, int64_t T, int64_t H, int64_t D, int dev) {
+extern "C" nvl_status nvl_cuda_rope_backward(nvl_kctx *ctx, float *dx, const float *dout, const float *cos_t, const float *sin_t,
+                                             int64_t B, int64_t T, int64_t H, int64_t D) {
+  const int dev = ctx->dev;
   return rope_launch(true, dx, dout, cos_t, sin_t, B, T, H, D, dev, __func__);
 }
 
@@ -247,7 +251,8 @@ __global__ void swiglu_bwd_kernel(float *__restrict__ dgate, float *__restrict__
   }
 }
 
-extern "C" nvl_status nvl_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n, int dev) {
+extern "C" nvl_status nvl_cuda_swiglu_forward(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
+  const int dev = ctx->dev;
   if (n == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   (void)cudaGetLastError();
@@ -255,8 +260,9 @@ extern "C" nvl_status nvl_cuda_swiglu_forward(float *out, const float *gate, con
   return launched(dev, __func__, "swiglu_fwd_kernel", n, 1);
 }
 
-extern "C" nvl_status nvl_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                                               const float *up, int64_t n, int dev) {
+extern "C" nvl_status nvl_cuda_swiglu_backward(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
+                                               const float *up, int64_t n) {
+  const int dev = ctx->dev;
   if (n == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   (void)cudaGetLastError();
@@ -328,35 +334,45 @@ __global__ void cross_entropy_kernel(double *__restrict__ row_loss, float *__res
   }
 }
 
-extern "C" nvl_status nvl_cuda_cross_entropy(double *total, float *dlogits, const void *logits, int logits_bf16,
-                                             const int64_t *targets, int64_t N, int64_t V, int64_t ignore_index,
-                                             double z_loss, double grad_scale, int dev) {
+/* *out (host) = sum of in[0..n) in double, in a fixed order (one block; deterministic). */
+__global__ void sum_doubles_kernel(double *__restrict__ out, const double *__restrict__ in, int64_t n) {
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += in[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+/* The sum of the n doubles at in (device), read back to the host through scratch. */
+static nvl_status sum_to_host(nvl_kctx *ctx, double *host, const double *in, int64_t n, const char *fn) {
+  const int dev = ctx->dev;
+  double *d = NULL;
+  NVL_TRY(ctx->scratch(ctx, sizeof(double), (void **)&d));
+  (void)cudaGetLastError();
+  sum_doubles_kernel<<<1, 1024>>>(d, in, n);
+  NVL_TRY(launched(dev, fn, "sum_doubles_kernel", n, 1));
+  return nvl_cuda_memcpy(host, d, sizeof(double), 1, dev);
+}
+
+extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, float *dlogits, const void *logits,
+                                             nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
+                                             int64_t ignore_index, double z_loss, double grad_scale) {
+  const int dev = ctx->dev;
+  const bool bf16 = logits_dtype == NVL_BF16;
   *total = 0.0;
   if (N == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   double *rows = NULL; /* (N) per-row loss terms, device */
-  NVL_TRY(nvl_cuda_malloc((void **)&rows, (size_t)N * sizeof(double), dev));
+  NVL_TRY(ctx->scratch(ctx, (size_t)N * sizeof(double), (void **)&rows));
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16), threads = 512;
   (void)cudaGetLastError();
-  if (logits_bf16)
+  if (bf16)
     cross_entropy_kernel<uint16_t><<<blocks, threads>>>(rows, dlogits, (const uint16_t *)logits, targets, N, V,
                                                         ignore_index, z_loss, grad_scale);
   else
     cross_entropy_kernel<float><<<blocks, threads>>>(rows, dlogits, (const float *)logits, targets, N, V,
                                                      ignore_index, z_loss, grad_scale);
-  nvl_status st = launched(dev, __func__, logits_bf16 ? "cross_entropy_kernel<bf16>" : "cross_entropy_kernel<f32>",
-                           N, V);
-  double *host = st == NVL_OK ? (double *)malloc((size_t)N * sizeof(double)) : NULL;
-  if (st == NVL_OK && !host) st = nvl_error(NVL_ENOMEM, "%s: out of host memory", __func__);
-  if (st == NVL_OK) st = nvl_cuda_memcpy(host, rows, (size_t)N * sizeof(double), 1, dev);
-  if (st == NVL_OK) {
-    double acc = 0.0;
-    for (int64_t n = 0; n < N; n++) acc += host[n];
-    *total = acc;
-  }
-  free(host);
-  nvl_cuda_free(rows, dev);
-  return st;
+  NVL_TRY(launched(dev, __func__, bf16 ? "cross_entropy_kernel<bf16>" : "cross_entropy_kernel<f32>", N, V));
+  return sum_to_host(ctx, total, rows, N, __func__);
 }
 
 /* ---- AdamW ------------------------------------------------------------------------------------ *
@@ -378,14 +394,12 @@ __global__ void adamw_kernel(float *__restrict__ p, const float *__restrict__ g,
   }
 }
 
-extern "C" nvl_status nvl_cuda_adamw_step(float *param, const float *grad, float *m, float *v, int64_t n, double lr,
-                                          double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                                          int dev) {
+extern "C" nvl_status nvl_cuda_adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v,
+                                          int64_t n, const nvl_adamw_opts *o) {
+  const int dev = ctx->dev;
   if (n == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
-  nvl_adamw_opts o;
-  o.lr = lr; o.beta1 = beta1; o.beta2 = beta2; o.eps = eps; o.weight_decay = weight_decay; o.step = step;
-  nvl_adamw_coefs k = nvl_adamw_coefs_of(&o);
+  nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
   (void)cudaGetLastError();
   adamw_kernel<<<nvl_cuda_grid(n, kThreads, dev), kThreads>>>(param, grad, m, v, n, k);
   return launched(dev, __func__, "adamw_kernel", n, 1);
@@ -406,26 +420,18 @@ __global__ void sumsq_kernel(double *__restrict__ partial, const X *__restrict__
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-extern "C" nvl_status nvl_cuda_sumsq(double *out, const void *x, int x_bf16, int64_t n, int dev) {
+extern "C" nvl_status nvl_cuda_sumsq(nvl_kctx *ctx, double *out, const void *x, nvl_dtype x_dtype, int64_t n) {
+  const int dev = ctx->dev;
+  const bool bf16 = x_dtype == NVL_BF16;
   *out = 0.0;
   if (n == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   int blocks = nvl_cuda_grid(n, kThreads, dev);
   double *partial = NULL; /* (blocks) device */
-  NVL_TRY(nvl_cuda_malloc((void **)&partial, (size_t)blocks * sizeof(double), dev));
+  NVL_TRY(ctx->scratch(ctx, (size_t)blocks * sizeof(double), (void **)&partial));
   (void)cudaGetLastError();
-  if (x_bf16) sumsq_kernel<uint16_t><<<blocks, kThreads>>>(partial, (const uint16_t *)x, n);
+  if (bf16) sumsq_kernel<uint16_t><<<blocks, kThreads>>>(partial, (const uint16_t *)x, n);
   else sumsq_kernel<float><<<blocks, kThreads>>>(partial, (const float *)x, n);
-  nvl_status st = launched(dev, __func__, x_bf16 ? "sumsq_kernel<bf16>" : "sumsq_kernel<f32>", n, 1);
-  double *host = st == NVL_OK ? (double *)malloc((size_t)blocks * sizeof(double)) : NULL;
-  if (st == NVL_OK && !host) st = nvl_error(NVL_ENOMEM, "%s: out of host memory", __func__);
-  if (st == NVL_OK) st = nvl_cuda_memcpy(host, partial, (size_t)blocks * sizeof(double), 1, dev);
-  if (st == NVL_OK) {
-    double acc = 0.0;
-    for (int i = 0; i < blocks; i++) acc += host[i];
-    *out = acc;
-  }
-  free(host);
-  nvl_cuda_free(partial, dev);
-  return st;
+  NVL_TRY(launched(dev, __func__, bf16 ? "sumsq_kernel<bf16>" : "sumsq_kernel<f32>", n, 1));
+  return sum_to_host(ctx, out, partial, blocks, __func__);
 }

@@ -1,5 +1,5 @@
 /* ops.cu: the plain tensor ops the layer library and the training loop run on device tensors
- * (core/nvl_cuda.h "tensor ops"): strided copies with the f32 <-> bf16 casts, fill, in-place
+ * (kernels/cuda/cuda.h "tensor ops", behind the adapters of backend_cuda.c): strided copies with the f32 <-> bf16 casts, fill, in-place
  * y += alpha x and x *= s, and max |x|. Each computes exactly what its CPU twin computes (core/
  * ops.c, kernels/cpu/ops_cpu.c): the same fp32 operations in the same order, pinned with
  * common.cuh's f_* so nvcc fuses nothing, so device results are bit-identical to the CPU's.
@@ -185,13 +185,13 @@ __global__ void amax_bits_kernel(unsigned int *__restrict__ out, const T *__rest
   if ((threadIdx.x & 31) == 0) atomicMax(out, m);
 }
 
-extern "C" nvl_status nvl_cuda_amax(double *out, const void *x, int x_bf16, int64_t n, int dev) {
+extern "C" nvl_status nvl_cuda_amax(nvl_kctx *ctx, double *out, const void *x, int x_bf16, int64_t n) {
+  const int dev = ctx->dev;
   *out = 0.0;
   if (n <= 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
-  void *scratch;
-  NVL_TRY(nvl_cuda_scratch(dev, &scratch));
-  unsigned int *word = (unsigned int *)scratch;
+  unsigned int *word = NULL;
+  NVL_TRY(ctx->scratch(ctx, sizeof *word, (void **)&word));
   NVL_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof *word, 0));
   const int blocks = nvl_cuda_grid(n, kThreads, dev);
   (void)cudaGetLastError();

@@ -1,20 +1,22 @@
-/* quant.cu: the quantization kernels of NUMERICS.md on device tensors — per-tensor amax, fp8
- * per-tensor (current and delayed scaling), mxfp8 (both scale rules, both elements), nvfp4 1x16
+/* quant.cu: the quantization kernels of core/NUMERICS.md on device tensors — per-tensor amax, fp8
+ * per-tensor (current and delayed scaling), the mx formats (both scale rules; e4m3, e5m2 and
+ * e2m1 elements, e2m1 with stochastic rounding too), nvfp4 1x16
  * and 16x16, the RHT fused in front of any of them, stochastic rounding from the shared Philox
  * stream, block scales written row-major and in cuBLASLt's 128x4 swizzled layout, and the fused
- * row-wise + column-wise quantization of a 2-D tensor from one read. Implements the quantization
- * part of core/nvl_cuda.h. Results are bit for bit those of the CPU quantizers (core/quant.c ->
- * kernels/cpu/quant_cpu.c, itself tested against kernels/cpu/ref/formats_ref.c): the element
- * arithmetic is common.cuh's, the order of operations the references'.
+ * row-wise + column-wise quantization of a 2-D tensor from one read: the quantize and
+ * quantize_pair entries of the CUDA table. Results are meant to be bit for bit those of the CPU
+ * quantizers (kernels/cpu/quant_cpu.c, itself tested against kernels/cpu/ref/formats_ref.c): the
+ * element arithmetic is common.cuh's, the order of operations the references'.
  *
- * Not here: allocation (the caller passes every output), the GEMMs (gemm.cu), dequantization to
- * the host (core/quant.c copies codes back and decodes on the CPU).
+ * Not here: allocation (the caller passes every output; the amax words are call scratch), the
+ * GEMMs (gemm.cu), dequantization to the host (core/quant.c copies codes back and decodes there).
  *
  * Shape letters: the input is (B, K, C) contiguous; the blocked layout is (rows = B*C, K), row
  * r = b*C + c, element k at x[(b*K + k)*C + c]. A "unit" is the run of U consecutive elements of
- * one blocked row that one thread handles: a 16-element nvfp4 block, a 32-element mxfp8 block,
- * or a 16-element RHT chunk (fp8 / values with the RHT). nb = K/U units per row; unit (r, kb) has
- * SR block index g = r*nb + kb, as the CPU's. */
+ * one blocked row that one thread handles: a 16-element nvfp4 block, a 32-element mx block,
+ * or a 16-element RHT chunk (fp8 / values with the RHT). nb = K/U units per row; the SR stream
+ * counts 16-element groups: an nvfp4 unit (r, kb) draws group r*nb + kb, an mx unit groups 2 kb
+ * and 2 kb + 1 of row r, as the CPU's. */
 #include <stdio.h>
 #include <string.h>
 
@@ -22,7 +24,7 @@
 
 namespace {
 
-enum { KIND_VALUES = NVL_CQ_VALUES, KIND_FP8 = NVL_CQ_FP8, KIND_MXFP8 = NVL_CQ_MXFP8, KIND_NVFP4 = NVL_CQ_NVFP4 };
+enum { KIND_VALUES = NVL_CQ_VALUES, KIND_FP8 = NVL_CQ_FP8, KIND_MX = NVL_CQ_MX, KIND_NVFP4 = NVL_CQ_NVFP4 };
 
 /* How a linear work index maps to units (r, kb); chosen per launch. */
 enum {
@@ -41,7 +43,7 @@ struct QParams {
   float signs[16];
   int rht, sr, block2d, elem, rule, values_bf16;
   uint64_t seed, offset;
-  int64_t sr_row_off, sr_nbt, sr_kb_off; /* SR block g = (sr_row_off + r) * sr_nbt + sr_kb_off + kb */
+  int64_t sr_row_off, sr_nbt, sr_kb_off; /* SR group of 16 elements: g = (sr_row_off + r) * sr_nbt + sr_kb_off + j */
   float amax_given;        /* used when amax_bits is NULL */
   const uint32_t *amax_bits;
 };
@@ -157,30 +159,54 @@ __device__ __forceinline__ void nvfp4_unit(const QParams &p, const Nvfp4Consts &
   if (p.scales_swz) p.scales_swz[swizzle_offset(r, kb, p.nb)] = (uint8_t)sd;
 }
 
-/* One mxfp8 block: v (32) -> 32 codes and its e8m0 byte. */
-__device__ __forceinline__ void mxfp8_unit(const QParams &p, const float v[32], int64_t r, int64_t kb) {
+/* One mx block: v (32) -> 32 codes (e2m1: 16 packed bytes, RNE or SR) and its e8m0 byte. */
+__device__ __forceinline__ void mx_unit(const QParams &p, const float v[32], int64_t r, int64_t kb) {
   uint32_t bmax = 0;
 #pragma unroll
   for (int j = 0; j < 32; j++) bmax = max(bmax, abs_bits(v[j]));
-  const bool e5 = p.elem == 1;
-  uint32_t e = p.rule == 0 ? e8m0_rceil(u2f(bmax), e5 ? 57344.0f : 448.0f) : e8m0_floor(u2f(bmax), e5 ? 15 : 8);
+  const float emax_val = p.elem == 2 ? 6.0f : p.elem == 1 ? 57344.0f : 448.0f;
+  const int emax_exp = p.elem == 2 ? 2 : p.elem == 1 ? 15 : 8;
+  uint32_t e = p.rule == 0 ? e8m0_rceil(u2f(bmax), emax_val) : e8m0_floor(u2f(bmax), emax_exp);
   float inv = e8m0_inverse(e);
-  uint32_t w[8];
+  if (p.elem == 2) {
+    uint32_t q[32];
+    if (p.sr) {
+      uint32_t w[8];
+      const uint64_t g0 = (uint64_t)((p.sr_row_off + r) * p.sr_nbt + p.sr_kb_off + 2 * kb);
+      philox_words(p.seed, p.offset, g0, w);
+      philox_words(p.seed, p.offset, g0 + 1, w + 4);
 #pragma unroll
-  for (int i = 0; i < 8; i++) {
-    uint32_t b0, b1, b2, b3;
-    if (e5) {
-      b0 = e5m2_encode(f_mul(v[4 * i], inv)); b1 = e5m2_encode(f_mul(v[4 * i + 1], inv));
-      b2 = e5m2_encode(f_mul(v[4 * i + 2], inv)); b3 = e5m2_encode(f_mul(v[4 * i + 3], inv));
+      for (int j = 0; j < 32; j++) q[j] = e2m1_encode_sr(f_mul(v[j], inv), (w[j >> 2] >> (8 * (j & 3))) & 0xFFu);
     } else {
-      b0 = e4m3_encode(f_mul(v[4 * i], inv)); b1 = e4m3_encode(f_mul(v[4 * i + 1], inv));
-      b2 = e4m3_encode(f_mul(v[4 * i + 2], inv)); b3 = e4m3_encode(f_mul(v[4 * i + 3], inv));
+#pragma unroll
+      for (int j = 0; j < 32; j++) q[j] = e2m1_encode(f_mul(v[j], inv));
     }
-    w[i] = b0 | b1 << 8 | b2 << 16 | b3 << 24;
+    uint32_t pk[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      pk[i] = q[8 * i] | q[8 * i + 1] << 4 | q[8 * i + 2] << 8 | q[8 * i + 3] << 12 | q[8 * i + 4] << 16 |
+              q[8 * i + 5] << 20 | q[8 * i + 6] << 24 | q[8 * i + 7] << 28;
+    *reinterpret_cast<uint4 *>(static_cast<uint8_t *>(p.codes) + r * (p.K / 2) + kb * 16) =
+        make_uint4(pk[0], pk[1], pk[2], pk[3]);
+  } else {
+    const bool e5 = p.elem == 1;
+    uint32_t w[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      uint32_t b0, b1, b2, b3;
+      if (e5) {
+        b0 = e5m2_encode(f_mul(v[4 * i], inv)); b1 = e5m2_encode(f_mul(v[4 * i + 1], inv));
+        b2 = e5m2_encode(f_mul(v[4 * i + 2], inv)); b3 = e5m2_encode(f_mul(v[4 * i + 3], inv));
+      } else {
+        b0 = e4m3_encode(f_mul(v[4 * i], inv)); b1 = e4m3_encode(f_mul(v[4 * i + 1], inv));
+        b2 = e4m3_encode(f_mul(v[4 * i + 2], inv)); b3 = e4m3_encode(f_mul(v[4 * i + 3], inv));
+      }
+      w[i] = b0 | b1 << 8 | b2 << 16 | b3 << 24;
+    }
+    uint4 *dst = reinterpret_cast<uint4 *>(static_cast<uint8_t *>(p.codes) + r * p.K + kb * 32);
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
   }
-  uint4 *dst = reinterpret_cast<uint4 *>(static_cast<uint8_t *>(p.codes) + r * p.K + kb * 32);
-  dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-  dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
   p.scales[r * p.nb + kb] = (uint8_t)e;
   if (p.scales_swz) p.scales_swz[swizzle_offset(r, kb, p.nb)] = (uint8_t)e;
 }
@@ -219,7 +245,7 @@ __device__ __forceinline__ void values_unit(const QParams &p, const float v[16],
 
 template <typename T, int KIND>
 __global__ void __launch_bounds__(256) quant_unit_kernel(QParams p) {
-  constexpr int L = KIND == KIND_MXFP8 ? 32 : 16;
+  constexpr int L = KIND == KIND_MX ? 32 : 16;
   const int64_t total = p.rows * p.nb;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int lane = threadIdx.x & 31;
@@ -251,7 +277,7 @@ __global__ void __launch_bounds__(256) quant_unit_kernel(QParams p) {
       if (p.block2d) bmax = max16(bmax);
       if (active) nvfp4_unit(p, nk, v, bmax, r, kb);
     } else if (active) {
-      if (KIND == KIND_MXFP8) mxfp8_unit(p, v, r, kb);
+      if (KIND == KIND_MX) mx_unit(p, v, r, kb);
       else if (KIND == KIND_FP8) fp8_unit(p, fp8_s, v, r, kb);
       else values_unit(p, v, r, kb);
     }
@@ -363,7 +389,7 @@ constexpr int TILE = 64;
 
 template <typename T, int KIND>
 __global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc, int64_t R, int64_t C) {
-  constexpr int U = KIND == KIND_MXFP8 ? 32 : 16;
+  constexpr int U = KIND == KIND_MX ? 32 : 16;
   constexpr int UNITS = TILE / U; /* units per tile line */
   __shared__ float tile[TILE][TILE + 1];
   const int64_t ntc = (C + TILE - 1) / TILE;
@@ -424,8 +450,8 @@ __global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc,
       if (p.block2d) bmax = max16(bmax); /* all 256 threads are here: UNITS == 4 */
       if (active) nvfp4_unit(p, nk, v, bmax, r, kb);
     } else if (active) {
-      if (KIND == KIND_MXFP8) {
-        mxfp8_unit(p, v, r, kb);
+      if (KIND == KIND_MX) {
+        mx_unit(p, v, r, kb);
       } else {
         const float s = fp8_tensor_scale(param_amax(p), p.elem == 1 ? 57344.0f : 448.0f);
         fp8_unit(p, s, v, r, kb);
@@ -437,13 +463,13 @@ __global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc,
 /* ---- host side ------------------------------------------------------------------------------ */
 
 const char *kind_name(int k) {
-  static const char *const names[NVL_CQ_KIND_COUNT] = {"values", "fp8", "mxfp8", "nvfp4"};
+  static const char *const names[NVL_CQ_KIND_COUNT] = {"values", "fp8", "mx", "nvfp4"};
   return k >= 0 && k < NVL_CQ_KIND_COUNT ? names[k] : "?";
 }
 
 int unit_len(int kind, int rht) {
   if (kind == KIND_NVFP4) return 16;
-  if (kind == KIND_MXFP8) return 32;
+  if (kind == KIND_MX) return 32;
   return rht ? 16 : 0; /* 0: elementwise */
 }
 
@@ -460,22 +486,23 @@ nvl_status check_desc(const nvl_cuda_quant_desc *d, const char *fn) {
   if (U && d->K % U)
     return nvl_error(NVL_EINVAL, "%s: %s blocks %d elements along K, whose length %lld is not a multiple of %d", fn,
                      name, U, (long long)d->K, U);
-  if ((d->kind == KIND_NVFP4 || d->kind == KIND_MXFP8) && !d->scales)
+  if ((d->kind == KIND_NVFP4 || d->kind == KIND_MX) && !d->scales)
     return nvl_error(NVL_EINVAL, "%s: %s needs a scales buffer", fn, name);
   if (d->block2d && (d->kind != KIND_NVFP4 || (d->B * d->C) % 16))
     return nvl_error(NVL_EINVAL, "%s: 16x16 blocks need nvfp4 and rows %% 16 == 0 (rows %lld)", fn,
                      (long long)(d->B * d->C));
-  if (d->sr && d->kind != KIND_NVFP4) return nvl_error(NVL_EINVAL, "%s: SR is defined for nvfp4 only", fn);
+  if (d->sr && !(d->kind == KIND_NVFP4 || (d->kind == KIND_MX && d->elem == 2)))
+    return nvl_error(NVL_EINVAL, "%s: SR is defined for e2m1 elements only", fn);
   if (d->sr) {
     const int64_t kt = d->sr_k_total ? d->sr_k_total : d->K;
-    if (d->sr_row_offset < 0 || d->sr_k_offset < 0 || d->sr_k_total < 0 || d->sr_k_offset % 16 || kt % 16 ||
+    if (d->sr_row_offset < 0 || d->sr_k_offset < 0 || d->sr_k_total < 0 || d->sr_k_offset % U || kt % U ||
         d->sr_k_offset + d->K > kt)
       return nvl_error(NVL_EINVAL, "%s: SR slab offsets (row %lld, k %lld, k total %lld) do not fit K = %lld", fn,
                        (long long)d->sr_row_offset, (long long)d->sr_k_offset, (long long)d->sr_k_total, (long long)d->K);
   }
-  if ((d->kind == KIND_FP8 || d->kind == KIND_MXFP8) && (d->elem < 0 || d->elem > 1))
-    return nvl_error(NVL_EINVAL, "%s: invalid fp8 element %d", fn, d->elem);
-  if (d->kind == KIND_MXFP8 && (d->rule < 0 || d->rule > 1))
+  if (d->kind == KIND_FP8 && (d->elem < 0 || d->elem > 1)) return nvl_error(NVL_EINVAL, "%s: invalid fp8 element %d", fn, d->elem);
+  if (d->kind == KIND_MX && (d->elem < 0 || d->elem > 2)) return nvl_error(NVL_EINVAL, "%s: invalid mx element %d", fn, d->elem);
+  if (d->kind == KIND_MX && (d->rule < 0 || d->rule > 1))
     return nvl_error(NVL_EINVAL, "%s: invalid mx scale rule %d", fn, d->rule);
   return NVL_OK;
 }
@@ -545,7 +572,7 @@ template <typename T>
 void launch_unit_t(int kind, int blocks, const QParams &p) {
   switch (kind) {
     case KIND_NVFP4: quant_unit_kernel<T, KIND_NVFP4><<<blocks, 256>>>(p); break;
-    case KIND_MXFP8: quant_unit_kernel<T, KIND_MXFP8><<<blocks, 256>>>(p); break;
+    case KIND_MX: quant_unit_kernel<T, KIND_MX><<<blocks, 256>>>(p); break;
     case KIND_FP8: quant_unit_kernel<T, KIND_FP8><<<blocks, 256>>>(p); break;
     default: quant_unit_kernel<T, KIND_VALUES><<<blocks, 256>>>(p); break;
   }
@@ -561,7 +588,7 @@ template <typename T>
 void launch_pair_t(int kind, int64_t tiles, const QParams &pr, const QParams &pc, int64_t R, int64_t C) {
   switch (kind) {
     case KIND_NVFP4: quant_pair_kernel<T, KIND_NVFP4><<<(unsigned)tiles, 256>>>(pr, pc, R, C); break;
-    case KIND_MXFP8: quant_pair_kernel<T, KIND_MXFP8><<<(unsigned)tiles, 256>>>(pr, pc, R, C); break;
+    case KIND_MX: quant_pair_kernel<T, KIND_MX><<<(unsigned)tiles, 256>>>(pr, pc, R, C); break;
     default: quant_pair_kernel<T, KIND_FP8><<<(unsigned)tiles, 256>>>(pr, pc, R, C); break;
   }
 }
@@ -569,9 +596,9 @@ void launch_pair_t(int kind, int64_t tiles, const QParams &pr, const QParams &pc
 /* Zero the swizzled scales (their padding must read as zero; the kernel writes the rest). */
 nvl_status clear_swizzled(const nvl_cuda_quant_desc *d) {
   if (!d->scales_swz) return NVL_OK;
-  int64_t rows = d->B * d->C, nb = d->K / (d->kind == KIND_MXFP8 ? 32 : 16);
+  int64_t rows = d->B * d->C, nb = d->K / (d->kind == KIND_MX ? 32 : 16);
   if (rows % 128 == 0 && nb % 4 == 0) return NVL_OK; /* no padding */
-  NVL_CUDA_CHECK(cudaMemsetAsync(d->scales_swz, 0, nvl_cuda_swizzled_bytes(rows, nb), 0));
+  NVL_CUDA_CHECK(cudaMemsetAsync(d->scales_swz, 0, nvl_swizzled_bytes(rows, nb), 0));
   return NVL_OK;
 }
 
@@ -582,7 +609,7 @@ nvl_status launch_quant(const nvl_cuda_quant_desc *d, const uint32_t *amax_bits,
   int U = unit_len(d->kind, d->rht);
   const int threads = 256;
   char what[200];
-  if (d->kind == KIND_NVFP4 || d->kind == KIND_MXFP8) NVL_TRY(clear_swizzled(d));
+  if (d->kind == KIND_NVFP4 || d->kind == KIND_MX) NVL_TRY(clear_swizzled(d));
   if (U) {
     const int64_t units = p.rows * p.nb;
     if (units == 0) return NVL_OK;
@@ -606,7 +633,7 @@ nvl_status launch_quant(const nvl_cuda_quant_desc *d, const uint32_t *amax_bits,
 
 /* Does d need an amax from the device? */
 int needs_amax(const nvl_cuda_quant_desc *d) {
-  return !d->has_amax && (d->kind == KIND_FP8 || d->kind == KIND_NVFP4 || d->kind == KIND_MXFP8 ||
+  return !d->has_amax && (d->kind == KIND_FP8 || d->kind == KIND_NVFP4 || d->kind == KIND_MX ||
                           d->kind == KIND_VALUES);
 }
 
@@ -615,19 +642,13 @@ int kernel_reads_amax(const nvl_cuda_quant_desc *d) { return d->kind == KIND_FP8
 
 } /* namespace */
 
-extern "C" size_t nvl_cuda_swizzled_bytes(int64_t rows, int64_t nb) {
-  if (rows <= 0 || nb <= 0) return 0;
-  return (size_t)((rows + 127) / 128 * 128) * (size_t)((nb + 3) / 4 * 4);
-}
-
-extern "C" nvl_status nvl_cuda_quantize(const nvl_cuda_quant_desc *d, float *amax_out, int dev) {
-  NVL_TRY(check_desc(d, __func__));
-  NVL_TRY(nvl_cuda_use_device(dev, __func__));
-  void *scratch = NULL;
+static nvl_status quantize_one(nvl_kctx *ctx, const nvl_cuda_quant_desc *d, float *amax_out) {
+  const int dev = ctx->dev;
+  NVL_TRY(check_desc(d, "nvl_cuda_quantize"));
+  NVL_TRY(nvl_cuda_use_device(dev, "nvl_cuda_quantize"));
   uint32_t *bits = NULL;
   if (needs_amax(d)) {
-    NVL_TRY(nvl_cuda_scratch(dev, &scratch));
-    bits = static_cast<uint32_t *>(scratch);
+    NVL_TRY(ctx->scratch(ctx, sizeof(uint32_t), (void **)&bits));
     NVL_TRY(launch_amax(d, bits, dev));
   }
   NVL_TRY(launch_quant(d, kernel_reads_amax(d) ? bits : NULL, dev));
@@ -643,8 +664,9 @@ extern "C" nvl_status nvl_cuda_quantize(const nvl_cuda_quant_desc *d, float *ama
   return NVL_OK;
 }
 
-extern "C" nvl_status nvl_cuda_quantize_pair(const nvl_cuda_quant_desc *row, const nvl_cuda_quant_desc *col,
-                                             float *amax_row, float *amax_col, int dev) {
+static nvl_status quantize_pair(nvl_kctx *ctx, const nvl_cuda_quant_desc *row, const nvl_cuda_quant_desc *col,
+                                float *amax_row, float *amax_col) {
+  const int dev = ctx->dev;
   NVL_TRY(check_desc(row, __func__));
   NVL_TRY(check_desc(col, __func__));
   const int64_t R = row->B, C = row->K;
@@ -652,14 +674,12 @@ extern "C" nvl_status nvl_cuda_quantize_pair(const nvl_cuda_quant_desc *row, con
       row->x_bf16 != col->x_bf16)
     return nvl_error(NVL_EINVAL, "%s: row must be x (R, C) blocked along C and col the same x blocked along R", __func__);
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
-  const int U = row->kind == KIND_MXFP8 ? 32 : 16;
+  const int U = row->kind == KIND_MX ? 32 : 16;
   const bool fused = row->kind != KIND_VALUES && R % U == 0 && C % U == 0 && ((uintptr_t)row->x & 15) == 0 &&
                      R > 0 && C > 0 && (R / TILE + 1) * (C / TILE + 1) < ((int64_t)1 << 31);
-  void *scratch = NULL;
   uint32_t *bits_r = NULL, *bits_c = NULL;
   if (needs_amax(row) || needs_amax(col)) {
-    NVL_TRY(nvl_cuda_scratch(dev, &scratch));
-    bits_r = static_cast<uint32_t *>(scratch);
+    NVL_TRY(ctx->scratch(ctx, 2 * sizeof(uint32_t), (void **)&bits_r));
     bits_c = bits_r + 1;
   }
   /* amax: without the RHT both copies see max |x|: one reduction serves both */
@@ -672,7 +692,7 @@ extern "C" nvl_status nvl_cuda_quantize_pair(const nvl_cuda_quant_desc *row, con
   const uint32_t *ar = needs_amax(row) && kernel_reads_amax(row) ? bits_r : NULL;
   const uint32_t *ac = needs_amax(col) && kernel_reads_amax(col) ? bits_c : NULL;
   if (fused) {
-    if (row->kind == KIND_NVFP4 || row->kind == KIND_MXFP8) {
+    if (row->kind == KIND_NVFP4 || row->kind == KIND_MX) {
       NVL_TRY(clear_swizzled(row));
       NVL_TRY(clear_swizzled(col));
     }
@@ -703,4 +723,57 @@ extern "C" nvl_status nvl_cuda_quantize_pair(const nvl_cuda_quant_desc *row, con
     else *amax_col = col->amax;
   }
   return NVL_OK;
+}
+
+/* ---- the table entries ------------------------------------------------------------------------ */
+
+namespace {
+
+/* The kernels' description of a quantization, from the table's: the kind from the format's scale
+ * kind, the element codec from its traits row. */
+nvl_status to_cuda_desc(const nvl_qdesc *q, nvl_cuda_quant_desc *d) {
+  static const int kinds[NVL_SCALE_KIND_COUNT] = {KIND_VALUES, KIND_FP8, KIND_NVFP4, KIND_MX};
+  const nvl_dtype_traits *f = &nvl_dtypes[q->format];
+  memset(d, 0, sizeof *d);
+  if (q->x_dtype != NVL_F32 && q->x_dtype != NVL_BF16)
+    return nvl_error(NVL_EINVAL, "nvl_cuda_quantize: x must be f32 or bf16, got %s", nvl_dtypes[q->x_dtype].name);
+  d->x = q->x;
+  d->x_bf16 = q->x_dtype == NVL_BF16;
+  d->B = q->B;
+  d->K = q->K;
+  d->C = q->C;
+  d->kind = kinds[f->scale];
+  d->values_bf16 = q->format == NVL_BF16;
+  d->elem = f->elem;
+  d->rule = (int)q->rule;
+  d->block2d = q->block2d;
+  d->rht = q->rht;
+  memcpy(d->signs, q->signs, sizeof d->signs);
+  d->sr = q->sr;
+  d->seed = q->seed;
+  d->offset = q->offset;
+  d->sr_row_offset = q->sr_row_offset;
+  d->sr_k_offset = q->sr_k_offset;
+  d->sr_k_total = q->sr_k_total;
+  d->has_amax = q->has_amax;
+  d->amax = q->amax;
+  d->codes = q->codes;
+  d->scales = q->scales;
+  d->scales_swz = q->scales_swz;
+  return NVL_OK;
+}
+
+} /* namespace */
+
+extern "C" nvl_status nvl_cuda_quantize(nvl_kctx *ctx, const nvl_qdesc *q) {
+  nvl_cuda_quant_desc d;
+  NVL_TRY(to_cuda_desc(q, &d));
+  return quantize_one(ctx, &d, q->amax_out);
+}
+
+extern "C" nvl_status nvl_cuda_quantize_pair(nvl_kctx *ctx, const nvl_qdesc *row, const nvl_qdesc *col) {
+  nvl_cuda_quant_desc dr, dc;
+  NVL_TRY(to_cuda_desc(row, &dr));
+  NVL_TRY(to_cuda_desc(col, &dc));
+  return quantize_pair(ctx, &dr, &dc, row->amax_out, col->amax_out);
 }

@@ -5,7 +5,21 @@
 #ifndef NVL_BIND_H
 #define NVL_BIND_H
 #include "lua.h"
+#include "philox.h"
 #include "tensor.h"
+
+/* Return the last core error as a Lua error when expr fails. */
+#define CHECK(L, expr)                             \
+  do {                                             \
+    if ((expr) != NVL_OK) return nvl_lua_raise(L); \
+  } while (0)
+
+/* The "nvlua.Generator" userdata (tensor.c): its own Philox state, or the default generator. */
+#define NVL_GENERATOR_MT "nvlua.Generator"
+typedef struct {
+  nvl_generator *g; /* &own, or the default generator */
+  nvl_generator own;
+} nvl_lua_generator;
 
 /* Opens the C core module and returns its table; preloaded as require "nvlua.core". */
 int luaopen_nvlua_core(lua_State *L);
@@ -16,6 +30,16 @@ nvl_tensor *nvl_lua_push_tensor(lua_State *L);
 nvl_tensor *nvl_lua_check_tensor(lua_State *L, int i, const char *op);
 /* Raise the last core error as a Lua error. */
 int nvl_lua_raise(lua_State *L);
+
+/* ---- options tables (opts.c): errors read "op: unknown option 'k' (valid: a, b)" ---- */
+
+/* Raise if the table at idx has a key not in valid (NULL-terminated). */
+void nvl_lua_check_keys(lua_State *L, int idx, const char *op, const char *const *valid);
+/* Number / integer option key of the table at idx: *v unchanged when absent, unless required. */
+void nvl_lua_opt_number(lua_State *L, int idx, const char *op, const char *key, double *v, int required);
+void nvl_lua_opt_integer(lua_State *L, int idx, const char *op, const char *key, int64_t *v, int required);
+/* Boolean option key: *v unchanged when absent. */
+void nvl_lua_opt_boolean(lua_State *L, int idx, const char *op, const char *key, int *v);
 /* Add the quantization functions and the "nvlua.QTensor" type to the module table on top. */
 void nvl_lua_open_quant(lua_State *L);
 /* Add the layer library (core/layers.h) to the module table on top (lua/bind/layers.c). */
@@ -26,7 +50,7 @@ void nvl_lua_open_attention(lua_State *L);
 void nvl_lua_open_sys(lua_State *L);
 /* Add the table dist: process group and collectives, core/dist.h (lua/bind/dist.c). */
 void nvl_lua_open_dist(lua_State *L);
-/* Add the CUDA backend's controls: cuda_memory, cuda_gemm_path, cuda_time, ... (lua/bind/cuda.c). */
+/* Add the devices' controls: cuda_memory, cuda_gemm_path, cuda_time, ... (lua/bind/cuda.c). */
 void nvl_lua_open_cuda(lua_State *L);
 /* Push {[device] = allocator statistics} for every GPU (an empty table without one). */
 void nvl_lua_push_cuda_memory(lua_State *L);

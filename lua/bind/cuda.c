@@ -1,4 +1,4 @@
-/* cuda.c: the Lua binding of the CUDA backend's own controls (core/nvl_cuda.h) — per-device
+/* cuda.c: the Lua binding of the GPUs' controls (core/device.h: the CUDA table's device API) — per-device
  * allocator statistics, the GEMM path a format pair takes, sync mode, synchronisation, device
  * timing with events, allocator poisoning (tests) and cache release. Device tensors, quantization
  * and qmatmul are bound where their CPU versions are (tensor.c, quant.c); they dispatch on the
@@ -9,25 +9,25 @@
 #include <lua.h>
 #include <string.h>
 #include "bind.h"
-#include "nvl_cuda.h"
+#include "device.h"
 
 static int raise_last(lua_State *L) { return luaL_error(L, "%s", nvl_last_error()); }
 
 /* Device ordinal argument i (1-based in Lua, default 1) -> 0-based. */
 static int opt_device(lua_State *L, int i) {
   lua_Integer d = luaL_optinteger(L, i, 1);
-  int n = nvl_cuda_device_count();
-  if (n == 0) luaL_error(L, "cuda: no GPU: %s", nvl_cuda_unavailable_reason());
+  int n = nvl_device_count(NVL_CUDA);
+  if (n == 0) luaL_error(L, "cuda: no GPU: %s", nvl_device_unavailable_reason(NVL_CUDA));
   luaL_argcheck(L, d >= 1 && d <= n, i, lua_pushfstring(L, "device must be in 1..%d", n));
   return (int)d - 1;
 }
 
 void nvl_lua_push_cuda_memory(lua_State *L) {
-  int n = nvl_cuda_device_count();
+  int n = nvl_device_count(NVL_CUDA);
   lua_createtable(L, n, 0);
   for (int d = 0; d < n; d++) {
-    nvl_cuda_mem_stats s;
-    if (nvl_cuda_memory_stats(d, &s) != NVL_OK) {
+    nvl_device_mem_stats s;
+    if (nvl_device_memory_stats(NVL_CUDA, d, &s) != NVL_OK) {
       lua_pushstring(L, nvl_last_error());
     } else {
       lua_createtable(L, 0, 8);
@@ -59,7 +59,7 @@ static int l_gemm_path(lua_State *L) {
   if (fb == NVL_DTYPE_COUNT) return luaL_argerror(L, 2, lua_pushfstring(L, "unknown format '%s'", nb));
   int dev = (int)luaL_optinteger(L, 3, 1) - 1;
   char detail[256];
-  nvl_gemm_path p = nvl_cuda_gemm_path(fa, fb, dev, detail, sizeof detail);
+  nvl_gemm_path p = nvl_device_gemm_path(NVL_CUDA, fa, fb, dev, detail, sizeof detail);
   if (p == NVL_GEMM_UNSUPPORTED) {
     luaL_pushfail(L);
     lua_pushstring(L, nvl_last_error());
@@ -73,14 +73,14 @@ static int l_gemm_path(lua_State *L) {
 /* core.cuda_set_sync(on) -> the previous setting */
 static int l_set_sync(lua_State *L) {
   luaL_checktype(L, 1, LUA_TBOOLEAN);
-  lua_pushboolean(L, nvl_cuda_set_sync(lua_toboolean(L, 1)));
+  lua_pushboolean(L, nvl_device_set_sync(NVL_CUDA, lua_toboolean(L, 1)));
   return 1;
 }
 
 /* core.cuda_synchronize([device]) */
 static int l_synchronize(lua_State *L) {
   int dev = opt_device(L, 1);
-  if (nvl_cuda_synchronize(dev) != NVL_OK) return raise_last(L);
+  if (nvl_device_synchronize(NVL_CUDA, dev) != NVL_OK) return raise_last(L);
   return 0;
 }
 
@@ -91,13 +91,13 @@ static int l_time(lua_State *L) {
   lua_Integer iters = luaL_checkinteger(L, 2);
   luaL_argcheck(L, iters >= 1, 2, "iterations must be >= 1");
   int dev = opt_device(L, 3);
-  if (nvl_cuda_timer_start(dev) != NVL_OK) return raise_last(L);
+  if (nvl_device_timer_start(NVL_CUDA, dev) != NVL_OK) return raise_last(L);
   for (lua_Integer i = 0; i < iters; i++) {
     lua_pushvalue(L, 1);
     lua_call(L, 0, 0);
   }
   double ms = 0;
-  if (nvl_cuda_timer_stop(dev, &ms) != NVL_OK) return raise_last(L);
+  if (nvl_device_timer_stop(NVL_CUDA, dev, &ms) != NVL_OK) return raise_last(L);
   lua_pushnumber(L, ms / (double)iters);
   return 1;
 }
@@ -111,7 +111,7 @@ static int l_set_poison(lua_State *L) {
     luaL_argcheck(L, v >= 0 && v <= 255, 1, "byte must be 0..255");
     b = (int)v;
   }
-  int prev = nvl_cuda_set_poison(b);
+  int prev = nvl_device_set_poison(NVL_CUDA, b);
   if (prev < 0) lua_pushnil(L);
   else lua_pushinteger(L, prev);
   return 1;
@@ -120,7 +120,7 @@ static int l_set_poison(lua_State *L) {
 /* core.cuda_empty_cache([device]): give the caching allocator's free blocks back */
 static int l_cuda_empty_cache(lua_State *L) {
   int dev = lua_isnoneornil(L, 1) ? -1 : opt_device(L, 1);
-  nvl_cuda_empty_cache(dev);
+  nvl_device_empty_cache(NVL_CUDA, dev);
   return 0;
 }
 

@@ -6,11 +6,6 @@
 #include "bind.h"
 #include "dist.h"
 
-#define CHECK(L, expr)                             \
-  do {                                             \
-    if ((expr) != NVL_OK) return nvl_lua_raise(L); \
-  } while (0)
-
 static nvl_dist_op check_op(lua_State *L, int i) {
   return (nvl_dist_op)luaL_checkoption(L, i, "sum", nvl_dist_op_names);
 }

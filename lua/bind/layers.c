@@ -7,7 +7,6 @@
  *   swiglu_forward(gate, up) -> out                   swiglu_backward(dout, gate, up) -> dgate, dup
  *   cross_entropy(logits, targets [, opts]) -> loss, count, dlogits | nil
  *   adamw_step(param, grad, m, v, opts)               sumsq(t) -> number
- *   layers_use_reference(on) -> previous   (tests: run the scalar reference kernels while on)
  * Backwards accumulate into the parameter gradient passed in (dweight +=) and return new
  * activation gradients. ids and targets are i64 tensors of 0-based token ids: data, not Lua
  * indices. Options tables are checked here: unknown keys, wrong types and missing required keys
@@ -16,73 +15,7 @@
 #include <lua.h>
 #include <string.h>
 #include "bind.h"
-#include "cpu/ref/layers_ref.h"
 #include "layers.h"
-
-#define CHECK(L, expr)                             \
-  do {                                             \
-    if ((expr) != NVL_OK) return nvl_lua_raise(L); \
-  } while (0)
-
-/* ---- options tables ----------------------------------------------------------------------------- */
-
-/* Raise if the table at idx has a key not in valid (NULL-terminated). */
-static void check_keys(lua_State *L, int idx, const char *op, const char *const *valid) {
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    lua_pop(L, 1);
-    int ok = 0;
-    if (lua_type(L, -1) == LUA_TSTRING)
-      for (const char *const *k = valid; *k; k++)
-        if (strcmp(*k, lua_tostring(L, -1)) == 0) ok = 1;
-    if (!ok) {
-      const char *key = luaL_tolstring(L, -1, NULL);
-      luaL_Buffer b;
-      luaL_buffinit(L, &b);
-      for (const char *const *k = valid; *k; k++) {
-        if (k != valid) luaL_addstring(&b, ", ");
-        luaL_addstring(&b, *k);
-      }
-      luaL_pushresult(&b);
-      luaL_error(L, "%s: unknown option '%s' (valid: %s)", op, key, lua_tostring(L, -1));
-    }
-  }
-}
-
-/* Number option key of the table at idx: *v unchanged when absent, unless required. */
-static void opt_number(lua_State *L, int idx, const char *op, const char *key, double *v, int required) {
-  int t = lua_getfield(L, idx, key);
-  if (t == LUA_TNIL) {
-    if (required) luaL_error(L, "%s: option '%s' is required", op, key);
-  } else if (t != LUA_TNUMBER) {
-    luaL_error(L, "%s: option '%s' must be a number, got %s", op, key, luaL_typename(L, -1));
-  } else {
-    *v = lua_tonumber(L, -1);
-  }
-  lua_pop(L, 1);
-}
-
-static void opt_integer(lua_State *L, int idx, const char *op, const char *key, int64_t *v, int required) {
-  int t = lua_getfield(L, idx, key);
-  if (t == LUA_TNIL) {
-    if (required) luaL_error(L, "%s: option '%s' is required", op, key);
-  } else {
-    int ok;
-    lua_Integer i = lua_tointegerx(L, -1, &ok);
-    if (t != LUA_TNUMBER || !ok)
-      luaL_error(L, "%s: option '%s' must be an integer, got %s", op, key,
-                 t == LUA_TNUMBER ? lua_pushfstring(L, "%f", lua_tonumber(L, -1)) : luaL_typename(L, -1));
-    *v = (int64_t)i;
-  }
-  lua_pop(L, 1);
-}
-
-static void opt_boolean(lua_State *L, int idx, const char *op, const char *key, int *v) {
-  int t = lua_getfield(L, idx, key);
-  if (t == LUA_TBOOLEAN) *v = lua_toboolean(L, -1);
-  else if (t != LUA_TNIL) luaL_error(L, "%s: option '%s' must be a boolean, got %s", op, key, luaL_typename(L, -1));
-  lua_pop(L, 1);
-}
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
@@ -137,7 +70,7 @@ static int l_rope_tables(lua_State *L) {
   nvl_rope_scaling sc = {0};
   if (!lua_isnoneornil(L, 4)) {
     luaL_checktype(L, 4, LUA_TTABLE);
-    check_keys(L, 4, op, scaling_keys);
+    nvl_lua_check_keys(L, 4, op, scaling_keys);
     if (lua_getfield(L, 4, "rope_type") != LUA_TNIL) {
       const char *rt = lua_tostring(L, -1);
       if (lua_type(L, -1) != LUA_TSTRING || strcmp(rt, "llama3") != 0)
@@ -146,10 +79,10 @@ static int l_rope_tables(lua_State *L) {
     }
     lua_pop(L, 1);
     sc.llama3 = 1;
-    opt_number(L, 4, op, "factor", &sc.factor, 1);
-    opt_number(L, 4, op, "low_freq_factor", &sc.low_freq_factor, 1);
-    opt_number(L, 4, op, "high_freq_factor", &sc.high_freq_factor, 1);
-    opt_number(L, 4, op, "original_max_position_embeddings", &sc.original_max_position_embeddings, 1);
+    nvl_lua_opt_number(L, 4, op, "factor", &sc.factor, 1);
+    nvl_lua_opt_number(L, 4, op, "low_freq_factor", &sc.low_freq_factor, 1);
+    nvl_lua_opt_number(L, 4, op, "high_freq_factor", &sc.high_freq_factor, 1);
+    nvl_lua_opt_number(L, 4, op, "original_max_position_embeddings", &sc.original_max_position_embeddings, 1);
   }
   nvl_tensor *c = nvl_lua_push_tensor(L);
   nvl_tensor *s = nvl_lua_push_tensor(L);
@@ -209,11 +142,11 @@ static int l_cross_entropy(lua_State *L) {
   int grad = 1;
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
-    check_keys(L, 3, op, ce_keys);
-    opt_integer(L, 3, op, "ignore_index", &ignore_index, 0);
-    opt_number(L, 3, op, "z_loss", &z_loss, 0);
-    opt_boolean(L, 3, op, "grad", &grad);
-    opt_number(L, 3, op, "scale", &scale, 0);
+    nvl_lua_check_keys(L, 3, op, ce_keys);
+    nvl_lua_opt_integer(L, 3, op, "ignore_index", &ignore_index, 0);
+    nvl_lua_opt_number(L, 3, op, "z_loss", &z_loss, 0);
+    nvl_lua_opt_boolean(L, 3, op, "grad", &grad);
+    nvl_lua_opt_number(L, 3, op, "scale", &scale, 0);
   }
   lua_settop(L, 3);
   nvl_tensor *d = grad ? nvl_lua_push_tensor(L) : NULL;
@@ -239,14 +172,14 @@ static int l_adamw_step(lua_State *L) {
   nvl_tensor *m = nvl_lua_check_tensor(L, 3, op);
   nvl_tensor *v = nvl_lua_check_tensor(L, 4, op);
   luaL_checktype(L, 5, LUA_TTABLE);
-  check_keys(L, 5, op, adamw_keys);
+  nvl_lua_check_keys(L, 5, op, adamw_keys);
   nvl_adamw_opts o;
-  opt_number(L, 5, op, "lr", &o.lr, 1);
-  opt_number(L, 5, op, "beta1", &o.beta1, 1);
-  opt_number(L, 5, op, "beta2", &o.beta2, 1);
-  opt_number(L, 5, op, "eps", &o.eps, 1);
-  opt_number(L, 5, op, "weight_decay", &o.weight_decay, 1);
-  opt_integer(L, 5, op, "step", &o.step, 1);
+  nvl_lua_opt_number(L, 5, op, "lr", &o.lr, 1);
+  nvl_lua_opt_number(L, 5, op, "beta1", &o.beta1, 1);
+  nvl_lua_opt_number(L, 5, op, "beta2", &o.beta2, 1);
+  nvl_lua_opt_number(L, 5, op, "eps", &o.eps, 1);
+  nvl_lua_opt_number(L, 5, op, "weight_decay", &o.weight_decay, 1);
+  nvl_lua_opt_integer(L, 5, op, "step", &o.step, 1);
   CHECK(L, nvl_adamw_step(p, g, m, v, &o));
   return 0;
 }
@@ -259,20 +192,11 @@ static int l_sumsq(lua_State *L) {
   return 1;
 }
 
-/* layers_use_reference(on) -> previous: while on, the layer functions run the scalar
- * reference kernels (kernels/cpu/ref/layers_ref.c) instead of the fast ones; for tests. */
-static int l_layers_use_reference(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TBOOLEAN);
-  lua_pushboolean(L, nvl_layers_set_reference(lua_toboolean(L, 1)));
-  return 1;
-}
-
 static const luaL_Reg layer_funcs[] = {
   {"embedding_forward", l_embedding_forward}, {"embedding_backward", l_embedding_backward},
   {"rmsnorm_forward", l_rmsnorm_forward}, {"rmsnorm_backward", l_rmsnorm_backward},
   {"rope_tables", l_rope_tables}, {"rope_forward", l_rope_forward}, {"rope_backward", l_rope_backward},
   {"swiglu_forward", l_swiglu_forward}, {"swiglu_backward", l_swiglu_backward},
-  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq},
-  {"layers_use_reference", l_layers_use_reference}, {NULL, NULL}};
+  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq}, {NULL, NULL}};
 
 void nvl_lua_open_layers(lua_State *L) { luaL_setfuncs(L, layer_funcs, 0); }

@@ -32,7 +32,7 @@
 
 #include "bind.h"
 #include "dist.h"
-#include "nvl_cuda.h"
+#include "device.h"
 #include "info.h"
 
 #ifndef NVLUA_VERSION
@@ -89,22 +89,22 @@ static void print_version(void) {
   printf("%s\n", LUA_COPYRIGHT);
   printf("nvlua %s\n", NVLUA_VERSION);
   printf("BLAS: %s\n", blas ? blas : "unknown");
-  if (nvl_cuda_compiled()) {
-    int rt = nvl_cuda_runtime_version(); /* 1000 * major + 10 * minor */
+  if (nvl_device_compiled(NVL_CUDA)) {
+    int rt = nvl_device_runtime_version(NVL_CUDA); /* 1000 * major + 10 * minor */
     printf("CUDA: compiled in (runtime %d.%d, cuBLASLt %zu)\n", rt / 1000, (rt % 1000) / 10,
-           nvl_cuda_blaslt_version());
+           nvl_device_blas_version(NVL_CUDA));
   } else {
     printf("CUDA: not compiled in\n");
   }
-  ndev = nvl_cuda_device_count();
+  ndev = nvl_device_count(NVL_CUDA);
   if (ndev <= 0) {
-    const char *why = nvl_cuda_unavailable_reason();
+    const char *why = nvl_device_unavailable_reason(NVL_CUDA);
     printf("GPUs: none (%s)\n", why && why[0] ? why : "no device");
   }
   for (int i = 0; i < ndev; i++) {
-    nvl_cuda_props p;
+    nvl_device_props p;
     memset(&p, 0, sizeof p);
-    if (nvl_cuda_device_props(i, &p) != NVL_OK)
+    if (nvl_device_props_of(NVL_CUDA, i, &p) != NVL_OK)
       printf("GPU %d: properties unavailable (%s)\n", i, nvl_last_error());
     else
       printf("GPU %d: %s, %.1f GiB, compute capability %d.%d, %d SMs\n", i, p.name,

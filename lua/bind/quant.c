@@ -6,21 +6,9 @@
 #include <lua.h>
 #include <string.h>
 #include "bind.h"
-#include "nvl_cuda.h"
 #include "quant.h"
 
 #define QTENSOR_MT "nvlua.QTensor"
-#define GENERATOR_MT "nvlua.Generator"
-
-typedef struct {
-  nvl_generator *g;
-  nvl_generator own;
-} lgen; /* as in tensor.c */
-
-#define CHECK(L, expr)                          \
-  do {                                          \
-    if ((expr) != NVL_OK) return nvl_lua_raise(L); \
-  } while (0)
 
 static nvl_qtensor *push_q(lua_State *L) {
   nvl_qtensor *q = lua_newuserdatauv(L, sizeof(nvl_qtensor), 0);
@@ -84,7 +72,7 @@ static int parse_quant_opts(lua_State *L, const nvl_tensor *x, nvl_quant_opts *o
       o->sr = lua_toboolean(L, -1);
     }
     lua_pop(L, 1);
-    if (lua_getfield(L, 3, "generator") != LUA_TNIL) o->gen = ((lgen *)luaL_checkudata(L, -1, GENERATOR_MT))->g;
+    if (lua_getfield(L, 3, "generator") != LUA_TNIL) o->gen = ((nvl_lua_generator *)luaL_checkudata(L, -1, NVL_GENERATOR_MT))->g;
     lua_pop(L, 1);
     int has_seed = lua_getfield(L, 3, "seed") != LUA_TNIL;
     if (has_seed) {
@@ -122,9 +110,6 @@ static int parse_quant_opts(lua_State *L, const nvl_tensor *x, nvl_quant_opts *o
       }
       lua_pop(L, 1);
     }
-    lua_getfield(L, 3, "reference");
-    o->use_ref = lua_toboolean(L, -1);
-    lua_pop(L, 1);
   }
   return 0;
 }
@@ -193,7 +178,7 @@ static int q_t(lua_State *L) {
 
 /* q:device() -> "cpu" | "cuda" */
 static int q_device(lua_State *L) {
-  lua_pushstring(L, check_q(L, 1)->data.device == NVL_CUDA ? "cuda" : "cpu");
+  lua_pushstring(L, check_q(L, 1)->data.device == NVL_CPU ? "cpu" : "cuda");
   return 1;
 }
 
@@ -213,22 +198,16 @@ static int q_cpu(lua_State *L) {
 }
 
 /* q:swizzled_scales() -> u8 cpu tensor: the block scales in cuBLASLt's 128x4 swizzled layout,
- * padding included (core/nvl_cuda.h), as a device quantization writes them after the row-major
+ * padding included, as a backend with swizzled scales (cuda) writes them after the row-major
  * ones; nil for a q without them (cpu, per-tensor) */
 static int q_swizzled_scales(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
-  int block = nvl_dtypes[q->format].block;
-  if (q->data.device != NVL_CUDA || !q->scales.storage || block == 0 || q->scales.offset != 0) { lua_pushnil(L); return 1; }
-  int64_t nb = q->K / block;
-  size_t off = ((size_t)(q->rows * nb) + 255) & ~(size_t)255, n = nvl_cuda_swizzled_bytes(q->rows, nb);
-  if (q->scales.storage->bytes < off + n) { lua_pushnil(L); return 1; }
-  nvl_tensor full = q->scales; /* a 1-D view of the swizzled bytes of the same storage */
-  full.ndim = 1;
-  full.shape[0] = (int64_t)n;
-  full.strides[0] = 1;
-  full.offset = (int64_t)off;
-  nvl_tensor *r = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_tensor_clone_to(r, &full, NVL_U8, NVL_CPU));
+  nvl_tensor t = nvl_tensor_null();
+  if (nvl_qtensor_swizzled_scales(&t, q) != NVL_OK) {
+    lua_pushnil(L);
+    return 1;
+  }
+  *nvl_lua_push_tensor(L) = t;
   return 1;
 }
 
@@ -282,7 +261,7 @@ static int q_index(lua_State *L) {
     if (strcmp(k, "offset") == 0) { if (q->sr) lua_pushinteger(L, (lua_Integer)q->offset); else lua_pushnil(L); return 1; }
     if (strcmp(k, "block") == 0) { lua_pushinteger(L, nvl_dtypes[q->format].block); return 1; }
     if (strcmp(k, "scale_rule") == 0) {
-      if (q->layout == NVL_LAYOUT_1X32) lua_pushstring(L, q->rule == NVL_MX_FLOOR ? "floor" : "rceil");
+      if (nvl_dtypes[q->format].scale == NVL_SCALE_E8M0) lua_pushstring(L, nvl_mx_rule_names[q->rule]);
       else lua_pushnil(L);
       return 1;
     }
@@ -350,25 +329,19 @@ static int l_rht_signs(lua_State *L) {
 static int l_codec(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   const char *dir = luaL_checkstring(L, 2);
-  struct { const char *n; uint8_t (*enc)(float); float (*dec)(uint8_t); } c[] = {
-    {"e4m3", nvl_e4m3_encode_ref, nvl_e4m3_decode_ref}, {"e5m2", nvl_e5m2_encode_ref, nvl_e5m2_decode_ref},
-    {"e2m1", nvl_e2m1_encode_ref, nvl_e2m1_decode_ref}, {"ue4m3", nvl_ue4m3_encode_ref, nvl_ue4m3_decode_ref},
-    {"e8m0", NULL, nvl_e8m0_decode_ref}};
-  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-    if (strcmp(c[i].n, name) != 0) continue;
-    if (strcmp(dir, "decode") == 0) {
-      lua_Integer code = luaL_checkinteger(L, 3);
-      luaL_argcheck(L, code >= 0 && code <= 255, 3, "code must be 0..255");
-      lua_pushnumber(L, c[i].dec((uint8_t)code));
-      return 1;
-    }
-    if (strcmp(dir, "encode") == 0 && c[i].enc) {
-      lua_pushinteger(L, c[i].enc((float)luaL_checknumber(L, 3)));
-      return 1;
-    }
-    return luaL_argerror(L, 2, "expected \"encode\" or \"decode\"");
+  const nvl_codec *c = nvl_codec_from_name(name);
+  if (!c) return luaL_argerror(L, 1, lua_pushfstring(L, "unknown element format '%s' (%s)", name, nvl_codec_names()));
+  if (strcmp(dir, "decode") == 0) {
+    lua_Integer code = luaL_checkinteger(L, 3);
+    luaL_argcheck(L, code >= 0 && code <= 255, 3, "code must be 0..255");
+    lua_pushnumber(L, c->decode((uint8_t)code));
+    return 1;
   }
-  return luaL_argerror(L, 1, lua_pushfstring(L, "unknown element format '%s' (e4m3, e5m2, e2m1, ue4m3, e8m0)", name));
+  if (strcmp(dir, "encode") == 0 && c->encode) {
+    lua_pushinteger(L, c->encode((float)luaL_checknumber(L, 3)));
+    return 1;
+  }
+  return luaL_argerror(L, 2, "expected \"encode\" or \"decode\"");
 }
 
 static const luaL_Reg q_methods[] = {

@@ -11,29 +11,14 @@
 #include <string.h>
 #include <time.h>
 #include "bind.h"
-#include "nvl_cuda.h"
+#include "device.h"
 #include "info.h"
 #include "ops.h"
 
 #define TENSOR_MT "nvlua.Tensor"
-#define GENERATOR_MT "nvlua.Generator"
-
-typedef struct {
-  nvl_generator *g; /* &own, or the default generator */
-  nvl_generator own;
-} lgen;
 
 /* ---- helpers ---- */
 
-static int raise_status(lua_State *L, nvl_status st) {
-  (void)st;
-  return luaL_error(L, "%s", nvl_last_error());
-}
-#define CHECK(L, expr)                               \
-  do {                                               \
-    nvl_status st_ = (expr);                         \
-    if (st_ != NVL_OK) return raise_status(L, st_);  \
-  } while (0)
 
 static nvl_tensor *push_tensor(lua_State *L) {
   nvl_tensor *t = lua_newuserdatauv(L, sizeof(nvl_tensor), 0);
@@ -109,7 +94,7 @@ static int check_shape(lua_State *L, int i, int64_t *shape) {
 
 static nvl_generator *opt_generator(lua_State *L, int i) {
   if (lua_isnoneornil(L, i)) return nvl_default_generator();
-  lgen *g = luaL_checkudata(L, i, GENERATOR_MT);
+  nvl_lua_generator *g = luaL_checkudata(L, i, NVL_GENERATOR_MT);
   return g->g;
 }
 
@@ -664,18 +649,18 @@ static int l_allclose(lua_State *L) {
 
 static int l_generator(lua_State *L) {
   lua_Integer seed = luaL_checkinteger(L, 1);
-  lgen *g = lua_newuserdatauv(L, sizeof(lgen), 0);
+  nvl_lua_generator *g = lua_newuserdatauv(L, sizeof(nvl_lua_generator), 0);
   g->own.seed = (uint64_t)seed;
   g->own.offset = 0;
   g->g = &g->own;
-  luaL_setmetatable(L, GENERATOR_MT);
+  luaL_setmetatable(L, NVL_GENERATOR_MT);
   return 1;
 }
 
 static int l_default_generator(lua_State *L) {
-  lgen *g = lua_newuserdatauv(L, sizeof(lgen), 0);
+  nvl_lua_generator *g = lua_newuserdatauv(L, sizeof(nvl_lua_generator), 0);
   g->g = nvl_default_generator();
-  luaL_setmetatable(L, GENERATOR_MT);
+  luaL_setmetatable(L, NVL_GENERATOR_MT);
   return 1;
 }
 
@@ -686,23 +671,23 @@ static int l_manual_seed(lua_State *L) {
   return 0;
 }
 
-static int g_seed(lua_State *L) { lua_pushinteger(L, (lua_Integer)((lgen *)luaL_checkudata(L, 1, GENERATOR_MT))->g->seed); return 1; }
-static int g_offset(lua_State *L) { lua_pushinteger(L, (lua_Integer)((lgen *)luaL_checkudata(L, 1, GENERATOR_MT))->g->offset); return 1; }
+static int g_seed(lua_State *L) { lua_pushinteger(L, (lua_Integer)((nvl_lua_generator *)luaL_checkudata(L, 1, NVL_GENERATOR_MT))->g->seed); return 1; }
+static int g_offset(lua_State *L) { lua_pushinteger(L, (lua_Integer)((nvl_lua_generator *)luaL_checkudata(L, 1, NVL_GENERATOR_MT))->g->offset); return 1; }
 static int g_set_offset(lua_State *L) {
-  lgen *g = luaL_checkudata(L, 1, GENERATOR_MT);
+  nvl_lua_generator *g = luaL_checkudata(L, 1, NVL_GENERATOR_MT);
   lua_Integer o = luaL_checkinteger(L, 2);
   luaL_argcheck(L, o >= 0, 2, "offset must be >= 0");
   g->g->offset = (uint64_t)o;
   return 0;
 }
 static int g_manual_seed(lua_State *L) {
-  lgen *g = luaL_checkudata(L, 1, GENERATOR_MT);
+  nvl_lua_generator *g = luaL_checkudata(L, 1, NVL_GENERATOR_MT);
   g->g->seed = (uint64_t)luaL_checkinteger(L, 2);
   g->g->offset = 0;
   return 0;
 }
 static int g_tostring(lua_State *L) {
-  lgen *g = luaL_checkudata(L, 1, GENERATOR_MT);
+  nvl_lua_generator *g = luaL_checkudata(L, 1, NVL_GENERATOR_MT);
   lua_pushfstring(L, "nvlua.Generator(seed=%I, offset=%I)", (lua_Integer)g->g->seed, (lua_Integer)g->g->offset);
   return 1;
 }
@@ -759,14 +744,14 @@ static int l_empty_cache(lua_State *L) {
   return 0;
 }
 
-static int l_cuda_available(lua_State *L) { lua_pushboolean(L, nvl_cuda_device_count() > 0); return 1; }
+static int l_cuda_available(lua_State *L) { lua_pushboolean(L, nvl_device_count(NVL_CUDA) > 0); return 1; }
 
 static int l_cuda_devices(lua_State *L) {
-  int n = nvl_cuda_device_count();
+  int n = nvl_device_count(NVL_CUDA);
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
-    nvl_cuda_props p;
-    CHECK(L, nvl_cuda_device_props(i, &p));
+    nvl_device_props p;
+    CHECK(L, nvl_device_props_of(NVL_CUDA, i, &p));
     lua_createtable(L, 0, 4);
     lua_pushstring(L, p.name); lua_setfield(L, -2, "name");
     lua_pushinteger(L, (lua_Integer)p.total_mem); lua_setfield(L, -2, "memory");
@@ -781,10 +766,10 @@ static int l_build_info(lua_State *L) {
   lua_createtable(L, 0, 6);
   lua_pushstring(L, NVLUA_VERSION); lua_setfield(L, -2, "version");
   lua_pushstring(L, nvl_blas_info()); lua_setfield(L, -2, "blas");
-  lua_pushboolean(L, nvl_cuda_compiled()); lua_setfield(L, -2, "cuda_compiled");
-  lua_pushinteger(L, nvl_cuda_runtime_version()); lua_setfield(L, -2, "cuda_runtime");
-  lua_pushinteger(L, (lua_Integer)nvl_cuda_blaslt_version()); lua_setfield(L, -2, "cublaslt");
-  lua_pushstring(L, nvl_cuda_unavailable_reason()); lua_setfield(L, -2, "cuda_unavailable_reason");
+  lua_pushboolean(L, nvl_device_compiled(NVL_CUDA)); lua_setfield(L, -2, "cuda_compiled");
+  lua_pushinteger(L, nvl_device_runtime_version(NVL_CUDA)); lua_setfield(L, -2, "cuda_runtime");
+  lua_pushinteger(L, (lua_Integer)nvl_device_blas_version(NVL_CUDA)); lua_setfield(L, -2, "cublaslt");
+  lua_pushstring(L, nvl_device_unavailable_reason(NVL_CUDA)); lua_setfield(L, -2, "cuda_unavailable_reason");
   return 1;
 }
 
@@ -804,6 +789,51 @@ static int l_dtypes(lua_State *L) {
     lua_pushnumber(L, t->min_value); lua_setfield(L, -2, "min");
     lua_rawseti(L, -2, i + 1);
   }
+  return 1;
+}
+
+/* core.formats() -> {[name] = traits} for every float format nv.quantize takes (dtype.h's traits
+ * rows: the one source of bits, block lengths, scale kinds and names for the Lua library) */
+static int l_formats(lua_State *L) {
+  lua_newtable(L);
+  for (int i = 0; i < NVL_DTYPE_COUNT; i++) {
+    const nvl_dtype_traits *t = &nvl_dtypes[i];
+    if (!t->is_float) continue;
+    lua_createtable(L, 0, 16);
+    lua_pushstring(L, t->name); lua_setfield(L, -2, "name");
+    lua_pushinteger(L, i); lua_setfield(L, -2, "index"); /* the enum value: the formats' order */
+    lua_pushboolean(L, t->is_quantized); lua_setfield(L, -2, "quantized");
+    lua_pushinteger(L, t->bits); lua_setfield(L, -2, "elem_bits");
+    lua_pushnumber(L, t->bits_per_elem); lua_setfield(L, -2, "bits");
+    lua_pushnumber(L, t->max_finite); lua_setfield(L, -2, "max");
+    if (t->is_quantized) {
+      lua_pushstring(L, nvl_elem_names[t->elem]); lua_setfield(L, -2, "elem");
+      lua_pushinteger(L, t->block); lua_setfield(L, -2, "block");
+      lua_pushstring(L, nvl_layout_names[t->layout]); lua_setfield(L, -2, "layout");
+      lua_pushstring(L, nvl_scale_kind_names[t->scale]); lua_setfield(L, -2, "scale");
+      lua_pushinteger(L, t->scale_bits); lua_setfield(L, -2, "scale_bits");
+      lua_pushstring(L, t->scale_rule); lua_setfield(L, -2, "scale_rule");
+      lua_pushboolean(L, t->block2d); lua_setfield(L, -2, "block2d");
+      lua_pushboolean(L, t->sr); lua_setfield(L, -2, "sr");
+      lua_pushboolean(L, t->global_amax); lua_setfield(L, -2, "global_amax");
+      /* largest magnitude a quantized element can carry, scales included */
+      double smax = t->scale == NVL_SCALE_UE4M3 ? 448.0 : t->scale == NVL_SCALE_E8M0 ? 0x1p127 : 1.0;
+      lua_pushnumber(L, t->max_finite * smax); lua_setfield(L, -2, "range");
+    } else {
+      lua_pushstring(L, "none"); lua_setfield(L, -2, "scale");
+      lua_pushinteger(L, 0); lua_setfield(L, -2, "block");
+      lua_pushstring(L, "none"); lua_setfield(L, -2, "layout");
+    }
+    lua_setfield(L, -2, t->name);
+  }
+  return 1;
+}
+
+/* core.use_reference(on) -> the previous setting: while on, every op on CPU tensors runs the
+ * scalar reference kernels (kernels/cpu/ref) and ops on device tensors refuse to run */
+static int l_use_reference(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TBOOLEAN);
+  lua_pushboolean(L, nvl_use_reference(lua_toboolean(L, 1)));
   return 1;
 }
 
@@ -836,7 +866,7 @@ static const luaL_Reg module_funcs[] = {
   {"randn_", l_randn_}, {"Generator", l_generator}, {"default_generator", l_default_generator},
   {"manual_seed", l_manual_seed}, {"philox", l_philox}, {"memory", l_memory},
   {"cuda_available", l_cuda_available}, {"cuda_devices", l_cuda_devices}, {"build_info", l_build_info},
-  {"dtypes", l_dtypes}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"reset_peak_memory", l_reset_peak}, {"from_bytes", l_from_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
+  {"dtypes", l_dtypes}, {"formats", l_formats}, {"use_reference", l_use_reference}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"reset_peak_memory", l_reset_peak}, {"from_bytes", l_from_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
 
 int luaopen_nvlua_core(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);
@@ -845,7 +875,7 @@ int luaopen_nvlua_core(lua_State *L) {
   lua_setfield(L, -2, "__methods");
   lua_pop(L, 1);
 
-  luaL_newmetatable(L, GENERATOR_MT);
+  luaL_newmetatable(L, NVL_GENERATOR_MT);
   lua_pushcfunction(L, g_tostring);
   lua_setfield(L, -2, "__tostring");
   luaL_newlib(L, generator_methods);
@@ -855,7 +885,7 @@ int luaopen_nvlua_core(lua_State *L) {
   luaL_newlib(L, module_funcs);
   luaL_getmetatable(L, TENSOR_MT);
   lua_setfield(L, -2, "Tensor");
-  luaL_getmetatable(L, GENERATOR_MT);
+  luaL_getmetatable(L, NVL_GENERATOR_MT);
   lua_setfield(L, -2, "Generator_mt");
   nvl_lua_open_quant(L);
   nvl_lua_open_layers(L);

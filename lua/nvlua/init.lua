@@ -11,12 +11,17 @@ nv.core = core
 nv.version = core.build_info().version
 nv.Tensor = methods
 
-local DTYPES, FORMATS = {}, {}
+local DTYPES = {}
 for _, d in ipairs(core.dtypes()) do
-  if d.is_quantized then FORMATS[d.name] = d else DTYPES[d.name] = d end
+  if not d.is_quantized then DTYPES[d.name] = d end
 end
-nv.dtypes = DTYPES     -- plain tensor element types
-nv.formats = FORMATS   -- quantized formats (nv.quantize)
+local formats = require "nvlua.formats"
+nv.dtypes = DTYPES                  -- plain tensor element types
+nv.formats = formats.traits         -- the formats nv.quantize takes: name -> traits (nvlua.formats)
+nv.format_names = formats.names     -- their names, f32 and bf16 first
+--- nv.use_reference(on) -> previous: while on, every op on CPU tensors runs the scalar reference
+-- kernels (kernels/cpu/ref) instead of the fast ones (tests compare the two); device ops refuse.
+nv.use_reference = core.use_reference
 
 -- Creation arguments: sizes as integers or one table, then optionally a dtype name or an
 -- options table {dtype=, device=, generator=}.
@@ -305,8 +310,8 @@ Math        + - * / ^ with broadcasting and scalars; t:exp() log sqrt abs neg po
             t:sum() t:sum(2) mean max min amax (t:max(2) -> values, indices)
             t:eq(x) ne lt le gt ge (u8 masks)
             a:matmul(b) (2-D and batched)   a:allclose(b, rtol, atol)   t:to("bf16")
-Quantize    q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true, seed=1}) (formats: f32 bf16
-            e4m3 e5m2 mxfp8_e4m3 mxfp8_e5m2 nvfp4)  q:dequantize() q:codes() q:scale_bytes()
+Quantize    q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true, seed=1}) (formats: %s;
+            their traits: nv.formats)  q:dequantize() q:codes() q:scale_bytes()
             q.amax q:t() nv.qmatmul(qa, qb) nv.rht(x) nv.AmaxHistory(1024)
             nv.quant.report(x, {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4"})  nv.quant.show(q, {block=1})
 Devices     nv.cuda.available() nv.cuda.devices() t:cuda() t:cpu()
@@ -318,7 +323,7 @@ Info        nv.info()   nv.clock()   nvlua -v
 function nv.help()
   local names = {}
   for _, d in ipairs(core.dtypes()) do if not d.is_quantized then names[#names + 1] = d.name end end
-  io.write(string.format(HELP, nv.version, table.concat(names, " ")))
+  io.write(string.format(HELP, nv.version, table.concat(names, " "), table.concat(formats.names, " ")))
 end
 
 return nv

@@ -15,6 +15,8 @@
 --                transposed quantization is exact: 2D nvfp4 0.5625 B/param, fp8 1, bf16 2)
 --   transient    at the LM head's backward its weight copy is transposed (one more copy), plus
 --                the GEMM's chunked decode scratch (<= 16 MB, plus one decoded activation)
+local formats = require "nvlua.formats"
+
 local plan = {}
 
 local function cfg_of(c)
@@ -61,12 +63,14 @@ function plan.linears(c)
   return out
 end
 
--- bytes per parameter of the fprop weight copy kept for dgrad, by the recipe's spec
+-- bytes per parameter of the fprop weight copy kept for dgrad, by the recipe's spec: formats
+-- whose transposed quantization is exact keep it (2-D tiles, per-tensor fp8, bf16); f32 runs as a
+-- plain matmul and 1x16 / 1x32 blocks are re-quantized for dgrad, so they keep nothing.
 local function copy_bytes(spec)
-  if spec.format == "nvfp4" then return spec.block == "2d" and 0.5625 or 0 end
-  if spec.format == "e4m3" or spec.format == "e5m2" then return 1 end
-  if spec.format == "bf16" then return 2 end
-  return 0 -- f32 (plain path) and mxfp8 (1x32 blocks: re-quantized for dgrad) keep nothing
+  local ft = formats.traits[spec.format]
+  if ft.block2d then return spec.block == "2d" and ft.bits / 8 or 0 end
+  if ft.scale == "fp32" or spec.format == "bf16" then return ft.bits / 8 end
+  return 0
 end
 
 local function linear_params(c, l)

@@ -3,23 +3,25 @@
 -- digit). The formats and their arithmetic are NUMERICS.md's; the kernels are C (core/quant.c).
 local core = require "nvlua.core"
 local util = require "nvlua.util"
+local formats = require "nvlua.formats"
 
 local M = {}
 local QT = core.QTensor            -- metatable of quantized tensors
 local qmethods = QT.__methods
 
 local OPTS = {axis = true, block = true, rht = true, sr = true, seed = true, offset = true, generator = true,
-  scale_rule = true, amax = true, reference = true, sr_row_offset = true, sr_k_offset = true, sr_k_total = true}
+  scale_rule = true, amax = true, sr_row_offset = true, sr_k_offset = true, sr_k_total = true}
 
 -- Quantized tensors keep (weakly, by key) the tensor they came from, for show().
 local source = setmetatable({}, {__mode = "k"})
 
 --- nv.quantize(x, fmt [, opts]) -> quantized tensor
--- fmt: "f32" "bf16" "e4m3" "e5m2" "mxfp8_e4m3" "mxfp8_e5m2" "nvfp4". opts: axis (blocked dim,
--- default the last), block "1d"|"2d", rht true|signs, sr with seed/offset or generator,
--- scale_rule "rceil"|"floor", amax (delayed scaling), reference (use the scalar kernels),
--- sr_row_offset / sr_k_offset / sr_k_total (SR draws of a slab of a larger tensor: x's blocked
--- layout is rows sr_row_offset.. and columns sr_k_offset.. of one sr_k_total long; data parallelism).
+-- fmt: one of nv.format_names (f32, bf16, e4m3, e5m2, mxfp8_e4m3, mxfp8_e5m2, nvfp4, ...; what each
+-- allows is in nv.formats). opts: axis (blocked dim, default the last), block "1d"|"2d", rht
+-- true|signs, sr with seed/offset or generator, scale_rule "rceil"|"floor", amax (delayed
+-- scaling), sr_row_offset / sr_k_offset / sr_k_total (SR draws of a slab of a larger tensor: x's
+-- blocked layout is rows sr_row_offset.. and columns sr_k_offset.. of one sr_k_total long; data
+-- parallelism). nv.use_reference(true) runs the scalar reference kernels.
 function M.quantize(x, fmt, opts)
   util.check_opts(opts, OPTS, "quantize")
   local q = core.quantize(x, fmt, opts)
@@ -46,8 +48,13 @@ end
 
 M.rht_signs = core.rht_default_signs
 
--- Format constants for amax history scaling
-local FMT_MAX = {e4m3 = 448, e5m2 = 57344, mxfp8_e4m3 = 448, mxfp8_e5m2 = 57344, nvfp4 = 6 * 448}
+-- The magnitude a format's per-tensor scale maps the amax to: the largest value with its block
+-- scales (nvfp4 6 * 448), or the element maximum (fp8; mx formats have no per-tensor scale).
+local function fmt_max(fmt)
+  local t = formats.traits[fmt]
+  if not t or not t.quantized then return nil end
+  return t.global_amax and t.range or t.max
+end
 
 --- nv.AmaxHistory(len): delayed scaling (NUMERICS §4). h:push(amax); h:amax() = max over the
 -- last len pushes; h:scale(fmt) = fmt_max / amax, keeping the previous scale when the amax is
@@ -71,7 +78,7 @@ function M.AmaxHistory(len)
     return m
   end
   function h:scale(fmt)
-    local fmax = FMT_MAX[fmt]
+    local fmax = fmt_max(fmt)
     if not fmax then error("AmaxHistory:scale: unknown format '" .. tostring(fmt) .. "'", 2) end
     local a = self:amax()
     local prev = self.last_scale[fmt] or 1
@@ -104,9 +111,8 @@ end
 
 -- ---- report -----------------------------------------------------------------------------------
 
-local ELEM_MAX_CODE = {nvfp4 = {[7] = true, [15] = true}, e4m3 = {[0x7E] = true, [0xFE] = true},
-  e5m2 = {[0x7B] = true, [0xFB] = true}}
-ELEM_MAX_CODE.mxfp8_e4m3, ELEM_MAX_CODE.mxfp8_e5m2 = ELEM_MAX_CODE.e4m3, ELEM_MAX_CODE.e5m2
+-- The codes of the largest magnitude (+ and -) of each element codec.
+local ELEM_MAX_CODE = {e2m1 = {7, 15}, e4m3 = {0x7E, 0xFE}, e5m2 = {0x7B, 0xFB}}
 
 local function spec_of(s)
   if type(s) == "string" then return s, {}, s end
@@ -168,18 +174,19 @@ end
 -- histogram of the block-scale exponents (block formats) or of the codes' magnitudes.
 -- With rht, errors are measured in the transformed domain (the RHT is orthonormal, so RMS
 -- error and SQNR are the same as in the original domain; max abs error is not).
-function M.report(x, formats, opts)
+function M.report(x, fmts, opts)
   opts = opts or {}
   if getmetatable(x) ~= core.Tensor then error("report: x must be a tensor", 2) end
-  if type(formats) ~= "table" then formats = {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4"} end
+  if type(fmts) ~= "table" then fmts = {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4"} end
   local out = opts.out or io.stdout
   local rows = {}
   local x32 = x:to("f32")
   local n = x32:numel()
   local nonzero = x32:ne(0):sum()
   local energy = (x32 * x32):sum()
-  for _, s in ipairs(formats) do
+  for _, s in ipairs(fmts) do
     local fmt, qo, label = spec_of(s)
+    local ft = formats.get(fmt, "report")
     local q = M.quantize(x32, fmt, qo)
     local ref = qo.rht and M.rht(x32, {axis = qo.axis, signs = type(qo.rht) == "table" and qo.rht or nil}) or x32
     local xh = q:dequantize()
@@ -192,18 +199,16 @@ function M.report(x, formats, opts)
     r.flushed = nonzero > 0 and 100 * (ref:ne(0) * xh:eq(0)):sum() / nonzero or 0
     r.saturated = 0
     local hist
-    if fmt ~= "f32" and fmt ~= "bf16" then
+    if ft.quantized then
       local codes = q:codes()
-      local maxc = ELEM_MAX_CODE[fmt]
-      local cl = {}
-      for k in pairs(maxc) do cl[#cl + 1] = k end
+      local cl = ELEM_MAX_CODE[ft.elem]
       local at_max = codes:eq(cl[1]) + codes:eq(cl[2])
       r.saturated = 100 * (at_max * ref:abs():gt(xh:abs())):sum() / n
       if opts.histogram ~= false then
-        if q:layout() == "1x16" or q:layout() == "16x16" or q:layout() == "1x32" then
+        if ft.block > 0 then
           local sb = q:scale_bytes()
           local counts = count_values(sb)
-          if fmt == "nvfp4" then -- ue4m3: bucket by power of two of the decoded scale
+          if ft.scale == "ue4m3" then -- bucket by power of two of the decoded scale
             local e = {}
             for c, k in pairs(counts) do
               local v = core.codec("ue4m3", "decode", c)
@@ -260,9 +265,10 @@ function M.show(q, opts)
   local out = opts.out or io.stdout
   if getmetatable(q) ~= QT then error("show: expects a quantized tensor (from nv.quantize)", 2) end
   local fmt, lay = q:format(), q:layout()
+  local ft = formats.traits[fmt]
   local K = q:size(q:axis())
-  local bsize = (lay == "1x16" or lay == "16x16") and 16 or lay == "1x32" and 32 or math.min(16, K)
-  local nblocks = q:data():numel() // (fmt == "nvfp4" and K // 2 or K) * (K // bsize)
+  local bsize = ft.block > 0 and ft.block or math.min(16, K)
+  local nblocks = q:data():numel() // (ft.quantized and K * ft.elem_bits // 8 or K) * (K // bsize)
   local b = opts.block or 1
   if math.type(b) ~= "integer" or b < 1 or b > nblocks then
     error(string.format("show: block must be an integer in 1..%d, got %s", nblocks, tostring(b)), 2)
@@ -284,12 +290,12 @@ function M.show(q, opts)
   local xin = x and (q.rht and M.rht(x, {axis = q:axis()}) or x)
   local xs = xin and blocked(xin:to("f32")) or nil
   local dec = blocked(q:dequantize())
-  local codes = fmt ~= "f32" and fmt ~= "bf16" and blocked(q:codes()) or nil
+  local codes = ft.quantized and blocked(q:codes()) or nil
   out:write(string.format("%s block %d of %d (row %d, elements %d..%d along dim %d), layout %s%s%s\n", fmt, b, nblocks,
     row + 1, col * bsize + 1, col * bsize + bsize, q:axis(), lay, q.rht and ", after the RHT" or "",
     q.sr and string.format(", stochastic rounding (seed %d, offset %d)", q.seed, q.offset) or ", round to nearest even"))
   local enc -- the per-element encode multiplier
-  if fmt == "nvfp4" then
+  if ft.scale == "ue4m3" then
     local amax = q.amax
     local s_enc = q.scale
     local s_dec = f32(1 / s_enc)
@@ -300,14 +306,13 @@ function M.show(q, opts)
       amax / 2688))
     out:write(string.format("  scale byte 0x%02x = ue4m3 %.6g -> block decode scale %.6g * %.6g = %.6g; encode x * %.6g\n",
       sbyte, sd, sd, amax / 2688, sd * amax / 2688, enc))
-  elseif lay == "1x32" then
+  elseif ft.scale == "e8m0" then
     local e = scale_byte()
     enc = 2.0 ^ (127 - e)
     out:write(string.format("  scale byte 0x%02x = e8m0 2^%d (%s rule); encode x * 2^%d\n", e, e - 127, q.scale_rule, 127 - e))
-  elseif lay == "tensor" then
+  elseif ft.scale == "fp32" then
     enc = q.scale
-    out:write(string.format("  per-tensor scale %.6g = %s / amax %.6g; decode value / scale\n", q.scale,
-      fmt == "e4m3" and "448" or "57344", q.amax))
+    out:write(string.format("  per-tensor scale %.6g = %.6g / amax %.6g; decode value / scale\n", q.scale, ft.max, q.amax))
   else
     out:write("  no scaling: the values are rounded to " .. fmt .. "\n")
   end
@@ -316,10 +321,7 @@ function M.show(q, opts)
     local xv = xs and xs[i]
     local code = codes and math.tointeger(codes[i])
     local value = "-"
-    if code then
-      local elem = fmt == "nvfp4" and "e2m1" or (fmt:match("e4m3") and "e4m3" or "e5m2")
-      value = string.format("%.6g", core.codec(elem, "decode", code))
-    end
+    if code then value = string.format("%.6g", core.codec(ft.elem, "decode", code)) end
     out:write(string.format("  %4d %13s %13s %6s %11s %13.6g %11s\n", i, xv and string.format("%.6g", xv) or "-",
       (xv and enc) and string.format("%.6g", xv * enc) or "-", code and string.format("0x%02x", code) or "-", value, dec[i],
       xv and string.format("%+.3e", dec[i] - xv) or "-"))

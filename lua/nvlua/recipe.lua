@@ -18,6 +18,7 @@ local core = require "nvlua.core"
 local util = require "nvlua.util"
 local quant = require "nvlua.quant"
 local stats = require "nvlua.stats"
+local formats = require "nvlua.formats"
 
 local check_opts = util.check_opts
 
@@ -27,9 +28,6 @@ local Recipe = {}
 Recipe.__index = Recipe
 Recipe.__name = "nvlua.Recipe"
 
-local FORMATS = {"f32", "bf16", "e4m3", "e5m2", "mxfp8_e4m3", "mxfp8_e5m2", "nvfp4"}
-local IS_FORMAT = {}
-for _, f in ipairs(FORMATS) do IS_FORMAT[f] = true end
 local SPEC_KEYS = {"block", "delayed", "format", "rht", "scale_rule", "sr"}
 local IS_SPEC_KEY = {}
 for _, k in ipairs(SPEC_KEYS) do IS_SPEC_KEY[k] = true end
@@ -37,8 +35,6 @@ for _, k in ipairs(SPEC_KEYS) do IS_SPEC_KEY[k] = true end
 local ROLES = {"fprop", "dgrad", "wgrad"}
 local OPERANDS = {fprop = {"x", "w"}, dgrad = {"dy", "w"}, wgrad = {"dy", "x"}}
 local REDUCES = {fprop = "K", dgrad = "N", wgrad = "T"}
-local MX = {mxfp8_e4m3 = true, mxfp8_e5m2 = true}
-local PER_TENSOR = {e4m3 = true, e5m2 = true}
 
 local F32 = {format = "f32"}
 local BF16 = {format = "bf16"}
@@ -78,7 +74,8 @@ local function where(r, c)
 end
 
 -- A spec as the spec function returned it (a format name or a table) -> a fresh normalized
--- table {format, block ("1d"|"2d", nvfp4 only), rht, sr, scale_rule (mxfp8 only), delayed}.
+-- table {format, block ("1d"|"2d": formats with 16x16 tiles), rht, sr, scale_rule (e8m0-scaled
+-- formats), delayed}; what a format allows comes from its traits (nvlua.formats).
 local function normalize(r, c, s)
   if type(s) == "string" then s = {format = s} end
   if type(s) ~= "table" then
@@ -90,9 +87,7 @@ local function normalize(r, c, s)
     end
   end
   local f = s.format
-  if not IS_FORMAT[f] then
-    error(string.format("%s: unknown format '%s' (valid: %s)", where(r, c), tostring(f), table.concat(FORMATS, ", ")), 0)
-  end
+  local ft = formats.get(f, where(r, c))
   for _, k in ipairs({"rht", "sr", "delayed"}) do
     if s[k] ~= nil and type(s[k]) ~= "boolean" then
       error(string.format("%s: %s must be true or false, got %s", where(r, c), k, tostring(s[k])), 0)
@@ -102,7 +97,7 @@ local function normalize(r, c, s)
   if s.block ~= nil and s.block ~= "1d" and s.block ~= "2d" then
     error(string.format("%s: block must be \"1d\" or \"2d\", got %s", where(r, c), tostring(s.block)), 0)
   end
-  if f == "nvfp4" then
+  if ft.block2d then
     n.block = s.block or "1d"
     if n.block == "2d" and c.operand ~= "w" then
       error(string.format("%s: 2d (16x16) blocks are for weights only", where(r, c)), 0)
@@ -110,8 +105,10 @@ local function normalize(r, c, s)
   elseif s.block == "2d" then
     error(string.format("%s: 2d blocks are an nvfp4 layout, not %s", where(r, c), f), 0)
   end
-  if n.sr and f ~= "nvfp4" then error(string.format("%s: stochastic rounding is defined for nvfp4 only, not %s", where(r, c), f), 0) end
-  if MX[f] then
+  if n.sr and not ft.sr then
+    error(string.format("%s: stochastic rounding is defined for e2m1 elements (nvfp4, mxfp4), not %s", where(r, c), f), 0)
+  end
+  if ft.scale == "e8m0" then
     n.scale_rule = s.scale_rule or "rceil"
     if n.scale_rule ~= "rceil" and n.scale_rule ~= "floor" then
       error(string.format("%s: scale_rule must be \"rceil\" or \"floor\", got %s", where(r, c), tostring(s.scale_rule)), 0)
@@ -119,7 +116,7 @@ local function normalize(r, c, s)
   elseif s.scale_rule ~= nil then
     error(string.format("%s: scale_rule is an mxfp8 option, not %s's", where(r, c), f), 0)
   end
-  if n.delayed and not (PER_TENSOR[f] or f == "nvfp4") then
+  if n.delayed and not ft.global_amax then
     error(string.format("%s: delayed scaling needs a format with a global amax (e4m3, e5m2, nvfp4), not %s", where(r, c), f), 0)
   end
   return n
@@ -134,7 +131,8 @@ end
 -- nvfp4 tiles, per-tensor fp8, bf16 and f32; never with an RHT or SR (a different transform/draw).
 local function transposable(s)
   if s.rht or s.sr then return false end
-  return s.format == "f32" or s.format == "bf16" or PER_TENSOR[s.format] or (s.format == "nvfp4" and s.block == "2d")
+  local ft = formats.traits[s.format]
+  return ft.scale == "none" or ft.scale == "fp32" or (ft.block2d and s.block == "2d")
 end
 
 --- recipe:spec(ctx, role, operand) -> the normalized spec of one operand of one GEMM.
@@ -183,8 +181,6 @@ end
 
 -- Formats scaled by one amax for the whole tensor: under data parallelism that amax is the one
 -- over every rank's slice (set_amax_reducer).
-local GLOBAL_AMAX = {nvfp4 = true, e4m3 = true, e5m2 = true}
-
 -- max |x| over what quantize scales (t, or its RHT along axis), NaN ignored as quantize ignores it.
 local function local_amax(t, s, axis)
   if s.rht and t:device() == "cuda" then -- no standalone RHT on the GPU: quantize's amax is the one after it
@@ -217,7 +213,7 @@ function Recipe:_quantize(s, t, axis, key, split)
   local rec, hist
   if s.delayed then hist, rec = self:_history(key); o.amax = hist end
   local global -- this step's amax over all ranks
-  if split and self.amax_reducer and GLOBAL_AMAX[s.format] and (hist == nil or rec) then
+  if split and self.amax_reducer and formats.traits[s.format].global_amax and (hist == nil or rec) then
     global = self.amax_reducer(local_amax(t, s, axis))
     if hist == nil then o.amax = global end
   end
@@ -272,7 +268,7 @@ local function transposed(q, w, s, requantize)
   if not requantize and q:device() ~= "cuda" then return q:t() end
   local o = {axis = 1}
   if s.block == "2d" then o.block = "2d" end
-  if PER_TENSOR[s.format] or s.format == "nvfp4" then o.amax = q.amax end
+  if formats.traits[s.format].global_amax then o.amax = q.amax end
   return quant.quantize(w, s.format, o)
 end
 M._transposed = transposed -- for the test of that identity (tests/test_recipe.lua)
@@ -410,11 +406,11 @@ function Recipe:trace(fn) self.hook = fn end
 -- ---- plan -------------------------------------------------------------------------------------
 
 local function describe(s)
-  local parts = {s.format}
-  if s.format == "nvfp4" then parts[#parts + 1] = s.block == "2d" and "16x16" or "1x16"
-  elseif MX[s.format] then parts[#parts + 1] = "1x32" .. (s.scale_rule == "floor" and " floor" or "")
-  elseif PER_TENSOR[s.format] then parts[#parts + 1] = s.delayed and "delayed" or "tensor" end
-  if s.format == "nvfp4" and s.delayed then parts[#parts + 1] = "delayed" end
+  local parts, ft = {s.format}, formats.traits[s.format]
+  if ft.block2d then parts[#parts + 1] = s.block == "2d" and "16x16" or ft.layout
+  elseif ft.scale == "e8m0" then parts[#parts + 1] = ft.layout .. (s.scale_rule == "floor" and " floor" or "")
+  elseif ft.scale == "fp32" then parts[#parts + 1] = s.delayed and "delayed" or "tensor" end
+  if ft.block2d and s.delayed then parts[#parts + 1] = "delayed" end
   if s.rht then parts[#parts + 1] = "rht" end
   if s.sr then parts[#parts + 1] = "sr" end
   return table.concat(parts, " ")
@@ -710,7 +706,7 @@ M.register("nvfp4", function(s)
     switch_at = s.switch_at})
 end)
 
-M.formats = FORMATS
+M.formats = formats.names
 M.Recipe = Recipe
 
 --- recipe.is_recipe(v) -> true for recipe values

@@ -124,9 +124,9 @@ NVL_TEST(formats_fp8_saturation_nan_subnormal) {
   CHECK_EQ_U32(nvl_e5m2_encode_ref(ldexpf(1, -17)), 0x00);
   CHECK_EQ_U32(nvl_e5m2_encode_ref(3 * ldexpf(1, -17)), 0x02);
   /* the dispatching helpers */
-  CHECK(nvl_fp8_max_ref(NVL_ELEM_E4M3) == 448.0f && nvl_fp8_max_ref(NVL_ELEM_E5M2) == 57344.0f);
-  CHECK(nvl_fp8_emax_ref(NVL_ELEM_E4M3) == 8 && nvl_fp8_emax_ref(NVL_ELEM_E5M2) == 15);
-  CHECK_EQ_U32(nvl_fp8_encode_ref(NVL_ELEM_E5M2, 3.0f), nvl_e5m2_encode_ref(3.0f));
+  CHECK(nvl_elem_max_ref(NVL_ELEM_E4M3) == 448.0f && nvl_elem_max_ref(NVL_ELEM_E5M2) == 57344.0f);
+  CHECK(nvl_elem_emax_ref(NVL_ELEM_E4M3) == 8 && nvl_elem_emax_ref(NVL_ELEM_E5M2) == 15);
+  CHECK_EQ_U32(nvl_elem_encode_ref(NVL_ELEM_E5M2, 3.0f), nvl_e5m2_encode_ref(3.0f));
 }
 
 NVL_TEST(formats_ue4m3) {
@@ -393,8 +393,8 @@ NVL_TEST(formats_nvfp4_2d_transpose) {
   /* shapes that are not whole tiles are refused */
   CHECK(nvl_nvfp4_quantize_2d_ref(c, s, &amax, w, 8, K, NULL) == NVL_EINVAL);
   CHECK(nvl_nvfp4_quantize_1d_ref(c, s, &amax, w, 1, 17, NULL) == NVL_EINVAL);
-  CHECK(nvl_mxfp8_quantize_ref(c, s, w, 1, 48, NVL_ELEM_E4M3, NVL_MX_RCEIL) == NVL_EINVAL);
-  CHECK(nvl_mxfp8_quantize_ref(c, s, w, 1, 32, (nvl_fp8_elem)7, NVL_MX_RCEIL) == NVL_EINVAL);
+  CHECK(nvl_mx_quantize_ref(c, s, w, 1, 48, NVL_ELEM_E4M3, NVL_MX_RCEIL, NULL) == NVL_EINVAL);
+  CHECK(nvl_mx_quantize_ref(c, s, w, 1, 32, (nvl_elem)7, NVL_MX_RCEIL, NULL) == NVL_EINVAL);
 }
 
 NVL_TEST(formats_nvfp4_scales_and_zeros) {
@@ -441,7 +441,7 @@ NVL_TEST(formats_nvfp4_sr_stream) {
   static float x[R * K];
   static uint8_t a[R * K], b[R * K], c[R * K], s1[R * K / 16], s2[R * K / 16];
   fill(x, R * K, 3, 2.0f);
-  nvl_nvfp4_ref_opts o = {.sr = 1, .seed = 1234, .offset = 5};
+  nvl_quant_ref_opts o = {.sr = 1, .seed = 1234, .offset = 5};
   float amax;
   CHECK(nvl_nvfp4_quantize_1d_ref(a, s1, &amax, x, R, K, &o) == NVL_OK);
   CHECK(nvl_nvfp4_quantize_1d_ref(b, s2, &amax, x, R, K, &o) == NVL_OK);
@@ -453,7 +453,7 @@ NVL_TEST(formats_nvfp4_sr_stream) {
   /* the last block of the tensor alone, as a 1-row tensor, draws counter 0, not 15 */
   o.offset = 5;
   uint8_t one[16], sone[1];
-  nvl_nvfp4_ref_opts og = o;
+  nvl_quant_ref_opts og = o;
   og.has_amax = 1;
   og.amax = amax;
   CHECK(nvl_nvfp4_quantize_1d_ref(one, sone, NULL, x + (R * K - 16), 1, 16, &og) == NVL_OK);
@@ -463,7 +463,7 @@ NVL_TEST(formats_nvfp4_sr_stream) {
   /* values exactly on the grid: SR == RNE */
   float g[16] = {6, 4, 3, 2, 1.5f, 1, 0.5f, 0, -6, -4, -3, -2, -1.5f, -1, -0.5f, 0};
   uint8_t q1[16], q2[16], ss[1];
-  nvl_nvfp4_ref_opts ot = {.sr = 1, .seed = 9, .offset = 1, .has_amax = 1, .amax = 2688.0f};
+  nvl_quant_ref_opts ot = {.sr = 1, .seed = 9, .offset = 1, .has_amax = 1, .amax = 2688.0f};
   CHECK(nvl_nvfp4_quantize_1d_ref(q1, ss, NULL, g, 1, 16, &ot) == NVL_OK);
   ot.sr = 0;
   CHECK(nvl_nvfp4_quantize_1d_ref(q2, ss, NULL, g, 1, 16, &ot) == NVL_OK);
@@ -477,12 +477,12 @@ NVL_TEST(formats_mxfp8_fp8_properties) {
   fill(x, R * K, 11, 100.0f);
   /* rceil never needs to saturate: every scaled element is within the element range */
   for (int el = 0; el < 2; el++) {
-    CHECK(nvl_mxfp8_quantize_ref(c, s, x, R, K, (nvl_fp8_elem)el, NVL_MX_RCEIL) == NVL_OK);
-    CHECK(nvl_mxfp8_dequantize_ref(y, c, s, R, K, (nvl_fp8_elem)el) == NVL_OK);
+    CHECK(nvl_mx_quantize_ref(c, s, x, R, K, (nvl_elem)el, NVL_MX_RCEIL, NULL) == NVL_OK);
+    CHECK(nvl_mx_dequantize_ref(y, c, s, R, K, (nvl_elem)el) == NVL_OK);
     float tol = el == 0 ? 1.0f / 16 : 1.0f / 8;  /* half an ulp, relative */
     for (int i = 0; i < R * K; i++) {
       float scaled = x[i] * ldexpf(1, 127 - s[i / 32]);
-      CHECK(fabsf(scaled) <= nvl_fp8_max_ref((nvl_fp8_elem)el));
+      CHECK(fabsf(scaled) <= nvl_elem_max_ref((nvl_elem)el));
       CHECK(fabsf(y[i] - x[i]) <= tol * fabsf(x[i]) + ldexpf(1, s[i / 32] - 127 - (el == 0 ? 9 : 16)));
     }
   }
@@ -571,7 +571,7 @@ static int64_t run_golden_case(golden_case *g) {
       if (g->nxt != n) bad++;
       else bad += cmp_u32(cs, "xt", g->xt, (const uint32_t *)xq, n);
     }
-    nvl_nvfp4_ref_opts o = {.sr = g->sr, .seed = g->seed, .offset = g->offset,
+    nvl_quant_ref_opts o = {.sr = g->sr, .seed = g->seed, .offset = g->offset,
                             .has_amax = g->has_amax_in, .amax = g->amax_in};
     float amax = -1;
     if (st == NVL_OK)
@@ -589,8 +589,8 @@ static int64_t run_golden_case(golden_case *g) {
     }
   } else if (!strcmp(g->fmt, "mxfp8")) {
     int64_t ns = n / 32;
-    st = nvl_mxfp8_quantize_ref(codes, scales, x, g->rows, g->K, (nvl_fp8_elem)g->elem, (nvl_mx_rule)g->rule);
-    if (st == NVL_OK) st = nvl_mxfp8_dequantize_ref(y, codes, scales, g->rows, g->K, (nvl_fp8_elem)g->elem);
+    st = nvl_mx_quantize_ref(codes, scales, x, g->rows, g->K, (nvl_elem)g->elem, (nvl_mx_rule)g->rule, NULL);
+    if (st == NVL_OK) st = nvl_mx_dequantize_ref(y, codes, scales, g->rows, g->K, (nvl_elem)g->elem);
     if (st == NVL_OK && g->nscales == ns) {
       bad += cmp_u8(cs, "codes", g->codes, codes, n);
       bad += cmp_u8(cs, "scales", g->scales, scales, ns);
@@ -600,9 +600,9 @@ static int64_t run_golden_case(golden_case *g) {
     }
   } else if (!strcmp(g->fmt, "fp8")) {
     float scale = -1, amax = -1;
-    st = nvl_fp8_quantize_tensor_ref(codes, &scale, &amax, x, n, (nvl_fp8_elem)g->elem,
+    st = nvl_fp8_quantize_tensor_ref(codes, &scale, &amax, x, n, (nvl_elem)g->elem,
                                      g->has_amax_in ? &g->amax_in : NULL);
-    if (st == NVL_OK) st = nvl_fp8_dequantize_tensor_ref(y, codes, scale, n, (nvl_fp8_elem)g->elem);
+    if (st == NVL_OK) st = nvl_fp8_dequantize_tensor_ref(y, codes, scale, n, (nvl_elem)g->elem);
     uint32_t us = f2u(scale), ua = f2u(amax);
     if (st == NVL_OK && g->has_scale && g->has_amax) {
       bad += cmp_u8(cs, "codes", g->codes, codes, n);

@@ -24,13 +24,14 @@
  * their AVX2 code); quant_cpu_portable_build at the end switches to the same source built again
  * with NVL_QUANT_PORTABLE (baseline vector code, scalar Philox) and reruns tests with it. */
 typedef struct {
-  nvl_status (*nvfp4)(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_nvfp4_ref_opts *);
+  nvl_status (*nvfp4)(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_quant_ref_opts *);
   nvl_status (*nvfp4_deq)(float *, const uint8_t *, const uint8_t *, float, int64_t, int64_t);
-  nvl_status (*mxfp8)(uint8_t *, uint8_t *, const float *, int64_t, int64_t, nvl_fp8_elem, nvl_mx_rule);
-  nvl_status (*fp8)(uint8_t *, float *, float *, const float *, int64_t, nvl_fp8_elem, const float *);
+  nvl_status (*mxfp8)(uint8_t *, uint8_t *, const float *, int64_t, int64_t, nvl_elem, nvl_mx_rule,
+                       const nvl_quant_ref_opts *);
+  nvl_status (*fp8)(uint8_t *, float *, float *, const float *, int64_t, nvl_elem, const float *);
   nvl_status (*rht)(float *, const float *, int64_t, int64_t, const float *);
 } quant_impl;
-static const quant_impl library_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mxfp8_quantize_cpu,
+static const quant_impl library_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
                                         nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu};
 static const quant_impl *impl = &library_impl;
 
@@ -65,10 +66,10 @@ static const float e2m1_marks[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f,
                                    0.0f,  0.5f,  1.0f,  1.5f,  2.0f, 3.0f, 4.0f, 6.0f};
 
 /* A value on or next to a midpoint of elem's code grid, or a code value, or past the max. */
-static float fp8_mark(uint64_t *s, nvl_fp8_elem elem) {
+static float fp8_mark(uint64_t *s, nvl_elem elem) {
   int last = elem == NVL_ELEM_E5M2 ? 0x7B : 0x7E;
   int c = rng_int(s, 0, last - 1);
-  float lo = nvl_fp8_decode_ref(elem, (uint8_t)c), hi = nvl_fp8_decode_ref(elem, (uint8_t)(c + 1));
+  float lo = nvl_elem_decode_ref(elem, (uint8_t)c), hi = nvl_elem_decode_ref(elem, (uint8_t)(c + 1));
   float v;
   switch (rng_int(s, 0, 5)) {
     case 0: v = lo; break;
@@ -81,7 +82,7 @@ static float fp8_mark(uint64_t *s, nvl_fp8_elem elem) {
 
 /* x (R, K) from distribution d. block: the block length whose max the tie constructions pin
  * (16 nvfp4, 32 mxfp8, 0: one scale for the whole tensor, the fp8 per-tensor case). */
-static void fill(float *x, int64_t R, int64_t K, dist d, uint64_t seed, nvl_fp8_elem elem, int block) {
+static void fill(float *x, int64_t R, int64_t K, dist d, uint64_t seed, nvl_elem elem, int block) {
   uint64_t s = seed * 0x2545F4914F6CDD1Dull + 1;
   switch (d) {
     case D_NORMAL:
@@ -114,7 +115,7 @@ static void fill(float *x, int64_t R, int64_t K, dist d, uint64_t seed, nvl_fp8_
     case D_FP8_TIES: {
       /* Per block of `block` (or the whole tensor): max = elem_max * 2^k, so both MX rules pick
        * e = 127 + k and the per-tensor scale is elem_max / amax = 2^-k; x = mark * 2^k. */
-      float emax = nvl_fp8_max_ref(elem);
+      float emax = nvl_elem_max_ref(elem);
       int64_t bl = block ? block : R * K;
       for (int64_t g = 0; bl && g < R * K / bl; g++) {
         int k = block ? rng_int(&s, -20, 20) : 0;
@@ -193,7 +194,7 @@ static uint8_t *bytes(int64_t n) { return malloc((size_t)(n > 0 ? n : 1)); }
 static float *floats(int64_t n) { return malloc(sizeof(float) * (size_t)(n > 0 ? n : 1)); }
 
 /* nvfp4 quantize (and dequantize) of x (R, K) by both paths; 1 if every bit agrees. */
-static int nvfp4_agrees(const float *x, int64_t R, int64_t K, int two_d, const nvl_nvfp4_ref_opts *o, const char *ctx) {
+static int nvfp4_agrees(const float *x, int64_t R, int64_t K, int two_d, const nvl_quant_ref_opts *o, const char *ctx) {
   int64_t n = R * K;
   uint8_t *cr = bytes(n), *cf = bytes(n), *pf = bytes(n / 2), *sr = bytes(n / 16), *sf = bytes(n / 16);
   float *yr = floats(n), *yf = floats(n), ar = -1, af = -2;
@@ -218,20 +219,20 @@ static int nvfp4_agrees(const float *x, int64_t R, int64_t K, int two_d, const n
   return ok;
 }
 
-static int mxfp8_agrees(const float *x, int64_t R, int64_t K, nvl_fp8_elem e, nvl_mx_rule rule, const char *ctx) {
+static int mxfp8_agrees(const float *x, int64_t R, int64_t K, nvl_elem e, nvl_mx_rule rule, const char *ctx) {
   int64_t n = R * K;
   uint8_t *cr = bytes(n), *cf = bytes(n), *sr = bytes(n / 32), *sf = bytes(n / 32);
   memset(cf, 0xAA, (size_t)n);
   memset(sf, 0xAA, (size_t)(n / 32));
-  int ok = nvl_mxfp8_quantize_ref(cr, sr, x, R, K, e, rule) == NVL_OK;
-  ok &= impl->mxfp8(cf, sf, x, R, K, e, rule) == NVL_OK;
+  int ok = nvl_mx_quantize_ref(cr, sr, x, R, K, e, rule, NULL) == NVL_OK;
+  ok &= impl->mxfp8(cf, sf, x, R, K, e, rule, NULL) == NVL_OK;
   ok = ok && same_bytes("codes", ctx, cf, cr, (size_t)n, 1);
   ok = ok && same_bytes("scales", ctx, sf, sr, (size_t)(n / 32), 1);
   free(cr); free(cf); free(sr); free(sf);
   return ok;
 }
 
-static int fp8_agrees(const float *x, int64_t n, nvl_fp8_elem e, const float *amax_in, const char *ctx) {
+static int fp8_agrees(const float *x, int64_t n, nvl_elem e, const float *amax_in, const char *ctx) {
   uint8_t *cr = bytes(n), *cf = bytes(n);
   float scr = -1, scf = -2, ar = -1, af = -2;
   memset(cf, 0xAA, (size_t)n);
@@ -256,7 +257,7 @@ static const int64_t test_K[] = {16, 32, 48, 256, 4096};
 /* Every distribution x every shape (1D: all; 2D: rows a multiple of 16), under the option sets:
  * RNE, SR with two seed/offset pairs, RNE and SR with a given amax. */
 static void nvfp4_sweep(int *nvl_failed_, int two_d) {
-  const nvl_nvfp4_ref_opts optsets[] = {
+  const nvl_quant_ref_opts optsets[] = {
       {.sr = 0, .seed = 0, .offset = 0, .has_amax = 0, .amax = 0.0f},
       {.sr = 1, .seed = 0x1234567890ABCDEFull, .offset = 0, .has_amax = 0, .amax = 0.0f},
       {.sr = 1, .seed = 42, .offset = 0x100000003ull, .has_amax = 0, .amax = 0.0f},
@@ -316,7 +317,7 @@ NVL_TEST(quant_cpu_nvfp4_zero_and_edge) {
   /* all-zero tensor, empty tensor, -0, all NaN, inf amax, NaN amax, tiny / huge amax */
   enum { R = 16, K = 32 };
   static float x[R * K];
-  const nvl_nvfp4_ref_opts rne = {0}, sr = {.sr = 1, .seed = 99, .offset = 1};
+  const nvl_quant_ref_opts rne = {0}, sr = {.sr = 1, .seed = 99, .offset = 1};
   memset(x, 0, sizeof x);
   for (int two_d = 0; two_d < 2; two_d++) {
     CHECK(nvfp4_agrees(x, R, K, two_d, &rne, "zeros"));
@@ -335,7 +336,7 @@ NVL_TEST(quant_cpu_nvfp4_zero_and_edge) {
   x[7] = 1.0f;
   const float amaxes[] = {0.0f, INFINITY, NAN, 1e-45f, 1e-38f, 1e-30f, 1.0f, 1e30f, FLT_MAX, -1.0f};
   for (int i = 0; i < (int)(sizeof amaxes / sizeof amaxes[0]); i++) {
-    nvl_nvfp4_ref_opts o = {.sr = i & 1, .seed = 11, .offset = (uint64_t)i, .has_amax = 1, .amax = amaxes[i]};
+    nvl_quant_ref_opts o = {.sr = i & 1, .seed = 11, .offset = (uint64_t)i, .has_amax = 1, .amax = amaxes[i]};
     char ctx[64];
     snprintf(ctx, sizeof ctx, "given amax %g", amaxes[i]);
     CHECK(nvfp4_agrees(x, R, K, 0, &o, ctx));
@@ -369,7 +370,7 @@ NVL_TEST(quant_cpu_nvfp4_e2m1_sweep) {
       x[16 * (i * 7 + d + 3) + 1] = v;
       x[16 * (i * 7 + d + 3) + 2] = -v;
     }
-  const nvl_nvfp4_ref_opts o[] = {{.sr = 0, .seed = 0, .offset = 0, .has_amax = 1, .amax = 2688.0f},
+  const nvl_quant_ref_opts o[] = {{.sr = 0, .seed = 0, .offset = 0, .has_amax = 1, .amax = 2688.0f},
                                   {.sr = 1, .seed = 5, .offset = 9, .has_amax = 1, .amax = 2688.0f}};
   CHECK(nvfp4_agrees(x, NB, 16, 0, &o[0], "e2m1 sweep"));
   CHECK(nvfp4_agrees(x, NB, 16, 0, &o[1], "e2m1 sweep sr"));
@@ -382,7 +383,7 @@ NVL_TEST(quant_cpu_nvfp4_threaded) {
   float *x = floats((int64_t)R * K);
   fill(x, R, K, D_NORMAL, 77, NVL_ELEM_E4M3, 16);
   for (int i = 0; i < 64; i++) x[(int64_t)i * 32771 % ((int64_t)R * K)] *= 1000.0f;
-  const nvl_nvfp4_ref_opts rne = {0}, sr = {.sr = 1, .seed = 0xDEADBEEFull, .offset = 123456789};
+  const nvl_quant_ref_opts rne = {0}, sr = {.sr = 1, .seed = 0xDEADBEEFull, .offset = 123456789};
   CHECK(nvfp4_agrees(x, R, K, 0, &rne, "threaded 1d"));
   CHECK(nvfp4_agrees(x, R, K, 0, &sr, "threaded 1d sr"));
   CHECK(nvfp4_agrees(x, R, K, 1, &rne, "threaded 2d"));
@@ -400,7 +401,7 @@ NVL_TEST(quant_cpu_nvfp4_sr_stream) {
   static uint8_t p1[R * K / 2], p2[R * K / 2], p3[R * K / 2], s[R * K / 16];
   float amax;
   fill(x, R, K, D_NORMAL, 8, NVL_ELEM_E4M3, 16);
-  nvl_nvfp4_ref_opts a = {.sr = 1, .seed = 1, .offset = 0}, b = {.sr = 1, .seed = 1, .offset = 1},
+  nvl_quant_ref_opts a = {.sr = 1, .seed = 1, .offset = 0}, b = {.sr = 1, .seed = 1, .offset = 1},
                      c = {.sr = 1, .seed = 2, .offset = 0};
   CHECK(impl->nvfp4(p1, s, &amax, x, R, K, 0, &a) == NVL_OK);
   CHECK(impl->nvfp4(p2, s, &amax, x, R, K, 0, &b) == NVL_OK);
@@ -440,11 +441,11 @@ NVL_TEST(quant_cpu_nvfp4_errors) {
   CHECK(impl->nvfp4(p, s, &amax, x, 1, 17, 0, NULL) == NVL_EINVAL);
   CHECK(impl->nvfp4(p, s, &amax, x, -1, 16, 0, NULL) == NVL_EINVAL);
   CHECK(impl->nvfp4_deq(x, p, s, 1.0f, 1, 24) == NVL_EINVAL);
-  CHECK(impl->mxfp8(p, s, x, 1, 48, NVL_ELEM_E4M3, NVL_MX_RCEIL) == NVL_EINVAL);
-  CHECK(impl->mxfp8(p, s, x, 1, 32, (nvl_fp8_elem)7, NVL_MX_RCEIL) == NVL_EINVAL);
-  CHECK(impl->mxfp8(p, s, x, 1, 32, NVL_ELEM_E4M3, (nvl_mx_rule)5) == NVL_EINVAL);
+  CHECK(impl->mxfp8(p, s, x, 1, 48, NVL_ELEM_E4M3, NVL_MX_RCEIL, NULL) == NVL_EINVAL);
+  CHECK(impl->mxfp8(p, s, x, 1, 32, (nvl_elem)7, NVL_MX_RCEIL, NULL) == NVL_EINVAL);
+  CHECK(impl->mxfp8(p, s, x, 1, 32, NVL_ELEM_E4M3, (nvl_mx_rule)5, NULL) == NVL_EINVAL);
   CHECK(impl->fp8(p, &amax, &amax, x, -1, NVL_ELEM_E4M3, NULL) == NVL_EINVAL);
-  CHECK(impl->fp8(p, &amax, &amax, x, 4, (nvl_fp8_elem)2, NULL) == NVL_EINVAL);
+  CHECK(impl->fp8(p, &amax, &amax, x, 4, (nvl_elem)2, NULL) == NVL_EINVAL);
   CHECK(impl->rht(x, x, 1, 24, NULL) == NVL_EINVAL);
 }
 
@@ -452,7 +453,7 @@ NVL_TEST(quant_cpu_nvfp4_errors) {
 
 NVL_TEST(quant_cpu_mxfp8) {
   int runs = 0;
-  for (int e = 0; e < NVL_ELEM_COUNT; e++)
+  for (int e = 0; e <= NVL_ELEM_E5M2; e++) /* the fp8 codecs */
     for (int rule = 0; rule < NVL_MX_RULE_COUNT; rule++)
       for (int d = 0; d < D_COUNT; d++) {
         if (d == D_TIES) continue;
@@ -462,11 +463,11 @@ NVL_TEST(quant_cpu_mxfp8) {
             if (K % 32) continue;
             if (R * K > 100000 && (d == D_WIDE || rule == NVL_MX_FLOOR)) continue;
             float *x = floats(R * K);
-            fill(x, R, K, (dist)d, (uint64_t)(ri * 17 + ki + e), (nvl_fp8_elem)e, 32);
+            fill(x, R, K, (dist)d, (uint64_t)(ri * 17 + ki + e), (nvl_elem)e, 32);
             char ctx[128];
             snprintf(ctx, sizeof ctx, "mxfp8 %s %s %s [%lld,%lld]", e ? "e5m2" : "e4m3", rule ? "floor" : "rceil",
                      dist_names[d], (long long)R, (long long)K);
-            CHECK(mxfp8_agrees(x, R, K, (nvl_fp8_elem)e, (nvl_mx_rule)rule, ctx));
+            CHECK(mxfp8_agrees(x, R, K, (nvl_elem)e, (nvl_mx_rule)rule, ctx));
             runs++;
             free(x);
           }
@@ -489,9 +490,9 @@ NVL_TEST(quant_cpu_mxfp8) {
     x[96 + j] = NAN;
     x[128 + j] = j == 5 ? FLT_MAX : -1e-20f;
   }
-  for (int e = 0; e < NVL_ELEM_COUNT; e++)
+  for (int e = 0; e <= NVL_ELEM_E5M2; e++) /* the fp8 codecs */
     for (int rule = 0; rule < NVL_MX_RULE_COUNT; rule++)
-      CHECK(mxfp8_agrees(x, R, K, (nvl_fp8_elem)e, (nvl_mx_rule)rule, "mxfp8 threaded edges"));
+      CHECK(mxfp8_agrees(x, R, K, (nvl_elem)e, (nvl_mx_rule)rule, "mxfp8 threaded edges"));
   free(x);
 }
 
@@ -499,8 +500,8 @@ NVL_TEST(quant_cpu_mxfp8) {
 
 NVL_TEST(quant_cpu_fp8_tensor) {
   int runs = 0;
-  for (int e = 0; e < NVL_ELEM_COUNT; e++) {
-    float emax = nvl_fp8_max_ref((nvl_fp8_elem)e);
+  for (int e = 0; e <= NVL_ELEM_E5M2; e++) /* the fp8 codecs */ {
+    float emax = nvl_elem_max_ref((nvl_elem)e);
     for (int d = 0; d < D_COUNT; d++) {
       if (d == D_TIES) continue;
       for (int ri = 0; ri < NROWS; ri++)
@@ -508,17 +509,17 @@ NVL_TEST(quant_cpu_fp8_tensor) {
           int64_t R = test_rows[ri], K = test_K[ki];
           if (R * K > 100000 && d != D_NORMAL && d != D_FP8_TIES) continue;
           float *x = floats(R * K);
-          fill(x, R, K, (dist)d, (uint64_t)(ri * 13 + ki + 5 * e), (nvl_fp8_elem)e, 0);
+          fill(x, R, K, (dist)d, (uint64_t)(ri * 13 + ki + 5 * e), (nvl_elem)e, 0);
           const float delayed[] = {emax, 1.0f, 0.5f * emax, 0.0f, INFINITY, NAN, 1e-30f, FLT_MAX};
           char ctx[128];
           snprintf(ctx, sizeof ctx, "fp8 %s %s [%lld,%lld] current", e ? "e5m2" : "e4m3", dist_names[d],
                    (long long)R, (long long)K);
-          CHECK(fp8_agrees(x, R * K, (nvl_fp8_elem)e, NULL, ctx));
+          CHECK(fp8_agrees(x, R * K, (nvl_elem)e, NULL, ctx));
           for (int i = 0; i < (int)(sizeof delayed / sizeof delayed[0]); i++) {
             if (R * K > 100000 && i > 1) break;
             snprintf(ctx, sizeof ctx, "fp8 %s %s [%lld,%lld] delayed %g", e ? "e5m2" : "e4m3", dist_names[d],
                      (long long)R, (long long)K, delayed[i]);
-            CHECK(fp8_agrees(x, R * K, (nvl_fp8_elem)e, &delayed[i], ctx));
+            CHECK(fp8_agrees(x, R * K, (nvl_elem)e, &delayed[i], ctx));
           }
           runs++;
           free(x);
@@ -543,19 +544,19 @@ NVL_TEST(quant_cpu_fp8_sweep) {
     memcpy(&x[i], &bits, 4);
     if (i % 4 == 0) x[i] = ldexpf(x[i], -100); /* more mass near the fp8 ranges */
   }
-  for (int e = 0; e < NVL_ELEM_COUNT; e++) {
+  for (int e = 0; e <= NVL_ELEM_E5M2; e++) /* the fp8 codecs */ {
     int last = e ? 0x7B : 0x7E;
     int64_t i = 0;
     for (int c = 0; c < last; c++) {
-      float lo = nvl_fp8_decode_ref((nvl_fp8_elem)e, (uint8_t)c), hi = nvl_fp8_decode_ref((nvl_fp8_elem)e, (uint8_t)(c + 1));
+      float lo = nvl_elem_decode_ref((nvl_elem)e, (uint8_t)c), hi = nvl_elem_decode_ref((nvl_elem)e, (uint8_t)(c + 1));
       float m = (lo + hi) / 2, v = nextafterf(nextafterf(m, 0), 0);
       for (int k = 0; k < 5; k++, v = nextafterf(v, INFINITY)) {
         x[i++] = v;
         x[i++] = -v;
       }
     }
-    float emax = nvl_fp8_max_ref((nvl_fp8_elem)e);
-    CHECK(fp8_agrees(x, n, (nvl_fp8_elem)e, &emax, e ? "fp8 sweep e5m2" : "fp8 sweep e4m3"));
+    float emax = nvl_elem_max_ref((nvl_elem)e);
+    CHECK(fp8_agrees(x, n, (nvl_elem)e, &emax, e ? "fp8 sweep e5m2" : "fp8 sweep e4m3"));
   }
   free(x);
 }
@@ -615,8 +616,8 @@ static int slab_matches(const float *G, int64_t RT, int64_t KT, int64_t r0, int6
   uint8_t *cg = bytes(N), *sg = bytes(N / 16), *cs = bytes(n), *ss = bytes(n / 16), *ps = bytes(n / 2), *cf = bytes(n);
   for (int64_t i = 0; i < N; i++) amax = fmaxf(amax, fabsf(G[i]));
   for (int64_t i = 0; i < R; i++) memcpy(x + i * K, G + (r0 + i) * KT + k0, sizeof(float) * (size_t)K);
-  nvl_nvfp4_ref_opts og = {.sr = 1, .seed = 0xC0FFEE, .offset = 3, .has_amax = 1, .amax = amax};
-  nvl_nvfp4_ref_opts os = og;
+  nvl_quant_ref_opts og = {.sr = 1, .seed = 0xC0FFEE, .offset = 3, .has_amax = 1, .amax = amax};
+  nvl_quant_ref_opts os = og;
   os.sr_row_offset = r0;
   os.sr_k_offset = k0;
   os.sr_k_total = KT;
@@ -661,14 +662,14 @@ NVL_TEST(quant_cpu_nvfp4_sr_slab) {
   /* zero offsets with sr_k_total = K: the plain call, bit for bit */
   uint8_t p1[RT * KT / 2], p2[RT * KT / 2], s1[RT * KT / 16], s2[RT * KT / 16];
   float a;
-  nvl_nvfp4_ref_opts plain = {.sr = 1, .seed = 4, .offset = 2}, same = plain;
+  nvl_quant_ref_opts plain = {.sr = 1, .seed = 4, .offset = 2}, same = plain;
   same.sr_k_total = KT;
   CHECK(impl->nvfp4(p1, s1, &a, G, RT, KT, 0, &plain) == NVL_OK);
   CHECK(impl->nvfp4(p2, s2, &a, G, RT, KT, 0, &same) == NVL_OK);
   CHECK(memcmp(p1, p2, sizeof p1) == 0);
   /* refused: k offset not a multiple of 16, a slab past the total, a total not a multiple of 16 */
   uint8_t codes[RT * KT];
-  nvl_nvfp4_ref_opts bad[3] = {plain, plain, plain};
+  nvl_quant_ref_opts bad[3] = {plain, plain, plain};
   bad[0].sr_k_offset = 8, bad[0].sr_k_total = 2 * KT;
   bad[1].sr_k_offset = 16, bad[1].sr_k_total = KT;
   bad[2].sr_k_total = KT + 8;
@@ -688,7 +689,7 @@ NVL_TEST(quant_cpu_rht_then_nvfp4) {
   CHECK(nvl_rht16_rows_ref(tr, x, R, K, NULL) == NVL_OK);
   CHECK(impl->rht(tf, x, R, K, NULL) == NVL_OK);
   CHECK(same_bytes("rht", "rht rows", tf, tr, sizeof(float) * R * K, 4));
-  const nvl_nvfp4_ref_opts sr = {.sr = 1, .seed = 2024, .offset = 17}, rne = {0};
+  const nvl_quant_ref_opts sr = {.sr = 1, .seed = 2024, .offset = 17}, rne = {0};
   CHECK(nvfp4_agrees(tf, R, K, 0, &sr, "rht + nvfp4 sr"));
   CHECK(nvfp4_agrees(tf, R, K, 0, &rne, "rht + nvfp4 rne"));
   free(x); free(tr); free(tf);
@@ -701,16 +702,17 @@ NVL_TEST(quant_cpu_rht_then_nvfp4) {
 #define NVL_QUANT_PORTABLE 1
 #define nvl_nvfp4_quantize_cpu portable_nvfp4_quantize_cpu
 #define nvl_nvfp4_dequantize_cpu portable_nvfp4_dequantize_cpu
-#define nvl_mxfp8_quantize_cpu portable_mxfp8_quantize_cpu
+#define nvl_mx_quantize_cpu portable_mx_quantize_cpu
 #define nvl_fp8_quantize_tensor_cpu portable_fp8_quantize_tensor_cpu
 #define nvl_rht16_rows_cpu portable_rht16_rows_cpu
-nvl_status nvl_nvfp4_quantize_cpu(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_nvfp4_ref_opts *);
+nvl_status nvl_nvfp4_quantize_cpu(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_quant_ref_opts *);
 nvl_status nvl_nvfp4_dequantize_cpu(float *, const uint8_t *, const uint8_t *, float, int64_t, int64_t);
-nvl_status nvl_mxfp8_quantize_cpu(uint8_t *, uint8_t *, const float *, int64_t, int64_t, nvl_fp8_elem, nvl_mx_rule);
-nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *, float *, float *, const float *, int64_t, nvl_fp8_elem, const float *);
+nvl_status nvl_mx_quantize_cpu(uint8_t *, uint8_t *, const float *, int64_t, int64_t, nvl_elem, nvl_mx_rule,
+                               const nvl_quant_ref_opts *);
+nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *, float *, float *, const float *, int64_t, nvl_elem, const float *);
 nvl_status nvl_rht16_rows_cpu(float *, const float *, int64_t, int64_t, const float *);
 #include "cpu/quant_cpu.c"
-static const quant_impl portable_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mxfp8_quantize_cpu,
+static const quant_impl portable_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
                                          nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu};
 
 NVL_TEST(quant_cpu_portable_build) {

@@ -14,10 +14,8 @@ static inline double dot(const float *a, const float *b, int64_t D) {
   return s;
 }
 
-size_t nvl_attention_forward_ref_work(int64_t T, int64_t D) { return (size_t)(T + D); }
-
-void nvl_attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v, double *work,
-                               int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale) {
+static void forward(float *out, float *lse, const float *q, const float *k, const float *v, double *work, int64_t B,
+                    int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale) {
   int64_t group = Hq / Hkv;
   double *p = work;       /* (T) scores, then exp(score - max) */
   double *acc = work + T; /* (D) sum_s p[s] v[s] */
@@ -48,11 +46,9 @@ void nvl_attention_forward_ref(float *out, float *lse, const float *q, const flo
     }
 }
 
-size_t nvl_attention_backward_ref_work(int64_t T, int64_t D) { return (size_t)(2 * T + 2 * T * D); }
-
-void nvl_attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                                const float *v, const float *out, const float *lse, double *work, int64_t B,
-                                int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale) {
+static void backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+                     const float *out, const float *lse, double *work, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                     int64_t D, double scale) {
   int64_t group = Hq / Hkv;
   double *p = work;              /* (T) P row */
   double *ds = work + T;         /* (T) dS row */
@@ -90,4 +86,23 @@ void nvl_attention_backward_ref(float *dq, float *dk, float *dv, const float *do
           dv[((b * T + s) * Hkv + g) * D + d] = (float)dv_acc[s * D + d];
         }
     }
+}
+
+nvl_status nvl_attention_forward_ref(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                     const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                     double scale) {
+  double *work; /* T scores + D accumulators */
+  NVL_TRY(ctx->scratch(ctx, (size_t)(T + D) * sizeof(double), (void **)&work));
+  forward(out, lse, q, k, v, work, B, T, Hq, Hkv, D, scale);
+  return NVL_OK;
+}
+
+nvl_status nvl_attention_backward_ref(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout,
+                                      const float *q, const float *k, const float *v, const float *out,
+                                      const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                      double scale) {
+  double *work; /* 2 T (P and dS rows) + 2 T D (dk, dv accumulators) */
+  NVL_TRY(ctx->scratch(ctx, (size_t)(2 * T + 2 * T * D) * sizeof(double), (void **)&work));
+  backward(dq, dk, dv, dout, q, k, v, out, lse, work, B, T, Hq, Hkv, D, scale);
+  return NVL_OK;
 }

@@ -1,28 +1,26 @@
 /* attention_ref.h: the readable reference of causal grouped-query attention — one softmax row
  * at a time, in double. The fast kernels (kernels/cpu/attention_cpu.h) are tested against it.
  * Raw contiguous f32 buffers, already validated and allocated by core/attention.c; the double
- * workspace comes from the caller too (kernels never allocate).
+ * workspace comes from the caller too (nvl_kctx scratch; kernels never allocate). The entries of
+ * the reference table.
  * Shapes: q, out, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T). Query head h
  * reads key/value head h / (Hq / Hkv); position t sees positions s <= t.
  * Not here: validation, threads, anything fast. */
 #ifndef NVL_ATTENTION_REF_H
 #define NVL_ATTENTION_REF_H
-#include <stddef.h>
-#include <stdint.h>
+#include "backend.h"
 
-/* Doubles of workspace the forward needs: T scores + D accumulators. */
-size_t nvl_attention_forward_ref_work(int64_t T, int64_t D);
 /* out = softmax(q k^T * scale, causal) v; lse = log of each row's softmax denominator
- * (max-subtracted, accumulated in double, stored f32). */
-void nvl_attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v, double *work,
-                               int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale);
-
-/* Doubles of workspace the backward needs: 2 T (P and dS rows) + 2 T D (dk, dv accumulators). */
-size_t nvl_attention_backward_ref_work(int64_t T, int64_t D);
+ * (max-subtracted, accumulated in double, stored f32). Scratch: T + D doubles. */
+nvl_status nvl_attention_forward_ref(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                     const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                     double scale);
 /* dq, dk, dv = (written, dk/dv summed over the Hq / Hkv query heads of each kv head). P is
  * recomputed from q, k and lse: P = exp(q k^T * scale - lse); D_t = sum_d dout * out;
- * dP = dout v^T; dS = P (dP - D_t); dq = dS k * scale; dk = dS^T q * scale; dv = P^T dout. */
-void nvl_attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                                const float *v, const float *out, const float *lse, double *work, int64_t B,
-                                int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale);
+ * dP = dout v^T; dS = P (dP - D_t); dq = dS k * scale; dk = dS^T q * scale; dv = P^T dout.
+ * Scratch: 2 T (P and dS rows) + 2 T D (dk, dv accumulators) doubles. */
+nvl_status nvl_attention_backward_ref(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout,
+                                      const float *q, const float *k, const float *v, const float *out,
+                                      const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                      double scale);
 #endif

@@ -71,12 +71,6 @@ float nvl_e4m3_decode_ref(uint8_t c) { return minifloat_decode(&E4M3, c); }
 uint8_t nvl_e5m2_encode_ref(float x) { return minifloat_encode(&E5M2, x); }
 float nvl_e5m2_decode_ref(uint8_t c) { return minifloat_decode(&E5M2, c); }
 
-static const minifloat *fp8_format(nvl_fp8_elem elem) { return elem == NVL_ELEM_E5M2 ? &E5M2 : &E4M3; }
-
-uint8_t nvl_fp8_encode_ref(nvl_fp8_elem elem, float x) { return minifloat_encode(fp8_format(elem), x); }
-float nvl_fp8_decode_ref(nvl_fp8_elem elem, uint8_t c) { return minifloat_decode(fp8_format(elem), c); }
-float nvl_fp8_max_ref(nvl_fp8_elem elem) { return fp8_format(elem)->max; }
-int nvl_fp8_emax_ref(nvl_fp8_elem elem) { return elem == NVL_ELEM_E5M2 ? 15 : 8; }
 
 /* ---- ue4m3 ---------------------------------------------------------------------------------- */
 
@@ -125,6 +119,20 @@ uint8_t nvl_e2m1_encode_sr_ref(float x, uint8_t r) {
   return (uint8_t)((signbit(x) ? 8 : 0) | (nvl_e2m1_encode_ref(q) & 7));
 }
 
+/* ---- element codecs by nvl_elem ----------------------------------------------------------- */
+
+uint8_t nvl_elem_encode_ref(nvl_elem elem, float x) {
+  return elem == NVL_ELEM_E2M1 ? nvl_e2m1_encode_ref(x) : minifloat_encode(elem == NVL_ELEM_E5M2 ? &E5M2 : &E4M3, x);
+}
+
+float nvl_elem_decode_ref(nvl_elem elem, uint8_t c) {
+  return elem == NVL_ELEM_E2M1 ? nvl_e2m1_decode_ref(c) : minifloat_decode(elem == NVL_ELEM_E5M2 ? &E5M2 : &E4M3, c);
+}
+
+float nvl_elem_max_ref(nvl_elem elem) { return elem == NVL_ELEM_E2M1 ? 6.0f : elem == NVL_ELEM_E5M2 ? E5M2.max : E4M3.max; }
+
+int nvl_elem_emax_ref(nvl_elem elem) { return elem == NVL_ELEM_E2M1 ? 2 : elem == NVL_ELEM_E5M2 ? 15 : 8; }
+
 void nvl_e2m1_pack_ref(uint8_t *packed, const uint8_t *codes, int64_t n) {
   for (int64_t i = 0; i < n; i += 2) {
     uint8_t lo = codes[i] & 0xF, hi = (i + 1 < n) ? (codes[i + 1] & 0xF) : 0;
@@ -165,8 +173,6 @@ uint8_t nvl_e8m0_scale_floor_ref(float bmax, int emax_elem) {
 }
 
 /* ---- RHT ------------------------------------------------------------------------------------ */
-
-const float nvl_rht16_default_signs[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
 
 void nvl_rht16_ref(float y[16], const float x[16], const float *signs) {
   if (!signs) signs = nvl_rht16_default_signs;
@@ -226,33 +232,33 @@ static uint8_t nvfp4_block(uint8_t *codes, const float *x, float bmax, float s_e
   return sd;
 }
 
-/* The 16 SR bytes of block g: byte j = byte (j mod 4) of word (j div 4), low byte first. */
-static void sr_bytes(uint8_t r[16], const nvl_nvfp4_ref_opts *o, int64_t g) {
+/* The 16 SR bytes of group g: byte j = byte (j mod 4) of word (j div 4), low byte first. */
+static void sr_bytes(uint8_t r[16], const nvl_quant_ref_opts *o, uint64_t g) {
   uint32_t w[4];
   nvl_philox_words(o->seed, o->offset, (uint64_t)g, w);
   for (int j = 0; j < 16; j++) r[j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
 }
 
-nvl_status nvl_nvfp4_check_sr_slab(const char *op, const nvl_nvfp4_ref_opts *o, int64_t K) {
+nvl_status nvl_sr_check_slab(const char *op, const nvl_quant_ref_opts *o, int64_t K, int block) {
   if (!o) return NVL_OK;
   int64_t kt = o->sr_k_total ? o->sr_k_total : K;
-  if (o->sr_row_offset < 0 || o->sr_k_offset < 0 || o->sr_k_total < 0 || o->sr_k_offset % 16 || kt % 16 ||
+  if (o->sr_row_offset < 0 || o->sr_k_offset < 0 || o->sr_k_total < 0 || o->sr_k_offset % block || kt % block ||
       o->sr_k_offset + K > kt)
     return nvl_error(NVL_EINVAL, "%s: SR slab offsets (row %lld, k %lld, k total %lld) do not fit a block "
-                     "length of %lld (offsets >= 0, k offset and total multiples of 16, k offset + %lld <= total)",
+                     "length of %lld (offsets >= 0, k offset and total multiples of %d, k offset + %lld <= total)",
                      op, (long long)o->sr_row_offset, (long long)o->sr_k_offset, (long long)o->sr_k_total,
-                     (long long)K, (long long)K);
+                     (long long)K, block, (long long)K);
   return NVL_OK;
 }
 
 static nvl_status nvfp4_quantize(const char *op, int two_d, uint8_t *codes, uint8_t *scales, float *amax_out,
-                                 const float *x, int64_t rows, int64_t K, const nvl_nvfp4_ref_opts *opts) {
-  static const nvl_nvfp4_ref_opts defaults;
-  const nvl_nvfp4_ref_opts *o = opts ? opts : &defaults;
+                                 const float *x, int64_t rows, int64_t K, const nvl_quant_ref_opts *opts) {
+  static const nvl_quant_ref_opts defaults;
+  const nvl_quant_ref_opts *o = opts ? opts : &defaults;
   if (rows < 0 || K < 0 || K % 16 || (two_d && rows % 16))
     return nvl_error(NVL_EINVAL, "%s: shape [%lld,%lld] is not a whole number of %s blocks", op,
                      (long long)rows, (long long)K, two_d ? "16x16" : "1x16");
-  NVL_TRY(nvl_nvfp4_check_sr_slab(op, o, K));
+  NVL_TRY(nvl_sr_check_slab(op, o, K, 16));
   float amax = o->has_amax ? o->amax : absmax(x, rows * K);
   float s_enc = nvl_nvfp4_enc_scale_ref(amax);
   float s_dec = 1.0f / s_enc;
@@ -269,7 +275,7 @@ static nvl_status nvfp4_quantize(const char *op, int two_d, uint8_t *codes, uint
         bmax = absmax(xb, 16);
       }
       uint8_t rb[16];
-      if (o->sr) sr_bytes(rb, o, (int64_t)nvl_nvfp4_sr_block(o, K, r, b));  /* r * nb + b for a whole tensor */
+      if (o->sr) sr_bytes(rb, o, nvl_sr_group(o, K, r, b));  /* r * nb + b for a whole tensor */
       scales[r * nb + b] = nvfp4_block(codes + r * K + b * 16, xb, bmax, s_enc, s_dec, o->sr ? rb : NULL);
     }
   }
@@ -278,12 +284,12 @@ static nvl_status nvfp4_quantize(const char *op, int two_d, uint8_t *codes, uint
 }
 
 nvl_status nvl_nvfp4_quantize_1d_ref(uint8_t *codes, uint8_t *scales, float *amax, const float *x,
-                                     int64_t rows, int64_t K, const nvl_nvfp4_ref_opts *opts) {
+                                     int64_t rows, int64_t K, const nvl_quant_ref_opts *opts) {
   return nvfp4_quantize("nvfp4_quantize_1d_ref", 0, codes, scales, amax, x, rows, K, opts);
 }
 
 nvl_status nvl_nvfp4_quantize_2d_ref(uint8_t *codes, uint8_t *scales, float *amax, const float *x,
-                                     int64_t rows, int64_t K, const nvl_nvfp4_ref_opts *opts) {
+                                     int64_t rows, int64_t K, const nvl_quant_ref_opts *opts) {
   return nvfp4_quantize("nvfp4_quantize_2d_ref", 1, codes, scales, amax, x, rows, K, opts);
 }
 
@@ -301,72 +307,89 @@ nvl_status nvl_nvfp4_dequantize_ref(float *y, const uint8_t *codes, const uint8_
   return NVL_OK;
 }
 
-/* ---- MXFP8 ---------------------------------------------------------------------------------- */
+/* ---- MX formats ------------------------------------------------------------------------------ */
 
-static nvl_status check_elem(const char *op, nvl_fp8_elem elem) {
-  if ((int)elem < 0 || elem >= NVL_ELEM_COUNT)
+static nvl_status check_elem(const char *op, nvl_elem elem) {
+  if ((int)elem < 0 || elem >= NVL_ELEM_COUNT) return nvl_error(NVL_EINVAL, "%s: invalid element codec %d", op, (int)elem);
+  return NVL_OK;
+}
+
+/* Per-tensor fp8 takes the two fp8 codecs only. */
+static nvl_status check_fp8(const char *op, nvl_elem elem) {
+  if (elem != NVL_ELEM_E4M3 && elem != NVL_ELEM_E5M2)
     return nvl_error(NVL_EINVAL, "%s: invalid fp8 element format %d", op, (int)elem);
   return NVL_OK;
 }
 
-nvl_status nvl_mxfp8_quantize_ref(uint8_t *codes, uint8_t *scales, const float *x, int64_t rows,
-                                  int64_t K, nvl_fp8_elem elem, nvl_mx_rule rule) {
-  NVL_TRY(check_elem("mxfp8_quantize_ref", elem));
+nvl_status nvl_mx_quantize_ref(uint8_t *codes, uint8_t *scales, const float *x, int64_t rows, int64_t K, nvl_elem elem,
+                               nvl_mx_rule rule, const nvl_quant_ref_opts *opts) {
+  static const nvl_quant_ref_opts defaults;
+  const nvl_quant_ref_opts *o = opts ? opts : &defaults;
+  NVL_TRY(check_elem("mx_quantize_ref", elem));
   if ((int)rule < 0 || rule >= NVL_MX_RULE_COUNT)
-    return nvl_error(NVL_EINVAL, "mxfp8_quantize_ref: invalid scale rule %d", (int)rule);
+    return nvl_error(NVL_EINVAL, "mx_quantize_ref: invalid scale rule %d", (int)rule);
   if (rows < 0 || K < 0 || K % 32)
-    return nvl_error(NVL_EINVAL, "mxfp8_quantize_ref: shape [%lld,%lld] is not a whole number of 1x32 blocks",
+    return nvl_error(NVL_EINVAL, "mx_quantize_ref: shape [%lld,%lld] is not a whole number of 1x32 blocks",
                      (long long)rows, (long long)K);
+  if (o->sr && elem != NVL_ELEM_E2M1)
+    return nvl_error(NVL_EINVAL, "mx_quantize_ref: stochastic rounding is defined for e2m1 elements only");
+  NVL_TRY(nvl_sr_check_slab("mx_quantize_ref", o, K, 32));
   int64_t nb = K / 32;
   for (int64_t r = 0; r < rows; r++)
     for (int64_t b = 0; b < nb; b++) {
       const float *xb = x + r * K + b * 32;
       float bmax = absmax(xb, 32);
-      uint8_t e = rule == NVL_MX_RCEIL ? nvl_e8m0_scale_rceil_ref(bmax, nvl_fp8_max_ref(elem))
-                                       : nvl_e8m0_scale_floor_ref(bmax, nvl_fp8_emax_ref(elem));
+      uint8_t e = rule == NVL_MX_RCEIL ? nvl_e8m0_scale_rceil_ref(bmax, nvl_elem_max_ref(elem))
+                                       : nvl_e8m0_scale_floor_ref(bmax, nvl_elem_emax_ref(elem));
       float inv = e == 0xFF ? NAN : ldexpf(1.0f, 127 - (int)e);  /* 2^(127-e), exact in fp32 */
+      uint8_t rb[32];
+      if (o->sr) {
+        sr_bytes(rb, o, nvl_sr_group(o, K, r, 2 * b));
+        sr_bytes(rb + 16, o, nvl_sr_group(o, K, r, 2 * b + 1));
+      }
       scales[r * nb + b] = e;
-      for (int j = 0; j < 32; j++) codes[r * K + b * 32 + j] = nvl_fp8_encode_ref(elem, xb[j] * inv);
+      for (int j = 0; j < 32; j++)
+        codes[r * K + b * 32 + j] = o->sr ? nvl_e2m1_encode_sr_ref(xb[j] * inv, rb[j]) : nvl_elem_encode_ref(elem, xb[j] * inv);
     }
   return NVL_OK;
 }
 
-nvl_status nvl_mxfp8_dequantize_ref(float *y, const uint8_t *codes, const uint8_t *scales,
-                                    int64_t rows, int64_t K, nvl_fp8_elem elem) {
-  NVL_TRY(check_elem("mxfp8_dequantize_ref", elem));
+nvl_status nvl_mx_dequantize_ref(float *y, const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t K,
+                                 nvl_elem elem) {
+  NVL_TRY(check_elem("mx_dequantize_ref", elem));
   if (rows < 0 || K < 0 || K % 32)
-    return nvl_error(NVL_EINVAL, "mxfp8_dequantize_ref: shape [%lld,%lld] is not a whole number of 1x32 blocks",
+    return nvl_error(NVL_EINVAL, "mx_dequantize_ref: shape [%lld,%lld] is not a whole number of 1x32 blocks",
                      (long long)rows, (long long)K);
   for (int64_t r = 0; r < rows; r++)
     for (int64_t k = 0; k < K; k++)
-      y[r * K + k] = nvl_fp8_decode_ref(elem, codes[r * K + k]) * nvl_e8m0_decode_ref(scales[r * (K / 32) + k / 32]);
+      y[r * K + k] = nvl_elem_decode_ref(elem, codes[r * K + k]) * nvl_e8m0_decode_ref(scales[r * (K / 32) + k / 32]);
   return NVL_OK;
 }
 
 /* ---- FP8 per tensor ------------------------------------------------------------------------- */
 
-float nvl_fp8_tensor_scale_ref(float amax, nvl_fp8_elem elem) {
+float nvl_fp8_tensor_scale_ref(float amax, nvl_elem elem) {
   if (amax == 0.0f || !isfinite(amax)) return 1.0f;
-  float s = nvl_fp8_max_ref(elem) / amax;
+  float s = nvl_elem_max_ref(elem) / amax;
   return isinf(s) ? FLT_MAX : s;
 }
 
 nvl_status nvl_fp8_quantize_tensor_ref(uint8_t *codes, float *scale, float *amax, const float *x,
-                                       int64_t n, nvl_fp8_elem elem, const float *amax_in) {
-  NVL_TRY(check_elem("fp8_quantize_tensor_ref", elem));
+                                       int64_t n, nvl_elem elem, const float *amax_in) {
+  NVL_TRY(check_fp8("fp8_quantize_tensor_ref", elem));
   if (n < 0) return nvl_error(NVL_EINVAL, "fp8_quantize_tensor_ref: negative size %lld", (long long)n);
   float a = amax_in ? *amax_in : absmax(x, n);
   float s = nvl_fp8_tensor_scale_ref(a, elem);
-  for (int64_t i = 0; i < n; i++) codes[i] = nvl_fp8_encode_ref(elem, x[i] * s);
+  for (int64_t i = 0; i < n; i++) codes[i] = nvl_elem_encode_ref(elem, x[i] * s);
   if (scale) *scale = s;
   if (amax) *amax = a;
   return NVL_OK;
 }
 
 nvl_status nvl_fp8_dequantize_tensor_ref(float *y, const uint8_t *codes, float scale, int64_t n,
-                                         nvl_fp8_elem elem) {
-  NVL_TRY(check_elem("fp8_dequantize_tensor_ref", elem));
+                                         nvl_elem elem) {
+  NVL_TRY(check_fp8("fp8_dequantize_tensor_ref", elem));
   if (n < 0) return nvl_error(NVL_EINVAL, "fp8_dequantize_tensor_ref: negative size %lld", (long long)n);
-  for (int64_t i = 0; i < n; i++) y[i] = nvl_fp8_decode_ref(elem, codes[i]) / scale;
+  for (int64_t i = 0; i < n; i++) y[i] = nvl_elem_decode_ref(elem, codes[i]) / scale;
   return NVL_OK;
 }

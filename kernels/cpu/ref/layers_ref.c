@@ -5,31 +5,23 @@
 #include <math.h>
 #include <string.h>
 
-static _Thread_local int use_reference;
-
-int nvl_layers_set_reference(int on) {
-  int prev = use_reference;
-  use_reference = on != 0;
-  return prev;
-}
-
-int nvl_layers_reference(void) { return use_reference; }
-
 /* ---- embedding -------------------------------------------------------------------------------- */
 
-void nvl_embedding_forward_ref(float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C) {
+nvl_status nvl_embedding_forward_ref(nvl_kctx *ctx, float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; n++)
     for (int64_t c = 0; c < C; c++) out[n * C + c] = weight[ids[n] * C + c];
+  return NVL_OK;
 }
 
-void nvl_embedding_backward_ref(float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C) {
+nvl_status nvl_embedding_backward_ref(nvl_kctx *ctx, float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; n++)
     for (int64_t c = 0; c < C; c++) dweight[ids[n] * C + c] += dout[n * C + c];
+  return NVL_OK;
 }
 
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
-void nvl_rmsnorm_forward_ref(float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
+nvl_status nvl_rmsnorm_forward_ref(nvl_kctx *ctx, float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
                              double eps) {
   for (int64_t n = 0; n < N; n++) {
     const float *xr = x + n * C;
@@ -39,9 +31,10 @@ void nvl_rmsnorm_forward_ref(float *out, float *rstd, const float *x, const floa
     rstd[n] = r;
     for (int64_t c = 0; c < C; c++) out[n * C + c] = (xr[c] * r) * weight[c];
   }
+  return NVL_OK;
 }
 
-void nvl_rmsnorm_backward_ref(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
+nvl_status nvl_rmsnorm_backward_ref(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x, const float *weight,
                               const float *rstd, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; n++) {
     const float *g = dout + n * C, *xr = x + n * C;
@@ -55,6 +48,7 @@ void nvl_rmsnorm_backward_ref(float *dx, float *dweight, const float *dout, cons
     for (int64_t n = 0; n < N; n++) acc += (double)dout[n * C + c] * x[n * C + c] * rstd[n];
     dweight[c] = (float)((double)dweight[c] + acc);
   }
+  return NVL_OK;
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------------- */
@@ -89,7 +83,16 @@ void nvl_rope_tables_ref(float *cos_t, float *sin_t, const double *inv_freq, int
     }
 }
 
-void nvl_rope_forward_ref(float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+nvl_status nvl_rope_tables_entry_ref(nvl_kctx *ctx, float *cos_t, float *sin_t, int64_t T, int64_t D, double theta,
+                                      const nvl_rope_scaling *sc) {
+  double *inv_freq; /* (D/2) */
+  NVL_TRY(ctx->scratch(ctx, (size_t)(D / 2) * sizeof(double), (void **)&inv_freq));
+  nvl_rope_inv_freq_ref(inv_freq, D, theta, sc);
+  nvl_rope_tables_ref(cos_t, sin_t, inv_freq, T, D);
+  return NVL_OK;
+}
+
+nvl_status nvl_rope_forward_ref(nvl_kctx *ctx, float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
                           int64_t H, int64_t D) {
   int64_t h = D / 2;
   for (int64_t b = 0; b < B; b++)
@@ -102,9 +105,10 @@ void nvl_rope_forward_ref(float *out, const float *x, const float *cos_t, const 
           o[j] = (float)((double)xr[j] * c[j] + rot * s[j]);
         }
       }
+  return NVL_OK;
 }
 
-void nvl_rope_backward_ref(float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+nvl_status nvl_rope_backward_ref(nvl_kctx *ctx, float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
                            int64_t H, int64_t D) {
   int64_t h = D / 2;
   for (int64_t b = 0; b < B; b++)
@@ -117,18 +121,20 @@ void nvl_rope_backward_ref(float *dx, const float *dout, const float *cos_t, con
           o[j] = (float)((double)g[j] * c[j] + tr);
         }
       }
+  return NVL_OK;
 }
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 
-void nvl_swiglu_forward_ref(float *out, const float *gate, const float *up, int64_t n) {
+nvl_status nvl_swiglu_forward_ref(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     double g = gate[i];
     out[i] = (float)(g / (1.0 + exp(-g)) * (double)up[i]);
   }
+  return NVL_OK;
 }
 
-void nvl_swiglu_backward_ref(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+nvl_status nvl_swiglu_backward_ref(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                              int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     double g = gate[i], u = up[i], d = dout[i];
@@ -136,12 +142,30 @@ void nvl_swiglu_backward_ref(float *dgate, float *dup, const float *dout, const 
     dgate[i] = (float)(d * u * s * (1.0 + g * (1.0 - s)));
     dup[i] = (float)(d * g * s);
   }
+  return NVL_OK;
 }
 
 /* ---- cross-entropy ---------------------------------------------------------------------------- */
 
-double nvl_cross_entropy_ref(float *dlogits, const float *logits, const int64_t *targets, int64_t N, int64_t V,
-                             int64_t ignore_index, double z_loss, double grad_scale) {
+/* *out = x (n f32 or bf16 elements) as f32: x itself, or a widened copy (exact) in scratch. */
+nvl_status nvl_widen_f32(nvl_kctx *ctx, const float **out, const void *x, nvl_dtype dt, int64_t n) {
+  if (dt == NVL_F32) {
+    *out = x;
+    return NVL_OK;
+  }
+  float *w;
+  NVL_TRY(ctx->scratch(ctx, (size_t)n * sizeof(float), (void **)&w));
+  const uint16_t *h = x;
+  for (int64_t i = 0; i < n; i++) w[i] = nvl_bf16_to_f32(h[i]);
+  *out = w;
+  return NVL_OK;
+}
+
+nvl_status nvl_cross_entropy_ref(nvl_kctx *ctx, double *total_out, float *dlogits, const void *logits_in,
+                                 nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
+                                 int64_t ignore_index, double z_loss, double grad_scale) {
+  const float *logits;
+  NVL_TRY(nvl_widen_f32(ctx, &logits, logits_in, logits_dtype, N * V));
   double total = 0.0;
   for (int64_t n = 0; n < N; n++) {
     const float *x = logits + n * V;
@@ -164,7 +188,8 @@ double nvl_cross_entropy_ref(float *dlogits, const float *logits, const int64_t 
       }
     }
   }
-  return total;
+  *total_out = total;
+  return NVL_OK;
 }
 
 /* ---- AdamW ------------------------------------------------------------------------------------ */
@@ -183,15 +208,19 @@ nvl_adamw_coefs nvl_adamw_coefs_of(const nvl_adamw_opts *o) {
   return k;
 }
 
-void nvl_adamw_step_ref(float *param, const float *grad, float *m, float *v, int64_t n, const nvl_adamw_opts *o) {
+nvl_status nvl_adamw_step_ref(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n, const nvl_adamw_opts *o) {
   nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
   for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&param[i], grad[i], &m[i], &v[i], &k);
+  return NVL_OK;
 }
 
 /* ---- sum of squares --------------------------------------------------------------------------- */
 
-double nvl_sumsq_ref(const float *x, int64_t n) {
+nvl_status nvl_sumsq_ref(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype dt, int64_t n) {
+  const float *x;
+  NVL_TRY(nvl_widen_f32(ctx, &x, x_in, dt, n));
   double s = 0.0;
   for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-  return s;
+  *out = s;
+  return NVL_OK;
 }

@@ -1,5 +1,6 @@
 /* ops_ref.c: scalar reference kernels (see ops_ref.h). */
 #include <math.h>
+#include <string.h>
 #include "cpu/ref/iter.h"
 #include "cpu/ref/ops_ref.h"
 
@@ -50,7 +51,7 @@ double nvl_unary_f(nvl_unary_op op, double a) {
   }
 }
 
-void nvl_copy_ref(nvl_tensor *dst, const nvl_tensor *src) {
+nvl_status nvl_copy_ref(nvl_kctx *ctx, nvl_tensor *dst, const nvl_tensor *src) {
   const nvl_tensor *ts[2] = {dst, src};
   const nvl_dtype_traits *td = &nvl_dtypes[dst->dtype], *ts_ = &nvl_dtypes[src->dtype];
   int64_t n = nvl_tensor_numel(dst);
@@ -67,9 +68,10 @@ void nvl_copy_ref(nvl_tensor *dst, const nvl_tensor *src) {
       td->store_i(pd, ts_->load_i(ps));
     }
   }
+  return NVL_OK;
 }
 
-void nvl_binary_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+nvl_status nvl_binary_ref(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
   const nvl_tensor *ts[3] = {out, a, b};
   const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype], *tb = &nvl_dtypes[b->dtype];
   int64_t n = nvl_tensor_numel(out);
@@ -82,9 +84,10 @@ void nvl_binary_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, cons
     else
       to->store_i(nvl_iter_ptr(&it, 0), nvl_binary_i(op, ta->load_i(nvl_iter_ptr(&it, 1)), tb->load_i(nvl_iter_ptr(&it, 2))));
   }
+  return NVL_OK;
 }
 
-void nvl_unary_ref(nvl_unary_op op, nvl_tensor *out, const nvl_tensor *a) {
+nvl_status nvl_unary_ref(nvl_kctx *ctx, nvl_unary_op op, nvl_tensor *out, const nvl_tensor *a) {
   const nvl_tensor *ts[2] = {out, a};
   const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype];
   int64_t n = nvl_tensor_numel(out);
@@ -99,6 +102,7 @@ void nvl_unary_ref(nvl_unary_op op, nvl_tensor *out, const nvl_tensor *a) {
       to->store_i(po, op == NVL_OP_NEG ? (int64_t)(0 - (uint64_t)v) : (v < 0 ? (int64_t)(0 - (uint64_t)v) : v));
     }
   }
+  return NVL_OK;
 }
 
 /* Fold one value into an accumulator. Returns 1 if v becomes the new extreme (for argmax). */
@@ -118,7 +122,7 @@ static int fold_i(nvl_reduce_op op, int64_t *acc, int64_t v, int first) {
   return 0;
 }
 
-void nvl_reduce_last_ref(nvl_reduce_op op, nvl_tensor *out, nvl_tensor *idx, const nvl_tensor *a) {
+nvl_status nvl_reduce_last_ref(nvl_kctx *ctx, nvl_reduce_op op, nvl_tensor *out, nvl_tensor *idx, const nvl_tensor *a) {
   const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype];
   int64_t len = a->shape[a->ndim - 1], stride = a->strides[a->ndim - 1];
   int64_t n = nvl_tensor_numel(out);
@@ -151,9 +155,10 @@ void nvl_reduce_last_ref(nvl_reduce_op op, nvl_tensor *out, nvl_tensor *idx, con
     }
     if (idx) *(int64_t *)nvl_iter_ptr(&it, 2) = best;
   }
+  return NVL_OK;
 }
 
-nvl_scalar nvl_reduce_all_ref(nvl_reduce_op op, const nvl_tensor *a) {
+nvl_status nvl_reduce_all_ref(nvl_kctx *ctx, nvl_reduce_op op, nvl_scalar *out, const nvl_tensor *a) {
   const nvl_dtype_traits *ta = &nvl_dtypes[a->dtype];
   int64_t n = nvl_tensor_numel(a);
   const nvl_tensor *ts[1] = {a};
@@ -162,14 +167,16 @@ nvl_scalar nvl_reduce_all_ref(nvl_reduce_op op, const nvl_tensor *a) {
   if (ta->is_float) {
     double acc = 0;
     for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) fold_f(op, &acc, ta->load_f(nvl_iter_ptr(&it, 0)), i == 0);
-    return nvl_scalar_f(op == NVL_RED_MEAN ? acc / (double)n : acc);
+    *out = nvl_scalar_f(op == NVL_RED_MEAN ? acc / (double)n : acc);
+    return NVL_OK;
   }
   int64_t acc = 0;
   for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) fold_i(op, &acc, ta->load_i(nvl_iter_ptr(&it, 0)), i == 0);
-  return op == NVL_RED_MEAN ? nvl_scalar_f((double)acc / (double)n) : nvl_scalar_i(acc);
+  *out = op == NVL_RED_MEAN ? nvl_scalar_f((double)acc / (double)n) : nvl_scalar_i(acc);
+  return NVL_OK;
 }
 
-void nvl_matmul_ref(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+nvl_status nvl_matmul_ref(nvl_kctx *ctx, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
   const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype], *tb = &nvl_dtypes[b->dtype];
   int64_t M = a->shape[0], K = a->shape[1], N = b->shape[1];
   for (int64_t m = 0; m < M; m++)
@@ -182,29 +189,26 @@ void nvl_matmul_ref(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
       int64_t io[2] = {m, n};
       to->store_f(nvl_tensor_ptr(out, io), acc);
     }
+  return NVL_OK;
 }
 
-void nvl_fill_ref(nvl_tensor *t, nvl_scalar v) {
-  const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
-  const nvl_tensor *ts[1] = {t};
+nvl_status nvl_fill_ref(nvl_kctx *ctx, nvl_tensor *t, const void *value) {
+  const int es = nvl_dtypes[t->dtype].elem_size;
+  char *p = nvl_tensor_data(t);
   int64_t n = nvl_tensor_numel(t);
-  nvl_iter it;
-  nvl_iter_init(&it, 1, ts);
-  int exact_int = v.is_int && !tt->is_float;
-  for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
-    if (exact_int) tt->store_i(nvl_iter_ptr(&it, 0), v.i);
-    else tt->store_f(nvl_iter_ptr(&it, 0), v.f);
-  }
+  for (int64_t i = 0; i < n; i++) memcpy(p + i * es, value, (size_t)es);
+  return NVL_OK;
 }
 
-void nvl_arange_ref(nvl_tensor *t, double start, double step) {
+nvl_status nvl_arange_ref(nvl_kctx *ctx, nvl_tensor *t, double start, double step) {
   const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
   char *p = nvl_tensor_data(t);
   int64_t n = nvl_tensor_numel(t);
   for (int64_t i = 0; i < n; i++) tt->store_f(p + i * tt->elem_size, start + (double)i * step);
+  return NVL_OK;
 }
 
-void nvl_rand_ref(nvl_tensor *t, uint64_t seed, uint64_t offset) {
+static void uniform(nvl_tensor *t, uint64_t seed, uint64_t offset) {
   const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
   const int bits = tt->significand_bits; /* k random bits * 2^-k: exact in the dtype, < 1 */
   char *p = nvl_tensor_data(t);
@@ -216,7 +220,7 @@ void nvl_rand_ref(nvl_tensor *t, uint64_t seed, uint64_t offset) {
   }
 }
 
-void nvl_randn_ref(nvl_tensor *t, uint64_t seed, uint64_t offset) {
+static void normal(nvl_tensor *t, uint64_t seed, uint64_t offset) {
   const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
   char *p = nvl_tensor_data(t);
   int64_t n = nvl_tensor_numel(t);
@@ -231,7 +235,14 @@ void nvl_randn_ref(nvl_tensor *t, uint64_t seed, uint64_t offset) {
   }
 }
 
-void nvl_binary_scalar_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, nvl_scalar sc, int scalar_left) {
+nvl_status nvl_random_ref(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t offset, int is_normal) {
+  if (is_normal) normal(t, seed, offset);
+  else uniform(t, seed, offset);
+  return NVL_OK;
+}
+
+nvl_status nvl_binary_scalar_ref(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, nvl_scalar sc,
+                                 int scalar_left) {
   double s = sc.f;
   const nvl_tensor *ts[2] = {out, a};
   const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype];
@@ -248,9 +259,10 @@ void nvl_binary_scalar_ref(nvl_binary_op op, nvl_tensor *out, const nvl_tensor *
       to->store_i(po, scalar_left ? nvl_binary_i(op, si, x) : nvl_binary_i(op, x, si));
     }
   }
+  return NVL_OK;
 }
 
-int nvl_allclose_ref(const nvl_tensor *a, const nvl_tensor *b, double rtol, double atol, int equal_nan) {
+static int allclose(const nvl_tensor *a, const nvl_tensor *b, double rtol, double atol, int equal_nan) {
   const nvl_tensor *ts[2] = {a, b};
   const nvl_dtype_traits *ta = &nvl_dtypes[a->dtype], *tb = &nvl_dtypes[b->dtype];
   int64_t n = nvl_tensor_numel(a);
@@ -267,4 +279,24 @@ int nvl_allclose_ref(const nvl_tensor *a, const nvl_tensor *b, double rtol, doub
     if (!(fabs(x - y) <= atol + rtol * fabs(y))) return 0;
   }
   return 1;
+}
+
+nvl_status nvl_allclose_ref(nvl_kctx *ctx, int *result, const nvl_tensor *a, const nvl_tensor *b, double rtol,
+                            double atol, int equal_nan) {
+  *result = allclose(a, b, rtol, atol, equal_nan);
+  return NVL_OK;
+}
+
+nvl_status nvl_axpy_ref(nvl_kctx *ctx, float *y, const float *x, double alpha, int64_t n) {
+  float a = (float)alpha;
+  for (int64_t i = 0; i < n; i++) {
+    float p = a * x[i];
+    y[i] = y[i] + p;
+  }
+  return NVL_OK;
+}
+
+nvl_status nvl_scale_ref(nvl_kctx *ctx, float *p, double s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) p[i] = (float)((double)p[i] * s); /* a float times a double: exact, one rounding */
+  return NVL_OK;
 }

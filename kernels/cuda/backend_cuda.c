@@ -1,0 +1,110 @@
+/* backend_cuda.c: the CUDA table (core/backend.h), built only when nvcc is found: the kernels of
+ * the .cu files of kernels/cuda, the device API of device.cu, and small adapters from the tensor-op entries
+ * (views) to the raw kernels, which take contiguous buffers and say what else they refuse.
+ * This file is C: the .cu files export their entries with C linkage (kernels/cuda/cuda.h). */
+#include "cuda/cuda.h"
+
+/* ---- tensor-op adapters ------------------------------------------------------------------------ */
+
+static nvl_status copy(nvl_kctx *ctx, nvl_tensor *dst, const nvl_tensor *src) {
+  return nvl_cuda_copy_strided(nvl_tensor_data(dst), dst->dtype, dst->strides, nvl_tensor_data(src), src->dtype,
+                               src->strides, dst->ndim, dst->shape, ctx->dev);
+}
+
+static nvl_status fill(nvl_kctx *ctx, nvl_tensor *t, const void *value) {
+  return nvl_cuda_fill(nvl_tensor_data(t), t->dtype, value, nvl_tensor_numel(t), ctx->dev);
+}
+
+static int f32_contig(const nvl_tensor *t) { return t->dtype == NVL_F32 && nvl_tensor_is_contiguous(t); }
+
+static nvl_status binary(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+  if (!(op <= NVL_OP_DIV && out->dtype == NVL_F32 && f32_contig(a) && f32_contig(b))) {
+    char s1[160], s2[160];
+    return nvl_error(NVL_EUNSUPPORTED, "%s: on cuda only contiguous f32 tensors of one shape and add, sub, mul, div are "
+                     "supported yet (got %s and %s)", op < NVL_BINARY_COUNT ? "binary" : "?",
+                     nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
+  }
+  return nvl_cuda_binary_f32(op, nvl_tensor_data(out), nvl_tensor_data(a), nvl_tensor_data(b), nvl_tensor_numel(out),
+                             ctx->dev);
+}
+
+static nvl_status reduce_all(nvl_kctx *ctx, nvl_reduce_op op, nvl_scalar *out, const nvl_tensor *a) {
+  if (op != NVL_RED_AMAX || !nvl_dtypes[a->dtype].is_float || !nvl_tensor_is_contiguous(a)) {
+    char s1[160];
+    return nvl_error(NVL_EUNSUPPORTED, "reduce: on cuda only amax() over all elements of a contiguous f32 or bf16 "
+                     "tensor is supported yet (got %s); copy it with :cpu() first", nvl_tensor_desc(a, s1, sizeof s1));
+  }
+  double m;
+  NVL_TRY(nvl_cuda_amax(ctx, &m, nvl_tensor_data(a), a->dtype == NVL_BF16, nvl_tensor_numel(a)));
+  *out = nvl_scalar_f(m);
+  return NVL_OK;
+}
+
+static nvl_status axpy(nvl_kctx *ctx, float *y, const float *x, double alpha, int64_t n) {
+  return nvl_cuda_axpy_f32(y, x, (float)alpha, n, ctx->dev);
+}
+
+static nvl_status scale(nvl_kctx *ctx, float *p, double s, int64_t n) { return nvl_cuda_scale_f32(p, s, n, ctx->dev); }
+
+/* ---- the table ----------------------------------------------------------------------------------- */
+
+static const nvl_device_api device_api = {
+  .count = nvl_cuda_device_count,
+  .unavailable_reason = nvl_cuda_unavailable_reason,
+  .props = nvl_cuda_device_props,
+  .runtime_version = nvl_cuda_runtime_version,
+  .blas_version = nvl_cuda_blaslt_version,
+  .alloc = nvl_cuda_malloc,
+  .free = nvl_cuda_free,
+  .memcpy = nvl_cuda_memcpy,
+  .memset = nvl_cuda_memset,
+  .synchronize = nvl_cuda_synchronize,
+  .set_sync = nvl_cuda_set_sync,
+  .memory_stats = nvl_cuda_memory_stats,
+  .empty_cache = nvl_cuda_empty_cache,
+  .set_poison = nvl_cuda_set_poison,
+  .timer_start = nvl_cuda_timer_start,
+  .timer_stop = nvl_cuda_timer_stop,
+  .gemm_path = nvl_cuda_gemm_path,
+};
+
+#define ROW {nvl_cuda_quantize, NULL, nvl_cuda_qgemm} /* dequantize: core decodes a host copy */
+
+const nvl_backend nvl_backend_cuda = {
+  .name = "cuda",
+  .device = NVL_CUDA,
+  .formats = {
+    [NVL_F32] = ROW,
+    [NVL_BF16] = ROW,
+    [NVL_E4M3] = ROW,
+    [NVL_E5M2] = ROW,
+    [NVL_MXFP8_E4M3] = ROW,
+    [NVL_MXFP8_E5M2] = ROW,
+    [NVL_NVFP4] = ROW,
+  },
+  .swizzled_scales = 1,
+  .quantize_pair = nvl_cuda_quantize_pair,
+
+  .embedding_forward = nvl_cuda_embedding_forward,
+  .embedding_backward = nvl_cuda_embedding_backward,
+  .rmsnorm_forward = nvl_cuda_rmsnorm_forward,
+  .rmsnorm_backward = nvl_cuda_rmsnorm_backward,
+  .rope_forward = nvl_cuda_rope_forward,
+  .rope_backward = nvl_cuda_rope_backward,
+  .swiglu_forward = nvl_cuda_swiglu_forward,
+  .swiglu_backward = nvl_cuda_swiglu_backward,
+  .cross_entropy = nvl_cuda_cross_entropy,
+  .adamw_step = nvl_cuda_adamw_step,
+  .sumsq = nvl_cuda_sumsq,
+  .attention_forward = nvl_cuda_attention_forward,
+  .attention_backward = nvl_cuda_attention_backward,
+
+  .copy = copy,
+  .fill = fill,
+  .binary = binary,
+  .reduce_all = reduce_all,
+  .axpy = axpy,
+  .scale = scale,
+
+  .device_api = &device_api,
+};
