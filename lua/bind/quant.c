@@ -234,11 +234,11 @@ static int q_size(lua_State *L) {
   return 1;
 }
 
-/* Bytes of storage: codes + scales (+ the fp32 amax/scale). */
+/* Bytes of storage: codes + block scales (+ the fp32 per-tensor scale of formats that have one). */
 static int q_nbytes(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
-  size_t n = q->data.storage->bytes + (q->scales.storage ? q->scales.storage->bytes : 0);
-  if (nvl_dtypes[q->format].is_quantized) n += 4;
+  size_t n = q->data.storage->bytes + (q->scales.storage ? (size_t)nvl_tensor_numel(&q->scales) : 0);
+  if (nvl_dtypes[q->format].global_amax) n += 4;
   lua_pushinteger(L, (lua_Integer)n);
   return 1;
 }
