@@ -102,6 +102,8 @@ const nvl_dtype_traits nvl_dtypes[NVL_DTYPE_COUNT] = {
                            nvl_e5m2_encode_ref, nvl_e5m2_decode_ref, NULL, NULL),
   [NVL_NVFP4] = QUANT("nvfp4", NVL_ELEM_E2M1, 4, 6.0, NVL_SCALE_UE4M3, 16, NVL_LAYOUT_1X16, 8, "rne",
                       nvl_e2m1_encode_ref, nvl_e2m1_decode_ref, nvl_nvfp4_enc_scale_ref, nvfp4_dec_scale),
+  [NVL_MXFP4] = QUANT("mxfp4", NVL_ELEM_E2M1, 4, 6.0, NVL_SCALE_E8M0, 32, NVL_LAYOUT_1X32, 8, "rceil",
+                      nvl_e2m1_encode_ref, nvl_e2m1_decode_ref, NULL, NULL),
 };
 _Static_assert(sizeof nvl_dtypes / sizeof nvl_dtypes[0] == NVL_DTYPE_COUNT, "a dtype lacks its traits row");
 

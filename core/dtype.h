@@ -31,6 +31,7 @@ typedef enum {
   NVL_MXFP8_E4M3 = 7, /* e4m3 elements, 1x32 blocks, e8m0 scales */
   NVL_MXFP8_E5M2 = 8, /* e5m2 elements, 1x32 blocks, e8m0 scales */
   NVL_NVFP4 = 9,      /* e2m1 elements, 1x16 (or 16x16) blocks, ue4m3 scales, fp32 amax */
+  NVL_MXFP4 = 10,     /* e2m1 elements, 1x32 blocks, e8m0 scales (OCP Microscaling v1.0) */
   NVL_DTYPE_COUNT
 } nvl_dtype;
 

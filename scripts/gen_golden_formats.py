@@ -2,7 +2,7 @@
 """gen_golden_formats.py: golden vectors for nvlua's number-format quantizers.
 
 Writes tests/golden/formats.txt from an implementation that shares no code with nvlua: it is
-written from shared/NUMERICS.md (the contract) with numpy float32 arithmetic, and element
+written from the contract (core/NUMERICS.md) with numpy float32 arithmetic, and element
 rounding (e4m3, e5m2, e2m1 round-to-nearest-even) is done by ml_dtypes' casts, an independent
 oracle. tests/c/test_formats_ref.c (and the Lua tests) reproduce every case bit for bit.
 
@@ -73,7 +73,9 @@ def sr_bytes(seed, offset, g):
 # Element formats through ml_dtypes
 
 E4M3_MAX, E5M2_MAX = F32(448.0), F32(57344.0)
-ELEM = {"e4m3": (ml_dtypes.float8_e4m3fn, E4M3_MAX, 8), "e5m2": (ml_dtypes.float8_e5m2, E5M2_MAX, 15)}
+# element format -> (ml_dtypes type, largest finite value, emax for the OCP floor rule)
+ELEM = {"e4m3": (ml_dtypes.float8_e4m3fn, E4M3_MAX, 8), "e5m2": (ml_dtypes.float8_e5m2, E5M2_MAX, 15),
+        "e2m1": (ml_dtypes.float4_e2m1fn, F32(6.0), 2)}
 
 
 def fp8_encode(x, elem):
@@ -280,6 +282,35 @@ def fp8_dequantize(codes, scale, elem):
 # ---------------------------------------------------------------------------------------------
 # Output
 
+def mxfp4_quantize(x, rule, sr=None):
+    """MXFP4 (NUMERICS §4): 1x32 blocks along K, e8m0 scale with elem_max 6 (rceil) or emax 2
+    (floor); e2m1 codes RNE, or SR with the 32 bytes of block g = r*(K/32) + b taken from the
+    Philox counters 2g and 2g + 1 (16 bytes each, in order)."""
+    rows, K = x.shape
+    codes = np.zeros((rows, K), dtype=np.uint8)
+    scales = np.zeros((rows, K // 32), dtype=np.uint8)
+    for r in range(rows):
+        for b in range(K // 32):
+            blk = x[r, 32 * b:32 * b + 32]
+            bmax = amax_of(blk)
+            e = e8m0_rceil(bmax, "e2m1") if rule == "rceil" else e8m0_floor(bmax, "e2m1")
+            scales[r, b] = e
+            inv = F32(2.0 ** (127 - e))
+            y = (blk * inv).astype(F32)
+            if sr is None:
+                codes[r, 32 * b:32 * b + 32] = e2m1_encode(y)
+            else:
+                g = r * (K // 32) + b
+                rb = sr_bytes(sr[0], sr[1], 2 * g) + sr_bytes(sr[0], sr[1], 2 * g + 1)
+                codes[r, 32 * b:32 * b + 32] = [e2m1_sr(y[j], rb[j]) for j in range(32)]
+    return codes, scales
+
+
+def mxfp4_dequantize(codes, scales):
+    s = np.array([[e8m0_decode(c) for c in row] for row in scales], dtype=F32).repeat(32, axis=1)
+    return (e2m1_decode(codes) * s).astype(F32)
+
+
 def hex32(a):
     return ["%08x" % v for v in np.asarray(a, dtype=F32).reshape(-1).view(np.uint32)]
 
@@ -298,12 +329,13 @@ HEADER = """\
 #     FMT  nvfp4_1d   1x16 blocks along K, ue4m3 scales (ROWS, K/16), tensor amax
 #          nvfp4_2d   16x16 tiles; scales still stored per 1x16 block (ROWS, K/16)
 #          mxfp8      1x32 blocks along K, e8m0 scales (ROWS, K/32)
+#          mxfp4      1x32 blocks along K, e8m0 scales (ROWS, K/32), e2m1 elements
 #          fp8        per-tensor current scaling (one fp32 scale)
 #     KEYS elem=e4m3|e5m2        element format (mxfp8, fp8)
-#          rule=rceil|floor      e8m0 scale rule (mxfp8)
-#          rht=1                 nvfp4: the 16-point RHT (default signs, NUMERICS 5) is applied
+#          rule=rceil|floor      e8m0 scale rule (mxfp8, mxfp4)
+#          rht=1                 nvfp4, mxfp4: the 16-point RHT (default signs, NUMERICS 5) is applied
 #                                along K to x before quantization; 'xt' holds the transformed x
-#          sr=1 seed=HEX offset=HEX   nvfp4: stochastic rounding with the Philox stream (64-bit hex)
+#          sr=1 seed=HEX offset=HEX   nvfp4, mxfp4: stochastic rounding with the Philox stream (64-bit hex)
 #          amax_in=HEX           the amax is given (fp32 bits) instead of computed from x
 #   x HEX...        input, fp32 bits (8 hex digits each), row-major; may continue over many lines
 #   xt HEX...       (rht=1 only) x after the RHT, fp32 bits
@@ -421,6 +453,19 @@ def mxfp8_case(w, name, x, elem, rule):
            y=mxfp8_dequantize(codes, scales, elem))
 
 
+def mxfp4_case(w, name, x, rule, rht=False, sr=None):
+    opts = ["rule=" + rule]
+    xq, xt = x, None
+    if rht:
+        xt = rht_rows(x)
+        xq = xt
+        opts.append("rht=1")
+    if sr is not None:
+        opts += ["sr=1", "seed=%016x" % sr[0], "offset=%016x" % sr[1]]
+    codes, scales = mxfp4_quantize(xq, rule, sr=sr)
+    w.case(name, "mxfp4", x, opts, xt=xt, codes=codes, scales=scales, y=mxfp4_dequantize(codes, scales))
+
+
 def fp8_case(w, name, x, elem, amax_in=None):
     opts = ["elem=" + elem]
     if amax_in is not None:
@@ -524,6 +569,21 @@ def main():
     fp8_case(w, "fp8_e5m2_ties", et5.reshape(1, 32), "e5m2")         # amax 57344 -> scale 1
     fp8_case(w, "fp8_e4m3_all_zero", np.zeros((2, 16), dtype=F32), "e4m3")
     fp8_case(w, "fp8_e5m2_tiny_amax", randn(1, 16, 1e-36), "e5m2")  # 57344/amax overflows -> FLT_MAX
+
+    # ---- MXFP4 (after the others, so their random inputs stay as they were) ----
+    for rule in ("rceil", "floor"):
+        mxfp4_case(w, "mxfp4_%s" % rule, xm, rule)
+        mxfp4_case(w, "mxfp4_%s_wide_range" % rule, xm_wide, rule)
+        mxfp4_case(w, "mxfp4_%s_extreme" % rule, xm_ext, rule)
+    # Ties with scale exactly 1 (block max 6: rceil gives 2^0; floor gives 2^(2-2) = 1 too).
+    e2t = np.array([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0, -6,
+                    0.0, -0.0, 0.1, 0.3, 0.6, 0.9, 1.1, 1.4, 1.6, 2.2, 2.8, 3.2, 4.5, 5.5, -4.5, -5.5], dtype=F32)
+    mxfp4_case(w, "mxfp4_ties", e2t.reshape(1, 32), "rceil")
+    mxfp4_case(w, "mxfp4_rceil_all_zero", np.zeros((2, 64), dtype=F32), "rceil")
+    mxfp4_case(w, "mxfp4_sr", randn(4, 64, 1e-3), "rceil", sr=(0x0123456789ABCDEF, 0x0000000100000005))
+    mxfp4_case(w, "mxfp4_floor_sr", row_scaled(2, 64), "floor", sr=(7, 0))
+    mxfp4_case(w, "mxfp4_rht", row_scaled(4, 64), "rceil", rht=True)
+    mxfp4_case(w, "mxfp4_rht_sr", randn(4, 32, 0.1), "rceil", rht=True, sr=(42, 7))
 
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:

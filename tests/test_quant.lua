@@ -46,6 +46,7 @@ T.case("the golden file has every kind of case", function()
   local kinds = {}
   for _, c in ipairs(golden) do kinds[c.fmt] = (kinds[c.fmt] or 0) + 1 end
   T.ok(kinds.nvfp4_1d and kinds.nvfp4_2d and kinds.mxfp8 and kinds.fp8, "all four quantizers are covered")
+  T.ok((kinds.mxfp4 or 0) >= 10, "mxfp4: both rules, ties, zeros, SR and the RHT")
 end)
 
 local function run_golden_case(c)
@@ -69,6 +70,15 @@ local function run_golden_case(c)
   elseif c.fmt == "mxfp8" then
     fmt = "mxfp8_" .. c.opts.elem
     opts.scale_rule = c.opts.rule
+  elseif c.fmt == "mxfp4" then
+    fmt = "mxfp4"
+    opts.scale_rule = c.opts.rule
+    if c.opts.rht then opts.rht = true end
+    if c.opts.sr then
+      opts.sr = true
+      opts.seed = math.tointeger(tonumber(c.opts.seed, 16))
+      opts.offset = math.tointeger(tonumber(c.opts.offset, 16))
+    end
   else
     fmt = c.opts.elem
   end
@@ -129,6 +139,8 @@ T.case("fast kernels equal the reference on 256x512 inputs, every format and opt
     {"nvfp4", rht = true, sr = true, seed = 1, offset = 0, block = "2d"}, {"nvfp4", amax = 1.5},
     {"nvfp4", axis = 1}, {"mxfp8_e4m3"}, {"mxfp8_e5m2", scale_rule = "floor"}, {"mxfp8_e4m3", axis = 1},
     {"e4m3"}, {"e5m2"}, {"e4m3", amax = 2.0},
+    {"mxfp4"}, {"mxfp4", scale_rule = "floor"}, {"mxfp4", axis = 1}, {"mxfp4", rht = true},
+    {"mxfp4", sr = true, seed = 4, offset = 1}, {"mxfp4", rht = true, sr = true, seed = 2, offset = 9, axis = 1},
   }
   for _, s in ipairs(specs) do
     local o1, o2 = {}, {}
@@ -274,7 +286,7 @@ end)
 T.case("qmatmul equals dequantize-then-matmul within fp32 summation error", function()
   nv.manual_seed(6)
   local X, W = nv.randn(40, 128), nv.randn(32, 128) * 0.02
-  for _, f in ipairs({"nvfp4", "mxfp8_e4m3", "e4m3", "e5m2", "bf16"}) do
+  for _, f in ipairs({"nvfp4", "mxfp8_e4m3", "mxfp4", "e4m3", "e5m2", "bf16"}) do
     local qa, qb = nv.quantize(X, f), nv.quantize(W, f, f == "nvfp4" and {block = "2d"} or nil)
     local y = nv.qmatmul(qa, qb)
     local A, B = qa:dequantize(), qb:dequantize()
@@ -347,6 +359,35 @@ T.case("report prints a table and returns one row per format", function()
   T.ok(rows[1].rel_rms < 2 ^ -8, "bf16 error within its precision")
   T.near(rows[1].sqnr_db, -20 * math.log(rows[1].rel_rms, 10), 1e-9, "SQNR and relative RMS agree")
   T.ok(text:find("block scales", 1, true), "a histogram of block scales")
+end)
+
+T.case("mxfp4: its traits, the 4-bit codes packed two per byte, and what it refuses", function()
+  local f = nv.formats.mxfp4
+  T.eq({f.elem, f.block, f.layout, f.scale, f.scale_rule, f.bits, f.sr, f.block2d, f.global_amax},
+    {"e2m1", 32, "1x32", "e8m0", "rceil", 4 + 8 / 32, true, false, false})
+  nv.manual_seed(8)
+  local x = nv.randn(4, 64)
+  local q = nv.quantize(x, "mxfp4")
+  T.eq(q:data():size(), {4, 32}, "codes stored two per byte")
+  T.eq(q:scale_bytes():size(), {4, 2})
+  T.eq(q:layout(), "1x32")
+  T.eq(q.scale_rule, "rceil")
+  local c, d = q:codes(), q:data()
+  T.eq(d:get(2, 3), c:get(2, 5) + 16 * c:get(2, 6), "element 2k-1 in the low nibble, 2k in the high one")
+  T.eq(q:nbytes(), 4 * 32 + 4 * 2, "codes + scales, no per-tensor scale")
+  T.raises(function() nv.quantize(x, "mxfp4", {block = "2d"}) end, "not offered by mxfp4")
+  T.raises(function() nv.quantize(x, "mxfp4", {amax = 1}) end, "amax applies to formats with a per-tensor scale")
+  T.raises(function() nv.quantize(nv.randn(4, 48), "mxfp4") end, "mxfp4 blocks 32 elements along dim 2")
+  T.raises(function() nv.quantize(x, "mxfp4", {sr = true, seed = 1, sr_k_offset = 16, sr_k_total = 128}) end,
+    "multiples of 32")
+  -- SR: one 32-block draws two consecutive Philox groups, so a slab starting at block 1 of a row
+  -- draws what the whole row draws there
+  local whole = nv.quantize(x, "mxfp4", {sr = true, seed = 3, offset = 4})
+  local part = nv.quantize(x:narrow(2, 33, 32), "mxfp4", {sr = true, seed = 3, offset = 4, sr_k_offset = 32,
+    sr_k_total = 64})
+  T.eq(part:codes():bytes(), whole:codes():narrow(2, 33, 32):contiguous():bytes(), "slab codes")
+  local rows = nv.quantize(x:narrow(1, 3, 2), "mxfp4", {sr = true, seed = 3, offset = 4, sr_row_offset = 2})
+  T.eq(rows:codes():bytes(), whole:codes():narrow(1, 3, 2):bytes(), "row slab codes")
 end)
 
 T.case("show prints one block: inputs, scaled values, codes, decoded values, the scale byte", function()

@@ -565,7 +565,7 @@ T.case("errors: unknown options list the valid ones; bad custom specs name the l
   local ctx = ctx_of(0, 2, 0, "model.layers.0.mlp.up_proj")
   local function run(fn) return function() recipe.custom(fn):linear_forward(ctx, x, w) end end
   T.raises(run(function(c) return c.operand == "w" and "fp4" or "nvfp4" end),
-    "recipe custom: layer 'model.layers.0.mlp.up_proj' fprop operand w: unknown format 'fp4' (valid: f32, bf16, e4m3, e5m2, mxfp8_e4m3, mxfp8_e5m2, nvfp4)")
+    "recipe custom: layer 'model.layers.0.mlp.up_proj' fprop operand w: unknown format 'fp4' (valid: f32, bf16, e4m3, e5m2, mxfp8_e4m3, mxfp8_e5m2, nvfp4, mxfp4)")
   T.raises(run(function() return {format = "nvfp4", blocks = "2d"} end), "fprop operand x: unknown spec field 'blocks'")
   T.raises(run(function() return nil end), "fprop operand x: the spec must be a format name or a table")
   T.raises(run(function() return {format = "e4m3", sr = true} end), "stochastic rounding is defined for e2m1 elements")

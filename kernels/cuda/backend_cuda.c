@@ -81,6 +81,7 @@ const nvl_backend nvl_backend_cuda = {
     [NVL_MXFP8_E4M3] = ROW,
     [NVL_MXFP8_E5M2] = ROW,
     [NVL_NVFP4] = ROW,
+    [NVL_MXFP4] = ROW,
   },
   .swizzled_scales = 1,
   .quantize_pair = nvl_cuda_quantize_pair,

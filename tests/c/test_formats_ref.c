@@ -598,6 +598,24 @@ static int64_t run_golden_case(golden_case *g) {
     } else {
       bad++;
     }
+  } else if (!strcmp(g->fmt, "mxfp4")) {
+    int64_t ns = n / 32;
+    if (g->rht) {
+      st = nvl_rht16_rows_ref(xq, x, g->rows, g->K, NULL);
+      if (g->nxt != n) bad++;
+      else bad += cmp_u32(cs, "xt", g->xt, (const uint32_t *)xq, n);
+    }
+    nvl_quant_ref_opts o = {.sr = g->sr, .seed = g->seed, .offset = g->offset};
+    if (st == NVL_OK)
+      st = nvl_mx_quantize_ref(codes, scales, xq, g->rows, g->K, NVL_ELEM_E2M1, (nvl_mx_rule)g->rule, &o);
+    if (st == NVL_OK) st = nvl_mx_dequantize_ref(y, codes, scales, g->rows, g->K, NVL_ELEM_E2M1);
+    if (st == NVL_OK && g->nscales == ns) {
+      bad += cmp_u8(cs, "codes", g->codes, codes, n);
+      bad += cmp_u8(cs, "scales", g->scales, scales, ns);
+      bad += cmp_u32(cs, "y", g->y, (const uint32_t *)y, n);
+    } else {
+      bad++;
+    }
   } else if (!strcmp(g->fmt, "fp8")) {
     float scale = -1, amax = -1;
     st = nvl_fp8_quantize_tensor_ref(codes, &scale, &amax, x, n, (nvl_elem)g->elem,
@@ -697,5 +715,6 @@ NVL_TEST(formats_golden_vectors) {
   CHECK(nfailed == 0);
   CHECK(ncases >= 40);      /* the file is all there */
   CHECK(counts[0] >= 10 && counts[1] >= 8 && counts[2] >= 6 && counts[3] >= 2);
+  CHECK(counts[1] >= 8 + 10); /* mxfp8 and mxfp4 */
   if (nfailed) fprintf(stderr, "  golden: %d of %d cases differ\n", nfailed, ncases);
 }

@@ -496,6 +496,59 @@ NVL_TEST(quant_cpu_mxfp8) {
   free(x);
 }
 
+/* ---- MX with e2m1 elements (mxfp4) ---------------------------------------------------------- */
+
+/* The fast mx quantizer with e2m1 elements writes packed codes; the reference unpacked ones,
+ * packed here with nvl_e2m1_pack_ref. Codes and scales must agree bit for bit, SR included. */
+static int mxfp4_agrees(const float *x, int64_t R, int64_t K, nvl_mx_rule rule, const nvl_quant_ref_opts *o,
+                        const char *ctx) {
+  int64_t n = R * K;
+  uint8_t *cr = bytes(n), *pr = bytes(n / 2), *pf = bytes(n / 2), *sr = bytes(n / 32), *sf = bytes(n / 32);
+  memset(pf, 0xAA, (size_t)(n / 2));
+  memset(sf, 0xAA, (size_t)(n / 32));
+  int ok = nvl_mx_quantize_ref(cr, sr, x, R, K, NVL_ELEM_E2M1, rule, o) == NVL_OK;
+  nvl_e2m1_pack_ref(pr, cr, n);
+  ok &= impl->mxfp8(pf, sf, x, R, K, NVL_ELEM_E2M1, rule, o) == NVL_OK;
+  ok = ok && same_bytes("packed codes", ctx, pf, pr, (size_t)(n / 2), 1);
+  ok = ok && same_bytes("scales", ctx, sf, sr, (size_t)(n / 32), 1);
+  free(cr); free(pr); free(pf); free(sr); free(sf);
+  return ok;
+}
+
+NVL_TEST(quant_cpu_mxfp4) {
+  const nvl_quant_ref_opts rne = {0}, sr = {.sr = 1, .seed = 0xABCDEF12345ull, .offset = 77},
+                           slab = {.sr = 1, .seed = 3, .offset = 1, .sr_row_offset = 5, .sr_k_offset = 64, .sr_k_total = 8192};
+  const nvl_quant_ref_opts *opts[3] = {&rne, &sr, &slab};
+  const dist dists[3] = {D_NORMAL, D_WIDE, D_SPECIAL};
+  int runs = 0;
+  for (int rule = 0; rule < NVL_MX_RULE_COUNT; rule++)
+    for (int di = 0; di < 3; di++)
+      for (int ri = 0; ri < NROWS; ri++)
+        for (int ki = 0; ki < NK; ki++) {
+          int64_t R = test_rows[ri], K = test_K[ki];
+          if (K % 32 || (R * K > 100000 && di > 0)) continue;
+          float *x = floats(R * K);
+          fill(x, R, K, dists[di], (uint64_t)(ri * 19 + ki + 3 * rule), NVL_ELEM_E4M3, 32);
+          for (int oi = 0; oi < 3; oi++) {
+            if (oi == 2 && K + 64 > 8192) continue;
+            char ctx[128];
+            snprintf(ctx, sizeof ctx, "mxfp4 %s %s %s [%lld,%lld]", rule ? "floor" : "rceil", dist_names[dists[di]],
+                     oi == 0 ? "rne" : oi == 1 ? "sr" : "sr slab", (long long)R, (long long)K);
+            CHECK(mxfp4_agrees(x, R, K, (nvl_mx_rule)rule, opts[oi], ctx));
+            runs++;
+          }
+          free(x);
+        }
+  CHECK(runs > 50);
+  /* SR of e2m1 only; a slab that does not fit 32-blocks is refused */
+  float x[64] = {0};
+  uint8_t p[64], s[4];
+  nvl_quant_ref_opts bad = {.sr = 1, .sr_k_offset = 16, .sr_k_total = 128};
+  CHECK(impl->mxfp8(p, s, x, 1, 64, NVL_ELEM_E4M3, NVL_MX_RCEIL, &sr) == NVL_EINVAL);
+  CHECK(impl->mxfp8(p, s, x, 1, 64, NVL_ELEM_E2M1, NVL_MX_RCEIL, &bad) == NVL_EINVAL);
+  CHECK(nvl_mx_quantize_ref(p, s, x, 1, 64, NVL_ELEM_E2M1, NVL_MX_RCEIL, &bad) == NVL_EINVAL);
+}
+
 /* ---- FP8 per tensor ------------------------------------------------------------------------- */
 
 NVL_TEST(quant_cpu_fp8_tensor) {
@@ -724,6 +777,7 @@ NVL_TEST(quant_cpu_portable_build) {
   quant_cpu_nvfp4_sr_slab(nvl_failed_);
   quant_cpu_nvfp4_dequantize_any_bytes(nvl_failed_);
   quant_cpu_mxfp8(nvl_failed_);
+  quant_cpu_mxfp4(nvl_failed_);
   quant_cpu_fp8_sweep(nvl_failed_);
   quant_cpu_amax_position(nvl_failed_);
   quant_cpu_rht(nvl_failed_);

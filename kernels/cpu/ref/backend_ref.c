@@ -22,6 +22,7 @@ const nvl_backend nvl_backend_ref = {
     [NVL_MXFP8_E4M3] = MX,
     [NVL_MXFP8_E5M2] = MX,
     [NVL_NVFP4] = NVFP4,
+    [NVL_MXFP4] = MX,
   },
   .rht = nvl_rht_ref,
 
