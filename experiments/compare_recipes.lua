@@ -1,6 +1,7 @@
 -- experiments/compare_recipes.lua: the paper's comparison at small scale. The same model, data
--- and seed trained under bf16, fp8 (current scaling), mxfp8, nvfp4 (the paper's recipe), and the
--- nvfp4 ablations — no RHT, no stochastic rounding, no 2D weight blocks, every layer in nvfp4.
+-- and seed trained under bf16, fp8 (current scaling), mxfp8, nvfp4 (the paper's recipe), mxfp4
+-- (the same recipe in OCP MXFP4), and the nvfp4 ablations — no RHT, no stochastic rounding, no
+-- 2D weight blocks, every layer in nvfp4.
 -- Prints a table of final validation loss, the gap to bf16 in %, and tokens/s, writes it to
 -- <out>/results.md and draws one overlay plot of the validation (and training) loss.
 --   nvlua experiments/compare_recipes.lua [steps=150] [only=bf16,nvfp4] [key=value ...]
@@ -15,6 +16,7 @@ local runs = {
   {name = "fp8_cs", recipe = "fp8_cs"},
   {name = "mxfp8", recipe = "mxfp8"},
   {name = "nvfp4", recipe = "nvfp4"},
+  {name = "mxfp4", recipe = "mxfp4"},
   {name = "nvfp4 no RHT", recipe = "nvfp4", rht = false},
   {name = "nvfp4 no SR", recipe = "nvfp4", sr = false},
   {name = "nvfp4 no 2D", recipe = "nvfp4", w2d = false},

@@ -31,7 +31,7 @@ local mc = train.model_config(c, c.vocab)
 mc.head_dim = mc.head_dim or c.hidden // c.heads
 print(string.format("Llama 3 8B-shaped model: %d layers, hidden %d, %d/%d heads, FFN %d, vocab %d, seq %d, rope θ %g",
   c.layers, c.hidden, c.heads, c.kv_heads, c.ffn, c.vocab, c.seq, c.rope_theta))
-local rows = plan.report(mc, {"bf16", "fp8_cs", "mxfp8", "nvfp4"}, c.batch, c.seq)
+local rows = plan.report(mc, {"bf16", "fp8_cs", "mxfp8", "nvfp4", "mxfp4"}, c.batch, c.seq)
 if c.plan then
   print("")
   local r = train.recipe(c)

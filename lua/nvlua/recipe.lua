@@ -605,29 +605,36 @@ function M.mxfp8(opts)
   return new("mxfp8", shown, low_precision("mxfp8", opts.switch_at, base))
 end
 
---- recipe.nvfp4({rht = true, sr = true, w2d = true, bf16_first, bf16_last, seed = 1234, switch_at}):
--- the paper's recipe (NUMERICS §6). fprop: x 1x16 RNE, w 16x16 RNE; dgrad: dy 1x16 SR, w the
--- fprop tiles transposed; wgrad: dy and x 1x16 along T with the RHT, SR on dy.
--- High-precision blocks: the linears of the first bf16_first and the last bf16_last transformer
--- blocks run in bf16. Defaults for a model of L blocks scale the paper's 2 and 8 of 32 with depth:
--- bf16_first = floor(2L/32), bf16_last = floor(8L/32) (L = 32: 2 and 8; L = 16: 1 and 4; L = 4:
--- 0 and 1; L < 4: none). Linears outside the blocks (block = nil) follow the rest of the recipe.
-function M.nvfp4(opts)
-  opts = check_opts(opts, {rht = is_bool, sr = is_bool, w2d = is_bool, bf16_first = is_count,
-    bf16_last = is_count, seed = is_int, switch_at = is_switch}, "recipe.nvfp4")
-  local rht, sr, w2d = opts.rht ~= false, opts.sr ~= false, opts.w2d ~= false
-  local W = {format = "nvfp4", block = w2d and "2d" or "1d"}
-  local X = {format = "nvfp4"}
-  local DY = {format = "nvfp4", sr = sr}
-  local XT = {format = "nvfp4", rht = rht}
-  local DYT = {format = "nvfp4", rht = rht, sr = sr}
+-- The 4-bit recipes (NUMERICS §6) for format fmt ("nvfp4" or "mxfp4"): fprop x and w RNE, dgrad
+-- dy SR, wgrad dy and x along T with the RHT, SR on dy; the linears of the first bf16_first and
+-- last bf16_last blocks in bf16. w2d (16x16 weight tiles) where the format offers them; scale_rule
+-- where its scales are e8m0.
+local function fp4(name, fmt, opts)
+  local ft = formats.get(fmt, "recipe." .. name)
+  local valid = {rht = is_bool, sr = is_bool, bf16_first = is_count, bf16_last = is_count, seed = is_int,
+    switch_at = is_switch}
+  if ft.block2d then valid.w2d = is_bool end
+  if ft.scale == "e8m0" then valid.scale_rule = one_of("rceil", "floor") end
+  opts = check_opts(opts, valid, "recipe." .. name)
+  local rht, sr, w2d = opts.rht ~= false, opts.sr ~= false, ft.block2d and opts.w2d ~= false
+  local rule = ft.scale == "e8m0" and (opts.scale_rule or "rceil") or nil
+  local function spec(t)
+    t.format, t.scale_rule = fmt, rule
+    return t
+  end
+  local W = spec({block = ft.block2d and (w2d and "2d" or "1d") or nil})
+  local X = spec({})
+  local DY = spec({sr = sr})
+  local XT = spec({rht = rht})
+  local DYT = spec({rht = rht, sr = sr})
   local base = function(c)
     if c.block ~= nil then
       local L = c.num_blocks
       local first = opts.bf16_first or (L and 2 * L // 32)
       local last = opts.bf16_last or (L and 8 * L // 32)
       if first == nil or last == nil or (last > 0 and L == nil) then
-        error(string.format("recipe nvfp4: layer '%s' needs ctx.num_blocks for its bf16_first/bf16_last rule", tostring(c.name)), 0)
+        error(string.format("recipe %s: layer '%s' needs ctx.num_blocks for its bf16_first/bf16_last rule", name,
+          tostring(c.name)), 0)
       end
       if c.block < first or (last > 0 and c.block >= L - last) then return BF16 end
     end
@@ -635,10 +642,25 @@ function M.nvfp4(opts)
     if c.role == "wgrad" then return c.operand == "dy" and DYT or XT end
     return c.operand == "dy" and DY or X
   end
-  local shown = {rht = rht, sr = sr, w2d = w2d, seed = opts.seed or 1234, bf16_first = opts.bf16_first or "floor(2L/32)",
-    bf16_last = opts.bf16_last or "floor(8L/32)", switch_at = opts.switch_at}
-  return new("nvfp4", shown, low_precision("nvfp4", opts.switch_at, base), opts.seed)
+  local shown = {rht = rht, sr = sr, w2d = ft.block2d and w2d or nil, scale_rule = rule, seed = opts.seed or 1234,
+    bf16_first = opts.bf16_first or "floor(2L/32)", bf16_last = opts.bf16_last or "floor(8L/32)", switch_at = opts.switch_at}
+  return new(name, shown, low_precision(name, opts.switch_at, base), opts.seed)
 end
+
+--- recipe.nvfp4({rht = true, sr = true, w2d = true, bf16_first, bf16_last, seed = 1234, switch_at}):
+-- the paper's recipe (NUMERICS §6). fprop: x 1x16 RNE, w 16x16 RNE; dgrad: dy 1x16 SR, w the
+-- fprop tiles transposed; wgrad: dy and x 1x16 along T with the RHT, SR on dy.
+-- High-precision blocks: the linears of the first bf16_first and the last bf16_last transformer
+-- blocks run in bf16. Defaults for a model of L blocks scale the paper's 2 and 8 of 32 with depth:
+-- bf16_first = floor(2L/32), bf16_last = floor(8L/32) (L = 32: 2 and 8; L = 16: 1 and 4; L = 4:
+-- 0 and 1; L < 4: none). Linears outside the blocks (block = nil) follow the rest of the recipe.
+function M.nvfp4(opts) return fp4("nvfp4", "nvfp4", opts) end
+
+--- recipe.mxfp4({rht = true, sr = true, scale_rule = "rceil"|"floor", bf16_first, bf16_last, seed, switch_at}):
+-- the same recipe in MXFP4 (e2m1 elements, 1x32 blocks, e8m0 scales; OCP Microscaling), the
+-- paper's comparison format: every operand 1x32 along its GEMM's reduction dim (no 2-D weight
+-- blocks: dgrad re-quantizes W along its other axis), the same RHT, SR and high-precision blocks.
+function M.mxfp4(opts) return fp4("mxfp4", "mxfp4", opts) end
 
 --- recipe.custom(fn [, {seed = 1234, history = 1024, switch_at}]): fn(ctx) -> spec per operand,
 -- ctx = {name, block, num_blocks, high_precision, step, role, operand}; a spec is a format name
@@ -703,6 +725,10 @@ M.register("fp8_delayed", function(s) return M.fp8_delayed({switch_at = s.switch
 M.register("mxfp8", function(s) return M.mxfp8({switch_at = s.switch_at}) end)
 M.register("nvfp4", function(s)
   return M.nvfp4({rht = s.rht, sr = s.sr, w2d = s.w2d, seed = s.seed, bf16_first = s.bf16_first, bf16_last = s.bf16_last,
+    switch_at = s.switch_at})
+end)
+M.register("mxfp4", function(s) -- w2d does not apply: MX blocks are 1x32
+  return M.mxfp4({rht = s.rht, sr = s.sr, seed = s.seed, bf16_first = s.bf16_first, bf16_last = s.bf16_last,
     switch_at = s.switch_at})
 end)
 
