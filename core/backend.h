@@ -121,7 +121,7 @@ typedef struct {
 } nvl_qview;
 
 /* out (M, N) = alpha_a * alpha_b * sum_k A[m,k] B[n,k], A = a (M = a.rows), B = b (N = b.rows),
- * both read in their blocked layouts, fp32 accumulation (NUMERICS §2). */
+ * both read in their blocked layouts, fp32 accumulation (core/NUMERICS.md §7). */
 typedef struct {
   void *out;           /* (M, N) row-major, f32 or bf16 */
   nvl_dtype out_dtype; /* f32 or bf16 */

@@ -24,7 +24,7 @@ typedef enum {
   NVL_I32 = 2,
   NVL_I64 = 3,
   NVL_U8 = 4,
-  /* quantized formats (NUMERICS.md): live only inside nvl_qtensor (quant.h), never as plain
+  /* quantized formats (core/NUMERICS.md): live only inside nvl_qtensor (quant.h), never as plain
    * tensor elements */
   NVL_E4M3 = 5,       /* fp8 e4m3, one fp32 scale per tensor */
   NVL_E5M2 = 6,       /* fp8 e5m2, one fp32 scale per tensor */
@@ -103,7 +103,7 @@ typedef struct {
   /* The per-tensor factors from the amax (NULL: none, the factor is 1):
    * enc_scale: what x is multiplied by before the block scales (fp8: elem_max / amax; nvfp4:
    * s_enc = 2688 / amax), as q.scale; dec_scale: the factor a GEMM applies to the products of
-   * decoded values and block scales (fp8: 1 / scale; nvfp4: amax / 2688), NUMERICS §2. */
+   * decoded values and block scales (fp8: 1 / scale; nvfp4: amax / 2688), NUMERICS §7. */
   float (*enc_scale)(float amax);
   float (*dec_scale)(float amax, float enc_scale);
 } nvl_dtype_traits;

@@ -1,6 +1,6 @@
 /* philox.h: Philox4x32-10 (Salmon et al., SC'11, Random123), the one source of random bits in
  * nvlua. Counter-based, so the CPU and CUDA paths draw identical bits and runs resume exactly.
- * Stream layout (NUMERICS.md §3): key = (seed lo, seed hi); counter = (i lo, offset lo, offset hi,
+ * Stream layout (core/NUMERICS.md §3): key = (seed lo, seed hi); counter = (i lo, offset lo, offset hi,
  * i hi) where i indexes 4-word groups within one call and offset counts calls on a generator; the
  * last word is NUMERICS' 0 for every i < 2^32 and keeps larger tensors' groups distinct. */
 #ifndef NVL_PHILOX_H

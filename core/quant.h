@@ -86,7 +86,7 @@ nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q);
 /* out[M,N] = sum_k A[m,k] B[n,k] where A, B are the 2-D qa, qb read in their blocked layouts
  * (M = qa.rows, N = qb.rows, K their blocked length): each operand decoded exactly without its
  * global scale, an fp32 GEMM, then alpha (the product of the global decode scales) applied in
- * fp32 (NUMERICS §2). out_dtype f32 or bf16. */
+ * fp32 (NUMERICS §7). out_dtype f32 or bf16. */
 nvl_status nvl_qmatmul(nvl_tensor *out, const nvl_qtensor *qa, const nvl_qtensor *qb, nvl_dtype out_dtype);
 /* acc (an existing contiguous f32 [M, N]) += the f32 result of nvl_qmatmul, bit for bit what
  * qmatmul followed by an add gives, without a full-size temporary (wgrad into a weight grad). */

@@ -1,5 +1,5 @@
 -- test_cuda_quant.lua: the CUDA quantizers and GEMMs (kernels/cuda/quant.cu, gemm.cu) against the
--- CPU. Quantizers: every format and option of NUMERICS.md, bit for bit (codes, scales, amax,
+-- CPU. Quantizers: every format and option of core/NUMERICS.md, bit for bit (codes, scales, amax,
 -- scale) with the CPU path for the same inputs, seeds and offsets, on several shapes (blocked dims
 -- not multiples of 128, 3-D tensors, any axis), f32 and bf16 inputs; the 128x4 swizzled scales
 -- against a swizzle computed here; the fused row + column quantization against two CPU calls.

@@ -1,6 +1,6 @@
 -- tests/test_quant.lua: nv.quantize and friends against the independent golden vectors
 -- (tests/golden/formats.txt, made by scripts/gen_golden_formats.py with numpy + ml_dtypes), the
--- fast kernels against the reference ones, and the properties NUMERICS.md promises.
+-- fast kernels against the reference ones, and the properties core/NUMERICS.md promises.
 local T = require "nvlua.test"
 local nv = require "nvlua"
 

@@ -1,5 +1,5 @@
 -- test_random.lua: Philox4x32-10 and the random streams built on it — known answers from the
--- Random123 distribution (kat_vectors), the stream layout of rand/randn (NUMERICS.md §3: key =
+-- Random123 distribution (kat_vectors), the stream layout of rand/randn (core/NUMERICS.md §3: key =
 -- (seed lo, seed hi), counter = (group, offset lo, offset hi, 0)), generator offsets and
 -- independence, determinism, the range of rand and the moments of rand/randn.
 -- Not here: stochastic rounding in quantizers (their own tests).

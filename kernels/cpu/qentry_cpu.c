@@ -1,7 +1,7 @@
 /* qentry_cpu.c: the quantization entries of the CPU table (core/backend.h): per scale kind a
  * quantize driver (x gathered into the blocked layout in cache tiles, the fast RHT, the fast
  * quantizer of quant_cpu.c), a table-driven decoder (dequant_cpu.c), and the emulated GEMM of
- * NUMERICS §2: operands decoded without their global factors (exact in fp32), one OpenBLAS sgemm,
+ * core/NUMERICS.md §7: operands decoded without their global factors (exact in fp32), one OpenBLAS sgemm,
  * the product of the global factors applied after in fp32. Every entry is bit-identical to its
  * twin in kernels/cpu/ref/qentry_ref.c (the GEMM: within fp32 summation-order error).
  * Not here: validation and allocation of the outputs (core/quant.c). */

@@ -1,5 +1,5 @@
 /* common.cuh: what the CUDA backend's .cu files share — the host-side checking helpers
- * (defined in device.cu) and the device-side numerics of NUMERICS.md: IEEE fp32 arithmetic that
+ * (defined in device.cu) and the device-side numerics of core/NUMERICS.md: IEEE fp32 arithmetic that
  * no compiler flag can change, the element encoders, Philox4x32-10 and the 16-point RHT.
  *
  * Every device function here is the twin of a CPU function, and says which. The CPU fast

@@ -10,7 +10,7 @@
  *   mxfp8 x mxfp8  native on sm_100 (VEC32_UE8M0 scales, swizzled); emulated elsewhere and for
  *                  e5m2 x e5m2
  *   other mixes of bf16 / fp8 / mx formats / nvfp4 (mx with e2m1 elements included): emulated
- * "Emulated" is NUMERICS §2's exact emulation: each operand dequantized to bf16 without its global
+ * "Emulated" is core/NUMERICS.md §7's exact emulation: each operand dequantized to bf16 without its global
  * factor (exact: nvfp4 value * ue4m3 scale has at most 6 significant bits; fp8 values fit bf16;
  * mxfp8 value * 2^k fits unless the product leaves bf16's exponent range, which is detected and
  * reported as an error rather than rounded), then one bf16 GEMM with alpha = alpha_a * alpha_b.

@@ -1,6 +1,6 @@
 -- nvlua.quant: quantization from Lua — nv.quantize, nv.qmatmul, nv.rht, nv.AmaxHistory, and the
 -- REPL tools nv.quant.report (a format comparison table) and nv.quant.show (one block, digit by
--- digit). The formats and their arithmetic are NUMERICS.md's; the kernels are C (core/quant.c).
+-- digit). The formats and their arithmetic are core/NUMERICS.md's; the kernels are C (core/quant.c).
 local core = require "nvlua.core"
 local util = require "nvlua.util"
 local formats = require "nvlua.formats"
@@ -30,7 +30,7 @@ function M.quantize(x, fmt, opts)
 end
 
 --- nv.qmatmul(qa, qb [, {out = "f32"|"bf16", accumulate = t}]) -> [M, N] = sum over the blocked
--- dims (NUMERICS §2); with accumulate (an f32 [M, N] tensor): t += the f32 product, returns t
+-- dims (core/NUMERICS.md §7); with accumulate (an f32 [M, N] tensor): t += the f32 product, returns t
 function M.qmatmul(qa, qb, opts)
   local out = opts and opts.out or "f32"
   if opts and opts.accumulate then

@@ -1,6 +1,6 @@
 -- nvlua.recipe: precision recipes. A recipe answers, for each linear layer and each of its three
 -- GEMMs, how each operand is quantized (format, block layout, RHT, SR, scale rule, delayed
--- scaling), and runs those GEMMs for nn.Linear (NUMERICS.md §6 is the contract):
+-- scaling), and runs those GEMMs for nn.Linear (core/NUMERICS.md §6 is the contract):
 --
 --   Y[T,N]  = X[T,K] · W[N,K]ᵀ   fprop   reduces over K   operands x, w
 --   dX[T,K] = dY[T,N] · W        dgrad   reduces over N   operands dy, w

@@ -1,5 +1,5 @@
 /* test_formats_ref.c: the scalar reference codecs and quantizers (kernels/cpu/ref/formats_ref.c)
- * against NUMERICS.md: exhaustive 8-bit and 4-bit codecs, every rounding tie, saturation,
+ * against core/NUMERICS.md: exhaustive 8-bit and 4-bit codecs, every rounding tie, saturation,
  * NaN/inf, subnormals, -0; stochastic-rounding properties; RHT orthogonality; the 2D
  * transpose property; and every case of tests/golden/formats.txt (made by an independent
  * implementation, scripts/gen_golden_formats.py) reproduced bit for bit. */

@@ -1,5 +1,5 @@
 /* formats_ref.c: scalar reference codecs and block quantizers (see formats_ref.h).
- * Written to be read next to NUMERICS.md: every fp32 operation of the contract is one C float
+ * Written to be read next to core/NUMERICS.md: every fp32 operation of the contract is one C float
  * operation here, in the contract's order (this file needs FLT_EVAL_METHOD 0, i.e. SSE/NEON
  * float arithmetic, no -ffast-math, and fp32 subnormals kept). Not here: speed. */
 #include "cpu/ref/formats_ref.h"

@@ -1,6 +1,6 @@
 /* formats_ref.h: scalar reference codecs and block quantizers for nvlua's low-precision formats
  * (e4m3, e5m2, e2m1, ue4m3, e8m0; NVFP4 1D/2D, the MX formats, FP8 per-tensor) and the 16-point RHT.
- * NUMERICS.md is the contract; every fast CPU and CUDA kernel is tested bit for bit against
+ * core/NUMERICS.md is the contract; every fast CPU and CUDA kernel is tested bit for bit against
  * these functions, and these against tests/golden/formats.txt (scripts/gen_golden_formats.py).
  *
  * Not here: speed, threads, tensors, allocation, Lua. Buffers are plain row-major arrays owned
