@@ -75,13 +75,13 @@ nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_ten
   const nvl_backend *be;
   dims n;
   NVL_TRY(check_qkv(op, q, k, v, scale, &n));
-  NVL_PICK(be, q, attention_forward, op);
+  NVL_PICK(be, q, layers->attention_forward, op);
   int64_t lse_shape[3] = {n.B, n.Hq, n.T};
   nvl_tensor o = nvl_tensor_null(), l = nvl_tensor_null();
   nvl_status st = nvl_tensor_empty(&o, NVL_F32, q->device, 4, q->shape); /* (B, T, Hq, D) */
   if (st == NVL_OK) st = nvl_tensor_empty(&l, NVL_F32, q->device, 3, lse_shape); /* (B, Hq, T) */
   if (st == NVL_OK)
-    st = NVL_CALL(be, q, attention_forward, nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q),
+    st = NVL_CALL(be, q, layers->attention_forward, nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q),
                   nvl_tensor_data(k), nvl_tensor_data(v), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
   if (st != NVL_OK) {
     nvl_tensor_release(&o);
@@ -115,13 +115,13 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
     return nvl_error(NVL_EINVAL, "%s: lse must be a contiguous f32 (B, Hq, T) = [%lld,%lld,%lld] %s tensor, got %s%s",
                      op, (long long)n.B, (long long)n.Hq, (long long)n.T, q->device == NVL_CUDA ? "cuda" : "cpu",
                      nvl_tensor_desc(lse, s1, sizeof s1), nvl_tensor_is_contiguous(lse) ? "" : " (strided)");
-  NVL_PICK(be, q, attention_backward, op);
+  NVL_PICK(be, q, layers->attention_backward, op);
   nvl_tensor gq = nvl_tensor_null(), gk = nvl_tensor_null(), gv = nvl_tensor_null();
   nvl_status st = nvl_tensor_empty(&gq, NVL_F32, q->device, 4, q->shape); /* (B, T, Hq, D) */
   if (st == NVL_OK) st = nvl_tensor_empty(&gk, NVL_F32, q->device, 4, k->shape); /* (B, T, Hkv, D) */
   if (st == NVL_OK) st = nvl_tensor_empty(&gv, NVL_F32, q->device, 4, v->shape); /* (B, T, Hkv, D) */
   if (st == NVL_OK)
-    st = NVL_CALL(be, q, attention_backward, nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
+    st = NVL_CALL(be, q, layers->attention_backward, nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
                   nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k), nvl_tensor_data(v),
                   nvl_tensor_data(out), nvl_tensor_data(lse), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
   if (st != NVL_OK) {

@@ -14,6 +14,15 @@
  * else of core/. Kernels never allocate behind the caller's back: scratch memory comes from the
  * caller through nvl_kctx.scratch, on the op's device, and lives until the call returns.
  *
+ * Adding a format: an enum value and a traits row (core/dtype.h, core/dtype.c), a reference codec if
+ * its element is new, and one line in each table's `formats` that points at the drivers of its scale
+ * kind (MXFP4 was exactly that: five files). Adding a layer op (say GELU): a field in
+ * nvl_layer_kernels (here), its core entry (core/layers.h, core/layers.c: checks, outputs, one
+ * NVL_PICK / NVL_CALL), the reference kernel with its line in nvl_layers_ref (kernels/cpu/ref/
+ * layers_ref.c), and a binding line (lua/bind/layers.c): five files. It then runs on the CPU
+ * through the fallback; a fast CPU or a CUDA kernel is one more file each (layers_cpu.c,
+ * layers.cu + backend_cuda.c), and until then cuda says "gelu: not supported on cuda".
+ *
  * Argument order in every entry: the context, outputs, inputs, weights, saved activations, dims.
  * Raw pointers are contiguous buffers on the backend's device (f32 unless said); tensor arguments
  * (the tensor ops) are views already checked and broadcast by core. Shapes as in core/layers.h. */
@@ -195,23 +204,10 @@ static inline size_t nvl_swizzled_bytes(int64_t rows, int64_t nb) {
   return (size_t)((rows + 127) / 128 * 128) * (size_t)((nb + 3) / 4 * 4);
 }
 
-/* ---- the table -------------------------------------------------------------------------------- */
-
-typedef struct nvl_backend {
-  const char *name;     /* "reference", "cpu", "cuda" */
-  nvl_device device;
-
-  /* quantization: one row per format (plain f32 and bf16 included: their "quantization" is a
-   * cast into the blocked layout) */
-  nvl_format_kernels formats[NVL_DTYPE_COUNT];
-  int swizzled_scales;  /* 1: block scales are also written swizzled (nvl_qdesc.scales_swz) */
-  /* the row-wise (C = 1) and column-wise (B = 1) quantizations of one 2-D x from one read; NULL:
-   * two quantize calls */
-  nvl_status (*quantize_pair)(nvl_kctx *ctx, const nvl_qdesc *row, const nvl_qdesc *col);
-  /* y (rows, K) = the RHT of every 16-chunk of x (rows, K); y may alias x */
-  nvl_status (*rht)(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs);
-
-  /* layers (core/layers.h): parameter gradients +=, everything else = */
+/* The layer library's kernels (core/layers.h): parameter gradients +=, everything else =. Each
+ * backend defines its instance next to its kernels (kernels/cpu/ref/layers_ref.c, ...), so a new op
+ * is a field here and lines in the files that implement it. */
+typedef struct nvl_layer_kernels {
   nvl_status (*embedding_forward)(nvl_kctx *ctx, float *out, const int64_t *ids, const float *weight, int64_t N,
                                   int64_t C);
   nvl_status (*embedding_backward)(nvl_kctx *ctx, float *dweight, const float *dout, const int64_t *ids, int64_t N,
@@ -244,6 +240,28 @@ typedef struct nvl_backend {
   nvl_status (*attention_backward)(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                    const float *k, const float *v, const float *out, const float *lse, int64_t B,
                                    int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale);
+} nvl_layer_kernels;
+
+/* ---- the table -------------------------------------------------------------------------------- */
+
+typedef struct nvl_backend {
+  const char *name;     /* "reference", "cpu", "cuda" */
+  nvl_device device;
+
+  /* quantization: one row per format (plain f32 and bf16 included: their "quantization" is a
+   * cast into the blocked layout) */
+  nvl_format_kernels formats[NVL_DTYPE_COUNT];
+  int swizzled_scales;  /* 1: block scales are also written swizzled (nvl_qdesc.scales_swz) */
+  /* the row-wise (C = 1) and column-wise (B = 1) quantizations of one 2-D x from one read; NULL:
+   * two quantize calls */
+  nvl_status (*quantize_pair)(nvl_kctx *ctx, const nvl_qdesc *row, const nvl_qdesc *col);
+  /* y (rows, K) = the RHT of every 16-chunk of x (rows, K); y may alias x */
+  nvl_status (*rht)(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs);
+
+  /* layers and attention (core/layers.h): a sub-table, defined beside the kernels */
+  const struct nvl_layer_kernels *layers;
+  /* an entry this table leaves empty is taken from the fallback (the CPU table: the reference) */
+  const struct nvl_backend *fallback;
 
   /* tensor ops (core/ops.h): views of one shape (inputs broadcast by core), out's dtype chosen */
   nvl_status (*copy)(nvl_kctx *ctx, nvl_tensor *dst, const nvl_tensor *src); /* any strides, casts; no overlap */

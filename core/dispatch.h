@@ -34,13 +34,18 @@ nvl_status nvl_unsupported(const nvl_backend *be, const char *op);
 void nvl_call_begin(nvl_call *c, nvl_device device, int dev);
 void nvl_call_end(nvl_call *c);
 
-/* be = the table for t's device with a non-empty `entry`, or return the error. */
-#define NVL_PICK(be, t, entry, op)                                        \
+/* be = the table for device with a non-empty `entry` (its own, or its fallback's), or return
+ * the error, which names the device's table. */
+#define NVL_PICK_DEV(be, device, entry, op)                               \
   do {                                                                    \
-    (be) = nvl_backend_of((t), (op));                                     \
-    if (!(be)) return NVL_EUNSUPPORTED;                                   \
-    if (!(be)->entry) return nvl_unsupported((be), (op));                 \
+    const nvl_backend *nvl_be_ = nvl_backend_for((device), (op));        \
+    if (!nvl_be_) return NVL_EUNSUPPORTED;                                \
+    (be) = nvl_be_;                                                       \
+    if (!(be)->entry && (be)->fallback) (be) = (be)->fallback;            \
+    if (!(be)->entry) return nvl_unsupported(nvl_be_, (op));              \
   } while (0)
+/* The same for the device of tensor t. */
+#define NVL_PICK(be, t, entry, op) NVL_PICK_DEV(be, (t)->device, entry, op)
 
 /* Run be->entry(&ctx, ...) for tensors like t (its device and GPU), scratch released after. */
 #define NVL_CALL(be, t, entry, ...)                                                        \

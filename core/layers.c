@@ -158,7 +158,7 @@ nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, cons
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(check_tensor(op, "weight", weight, NVL_F32));
   if (weight->ndim != 2) return nvl_error(NVL_EINVAL, "%s: weight must be 2-D (V, C), got %s", op, DESC(weight, s1));
-  NVL_PICK(be, weight, embedding_forward, op);
+  NVL_PICK(be, weight, layers->embedding_forward, op);
   nvl_tensor ids = nvl_tensor_null(), idd = nvl_tensor_null(), r = nvl_tensor_null();
   NVL_TRY(ids_on(op, "ids", ids_in, weight, &ids, &idd));
   int64_t V = weight->shape[0], C = weight->shape[1], N = nvl_tensor_numel(&ids);
@@ -173,7 +173,7 @@ nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, cons
   }
   if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, weight->device, ids.ndim + 1, shape);
   if (st == NVL_OK)
-    st = NVL_CALL(be, weight, embedding_forward, nvl_tensor_data(&r), nvl_tensor_data(&idd), nvl_tensor_data(weight),
+    st = NVL_CALL(be, weight, layers->embedding_forward, nvl_tensor_data(&r), nvl_tensor_data(&idd), nvl_tensor_data(weight),
                   N, C);
   if (st == NVL_OK) *out = r;
   else nvl_tensor_release(&r);
@@ -189,7 +189,7 @@ nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, c
   NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
   NVL_TRY(check_tensor_on(op, "dout", dout, NVL_F32, dweight));
   if (dweight->ndim != 2) return nvl_error(NVL_EINVAL, "%s: dweight must be 2-D (V, C), got %s", op, DESC(dweight, s1));
-  NVL_PICK(be, dweight, embedding_backward, op);
+  NVL_PICK(be, dweight, layers->embedding_backward, op);
   nvl_tensor ids = nvl_tensor_null(), idd = nvl_tensor_null();
   NVL_TRY(ids_on(op, "ids", ids_in, dweight, &ids, &idd));
   int64_t V = dweight->shape[0], C = dweight->shape[1], N = nvl_tensor_numel(&ids);
@@ -198,7 +198,7 @@ nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, c
     st = mismatch(op, "dout", dout, "ids", &ids, "dout of shape (ids..., C) with C = dweight's width");
   if (st == NVL_OK) st = check_ids(op, "id", nvl_tensor_data(&ids), N, V, 0, 0);
   if (st == NVL_OK)
-    st = NVL_CALL(be, dweight, embedding_backward, nvl_tensor_data(dweight), nvl_tensor_data(dout),
+    st = NVL_CALL(be, dweight, layers->embedding_backward, nvl_tensor_data(dweight), nvl_tensor_data(dout),
                   nvl_tensor_data(&idd), N, C);
   nvl_tensor_release(&ids);
   nvl_tensor_release(&idd);
@@ -228,13 +228,13 @@ nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tens
   NVL_TRY(check_rms_x_w(op, x, weight));
   if (!(eps >= 0.0) || !isfinite(eps))
     return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, eps);
-  NVL_PICK(be, x, rmsnorm_forward, op);
+  NVL_PICK(be, x, layers->rmsnorm_forward, op);
   int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
   nvl_tensor o = nvl_tensor_null(), r = nvl_tensor_null();
   nvl_status st = nvl_tensor_empty(&o, NVL_F32, x->device, x->ndim, x->shape);
   if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim - 1, x->shape);
   if (st == NVL_OK)
-    st = NVL_CALL(be, x, rmsnorm_forward, nvl_tensor_data(&o), nvl_tensor_data(&r), nvl_tensor_data(x),
+    st = NVL_CALL(be, x, layers->rmsnorm_forward, nvl_tensor_data(&o), nvl_tensor_data(&r), nvl_tensor_data(x),
                   nvl_tensor_data(weight), N, C, eps);
   if (st != NVL_OK) {
     nvl_tensor_release(&o);
@@ -259,11 +259,11 @@ nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_t
   NVL_TRY(need_same_shape(op, "dout", dout, "x", x));
   NVL_TRY(need_same_shape(op, "dweight", dweight, "weight", weight));
   if (!is_leading_shape(x, rstd)) return mismatch(op, "x", x, "rstd", rstd, "rstd of x's shape without its last dim");
-  NVL_PICK(be, x, rmsnorm_backward, op);
+  NVL_PICK(be, x, layers->rmsnorm_backward, op);
   int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim, x->shape));
-  nvl_status st = NVL_CALL(be, x, rmsnorm_backward, nvl_tensor_data(&r), nvl_tensor_data(dweight),
+  nvl_status st = NVL_CALL(be, x, layers->rmsnorm_backward, nvl_tensor_data(&r), nvl_tensor_data(dweight),
                            nvl_tensor_data(dout), nvl_tensor_data(x), nvl_tensor_data(weight), nvl_tensor_data(rstd),
                            N, C);
   if (st != NVL_OK) {
@@ -298,13 +298,13 @@ nvl_status nvl_rope_tables(nvl_tensor *cos_t, nvl_tensor *sin_t, int64_t T, int6
       return nvl_error(NVL_EINVAL, "%s: scaling original_max_position_embeddings must be > 0, got %g", op,
                        s->original_max_position_embeddings);
   }
-  const nvl_backend *be = nvl_backend_for(NVL_CPU, op); /* computed on the host, in double */
-  if (!be->rope_tables) return nvl_unsupported(be, op);
+  const nvl_backend *be;
+  NVL_PICK_DEV(be, NVL_CPU, layers->rope_tables, op); /* computed on the host, in double */
   int64_t shape[2] = {T, D};
   nvl_tensor c = nvl_tensor_null(), sn = nvl_tensor_null();
   nvl_status st = nvl_tensor_empty(&c, NVL_F32, NVL_CPU, 2, shape);
   if (st == NVL_OK) st = nvl_tensor_empty(&sn, NVL_F32, NVL_CPU, 2, shape);
-  if (st == NVL_OK) st = NVL_CALL(be, &c, rope_tables, nvl_tensor_data(&c), nvl_tensor_data(&sn), T, D, theta, s);
+  if (st == NVL_OK) st = NVL_CALL(be, &c, layers->rope_tables, nvl_tensor_data(&c), nvl_tensor_data(&sn), T, D, theta, s);
   if (st != NVL_OK) {
     nvl_tensor_release(&c);
     nvl_tensor_release(&sn);
@@ -336,14 +336,14 @@ static nvl_status rope(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *c
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, bwd ? "dx" : "out", out));
   NVL_TRY(check_rope(op, bwd ? "dout" : "x", x, cos_t, sin_t));
-  if (bwd) NVL_PICK(be, x, rope_backward, op);
-  else NVL_PICK(be, x, rope_forward, op);
+  if (bwd) NVL_PICK(be, x, layers->rope_backward, op);
+  else NVL_PICK(be, x, layers->rope_forward, op);
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, NVL_F32, x->device, 4, x->shape));
   const int64_t *sh = x->shape;
-  nvl_status st = bwd ? NVL_CALL(be, x, rope_backward, nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
+  nvl_status st = bwd ? NVL_CALL(be, x, layers->rope_backward, nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
                                  nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3])
-                      : NVL_CALL(be, x, rope_forward, nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
+                      : NVL_CALL(be, x, layers->rope_forward, nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
                                  nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3]);
   if (st != NVL_OK) {
     nvl_tensor_release(&r);
@@ -370,10 +370,10 @@ nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl
   NVL_TRY(check_tensor(op, "gate", gate, NVL_F32));
   NVL_TRY(check_tensor_on(op, "up", up, NVL_F32, gate));
   NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
-  NVL_PICK(be, gate, swiglu_forward, op);
+  NVL_PICK(be, gate, layers->swiglu_forward, op);
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, NVL_F32, gate->device, gate->ndim, gate->shape));
-  nvl_status st = NVL_CALL(be, gate, swiglu_forward, nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up),
+  nvl_status st = NVL_CALL(be, gate, layers->swiglu_forward, nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up),
                            nvl_tensor_numel(gate));
   if (st != NVL_OK) {
     nvl_tensor_release(&r);
@@ -394,12 +394,12 @@ nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_ten
   NVL_TRY(check_tensor_on(op, "up", up, NVL_F32, dout));
   NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
   NVL_TRY(need_same_shape(op, "dout", dout, "gate", gate));
-  NVL_PICK(be, dout, swiglu_backward, op);
+  NVL_PICK(be, dout, layers->swiglu_backward, op);
   nvl_tensor g = nvl_tensor_null(), u = nvl_tensor_null();
   nvl_status st = nvl_tensor_empty(&g, NVL_F32, dout->device, gate->ndim, gate->shape);
   if (st == NVL_OK) st = nvl_tensor_empty(&u, NVL_F32, dout->device, gate->ndim, gate->shape);
   if (st == NVL_OK)
-    st = NVL_CALL(be, dout, swiglu_backward, nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout),
+    st = NVL_CALL(be, dout, layers->swiglu_backward, nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout),
                   nvl_tensor_data(gate), nvl_tensor_data(up), nvl_tensor_numel(gate));
   if (st != NVL_OK) {
     nvl_tensor_release(&g);
@@ -427,7 +427,7 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
   if (!isfinite(z_loss)) return nvl_error(NVL_EINVAL, "%s: z_loss must be finite, got %g", op, z_loss);
   if (!isfinite(dloss_scale))
     return nvl_error(NVL_EINVAL, "%s: the gradient scale must be finite, got %g", op, dloss_scale);
-  NVL_PICK(be, logits, cross_entropy, op);
+  NVL_PICK(be, logits, layers->cross_entropy, op);
   nvl_tensor targets = nvl_tensor_null(), tgd = nvl_tensor_null(), d = nvl_tensor_null();
   NVL_TRY(ids_on(op, "targets", targets_in, logits, &targets, &tgd));
   int64_t V = logits->shape[logits->ndim - 1], N = nvl_tensor_numel(&targets);
@@ -441,7 +441,7 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
   double gscale = cnt ? dloss_scale / (double)cnt : 0.0, total = 0.0;
   if (st == NVL_OK && dlogits) st = nvl_tensor_empty(&d, NVL_F32, logits->device, logits->ndim, logits->shape);
   if (st == NVL_OK) /* bf16 logits are read as they are (the CPU widens them exactly first) */
-    st = NVL_CALL(be, logits, cross_entropy, &total, dlogits ? nvl_tensor_data(&d) : NULL, nvl_tensor_data(logits),
+    st = NVL_CALL(be, logits, layers->cross_entropy, &total, dlogits ? nvl_tensor_data(&d) : NULL, nvl_tensor_data(logits),
                   logits->dtype, nvl_tensor_data(&tgd), N, V, ignore_index, z_loss, gscale);
   if (st == NVL_OK) {
     *loss = cnt ? total / (double)cnt : 0.0;
@@ -489,8 +489,8 @@ nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor 
       if (n > 0 && overlap(ts[i], ts[j], n))
         return nvl_error(NVL_EINVAL, "%s: %s and %s overlap in memory; they must be separate tensors", op, names[i],
                          names[j]);
-  NVL_PICK(be, param, adamw_step, op);
-  return NVL_CALL(be, param, adamw_step, nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m),
+  NVL_PICK(be, param, layers->adamw_step, op);
+  return NVL_CALL(be, param, layers->adamw_step, nvl_tensor_data(param), nvl_tensor_data(grad), nvl_tensor_data(m),
                   nvl_tensor_data(v), n, o);
 }
 
@@ -503,10 +503,10 @@ nvl_status nvl_sumsq(double *out, const nvl_tensor *t) {
   NVL_TRY(nvl_tensor_check_live(t, op));
   if (t->dtype != NVL_F32 && t->dtype != NVL_BF16)
     return nvl_error(NVL_EINVAL, "%s: the tensor must be f32 or bf16, got %s", op, DESC(t, s1));
-  NVL_PICK(be, t, sumsq, op);
+  NVL_PICK(be, t, layers->sumsq, op);
   nvl_tensor c = nvl_tensor_null(); /* strided views are gathered first */
   NVL_TRY(nvl_tensor_contiguous(&c, t));
-  nvl_status st = NVL_CALL(be, &c, sumsq, out, nvl_tensor_data(&c), c.dtype, nvl_tensor_numel(&c));
+  nvl_status st = NVL_CALL(be, &c, layers->sumsq, out, nvl_tensor_data(&c), c.dtype, nvl_tensor_numel(&c));
   nvl_tensor_release(&c);
   return st;
 }

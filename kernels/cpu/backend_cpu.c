@@ -1,7 +1,7 @@
 /* backend_cpu.c: the CPU table (core/backend.h): OpenMP, SIMD and OpenBLAS kernels of kernels/cpu,
- * tested against the reference table; where a fast kernel does not cover a layout or an op, the
- * entry is the reference itself. */
-#include "cpu/attention_cpu.h"
+ * tested against the reference table. An op without a fast kernel is left empty here and runs the
+ * reference through the fallback; the fast entries themselves use the reference for layouts they do
+ * not cover. */
 #include "cpu/layers_cpu.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/qentry_cpu.h"
@@ -26,32 +26,16 @@ const nvl_backend nvl_backend_cpu = {
   },
   .rht = nvl_rht_cpu,
 
-  .embedding_forward = nvl_embedding_forward_cpu,
-  .embedding_backward = nvl_embedding_backward_cpu,
-  .rmsnorm_forward = nvl_rmsnorm_forward_cpu,
-  .rmsnorm_backward = nvl_rmsnorm_backward_cpu,
-  .rope_tables = nvl_rope_tables_entry_ref, /* computed once, in double */
-  .rope_forward = nvl_rope_forward_cpu,
-  .rope_backward = nvl_rope_backward_cpu,
-  .swiglu_forward = nvl_swiglu_forward_cpu,
-  .swiglu_backward = nvl_swiglu_backward_cpu,
-  .cross_entropy = nvl_cross_entropy_cpu,
-  .adamw_step = nvl_adamw_step_cpu,
-  .sumsq = nvl_sumsq_cpu,
-  .attention_forward = nvl_attention_forward_cpu,
-  .attention_backward = nvl_attention_backward_cpu,
+  .layers = &nvl_layers_cpu,
 
   .copy = nvl_copy_cpu,
-  .fill = nvl_fill_ref,
   .binary = nvl_binary_cpu,
   .binary_scalar = nvl_binary_scalar_cpu,
   .unary = nvl_unary_cpu,
   .reduce_all = nvl_reduce_all_cpu,
-  .reduce_last = nvl_reduce_last_ref,
   .matmul = nvl_matmul_cpu,
   .axpy = nvl_axpy_cpu,
   .scale = nvl_scale_cpu,
-  .arange = nvl_arange_ref,
-  .random = nvl_random_ref,
-  .allclose = nvl_allclose_ref,
+
+  .fallback = &nvl_backend_ref,
 };

@@ -6,6 +6,7 @@
  *
  * Not here: validation, allocation (beyond small stack arrays), tensors, Lua. Needs IEEE f32 in
  * the default rounding mode (no -ffast-math), as the references do. */
+#include "cpu/attention_cpu.h"
 #include "cpu/layers_cpu.h"
 #include "cpu/ops_cpu.h"
 
@@ -18,13 +19,15 @@
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
-nvl_status nvl_embedding_forward_cpu(nvl_kctx *ctx, float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C) {
+static nvl_status embedding_forward(nvl_kctx *ctx, float *out, const int64_t *ids, const float *weight, int64_t N,
+                                    int64_t C) {
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t n = 0; n < N; n++) memcpy(out + n * C, weight + ids[n] * C, (size_t)C * sizeof(float));
   return NVL_OK;
 }
 
-nvl_status nvl_embedding_backward_cpu(nvl_kctx *ctx, float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C) {
+static nvl_status embedding_backward(nvl_kctx *ctx, float *dweight, const float *dout, const int64_t *ids, int64_t N,
+                                     int64_t C) {
   int64_t nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t k = 0; k < nchunks; k++) {
@@ -41,8 +44,8 @@ nvl_status nvl_embedding_backward_cpu(nvl_kctx *ctx, float *dweight, const float
 
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
-nvl_status nvl_rmsnorm_forward_cpu(nvl_kctx *ctx, float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
-                             double eps) {
+static nvl_status rmsnorm_forward(nvl_kctx *ctx, float *out, float *rstd, const float *x, const float *weight,
+                                  int64_t N, int64_t C, double eps) {
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t n = 0; n < N; n++) {
     const float *restrict xr = x + n * C;
@@ -58,8 +61,8 @@ nvl_status nvl_rmsnorm_forward_cpu(nvl_kctx *ctx, float *out, float *rstd, const
   return NVL_OK;
 }
 
-nvl_status nvl_rmsnorm_backward_cpu(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x, const float *weight,
-                              const float *rstd, int64_t N, int64_t C) {
+static nvl_status rmsnorm_backward(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x,
+                                   const float *weight, const float *rstd, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t n = 0; n < N; n++) {
     const float *restrict g = dout + n * C, *restrict xr = x + n * C;
@@ -91,8 +94,8 @@ nvl_status nvl_rmsnorm_backward_cpu(nvl_kctx *ctx, float *dx, float *dweight, co
 
 /* ---- RoPE: one (b, t, h) row of D at a time, the halves in separate loops so both vectorise --- */
 
-nvl_status nvl_rope_forward_cpu(nvl_kctx *ctx, float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
-                          int64_t H, int64_t D) {
+static nvl_status rope_forward(nvl_kctx *ctx, float *out, const float *x, const float *cos_t, const float *sin_t,
+                               int64_t B, int64_t T, int64_t H, int64_t D) {
   int64_t h = D / 2, rows = B * T * H;
 #pragma omp parallel for schedule(static) if (rows * D > NVL_LAYERS_OMP_MIN)
   for (int64_t row = 0; row < rows; row++) {
@@ -107,8 +110,8 @@ nvl_status nvl_rope_forward_cpu(nvl_kctx *ctx, float *out, const float *x, const
   return NVL_OK;
 }
 
-nvl_status nvl_rope_backward_cpu(nvl_kctx *ctx, float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
-                           int64_t H, int64_t D) {
+static nvl_status rope_backward(nvl_kctx *ctx, float *dx, const float *dout, const float *cos_t, const float *sin_t,
+                                int64_t B, int64_t T, int64_t H, int64_t D) {
   int64_t h = D / 2, rows = B * T * H;
 #pragma omp parallel for schedule(static) if (rows * D > NVL_LAYERS_OMP_MIN)
   for (int64_t row = 0; row < rows; row++) {
@@ -125,7 +128,7 @@ nvl_status nvl_rope_backward_cpu(nvl_kctx *ctx, float *dx, const float *dout, co
 
 /* ---- SwiGLU (f32 arithmetic, expf) ------------------------------------------------------------ */
 
-nvl_status nvl_swiglu_forward_cpu(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
+static nvl_status swiglu_forward(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > NVL_LAYERS_OMP_MIN)
   for (int64_t i = 0; i < n; i++) {
     float g = gate[i];
@@ -134,8 +137,8 @@ nvl_status nvl_swiglu_forward_cpu(nvl_kctx *ctx, float *out, const float *gate, 
   return NVL_OK;
 }
 
-nvl_status nvl_swiglu_backward_cpu(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                             int64_t n) {
+static nvl_status swiglu_backward(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
+                                  const float *up, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > NVL_LAYERS_OMP_MIN)
   for (int64_t i = 0; i < n; i++) {
     float g = gate[i], d = dout[i];
@@ -189,9 +192,9 @@ static nvl_status widen(nvl_kctx *ctx, const float **out, const void *x, nvl_dty
   return NVL_OK;
 }
 
-nvl_status nvl_cross_entropy_cpu(nvl_kctx *ctx, double *total_out, float *dlogits, const void *logits_in,
-                                 nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
-                                 int64_t ignore_index, double z_loss, double grad_scale) {
+static nvl_status cross_entropy(nvl_kctx *ctx, double *total_out, float *dlogits, const void *logits_in,
+                                nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
+                                int64_t ignore_index, double z_loss, double grad_scale) {
   const float *logits;
   NVL_TRY(widen(ctx, &logits, logits_in, logits_dtype, N * V));
   double part[MAX_PARTS];
@@ -227,7 +230,8 @@ static void adamw_span(float *restrict p, const float *restrict g, float *restri
   for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&p[i], g[i], &m[i], &v[i], &kk);
 }
 
-nvl_status nvl_adamw_step_cpu(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n, const nvl_adamw_opts *o) {
+static nvl_status adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
+                             const nvl_adamw_opts *o) {
   nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
   const int64_t chunk = 8192;
   int64_t nchunks = (n + chunk - 1) / chunk;
@@ -241,7 +245,7 @@ nvl_status nvl_adamw_step_cpu(nvl_kctx *ctx, float *param, const float *grad, fl
 
 /* ---- sum of squares --------------------------------------------------------------------------- */
 
-nvl_status nvl_sumsq_cpu(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype dt, int64_t n) {
+static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype dt, int64_t n) {
   const float *x;
   NVL_TRY(widen(ctx, &x, x_in, dt, n));
   double part[MAX_PARTS];
@@ -261,3 +265,21 @@ nvl_status nvl_sumsq_cpu(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype
   *out = total;
   return NVL_OK;
 }
+
+/* ---- the CPU table's layer kernels (rope_tables: the reference's, through the fallback) -------- */
+
+const nvl_layer_kernels nvl_layers_cpu = {
+  .embedding_forward = embedding_forward,
+  .embedding_backward = embedding_backward,
+  .rmsnorm_forward = rmsnorm_forward,
+  .rmsnorm_backward = rmsnorm_backward,
+  .rope_forward = rope_forward,
+  .rope_backward = rope_backward,
+  .swiglu_forward = swiglu_forward,
+  .swiglu_backward = swiglu_backward,
+  .cross_entropy = cross_entropy,
+  .adamw_step = adamw_step,
+  .sumsq = sumsq,
+  .attention_forward = nvl_attention_forward_cpu,
+  .attention_backward = nvl_attention_backward_cpu,
+};

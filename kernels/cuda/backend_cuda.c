@@ -68,6 +68,22 @@ static const nvl_device_api device_api = {
   .gemm_path = nvl_cuda_gemm_path,
 };
 
+static const nvl_layer_kernels layers = { /* rope_tables: computed on the host */
+  .embedding_forward = nvl_cuda_embedding_forward,
+  .embedding_backward = nvl_cuda_embedding_backward,
+  .rmsnorm_forward = nvl_cuda_rmsnorm_forward,
+  .rmsnorm_backward = nvl_cuda_rmsnorm_backward,
+  .rope_forward = nvl_cuda_rope_forward,
+  .rope_backward = nvl_cuda_rope_backward,
+  .swiglu_forward = nvl_cuda_swiglu_forward,
+  .swiglu_backward = nvl_cuda_swiglu_backward,
+  .cross_entropy = nvl_cuda_cross_entropy,
+  .adamw_step = nvl_cuda_adamw_step,
+  .sumsq = nvl_cuda_sumsq,
+  .attention_forward = nvl_cuda_attention_forward,
+  .attention_backward = nvl_cuda_attention_backward,
+};
+
 #define ROW {nvl_cuda_quantize, NULL, nvl_cuda_qgemm} /* dequantize: core decodes a host copy */
 
 const nvl_backend nvl_backend_cuda = {
@@ -86,19 +102,7 @@ const nvl_backend nvl_backend_cuda = {
   .swizzled_scales = 1,
   .quantize_pair = nvl_cuda_quantize_pair,
 
-  .embedding_forward = nvl_cuda_embedding_forward,
-  .embedding_backward = nvl_cuda_embedding_backward,
-  .rmsnorm_forward = nvl_cuda_rmsnorm_forward,
-  .rmsnorm_backward = nvl_cuda_rmsnorm_backward,
-  .rope_forward = nvl_cuda_rope_forward,
-  .rope_backward = nvl_cuda_rope_backward,
-  .swiglu_forward = nvl_cuda_swiglu_forward,
-  .swiglu_backward = nvl_cuda_swiglu_backward,
-  .cross_entropy = nvl_cuda_cross_entropy,
-  .adamw_step = nvl_cuda_adamw_step,
-  .sumsq = nvl_cuda_sumsq,
-  .attention_forward = nvl_cuda_attention_forward,
-  .attention_backward = nvl_cuda_attention_backward,
+  .layers = &layers,
 
   .copy = copy,
   .fill = fill,

@@ -1,7 +1,6 @@
 /* backend_ref.c: the reference table (core/backend.h): the plain scalar kernels of kernels/cpu/ref,
  * the contract in readable form. core/ uses it for CPU tensors while nv.use_reference(true) is on;
  * the fast CPU and CUDA kernels are tested against it. */
-#include "cpu/ref/attention_ref.h"
 #include "cpu/ref/layers_ref.h"
 #include "cpu/ref/ops_ref.h"
 #include "cpu/ref/qentry_ref.h"
@@ -26,20 +25,7 @@ const nvl_backend nvl_backend_ref = {
   },
   .rht = nvl_rht_ref,
 
-  .embedding_forward = nvl_embedding_forward_ref,
-  .embedding_backward = nvl_embedding_backward_ref,
-  .rmsnorm_forward = nvl_rmsnorm_forward_ref,
-  .rmsnorm_backward = nvl_rmsnorm_backward_ref,
-  .rope_tables = nvl_rope_tables_entry_ref,
-  .rope_forward = nvl_rope_forward_ref,
-  .rope_backward = nvl_rope_backward_ref,
-  .swiglu_forward = nvl_swiglu_forward_ref,
-  .swiglu_backward = nvl_swiglu_backward_ref,
-  .cross_entropy = nvl_cross_entropy_ref,
-  .adamw_step = nvl_adamw_step_ref,
-  .sumsq = nvl_sumsq_ref,
-  .attention_forward = nvl_attention_forward_ref,
-  .attention_backward = nvl_attention_backward_ref,
+  .layers = &nvl_layers_ref,
 
   .copy = nvl_copy_ref,
   .fill = nvl_fill_ref,

@@ -1,19 +1,22 @@
 /* layers_ref.c: scalar reference kernels of the layer library (see layers_ref.h). Written to be
  * read next to the formulas in layers.h; speed is layers_cpu.c's business. */
 #include "cpu/ref/layers_ref.h"
+#include "cpu/ref/attention_ref.h"
 
 #include <math.h>
 #include <string.h>
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
-nvl_status nvl_embedding_forward_ref(nvl_kctx *ctx, float *out, const int64_t *ids, const float *weight, int64_t N, int64_t C) {
+static nvl_status embedding_forward(nvl_kctx *ctx, float *out, const int64_t *ids, const float *weight, int64_t N,
+                                    int64_t C) {
   for (int64_t n = 0; n < N; n++)
     for (int64_t c = 0; c < C; c++) out[n * C + c] = weight[ids[n] * C + c];
   return NVL_OK;
 }
 
-nvl_status nvl_embedding_backward_ref(nvl_kctx *ctx, float *dweight, const float *dout, const int64_t *ids, int64_t N, int64_t C) {
+static nvl_status embedding_backward(nvl_kctx *ctx, float *dweight, const float *dout, const int64_t *ids, int64_t N,
+                                     int64_t C) {
   for (int64_t n = 0; n < N; n++)
     for (int64_t c = 0; c < C; c++) dweight[ids[n] * C + c] += dout[n * C + c];
   return NVL_OK;
@@ -21,8 +24,8 @@ nvl_status nvl_embedding_backward_ref(nvl_kctx *ctx, float *dweight, const float
 
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
-nvl_status nvl_rmsnorm_forward_ref(nvl_kctx *ctx, float *out, float *rstd, const float *x, const float *weight, int64_t N, int64_t C,
-                             double eps) {
+static nvl_status rmsnorm_forward(nvl_kctx *ctx, float *out, float *rstd, const float *x, const float *weight,
+                                  int64_t N, int64_t C, double eps) {
   for (int64_t n = 0; n < N; n++) {
     const float *xr = x + n * C;
     double ss = 0.0;
@@ -34,8 +37,8 @@ nvl_status nvl_rmsnorm_forward_ref(nvl_kctx *ctx, float *out, float *rstd, const
   return NVL_OK;
 }
 
-nvl_status nvl_rmsnorm_backward_ref(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x, const float *weight,
-                              const float *rstd, int64_t N, int64_t C) {
+static nvl_status rmsnorm_backward(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x,
+                                   const float *weight, const float *rstd, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; n++) {
     const float *g = dout + n * C, *xr = x + n * C;
     double r = rstd[n], dot = 0.0;
@@ -83,8 +86,8 @@ void nvl_rope_tables_ref(float *cos_t, float *sin_t, const double *inv_freq, int
     }
 }
 
-nvl_status nvl_rope_tables_entry_ref(nvl_kctx *ctx, float *cos_t, float *sin_t, int64_t T, int64_t D, double theta,
-                                      const nvl_rope_scaling *sc) {
+static nvl_status rope_tables(nvl_kctx *ctx, float *cos_t, float *sin_t, int64_t T, int64_t D, double theta,
+                              const nvl_rope_scaling *sc) {
   double *inv_freq; /* (D/2) */
   NVL_TRY(ctx->scratch(ctx, (size_t)(D / 2) * sizeof(double), (void **)&inv_freq));
   nvl_rope_inv_freq_ref(inv_freq, D, theta, sc);
@@ -92,8 +95,8 @@ nvl_status nvl_rope_tables_entry_ref(nvl_kctx *ctx, float *cos_t, float *sin_t, 
   return NVL_OK;
 }
 
-nvl_status nvl_rope_forward_ref(nvl_kctx *ctx, float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
-                          int64_t H, int64_t D) {
+static nvl_status rope_forward(nvl_kctx *ctx, float *out, const float *x, const float *cos_t, const float *sin_t,
+                               int64_t B, int64_t T, int64_t H, int64_t D) {
   int64_t h = D / 2;
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++)
@@ -108,8 +111,8 @@ nvl_status nvl_rope_forward_ref(nvl_kctx *ctx, float *out, const float *x, const
   return NVL_OK;
 }
 
-nvl_status nvl_rope_backward_ref(nvl_kctx *ctx, float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
-                           int64_t H, int64_t D) {
+static nvl_status rope_backward(nvl_kctx *ctx, float *dx, const float *dout, const float *cos_t, const float *sin_t,
+                                int64_t B, int64_t T, int64_t H, int64_t D) {
   int64_t h = D / 2;
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++)
@@ -126,7 +129,7 @@ nvl_status nvl_rope_backward_ref(nvl_kctx *ctx, float *dx, const float *dout, co
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 
-nvl_status nvl_swiglu_forward_ref(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
+static nvl_status swiglu_forward(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     double g = gate[i];
     out[i] = (float)(g / (1.0 + exp(-g)) * (double)up[i]);
@@ -134,8 +137,8 @@ nvl_status nvl_swiglu_forward_ref(nvl_kctx *ctx, float *out, const float *gate, 
   return NVL_OK;
 }
 
-nvl_status nvl_swiglu_backward_ref(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                             int64_t n) {
+static nvl_status swiglu_backward(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
+                                  const float *up, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     double g = gate[i], u = up[i], d = dout[i];
     double s = 1.0 / (1.0 + exp(-g));
@@ -161,9 +164,9 @@ nvl_status nvl_widen_f32(nvl_kctx *ctx, const float **out, const void *x, nvl_dt
   return NVL_OK;
 }
 
-nvl_status nvl_cross_entropy_ref(nvl_kctx *ctx, double *total_out, float *dlogits, const void *logits_in,
-                                 nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
-                                 int64_t ignore_index, double z_loss, double grad_scale) {
+static nvl_status cross_entropy(nvl_kctx *ctx, double *total_out, float *dlogits, const void *logits_in,
+                                nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
+                                int64_t ignore_index, double z_loss, double grad_scale) {
   const float *logits;
   NVL_TRY(nvl_widen_f32(ctx, &logits, logits_in, logits_dtype, N * V));
   double total = 0.0;
@@ -208,7 +211,8 @@ nvl_adamw_coefs nvl_adamw_coefs_of(const nvl_adamw_opts *o) {
   return k;
 }
 
-nvl_status nvl_adamw_step_ref(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n, const nvl_adamw_opts *o) {
+static nvl_status adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
+                             const nvl_adamw_opts *o) {
   nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
   for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&param[i], grad[i], &m[i], &v[i], &k);
   return NVL_OK;
@@ -216,7 +220,7 @@ nvl_status nvl_adamw_step_ref(nvl_kctx *ctx, float *param, const float *grad, fl
 
 /* ---- sum of squares --------------------------------------------------------------------------- */
 
-nvl_status nvl_sumsq_ref(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype dt, int64_t n) {
+static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype dt, int64_t n) {
   const float *x;
   NVL_TRY(nvl_widen_f32(ctx, &x, x_in, dt, n));
   double s = 0.0;
@@ -224,3 +228,22 @@ nvl_status nvl_sumsq_ref(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype
   *out = s;
   return NVL_OK;
 }
+
+/* ---- the reference table's layer kernels ----------------------------------------------------- */
+
+const nvl_layer_kernels nvl_layers_ref = {
+  .embedding_forward = embedding_forward,
+  .embedding_backward = embedding_backward,
+  .rmsnorm_forward = rmsnorm_forward,
+  .rmsnorm_backward = rmsnorm_backward,
+  .rope_tables = rope_tables,
+  .rope_forward = rope_forward,
+  .rope_backward = rope_backward,
+  .swiglu_forward = swiglu_forward,
+  .swiglu_backward = swiglu_backward,
+  .cross_entropy = cross_entropy,
+  .adamw_step = adamw_step,
+  .sumsq = sumsq,
+  .attention_forward = nvl_attention_forward_ref,
+  .attention_backward = nvl_attention_backward_ref,
+};
