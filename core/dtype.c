@@ -77,14 +77,15 @@ static float nvfp4_dec_scale(float amax, float enc_scale) { (void)enc_scale; ret
   {.name = nm, .bits = bits_, .elem_size = size, .is_float = flt, .promote_rank = rank, .significand_bits = sig, \
    .max_finite = maxv, .min_value = minv, .load_f = lf, .store_f = sf, .load_i = li, .store_i = si, .elem = -1, \
    .bits_per_elem = bits_}
-/* A quantized format: element codec e (bits eb, max maxv), scale kind sc with blocks of blk along
- * the blocked dim (layout lay), scales of sbits each, rounded by rule. */
-#define QUANT(nm, e, eb, maxv, sc, blk, lay, sbits, rule, enc, dec, es, ds)                                \
+/* A quantized format: element codec e (bits eb, max maxv; its functions: formats_ref.h nvl_elem_*),
+ * scale kind sc with blocks of blk along the blocked dim (layout lay), scales of sbits each,
+ * rounded by rule; es / ds the per-tensor factors. */
+#define QUANT(nm, e, eb, maxv, sc, blk, lay, sbits, rule, es, ds)                                          \
   {.name = nm, .bits = eb, .elem_size = 1, .is_float = 1, .max_finite = maxv, .min_value = -(maxv),        \
    .is_quantized = 1, .elem = e, .scale = sc, .block = blk, .layout = lay, .scale_bits = sbits,            \
    .bits_per_elem = (eb) + (blk ? (double)(sbits) / (blk) : 0.0), .scale_rule = rule,                      \
    .sr = (e) == NVL_ELEM_E2M1, .global_amax = (sc) == NVL_SCALE_TENSOR || (sc) == NVL_SCALE_UE4M3,         \
-   .block2d = (sc) == NVL_SCALE_UE4M3, .encode = enc, .decode = dec, .enc_scale = es, .dec_scale = ds}
+   .block2d = (sc) == NVL_SCALE_UE4M3, .enc_scale = es, .dec_scale = ds}
 
 const nvl_dtype_traits nvl_dtypes[NVL_DTYPE_COUNT] = {
   [NVL_F32] = PLAIN("f32", 32, 4, 1, 4, 24, 3.4028234663852886e38, -3.4028234663852886e38, load_f32, store_f32, load_i_f32, store_i_f32),
@@ -93,17 +94,14 @@ const nvl_dtype_traits nvl_dtypes[NVL_DTYPE_COUNT] = {
   [NVL_I64] = PLAIN("i64", 64, 8, 0, 2, 0, 9223372036854775807.0, -9223372036854775808.0, load_i64, store_i64, load_i_i64, store_i_i64),
   [NVL_U8] = PLAIN("u8", 8, 1, 0, 0, 0, 255.0, 0.0, load_u8, store_u8, load_i_u8, store_i_u8),
   [NVL_E4M3] = QUANT("e4m3", NVL_ELEM_E4M3, 8, 448.0, NVL_SCALE_TENSOR, 0, NVL_LAYOUT_TENSOR, 32, "fp32",
-                     nvl_e4m3_encode_ref, nvl_e4m3_decode_ref, e4m3_enc_scale, fp8_dec_scale),
+                      e4m3_enc_scale, fp8_dec_scale),
   [NVL_E5M2] = QUANT("e5m2", NVL_ELEM_E5M2, 8, 57344.0, NVL_SCALE_TENSOR, 0, NVL_LAYOUT_TENSOR, 32, "fp32",
-                     nvl_e5m2_encode_ref, nvl_e5m2_decode_ref, e5m2_enc_scale, fp8_dec_scale),
-  [NVL_MXFP8_E4M3] = QUANT("mxfp8_e4m3", NVL_ELEM_E4M3, 8, 448.0, NVL_SCALE_E8M0, 32, NVL_LAYOUT_1X32, 8, "rceil",
-                           nvl_e4m3_encode_ref, nvl_e4m3_decode_ref, NULL, NULL),
-  [NVL_MXFP8_E5M2] = QUANT("mxfp8_e5m2", NVL_ELEM_E5M2, 8, 57344.0, NVL_SCALE_E8M0, 32, NVL_LAYOUT_1X32, 8, "rceil",
-                           nvl_e5m2_encode_ref, nvl_e5m2_decode_ref, NULL, NULL),
+                      e5m2_enc_scale, fp8_dec_scale),
+  [NVL_MXFP8_E4M3] = QUANT("mxfp8_e4m3", NVL_ELEM_E4M3, 8, 448.0, NVL_SCALE_E8M0, 32, NVL_LAYOUT_1X32, 8, "rceil", NULL, NULL),
+  [NVL_MXFP8_E5M2] = QUANT("mxfp8_e5m2", NVL_ELEM_E5M2, 8, 57344.0, NVL_SCALE_E8M0, 32, NVL_LAYOUT_1X32, 8, "rceil", NULL, NULL),
   [NVL_NVFP4] = QUANT("nvfp4", NVL_ELEM_E2M1, 4, 6.0, NVL_SCALE_UE4M3, 16, NVL_LAYOUT_1X16, 8, "rne",
-                      nvl_e2m1_encode_ref, nvl_e2m1_decode_ref, nvl_nvfp4_enc_scale_ref, nvfp4_dec_scale),
-  [NVL_MXFP4] = QUANT("mxfp4", NVL_ELEM_E2M1, 4, 6.0, NVL_SCALE_E8M0, 32, NVL_LAYOUT_1X32, 8, "rceil",
-                      nvl_e2m1_encode_ref, nvl_e2m1_decode_ref, NULL, NULL),
+                      nvl_nvfp4_enc_scale_ref, nvfp4_dec_scale),
+  [NVL_MXFP4] = QUANT("mxfp4", NVL_ELEM_E2M1, 4, 6.0, NVL_SCALE_E8M0, 32, NVL_LAYOUT_1X32, 8, "rceil", NULL, NULL),
 };
 _Static_assert(sizeof nvl_dtypes / sizeof nvl_dtypes[0] == NVL_DTYPE_COUNT, "a dtype lacks its traits row");
 

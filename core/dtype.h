@@ -97,9 +97,6 @@ typedef struct {
                              "fp32" (per tensor) */
   int sr;               /* 1: stochastic rounding of the elements is defined (NUMERICS §3) */
   int global_amax;      /* 1: an fp32 amax scales the tensor (the amax option applies) */
-  /* The reference element codec (fp32 <-> code, RNE, NUMERICS §1); NULL for plain dtypes. */
-  uint8_t (*encode)(float x);
-  float (*decode)(uint8_t code);
   /* The per-tensor factors from the amax (NULL: none, the factor is 1):
    * enc_scale: what x is multiplied by before the block scales (fp8: elem_max / amax; nvfp4:
    * s_enc = 2688 / amax), as q.scale; dec_scale: the factor a GEMM applies to the products of
