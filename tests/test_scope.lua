@@ -1,0 +1,217 @@
+-- tests/test_scope.lua: the per-step arena (nv.scope, nv.keep, nv.unscope, nv.adopt;
+-- lua/bind/scope.c): what a scope frees and what survives it, nesting, errors, views, quantized
+-- tensors, and the nn modules and training step run under it.
+local T = require "nvlua.test"
+local nv = require "nvlua"
+
+-- live host bytes after a full collection (what the arena must free is not left to the GC)
+local function live() collectgarbage(); collectgarbage(); return nv.memory().cpu end
+
+-- bytes live now, without collecting (a tensor the arena missed would still count)
+local function bytes() return nv.memory().cpu end
+
+T.case("scope: temporaries are freed when the function returns; its results survive", function()
+  local m0 = live()
+  local a, b
+  local y, n = nv.scope(function(k)
+    a, b = nv.zeros(k), nv.ones(k)
+    local s = a + b
+    T.eq(nv.scope_depth(), 1, "depth inside")
+    return s * 2, 7
+  end, 100)
+  T.eq(nv.scope_depth(), 0, "depth after")
+  T.ok(a:is_freed() and b:is_freed(), "temporaries freed")
+  T.eq(n, 7, "non-tensor results pass through")
+  T.eq(y:sum(), 200, "the result is intact")
+  T.eq(bytes() - m0, 400, "only the result is live (no GC)")
+  y:free()
+  T.eq(bytes(), m0)
+end)
+
+T.case("scope: tensors directly in a returned plain table survive, nested tables do not", function()
+  local m0 = live()
+  local r = nv.scope(function()
+    return {x = nv.zeros(10), n = 3, list = {nv.zeros(20)}, [1] = nv.ones(5)}
+  end)
+  T.ok(not r.x:is_freed() and not r[1]:is_freed(), "one level deep: kept")
+  T.ok(r.list[1]:is_freed(), "two levels deep: freed")
+  T.eq(bytes() - m0, 60)
+  r.x:free(); r[1]:free()
+  T.eq(bytes(), m0)
+end)
+
+T.case("scope: a returned table with a metatable is not looked into", function()
+  local inside
+  nv.scope(function()
+    inside = nv.zeros(4)
+    return setmetatable({t = inside}, {})
+  end)
+  T.ok(inside:is_freed())
+end)
+
+T.case("scope: tensors created outside (inputs, parameters) are left alone", function()
+  local x = nv.ones(8)
+  local y = nv.scope(function(v) return v, v:sum() end, x)
+  T.ok(rawequal(x, y) and not x:is_freed(), "an input returned as is")
+  nv.scope(function() local _ = x * 2 end)
+  T.ok(not x:is_freed(), "an input not returned")
+  x:free()
+end)
+
+T.case("keep: a kept tensor moves to the enclosing scope (and is freed there unless returned)", function()
+  local m0 = live()
+  local k1, k2, t
+  local out = nv.scope(function()
+    nv.scope(function()
+      k1 = nv.keep(nv.zeros(10))
+      k2 = nv.zeros(10)
+      local tbl = nv.keep({t = nv.zeros(3)}) -- a plain table: its tensors, one level deep
+      t = tbl.t
+    end)
+    T.ok(not k1:is_freed() and not t:is_freed(), "kept past the inner scope")
+    T.ok(k2:is_freed(), "not kept: freed with the inner scope")
+    return k1
+  end)
+  T.ok(rawequal(out, k1) and not k1:is_freed(), "returned from the outer scope")
+  T.ok(t:is_freed(), "kept once, freed by the outer scope")
+  T.eq(bytes() - m0, 40)
+  k1:free()
+  local top = nv.scope(function() return nv.keep(nv.zeros(2)) end) -- kept at the outermost: in no scope
+  T.ok(not top:is_freed())
+  top:free()
+  T.eq(nv.keep(1, "a"), 1, "no scope open: its arguments back")
+end)
+
+T.case("unscope: leaves every scope; adopt: freed with the innermost", function()
+  local saved
+  nv.scope(function()
+    nv.scope(function()
+      saved = nv.unscope({x = nv.zeros(10)})
+    end)
+  end)
+  T.ok(not saved.x:is_freed(), "unscoped: survives both scopes")
+  nv.scope(function()
+    nv.scope(function() nv.adopt(saved) end)
+    T.ok(saved.x:is_freed(), "adopted: freed by the inner scope")
+  end)
+  T.raises(function() nv.adopt(nv.zeros(1)) end, "no scope is open")
+end)
+
+T.case("nesting: each scope frees its own; depth counts them", function()
+  local m0 = live()
+  local outer, inner
+  nv.scope(function()
+    outer = nv.zeros(100)
+    local r = nv.scope(function()
+      inner = nv.zeros(100)
+      T.eq(nv.scope_depth(), 2)
+      return nv.ones(100)
+    end)
+    T.ok(inner:is_freed() and not outer:is_freed(), "the inner scope freed its own only")
+    T.ok(not r:is_freed(), "the inner result lives in the outer scope")
+    T.eq(bytes() - m0, 800)
+  end)
+  T.ok(outer:is_freed())
+  T.eq(bytes(), m0, "everything freed at the outermost end")
+end)
+
+T.case("errors: the scope frees its tensors and the error propagates with its traceback", function()
+  local m0 = live()
+  local t, u
+  local ok, err = xpcall(nv.scope, debug.traceback, function()
+    t = nv.zeros(100)
+    nv.scope(function()
+      u = nv.zeros(100)
+      local none = nil
+      return none.field -- raises here
+    end)
+  end)
+  T.ok(not ok)
+  T.ok(t:is_freed() and u:is_freed(), "both scopes freed")
+  T.eq(nv.scope_depth(), 0, "and closed")
+  T.eq(bytes(), m0)
+  T.ok(err:find("attempt to index a nil value", 1, true), err)
+  T.ok(err:find("test_scope.lua:%d+: attempt"), "the message keeps its position: " .. err)
+  -- the traceback was taken where the error happened: inside both scopes
+  local _, n = err:gsub("in function '[%w%.]*scope'", "")
+  T.eq(n, 2, "both nv.scope frames are in the traceback: " .. err)
+  local ok2, e2 = pcall(nv.scope, function() error({code = 7}) end)
+  T.ok(not ok2 and type(e2) == "table" and e2.code == 7, "a non-string error object passes unchanged")
+  T.raises(function() nv.scope(42) end, "function expected")
+end)
+
+T.case("views: freeing the base leaves a returned view valid; freeing twice is harmless", function()
+  local m0 = live()
+  local base
+  local v = nv.scope(function()
+    base = nv.arange(100, "f32")
+    local w = base:view(10, 10)
+    w:free() -- freed by hand and again by the scope
+    return base:narrow(1, 11, 5)
+  end)
+  T.ok(base:is_freed(), "the base handle is freed")
+  T.eq(v:totable(), {10, 11, 12, 13, 14}, "the view still reads its storage")
+  T.eq(bytes() - m0, 400, "the storage lives while the view does")
+  v:free()
+  T.eq(bytes(), m0, "the last reference frees it")
+  -- a view created in a scope of a tensor from outside: only the view handle is dropped
+  local x = nv.ones(10)
+  nv.scope(function() local _ = x:view(2, 5) end)
+  T.eq(x:sum(), 10)
+  x:free()
+end)
+
+T.case("quantized tensors are recorded and freed like tensors", function()
+  local m0 = live()
+  local q, qt, codes
+  local keep = nv.scope(function()
+    local x = nv.randn(32, 64, {generator = nv.Generator(1)})
+    q = nv.quantize(x, "nvfp4", {block = "2d"})
+    qt = q:t()
+    codes = q:codes()
+    return {q = nv.quantize(x, "e4m3")}
+  end)
+  T.ok(q:is_freed() and qt:is_freed() and codes:is_freed(), "QTensors and their derived tensors freed")
+  T.ok(not keep.q:is_freed(), "a returned QTensor survives")
+  T.eq(keep.q:format(), "e4m3")
+  T.eq(bytes() - m0, keep.q:nbytes() - 4, "only the kept one's codes and scales are live") -- its fp32 scale is no tensor
+  keep.q:free()
+  T.eq(bytes(), m0)
+end)
+
+T.case("<close> and t:free() inside a scope still work", function()
+  local m0 = live()
+  nv.scope(function()
+    local a <close> = nv.zeros(10)
+    local b = nv.zeros(10)
+    b:free()
+    T.eq(bytes() - m0, 40)
+  end)
+  T.eq(bytes(), m0)
+end)
+
+T.case("scopes are per coroutine; yielding across nv.scope raises and coroutine.close frees", function()
+  local co_t, main_t, in_co
+  nv.scope(function()
+    main_t = nv.zeros(3)
+    local co = coroutine.create(function()
+      T.eq(nv.scope_depth(), 0, "a coroutine starts outside every scope")
+      co_t = nv.zeros(3)
+      coroutine.yield()
+      nv.scope(function()
+        in_co = nv.zeros(3)
+        coroutine.yield()
+      end)
+    end)
+    assert(coroutine.resume(co))
+    T.eq(nv.scope_depth(), 1, "the main thread's scope")
+    local ok, err = coroutine.resume(co)
+    T.ok(not ok and tostring(err):find("yield across", 1, true), tostring(err))
+    T.ok(not in_co:is_freed(), "a dead coroutine's scope waits for coroutine.close (or the GC)")
+    coroutine.close(co)
+    T.ok(in_co:is_freed(), "coroutine.close closes it")
+  end)
+  T.ok(main_t:is_freed())
+  T.ok(not co_t:is_freed(), "made by the coroutine: not the main thread's scope's")
+  co_t:free()
+end)
