@@ -97,6 +97,25 @@ T.case("unscope: leaves every scope; adopt: freed with the innermost", function(
   T.raises(function() nv.adopt(nv.zeros(1)) end, "no scope is open")
 end)
 
+T.case("unscoped: a callback run inside a scope keeps what it makes", function()
+  local made, inner, tmp
+  nv.scope(function()
+    tmp = nv.zeros(4)
+    nv.unscoped(function(n)
+      T.eq(nv.scope_depth(), 0, "no scope open inside")
+      made = nv.zeros(n)
+      nv.scope(function() inner = nv.zeros(n) end) -- its own scopes still work
+      T.eq(nv.scope_depth(), 0)
+    end, 8)
+    T.eq(nv.scope_depth(), 1, "the scope is back")
+    T.raises(function() nv.unscoped(function() error("in the callback") end) end, "in the callback")
+    T.eq(nv.scope_depth(), 1, "and back after an error")
+  end)
+  T.ok(tmp:is_freed() and inner:is_freed(), "the scopes freed their own")
+  T.ok(not made:is_freed(), "what the callback made is its own")
+  made:free()
+end)
+
 T.case("nesting: each scope frees its own; depth counts them", function()
   local m0 = live()
   local outer, inner

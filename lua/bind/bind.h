@@ -47,7 +47,8 @@ void nvl_lua_opt_number(lua_State *L, int idx, const char *op, const char *key, 
 void nvl_lua_opt_integer(lua_State *L, int idx, const char *op, const char *key, int64_t *v, int required);
 /* Boolean option key: *v unchanged when absent. */
 void nvl_lua_opt_boolean(lua_State *L, int idx, const char *op, const char *key, int *v);
-/* Add the arena to the module table on top: scope, keep, unscope, adopt, scope_depth (scope.c). */
+/* Add the arena to the module table on top: scope, keep, unscope, adopt, unscoped, scope_depth
+ * (scope.c). */
 void nvl_lua_open_scope(lua_State *L);
 /* Add the quantization functions and the "nvlua.QTensor" type to the module table on top. */
 void nvl_lua_open_quant(lua_State *L);

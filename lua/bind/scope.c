@@ -1,4 +1,4 @@
-/* scope.c: the per-step arena — core.scope, core.keep, core.unscope, core.adopt (nv.scope, ...;
+/* scope.c: the per-step arena — core.scope, keep, unscope, adopt, unscoped (nv.scope, ...;
  * lua/nvlua/init.lua's help and the README say how to use them).
  * While a scope is open, every tensor and quantized tensor userdata the binding pushes
  * (nvl_lua_push_tensor, quant.c's push_q) is recorded in the innermost open scope of the running
@@ -20,6 +20,7 @@
 #include "quant.h"
 
 #define SCOPE_MT "nvlua.Scope"
+#define UNSCOPED_MT "nvlua.Unscoped"
 
 static const char SCOPES = 0; /* its address keys the registry */
 
@@ -215,6 +216,41 @@ static int l_scope(lua_State *L) {
   return top - 1;
 }
 
+/* The guard of an nv.unscoped call: puts the coroutine's stack of scopes (its user value) back. */
+static int unscoped_close(lua_State *L) {
+  int *open = luaL_checkudata(L, 1, UNSCOPED_MT);
+  if (*open) {
+    *open = 0;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &SCOPES); /* made by l_unscoped */
+    lua_pushthread(L);
+    lua_getiuservalue(L, 1, 1);
+    lua_rawset(L, -3);
+  }
+  return 0;
+}
+
+/* core.unscoped(fn, ...) -> fn(...)'s results: fn runs as if no scope were open (its own scopes
+ * nest from none), so what it makes and stores is no open scope's to free: callbacks called from
+ * inside a scope that keep what they make (recipe:trace hooks). */
+static int l_unscoped(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  int nargs = lua_gettop(L) - 1;
+  int *open = lua_newuserdatauv(L, sizeof *open, 1);
+  *open = 1;
+  luaL_setmetatable(L, UNSCOPED_MT);
+  push_stack(L, 1);
+  lua_setiuservalue(L, -2, 1); /* the stack to put back */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &SCOPES);
+  lua_pushthread(L);
+  lua_newtable(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+  lua_insert(L, 1); /* guard, fn, args... */
+  lua_toclose(L, 1);
+  lua_call(L, nargs, LUA_MULTRET);
+  return lua_gettop(L) - 1; /* returning closes the guard */
+}
+
 /* core.keep(...) -> its arguments: the tensors among them (and in plain tables among them, one
  * level deep) leave the innermost scope for the enclosing one (none at the outermost). */
 static int l_keep(lua_State *L) {
@@ -286,12 +322,18 @@ static int l_scope_depth(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg scope_funcs[] = {{"scope", l_scope}, {"keep", l_keep}, {"unscope", l_unscope},
-                                       {"adopt", l_adopt}, {"scope_depth", l_scope_depth}, {NULL, NULL}};
+static const luaL_Reg scope_funcs[] = {{"scope", l_scope},     {"keep", l_keep},
+                                       {"unscope", l_unscope}, {"adopt", l_adopt},
+                                       {"unscoped", l_unscoped}, {"scope_depth", l_scope_depth},
+                                       {NULL, NULL}};
 
 void nvl_lua_open_scope(lua_State *L) {
   luaL_newmetatable(L, SCOPE_MT);
   lua_pushcfunction(L, guard_close);
+  lua_setfield(L, -2, "__close");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, UNSCOPED_MT);
+  lua_pushcfunction(L, unscoped_close);
   lua_setfield(L, -2, "__close");
   lua_pop(L, 1);
   luaL_setfuncs(L, scope_funcs, 0);

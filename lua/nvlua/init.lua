@@ -168,6 +168,9 @@ nv.unscope = core.unscope
 --- nv.adopt(...) -> its arguments: their tensors are freed when the innermost scope ends (the
 -- tensors must be the caller's to free: a module's saved activations in its backward).
 nv.adopt = core.adopt
+--- nv.unscoped(fn, ...) -> fn(...)'s results, run as if no scope were open: what fn makes is no
+-- open scope's to free (a callback that keeps what it makes, e.g. a recipe:trace hook)
+nv.unscoped = core.unscoped
 --- nv.scope_depth() -> how many scopes are open (in this coroutine)
 nv.scope_depth = core.scope_depth
 
