@@ -125,14 +125,14 @@ function Llama:_flatten_grads()
     total = total + e.param:numel()
   end)
   local old = self.grad_buffer
-  local buf = nv.zeros(total, {device = self.device or "cpu"})
+  local buf = nv.unscope(nv.zeros(total, {device = self.device or "cpu"}))
   local off = 0
   for _, e in ipairs(entries) do
     local n = e.param:numel()
     local g = buf:narrow(1, off + 1, n):view(e.param:size())
     if old then g:copy_(e.grad) end
     e.grad:free()
-    e.grad = g
+    e.grad = nv.unscope(g)
     off = off + n
   end
   self.grad_buffer = buf

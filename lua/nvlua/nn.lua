@@ -86,7 +86,8 @@ function Module:__init()
 end
 
 --- m:register_parameter(name, tensor [, {no_decay = bool}]) -> its entry {name, param, grad, no_decay}
--- The gradient (f32, zeros, the parameter's shape) is allocated here.
+-- The gradient (f32, zeros, the parameter's shape) is allocated here. Both are the module's: taken
+-- out of any open nv.scope, so a module built inside one keeps them.
 function Module:register_parameter(name, t, opts)
   opts = check_opts(opts, {no_decay = true}, "register_parameter")
   if type(name) ~= "string" or name == "" or name:find(".", 1, true) then
@@ -101,7 +102,7 @@ function Module:register_parameter(name, t, opts)
   for _, e in ipairs(self._modules) do
     if e.name == name then error("register_parameter: '" .. name .. "' is already a submodule", 2) end
   end
-  local entry = {name = name, param = t, grad = nv.zeros(t:size()), no_decay = opts.no_decay == true}
+  local entry = {name = name, param = nv.unscope(t), grad = nv.unscope(nv.zeros(t:size())), no_decay = opts.no_decay == true}
   self._params[#self._params + 1] = entry
   return entry
 end
@@ -201,8 +202,8 @@ end
 -- Move m's parameters (and, with grads, their gradients) and RoPE tables to a checked device.
 local function move_to(m, device, grads)
   each_entry(m, "", function(_, e)
-    e.param = moved(e.param, device)
-    if grads then e.grad = moved(e.grad, device) end
+    e.param = nv.unscope(moved(e.param, device))
+    if grads then e.grad = nv.unscope(moved(e.grad, device)) end
   end, {})
   for _, sub in ipairs(m:modules()) do
     if sub.rope then sub.rope:to(device) end
