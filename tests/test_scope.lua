@@ -234,3 +234,133 @@ T.case("scopes are per coroutine; yielding across nv.scope raises and coroutine.
   T.ok(not co_t:is_freed(), "made by the coroutine: not the main thread's scope's")
   co_t:free()
 end)
+
+-- ---- the nn modules and the training step under the arena -----------------------------------------
+
+local llama = require "nvlua.llama"
+local nn = require "nvlua.nn"
+local optim = require "nvlua.optim"
+
+local CFG = {vocab_size = 64, hidden_size = 32, intermediate_size = 96, num_hidden_layers = 2,
+  num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16}
+
+local function batch(g)
+  local x = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+  local y = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+  return x, y
+end
+
+-- run fn with the collector stopped: only the arena and explicit frees may release memory
+local function no_gc(fn)
+  collectgarbage()
+  collectgarbage("stop")
+  local ok, err = pcall(fn)
+  collectgarbage("restart")
+  if not ok then error(err, 0) end
+end
+
+T.case("a Llama training step under nv.scope frees everything it does not keep", function()
+  for _, name in ipairs({"f32", "bf16", "fp8_delayed", "nvfp4"}) do
+    local m = llama.Llama(CFG, {recipe = nv.recipe[name](), seed = 1})
+    local opt = optim.AdamW(m:named_parameters(), {lr = 1e-3})
+    local g = nv.Generator(3)
+    local function step()
+      return nv.scope(function()
+        local loss = m:forward_backward(batch(g))
+        optim.clip_grad_norm(m:named_parameters(), 1.0)
+        opt:step()
+        m:zero_grad()
+        return loss
+      end)
+    end
+    no_gc(function()
+      local m0 = bytes()
+      local l1 = step()
+      -- the one piece of state made lazily on the first step: the RoPE tables (T, D) x 2
+      local rope = 2 * 16 * (CFG.hidden_size // CFG.num_attention_heads) * 4
+      T.eq(bytes() - m0, rope, name .. ": after the first step, only the RoPE tables are new")
+      local m1 = bytes()
+      for _ = 1, 3 do step() end
+      T.eq(bytes(), m1, name .. ": later steps leave nothing live")
+      T.eq(nv.scope_depth(), 0)
+      T.ok(l1 == l1 and l1 > 0, name .. ": a loss")
+    end)
+  end
+end)
+
+T.case("training under the arena is bit-exact with training without it", function()
+  local function run(scoped)
+    local m = llama.Llama(CFG, {recipe = nv.recipe.nvfp4(), seed = 1})
+    local opt = optim.AdamW(m:named_parameters(), {lr = 1e-2})
+    local g = nv.Generator(5)
+    local losses = {}
+    for i = 1, 3 do
+      local function step()
+        local x, y = batch(g)
+        local loss = m:forward_backward(x, y)
+        opt:step()
+        m:zero_grad()
+        x:free(); y:free()
+        return loss
+      end
+      losses[i] = scoped and nv.scope(step) or step()
+    end
+    return losses, m.lm_head.weight_entry.param:clone()
+  end
+  local a, wa = run(true)
+  local b, wb = run(false)
+  T.eq(a, b, "the same losses")
+  T.ok(wa:allclose(wb, 0, 0), "the same weights")
+end)
+
+T.case("a model and its optimizer built inside a scope keep their parameters and state", function()
+  local m, opt = nv.scope(function()
+    local model = llama.Llama(CFG, {seed = 1})
+    return model, optim.AdamW(model:named_parameters(), {lr = 1e-3})
+  end)
+  for _, p in ipairs(m:named_parameters()) do
+    T.ok(not p.param:is_freed() and not p.grad:is_freed(), p.name .. " and its grad live")
+  end
+  T.ok(not m.grad_buffer:is_freed(), "the flat gradient buffer lives")
+  for name, t in pairs(opt.m) do T.ok(not t:is_freed() and not opt.v[name]:is_freed(), name .. ": AdamW state lives") end
+  local x, y = batch(nv.Generator(1))
+  T.ok(m:forward_backward(x, y) > 0, "and it trains")
+  opt:step()
+end)
+
+T.case("modules: a forward's saved activations outlive its scope and die in backward's", function()
+  local a = nn.Attention(CFG, {generator = nv.Generator(2)})
+  local x = nv.randn(2, 16, 32, {generator = nv.Generator(4)})
+  a.rope:get(16) -- the tables first: they are the cache's
+  no_gc(function()
+    local m0 = bytes()
+    local y = a:forward(x)
+    local saved = a._saved
+    T.ok(saved and not saved.q:is_freed() and not saved.lse:is_freed(), "saved for backward")
+    local dx = a:backward(y)
+    T.ok(saved.q:is_freed() and saved.out:is_freed() and saved.lse:is_freed(), "freed by backward's scope")
+    dx:free(); y:free()
+    T.eq(bytes(), m0, "nothing else is left")
+    a:eval()
+    y = a:forward(x)
+    T.eq(a._saved, nil, "eval keeps nothing")
+    y:free()
+    T.eq(bytes(), m0, "eval leaves nothing")
+  end)
+end)
+
+T.case("modules: an error half-way through a forward frees what the forward had made", function()
+  local r = nv.recipe.custom(function(c)
+    if c.name == "boom" then error("boom in the recipe", 0) end
+    return "bf16"
+  end)
+  local mlp = nn.MLP(CFG, {recipe = r})
+  mlp.down_proj.name = "boom" -- gate and up run, then down's recipe raises
+  local x = nv.randn(4, 32, {generator = nv.Generator(6)})
+  mlp:eval()
+  no_gc(function()
+    local m0 = bytes()
+    T.raises(function() mlp:forward(x) end, "boom in the recipe")
+    T.eq(bytes(), m0, "g, u, h and the quantized copies were freed")
+  end)
+end)
