@@ -204,36 +204,34 @@ end
 -- batch under data parallelism (x, dy; not a weight): its amax is reduced over the ranks and its
 -- SR draws are placed at its rows' global block indices (set_shard).
 function Recipe:_quantize(s, t, axis, key, split)
-  return core.scope(function()
-    local o = {axis = axis}
-    if s.block == "2d" then o.block = "2d" end
-    if s.rht then o.rht = true end
-    if s.sr then o.sr = true; o.generator = self.gen end
-    if s.scale_rule then o.scale_rule = s.scale_rule end
-    local rec, hist
-    if s.delayed then hist, rec = self:_history(key); o.amax = hist end
-    local global -- this step's amax over all ranks
-    if split and self.amax_reducer and formats.traits[s.format].global_amax and (hist == nil or rec) then
-      global = self.amax_reducer(local_amax(t, s, axis))
-      if hist == nil then o.amax = global end
+  local o = {axis = axis}
+  if s.block == "2d" then o.block = "2d" end
+  if s.rht then o.rht = true end
+  if s.sr then o.sr = true; o.generator = self.gen end
+  if s.scale_rule then o.scale_rule = s.scale_rule end
+  local rec, hist
+  if s.delayed then hist, rec = self:_history(key); o.amax = hist end
+  local global -- this step's amax over all ranks
+  if split and self.amax_reducer and formats.traits[s.format].global_amax and (hist == nil or rec) then
+    global = self.amax_reducer(local_amax(t, s, axis))
+    if hist == nil then o.amax = global end
+  end
+  if s.sr and split and self.shard then -- rank r's tokens are rows [r·n, (r+1)·n) of the global batch
+    local n = t:size(1)
+    if axis == 2 then o.sr_row_offset = self.shard.rank * n
+    else o.sr_k_offset, o.sr_k_total = self.shard.rank * n, self.shard.world * n end
+  end
+  local q = quant.quantize(t, s.format, o)
+  if rec then -- push this step's true amax (in the RHT domain if transformed: that is what is scaled)
+    local cur = global
+    if cur == nil then
+      if hist == nil then cur = q.amax
+      elseif s.rht then cur = core.scope(function() return quant.rht(t, {axis = axis}):amax() end)
+      else cur = t:amax() end
     end
-    if s.sr and split and self.shard then -- rank r's tokens are rows [r·n, (r+1)·n) of the global batch
-      local n = t:size(1)
-      if axis == 2 then o.sr_row_offset = self.shard.rank * n
-      else o.sr_k_offset, o.sr_k_total = self.shard.rank * n, self.shard.world * n end
-    end
-    local q = quant.quantize(t, s.format, o)
-    if rec then -- push this step's true amax (in the RHT domain if transformed: that is what is scaled)
-      local cur = global
-      if cur == nil then
-        if hist == nil then cur = q.amax
-        elseif s.rht then cur = quant.rht(t, {axis = axis}):amax()
-        else cur = t:amax() end
-      end
-      rec.h:push(cur)
-    end
-    return q
-  end)
+    rec.h:push(cur)
+  end
+  return q
 end
 
 --- recipe:set_amax_reducer(fn | nil): data parallelism. fn(amax) -> the max of every rank's amax
