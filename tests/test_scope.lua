@@ -40,6 +40,18 @@ T.case("scope: tensors directly in a returned plain table survive, nested tables
   T.eq(bytes(), m0)
 end)
 
+T.case("scope: many results pass through, tensors among them kept", function()
+  local r = table.pack(nv.scope(function()
+    local out = {}
+    for i = 1, 300 do out[i] = i % 3 == 0 and nv.zeros(1) or i end
+    return table.unpack(out, 1, 300)
+  end))
+  T.eq(r.n, 300)
+  for i = 1, 300 do
+    if i % 3 == 0 then T.ok(not r[i]:is_freed(), "result " .. i); r[i]:free() else T.eq(r[i], i) end
+  end
+end)
+
 T.case("scope: a returned table with a metatable is not looked into", function()
   local inside
   nv.scope(function()
@@ -193,7 +205,8 @@ T.case("quantized tensors are recorded and freed like tensors", function()
   T.ok(q:is_freed() and qt:is_freed() and codes:is_freed(), "QTensors and their derived tensors freed")
   T.ok(not keep.q:is_freed(), "a returned QTensor survives")
   T.eq(keep.q:format(), "e4m3")
-  T.eq(bytes() - m0, keep.q:nbytes() - 4, "only the kept one's codes and scales are live") -- its fp32 scale is no tensor
+  -- its codes and block scales are live (q:nbytes() also counts its fp32 scale, which is no tensor)
+  T.eq(bytes() - m0, keep.q:nbytes() - 4, "only the kept one's tensors are live")
   keep.q:free()
   T.eq(bytes(), m0)
 end)
@@ -322,7 +335,9 @@ T.case("a model and its optimizer built inside a scope keep their parameters and
     T.ok(not p.param:is_freed() and not p.grad:is_freed(), p.name .. " and its grad live")
   end
   T.ok(not m.grad_buffer:is_freed(), "the flat gradient buffer lives")
-  for name, t in pairs(opt.m) do T.ok(not t:is_freed() and not opt.v[name]:is_freed(), name .. ": AdamW state lives") end
+  for name, t in pairs(opt.m) do
+    T.ok(not t:is_freed() and not opt.v[name]:is_freed(), name .. ": AdamW state lives")
+  end
   local x, y = batch(nv.Generator(1))
   T.ok(m:forward_backward(x, y) > 0, "and it trains")
   opt:step()

@@ -167,6 +167,7 @@ static void close_down_to(lua_State *L, int si, lua_Integer d) {
 
 void nvl_lua_scope_record(lua_State *L, int idx) {
   idx = lua_absindex(L, idx);
+  luaL_checkstack(L, 6, "nv.scope");
   if (!push_stack(L, 0)) return;
   lua_Integer d = (lua_Integer)lua_rawlen(L, -1);
   if (d > 0) {
@@ -207,6 +208,7 @@ static int l_scope(lua_State *L) {
   lua_toclose(L, 1);
   lua_call(L, nargs, LUA_MULTRET);
   int top = lua_gettop(L); /* guard, results... */
+  luaL_checkstack(L, 10, "nv.scope"); /* lua_call leaves no room beyond the results */
   g->open = 0;
   lua_getiuservalue(L, 1, 1);
   int si = lua_gettop(L);
@@ -322,10 +324,9 @@ static int l_scope_depth(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg scope_funcs[] = {{"scope", l_scope},     {"keep", l_keep},
-                                       {"unscope", l_unscope}, {"adopt", l_adopt},
-                                       {"unscoped", l_unscoped}, {"scope_depth", l_scope_depth},
-                                       {NULL, NULL}};
+static const luaL_Reg scope_funcs[] = {
+  {"scope", l_scope}, {"keep", l_keep}, {"unscope", l_unscope}, {"adopt", l_adopt}, {"unscoped", l_unscoped},
+  {"scope_depth", l_scope_depth}, {NULL, NULL}};
 
 void nvl_lua_open_scope(lua_State *L) {
   luaL_newmetatable(L, SCOPE_MT);

@@ -102,7 +102,8 @@ function Module:register_parameter(name, t, opts)
   for _, e in ipairs(self._modules) do
     if e.name == name then error("register_parameter: '" .. name .. "' is already a submodule", 2) end
   end
-  local entry = {name = name, param = nv.unscope(t), grad = nv.unscope(nv.zeros(t:size())), no_decay = opts.no_decay == true}
+  local entry = {name = name, param = nv.unscope(t), grad = nv.unscope(nv.zeros(t:size())),
+    no_decay = opts.no_decay == true}
   self._params[#self._params + 1] = entry
   return entry
 end

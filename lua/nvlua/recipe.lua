@@ -348,7 +348,9 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
         if qw and same_spec(g.b, saved.wspec) then
           qwt = transposed(qw, w, g.b) -- the fprop weight, transposed: same values
         elseif g.b.block == "2d" then -- the tiles along K, transposed; they die before the GEMM
-          qwt = core.scope(function() return transposed(self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad")), w, g.b) end)
+          qwt = core.scope(function()
+            return transposed(self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad")), w, g.b)
+          end)
         else
           qwt = self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"))
         end

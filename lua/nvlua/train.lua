@@ -166,7 +166,8 @@ end
 --- The machine's measured fp32 GEMM rate (FLOP/s): the best of 3 sgemms of 1024^3.
 function train.sgemm_peak()
   return nv.scope(function()
-    local a, b = nv.randn(1024, 1024, {generator = nv.Generator(7)}), nv.randn(1024, 1024, {generator = nv.Generator(8)})
+    local a = nv.randn(1024, 1024, {generator = nv.Generator(7)})
+    local b = nv.randn(1024, 1024, {generator = nv.Generator(8)})
     local best = math.huge
     for _ = 1, 3 do
       nv.scope(function() -- each product is freed before the next (which then reuses its buffer)
