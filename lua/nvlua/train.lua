@@ -282,21 +282,24 @@ end
 local SILENT = {write = function() end, flush = function() end, close = function() end}
 
 -- A checkpoint at step: gathered state on every rank (ZeRO-1's moments: a collective), written by
--- rank 0; the others wait until it is complete. -> its directory
+-- rank 0; the others wait until it is complete. -> its directory. Its scope frees the gathered
+-- moments (full-size copies) once written.
 local function save_checkpoint(r, step)
-  local opt = r.opt
-  local optv = opt
-  if opt.sharded then
-    local st = opt:state()
-    optv = {state = function() return st end}
-  end
-  local path = string.format("%s/checkpoints/step-%06d", r.run_dir, step)
-  if r.main then
-    path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
-      config = r.c, keep = r.c.keep})
-  end
-  if r.world > 1 then r.dist.barrier() end
-  return path
+  return nv.scope(function()
+    local opt = r.opt
+    local optv = opt
+    if opt.sharded then
+      local st = opt:state()
+      optv = {state = function() return st end}
+    end
+    local path = string.format("%s/checkpoints/step-%06d", r.run_dir, step)
+    if r.main then
+      path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
+        config = r.c, keep = r.c.keep})
+    end
+    if r.world > 1 then r.dist.barrier() end
+    return path
+  end)
 end
 
 -- resume=<dir>|auto: load that checkpoint into the parts. -> the step it was taken at (0: none)
