@@ -1,4 +1,4 @@
--- tests/test_scope.lua: the per-step arena (nv.scope, nv.keep, nv.unscope, nv.adopt;
+-- tests/test_scope.lua: the per-step arena (nv.scope, nv.keep, nv.unscope, nv.adopt, nv.unscoped;
 -- lua/bind/scope.c): what a scope frees and what survives it, nesting, errors, views, quantized
 -- tensors, and the nn modules and training step run under it.
 local T = require "nvlua.test"
