@@ -374,7 +374,10 @@ end
 -- opts: name (Hugging Face module name, passed to the recipe), block (0-based block index),
 -- num_blocks, high_precision, recipe, generator, std (init, default 0.02), tie (a parameter
 -- entry {param, grad} of shape [out, in] to share instead of owning a weight: tied embeddings).
--- The three GEMMs are the recipe's: recipe:linear_forward / recipe:linear_backward.
+-- The three GEMMs are the recipe's: recipe:linear_forward / recipe:linear_backward. What
+-- linear_forward makes runs in Linear's scope: the tensors directly in its saved table are kept
+-- for backward (unscoped; linear_backward or recipe:release frees them), anything else dies with
+-- the forward.
 local Linear = nn.class("Linear", Module)
 nn.Linear = Linear
 
