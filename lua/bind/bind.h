@@ -14,6 +14,10 @@
     if ((expr) != NVL_OK) return nvl_lua_raise(L); \
   } while (0)
 
+/* The metatables of the tensor userdata types: "nvlua.Tensor" (tensor.c), "nvlua.QTensor" (quant.c). */
+#define NVL_TENSOR_MT "nvlua.Tensor"
+#define NVL_QTENSOR_MT "nvlua.QTensor"
+
 /* The "nvlua.Generator" userdata (tensor.c): its own Philox state, or the default generator. */
 #define NVL_GENERATOR_MT "nvlua.Generator"
 typedef struct {
@@ -26,6 +30,9 @@ int luaopen_nvlua_core(lua_State *L);
 
 /* Push a new, empty (null) tensor userdata and return it, to be filled by a core call. */
 nvl_tensor *nvl_lua_push_tensor(lua_State *L);
+/* Record the tensor or quantized tensor userdata at idx in the innermost open scope, if any
+ * (scope.c): every push of a new tensor userdata calls it. */
+void nvl_lua_scope_record(lua_State *L, int idx);
 /* Argument i as a live tensor (raises a Lua error naming op otherwise). */
 nvl_tensor *nvl_lua_check_tensor(lua_State *L, int i, const char *op);
 /* Raise the last core error as a Lua error. */
@@ -40,6 +47,9 @@ void nvl_lua_opt_number(lua_State *L, int idx, const char *op, const char *key, 
 void nvl_lua_opt_integer(lua_State *L, int idx, const char *op, const char *key, int64_t *v, int required);
 /* Boolean option key: *v unchanged when absent. */
 void nvl_lua_opt_boolean(lua_State *L, int idx, const char *op, const char *key, int *v);
+/* Add the arena to the module table on top: scope, keep, unscope, adopt, unscoped, scope_depth
+ * (scope.c). */
+void nvl_lua_open_scope(lua_State *L);
 /* Add the quantization functions and the "nvlua.QTensor" type to the module table on top. */
 void nvl_lua_open_quant(lua_State *L);
 /* Add the layer library (core/layers.h) to the module table on top (lua/bind/layers.c). */

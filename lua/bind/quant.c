@@ -8,12 +8,13 @@
 #include "bind.h"
 #include "quant.h"
 
-#define QTENSOR_MT "nvlua.QTensor"
+#define QTENSOR_MT NVL_QTENSOR_MT
 
 static nvl_qtensor *push_q(lua_State *L) {
   nvl_qtensor *q = lua_newuserdatauv(L, sizeof(nvl_qtensor), 0);
   *q = nvl_qtensor_null();
   luaL_setmetatable(L, QTENSOR_MT);
+  nvl_lua_scope_record(L, -1);
   return q;
 }
 

@@ -3,7 +3,8 @@
  * argument types, converts 1-based Lua dims/indices to 0-based once, calls core, and turns a
  * non-OK nvl_status into a Lua error carrying core's message.
  * A userdata is pushed empty (a null tensor) first and filled after, so an error half-way leaks
- * nothing and __gc frees only what exists. Conveniences (printing, creation helpers) are Lua, in
+ * nothing and __gc frees only what exists; while an nv.scope is open it is recorded there (scope.c),
+ * whatever pushes it. Conveniences (printing, creation helpers) are Lua, in
  * lua/nvlua/init.lua, on the same metatable. */
 #include <lauxlib.h>
 #include <lua.h>
@@ -15,7 +16,7 @@
 #include "info.h"
 #include "ops.h"
 
-#define TENSOR_MT "nvlua.Tensor"
+#define TENSOR_MT NVL_TENSOR_MT
 
 /* ---- helpers ---- */
 
@@ -24,6 +25,7 @@ static nvl_tensor *push_tensor(lua_State *L) {
   nvl_tensor *t = lua_newuserdatauv(L, sizeof(nvl_tensor), 0);
   *t = nvl_tensor_null();
   luaL_setmetatable(L, TENSOR_MT);
+  nvl_lua_scope_record(L, -1);
   return t;
 }
 
@@ -887,6 +889,7 @@ int luaopen_nvlua_core(lua_State *L) {
   lua_setfield(L, -2, "Tensor");
   luaL_getmetatable(L, NVL_GENERATOR_MT);
   lua_setfield(L, -2, "Generator_mt");
+  nvl_lua_open_scope(L);
   nvl_lua_open_quant(L);
   nvl_lua_open_layers(L);
   nvl_lua_open_attention(L);

@@ -118,19 +118,13 @@ local function gradcheck(target, inputs, opts)
     set_mode(true)
     local out = target:forward(table.unpack(inputs, 1, nin))
     R = nv.randn(out:size(), {generator = nv.Generator(opts.seed)})
-    local prod = out * R
-    F = prod:abs():sum()
-    prod:free()
+    F = nv.scope(function() return (out * R):abs():sum() end)
     if F == 0 then F = 1 end
     out:free()
     local grads = table.pack(target:backward(R))
     set_mode(false)
     objective = function()
-      local o = target:forward(table.unpack(inputs, 1, nin))
-      local prod = o * R
-      local v = prod:sum()
-      prod:free(); o:free()
-      return v
+      return nv.scope(function() return (target:forward(table.unpack(inputs, 1, nin)) * R):sum() end)
     end
     if opts.inputs ~= false then
       for i = 1, nin do

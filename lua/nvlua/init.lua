@@ -148,6 +148,33 @@ nv.allclose = core.allclose
 
 function nv.is_tensor(x) return getmetatable(x) == Tensor end
 
+-- ---- the arena (lua/bind/scope.c) ---------------------------------------------------------------
+-- While a scope is open, every tensor and quantized tensor created (by any op, in any function)
+-- is recorded in the innermost one; when the scope's function returns, every recorded tensor is
+-- freed (t:free()) except what it returns: returned tensors, and tensors that are values of a
+-- returned plain table (no metatable; one level deep, not nested tables), move to the enclosing
+-- scope. A view keeps its storage alive, so freeing its base leaves a returned view valid; freeing
+-- twice is harmless. Anything stored for later (module state, caches, optimizer state) must be
+-- taken out with nv.unscope (or nv.keep'd up to where it is stored). Scopes are per coroutine,
+-- and a coroutine cannot yield from inside one.
+
+--- nv.scope(fn, ...) -> fn(...)'s results, with a scope open while fn runs. An error in fn frees
+-- the scope's tensors and propagates unchanged (its traceback intact); scopes nest.
+nv.scope = core.scope
+--- nv.keep(...) -> its arguments: their tensors (and those in plain tables among them, one level
+-- deep) leave the innermost scope for the enclosing one, or every scope at the outermost.
+nv.keep = core.keep
+--- nv.unscope(...) -> its arguments: their tensors leave every open scope; the holder frees them.
+nv.unscope = core.unscope
+--- nv.adopt(...) -> its arguments: their tensors are freed when the innermost scope ends (the
+-- tensors must be the caller's to free: a module's saved activations in its backward).
+nv.adopt = core.adopt
+--- nv.unscoped(fn, ...) -> fn(...)'s results, run as if no scope were open: what fn makes is no
+-- open scope's to free (a callback that keeps what it makes, e.g. a recipe:trace hook)
+nv.unscoped = core.unscoped
+--- nv.scope_depth() -> how many scopes are open (in this coroutine)
+nv.scope_depth = core.scope_depth
+
 --- nv.memory() -> {cpu = live bytes, cuda = live bytes, peak = {...}, tensors = {...}, cached = bytes}
 -- (cached: freed host buffers >= 1 MiB kept for reuse, at most NVLUA_CPU_CACHE_MB, default 1024)
 nv.memory = core.memory
@@ -316,6 +343,8 @@ Quantize    q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true, seed=1})
             nv.quant.report(x, {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4"})  nv.quant.show(q, {block=1})
 Devices     nv.cuda.available() nv.cuda.devices() t:cuda() t:cpu()
 Memory      t:free()   local t <close> = nv.zeros(n)   nv.memory()
+            nv.scope(function() ... return y end)  frees every tensor made inside but y (the arena);
+            nv.keep(t) (to the enclosing scope)  nv.unscope(t) (kept for later)  nv.adopt(t)
 Info        nv.info()   nv.clock()   nvlua -v
 ]]
 

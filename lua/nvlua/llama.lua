@@ -8,6 +8,8 @@
 -- Not here: the layers (nn.lua), the optimizer (optim.lua), the training loop (train.lua),
 -- checkpoints and Hugging Face config.json (checkpoint.lua).
 -- Shape letters as in nn.lua: B batch, T sequence, N = B*T tokens, C hidden, V vocabulary.
+-- Memory as in nn.lua: every forward and backward runs in an nv.scope. Block and Llama save no
+-- tensors: each layer keeps its own handle of the input its backward reads.
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
@@ -15,7 +17,7 @@ local nn = require "nvlua.nn"
 local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
 local Module, ModuleList, Linear, Embedding, RMSNorm = nn.Module, nn.ModuleList, nn.Linear, nn.Embedding, nn.RMSNorm
 local Attention, MLP = nn.Attention, nn.MLP
-local free_saved, move_to, check_device = nn.free_saved, nn.move_to, nn.check_device
+local take_saved, move_to, check_device = nn.take_saved, nn.move_to, nn.check_device
 
 local llama = {}
 
@@ -46,38 +48,24 @@ end
 function Block:extra_repr() return self.index and ("index=" .. self.index) or "" end
 
 function Block:forward(x)
-  free_saved(self._saved, {"h", "x1", "h2"})
-  self._saved = nil
-  local h = self.input_layernorm:forward(x)                  -- (B, T, C)
-  local a = self.self_attn:forward(h)                        -- (B, T, C)
-  local x1 = a:add_(x)                                       -- (B, T, C) residual, in place on a
-  local h2 = self.post_attention_layernorm:forward(x1)       -- (B, T, C)
-  local m = self.mlp:forward(h2)                             -- (B, T, C)
-  local out = m:add_(x1)                                     -- (B, T, C)
-  if self.training then
-    self._saved = {h = h, x1 = x1, h2 = h2}
-  else
-    h:free(); x1:free(); h2:free()
-  end
-  return out
+  self._saved = self.training or nil -- nothing to keep: the layers hold h, x1 and h2 for their backward
+  return nv.scope(function()
+    local h = self.input_layernorm:forward(x)                -- (B, T, C)
+    local x1 = self.self_attn:forward(h):add_(x)             -- (B, T, C) residual, in place
+    local h2 = self.post_attention_layernorm:forward(x1)     -- (B, T, C)
+    return self.mlp:forward(h2):add_(x1)                     -- (B, T, C)
+  end)
 end
 
 function Block:backward(dout)
-  local s = self._saved
-  if not s then error("Block:backward without a forward in training mode", 2) end
-  self._saved = nil
-  local dh2 = self.mlp:backward(dout)                        -- (B, T, C)
-  s.h2:free()
-  local dx1 = self.post_attention_layernorm:backward(dh2)    -- (B, T, C)
-  dh2:free(); s.x1:free()
-  dx1:add_(dout)
-  local dh = self.self_attn:backward(dx1)
-  s.h:free()
-  local dx = self.input_layernorm:backward(dh)
-  dh:free()
-  dx:add_(dx1)
-  dx1:free()
-  return dx
+  take_saved(self, "Block")
+  return nv.scope(function()
+    local dx1 = nv.scope(function() -- dh2 dies once the norm's backward has read it
+      return self.post_attention_layernorm:backward(self.mlp:backward(dout))
+    end)
+    dx1:add_(dout)                                           -- (B, T, C) the residual's gradient
+    return self.input_layernorm:backward(self.self_attn:backward(dx1)):add_(dx1)
+  end)
 end
 
 -- ---- Llama --------------------------------------------------------------------------------------
@@ -137,14 +125,14 @@ function Llama:_flatten_grads()
     total = total + e.param:numel()
   end)
   local old = self.grad_buffer
-  local buf = nv.zeros(total, {device = self.device or "cpu"})
+  local buf = nv.unscope(nv.zeros(total, {device = self.device or "cpu"}))
   local off = 0
   for _, e in ipairs(entries) do
     local n = e.param:numel()
     local g = buf:narrow(1, off + 1, n):view(e.param:size())
     if old then g:copy_(e.grad) end
     e.grad:free()
-    e.grad = g
+    e.grad = nv.unscope(g)
     off = off + n
   end
   self.grad_buffer = buf
@@ -189,56 +177,35 @@ end
 function Llama:forward(ids)
   check_ids(ids, "ids", "Llama:forward", self.config.max_position_embeddings)
   for _, m in ipairs(self._linears) do m.step = self.step end
-  if self._saved then
-    free_saved(self._saved.acts, self._saved.act_keys)
-    free_saved(self._saved, {"x2", "h"})
-    self._saved = nil
-  end
-  local acts = {}
-  local x = self.embed_tokens:forward(ids)                   -- (B, T, C)
-  for i = 1, self.layers.n do
-    acts[i] = x
-    local nx = self.layers[i]:forward(x)                     -- (B, T, C)
-    if not self.training then x:free() end
-    x = nx
-  end
-  acts[self.layers.n + 1] = x
   local N, C = ids:numel(), self.config.hidden_size
-  local x2 = x:view(N, C)
-  local h = self.norm:forward(x2)                            -- (N, C)
-  local logits = self.lm_head:forward(h)                     -- (N, V)
-  if self.training then
-    local keys = {}
-    for i = 1, #acts do keys[i] = i end
-    self._saved = {acts = acts, act_keys = keys, x2 = x2, h = h}
-  else
-    x:free(); x2:free(); h:free()
-  end
-  return logits
+  self._saved = self.training and {shape = {ids:size(1), ids:size(2), C}} or nil -- no tensors: see Block
+  return nv.scope(function()
+    local x = self.embed_tokens:forward(ids)                 -- (B, T, C)
+    for i = 1, self.layers.n do
+      x = nv.scope(function() -- our handle of the block's input dies here (in training its norm keeps one)
+        nv.adopt(x)
+        return self.layers[i]:forward(x)                     -- (B, T, C)
+      end)
+    end
+    return self.lm_head:forward(self.norm:forward(x:view(N, C))) -- (N, V)
+  end)
 end
 
 --- model:backward(dlogits [N, V]): accumulates every parameter gradient; returns nil
 function Llama:backward(dlogits)
-  local s = self._saved
-  if not s then error("Llama:backward without a forward in training mode", 2) end
-  self._saved = nil
-  local dh = self.lm_head:backward(dlogits)                  -- (N, C)
-  s.h:free()
-  local dx2 = self.norm:backward(dh)                         -- (N, C)
-  dh:free(); s.x2:free()
-  local L = self.layers.n
-  local last = s.acts[L + 1]
-  local dx = dx2:view(last:size())
-  dx2:free()
-  last:free()
-  for i = L, 1, -1 do
-    local ndx = self.layers[i]:backward(dx)
-    dx:free()
-    s.acts[i]:free()
-    dx = ndx
-  end
-  self.embed_tokens:backward(dx)
-  dx:free()
+  local s = take_saved(self, "Llama")
+  nv.scope(function()
+    local dx = nv.scope(function() -- the norm's input gradient, as (B, T, C); the LM head's dies here
+      return self.norm:backward(self.lm_head:backward(dlogits)):view(s.shape)
+    end)
+    for i = self.layers.n, 1, -1 do
+      dx = nv.scope(function() -- the gradient of block i's output dies with its backward
+        nv.adopt(dx)
+        return self.layers[i]:backward(dx)                   -- (B, T, C)
+      end)
+    end
+    self.embed_tokens:backward(dx)
+  end)
   return nil
 end
 
@@ -252,14 +219,14 @@ function Llama:forward_backward(ids, targets, opts)
     error(string.format("Llama:forward_backward: targets %s do not match ids %s", shape_str(targets), shape_str(ids)), 2)
   end
   if not self.training then error("Llama:forward_backward: the model is in eval mode (call model:train())", 2) end
-  local logits = self:forward(ids)                           -- (N, V)
-  local tflat = targets:reshape(targets:numel())             -- (N)
-  local loss, count, dlogits = core.cross_entropy(logits, tflat, {ignore_index = opts.ignore_index or -100,
-    z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1})
-  logits:free()
-  self:backward(dlogits)
-  dlogits:free()
-  return loss, count
+  return nv.scope(function()
+    local loss, count, dlogits = nv.scope(function() -- the logits die here, their gradient lives on
+      return core.cross_entropy(self:forward(ids), targets:reshape(targets:numel()), -- (N, V), (N)
+        {ignore_index = opts.ignore_index or -100, z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1})
+    end)                                                     -- dlogits (N, V)
+    self:backward(dlogits)
+    return loss, count
+  end)
 end
 
 --- model:loss(ids, targets [, {ignore_index =, z_loss =}]) -> loss, count, without gradients
@@ -268,13 +235,14 @@ function Llama:loss(ids, targets, opts)
   opts = check_opts(opts, {ignore_index = true, z_loss = true}, "Llama:loss")
   local was = self.training
   self:eval()
-  local ok, logits = pcall(self.forward, self, ids)
+  local ok, logits = pcall(self.forward, self, ids)          -- (N, V)
   self:train(was)
   if not ok then error(logits, 2) end
-  local loss, count = core.cross_entropy(logits, targets:reshape(targets:numel()),
-    {ignore_index = opts.ignore_index or -100, z_loss = opts.z_loss or 0, grad = false})
-  logits:free()
-  return loss, count
+  return nv.scope(function()
+    nv.adopt(logits)
+    return core.cross_entropy(logits, targets:reshape(targets:numel()),
+      {ignore_index = opts.ignore_index or -100, z_loss = opts.z_loss or 0, grad = false})
+  end)
 end
 
 return llama

@@ -11,9 +11,15 @@
 -- Not here: quantization (the recipe does it), the optimizer (optim.lua), the training loop.
 -- Shape letters: B batch, T sequence, N = B*T tokens, C hidden, F FFN width, V vocabulary,
 -- Hq / Hkv query / key-value heads, D head dim.
--- Memory: a module frees its own intermediates as soon as they are dead, never its caller's
--- input or the output it returned; in eval mode it keeps nothing for backward, and a forward
--- frees what an earlier forward saved for a backward that never ran.
+-- Memory: each forward and backward runs in an nv.scope, which frees the call's temporaries when
+-- it returns (never its caller's input, nor the output it returns). What a forward saves for its
+-- backward is taken out of the scopes (nv.unscope) and handed back to backward's scope
+-- (nv.adopt), which frees it. A layer keeps its own handle (a view: storage is refcounted) of
+-- each input its backward reads, so a container saves nothing for its children and an
+-- activation lives exactly as long as some layer still needs it. A temporary whose last use comes
+-- before more is allocated dies right there, in a nested scope, as the hand-written frees did.
+-- In eval mode a module keeps nothing for backward, and a forward frees what an earlier forward
+-- saved for a backward that never ran.
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
@@ -80,7 +86,8 @@ function Module:__init()
 end
 
 --- m:register_parameter(name, tensor [, {no_decay = bool}]) -> its entry {name, param, grad, no_decay}
--- The gradient (f32, zeros, the parameter's shape) is allocated here.
+-- The gradient (f32, zeros, the parameter's shape) is allocated here. Both are the module's: taken
+-- out of any open nv.scope, so a module built inside one keeps them.
 function Module:register_parameter(name, t, opts)
   opts = check_opts(opts, {no_decay = true}, "register_parameter")
   if type(name) ~= "string" or name == "" or name:find(".", 1, true) then
@@ -95,7 +102,8 @@ function Module:register_parameter(name, t, opts)
   for _, e in ipairs(self._modules) do
     if e.name == name then error("register_parameter: '" .. name .. "' is already a submodule", 2) end
   end
-  local entry = {name = name, param = t, grad = nv.zeros(t:size()), no_decay = opts.no_decay == true}
+  local entry = {name = name, param = nv.unscope(t), grad = nv.unscope(nv.zeros(t:size())),
+    no_decay = opts.no_decay == true}
   self._params[#self._params + 1] = entry
   return entry
 end
@@ -195,8 +203,8 @@ end
 -- Move m's parameters (and, with grads, their gradients) and RoPE tables to a checked device.
 local function move_to(m, device, grads)
   each_entry(m, "", function(_, e)
-    e.param = moved(e.param, device)
-    if grads then e.grad = moved(e.grad, device) end
+    e.param = nv.unscope(moved(e.param, device))
+    if grads then e.grad = nv.unscope(moved(e.grad, device)) end
   end, {})
   for _, sub in ipairs(m:modules()) do
     if sub.rope then sub.rope:to(device) end
@@ -337,15 +345,27 @@ function nn.default_recipe()
   return nn._default_recipe
 end
 
--- drop a recipe's saved state (in eval mode, or when forward runs twice without a backward)
+-- drop a recipe's saved state (a forward ran twice without a backward)
 local function release_saved(recipe, saved)
   if saved ~= nil and type(recipe.release) == "function" then recipe:release(saved) end
 end
 
--- free the tensors of a saved-state table (a forward that had no backward)
-local function free_saved(s, keys)
-  if not s then return end
-  for _, k in ipairs(keys) do if s[k] then s[k]:free() end end
+-- forget what an earlier forward of m saved for a backward that never ran: the tensors of
+-- m._saved (the module's own, one level deep) are freed now, before the new forward allocates
+local function drop_saved(m)
+  local s = m._saved
+  m._saved = nil
+  if type(s) == "table" then
+    for _, v in pairs(s) do if nv.is_tensor(v) then v:free() end end
+  end
+end
+
+-- the state m's forward saved for its backward, taken from m; raises without one
+local function take_saved(m, what)
+  local s = m._saved
+  if not s then error(what .. ":backward without a forward in training mode", 3) end
+  m._saved = nil
+  return s
 end
 
 -- ---- Linear -------------------------------------------------------------------------------------
@@ -354,7 +374,10 @@ end
 -- opts: name (Hugging Face module name, passed to the recipe), block (0-based block index),
 -- num_blocks, high_precision, recipe, generator, std (init, default 0.02), tie (a parameter
 -- entry {param, grad} of shape [out, in] to share instead of owning a weight: tied embeddings).
--- The three GEMMs are the recipe's: recipe:linear_forward / recipe:linear_backward.
+-- The three GEMMs are the recipe's: recipe:linear_forward / recipe:linear_backward. What
+-- linear_forward makes runs in Linear's scope: the tensors directly in its saved table are kept
+-- for backward (unscoped; linear_backward or recipe:release frees them), anything else dies with
+-- the forward.
 local Linear = nn.class("Linear", Module)
 nn.Linear = Linear
 
@@ -399,12 +422,8 @@ end
 
 -- forget the state saved by a forward that had no backward
 function Linear:_drop()
-  local s = self._saved
-  if s then
-    release_saved(s.recipe, s.saved)
-    s.x:free()
-    self._saved = nil
-  end
+  if self._saved then release_saved(self._saved.recipe, self._saved.saved) end
+  drop_saved(self)
 end
 
 --- y (..., out) = x (..., in) W^T
@@ -418,40 +437,28 @@ function Linear:forward(x)
   self:_drop()
   local r = self.recipe or nn.default_recipe()
   local ctx = self:context()
-  local N = x:numel() // K
-  local x2 = x:reshape(N, K)                                        -- (N, in), our own handle
-  local y, saved = r:linear_forward(ctx, x2, self.weight_entry.param) -- (N, out)
-  if self.training then
-    self._saved = {saved = saved, x = x2, ctx = ctx, recipe = r, shape = shape}
-  else
-    release_saved(r, saved)
-    x2:free()
-  end
-  if #shape ~= 2 then
+  return nv.scope(function()
+    local x2 = x:reshape(x:numel() // K, K)                           -- (N, in), our own handle
+    local y, saved = r:linear_forward(ctx, x2, self.weight_entry.param) -- (N, out)
+    if self.training then -- in eval the scope frees x2 and what the recipe saved
+      self._saved = nv.unscope({saved = nv.unscope(saved), x = x2, ctx = ctx, recipe = r, shape = shape})
+    end
+    if #shape == 2 then return y end
     local oshape = {table.unpack(shape)}
     oshape[#oshape] = self.out_features
-    local yv = y:view(oshape)
-    y:free()
-    y = yv
-  end
-  return y
+    return y:view(oshape)                                             -- (..., out)
+  end)
 end
 
 --- dx (..., in) = dy W; dW += dy^T x
 function Linear:backward(dy)
-  local s = self._saved
-  if not s then error("Linear(" .. (self.name or "") .. "):backward without a forward in training mode", 2) end
-  self._saved = nil
-  local dy2 = dy:reshape(dy:numel() // self.out_features, self.out_features)        -- (N, out)
-  local dx = s.recipe:linear_backward(s.ctx, dy2, s.saved, self.weight_entry.grad) -- (N, in)
-  dy2:free()
-  s.x:free()
-  if #s.shape ~= 2 then
-    local dxv = dx:view(s.shape)
-    dx:free()
-    dx = dxv
-  end
-  return dx
+  local s = take_saved(self, "Linear(" .. (self.name or "") .. ")")
+  return nv.scope(function()
+    nv.adopt(s.x) -- what the recipe saved is the recipe's to free (linear_backward)
+    local dy2 = dy:reshape(dy:numel() // self.out_features, self.out_features)          -- (N, out)
+    local dx = s.recipe:linear_backward(s.ctx, dy2, s.saved, self.weight_entry.grad) -- (N, in)
+    return #s.shape == 2 and dx or dx:view(s.shape)                                  -- (..., in)
+  end)
 end
 
 -- ---- Embedding ----------------------------------------------------------------------------------
@@ -479,24 +486,23 @@ function Embedding:forward(ids)
     error("Embedding:forward: ids must be an i64 tensor, got " .. (nv.is_tensor(ids) and ids:dtype() or type(ids)), 2)
   end
   local shape = ids:size()
-  local flat = ids:reshape(ids:numel())                               -- (N)
-  local out = core.embedding_forward(flat, self.weight_entry.param)   -- (N, C)
-  if self._ids then self._ids:free() end
-  if self.training then self._ids = flat else flat:free(); self._ids = nil end
-  shape[#shape + 1] = self.dim
-  local ov = out:view(shape)
-  out:free()
-  return ov
+  drop_saved(self)
+  return nv.scope(function()
+    local flat = ids:reshape(ids:numel())                             -- (N), our own handle
+    local out = core.embedding_forward(flat, self.weight_entry.param) -- (N, C)
+    if self.training then self._saved = nv.unscope({ids = flat}) end
+    shape[#shape + 1] = self.dim
+    return out:view(shape)                                            -- (..., C)
+  end)
 end
 
 --- weight.grad += scatter(dout); returns nil (ids are not differentiable)
 function Embedding:backward(dout)
-  local ids = self._ids
-  if not ids then error("Embedding:backward without a forward in training mode", 2) end
-  self._ids = nil
-  local d2 = dout:reshape(ids:numel(), self.dim)                     -- (N, C)
-  core.embedding_backward(self.weight_entry.grad, d2, ids)
-  d2:free(); ids:free()
+  local s = take_saved(self, "Embedding")
+  nv.scope(function()
+    nv.adopt(s.ids)
+    core.embedding_backward(self.weight_entry.grad, dout:reshape(s.ids:numel(), self.dim), s.ids) -- dout as (N, C)
+  end)
   return nil
 end
 
@@ -523,36 +529,23 @@ function RMSNorm:forward(x)
   if shape[#shape] ~= self.dim then
     error(string.format("RMSNorm: input %s, expected [..., %d]", shape_str(shape), self.dim), 2)
   end
-  local x2 = x:reshape(x:numel() // self.dim, self.dim)                          -- (N, C)
-  local out, rstd = core.rmsnorm_forward(x2, self.weight_entry.param, self.eps)  -- (N, C), (N)
-  if self._saved then self._saved.x:free(); self._saved.rstd:free() end
-  if self.training then
-    self._saved = {x = x2, rstd = rstd, shape = shape}
-  else
-    self._saved = nil
-    x2:free(); rstd:free()
-  end
-  if #shape ~= 2 then
-    local ov = out:view(shape)
-    out:free()
-    out = ov
-  end
-  return out
+  drop_saved(self)
+  return nv.scope(function()
+    local x2 = x:reshape(x:numel() // self.dim, self.dim)                          -- (N, C), our own handle
+    local out, rstd = core.rmsnorm_forward(x2, self.weight_entry.param, self.eps)  -- (N, C), (N)
+    if self.training then self._saved = nv.unscope({x = x2, rstd = rstd, shape = shape}) end
+    return #shape == 2 and out or out:view(shape)
+  end)
 end
 
 function RMSNorm:backward(dout)
-  local s = self._saved
-  if not s then error("RMSNorm:backward without a forward in training mode", 2) end
-  self._saved = nil
-  local d2 = dout:reshape(dout:numel() // self.dim, self.dim)                        -- (N, C)
-  local dx = core.rmsnorm_backward(self.weight_entry.grad, d2, s.x, self.weight_entry.param, s.rstd) -- (N, C)
-  d2:free(); s.x:free(); s.rstd:free()
-  if #s.shape ~= 2 then
-    local dv = dx:view(s.shape)
-    dx:free()
-    dx = dv
-  end
-  return dx
+  local s = take_saved(self, "RMSNorm")
+  return nv.scope(function()
+    nv.adopt(s.x, s.rstd)
+    local d2 = dout:reshape(dout:numel() // self.dim, self.dim)                      -- (N, C)
+    local dx = core.rmsnorm_backward(self.weight_entry.grad, d2, s.x, self.weight_entry.param, s.rstd) -- (N, C)
+    return #s.shape == 2 and dx or dx:view(s.shape)
+  end)
 end
 
 -- ---- configuration (Hugging Face LlamaConfig keys and defaults) ----------------------------------
@@ -667,16 +660,17 @@ end
 
 --- rope:to(device): keep the tables on "cpu" or "cuda" (computed on the CPU, copied exactly)
 function RopeCache:to(device)
-  if self.cos then self.cos, self.sin = moved(self.cos, device), moved(self.sin, device) end
+  if self.cos then self.cos, self.sin = nv.unscope(moved(self.cos, device), moved(self.sin, device)) end
   self.device = device
   return self
 end
 
+-- The tables are made on first use, inside a forward's scope: they are the cache's (unscoped).
 function RopeCache:get(T)
   if T > self.T then
     if self.cos then self.cos:free(); self.sin:free() end
     local c, s = core.rope_tables(T, self.head_dim, self.theta, self.scaling) -- (T, D), (T, D) on the cpu
-    self.cos, self.sin = moved(c, self.device), moved(s, self.device)
+    self.cos, self.sin = nv.unscope(moved(c, self.device), moved(s, self.device))
     self.T = T
   end
   if T == self.T then return self.cos, self.sin end
@@ -716,6 +710,26 @@ function Attention:extra_repr()
   return string.format("heads=%d, kv_heads=%d, head_dim=%d", self.n_heads, self.n_kv_heads, self.head_dim)
 end
 
+-- proj(x) as heads (B, T, H, D), rotated; the unrotated projection dies here
+local function project_rotate(proj, x, H, D, cos, sin)
+  return nv.scope(function()
+    return core.rope_forward(proj:forward(x):view(x:size(1), x:size(2), H, D), cos, sin)
+  end)
+end
+
+-- proj's input gradient (B, T, C) from dr (B, T, H, D), the gradient of its rotated output,
+-- which is consumed: dr dies before proj's backward runs, the unrotated gradient right after it.
+local function rotate_project_backward(proj, dr, cos, sin)
+  local B, T, H, D = dr:size(1), dr:size(2), dr:size(3), dr:size(4)
+  return nv.scope(function()
+    local d = nv.scope(function()
+      nv.adopt(dr)
+      return core.rope_backward(dr, cos, sin):view(B, T, H * D)        -- (B, T, H*D)
+    end)
+    return proj:backward(d)                                            -- (B, T, C)
+  end)
+end
+
 function Attention:forward(x)
   if x:dim() ~= 3 or x:size(3) ~= self.hidden then
     error(string.format("Attention: input %s, expected [B, T, %d]", shape_str(x), self.hidden), 2)
@@ -725,65 +739,35 @@ function Attention:forward(x)
     error(string.format("Attention: sequence length %d exceeds max_position_embeddings %d", T, self.max_positions), 2)
   end
   local Hq, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-  free_saved(self._saved, {"q", "k", "v", "out", "out_view", "lse"})
-  self._saved = nil
-  local cos, sin = self.rope:get(T)                          -- (T, D)
-  local q = self.q_proj:forward(x)                           -- (B, T, Hq*D)
-  local qv = q:view(B, T, Hq, D)
-  local qr = core.rope_forward(qv, cos, sin)                 -- (B, T, Hq, D)
-  q:free(); qv:free()
-  local k = self.k_proj:forward(x)                           -- (B, T, Hkv*D)
-  local kv = k:view(B, T, Hkv, D)
-  local kr = core.rope_forward(kv, cos, sin)                 -- (B, T, Hkv, D)
-  k:free(); kv:free()
-  local v = self.v_proj:forward(x)                           -- (B, T, Hkv*D)
-  local vv = v:view(B, T, Hkv, D)
-  v:free()
-  local out, lse = core.attention_forward(qr, kr, vv, self.scale) -- (B, T, Hq, D), (B, Hq, T)
-  local ov = out:view(B, T, Hq * D)
-  local y = self.o_proj:forward(ov)                          -- (B, T, C)
-  if self.training then
-    self._saved = {q = qr, k = kr, v = vv, out = out, out_view = ov, lse = lse, T = T}
-  else
-    qr:free(); kr:free(); vv:free(); out:free(); ov:free(); lse:free()
-  end
-  return y
+  drop_saved(self)
+  return nv.scope(function()
+    local cos, sin = self.rope:get(T)                                    -- (T, D)
+    local q = project_rotate(self.q_proj, x, Hq, D, cos, sin)            -- (B, T, Hq, D)
+    local k = project_rotate(self.k_proj, x, Hkv, D, cos, sin)           -- (B, T, Hkv, D)
+    local v = self.v_proj:forward(x):view(B, T, Hkv, D)                  -- (B, T, Hkv, D)
+    local out, lse = core.attention_forward(q, k, v, self.scale)        -- (B, T, Hq, D), (B, Hq, T)
+    local y = self.o_proj:forward(out:view(B, T, Hq * D))                -- (B, T, C)
+    if self.training then self._saved = nv.unscope({q = q, k = k, v = v, out = out, lse = lse, T = T}) end
+    return y
+  end)
 end
 
 function Attention:backward(dy)
-  local s = self._saved
-  if not s then error("Attention:backward without a forward in training mode", 2) end
-  self._saved = nil
+  local s = take_saved(self, "Attention")
   local B, T = dy:size(1), dy:size(2)
   local Hq, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-  local cos, sin = self.rope:get(s.T)
-  local dout = self.o_proj:backward(dy)                      -- (B, T, Hq*D)
-  s.out_view:free()
-  local doutv = dout:view(B, T, Hq, D)
-  dout:free()
-  local dqr, dkr, dv = core.attention_backward(doutv, s.q, s.k, s.v, s.out, s.lse, self.scale)
-  doutv:free(); s.q:free(); s.k:free(); s.v:free(); s.out:free(); s.lse:free()
-  local dq = core.rope_backward(dqr, cos, sin)               -- (B, T, Hq, D)
-  dqr:free()
-  local dqv = dq:view(B, T, Hq * D)
-  dq:free()
-  local dx = self.q_proj:backward(dqv)                       -- (B, T, C)
-  dqv:free()
-  local dk = core.rope_backward(dkr, cos, sin)               -- (B, T, Hkv, D)
-  dkr:free()
-  local dkv = dk:view(B, T, Hkv * D)
-  dk:free()
-  local dxk = self.k_proj:backward(dkv)
-  dkv:free()
-  dx:add_(dxk)
-  dxk:free()
-  local dvv = dv:view(B, T, Hkv * D)
-  dv:free()
-  local dxv = self.v_proj:backward(dvv)
-  dvv:free()
-  dx:add_(dxv)
-  dxv:free()
-  return dx
+  return nv.scope(function()
+    local cos, sin = self.rope:get(s.T)
+    local dq, dk, dv = nv.scope(function() -- the saved activations and dout die at their last use
+      nv.adopt(s)
+      local dout = self.o_proj:backward(dy):view(B, T, Hq, D)           -- (B, T, Hq, D)
+      return core.attention_backward(dout, s.q, s.k, s.v, s.out, s.lse, self.scale)
+    end)                                                                 -- rotated: (B, T, Hq|Hkv|Hkv, D)
+    local dx = rotate_project_backward(self.q_proj, dq, cos, sin)        -- (B, T, C)
+    nv.scope(function() dx:add_(rotate_project_backward(self.k_proj, dk, cos, sin)) end)
+    dx:add_(self.v_proj:backward(dv:view(B, T, Hkv * D)))
+    return dx
+  end)
 end
 
 -- ---- MLP ----------------------------------------------------------------------------------------
@@ -811,49 +795,32 @@ function MLP:forward(x)
   if shape[#shape] ~= self.hidden then
     error(string.format("MLP: input %s, expected [..., %d]", shape_str(shape), self.hidden), 2)
   end
-  free_saved(self._saved, {"g", "u", "h"})
-  self._saved = nil
-  local x2 = x:reshape(x:numel() // self.hidden, self.hidden) -- (N, C)
-  local g = self.gate_proj:forward(x2)                       -- (N, F)
-  local u = self.up_proj:forward(x2)                         -- (N, F)
-  x2:free()
-  local h = core.swiglu_forward(g, u)                        -- (N, F)
-  local y = self.down_proj:forward(h)                        -- (N, C)
-  if self.training then
-    self._saved = {g = g, u = u, h = h, shape = shape}
-  else
-    g:free(); u:free(); h:free()
-  end
-  if #shape ~= 2 then
-    local yv = y:view(shape)
-    y:free()
-    y = yv
-  end
-  return y
+  drop_saved(self)
+  return nv.scope(function()
+    local x2 = x:reshape(x:numel() // self.hidden, self.hidden)        -- (N, C)
+    local g = self.gate_proj:forward(x2)                               -- (N, F)
+    local u = self.up_proj:forward(x2)                                 -- (N, F)
+    local y = self.down_proj:forward(core.swiglu_forward(g, u))       -- (N, C); down_proj keeps h (N, F)
+    if self.training then self._saved = nv.unscope({g = g, u = u, shape = shape}) end
+    return #shape == 2 and y or y:view(shape)
+  end)
 end
 
 function MLP:backward(dy)
-  local s = self._saved
-  if not s then error("MLP:backward without a forward in training mode", 2) end
-  self._saved = nil
-  local dy2 = dy:reshape(dy:numel() // self.hidden, self.hidden) -- (N, C)
-  local dh = self.down_proj:backward(dy2)                    -- (N, F)
-  dy2:free()
-  s.h:free()
-  local dg, du = core.swiglu_backward(dh, s.g, s.u)          -- (N, F), (N, F)
-  dh:free(); s.g:free(); s.u:free()
-  local dx = self.gate_proj:backward(dg)                     -- (N, C)
-  dg:free()
-  local dxu = self.up_proj:backward(du)
-  du:free()
-  dx:add_(dxu)
-  dxu:free()
-  if #s.shape ~= 2 then
-    local dv = dx:view(s.shape)
-    dx:free()
-    dx = dv
-  end
-  return dx
+  local s = take_saved(self, "MLP")
+  return nv.scope(function()
+    local dg, du = nv.scope(function() -- g, u and dh die once SwiGLU's backward has read them
+      nv.adopt(s)
+      local dh = self.down_proj:backward(dy:reshape(dy:numel() // self.hidden, self.hidden)) -- (N, F)
+      return core.swiglu_backward(dh, s.g, s.u)                       -- (N, F), (N, F)
+    end)
+    local dx = nv.scope(function() -- dg dies before up_proj's backward runs
+      nv.adopt(dg)
+      return self.gate_proj:backward(dg)                               -- (N, C)
+    end)
+    dx:add_(self.up_proj:backward(du))
+    return #s.shape == 2 and dx or dx:view(s.shape)
+  end)
 end
 
 -- ---- for model files (lua/nvlua/llama.lua) -----------------------------------------------------
@@ -867,8 +834,11 @@ function nn.each_entry(m, fn) each_entry(m, "", fn, {}) end
 -- tables moved to device (already checked: nn.check_device), m.device set.
 nn.move_to = move_to
 
---- nn.free_saved(s, keys): free the tensors s[k] of a saved-state table (nothing when s is nil).
-nn.free_saved = free_saved
+--- nn.drop_saved(m): free the tensors of m._saved (one level deep) and forget it: what an earlier
+-- forward saved for a backward that never ran. nn.take_saved(m, what) -> m._saved, taken for
+-- m's backward (raises "<what>:backward without a forward in training mode" without one).
+nn.drop_saved = drop_saved
+nn.take_saved = take_saved
 
 -- nn.Llama and nn.Block are nvlua.llama's, which requires this file: looked up on first use.
 local FROM_LLAMA = {Llama = true, Block = true}

@@ -81,8 +81,9 @@ function optim.AdamW(params, opts)
       seen[e.param] = true
       local name = e.name or (g.name .. "." .. i)
       if self.m[name] then error("AdamW: two parameters are named '" .. name .. "'", 2) end
-      self.m[name] = nv.zeros(e.param:size(), {device = e.param:device()}) -- on the parameter's device
-      self.v[name] = nv.zeros(e.param:size(), {device = e.param:device()})
+      -- on the parameter's device; the optimizer's own, kept past any open nv.scope
+      self.m[name] = nv.unscope(nv.zeros(e.param:size(), {device = e.param:device()}))
+      self.v[name] = nv.unscope(nv.zeros(e.param:size(), {device = e.param:device()}))
       self.names[e] = name
     end
   end
@@ -215,18 +216,18 @@ function optim.ShardedAdamW(model, opts, dist)
     local pv = flat:narrow(1, off + 1, k):view(shape)
     pv:copy_(e.param)
     e.param:free()
-    e.param = pv
+    e.param = nv.unscope(pv)
     if gflat ~= model.grad_buffer then
       local gv = gflat:narrow(1, off + 1, k):view(shape)
       gv:copy_(e.grad)
-      e.grad = gv -- a view of the old buffer, which the model drops below
+      e.grad = nv.unscope(gv) -- a view of the old buffer, which the model drops below
     end
     layout[i] = {name = named[i].name, offset = off, numel = k, shape = shape, no_decay = e.no_decay}
     off = off + k
   end
   if gflat ~= model.grad_buffer then
     model.grad_buffer:free()
-    model.grad_buffer = gflat:narrow(1, 1, n)
+    model.grad_buffer = nv.unscope(gflat:narrow(1, 1, n))
   end
   self.flat, self.gflat, self.layout = flat, gflat, layout
   -- this rank's shard [lo, hi) of the flat space: parameter view, gradient, moments
@@ -242,8 +243,11 @@ function optim.ShardedAdamW(model, opts, dist)
       self.segments[#self.segments + 1] = {name = l.name, from = a - l.offset, len = len, no_decay = l.no_decay,
         p = self.p:narrow(1, s0 + 1, len), g = self.g:narrow(1, s0 + 1, len), m = self.m:narrow(1, s0 + 1, len),
         v = self.v:narrow(1, s0 + 1, len)}
+      nv.unscope(self.segments[#self.segments])
     end
   end
+  -- the optimizer's own, kept past any open nv.scope
+  nv.unscope(flat, gflat, self.p, self.g, self.m, self.v)
   return self
 end
 

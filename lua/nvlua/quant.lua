@@ -286,7 +286,8 @@ function M.show(q, opts)
     return rows_of(t):select(1, row + 1):narrow(1, col * bsize + 1, bsize):totable()
   end
   local function scale_byte() return math.tointeger(rows_of(q:scale_bytes()):get(row + 1, col + 1)) end
-  local x = opts.x or source[q]
+  local x = opts.x
+  if x == nil and source[q] and not source[q]:is_freed() then x = source[q] end -- it may have been freed (an nv.scope)
   local xin = x and (q.rht and M.rht(x, {axis = q:axis()}) or x)
   local xs = xin and blocked(xin:to("f32")) or nil
   local dec = blocked(q:dequantize())

@@ -12,6 +12,8 @@
 -- tensors holding bf16 values) unless both operands are f32; wgrad outputs are f32.
 -- Under data parallelism (set_amax_reducer, set_shard) each rank quantizes its slice of the global
 -- batch exactly as one process would quantize the whole: global amax, global SR block indices.
+-- Memory: each entry point runs in an nv.scope (lua/bind/scope.c), which frees its quantized
+-- copies and temporaries when it returns; the fprop weight copy kept for dgrad travels in saved.
 -- Not here: the layers themselves (nn.Linear owns parameters and calls linear_forward /
 -- linear_backward), the kernels (nv.quantize / nv.qmatmul, core/quant.c).
 local core = require "nvlua.core"
@@ -182,22 +184,19 @@ end
 -- Formats scaled by one amax for the whole tensor: under data parallelism that amax is the one
 -- over every rank's slice (set_amax_reducer).
 -- max |x| over what quantize scales (t, or its RHT along axis), NaN ignored as quantize ignores it.
+-- Its temporaries die before the quantization that needs the amax runs.
 local function local_amax(t, s, axis)
-  if s.rht and t:device() == "cuda" then -- no standalone RHT on the GPU: quantize's amax is the one after it
-    local q = quant.quantize(t, "nvfp4", {axis = axis, rht = true})
-    local a = q.amax
-    q:free()
+  return core.scope(function()
+    if s.rht and t:device() == "cuda" then -- no standalone RHT on the GPU: quantize's amax is the one after it
+      return quant.quantize(t, "nvfp4", {axis = axis, rht = true}).amax
+    end
+    local rt = s.rht and quant.rht(t, {axis = axis}) or t
+    local a = rt:amax()
+    if a ~= a then -- Tensor:amax propagates NaN; quantize's own amax (here fp8's) skips it
+      a = quant.quantize(rt, "e4m3").amax
+    end
     return a
-  end
-  local rt = s.rht and quant.rht(t, {axis = axis}) or nil
-  local a = (rt or t):amax()
-  if a ~= a then -- Tensor:amax propagates NaN; quantize's own amax (here fp8's) skips it
-    local q = quant.quantize(rt or t, "e4m3")
-    a = q.amax
-    q:free()
-  end
-  if rt then rt:free() end
-  return a
+  end)
 end
 
 -- Quantize t (2-D) per spec, blocked along axis (1 or 2). key names the delayed-scaling history.
@@ -227,8 +226,7 @@ function Recipe:_quantize(s, t, axis, key, split)
     local cur = global
     if cur == nil then
       if hist == nil then cur = q.amax
-      elseif s.rht then
-        local rt = quant.rht(t, {axis = axis}); cur = rt:amax(); rt:free()
+      elseif s.rht then cur = core.scope(function() return quant.rht(t, {axis = axis}):amax() end)
       else cur = t:amax() end
     end
     rec.h:push(cur)
@@ -276,14 +274,10 @@ M._transposed = transposed -- for the test of that identity (tests/test_recipe.l
 -- The f32 x f32 GEMM without an RHT runs as a plain matmul (no copies).
 local function plain(g) return g.a.format == "f32" and g.b.format == "f32" and not g.a.rht end
 
+-- (the bf16 product, when out is bf16, is left to the caller's scope)
 local function qgemm(qa, qb, out)
   local y = quant.qmatmul(qa, qb, {out = out})
-  if out == "bf16" then
-    local y32 = y:to("f32")
-    y:free()
-    return y32
-  end
-  return y
+  return out == "bf16" and y:to("f32") or y
 end
 
 local function key_of(ctx, operand, role) return tostring(ctx.name) .. "|" .. operand .. "|" .. role end
@@ -307,91 +301,87 @@ end
 -- x [T,K] f32 (or [..., K]), w [N,K] f32 -> y [T,N] f32 (bf16-rounded values unless the GEMM
 -- is f32 x f32). saved holds x, w and, when dgrad will reuse it, the fprop quantization of w.
 function Recipe:linear_forward(ctx, x, w)
-  local shape = x:size()
-  local x2 = as2d(x, "x")
-  local g = self:gemm(ctx, "fprop")
-  local y, qw
-  if plain(g) then
-    local wt = w:transpose()
-    if self.hook then self.hook({ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
-    y = x2:matmul(wt)
-    wt:free()
-  else
-    local qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
-    qw = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
-    if self.hook then self.hook({ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
-    y = qgemm(qx, qw, g.out)
-    qx:free()
-    -- keep the weight's quantization only when dgrad reuses it (2-D weights: it must)
-    if not (transposable(g.b) and same_spec(g.b, self:spec(ctx, "dgrad", "w"))) then
-      qw:free()
-      qw = nil
+  return core.scope(function()
+    local shape = x:size()
+    local x2 = as2d(x, "x")
+    local g = self:gemm(ctx, "fprop")
+    local y, qw
+    if plain(g) then
+      if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
+      y = x2:matmul(w:transpose())
+    else
+      local qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
+      qw = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
+      if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
+      y = qgemm(qx, qw, g.out)
+      -- keep the weight's quantization only when dgrad reuses it (2-D weights: it must); else the
+      -- scope frees it with qx
+      if not (transposable(g.b) and same_spec(g.b, self:spec(ctx, "dgrad", "w"))) then qw = nil end
     end
-  end
-  stats.count("fprop", g.label)
-  local saved = {x = x2, w = w, qw = qw, wspec = g.b, shape = shape}
-  return reshape_like(y, shape, w:size(1)), saved
+    stats.count("fprop", g.label)
+    local saved = {x = x2, w = w, qw = qw, wspec = g.b, shape = shape} -- returned: qw outlives the scope
+    return reshape_like(y, shape, w:size(1)), saved
+  end)
 end
 
 --- recipe:linear_backward(ctx, dy, saved, dw) -> dx
 -- dy [T,N] f32 (or [..., N]); dw [N,K] f32 is accumulated (+=), or nil to skip the wgrad GEMM;
 -- dx [T,K] f32 is a new tensor. SR draws in order: dgrad's operands, then wgrad's.
 function Recipe:linear_backward(ctx, dy, saved, dw)
-  local dy2 = as2d(dy, "dy")
-  local x, w = saved.x, saved.w
-  -- dgrad: dX[T,K] = dY[T,N] · W[N,K], both blocked along N
-  local g = self:gemm(ctx, "dgrad")
-  local dx
-  if plain(g) then
-    if self.hook then self.hook({ctx = ctx, role = "dgrad", gemm = g, a = dy2, b = w}) end
-    dx = dy2:matmul(w)
-  else
-    local qdy = self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"), true)
-    local qwt
-    if saved.qw and same_spec(g.b, saved.wspec) then
-      qwt = transposed(saved.qw, w, g.b) -- the fprop weight, transposed: same values
-    elseif g.b.block == "2d" then
-      local q2 = self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad"))
-      qwt = transposed(q2, w, g.b)
-      q2:free()
-    else
-      qwt = self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"))
-    end
-    if self.hook then self.hook({ctx = ctx, role = "dgrad", gemm = g, a = qdy, b = qwt}) end
-    dx = qgemm(qdy, qwt, g.out)
-    qdy:free()
-    qwt:free()
-  end
-  stats.count("dgrad", g.label)
-  if saved.qw then saved.qw:free(); saved.qw = nil end
-  -- wgrad: dW[N,K] += dYᵀ · X, both blocked along T
-  if dw ~= nil then
-    local gw = self:gemm(ctx, "wgrad")
-    local gr
-    if plain(gw) then
-      if self.hook then self.hook({ctx = ctx, role = "wgrad", gemm = gw, a = dy2, b = x}) end
-      local dyt = dy2:transpose()
-      gr = dyt:matmul(x)
-      dyt:free()
-    else
-      local qdy = self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"), true)
-      local qx = self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"), true)
-      if self.hook then self.hook({ctx = ctx, role = "wgrad", gemm = gw, a = qdy, b = qx}) end
-      if gw.out == "f32" then
-        quant.qmatmul(qdy, qx, {accumulate = dw}) -- dw += the product, no [N, K] temporary
+  return core.scope(function()
+    local dy2 = as2d(dy, "dy")
+    local x, w = saved.x, saved.w
+    -- dgrad: dX[T,K] = dY[T,N] · W[N,K], both blocked along N. Its scope frees its copies and the
+    -- fprop weight copy saved for it before wgrad quantizes.
+    local dx = core.scope(function()
+      local qw = saved.qw
+      saved.qw = nil
+      if qw then core.adopt(qw) end
+      local g = self:gemm(ctx, "dgrad")
+      local d
+      if plain(g) then
+        if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "dgrad", gemm = g, a = dy2, b = w}) end
+        d = dy2:matmul(w)
       else
-        gr = qgemm(qdy, qx, gw.out)
+        local qdy = self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"), true)
+        local qwt
+        if qw and same_spec(g.b, saved.wspec) then
+          qwt = transposed(qw, w, g.b) -- the fprop weight, transposed: same values
+        elseif g.b.block == "2d" then -- the tiles along K, transposed; they die before the GEMM
+          qwt = core.scope(function()
+            return transposed(self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad")), w, g.b)
+          end)
+        else
+          qwt = self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"))
+        end
+        if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "dgrad", gemm = g, a = qdy, b = qwt}) end
+        d = qgemm(qdy, qwt, g.out)
       end
-      qdy:free()
-      qx:free()
+      stats.count("dgrad", g.label)
+      return d
+    end)
+    -- wgrad: dW[N,K] += dYᵀ · X, both blocked along T
+    if dw ~= nil then
+      core.scope(function()
+        local gw = self:gemm(ctx, "wgrad")
+        if plain(gw) then
+          if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "wgrad", gemm = gw, a = dy2, b = x}) end
+          dw:add_(dy2:transpose():matmul(x))
+        else
+          local qdy = self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"), true)
+          local qx = self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"), true)
+          if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "wgrad", gemm = gw, a = qdy, b = qx}) end
+          if gw.out == "f32" then
+            quant.qmatmul(qdy, qx, {accumulate = dw}) -- dw += the product, no [N, K] temporary
+          else
+            dw:add_(qgemm(qdy, qx, gw.out))
+          end
+        end
+        stats.count("wgrad", gw.label)
+      end)
     end
-    if gr then
-      dw:add_(gr)
-      gr:free()
-    end
-    stats.count("wgrad", gw.label)
-  end
-  return reshape_like(dx, saved.shape, x:size(2))
+    return reshape_like(dx, saved.shape, x:size(2))
+  end)
 end
 
 --- recipe:release(saved): free what linear_forward kept for a backward that will not run (eval).
@@ -401,6 +391,7 @@ end
 
 --- recipe:trace(fn | nil): call fn{ctx, role, gemm, a, b} before each GEMM, with its operands as
 -- they enter it (QTensors, or the f32 tensors of a plain f32 GEMM), valid only during the call.
+-- fn runs outside the arena (nv.unscoped): what it makes of them is its own.
 function Recipe:trace(fn) self.hook = fn end
 
 -- ---- plan -------------------------------------------------------------------------------------

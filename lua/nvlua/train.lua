@@ -165,38 +165,42 @@ end
 
 --- The machine's measured fp32 GEMM rate (FLOP/s): the best of 3 sgemms of 1024^3.
 function train.sgemm_peak()
-  local a, b = nv.randn(1024, 1024, {generator = nv.Generator(7)}), nv.randn(1024, 1024, {generator = nv.Generator(8)})
-  local best = math.huge
-  for _ = 1, 3 do
-    local t0 = nv.clock()
-    local c = a:matmul(b)
-    best = math.min(best, nv.clock() - t0)
-    c:free()
-  end
-  a:free(); b:free()
-  return 2 * 1024 ^ 3 / best
+  return nv.scope(function()
+    local a = nv.randn(1024, 1024, {generator = nv.Generator(7)})
+    local b = nv.randn(1024, 1024, {generator = nv.Generator(8)})
+    local best = math.huge
+    for _ = 1, 3 do
+      nv.scope(function() -- each product is freed before the next (which then reuses its buffer)
+        local t0 = nv.clock()
+        a:matmul(b)
+        best = math.min(best, nv.clock() - t0)
+      end)
+    end
+    return 2 * 1024 ^ 3 / best
+  end)
 end
 
 --- The GPU's measured dense bf16 GEMM rate (FLOP/s): the best of 5 cuBLASLt GEMMs of 4096^3
 -- (after one warm-up), timed with a device synchronisation.
 function train.gpu_gemm_peak()
   local n = 4096
-  local a, b = nv.randn(n, n, {generator = nv.Generator(7)}), nv.randn(n, n, {generator = nv.Generator(8)})
-  local da, db = a:cuda(), b:cuda()
-  a:free(); b:free()
-  local qa, qb = nv.quantize(da, "bf16"), nv.quantize(db, "bf16")
-  da:free(); db:free()
-  local best = math.huge
-  for i = 0, 5 do
-    nv.cuda.synchronize()
-    local t0 = nv.clock()
-    local y = nv.qmatmul(qa, qb, {out = "bf16"})
-    nv.cuda.synchronize()
-    if i > 0 then best = math.min(best, nv.clock() - t0) end
-    y:free()
-  end
-  qa:free(); qb:free()
-  return 2 * n ^ 3 / best
+  return nv.scope(function()
+    local qa, qb = nv.scope(function() -- the f32 operands, host and device, die once quantized
+      local a, b = nv.randn(n, n, {generator = nv.Generator(7)}), nv.randn(n, n, {generator = nv.Generator(8)})
+      return nv.quantize(a:cuda(), "bf16"), nv.quantize(b:cuda(), "bf16")
+    end)
+    local best = math.huge
+    for i = 0, 5 do
+      nv.scope(function()
+        nv.cuda.synchronize()
+        local t0 = nv.clock()
+        nv.qmatmul(qa, qb, {out = "bf16"})
+        nv.cuda.synchronize()
+        if i > 0 then best = math.min(best, nv.clock() - t0) end
+      end)
+    end
+    return 2 * n ^ 3 / best
+  end)
 end
 
 -- ---- evaluation and sampling -------------------------------------------------------------------
@@ -209,10 +213,11 @@ function train.evaluate(model, ds, c, p)
   local total, count = 0, 0
   local n = math.min(c.eval_batches, loader.per_epoch)
   for _ = 1, n do
-    local x, y = loader:next()
-    local loss, cnt = model:loss(x, y)
+    local loss, cnt = nv.scope(function()
+      local x, y = loader:next()
+      return model:loss(x, y)
+    end)
     total, count = total + loss * cnt, count + cnt
-    x:free(); y:free()
   end
   if world > 1 then
     total, count = p.dist.all_reduce_number(total, "sum"), p.dist.all_reduce_number(count, "sum")
@@ -231,30 +236,27 @@ function train.sample(model, tokenizer, prompt, n, o)
   local was = model.training
   model:eval()
   for _ = 1, n do
-    local ctx = {}
-    for i = math.max(1, #ids - T + 1), #ids do ctx[#ctx + 1] = ids[i] end
-    local x = nv.tensor({ctx}, "i64")
-    local logits = model:forward(x)
-    local last = logits:select(1, #ctx)
-    local host = last:device() == "cpu" and last or last:cpu()
-    local row = host:totable()
-    if host ~= last then host:free() end
-    last:free(); logits:free(); x:free()
-    -- top-k of row / temperature, softmax, one uniform draw
-    local idx = {}
-    for i = 1, #row do idx[i] = i end
-    table.sort(idx, function(a, b) return row[a] > row[b] end)
-    local k = math.min(o.top_k or 40, #idx)
-    local temp = math.max(o.temperature or 1, 1e-6)
-    local m, w, z = row[idx[1]], {}, 0
-    for i = 1, k do w[i] = math.exp((row[idx[i]] - m) / temp); z = z + w[i] end
-    local u = nv.rand(1, {generator = gen}):get(1) * z
-    local pick = idx[k]
-    for i = 1, k do
-      u = u - w[i]
-      if u <= 0 then pick = idx[i]; break end
-    end
-    ids[#ids + 1] = pick - 1
+    ids[#ids + 1] = nv.scope(function() -- one token: its tensors die with it
+      local ctx = {}
+      for i = math.max(1, #ids - T + 1), #ids do ctx[#ctx + 1] = ids[i] end
+      local last = model:forward(nv.tensor({ctx}, "i64")):select(1, #ctx)
+      local row = (last:device() == "cpu" and last or last:cpu()):totable()
+      -- top-k of row / temperature, softmax, one uniform draw
+      local idx = {}
+      for i = 1, #row do idx[i] = i end
+      table.sort(idx, function(a, b) return row[a] > row[b] end)
+      local k = math.min(o.top_k or 40, #idx)
+      local temp = math.max(o.temperature or 1, 1e-6)
+      local m, w, z = row[idx[1]], {}, 0
+      for i = 1, k do w[i] = math.exp((row[idx[i]] - m) / temp); z = z + w[i] end
+      local u = nv.rand(1, {generator = gen}):get(1) * z
+      local pick = idx[k]
+      for i = 1, k do
+        u = u - w[i]
+        if u <= 0 then pick = idx[i]; break end
+      end
+      return pick - 1
+    end)
   end
   model:train(was)
   local out = {}
@@ -280,21 +282,24 @@ end
 local SILENT = {write = function() end, flush = function() end, close = function() end}
 
 -- A checkpoint at step: gathered state on every rank (ZeRO-1's moments: a collective), written by
--- rank 0; the others wait until it is complete. -> its directory
+-- rank 0; the others wait until it is complete. -> its directory. Its scope frees the gathered
+-- moments (full-size copies) once written.
 local function save_checkpoint(r, step)
-  local opt = r.opt
-  local optv = opt
-  if opt.sharded then
-    local st = opt:state()
-    optv = {state = function() return st end}
-  end
-  local path = string.format("%s/checkpoints/step-%06d", r.run_dir, step)
-  if r.main then
-    path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
-      config = r.c, keep = r.c.keep})
-  end
-  if r.world > 1 then r.dist.barrier() end
-  return path
+  return nv.scope(function()
+    local opt = r.opt
+    local optv = opt
+    if opt.sharded then
+      local st = opt:state()
+      optv = {state = function() return st end}
+    end
+    local path = string.format("%s/checkpoints/step-%06d", r.run_dir, step)
+    if r.main then
+      path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
+        config = r.c, keep = r.c.keep})
+    end
+    if r.world > 1 then r.dist.barrier() end
+    return path
+  end)
 end
 
 -- resume=<dir>|auto: load that checkpoint into the parts. -> the step it was taken at (0: none)
@@ -392,55 +397,59 @@ end
 -- reduce-scattered) and clipped, AdamW when the loss and the gradient norm are finite (else the
 -- step is skipped and counted), the step's record in metrics.jsonl. Raises, after logging it, at
 -- a step that makes more than max_bad_steps bad ones in a row. -> {lr, loss, gnorm, dt, mfu}
+-- The step runs in an nv.scope (the per-step arena), each micro-batch in one of its own.
 local function step_once(r, step)
-  local c, model, opt, world, dist = r.c, r.model, r.opt, r.world, r.dist
-  model.step = step
-  local lr = r.p.schedule(step)
-  opt:set_lr(lr)
-  local t0 = nv.clock()
-  local loss_sum, n_tok = 0, 0
-  for _ = 1, c.grad_accum do
-    local x, y = r.loader:next()
-    local loss, cnt = model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum})
-    loss_sum, n_tok = loss_sum + loss, n_tok + cnt
-    x:free(); y:free()
-  end
-  local loss = loss_sum / c.grad_accum
-  local gnorm
-  if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
-    gnorm = opt:reduce_clip(c.clip)
-  else
-    if world > 1 then dist.all_reduce(model.grad_buffer, "avg") end
-    gnorm = optim.clip_grad_norm(r.params, c.clip)
-  end
-  if world > 1 then loss = dist.all_reduce_number(loss, "avg") end
-  local rec_line, stop
-  if finite(loss) and finite(gnorm) then
-    opt:step()
-    r.bad_in_row = 0
-    rec_line = {step = step, loss = loss, lr = lr, grad_norm = gnorm}
-    r.losses[#r.losses + 1] = {step, loss}
-    r.last_loss = loss
-  else
-    r.skipped, r.bad_in_row = r.skipped + 1, r.bad_in_row + 1
-    rec_line = {step = step, skipped = true, loss = finite(loss) and loss or tostring(loss),
-      grad_norm = finite(gnorm) and gnorm or tostring(gnorm)}
-    r.out:write(string.format("step %d: skipped (loss %s, grad norm %s), %d in a row\n", step, tostring(loss),
-      tostring(gnorm), r.bad_in_row))
-    if r.bad_in_row > c.max_bad_steps then
-      stop = string.format("training stopped at step %d: %d consecutive steps with a non-finite loss or gradient " ..
-        "(max_bad_steps=%d); lower lr or check the data", step, r.bad_in_row, c.max_bad_steps)
+  return nv.scope(function()
+    local c, model, opt, world, dist = r.c, r.model, r.opt, r.world, r.dist
+    model.step = step
+    local lr = r.p.schedule(step)
+    opt:set_lr(lr)
+    local t0 = nv.clock()
+    local loss_sum, n_tok = 0, 0
+    for _ = 1, c.grad_accum do
+      local loss, cnt = nv.scope(function()
+        local x, y = r.loader:next()
+        return model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum})
+      end)
+      loss_sum, n_tok = loss_sum + loss, n_tok + cnt
     end
-  end
-  model:zero_grad()
-  local dt = nv.clock() - t0
-  r.t_run, r.tok_run = r.t_run + dt, r.tok_run + r.tokens_per_step
-  rec_line.ms = dt * 1000
-  rec_line.tokens_per_s = r.tokens_per_step / dt
-  rec_line.mfu = r.flops_tok * r.tokens_per_step / dt / (r.peak * world)
-  r.mf:write(config.encode(rec_line), "\n")
-  if stop then error(stop, 0) end -- after logging the step that made it
-  return {lr = lr, loss = loss, gnorm = gnorm, dt = dt, mfu = rec_line.mfu}
+    local loss = loss_sum / c.grad_accum
+    local gnorm
+    if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
+      gnorm = opt:reduce_clip(c.clip)
+    else
+      if world > 1 then dist.all_reduce(model.grad_buffer, "avg") end
+      gnorm = optim.clip_grad_norm(r.params, c.clip)
+    end
+    if world > 1 then loss = dist.all_reduce_number(loss, "avg") end
+    local rec_line, stop
+    if finite(loss) and finite(gnorm) then
+      opt:step()
+      r.bad_in_row = 0
+      rec_line = {step = step, loss = loss, lr = lr, grad_norm = gnorm}
+      r.losses[#r.losses + 1] = {step, loss}
+      r.last_loss = loss
+    else
+      r.skipped, r.bad_in_row = r.skipped + 1, r.bad_in_row + 1
+      rec_line = {step = step, skipped = true, loss = finite(loss) and loss or tostring(loss),
+        grad_norm = finite(gnorm) and gnorm or tostring(gnorm)}
+      r.out:write(string.format("step %d: skipped (loss %s, grad norm %s), %d in a row\n", step, tostring(loss),
+        tostring(gnorm), r.bad_in_row))
+      if r.bad_in_row > c.max_bad_steps then
+        stop = string.format("training stopped at step %d: %d consecutive steps with a non-finite loss or gradient " ..
+          "(max_bad_steps=%d); lower lr or check the data", step, r.bad_in_row, c.max_bad_steps)
+      end
+    end
+    model:zero_grad()
+    local dt = nv.clock() - t0
+    r.t_run, r.tok_run = r.t_run + dt, r.tok_run + r.tokens_per_step
+    rec_line.ms = dt * 1000
+    rec_line.tokens_per_s = r.tokens_per_step / dt
+    rec_line.mfu = r.flops_tok * r.tokens_per_step / dt / (r.peak * world)
+    r.mf:write(config.encode(rec_line), "\n")
+    if stop then error(stop, 0) end -- after logging the step that made it
+    return {lr = lr, loss = loss, gnorm = gnorm, dt = dt, mfu = rec_line.mfu}
+  end)
 end
 
 -- The console: a line every log_every steps (and at the first and last), else on a terminal a
