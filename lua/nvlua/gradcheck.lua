@@ -86,28 +86,14 @@ end
 -- per tensor, 24), seed, params (named parameters to check), inputs (false: skip input
 -- gradients), eval (function target: loss without gradients), names (names of the inputs, for
 -- messages), verbose.
-local function gradcheck(target, inputs, opts)
-  opts = util.check_opts(opts, VALID, "gradcheck")
-  for k, v in pairs(DEFAULTS) do if opts[k] == nil then opts[k] = v end end
-  inputs = inputs or {}
-  local is_fn = type(target) == "function"
-  if not is_fn and not (type(target) == "table" and type(target.forward) == "function" and
-    type(target.backward) == "function") then
-    error("gradcheck: target must be a function or have forward and backward methods", 2)
-  end
-  local params = opts.params
-  if not params and not is_fn and type(target.named_parameters) == "function" then params = target:named_parameters() end
-  params = params or {}
-  if is_fn and #params == 0 then error("gradcheck: a function target needs opts.params", 2) end
+-- The analytic side: runs forward and backward once and returns the tensors to check
+-- ({name, t, g = a copy of the analytic gradient}), the error scale F, the objective the finite
+-- differences evaluate, and R (module targets: the random output weights, owned by the caller).
+-- Errors name the caller of gradcheck (level 3).
+local function analytic(target, inputs, opts, params, is_fn, set_mode)
   local nin = #inputs
-  local function set_mode(train)
-    if not is_fn and type(target.train) == "function" then target:train(train) end
-  end
-  local was_training = is_fn or target.training ~= false
-
-  -- analytic gradients
   for _, p in ipairs(params) do p.grad:zero_() end
-  local checks = {} -- {name, tensor, grad (analytic, a copy)}
+  local checks = {}
   local F, objective, R
   if is_fn then
     local loss = target(table.unpack(inputs, 1, nin))
@@ -133,10 +119,10 @@ local function gradcheck(target, inputs, opts)
           local g = grads[i]
           local name = opts.names and opts.names[i] or ("input #" .. i)
           if not nv.is_tensor(g) then
-            error("gradcheck: backward returned no gradient for " .. name .. " (pass inputs = false to skip inputs)", 2)
+            error("gradcheck: backward returned no gradient for " .. name .. " (pass inputs = false to skip inputs)", 3)
           end
           if table.concat(g:size(), ",") ~= table.concat(x:size(), ",") then
-            error(string.format("gradcheck: gradient of %s is %s, the input is %s", name, shape_str(g), shape_str(x)), 2)
+            error(string.format("gradcheck: gradient of %s is %s, the input is %s", name, shape_str(g), shape_str(x)), 3)
           end
           checks[#checks + 1] = {name = name, t = x, g = g:clone()}
         end
@@ -145,52 +131,92 @@ local function gradcheck(target, inputs, opts)
     for i = 1, grads.n do if nv.is_tensor(grads[i]) then grads[i]:free() end end
   end
   for _, p in ipairs(params) do checks[#checks + 1] = {name = p.name or "param", t = p.param, g = p.grad:clone()} end
+  return checks, F, objective, R
+end
 
-  -- finite differences
+-- The finite differences of one tensor c against its analytic gradient: a report row, and the
+-- failing elements appended to failures.
+local function check_tensor(c, objective, F, opts, failures)
+  local t, g = c.t, c.g
+  local shape = t:size()
+  local h0 = opts.eps * rms(t)
+  local rep = {name = c.name, checked = 0, max_abs_err = 0, worst = 0, max_atol = 0, max_grad = 0}
+  for _, i in ipairs(pick(t:numel(), opts.max_per_tensor, argmax_abs(g) - 1, opts.seed)) do
+    local idx = unravel(i, shape)
+    local x0 = t:get(table.unpack(idx))
+    idx[#idx + 1] = x0 + h0
+    t:set(table.unpack(idx))
+    local xp = t:get(table.unpack(idx, 1, #shape))
+    local fp = objective()
+    idx[#idx] = x0 - h0
+    t:set(table.unpack(idx))
+    local xm = t:get(table.unpack(idx, 1, #shape))
+    local fm = objective()
+    idx[#idx] = x0
+    t:set(table.unpack(idx)) -- exact restore: x0 was read from the f32 tensor
+    local num = (fp - fm) / (xp - xm)
+    local ana = g:get(table.unpack(idx, 1, #shape))
+    local atol = opts.atol or opts.k * U * F / ((xp - xm) / 2)
+    local diff = math.abs(num - ana)
+    local tol = atol + opts.rtol * math.abs(ana)
+    rep.checked = rep.checked + 1
+    rep.max_abs_err = math.max(rep.max_abs_err, diff)
+    rep.worst = math.max(rep.worst, diff / tol)
+    rep.max_atol = math.max(rep.max_atol, atol)
+    rep.max_grad = math.max(rep.max_grad, math.abs(ana))
+    if not (diff <= tol) then
+      failures[#failures + 1] = {name = c.name, idx = {table.unpack(idx, 1, #shape)}, ana = ana, num = num,
+        diff = diff, tol = tol}
+    end
+  end
+  if opts.verbose then
+    print(string.format("gradcheck %-45s %3d checked, max |grad| %.3g, max |diff| %.3g, atol %.3g, worst diff/tol %.3g",
+      c.name, rep.checked, rep.max_grad, rep.max_abs_err, rep.max_atol, rep.worst))
+  end
+  return rep
+end
+
+-- The error message for failures (the ten worst first).
+local function failure_message(failures, checked, opts, F)
+  table.sort(failures, function(a, b) return a.diff / a.tol > b.diff / b.tol end)
+  local lines = {string.format("gradcheck: %d of %d elements differ (rtol %g; F = %.4g):", #failures, checked,
+    opts.rtol, F)}
+  for i = 1, math.min(#failures, 10) do
+    local f = failures[i]
+    lines[#lines + 1] = string.format("  %s[%s]: analytic %.7g, numeric %.7g, |diff| %.3g > tol %.3g", f.name,
+      table.concat(f.idx, ","), f.ana, f.num, f.diff, f.tol)
+  end
+  return table.concat(lines, "\n")
+end
+
+local function gradcheck(target, inputs, opts)
+  opts = util.check_opts(opts, VALID, "gradcheck")
+  for k, v in pairs(DEFAULTS) do if opts[k] == nil then opts[k] = v end end
+  inputs = inputs or {}
+  local is_fn = type(target) == "function"
+  if not is_fn and not (type(target) == "table" and type(target.forward) == "function" and
+    type(target.backward) == "function") then
+    error("gradcheck: target must be a function or have forward and backward methods", 2)
+  end
+  local params = opts.params
+  if not params and not is_fn and type(target.named_parameters) == "function" then params = target:named_parameters() end
+  params = params or {}
+  if is_fn and #params == 0 then error("gradcheck: a function target needs opts.params", 2) end
+  local function set_mode(train)
+    if not is_fn and type(target.train) == "function" then target:train(train) end
+  end
+  local was_training = is_fn or target.training ~= false
+
+  local checks, F, objective, R = analytic(target, inputs, opts, params, is_fn, set_mode)
   local report = {checked = 0, max_abs_err = 0, worst = 0, tensors = {}, F = F}
   local failures = {}
   local ok, err = pcall(function()
     for _, c in ipairs(checks) do
-      local t, g = c.t, c.g
-      local shape = t:size()
-      local h0 = opts.eps * rms(t)
-      local rep = {name = c.name, checked = 0, max_abs_err = 0, worst = 0, max_atol = 0, max_grad = 0}
-      for _, i in ipairs(pick(t:numel(), opts.max_per_tensor, argmax_abs(g) - 1, opts.seed)) do
-        local idx = unravel(i, shape)
-        local x0 = t:get(table.unpack(idx))
-        idx[#idx + 1] = x0 + h0
-        t:set(table.unpack(idx))
-        local xp = t:get(table.unpack(idx, 1, #shape))
-        local fp = objective()
-        idx[#idx] = x0 - h0
-        t:set(table.unpack(idx))
-        local xm = t:get(table.unpack(idx, 1, #shape))
-        local fm = objective()
-        idx[#idx] = x0
-        t:set(table.unpack(idx)) -- exact restore: x0 was read from the f32 tensor
-        local num = (fp - fm) / (xp - xm)
-        local ana = g:get(table.unpack(idx, 1, #shape))
-        local atol = opts.atol or opts.k * U * F / ((xp - xm) / 2)
-        local diff = math.abs(num - ana)
-        local tol = atol + opts.rtol * math.abs(ana)
-        rep.checked = rep.checked + 1
-        rep.max_abs_err = math.max(rep.max_abs_err, diff)
-        rep.worst = math.max(rep.worst, diff / tol)
-        rep.max_atol = math.max(rep.max_atol, atol)
-        rep.max_grad = math.max(rep.max_grad, math.abs(ana))
-        if not (diff <= tol) then
-          failures[#failures + 1] = {name = c.name, idx = {table.unpack(idx, 1, #shape)}, ana = ana, num = num,
-            diff = diff, tol = tol}
-        end
-      end
+      local rep = check_tensor(c, objective, F, opts, failures)
       report.checked = report.checked + rep.checked
       report.max_abs_err = math.max(report.max_abs_err, rep.max_abs_err)
       report.worst = math.max(report.worst, rep.worst)
       report.tensors[#report.tensors + 1] = rep
-      if opts.verbose then
-        print(string.format("gradcheck %-45s %3d checked, max |grad| %.3g, max |diff| %.3g, atol %.3g, worst diff/tol %.3g",
-          c.name, rep.checked, rep.max_grad, rep.max_abs_err, rep.max_atol, rep.worst))
-      end
     end
   end)
   for _, c in ipairs(checks) do c.g:free() end
@@ -198,17 +224,7 @@ local function gradcheck(target, inputs, opts)
   set_mode(was_training)
   if not ok then error(err, 0) end
   report.failures = failures
-  if #failures > 0 then
-    table.sort(failures, function(a, b) return a.diff / a.tol > b.diff / b.tol end)
-    local lines = {string.format("gradcheck: %d of %d elements differ (rtol %g; F = %.4g):", #failures, report.checked,
-      opts.rtol, F)}
-    for i = 1, math.min(#failures, 10) do
-      local f = failures[i]
-      lines[#lines + 1] = string.format("  %s[%s]: analytic %.7g, numeric %.7g, |diff| %.3g > tol %.3g", f.name,
-        table.concat(f.idx, ","), f.ana, f.num, f.diff, f.tol)
-    end
-    error(table.concat(lines, "\n"), 2)
-  end
+  if #failures > 0 then error(failure_message(failures, report.checked, opts, F), 2) end
   return report
 end
 
