@@ -241,19 +241,16 @@ nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
   NVL_TRY(same_device("add_", t, src));
   if (!nvl_dtypes[t->dtype].is_float)
     return nvl_error(NVL_EINVAL, "add_: the destination must be f32 or bf16, got %s", nvl_dtypes[t->dtype].name);
+  const nvl_backend *be = NULL;
+  if (is_f32_contig(t)) NVL_PICK(be, t, axpy, "add_");
   nvl_tensor e = nvl_tensor_null(), c = nvl_tensor_null();
   if (nvl_tensor_expand(&e, src, t->ndim, t->shape) != NVL_OK)
     return nvl_error(NVL_EINVAL, "add_: %s does not broadcast to %s", nvl_tensor_desc(src, s1, sizeof s1),
                      nvl_tensor_desc(t, s2, sizeof s2));
   nvl_status st = NVL_OK;
-  if (is_f32_contig(t)) { /* t += (float)alpha * src, src gathered to a contiguous f32 temporary unless it is one */
-    const nvl_backend *be = nvl_backend_of(t, "add_");
-    if (!be) st = NVL_EUNSUPPORTED;
-    else if (!be->axpy) st = nvl_unsupported(be, "add_");
-    if (st == NVL_OK) {
-      if (is_f32_contig(&e) && e.storage != t->storage) nvl_tensor_share(&c, &e);
-      else st = nvl_tensor_clone_to(&c, &e, NVL_F32, t->device);
-    }
+  if (be) { /* t += (float)alpha * src, src gathered to a contiguous f32 temporary unless it is one */
+    if (is_f32_contig(&e) && e.storage != t->storage) nvl_tensor_share(&c, &e);
+    else st = nvl_tensor_clone_to(&c, &e, NVL_F32, t->device);
     if (st == NVL_OK) st = NVL_CALL(be, t, axpy, nvl_tensor_data(t), nvl_tensor_data(&c), alpha, nvl_tensor_numel(t));
   } else { /* other dtypes and layouts: t + src * alpha, written back */
     nvl_tensor scaled = nvl_tensor_null(), sum = nvl_tensor_null();
