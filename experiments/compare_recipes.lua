@@ -23,15 +23,22 @@ local runs = {
   {name = "nvfp4 all layers", recipe = "nvfp4", bf16_first = 0, bf16_last = 0},
 }
 
-local defaults = {}
-for k, v in pairs(train.defaults) do defaults[k] = v end
-for k, v in pairs({
+local c = config.parse(train.schema, arg, {
   out = "runs/compare_recipes", data = "kjv", layers = 4, hidden = 256, heads = 4, kv_heads = 2, ffn = 768,
   seq = 128, batch = 8, steps = 150, lr = 3e-3, min_lr = 3e-4, warmup = 15, schedule = "wsd", decay = 0.25,
   eval_every = 25, eval_batches = 4, log_every = 25, sample_tokens = 0, plot = false, save = false, quiet = true,
-  only = "",
-}) do defaults[k] = v end
-local c = config.parse(defaults, arg)
+  only = config.str("", {doc = "comma-separated run names (empty: all)", check = function(v)
+    for name in v:gmatch("[^,]+") do
+      local known = false
+      for _, r in ipairs(runs) do known = known or r.name == name end
+      if not known then
+        local names = {}
+        for i, r in ipairs(runs) do names[i] = r.name end
+        return string.format("unknown run '%s' (runs: %s)", name, table.concat(names, ", "))
+      end
+    end
+  end}),
+})
 print("config (each run):")
 config.print(c)
 data.mkdir_p(c.out)

@@ -16,26 +16,35 @@ local config = require "nvlua.config"
 local plot = require "nvlua.plot"
 local data = require "nvlua.data"
 
-local defaults = {}
-for k, v in pairs(train.defaults) do defaults[k] = v end
-for k, v in pairs({
+-- mults=1,1.25,...: numbers >= 1 -> the sorted list, or nil and what is wrong
+local function parse_mults(text)
+  local out = {}
+  for m in text:gmatch("[^,]+") do
+    local v = tonumber(m)
+    if not v or v ~= v or v < 1 or v > 100 then return nil, "'" .. m .. "' is not a number in [1, 100]" end
+    out[#out + 1] = v
+  end
+  if #out == 0 then return nil, "give at least one multiplier" end
+  table.sort(out)
+  return out
+end
+
+local c = train.schema:extend({
   out = "runs/fp4_tokens", data = "kjv", layers = 4, hidden = 256, heads = 4, kv_heads = 2, ffn = 768,
   seq = 128, batch = 8, steps = 300, lr = 3e-3, min_lr = 3e-4, warmup = 15, schedule = "wsd", decay = 0.25,
   eval_every = 25, eval_batches = 8, log_every = 50, sample_tokens = 0, plot = false, save = false, quiet = true,
-  seeds = 3, mults = "1,1.25,1.5,1.75",
-}) do defaults[k] = v end
-local c = config.parse(defaults, arg)
+  seeds = config.int(3, {min = 1, doc = "seeds per run (1, 2, ...)"}),
+  mults = config.str("1,1.25,1.5,1.75", {doc = "MXFP4's token multipliers", check = function(v)
+    local _, err = parse_mults(v)
+    return err and err .. " (mults: comma-separated token multipliers)"
+  end}),
+}, {function(cc) if cc.eval_every == 0 then return "eval_every must be > 0: the comparison is of validation losses" end end})
+  :parse(arg)
 print("config (each run):")
 config.print(c)
 data.mkdir_p(c.out)
 
-local mults = {}
-for m in tostring(c.mults):gmatch("[^,]+") do
-  local v = tonumber(m)
-  if not v or v < 1 then error("fp4_tokens: mults must be numbers >= 1, got " .. tostring(c.mults), 0) end
-  mults[#mults + 1] = v
-end
-table.sort(mults)
+local mults = parse_mults(c.mults)
 
 local function mean_sd(xs)
   local s = 0

@@ -20,12 +20,10 @@ local defaults = {
   norm_eps = 1e-5, seq = 8192, tie = false,
   recipe = "nvfp4", schedule = "wsd", decay = 0.2, lr = 3e-4, min_lr = 3e-5, warmup = 0, beta1 = 0.9, beta2 = 0.95,
   weight_decay = 0.1, clip = 1.0, batch = 1, steps = 2, eval_every = 0, sample_tokens = 0, plot = false, save = false,
-  out = "runs/llama3_8b_nvfp4", log_every = 1, plan = false,
+  out = "runs/llama3_8b_nvfp4", log_every = 1,
+  plan = config.bool(false, {doc = "print the plan and memory table without allocating"}),
 }
-local d = {}
-for k, v in pairs(train.defaults) do d[k] = v end
-for k, v in pairs(defaults) do d[k] = v end
-local c = config.parse(d, arg)
+local c = config.parse(train.schema, arg, defaults)
 
 local mc = train.model_config(c, c.vocab)
 mc.head_dim = mc.head_dim or c.hidden // c.heads

@@ -9,34 +9,11 @@
 local T = require "nvlua.test"
 local lfs = require "lfs"
 
--- Quotes s for /bin/sh.
-local function shq(s) return "'" .. (tostring(s):gsub("'", "'\\''")) .. "'" end
-
--- The nvlua binary running these tests: /proc/self/exe, else the interpreter in arg (its lowest
--- index, as lua.c sets it), else build/nvlua; made absolute so cases can change directory.
-local function find_nvlua()
-  local exe = lfs.symlinkattributes("/proc/self/exe", "target")
-  if type(exe) == "string" and exe:match("/nvlua[^/]*$") then return exe end
-  local bin = "build/nvlua"
-  if type(arg) == "table" then
-    local lo = 0
-    while arg[lo - 1] ~= nil do lo = lo - 1 end
-    if lo < 0 then bin = arg[lo] end
-  end
-  if bin:find("/", 1, true) and bin:sub(1, 1) ~= "/" then bin = lfs.currentdir() .. "/" .. bin end
-  return bin
-end
-local NVLUA = find_nvlua()
+local shq = T.shq
+local NVLUA = T.nvlua()
 
 local function need_nvlua()
   if not lfs.attributes(NVLUA, "mode") then T.skip("no nvlua binary at " .. NVLUA) end
-end
-
-local function read_file(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
 end
 
 local function write_file(path, s)
@@ -65,28 +42,7 @@ local function rm_tree(path)
   end
 end
 
--- Variables that change what nvlua does; cleared for every run unless opts.env sets them.
-local NVLUA_ENV = {"NVLUA_PATH", "LUA_INIT", "LUA_INIT_5_4", "LUA_PATH", "LUA_PATH_5_4", "LUA_CPATH",
-  "LUA_CPATH_5_4"}
-
--- Runs nvlua with args (a string, already quoted for the shell). opts: stdin (text), env (name ->
--- value), cd (directory). Returns {out =, err =, code =}.
-local function run(args, opts)
-  opts = opts or {}
-  local out, err = os.tmpname(), os.tmpname()
-  local input = opts.stdin and write_file(os.tmpname(), opts.stdin)
-  local cmd = {"unset " .. table.concat(NVLUA_ENV, " ") .. ";"}
-  if opts.cd then cmd[#cmd + 1] = "cd " .. shq(opts.cd) .. " &&" end
-  for k, v in pairs(opts.env or {}) do cmd[#cmd + 1] = k .. "=" .. shq(v) end
-  cmd[#cmd + 1] = shq(NVLUA) .. " " .. args
-  cmd[#cmd + 1] = "<" .. (input and shq(input) or "/dev/null") .. " >" .. shq(out) .. " 2>" .. shq(err)
-  local _, how, code = os.execute(table.concat(cmd, " "))
-  local r = {out = read_file(out), err = read_file(err), code = how == "exit" and code or -1}
-  os.remove(out)
-  os.remove(err)
-  if input then os.remove(input) end
-  return r
-end
+local run = T.run_nvlua
 
 -- A REPL session: the statements in text are fed to nvlua through a pipe.
 local function repl(text, opts)

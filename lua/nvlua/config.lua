@@ -1,47 +1,242 @@
--- nvlua.config: an experiment's settings. Every experiment has a defaults table; `key=value`
--- arguments override it, type-checked against the default (number, integer, boolean, string);
--- an unknown key is an error listing the valid ones. The resolved config is printed and saved.
+-- nvlua.config: an experiment's settings, declared by a schema: every key has a default, a type
+-- (integer, number, boolean, string), and where it matters a range, a set of accepted values and a
+-- check of its own; relations between keys (kv_heads divides heads, min_lr <= lr) are the schema's
+-- checks. `key=value` arguments override the defaults; the resolved config is checked as a whole
+-- before anything is built, and every message names the key and what it accepts. The resolved
+-- config is printed and saved.
+--   local s = config.schema({steps = config.int(300, {min = 1}), lr = config.num(3e-3, {above = 0}),
+--     schedule = config.str("wsd", {one_of = {"wsd", "cosine"}})}, {function(c) ... end})
+--   local c = s:parse(arg)                      -- or s:extend({steps = 50, mine = config.int(2)}):parse(arg)
+-- A plain table of defaults is a schema too (each key typed by its default, no range):
+-- config.parse(defaults, args).
 local cjson = require "cjson"
 
 local config = {}
 
-local function parse_value(key, text, default)
-  local t = math.type(default) or type(default)
-  if t == "integer" then
+-- ---- specs: one key's default, type and accepted values ---------------------------------------
+
+local Spec = {}
+Spec.__index = Spec
+
+local function spec(kind, default, o)
+  o = o or {}
+  for k in pairs(o) do
+    if not (k == "min" or k == "max" or k == "above" or k == "below" or k == "one_of" or k == "nonempty" or
+        k == "check" or k == "accept" or k == "accept_what" or k == "doc") then
+      error(string.format("config.%s: unknown option '%s'", kind, tostring(k)), 3)
+    end
+  end
+  local s = setmetatable({kind = kind, default = default}, Spec)
+  for k, v in pairs(o) do s[k] = v end
+  return s
+end
+
+--- config.int(default [, {min =, max =, check =, doc =}]): an integer key
+function config.int(default, o) return spec("int", default, o) end
+--- config.num(default [, {min =, max =, above =, below =, check =, doc =}]): a finite number
+-- (min/max inclusive, above/below exclusive bounds); the value is stored as a float
+function config.num(default, o) return spec("num", default, o) end
+--- config.bool(default [, {doc =}])
+function config.bool(default, o) return spec("bool", default, o) end
+--- config.str(default [, {one_of = {...} or function() -> {...}, nonempty =, check =, accept =, accept_what =,
+-- doc =}]): a string key; accept(v) -> true admits a non-string value set from Lua (accept_what says
+-- what, e.g. "a recipe value").
+function config.str(default, o) return spec("str", default, o) end
+
+function config.is_spec(v) return getmetatable(v) == Spec end
+
+-- The spec a plain default value stands for: typed by the value, nothing else.
+local function infer(key, v)
+  if config.is_spec(v) then return v end
+  local t = math.type(v) or type(v)
+  if t == "integer" then return config.int(v) end
+  if t == "float" then return config.num(v) end
+  if t == "boolean" then return config.bool(v) end
+  if t == "string" then return config.str(v) end
+  return spec("value", v) -- a table or function default: settable from Lua only
+end
+
+local function one_of(s)
+  local v = s.one_of
+  if type(v) == "function" then v = v() end
+  return v
+end
+
+-- What a spec accepts, in words: "an integer >= 1", "a number in (0, 1)", "one of cpu, cuda".
+function Spec:describe()
+  if self.kind == "bool" then return "true or false" end
+  if self.kind == "str" then
+    local set = one_of(self)
+    local also = self.accept and (self.accept_what or "a value set from Lua") .. " or " or ""
+    if set then return also .. "one of " .. table.concat(set, ", ") end
+    return also .. (self.nonempty and "a non-empty string" or "a string")
+  end
+  if self.kind == "value" then return "a value set from Lua" end
+  local what = self.kind == "int" and "an integer" or "a finite number"
+  local lo = self.min ~= nil and ("[" .. tostring(self.min)) or self.above ~= nil and ("(" .. tostring(self.above))
+  local hi = self.max ~= nil and (tostring(self.max) .. "]") or self.below ~= nil and (tostring(self.below) .. ")")
+  if lo and hi then return string.format("%s in %s, %s", what, lo, hi) end
+  if self.min ~= nil then return what .. " >= " .. tostring(self.min) end
+  if self.above ~= nil then return what .. " > " .. tostring(self.above) end
+  if self.max ~= nil then return what .. " <= " .. tostring(self.max) end
+  if self.below ~= nil then return what .. " < " .. tostring(self.below) end
+  return what
+end
+
+local function show(v)
+  if type(v) == "string" then return "'" .. v .. "'" end
+  if math.type(v) == "float" and v == math.floor(v) and v > -1e15 and v < 1e15 then return string.format("%.1f", v) end
+  return tostring(v)
+end
+
+-- v checked against the spec -> v (a number key's float as a float), or raises naming the key.
+function Spec:validate(key, v, c)
+  local function bad() error(string.format("config: %s must be %s, got %s", key, self:describe(), show(v)), 0) end
+  local k = self.kind
+  if k == "int" then
+    if math.type(v) ~= "integer" then bad() end
+  elseif k == "num" then
+    if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then bad() end
+    v = v + 0.0
+  elseif k == "bool" then
+    if type(v) ~= "boolean" then bad() end
+  elseif k == "str" then
+    if type(v) ~= "string" then
+      if self.accept and self.accept(v) then return v end
+      bad()
+    end
+    if self.nonempty and v == "" then bad() end
+    local set = one_of(self)
+    if set then
+      local found = false
+      for _, x in ipairs(set) do found = found or x == v end
+      if not found then bad() end
+    end
+  end
+  if k == "int" or k == "num" then
+    if (self.min ~= nil and v < self.min) or (self.max ~= nil and v > self.max) or
+       (self.above ~= nil and v <= self.above) or (self.below ~= nil and v >= self.below) then bad() end
+  end
+  if self.check then
+    local msg = self.check(v, c)
+    if msg then error(string.format("config: %s: %s", key, msg), 0) end
+  end
+  return v
+end
+
+-- Text from the command line -> a value of the spec's type (the range is checked later, by validate).
+function Spec:parse_text(key, text)
+  local k = self.kind
+  if k == "int" then
     local v = math.tointeger(tonumber(text))
     if not v then error(string.format("config: %s must be an integer, got '%s'", key, text), 0) end
     return v
-  elseif t == "float" then
+  elseif k == "num" then
     local v = tonumber(text)
     if not v then error(string.format("config: %s must be a number, got '%s'", key, text), 0) end
-    return v + 0.0 -- the default's type: "lr=1" gives 1.0
-  elseif t == "boolean" then
+    return v + 0.0 -- the key's type: "lr=1" gives 1.0
+  elseif k == "bool" then
     if text == "true" or text == "1" then return true elseif text == "false" or text == "0" then return false end
     error(string.format("config: %s must be true or false, got '%s'", key, text), 0)
-  elseif t == "string" then
+  elseif k == "str" then
     return text
   end
   error(string.format("config: %s cannot be set from the command line", key), 0)
 end
 
---- config.parse(defaults, args) -> resolved table (a copy). args: {"key=value", ...}. A key
--- whose default is the string "" or a number accepts any value of that type; "nil" defaults are
--- given as config.optional(type) and accept "none".
-function config.parse(defaults, args)
-  local out = {}
-  for k, v in pairs(defaults) do out[k] = v end
+-- ---- schemas: the specs of every key, and the checks relating keys ------------------------------
+
+local Schema = {}
+Schema.__index = Schema
+
+--- config.schema(specs [, checks]) -> a schema. specs: {key = spec or plain default}; checks: a
+-- list of functions(c) -> nil, or a message naming the keys involved (raised as "config: <message>").
+function config.schema(specs, checks)
+  local s = setmetatable({specs = {}, checks = {}}, Schema)
+  for k, v in pairs(specs) do
+    if type(k) ~= "string" or not k:match("^[%w_%.]+$") then
+      error("config.schema: keys are names ([%w_.]+), got " .. tostring(k), 2)
+    end
+    s.specs[k] = infer(k, v)
+  end
+  for i, f in ipairs(checks or {}) do s.checks[i] = f end
+  return s
+end
+
+function config.is_schema(v) return getmetatable(v) == Schema end
+
+--- schema:extend(overrides [, checks]) -> a new schema: overrides maps keys to a new default (a plain
+-- value, for a key of this schema or a new key typed by it) or a spec (declaring a key or replacing
+-- one); checks are added to this schema's.
+function Schema:extend(overrides, checks)
+  local s = setmetatable({specs = {}, checks = {}}, Schema)
+  for k, v in pairs(self.specs) do s.specs[k] = v end
+  for k, v in pairs(overrides or {}) do
+    local base = s.specs[k]
+    if config.is_spec(v) or not base then
+      s.specs[k] = infer(k, v)
+    else -- a new default for a declared key: same type and range
+      local copy = setmetatable({}, Spec)
+      for kk, vv in pairs(base) do copy[kk] = vv end
+      copy.default = v
+      s.specs[k] = copy
+    end
+  end
+  for _, f in ipairs(self.checks) do s.checks[#s.checks + 1] = f end
+  for _, f in ipairs(checks or {}) do s.checks[#s.checks + 1] = f end
+  return s
+end
+
+--- schema:defaults() -> a plain table {key = default}
+function Schema:defaults()
+  local d = {}
+  for k, v in pairs(self.specs) do d[k] = v.default end
+  return d
+end
+
+--- schema:check(c) -> c: every declared key's value checked (a number key's value made a float),
+-- then the checks between keys. Raises "config: <key> must be <what it accepts>, got <value>".
+-- Keys of c that the schema does not declare are left alone.
+function Schema:check(c)
+  local keys = {}
+  for k in pairs(self.specs) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    if c[k] == nil then error(string.format("config: %s is missing (%s)", k, self.specs[k]:describe()), 0) end
+    c[k] = self.specs[k]:validate(k, c[k], c)
+  end
+  for _, f in ipairs(self.checks) do
+    local msg = f(c)
+    if msg then error("config: " .. msg, 0) end
+  end
+  return c
+end
+
+--- schema:parse(args) -> resolved and checked config (a new table). args: {"key=value", ...}; an
+-- unknown key is an error listing the valid ones.
+function Schema:parse(args)
+  local out = self:defaults()
   for _, a in ipairs(args or {}) do
     local k, v = tostring(a):match("^([%w_%.]+)=(.*)$")
     if not k then error(string.format("config: arguments are key=value, got '%s'", tostring(a)), 0) end
-    if defaults[k] == nil then
+    local s = self.specs[k]
+    if not s then
       local keys = {}
-      for name in pairs(defaults) do keys[#keys + 1] = name end
+      for name in pairs(self.specs) do keys[#keys + 1] = name end
       table.sort(keys)
       error(string.format("config: unknown key '%s'; valid keys: %s", k, table.concat(keys, ", ")), 0)
     end
-    out[k] = parse_value(k, v, defaults[k])
+    out[k] = s:parse_text(k, v)
   end
-  return out
+  return self:check(out)
+end
+
+--- config.parse(schema or plain defaults, args [, overrides]) -> resolved, checked config: the same
+-- as schema:extend(overrides):parse(args).
+function config.parse(base, args, overrides)
+  local s = config.is_schema(base) and base or config.schema(base)
+  if overrides then s = s:extend(overrides) end
+  return s:parse(args)
 end
 
 --- Print the resolved config as aligned key = value lines (sorted).

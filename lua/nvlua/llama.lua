@@ -70,7 +70,8 @@ end
 
 -- ---- Llama --------------------------------------------------------------------------------------
 
---- llama.Llama(config [, {recipe =, seed =, generator =}]): a Llama 3 language model with Hugging Face
+--- llama.Llama(config [, {recipe =, seed =, generator =}]): a Llama 3 language model (config: nn.llama_config's
+-- keys; the five sizes, SIZE_KEYS, must be given) with Hugging Face
 -- parameter names (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
 -- model.norm.weight, lm_head.weight unless tied). Weights: normal(0, initializer_range) from a
 -- Philox generator seeded with `seed` (else the default generator), norms ones. Gradients live in
@@ -79,8 +80,20 @@ end
 local Llama = nn.class("Llama", Module)
 llama.Llama = Llama
 
+-- The sizes a model must be given: Hugging Face's LlamaConfig defaults them to a 6.7B model, which
+-- nn.llama_config keeps for config.json files but a constructor never guesses.
+local SIZE_KEYS = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}
+
 function Llama:__init(config, opts)
   Module.__init(self)
+  if type(config) == "table" and not config._checked then
+    local missing = {}
+    for _, k in ipairs(SIZE_KEYS) do if config[k] == nil then missing[#missing + 1] = k end end
+    if #missing > 0 then
+      error("Llama: the config must give " .. table.concat(SIZE_KEYS, ", ") .. "; missing: " ..
+        table.concat(missing, ", "), 3)
+    end
+  end
   local c = nn.llama_config(config)
   opts = check_opts(opts, {recipe = true, seed = true, generator = true}, "Llama")
   self.config = c

@@ -120,4 +120,61 @@ function T.run(label, out)
   return p, f, s
 end
 
+-- ---- child processes: the nvlua binary run as a program ----------------------------------------
+
+--- T.shq(s) -> s quoted for /bin/sh
+function T.shq(s) return "'" .. (tostring(s):gsub("'", "'\\''")) .. "'" end
+
+local function slurp(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+--- T.nvlua() -> the absolute path of the nvlua binary running the tests: /proc/self/exe, else the
+-- interpreter in arg (its lowest index, as lua.c sets it), else build/nvlua.
+function T.nvlua()
+  local lfs = require "lfs"
+  local exe = lfs.symlinkattributes("/proc/self/exe", "target")
+  if type(exe) == "string" and exe:match("/nvlua[^/]*$") then return exe end
+  local bin = "build/nvlua"
+  if type(arg) == "table" then
+    local lo = 0
+    while arg[lo - 1] ~= nil do lo = lo - 1 end
+    if lo < 0 then bin = arg[lo] end
+  end
+  if bin:find("/", 1, true) and bin:sub(1, 1) ~= "/" then bin = lfs.currentdir() .. "/" .. bin end
+  return bin
+end
+
+-- Variables that change what nvlua does; cleared for every child unless opts.env sets them.
+T.NVLUA_ENV = {"NVLUA_PATH", "LUA_INIT", "LUA_INIT_5_4", "LUA_PATH", "LUA_PATH_5_4", "LUA_CPATH", "LUA_CPATH_5_4"}
+
+--- T.run_nvlua(args [, {stdin = text, env = {name = value}, cd = dir}]) -> {out =, err =, code =}: the
+-- binary run with args (a string, already quoted for the shell), stdin from the text (else
+-- /dev/null), stdout and stderr captured apart; code is the exit status, -1 when killed by a signal.
+function T.run_nvlua(args, opts)
+  opts = opts or {}
+  local out, err = os.tmpname(), os.tmpname()
+  local input
+  if opts.stdin then
+    input = os.tmpname()
+    local f = assert(io.open(input, "wb"))
+    f:write(opts.stdin)
+    f:close()
+  end
+  local cmd = {"unset " .. table.concat(T.NVLUA_ENV, " ") .. ";"}
+  if opts.cd then cmd[#cmd + 1] = "cd " .. T.shq(opts.cd) .. " &&" end
+  for k, v in pairs(opts.env or {}) do cmd[#cmd + 1] = k .. "=" .. T.shq(v) end
+  cmd[#cmd + 1] = T.shq(T.nvlua()) .. " " .. args
+  cmd[#cmd + 1] = "<" .. (input and T.shq(input) or "/dev/null") .. " >" .. T.shq(out) .. " 2>" .. T.shq(err)
+  local _, how, code = os.execute(table.concat(cmd, " "))
+  local r = {out = slurp(out), err = slurp(err), code = how == "exit" and code or -1}
+  os.remove(out)
+  os.remove(err)
+  if input then os.remove(input) end
+  return r
+end
+
 return T

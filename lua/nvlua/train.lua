@@ -35,30 +35,90 @@ local config = require "nvlua.config"
 local util = require "nvlua.util"
 local ckpt = require "nvlua.checkpoint"
 local plot = require "nvlua.plot"
+local lfs = require "lfs"
 
 local train = {}
 
---- The keys every experiment understands, with their defaults (an experiment overrides some).
-train.defaults = {
+local int, num, bool, str = config.int, config.num, config.bool, config.str
+
+-- data=kjv | shards:<dir> | <text file>: the directory or file must be there
+local function check_data(v)
+  if v == "kjv" then return nil end
+  local dir = v:match("^shards:(.*)$")
+  if dir then
+    if lfs.attributes(dir, "mode") ~= "directory" then return "shards:" .. dir .. " is not a directory" end
+    return nil
+  end
+  local mode = lfs.attributes(v, "mode")
+  if mode ~= "file" then
+    return string.format("'%s' is %s; give kjv, shards:<dir> or a text file", v, mode and "a " .. mode or "not a file")
+  end
+end
+
+local function check_device(v)
+  if v ~= "cpu" and v ~= "cuda" then return string.format("invalid device '%s' (valid: cpu, cuda)", v) end
+  if v == "cuda" and not nv.cuda.available() then
+    return string.format("device 'cuda' is not available here (%s)", nv.cuda.unavailable_reason())
+  end
+end
+
+-- The relations between keys, checked with the keys themselves (train.schema:check).
+local function relations(c)
+  if c.heads % c.kv_heads ~= 0 then
+    return string.format("kv_heads (%d) must divide heads (%d)", c.kv_heads, c.heads)
+  end
+  if c.head_dim == 0 and c.hidden % c.heads ~= 0 then
+    return string.format("hidden (%d) is not a multiple of heads (%d); give head_dim", c.hidden, c.heads)
+  end
+  local hd = c.head_dim > 0 and c.head_dim or c.hidden // c.heads
+  if hd % 2 ~= 0 then return string.format("the head dimension (%d) must be even for RoPE", hd) end
+  if c.min_lr > c.lr then return string.format("min_lr (%g) must not exceed lr (%g)", c.min_lr, c.lr) end
+  if c.device == "cuda" and c.shard_optimizer then
+    return "shard_optimizer=true keeps its shards on the cpu; it does not run with device=cuda yet"
+  end
+end
+
+--- The keys every experiment understands: default, type and accepted values (config.schema). An
+-- experiment changes defaults and declares keys of its own with train.schema:extend (train.main
+-- does it with the experiment's table).
+train.schema = config.schema({
   -- data
-  data = "kjv", cache = "", seed = 1, data_seed = 1,
-  -- model (Hugging Face Llama keys in short)
-  layers = 4, hidden = 256, heads = 8, kv_heads = 4, ffn = 768, head_dim = 0, vocab = 0, rope_theta = 10000.0,
-  norm_eps = 1e-5, tie = false, seq = 128,
+  data = str("kjv", {check = check_data, doc = "kjv | shards:<dir> | a text file"}),
+  cache = str(""), seed = int(1), data_seed = int(1),
+  -- model (Hugging Face Llama keys in short); head_dim 0: hidden / heads; vocab 0: the data's
+  layers = int(4, {min = 1}), hidden = int(256, {min = 1}), heads = int(8, {min = 1}), kv_heads = int(4, {min = 1}),
+  ffn = int(768, {min = 1}), head_dim = int(0, {min = 0}), vocab = int(0, {min = 0}),
+  rope_theta = num(10000.0, {above = 0}), norm_eps = num(1e-5, {above = 0}), tie = bool(false),
+  seq = int(128, {min = 1}),
   -- optimisation
-  steps = 300, batch = 8, grad_accum = 1, lr = 3e-3, min_lr = 3e-4, warmup = 30, schedule = "wsd", decay = 0.2,
-  beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0, z_loss = 0.0,
-  -- precision recipe
-  recipe = "nvfp4", rht = true, sr = true, w2d = true, bf16_first = -1, bf16_last = -1, switch_step = 0,
-  switch_forward_only = true,
-  -- bookkeeping
-  out = "runs/run", resume = "none", eval_every = 100, eval_batches = 8, log_every = 10, ckpt_every = 0, keep = 2,
-  sample_tokens = 200, temperature = 0.8, top_k = 40, max_bad_steps = 5, plot = true, quiet = false, save = true,
+  steps = int(300, {min = 1}), batch = int(8, {min = 1}), grad_accum = int(1, {min = 1}),
+  lr = num(3e-3, {above = 0}), min_lr = num(3e-4, {min = 0}), warmup = int(30, {min = 0}),
+  schedule = str("wsd", {one_of = {"wsd", "cosine", "linear", "constant"}}), decay = num(0.2, {min = 0, max = 1}),
+  beta1 = num(0.9, {min = 0, below = 1}), beta2 = num(0.95, {min = 0, below = 1}), eps = num(1e-8, {above = 0}),
+  weight_decay = num(0.1, {min = 0}), clip = num(1.0, {above = 0}), z_loss = num(0.0, {min = 0}),
+  -- precision recipe (bf16_first/bf16_last -1: the recipe's own choice)
+  recipe = str("nvfp4", {one_of = function() return nv.recipe.names() end,
+    accept = function(v) return nv.recipe.is_recipe(v) end, accept_what = "a recipe value"}),
+  rht = bool(true), sr = bool(true), w2d = bool(true), bf16_first = int(-1, {min = -1}),
+  bf16_last = int(-1, {min = -1}), switch_step = int(0, {min = 0}), switch_forward_only = bool(true),
+  -- bookkeeping (eval_every, ckpt_every 0: never; keep 0: every checkpoint; resume: none | auto | a directory)
+  out = str("runs/run", {nonempty = true}), resume = str("none", {nonempty = true}),
+  eval_every = int(100, {min = 0}), eval_batches = int(8, {min = 1}), log_every = int(10, {min = 1}),
+  ckpt_every = int(0, {min = 0}), keep = int(2, {min = 0}), sample_tokens = int(200, {min = 0}),
+  temperature = num(0.8, {min = 0}), top_k = int(40, {min = 1}), max_bad_steps = int(5, {min = 0}),
+  plot = bool(true), quiet = bool(false), save = bool(true),
   -- data parallelism (nvlua.dist): launch with mpirun / srun; shard_optimizer is ZeRO-1
-  dist = false, shard_optimizer = false,
+  dist = bool(false), shard_optimizer = bool(false),
   -- where the model, its gradients and the optimizer state live: cpu | cuda
-  device = "cpu",
-}
+  device = str("cpu", {check = check_device}),
+}, {relations})
+
+--- The defaults of train.schema's keys (a plain table).
+train.defaults = train.schema:defaults()
+
+--- train.check(c) -> c: the config's train keys and their relations checked (train.schema); raises
+-- "config: <key> must be ..., got ..." naming the key. train.build runs it first.
+function train.check(c) return train.schema:check(c) end
 
 -- ---- building -------------------------------------------------------------------------------
 
@@ -115,10 +175,32 @@ local function dist_hooks(rec, dist, rank, world)
   end
 end
 
+-- The data against the config, before the model is built: the vocabulary, and enough tokens in
+-- each split for one global batch (the validation split only when the run evaluates).
+local function check_data_fits(c, ds, world)
+  if c.vocab > 0 and ds.vocab_size and c.vocab < ds.vocab_size then
+    error(string.format("config: vocab=%d is smaller than the data's vocabulary (%d tokens)", c.vocab, ds.vocab_size), 0)
+  end
+  local need = c.batch * world
+  local function fits(split, name)
+    local total = 0
+    for _, s in ipairs(split) do total = total + s.count end
+    local windows = math.max(total - 1, 0) // c.seq
+    if windows < need then
+      error(string.format("config: the %s split of data=%s has %d tokens: %d windows of seq+1=%d tokens, but a batch of " ..
+        "batch=%d x %d rank(s) needs %d; lower seq or batch, or give more data", name, c.data, total, windows, c.seq + 1,
+        c.batch, world, need), 0)
+    end
+  end
+  fits(ds.train, "training")
+  if c.eval_every > 0 then fits(ds.val, "validation") end
+end
+
 --- Build everything a run needs from a resolved config. With c.dist the process group is
 -- started here (parts.dist, parts.rank, parts.world). c.recipe is a registered name or a recipe
 -- value (train.recipe); either way, with more than one rank, it gets the data-parallel hooks.
 function train.build(c)
+  train.check(c)
   local dist, rank, world
   if c.dist or c.shard_optimizer then
     dist = require "nvlua.dist"
@@ -126,12 +208,9 @@ function train.build(c)
   end
   rank, world = dist and dist.rank() or 0, dist and dist.world_size() or 1
   local ds = train.dataset(c)
+  check_data_fits(c, ds, world)
   local vocab = c.vocab > 0 and c.vocab or ds.vocab_size
   local rec = train.recipe(c)
-  nn.check_device(c.device, "config: device")
-  if c.device == "cuda" and c.shard_optimizer then
-    error("config: shard_optimizer=true keeps its shards on the cpu; it does not run with device=cuda yet", 0)
-  end
   local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
   if world > 1 then
     -- the same weights everywhere (they are by construction, from the seed; this makes it so)
@@ -563,11 +642,10 @@ function train.run(c, p)
 end
 
 --- train.main(defaults, args) -> summary: parse, print and save the config, build, run, report.
+-- defaults: the experiment's table: new defaults for train keys (plain values) and the keys it adds
+-- (a plain default declares a key of that type; config.int/num/bool/str give a range too).
 function train.main(defaults, args)
-  local d = {}
-  for k, v in pairs(train.defaults) do d[k] = v end
-  for k, v in pairs(defaults or {}) do d[k] = v end
-  local c = config.parse(d, args)
+  local c = config.parse(train.schema, args, defaults)
   local main = true
   if c.dist then main = require("nvlua.dist").init() == 0 end
   if not c.quiet and main then
