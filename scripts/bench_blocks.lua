@@ -13,15 +13,12 @@
 --   build/nvlua scripts/bench_blocks.lua [layers=1,4] [seq=8192] [steps=3] [recipes=bf16,fp8_cs,nvfp4] [torch=true]
 -- Exits 77 without a GPU. Commit the output under experiments/bench/.
 local nv = require "nvlua"
+local config = require "nvlua.config"
 
-local cfg = {layers = "1,4", seq = 8192, steps = 3, recipes = "bf16,fp8_cs,nvfp4", torch = "true", one = ""}
-for _, a in ipairs(arg) do
-  local k, v = a:match("^(%w+)=(.*)$")
-  if not k or cfg[k] == nil then
-    error("bench_blocks: unknown argument '" .. a .. "' (layers=, seq=, steps=, recipes=, torch=)", 0)
-  end
-  cfg[k] = math.tointeger(tonumber(v)) or v
-end
+-- one=<layers>:<recipe> is the child process's single configuration (set by this script)
+local cfg = config.schema({layers = config.str("1,4", {nonempty = true}), seq = config.int(8192, {min = 1}),
+  steps = config.int(3, {min = 1}), recipes = config.str("bf16,fp8_cs,nvfp4", {nonempty = true}),
+  torch = config.str("true", {one_of = {"true", "false"}}), one = ""}):parse(arg)
 
 local function list(s)
   local out = {}

@@ -15,14 +15,11 @@
 local nv = require "nvlua"
 local core = require "nvlua.core"
 
-local cfg = { rows = 8192, cols = 8192, m = 8192, iters = 20, reps = 5, torch = true, quant = true, gemm = true }
-for _, a in ipairs(arg) do
-  local k, v = a:match("^(%w+)=(.*)$")
-  if not k or cfg[k] == nil then
-    error("bench_cuda: unknown argument '" .. a .. "' (rows=, cols=, m=, iters=, reps=, torch=, quant=, gemm=)")
-  end
-  if type(cfg[k]) == "boolean" then cfg[k] = v == "true" else cfg[k] = math.tointeger(tonumber(v)) end
-end
+local config = require "nvlua.config"
+
+local pos = {min = 1}
+local cfg = config.schema({rows = config.int(8192, pos), cols = config.int(8192, {min = 32}), m = config.int(8192, pos),
+  iters = config.int(20, pos), reps = config.int(5, pos), torch = true, quant = true, gemm = true}):parse(arg)
 
 if not nv.cuda.available() then
   io.stderr:write("bench_cuda: no GPU (" .. tostring(nv.info().cuda_unavailable_reason) .. ")\n")

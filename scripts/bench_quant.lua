@@ -3,13 +3,12 @@
 -- scalar reference kernels. Prints a markdown table; commit it under experiments/bench/.
 --   build/nvlua scripts/bench_quant.lua [rows=4096] [cols=4096] [reps=5] [reference=true]
 local nv = require "nvlua"
+local config = require "nvlua.config"
 
-local cfg = {rows = 4096, cols = 4096, reps = 5, reference = true}
-for _, a in ipairs(arg) do
-  local k, v = a:match("^(%w+)=(.*)$")
-  if not k or cfg[k] == nil then error("bench_quant: unknown argument '" .. a .. "' (rows=, cols=, reps=, reference=)") end
-  if type(cfg[k]) == "boolean" then cfg[k] = v == "true" else cfg[k] = math.tointeger(tonumber(v)) end
-end
+-- cols: a multiple of 32 (the MX block), rows of 16 (the 2-D weight blocks)
+local function mult(n) return function(v) if v % n ~= 0 then return "must be a multiple of " .. n end end end
+local cfg = config.schema({rows = config.int(4096, {min = 16, check = mult(16)}),
+  cols = config.int(4096, {min = 32, check = mult(32)}), reps = config.int(5, {min = 1}), reference = true}):parse(arg)
 
 nv.manual_seed(0)
 local x = nv.randn(cfg.rows, cfg.cols)

@@ -10,12 +10,10 @@ local quant = require "nvlua.quant"
 local recipe = require "nvlua.recipe"
 local train = require "nvlua.train"
 
-local cfg = {steps = 5, batch = 8, seq = 128, recipes = "f32,bf16,fp8_cs,mxfp8,nvfp4"}
-for _, a in ipairs(arg) do
-  local k, v = a:match("^(%w+)=(.*)$")
-  if not k or cfg[k] == nil then error("bench_step: unknown argument '" .. a .. "' (steps=, batch=, seq=, recipes=)") end
-  cfg[k] = math.tointeger(tonumber(v)) or v
-end
+local config = require "nvlua.config"
+
+local cfg = config.schema({steps = config.int(5, {min = 1}), batch = config.int(8, {min = 1}),
+  seq = config.int(128, {min = 1}), recipes = config.str("f32,bf16,fp8_cs,mxfp8,nvfp4", {nonempty = true})}):parse(arg)
 
 local mcfg = {vocab_size = 256, hidden_size = 384, intermediate_size = 1024, num_hidden_layers = 6,
   num_attention_heads = 6, num_key_value_heads = 2, max_position_embeddings = cfg.seq}

@@ -6,18 +6,16 @@
 -- Tokens from another tokenizer go into the same format: 24-byte header (magic "NVLTOK\0\0",
 -- u32 version 1, u32 width 2|4, u64 count) then the ids, little-endian (data.write_shard).
 local data = require "nvlua.data"
+local config = require "nvlua.config"
 
 local input, out = arg[1], arg[2]
 if not input or not out then
   io.stderr:write("usage: nvlua scripts/make_shards.lua <input file or dir> <out dir> [width=2] [val_fraction=0.05] [shard_mb=64]\n")
   os.exit(2)
 end
-local o = {width = 2, val_fraction = 0.05, shard_mb = 64}
-for i = 3, #arg do
-  local k, v = arg[i]:match("^([%w_]+)=(.*)$")
-  if not k or o[k] == nil then error("make_shards: unknown argument '" .. arg[i] .. "' (width=, val_fraction=, shard_mb=)") end
-  o[k] = tonumber(v)
-end
+local o = config.schema({width = config.int(2, {check = function(v) if v ~= 2 and v ~= 4 then return "must be 2 or 4 (bytes per token id)" end end}),
+  val_fraction = config.num(0.05, {above = 0, below = 1}), shard_mb = config.num(64.0, {above = 0})})
+  :parse({table.unpack(arg, 3)})
 
 local files = data.list_files(input)
 local parts = {}
