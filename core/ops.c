@@ -69,7 +69,9 @@ nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor
   NVL_TRY(nvl_tensor_check_live(a, name));
   NVL_PICK(be, a, binary_scalar, name);
   nvl_dtype dt = a->dtype;
-  if (!nvl_dtypes[dt].is_float && (op == NVL_OP_DIV || op == NVL_OP_POW || s != floor(s) || !isfinite(s))) dt = NVL_F32;
+  /* an integer tensor stays integer only with a scalar int64 holds exactly (NUMERICS §8) */
+  if (!nvl_dtypes[dt].is_float && (op == NVL_OP_DIV || op == NVL_OP_POW || (!sc.is_int && !nvl_f64_is_i64(s))))
+    dt = NVL_F32;
   if (op >= NVL_OP_EQ) dt = NVL_U8;
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, dt, a->device, a->ndim, a->shape));
