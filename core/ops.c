@@ -376,3 +376,11 @@ nvl_status nvl_set(nvl_tensor *t, const int64_t *idx, double v) {
   nvl_dtypes[t->dtype].store_f(nvl_tensor_ptr(t, idx), v);
   return NVL_OK;
 }
+
+nvl_status nvl_set_i(nvl_tensor *t, const int64_t *idx, int64_t v) {
+  NVL_TRY(check_index("set", t, idx));
+  const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
+  if (tt->is_float) tt->store_f(nvl_tensor_ptr(t, idx), (double)v);
+  else tt->store_i(nvl_tensor_ptr(t, idx), v);
+  return NVL_OK;
+}

@@ -420,13 +420,8 @@ static int l_set(lua_State *L) {
     idx[d] = (i < 0 ? i + t->shape[d] + 1 : i) - 1;
   }
   double v = luaL_checknumber(L, nargs + 2);
-  if (!nvl_dtypes[t->dtype].is_float && lua_isinteger(L, nargs + 2)) {
-    double dummy;
-    CHECK(L, nvl_get(&dummy, t, idx)); /* bounds check */
-    nvl_dtypes[t->dtype].store_i(nvl_tensor_ptr(t, idx), lua_tointeger(L, nargs + 2));
-  } else {
-    CHECK(L, nvl_set(t, idx, v));
-  }
+  if (lua_isinteger(L, nargs + 2)) CHECK(L, nvl_set_i(t, idx, lua_tointeger(L, nargs + 2)));
+  else CHECK(L, nvl_set(t, idx, v));
   lua_settop(L, 1);
   return 1;
 }
@@ -436,7 +431,7 @@ static void totable_rec(lua_State *L, const nvl_tensor *t, int dim, int64_t *idx
     push_element(L, t, idx);
     return;
   }
-  lua_createtable(L, t->shape[dim] < INT_MAX ? (int)t->shape[dim] : 0, 0);
+  lua_createtable(L, (int)t->shape[dim], 0); /* <= INT_MAX, checked by l_totable */
   for (int64_t k = 0; k < t->shape[dim]; k++) {
     idx[dim] = k;
     totable_rec(L, t, dim + 1, idx);
@@ -448,9 +443,13 @@ static int l_totable(lua_State *L) {
   nvl_tensor *t = check_live(L, 1, "totable");
   if (t->device != NVL_CPU) return luaL_error(L, "totable: tensor is on cuda; call :cpu() first");
   int64_t idx[NVL_MAX_DIMS] = {0};
-  for (int d = 0; d < t->ndim; d++) /* Lua 5.4 arrays hold at most 2^31 entries */
-    if (t->shape[d] > INT_MAX)
-      return luaL_error(L, "totable: dim %d has %I entries, more than a Lua table holds", d + 1, (lua_Integer)t->shape[d]);
+  int64_t entries = 0, level = 1; /* the nested tables' entries, every level: at most 8 x NVL_MAX_NUMEL */
+  for (int d = 0; d < t->ndim; d++) entries += level *= t->shape[d];
+  if (entries > INT_MAX) { /* beyond one Lua array (2^31 entries); in practice beyond memory */
+    char sh[160];
+    return luaL_error(L, "totable: a %s tensor makes %I table entries, more than Lua tables hold (%d)",
+                      nvl_shape_str(t, sh, sizeof sh), (lua_Integer)entries, INT_MAX);
+  }
   luaL_checkstack(L, t->ndim + 4, "totable");
   totable_rec(L, t, 0, idx);
   return 1;
