@@ -205,7 +205,7 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   int64_t shape[NVL_MAX_DIMS];
   NVL_TRY(nvl_broadcast_shape(&ba, &bb, "matmul (batch dims)", &nb, shape));
   if (nb + 2 > NVL_MAX_DIMS) return nvl_error(NVL_EINVAL, "matmul: too many dims");
-  int64_t batches = 1;
+  int64_t batches = 1; /* nvl_broadcast_shape checked that the product fits */
   for (int d = 0; d < nb; d++) batches *= shape[d];
   nvl_dtype dt = nvl_dtype_promote(a->dtype, b->dtype);
 

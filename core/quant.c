@@ -263,6 +263,7 @@ static nvl_status quantize_prepare(prepared *p, const nvl_tensor *x, nvl_dtype f
   dd->amax = o->amax;
   dd->amax_out = &q->amax;
 
+  /* rows * K is x's numel (<= NVL_MAX_NUMEL, tensor.h): code bytes and scale counts cannot overflow */
   int64_t cshape[2] = {rows, f->is_quantized ? nvl_code_bytes(format, K) : K};
   NVL_TRY(nvl_tensor_empty(&q->data, f->is_quantized ? NVL_U8 : format, x->device, 2, cshape));
   dd->codes = nvl_tensor_data(&q->data);

@@ -485,6 +485,8 @@ nvl_status nvl_broadcast_shape(const nvl_tensor *a, const nvl_tensor *b, const c
     }
     shape[d] = sa == 1 ? sb : sa;
   }
+  int64_t numel; /* each operand fits; the broadcast of both may not */
+  NVL_TRY(nvl_shape_numel(op, n, shape, &numel));
   *ndim = n;
   return NVL_OK;
 }

@@ -91,6 +91,17 @@ T.case("expand: no wrapped numel, no negative size, no broadcast view too large 
   T.eq(nv.ones(1):expand(0):numel(), 0, "a size 1 may become 0")
 end)
 
+T.case("broadcasting: shapes that each fit but broadcast past the limit are errors, not wraps", function()
+  -- views of one element with 2^58 elements each: nothing that size is allocated
+  local a = nv.zeros(1):view(1, 1, 1, 1):expand(1 << 29, 1, 1 << 29, 1)
+  local b = nv.zeros(1):view(1, 1, 1, 1):expand(1, 1 << 29, 1, 1 << 29)
+  raises(function() return a + b end, "add", "too large")
+  raises(function() return a:allclose(b) end, "allclose", "too large")
+  local ma = nv.zeros(1):view(1, 1, 1, 1, 1, 1):expand(1 << 29, 1, 1 << 29, 1, 1, 1)
+  local mb = nv.zeros(1):view(1, 1, 1, 1, 1, 1):expand(1, 1 << 29, 1, 1 << 29, 1, 1)
+  raises(function() return ma:matmul(mb) end, "matmul (batch dims)", "too large") -- 2^116 batches
+end)
+
 T.case("i64 + 1e300 and friends: a scalar int64 cannot hold promotes to f32 (no float -> int UB)", function()
   local r = nv.tensor({1}, "i64") + 1e300
   T.eq(r:dtype(), "f32")
@@ -166,6 +177,8 @@ T.case("bindings: dims and indices past int and int64 are errors, never wrapped"
   raises(function() return t:expand(2 ^ 70) end, "expand", "no integer representation")
   raises(function() return t:narrow(1, 1, 0 / 0) end, "narrow", "no integer representation")
   raises(function() return nv.core.from_bytes("abcd", "f32", {2}, MAXI) end, "from_bytes", "8 bytes needed")
+  raises(function() return nv.core.from_bytes("abcd", "f32", {1 << 40}) end, "from_bytes", -- checked before allocating
+    "4398046511104 bytes needed at offset 0, the string has 4")
   raises(function() return nv.core.tokens_from_bytes("abcd", 4, 2, 1 << 40) end, "tokens_from_bytes",
     "2 tokens of 4 bytes at offset 1099511627776")
   T.eq(t:totable(), {{0, 0, 0}, {0, 0, 0}}, "nothing was written")

@@ -628,12 +628,14 @@ static int l_from_bytes(lua_State *L) {
   luaL_checktype(L, 3, LUA_TTABLE);
   int n = check_shape(L, 3, shape);
   lua_Integer off = luaL_optinteger(L, 4, 0);
-  nvl_tensor *t = push_tensor(L);
-  CHECK(L, nvl_tensor_empty(t, dt, NVL_CPU, n, shape));
-  size_t need = (size_t)nvl_tensor_numel(t) * nvl_dtypes[dt].elem_size;
-  if (off < 0 || (size_t)off > len || len - (size_t)off < need)
+  int64_t numel;
+  CHECK(L, nvl_shape_numel("from_bytes", n, shape, &numel));
+  size_t need = (size_t)numel * (size_t)nvl_dtypes[dt].elem_size; /* numel <= NVL_MAX_NUMEL: no overflow */
+  if (off < 0 || (size_t)off > len || len - (size_t)off < need) /* before allocating anything */
     return luaL_error(L, "from_bytes: %I bytes needed at offset %I, the string has %I", (lua_Integer)need, off,
                       (lua_Integer)len);
+  nvl_tensor *t = push_tensor(L);
+  CHECK(L, nvl_tensor_empty(t, dt, NVL_CPU, n, shape));
   memcpy(nvl_tensor_data(t), s + off, need);
   return 1;
 }
