@@ -45,7 +45,9 @@ static void store_i_f32(void *p, int64_t v) { *(float *)p = (float)v; }
 
 static double load_bf16(const void *p) { return nvl_bf16_to_f32(*(const uint16_t *)p); }
 static void store_bf16(void *p, double v) { *(uint16_t *)p = f64_to_bf16(v); }
-static int64_t load_i_bf16(const void *p) { return sat_i64(nvl_bf16_to_f32(*(const uint16_t *)p), INT64_MIN, INT64_MAX); }
+static int64_t load_i_bf16(const void *p) {
+  return sat_i64(nvl_bf16_to_f32(*(const uint16_t *)p), INT64_MIN, INT64_MAX);
+}
 static void store_i_bf16(void *p, int64_t v) { *(uint16_t *)p = f64_to_bf16((double)v); }
 
 static double load_i32(const void *p) { return *(const int32_t *)p; }

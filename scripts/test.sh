@@ -22,7 +22,8 @@ if [ $sanitize -eq 1 ]; then
     # -O1: the sanitizers' usual level, fast enough for the training tests, few frames lost
     mkdir -p "$bin"
     cmake -S "$root" -B "$bin" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" -DNVLUA_CUDA=OFF \
-      -DNVLUA_SANITIZE=ON >"$bin/configure.log" 2>&1 || { cat "$bin/configure.log"; rm -f "$bin/CMakeCache.txt"; exit 1; }
+      -DNVLUA_SANITIZE=ON >"$bin/configure.log" 2>&1 ||
+      { cat "$bin/configure.log"; rm -f "$bin/CMakeCache.txt"; exit 1; }
   fi
   if ! cmake --build "$bin" -j"$(nproc)" >"$bin/build.log" 2>&1; then
     grep -E "error|Error" "$bin/build.log" | head -40

@@ -66,7 +66,8 @@ T.case("creation: sizes whose strides overflow (one of them 0) are too large", f
 end)
 
 T.case("a tensor larger than memory: cannot allocate N bytes", function()
-  raises(function() return nv.zeros(1 << 48) end, "empty", "cannot allocate 1125899906842624 bytes", "[281474976710656] f32")
+  raises(function() return nv.zeros(1 << 48) end, "empty", "cannot allocate 1125899906842624 bytes",
+    "[281474976710656] f32")
   raises(function() return nv.empty(1 << 40, 1 << 10, "i64") end, "cannot allocate 9007199254740992 bytes")
   T.eq(nv.zeros(3):sum(), 0.0, "allocation works afterwards")
 end)
@@ -498,7 +499,8 @@ local function one_call(r, trial)
     where = where .. " " .. pre .. T.show(args)
     if not idx then
       T.ok(not ok, where .. ": expected an error")
-      T.ok(type(res) == "string" and res:find(op == "get" and "get" or "set", 1, true), where .. ": message " .. tostring(res))
+      T.ok(type(res) == "string" and res:find(op == "get" and "get" or "set", 1, true),
+        where .. ": message " .. tostring(res))
       return "error"
     end
     T.ok(ok, where .. ": expected success, got " .. tostring(res))
@@ -509,7 +511,8 @@ local function one_call(r, trial)
       local got = flat(t:totable())
       for i = 1, n do
         local want = i - 1 == k and stored(dt, v) or src[i]
-        T.ok(same(got[i], want), string.format("%s: element %d is %s, want %s", where, i, tostring(got[i]), tostring(want)))
+        T.ok(same(got[i], want),
+          string.format("%s: element %d is %s, want %s", where, i, tostring(got[i]), tostring(want)))
       end
     end
     return "ok"

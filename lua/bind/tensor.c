@@ -64,7 +64,8 @@ static nvl_dtype check_dtype(lua_State *L, int i) {
 /* A 1-based dim (negative counts from the end) -> 0-based; range checked by core. */
 static int check_dim(lua_State *L, int i, const nvl_tensor *t) {
   lua_Integer d0 = luaL_checkinteger(L, i), d = d0 < 0 ? d0 + t->ndim + 1 : d0;
-  if (d < 1 || d > t->ndim) luaL_argerror(L, i, lua_pushfstring(L, "dim %I out of range for a %d-D tensor", d0, t->ndim));
+  if (d < 1 || d > t->ndim)
+    luaL_argerror(L, i, lua_pushfstring(L, "dim %I out of range for a %d-D tensor", d0, t->ndim));
   return (int)d - 1;
 }
 
@@ -78,7 +79,9 @@ static int check_shape(lua_State *L, int i, int64_t *shape) {
       lua_geti(L, i, k + 1);
       int ok;
       lua_Integer v = lua_tointegerx(L, -1, &ok);
-      if (!ok) luaL_argerror(L, i, lua_pushfstring(L, "shape entry %d must be an integer, got %s", k + 1, luaL_tolstring(L, -1, NULL)));
+      if (!ok)
+        luaL_argerror(L, i, lua_pushfstring(L, "shape entry %d must be an integer, got %s", k + 1,
+                                            luaL_tolstring(L, -1, NULL)));
       shape[k] = v;
       lua_pop(L, 1);
     }

@@ -67,7 +67,8 @@ NVL_TEST(check_bounds_of_crafted_views) {
   nvl_tensor v = view_of(&t, 2, sh, st, 0);
   CHECK(nvl_tensor_check_bounds(&v, "t") == NVL_OK); /* elements 0..3: exactly the storage */
   v = view_of(&t, 2, sh, st, 1);
-  CHECK(nvl_tensor_check_bounds(&v, "t") == NVL_EINVAL && strstr(nvl_last_error(), "does not fit its storage of 16 bytes"));
+  CHECK(nvl_tensor_check_bounds(&v, "t") == NVL_EINVAL &&
+        strstr(nvl_last_error(), "does not fit its storage of 16 bytes"));
   int64_t st2[2] = {-2, 1}; /* negative stride: elements 2, 3, 0, 1 from offset 2 */
   v = view_of(&t, 2, sh, st2, 2);
   CHECK(nvl_tensor_check_bounds(&v, "t") == NVL_OK);

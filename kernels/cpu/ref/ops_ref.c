@@ -269,7 +269,8 @@ nvl_status nvl_random_ref(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t 
 
 /* One element of a op s (scalar_left: s op a) for a comparison op: exact between an integer and a
  * float (NUMERICS §8). */
-static int compare_scalar(nvl_binary_op op, const nvl_dtype_traits *ta, const void *pa, nvl_scalar sc, int scalar_left) {
+static int compare_scalar(nvl_binary_op op, const nvl_dtype_traits *ta, const void *pa, nvl_scalar sc,
+                          int scalar_left) {
   if (!ta->is_float && (sc.is_int || nvl_f64_is_i64(sc.f))) { /* both integers */
     int64_t x = ta->load_i(pa), si = sc.is_int ? sc.i : (int64_t)sc.f;
     return (int)(scalar_left ? nvl_binary_i(op, si, x) : nvl_binary_i(op, x, si));
