@@ -35,35 +35,33 @@ static uint16_t f64_to_bf16(double v) {
   return nvl_f32_to_bf16(f);
 }
 
-static int64_t sat_i64(double v, double lo, double hi) {
-  if (isnan(v)) return 0;
-  if (v <= lo) return (int64_t)lo;
-  if (v >= hi) return (int64_t)hi;
-  return (int64_t)v; /* truncates toward zero */
-}
+/* Float -> integer stores saturate (NaN -> 0): nvl.h nvl_f64_to_i64_sat, NUMERICS §8. */
+static int64_t sat_i64(double v, int64_t lo, int64_t hi) { return nvl_f64_to_i64_sat(v, lo, hi); }
 
 static double load_f32(const void *p) { return *(const float *)p; }
 static void store_f32(void *p, double v) { *(float *)p = (float)v; }
-static int64_t load_i_f32(const void *p) { return sat_i64(*(const float *)p, -9223372036854775808.0, 9223372036854774784.0); }
+static int64_t load_i_f32(const void *p) { return sat_i64(*(const float *)p, INT64_MIN, INT64_MAX); }
 static void store_i_f32(void *p, int64_t v) { *(float *)p = (float)v; }
 
 static double load_bf16(const void *p) { return nvl_bf16_to_f32(*(const uint16_t *)p); }
 static void store_bf16(void *p, double v) { *(uint16_t *)p = f64_to_bf16(v); }
-static int64_t load_i_bf16(const void *p) { return sat_i64(nvl_bf16_to_f32(*(const uint16_t *)p), -9223372036854775808.0, 9223372036854774784.0); }
+static int64_t load_i_bf16(const void *p) {
+  return sat_i64(nvl_bf16_to_f32(*(const uint16_t *)p), INT64_MIN, INT64_MAX);
+}
 static void store_i_bf16(void *p, int64_t v) { *(uint16_t *)p = f64_to_bf16((double)v); }
 
 static double load_i32(const void *p) { return *(const int32_t *)p; }
-static void store_i32(void *p, double v) { *(int32_t *)p = (int32_t)sat_i64(v, -2147483648.0, 2147483647.0); }
+static void store_i32(void *p, double v) { *(int32_t *)p = (int32_t)sat_i64(v, INT32_MIN, INT32_MAX); }
 static int64_t load_i_i32(const void *p) { return *(const int32_t *)p; }
 static void store_i_i32(void *p, int64_t v) { *(int32_t *)p = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v; }
 
 static double load_i64(const void *p) { return (double)*(const int64_t *)p; }
-static void store_i64(void *p, double v) { *(int64_t *)p = sat_i64(v, -9223372036854775808.0, 9223372036854774784.0); }
+static void store_i64(void *p, double v) { *(int64_t *)p = sat_i64(v, INT64_MIN, INT64_MAX); }
 static int64_t load_i_i64(const void *p) { return *(const int64_t *)p; }
 static void store_i_i64(void *p, int64_t v) { *(int64_t *)p = v; }
 
 static double load_u8(const void *p) { return *(const uint8_t *)p; }
-static void store_u8(void *p, double v) { *(uint8_t *)p = (uint8_t)sat_i64(v, 0.0, 255.0); }
+static void store_u8(void *p, double v) { *(uint8_t *)p = (uint8_t)sat_i64(v, 0, 255); }
 static int64_t load_i_u8(const void *p) { return *(const uint8_t *)p; }
 static void store_i_u8(void *p, int64_t v) { *(uint8_t *)p = v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v; }
 

@@ -69,7 +69,9 @@ nvl_status nvl_binary_scalar(nvl_tensor *out, nvl_binary_op op, const nvl_tensor
   NVL_TRY(nvl_tensor_check_live(a, name));
   NVL_PICK(be, a, binary_scalar, name);
   nvl_dtype dt = a->dtype;
-  if (!nvl_dtypes[dt].is_float && (op == NVL_OP_DIV || op == NVL_OP_POW || s != floor(s) || !isfinite(s))) dt = NVL_F32;
+  /* an integer tensor stays integer only with a scalar int64 holds exactly (NUMERICS §8) */
+  if (!nvl_dtypes[dt].is_float && (op == NVL_OP_DIV || op == NVL_OP_POW || (!sc.is_int && !nvl_f64_is_i64(s))))
+    dt = NVL_F32;
   if (op >= NVL_OP_EQ) dt = NVL_U8;
   nvl_tensor r = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&r, dt, a->device, a->ndim, a->shape));
@@ -203,7 +205,7 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   int64_t shape[NVL_MAX_DIMS];
   NVL_TRY(nvl_broadcast_shape(&ba, &bb, "matmul (batch dims)", &nb, shape));
   if (nb + 2 > NVL_MAX_DIMS) return nvl_error(NVL_EINVAL, "matmul: too many dims");
-  int64_t batches = 1;
+  int64_t batches = 1; /* nvl_broadcast_shape checked that the product fits */
   for (int d = 0; d < nb; d++) batches *= shape[d];
   nvl_dtype dt = nvl_dtype_promote(a->dtype, b->dtype);
 
@@ -372,5 +374,13 @@ nvl_status nvl_get(double *v, const nvl_tensor *t, const int64_t *idx) {
 nvl_status nvl_set(nvl_tensor *t, const int64_t *idx, double v) {
   NVL_TRY(check_index("set", t, idx));
   nvl_dtypes[t->dtype].store_f(nvl_tensor_ptr(t, idx), v);
+  return NVL_OK;
+}
+
+nvl_status nvl_set_i(nvl_tensor *t, const int64_t *idx, int64_t v) {
+  NVL_TRY(check_index("set", t, idx));
+  const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
+  if (tt->is_float) tt->store_f(nvl_tensor_ptr(t, idx), (double)v);
+  else tt->store_i(nvl_tensor_ptr(t, idx), v);
   return NVL_OK;
 }

@@ -55,6 +55,8 @@ nvl_status nvl_allclose(int *result, const nvl_tensor *a, const nvl_tensor *b, d
 /* Read / write one element as double (0-based index, all dims). */
 nvl_status nvl_get(double *v, const nvl_tensor *t, const int64_t *idx);
 nvl_status nvl_set(nvl_tensor *t, const int64_t *idx, double v);
+/* The same with an exact integer (integer dtypes store it saturated, floats round it once). */
+nvl_status nvl_set_i(nvl_tensor *t, const int64_t *idx, int64_t v);
 
 #ifdef __cplusplus
 }

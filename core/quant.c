@@ -164,11 +164,13 @@ static nvl_status check_quant_opts(const nvl_tensor *x, nvl_dtype format, const 
     return nvl_error(NVL_EINVAL, "quantize: sr_row_offset / sr_k_offset / sr_k_total place the stochastic rounding "
                      "draws; they need sr = true");
   if (o->sr) {
-    int64_t kt = o->sr_k_total ? o->sr_k_total : K;
+    int64_t kt = o->sr_k_total ? o->sr_k_total : K, grows, gsize; /* the global layout: grows x kt */
     if (o->sr_row_offset < 0 || o->sr_k_offset < 0 || o->sr_k_total < 0 || o->sr_k_offset % f->block || kt % f->block ||
-        o->sr_k_offset + K > kt)
+        o->sr_k_offset > kt - K || nvl_add_overflow(o->sr_row_offset, rows, &grows) ||
+        nvl_mul_overflow(grows, kt, &gsize) || gsize > NVL_MAX_NUMEL)
       return nvl_error(NVL_EINVAL, "quantize: SR slab offsets (row %lld, k %lld, k total %lld) do not fit a block "
-                       "length of %lld (offsets >= 0, k offset and total multiples of %d, k offset + %lld <= total)",
+                       "length of %lld (offsets >= 0, k offset and total multiples of %d, k offset + %lld <= total, "
+                       "the whole layout at most 2^59 elements)",
                        (long long)o->sr_row_offset, (long long)o->sr_k_offset, (long long)o->sr_k_total, (long long)K,
                        f->block, (long long)K);
   }
@@ -261,6 +263,7 @@ static nvl_status quantize_prepare(prepared *p, const nvl_tensor *x, nvl_dtype f
   dd->amax = o->amax;
   dd->amax_out = &q->amax;
 
+  /* rows * K is x's numel (<= NVL_MAX_NUMEL, tensor.h): code bytes and scale counts cannot overflow */
   int64_t cshape[2] = {rows, f->is_quantized ? nvl_code_bytes(format, K) : K};
   NVL_TRY(nvl_tensor_empty(&q->data, f->is_quantized ? NVL_U8 : format, x->device, 2, cshape));
   dd->codes = nvl_tensor_data(&q->data);

@@ -105,13 +105,13 @@ void nvl_memory_empty_cache(void) {
 
 static nvl_status storage_new(nvl_storage **out, nvl_device dev, size_t bytes) {
   nvl_storage *s = calloc(1, sizeof *s);
-  if (!s) return nvl_error(NVL_ENOMEM, "out of host memory allocating a storage header");
+  if (!s) return nvl_error(NVL_ENOMEM, "cannot allocate a storage header: out of host memory");
   size_t alloc = bytes ? bytes : 1;
   if (dev == NVL_CPU) {
     s->data = host_alloc(alloc);
     if (!s->data) {
       free(s);
-      return nvl_error(NVL_ENOMEM, "out of host memory allocating %zu bytes", bytes);
+      return nvl_error(NVL_ENOMEM, "cannot allocate %zu bytes: out of host memory", bytes);
     }
   } else {
     const nvl_device_api *api = nvl_device_api_for(dev, "empty");
@@ -137,6 +137,7 @@ static void storage_unref(nvl_storage *s) {
   free(s);
 }
 
+/* Sizes were checked by nvl_shape_numel: the products stay below NVL_MAX_NUMEL. */
 static void set_contiguous_strides(nvl_tensor *t) {
   int64_t st = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
@@ -145,26 +146,72 @@ static void set_contiguous_strides(nvl_tensor *t) {
   }
 }
 
+static const char *dims_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+  size_t used = (size_t)snprintf(buf, n, "[");
+  for (int d = 0; d < ndim && used < n; d++)
+    used += (size_t)snprintf(buf + used, n - used, d ? ",%lld" : "%lld", (long long)shape[d]);
+  if (used < n) snprintf(buf + used, n - used, "]");
+  return buf;
+}
+
+nvl_status nvl_shape_numel(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
+  char sh[200];
+  if (ndim < 0 || ndim > NVL_MAX_DIMS)
+    return nvl_error(NVL_EINVAL, "%s: %d dims requested, at most %d supported", op, ndim, NVL_MAX_DIMS);
+  int64_t n = 1, span = 1; /* span: the product with each 0 counted as 1, which bounds every stride */
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0)
+      return nvl_error(NVL_EINVAL, "%s: negative size %lld in dim %d", op, (long long)shape[d], d + 1);
+    if (nvl_mul_overflow(span, shape[d] ? shape[d] : 1, &span) || span > NVL_MAX_NUMEL)
+      return nvl_error(NVL_EINVAL, "%s: shape %s is too large: its sizes multiply past %lld elements", op,
+                       dims_str(ndim, shape, sh, sizeof sh), (long long)NVL_MAX_NUMEL);
+    n *= shape[d];
+  }
+  *numel = n;
+  return NVL_OK;
+}
+
+nvl_status nvl_tensor_check_bounds(const nvl_tensor *t, const char *op) {
+  int64_t numel, es = nvl_dtypes[t->dtype].elem_size, lo = t->offset, hi = t->offset, last;
+  NVL_TRY(nvl_shape_numel(op, t->ndim, t->shape, &numel));
+  int ok = t->offset >= 0 && !nvl_mul_overflow(t->offset, es, &last);
+  for (int d = 0; ok && numel > 0 && d < t->ndim; d++) {
+    int64_t ext; /* how far dim d reaches from element 0 of the view */
+    ok = !nvl_mul_overflow(t->shape[d] - 1, t->strides[d], &ext) &&
+         !nvl_add_overflow(ext < 0 ? lo : hi, ext, ext < 0 ? &lo : &hi);
+  }
+  /* the last element's end: (hi + 1) * es bytes from the storage's start */
+  if (ok && numel > 0) ok = lo >= 0 && !nvl_mul_overflow(hi, es, &last) && last <= INT64_MAX - es &&
+                             t->storage && (uint64_t)(last + es) <= (uint64_t)t->storage->bytes;
+  if (!ok) {
+    char sh[200], st[200];
+    return nvl_error(NVL_EINVAL, "%s: a view %s with strides %s at offset %lld does not fit its storage of %lld bytes",
+                     op, dims_str(t->ndim, t->shape, sh, sizeof sh), dims_str(t->ndim, t->strides, st, sizeof st),
+                     (long long)t->offset, t->storage ? (long long)t->storage->bytes : 0LL);
+  }
+  return NVL_OK;
+}
+
 nvl_status nvl_tensor_empty(nvl_tensor *out, nvl_dtype dt, nvl_device dev, int ndim, const int64_t *shape) {
   if ((unsigned)dt >= NVL_DTYPE_COUNT) return nvl_error(NVL_EINVAL, "empty: invalid dtype %d", (int)dt);
   if (nvl_dtypes[dt].is_quantized)
     return nvl_error(NVL_EINVAL, "empty: %s is a quantized format, not a tensor dtype (valid: %s); use nv.quantize(x, \"%s\")",
                      nvl_dtypes[dt].name, nvl_dtype_names(), nvl_dtypes[dt].name);
-  if (ndim < 0 || ndim > NVL_MAX_DIMS)
-    return nvl_error(NVL_EINVAL, "empty: %d dims requested, at most %d supported", ndim, NVL_MAX_DIMS);
-  int64_t n = 1;
-  for (int d = 0; d < ndim; d++) {
-    if (shape[d] < 0) return nvl_error(NVL_EINVAL, "empty: negative size %lld in dim %d", (long long)shape[d], d + 1);
-    if (shape[d] && n > INT64_MAX / 16 / shape[d]) return nvl_error(NVL_EINVAL, "empty: tensor too large");
-    n *= shape[d];
-  }
+  int64_t n;
+  NVL_TRY(nvl_shape_numel("empty", ndim, shape, &n));
   nvl_tensor t = nvl_tensor_null();
   t.dtype = dt;
   t.device = dev;
   t.ndim = ndim;
   for (int d = 0; d < ndim; d++) t.shape[d] = shape[d];
   set_contiguous_strides(&t);
-  NVL_TRY(storage_new(&t.storage, dev, (size_t)n * nvl_dtypes[dt].elem_size));
+  size_t bytes = (size_t)n * (size_t)nvl_dtypes[dt].elem_size; /* n <= NVL_MAX_NUMEL: no overflow */
+  nvl_status st = storage_new(&t.storage, dev, bytes);
+  if (st != NVL_OK) {
+    char d[160], msg[512];
+    snprintf(msg, sizeof msg, "%s", nvl_last_error());
+    return nvl_error(st, "empty: %s (for a %s tensor)", msg, nvl_tensor_desc(&t, d, sizeof d));
+  }
   *out = t;
   return NVL_OK;
 }
@@ -215,13 +262,7 @@ void *nvl_tensor_ptr(const nvl_tensor *t, const int64_t *idx) {
   return (char *)t->storage->data + off * nvl_dtypes[t->dtype].elem_size;
 }
 
-const char *nvl_shape_str(const nvl_tensor *t, char *buf, size_t n) {
-  size_t used = (size_t)snprintf(buf, n, "[");
-  for (int d = 0; d < t->ndim && used < n; d++)
-    used += (size_t)snprintf(buf + used, n - used, d ? ",%lld" : "%lld", (long long)t->shape[d]);
-  if (used < n) snprintf(buf + used, n - used, "]");
-  return buf;
-}
+const char *nvl_shape_str(const nvl_tensor *t, char *buf, size_t n) { return dims_str(t->ndim, t->shape, buf, n); }
 
 const char *nvl_tensor_desc(const nvl_tensor *t, char *buf, size_t n) {
   char sh[160];
@@ -231,6 +272,9 @@ const char *nvl_tensor_desc(const nvl_tensor *t, char *buf, size_t n) {
 }
 
 /* ---- views ---- */
+
+/* A 0-based index as the 1-based number a message shows (INT64_MAX stays itself). */
+static long long one_based(int64_t i) { return i < INT64_MAX ? (long long)i + 1 : (long long)i; }
 
 static nvl_status check_dim(const nvl_tensor *t, int dim, const char *op) {
   if (dim < 0 || dim >= t->ndim) {
@@ -245,25 +289,25 @@ static nvl_status check_dim(const nvl_tensor *t, int dim, const char *op) {
 static nvl_status resolve_shape(const char *op, const nvl_tensor *t, int ndim, const int64_t *in, int64_t *shape) {
   char sh[160];
   if (ndim < 0 || ndim > NVL_MAX_DIMS) return nvl_error(NVL_EINVAL, "%s: %d dims, at most %d", op, ndim, NVL_MAX_DIMS);
-  int64_t known = 1, numel = nvl_tensor_numel(t);
+  int64_t known, numel = nvl_tensor_numel(t);
   int infer = -1;
   for (int d = 0; d < ndim; d++) {
     shape[d] = in[d];
     if (shape[d] == -1) {
       if (infer >= 0) return nvl_error(NVL_EINVAL, "%s: only one dim can be -1", op);
       infer = d;
+      shape[d] = 1; /* for the product of the others */
     } else if (shape[d] < 0) {
       return nvl_error(NVL_EINVAL, "%s: invalid size %lld in dim %d", op, (long long)shape[d], d + 1);
-    } else {
-      known *= shape[d];
     }
   }
+  NVL_TRY(nvl_shape_numel(op, ndim, shape, &known));
   if (infer >= 0) {
     if (known == 0 || numel % known)
       return nvl_error(NVL_EINVAL, "%s: cannot infer dim %d: %lld elements of %s do not divide by %lld", op,
                        infer + 1, (long long)numel, nvl_shape_str(t, sh, sizeof sh), (long long)known);
     shape[infer] = numel / known;
-    known *= shape[infer];
+    known = numel;
   }
   if (known != numel)
     return nvl_error(NVL_EINVAL, "%s: shape has %lld elements, tensor %s has %lld", op, (long long)known,
@@ -295,6 +339,17 @@ static int view_strides(const nvl_tensor *t, int ndim, const int64_t *shape, int
   return vd == -1;
 }
 
+/* *out = the view v (holding a reference) once it is checked to lie within its storage. */
+static nvl_status finish_view(nvl_tensor *out, nvl_tensor *v, const char *op) {
+  nvl_status st = nvl_tensor_check_bounds(v, op);
+  if (st != NVL_OK) {
+    nvl_tensor_release(v);
+    return st;
+  }
+  *out = *v;
+  return NVL_OK;
+}
+
 nvl_status nvl_tensor_view(nvl_tensor *out, const nvl_tensor *t, int ndim, const int64_t *shape_in) {
   NVL_TRY(nvl_tensor_check_live(t, "view"));
   int64_t shape[NVL_MAX_DIMS], strides[NVL_MAX_DIMS];
@@ -311,8 +366,7 @@ nvl_status nvl_tensor_view(nvl_tensor *out, const nvl_tensor *t, int ndim, const
     v.shape[d] = d < ndim ? shape[d] : 1;
     v.strides[d] = d < ndim ? strides[d] : 0;
   }
-  *out = v;
-  return NVL_OK;
+  return finish_view(out, &v, "view");
 }
 
 nvl_status nvl_tensor_transpose(nvl_tensor *out, const nvl_tensor *t, int d0, int d1) {
@@ -348,18 +402,21 @@ nvl_status nvl_tensor_permute(nvl_tensor *out, const nvl_tensor *t, const int *p
 nvl_status nvl_tensor_narrow(nvl_tensor *out, const nvl_tensor *t, int dim, int64_t start, int64_t len) {
   NVL_TRY(nvl_tensor_check_live(t, "narrow"));
   NVL_TRY(check_dim(t, dim, "narrow"));
-  if (start < 0 || len < 0 || start + len > t->shape[dim]) {
+  if (start < 0 || len < 0 || start > t->shape[dim] || len > t->shape[dim] - start) {
     char sh[160];
     return nvl_error(NVL_EINVAL, "narrow: start %lld, length %lld out of range for dim %d of size %lld (tensor %s)",
-                     (long long)start + 1, (long long)len, dim + 1, (long long)t->shape[dim],
+                     one_based(start), (long long)len, dim + 1, (long long)t->shape[dim],
                      nvl_shape_str(t, sh, sizeof sh));
   }
   nvl_tensor v;
   nvl_tensor_share(&v, t);
-  v.offset += start * t->strides[dim];
+  int64_t step;
+  if (nvl_mul_overflow(start, t->strides[dim], &step) || nvl_add_overflow(v.offset, step, &v.offset)) {
+    nvl_tensor_release(&v);
+    return nvl_error(NVL_EINVAL, "narrow: the offset of start %lld in dim %d overflows", one_based(start), dim + 1);
+  }
   v.shape[dim] = len;
-  *out = v;
-  return NVL_OK;
+  return finish_view(out, &v, "narrow");
 }
 
 nvl_status nvl_tensor_select(nvl_tensor *out, const nvl_tensor *t, int dim, int64_t index) {
@@ -368,7 +425,7 @@ nvl_status nvl_tensor_select(nvl_tensor *out, const nvl_tensor *t, int dim, int6
   if (index < 0 || index >= t->shape[dim]) {
     char sh[160];
     return nvl_error(NVL_EINVAL, "select: index %lld out of range for dim %d of size %lld (tensor %s)",
-                     (long long)index + 1, dim + 1, (long long)t->shape[dim], nvl_shape_str(t, sh, sizeof sh));
+                     one_based(index), dim + 1, (long long)t->shape[dim], nvl_shape_str(t, sh, sizeof sh));
   }
   nvl_tensor v;
   nvl_tensor_share(&v, t);
@@ -380,8 +437,7 @@ nvl_status nvl_tensor_select(nvl_tensor *out, const nvl_tensor *t, int dim, int6
   v.ndim--;
   v.shape[v.ndim] = 1;
   v.strides[v.ndim] = 0;
-  *out = v;
-  return NVL_OK;
+  return finish_view(out, &v, "select");
 }
 
 nvl_status nvl_tensor_expand(nvl_tensor *out, const nvl_tensor *t, int ndim, const int64_t *shape) {
@@ -395,6 +451,11 @@ nvl_status nvl_tensor_expand(nvl_tensor *out, const nvl_tensor *t, int ndim, con
   for (int d = ndim - 1; d >= 0; d--) {
     int od = d - lead;
     int64_t os = od >= 0 ? t->shape[od] : 1, ost = od >= 0 ? t->strides[od] : 0;
+    if (shape[d] < 0) {
+      nvl_tensor_release(&v);
+      return nvl_error(NVL_EINVAL, "expand: invalid size %lld for dim %d of %s (sizes are >= 0; -1 keeps a dim of the "
+                       "tensor)", (long long)shape[d], d + 1, nvl_shape_str(t, sh, sizeof sh));
+    }
     if (os == shape[d]) {
       v.shape[d] = os;
       v.strides[d] = ost;
@@ -408,8 +469,7 @@ nvl_status nvl_tensor_expand(nvl_tensor *out, const nvl_tensor *t, int ndim, con
     }
   }
   v.ndim = ndim;
-  *out = v;
-  return NVL_OK;
+  return finish_view(out, &v, "expand");
 }
 
 nvl_status nvl_broadcast_shape(const nvl_tensor *a, const nvl_tensor *b, const char *op, int *ndim, int64_t *shape) {
@@ -425,6 +485,8 @@ nvl_status nvl_broadcast_shape(const nvl_tensor *a, const nvl_tensor *b, const c
     }
     shape[d] = sa == 1 ? sb : sa;
   }
+  int64_t numel; /* each operand fits; the broadcast of both may not */
+  NVL_TRY(nvl_shape_numel(op, n, shape, &numel));
   *ndim = n;
   return NVL_OK;
 }

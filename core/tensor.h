@@ -3,6 +3,10 @@
  * first; strides and offset count elements, not bytes. Views share storage and bump its
  * refcount; nvl_tensor_release drops one reference. Dims are 0-based here (Lua's 1-based dims
  * are converted once, in the binding).
+ * Every tensor, a view too, keeps one invariant: sizes >= 0, their product (a 0 counted as 1) at
+ * most NVL_MAX_NUMEL (nvl.h), and every element inside its storage. Constructors check it
+ * with nvl_shape_numel, views with nvl_tensor_check_bounds, so kernels may trust any tensor's
+ * numel, strides and offset, and numel * element size never overflows.
  * Not here: arithmetic (ops.h), Lua (lua/bind/). */
 #ifndef NVL_TENSOR_H
 #define NVL_TENSOR_H
@@ -40,7 +44,15 @@ static inline nvl_tensor nvl_tensor_null(void) {
   return t;
 }
 
-/* New contiguous tensor, contents uninitialised. out must be null/released. */
+/* *numel = the product of shape; an error naming op if ndim is out of 0..NVL_MAX_DIMS, a size is
+ * negative, or the sizes (a 0 counted as 1) multiply past NVL_MAX_NUMEL. */
+nvl_status nvl_shape_numel(const char *op, int ndim, const int64_t *shape, int64_t *numel);
+/* An error naming op unless t's shape passes nvl_shape_numel and every element of the view
+ * (offset + sum of index * stride) lies within its storage's bytes. */
+nvl_status nvl_tensor_check_bounds(const nvl_tensor *t, const char *op);
+
+/* New contiguous tensor, contents uninitialised. out must be null/released. A shape too large to
+ * allocate is an error "empty: cannot allocate N bytes ...". */
 nvl_status nvl_tensor_empty(nvl_tensor *out, nvl_dtype dt, nvl_device dev, int ndim, const int64_t *shape);
 /* Drop this tensor's reference to its storage; out becomes null. Safe on a null tensor. */
 void nvl_tensor_release(nvl_tensor *t);

@@ -496,7 +496,7 @@ nvl_status check_desc(const nvl_cuda_quant_desc *d, const char *fn) {
   if (d->sr) {
     const int64_t kt = d->sr_k_total ? d->sr_k_total : d->K;
     if (d->sr_row_offset < 0 || d->sr_k_offset < 0 || d->sr_k_total < 0 || d->sr_k_offset % U || kt % U ||
-        d->sr_k_offset + d->K > kt)
+        d->sr_k_offset > kt - d->K)
       return nvl_error(NVL_EINVAL, "%s: SR slab offsets (row %lld, k %lld, k total %lld) do not fit K = %lld", fn,
                        (long long)d->sr_row_offset, (long long)d->sr_k_offset, (long long)d->sr_k_total, (long long)d->K);
   }

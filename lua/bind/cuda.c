@@ -6,6 +6,7 @@
  * Every function works in a build without CUDA or on a machine without a GPU: the queries answer
  * (no devices, "unsupported"), the actions raise the backend's error. */
 #include <lauxlib.h>
+#include <limits.h>
 #include <lua.h>
 #include <string.h>
 #include "bind.h"
@@ -57,7 +58,9 @@ static int l_gemm_path(lua_State *L) {
   nvl_dtype fa = nvl_dtype_from_name(na), fb = nvl_dtype_from_name(nb);
   if (fa == NVL_DTYPE_COUNT) return luaL_argerror(L, 1, lua_pushfstring(L, "unknown format '%s'", na));
   if (fb == NVL_DTYPE_COUNT) return luaL_argerror(L, 2, lua_pushfstring(L, "unknown format '%s'", nb));
-  int dev = (int)luaL_optinteger(L, 3, 1) - 1;
+  lua_Integer d = luaL_optinteger(L, 3, 1);
+  luaL_argcheck(L, d >= 1 && d <= INT_MAX, 3, "device must be >= 1");
+  int dev = (int)d - 1;
   char detail[256];
   nvl_gemm_path p = nvl_device_gemm_path(NVL_CUDA, fa, fb, dev, detail, sizeof detail);
   if (p == NVL_GEMM_UNSUPPORTED) {

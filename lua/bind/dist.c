@@ -101,7 +101,8 @@ static int l_finalize(lua_State *L) {
 
 /* abort(status): end every rank (returns only in a world of one) */
 static int l_abort(lua_State *L) {
-  nvl_dist_abort((int)luaL_optinteger(L, 1, 1));
+  lua_Integer status = luaL_optinteger(L, 1, 1);
+  nvl_dist_abort(status >= 1 && status <= 255 ? (int)status : 1); /* an exit status; any other value: 1 */
   return 0;
 }
 

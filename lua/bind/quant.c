@@ -34,7 +34,7 @@ static nvl_dtype check_format(lua_State *L, int i) {
 
 /* Read a 16-entry sign table at the top of the stack into s. */
 static void read_signs(lua_State *L, const char *what, float *s) {
-  if (luaL_len(L, -1) != 16) luaL_error(L, "%s: a sign table needs 16 entries of +1/-1, got %d", what, (int)luaL_len(L, -1));
+  if (luaL_len(L, -1) != 16) luaL_error(L, "%s: a sign table needs 16 entries of +1/-1, got %I", what, luaL_len(L, -1));
   for (int i = 0; i < 16; i++) {
     lua_geti(L, -1, i + 1);
     lua_Number v = lua_tonumber(L, -1);
@@ -53,7 +53,8 @@ static int parse_quant_opts(lua_State *L, const nvl_tensor *x, nvl_quant_opts *o
       lua_Integer a = lua_tointegerx(L, -1, &ok);
       if (!ok) return luaL_error(L, "quantize: axis must be an integer");
       if (a < 0) a += x->ndim + 1;
-      if (a < 1 || a > x->ndim) return luaL_error(L, "quantize: axis %d out of range for a %d-D tensor", (int)lua_tointeger(L, -1), x->ndim);
+      if (a < 1 || a > x->ndim)
+        return luaL_error(L, "quantize: axis %I out of range for a %d-D tensor", lua_tointeger(L, -1), x->ndim);
       o->axis = (int)a - 1;
     }
     lua_pop(L, 1);
@@ -299,7 +300,8 @@ static int l_rht(lua_State *L) {
   if (!lua_isnoneornil(L, 2)) {
     lua_Integer a = luaL_checkinteger(L, 2);
     if (a < 0) a += x->ndim + 1;
-    if (a < 1 || a > x->ndim) return luaL_error(L, "rht: axis %d out of range for a %d-D tensor", (int)luaL_checkinteger(L, 2), x->ndim);
+    if (a < 1 || a > x->ndim)
+      return luaL_error(L, "rht: axis %I out of range for a %d-D tensor", luaL_checkinteger(L, 2), x->ndim);
     axis = (int)a - 1;
   }
   float signs[16];

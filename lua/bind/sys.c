@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <lauxlib.h>
+#include <limits.h>
 #include <lua.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -35,7 +36,9 @@ static int l_fsync(lua_State *L) {
 
 /* core.isatty(fd) -> boolean (1 = stdout) */
 static int l_isatty(lua_State *L) {
-  lua_pushboolean(L, isatty((int)luaL_optinteger(L, 1, 1)));
+  lua_Integer fd = luaL_optinteger(L, 1, 1);
+  luaL_argcheck(L, fd >= 0 && fd <= INT_MAX, 1, "file descriptor out of range");
+  lua_pushboolean(L, isatty((int)fd));
   return 1;
 }
 
@@ -56,8 +59,8 @@ static int l_tokens_from_bytes(lua_State *L) {
   luaL_argcheck(L, w == 1 || w == 2 || w == 4, 2, "token width must be 1, 2 or 4 bytes");
   luaL_argcheck(L, n >= 0, 3, "count must be >= 0");
   if (off < 0 || (size_t)off > len || (len - (size_t)off) / (size_t)w < (size_t)n)
-    return luaL_error(L, "tokens_from_bytes: %d tokens of %d bytes at offset %d need more than the %d bytes given",
-                      (int)n, (int)w, (int)off, (int)len);
+    return luaL_error(L, "tokens_from_bytes: %I tokens of %I bytes at offset %I need more than the %I bytes given",
+                      n, w, off, (lua_Integer)len);
   int64_t shape[1] = {n};
   nvl_tensor *t = nvl_lua_push_tensor(L);
   if (nvl_tensor_empty(t, NVL_I64, NVL_CPU, 1, shape) != NVL_OK) return nvl_lua_raise(L);

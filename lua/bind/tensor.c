@@ -8,6 +8,7 @@
  * lua/nvlua/init.lua, on the same metatable. */
 #include <lauxlib.h>
 #include <lua.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <time.h>
@@ -62,11 +63,9 @@ static nvl_dtype check_dtype(lua_State *L, int i) {
 
 /* A 1-based dim (negative counts from the end) -> 0-based; range checked by core. */
 static int check_dim(lua_State *L, int i, const nvl_tensor *t) {
-  lua_Integer d = luaL_checkinteger(L, i);
-  if (d < 0) d += t->ndim + 1;
-  if (d < 1 || d > t->ndim) {
-    luaL_argerror(L, i, lua_pushfstring(L, "dim %d out of range for a %d-D tensor", (int)luaL_checkinteger(L, i), t->ndim));
-  }
+  lua_Integer d0 = luaL_checkinteger(L, i), d = d0 < 0 ? d0 + t->ndim + 1 : d0;
+  if (d < 1 || d > t->ndim)
+    luaL_argerror(L, i, lua_pushfstring(L, "dim %I out of range for a %d-D tensor", d0, t->ndim));
   return (int)d - 1;
 }
 
@@ -80,7 +79,9 @@ static int check_shape(lua_State *L, int i, int64_t *shape) {
       lua_geti(L, i, k + 1);
       int ok;
       lua_Integer v = lua_tointegerx(L, -1, &ok);
-      if (!ok) luaL_argerror(L, i, "shape entries must be integers");
+      if (!ok)
+        luaL_argerror(L, i, lua_pushfstring(L, "shape entry %d must be an integer, got %s", k + 1,
+                                            luaL_tolstring(L, -1, NULL)));
       shape[k] = v;
       lua_pop(L, 1);
     }
@@ -161,8 +162,8 @@ static void fill_from_table(lua_State *L, int idx, nvl_tensor *t, int dim, char 
   }
   if (!lua_istable(L, idx)) luaL_error(L, "tensor: ragged nested table (expected a table at depth %d)", dim + 1);
   if ((int64_t)luaL_len(L, idx) != t->shape[dim])
-    luaL_error(L, "tensor: ragged nested table: length %d at depth %d, expected %d", (int)luaL_len(L, idx), dim + 1,
-               (int)t->shape[dim]);
+    luaL_error(L, "tensor: ragged nested table: length %I at depth %d, expected %I", luaL_len(L, idx), dim + 1,
+               (lua_Integer)t->shape[dim]);
   for (int64_t k = 1; k <= t->shape[dim]; k++) {
     lua_geti(L, idx, k);
     fill_from_table(L, lua_gettop(L), t, dim + 1, p);
@@ -301,7 +302,10 @@ static int l_permute(lua_State *L) {
   int64_t p64[NVL_MAX_DIMS];
   int n = check_shape(L, 2, p64);
   if (n != t->ndim) return luaL_error(L, "permute: got %d dims for a %d-D tensor", n, t->ndim);
-  for (int d = 0; d < n; d++) perm[d] = (int)(p64[d] < 0 ? p64[d] + t->ndim : p64[d] - 1);
+  for (int d = 0; d < n; d++) { /* 1-based, negative from the end; core checks it is a permutation */
+    int64_t p = p64[d] < 0 ? p64[d] + t->ndim : p64[d] - 1;
+    perm[d] = p >= 0 && p < t->ndim ? (int)p : -1;
+  }
   nvl_tensor *r = push_tensor(L);
   CHECK(L, nvl_tensor_permute(r, t, perm));
   return 1;
@@ -312,6 +316,9 @@ static int l_narrow(lua_State *L) {
   nvl_tensor *t = check_live(L, 1, "narrow");
   int d = check_dim(L, 2, t);
   lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
+  if (start < 1) /* (start - 1 could overflow) */
+    return luaL_error(L, "narrow: start %I, length %I out of range for dim %d of size %I (starts are 1-based)", start,
+                      len, d + 1, (lua_Integer)t->shape[d]);
   nvl_tensor *r = push_tensor(L);
   CHECK(L, nvl_tensor_narrow(r, t, d, start - 1, len));
   return 1;
@@ -416,13 +423,8 @@ static int l_set(lua_State *L) {
     idx[d] = (i < 0 ? i + t->shape[d] + 1 : i) - 1;
   }
   double v = luaL_checknumber(L, nargs + 2);
-  if (!nvl_dtypes[t->dtype].is_float && lua_isinteger(L, nargs + 2)) {
-    double dummy;
-    CHECK(L, nvl_get(&dummy, t, idx)); /* bounds check */
-    nvl_dtypes[t->dtype].store_i(nvl_tensor_ptr(t, idx), lua_tointeger(L, nargs + 2));
-  } else {
-    CHECK(L, nvl_set(t, idx, v));
-  }
+  if (lua_isinteger(L, nargs + 2)) CHECK(L, nvl_set_i(t, idx, lua_tointeger(L, nargs + 2)));
+  else CHECK(L, nvl_set(t, idx, v));
   lua_settop(L, 1);
   return 1;
 }
@@ -432,7 +434,7 @@ static void totable_rec(lua_State *L, const nvl_tensor *t, int dim, int64_t *idx
     push_element(L, t, idx);
     return;
   }
-  lua_createtable(L, (int)t->shape[dim], 0);
+  lua_createtable(L, (int)t->shape[dim], 0); /* <= INT_MAX, checked by l_totable */
   for (int64_t k = 0; k < t->shape[dim]; k++) {
     idx[dim] = k;
     totable_rec(L, t, dim + 1, idx);
@@ -444,6 +446,13 @@ static int l_totable(lua_State *L) {
   nvl_tensor *t = check_live(L, 1, "totable");
   if (t->device != NVL_CPU) return luaL_error(L, "totable: tensor is on cuda; call :cpu() first");
   int64_t idx[NVL_MAX_DIMS] = {0};
+  int64_t entries = 0, level = 1; /* the nested tables' entries, every level: at most 8 x NVL_MAX_NUMEL */
+  for (int d = 0; d < t->ndim; d++) entries += level *= t->shape[d];
+  if (entries > INT_MAX) { /* beyond one Lua array (2^31 entries); in practice beyond memory */
+    char sh[160];
+    return luaL_error(L, "totable: a %s tensor makes %I table entries, more than Lua tables hold (%d)",
+                      nvl_shape_str(t, sh, sizeof sh), (lua_Integer)entries, INT_MAX);
+  }
   luaL_checkstack(L, t->ndim + 4, "totable");
   totable_rec(L, t, 0, idx);
   return 1;
@@ -622,11 +631,14 @@ static int l_from_bytes(lua_State *L) {
   luaL_checktype(L, 3, LUA_TTABLE);
   int n = check_shape(L, 3, shape);
   lua_Integer off = luaL_optinteger(L, 4, 0);
+  int64_t numel;
+  CHECK(L, nvl_shape_numel("from_bytes", n, shape, &numel));
+  size_t need = (size_t)numel * (size_t)nvl_dtypes[dt].elem_size; /* numel <= NVL_MAX_NUMEL: no overflow */
+  if (off < 0 || (size_t)off > len || len - (size_t)off < need) /* before allocating anything */
+    return luaL_error(L, "from_bytes: %I bytes needed at offset %I, the string has %I", (lua_Integer)need, off,
+                      (lua_Integer)len);
   nvl_tensor *t = push_tensor(L);
   CHECK(L, nvl_tensor_empty(t, dt, NVL_CPU, n, shape));
-  size_t need = (size_t)nvl_tensor_numel(t) * nvl_dtypes[dt].elem_size;
-  if (off < 0 || (size_t)off > len || len - (size_t)off < need)
-    return luaL_error(L, "from_bytes: %d bytes needed at offset %d, the string has %d", (int)need, (int)off, (int)len);
   memcpy(nvl_tensor_data(t), s + off, need);
   return 1;
 }

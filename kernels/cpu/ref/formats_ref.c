@@ -243,7 +243,7 @@ nvl_status nvl_sr_check_slab(const char *op, const nvl_quant_ref_opts *o, int64_
   if (!o) return NVL_OK;
   int64_t kt = o->sr_k_total ? o->sr_k_total : K;
   if (o->sr_row_offset < 0 || o->sr_k_offset < 0 || o->sr_k_total < 0 || o->sr_k_offset % block || kt % block ||
-      o->sr_k_offset + K > kt)
+      o->sr_k_offset > kt - K)
     return nvl_error(NVL_EINVAL, "%s: SR slab offsets (row %lld, k %lld, k total %lld) do not fit a block "
                      "length of %lld (offsets >= 0, k offset and total multiples of %d, k offset + %lld <= total)",
                      op, (long long)o->sr_row_offset, (long long)o->sr_k_offset, (long long)o->sr_k_total,

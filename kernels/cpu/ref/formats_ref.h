@@ -107,7 +107,9 @@ nvl_status nvl_sr_check_slab(const char *op, const nvl_quant_ref_opts *o, int64_
  * block is one group, an mx block of 32 two consecutive ones. */
 static inline uint64_t nvl_sr_group(const nvl_quant_ref_opts *o, int64_t K, int64_t row, int64_t j) {
   int64_t kt = o->sr_k_total ? o->sr_k_total : K;
-  return (uint64_t)((o->sr_row_offset + row) * (kt / 16) + o->sr_k_offset / 16 + j);
+  /* unsigned: core/quant.c bounds the global layout, so this is the exact index, never a wrap */
+  return ((uint64_t)o->sr_row_offset + (uint64_t)row) * (uint64_t)(kt / 16) + (uint64_t)(o->sr_k_offset / 16) +
+         (uint64_t)j;
 }
 
 /* Global encode scale s_enc = 2688 / amax with the §2 guards (FLT_MAX cap, 1 for 0/inf/nan). */

@@ -40,6 +40,27 @@ int64_t nvl_binary_i(nvl_binary_op op, int64_t a, int64_t b) {
   }
 }
 
+/* A comparison op (EQ..GE) from nvl_cmp_i64_f64's result c (2: unordered, only NE holds). */
+static int cmp_holds(nvl_binary_op op, int c) {
+  switch (op) {
+    case NVL_OP_EQ: return c == 0;
+    case NVL_OP_NE: return c != 0;
+    case NVL_OP_LT: return c == -1;
+    case NVL_OP_LE: return c == -1 || c == 0;
+    case NVL_OP_GT: return c == 1;
+    case NVL_OP_GE: return c == 1 || c == 0;
+    default: return 0;
+  }
+}
+
+/* x op y for an integer x and a float y, compared as mathematical values (no rounding of x). */
+static int cmp_int_float(nvl_binary_op op, int64_t x, double y) { return cmp_holds(op, nvl_cmp_i64_f64(x, y)); }
+/* y op x: the same with the operands swapped (x < y is y > x). */
+static int cmp_float_int(nvl_binary_op op, double y, int64_t x) {
+  int c = nvl_cmp_i64_f64(x, y);
+  return cmp_holds(op, c == 2 ? 2 : -c);
+}
+
 double nvl_unary_f(nvl_unary_op op, double a) {
   switch (op) {
     case NVL_OP_EXP: return exp(a);
@@ -78,8 +99,13 @@ nvl_status nvl_binary_ref(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, cons
   nvl_iter it;
   nvl_iter_init(&it, 3, ts);
   int in_float = to->is_float || (op >= NVL_OP_EQ && (ta->is_float || tb->is_float));
+  int mixed = op >= NVL_OP_EQ && ta->is_float != tb->is_float; /* an integer against a float: exact */
   for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
-    if (in_float)
+    void *pa = nvl_iter_ptr(&it, 1), *pb = nvl_iter_ptr(&it, 2);
+    if (mixed)
+      to->store_i(nvl_iter_ptr(&it, 0), ta->is_float ? cmp_float_int(op, ta->load_f(pa), tb->load_i(pb))
+                                                     : cmp_int_float(op, ta->load_i(pa), tb->load_f(pb)));
+    else if (in_float)
       to->store_f(nvl_iter_ptr(&it, 0), nvl_binary_f(op, ta->load_f(nvl_iter_ptr(&it, 1)), tb->load_f(nvl_iter_ptr(&it, 2))));
     else
       to->store_i(nvl_iter_ptr(&it, 0), nvl_binary_i(op, ta->load_i(nvl_iter_ptr(&it, 1)), tb->load_i(nvl_iter_ptr(&it, 2))));
@@ -241,21 +267,42 @@ nvl_status nvl_random_ref(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t 
   return NVL_OK;
 }
 
+/* One element of a op s (scalar_left: s op a) for a comparison op: exact between an integer and a
+ * float (NUMERICS §8). */
+static int compare_scalar(nvl_binary_op op, const nvl_dtype_traits *ta, const void *pa, nvl_scalar sc,
+                          int scalar_left) {
+  if (!ta->is_float && (sc.is_int || nvl_f64_is_i64(sc.f))) { /* both integers */
+    int64_t x = ta->load_i(pa), si = sc.is_int ? sc.i : (int64_t)sc.f;
+    return (int)(scalar_left ? nvl_binary_i(op, si, x) : nvl_binary_i(op, x, si));
+  }
+  if (!ta->is_float) { /* an integer element, a float scalar */
+    int64_t x = ta->load_i(pa);
+    return scalar_left ? cmp_float_int(op, sc.f, x) : cmp_int_float(op, x, sc.f);
+  }
+  double x = ta->load_f(pa);
+  if (sc.is_int) return scalar_left ? cmp_int_float(op, sc.i, x) : cmp_float_int(op, x, sc.i);
+  return (int)(scalar_left ? nvl_binary_f(op, sc.f, x) : nvl_binary_f(op, x, sc.f));
+}
+
 nvl_status nvl_binary_scalar_ref(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, nvl_scalar sc,
                                  int scalar_left) {
   double s = sc.f;
   const nvl_tensor *ts[2] = {out, a};
   const nvl_dtype_traits *to = &nvl_dtypes[out->dtype], *ta = &nvl_dtypes[a->dtype];
   int64_t n = nvl_tensor_numel(out);
+  /* integer arithmetic: core/ops.c keeps an integer result only for a scalar int64 holds exactly */
+  int64_t si = sc.is_int ? sc.i : nvl_f64_to_i64_sat(s, INT64_MIN, INT64_MAX);
   nvl_iter it;
   nvl_iter_init(&it, 2, ts);
   for (int64_t i = 0; i < n; i++, nvl_iter_next(&it)) {
     void *po = nvl_iter_ptr(&it, 0), *pa = nvl_iter_ptr(&it, 1);
-    if (to->is_float || (op >= NVL_OP_EQ && (ta->is_float || s != floor(s)))) {
+    if (op >= NVL_OP_EQ) {
+      to->store_i(po, compare_scalar(op, ta, pa, sc, scalar_left));
+    } else if (to->is_float) {
       double x = ta->load_f(pa);
       to->store_f(po, scalar_left ? nvl_binary_f(op, s, x) : nvl_binary_f(op, x, s));
     } else {
-      int64_t x = ta->load_i(pa), si = sc.is_int ? sc.i : (int64_t)s;
+      int64_t x = ta->load_i(pa);
       to->store_i(po, scalar_left ? nvl_binary_i(op, si, x) : nvl_binary_i(op, x, si));
     }
   }
