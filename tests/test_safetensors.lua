@@ -364,7 +364,9 @@ end)
 T.case("edge cases the format allows: no tensors, empty and 0-rank tensors, unordered offsets", function()
   local t, meta = st.load(craft({}))
   T.eq(next(t), nil); T.eq(meta, {})
-  local t2 = st.load(craft({e = entry("F32", {0, 4}, 0, 0), s = entry("I32", {}, 0, 4), v = entry("U8", {4}, 4, 8)},
+  -- (written by hand: cjson encodes the empty shape {} as an object, which the format refuses)
+  local t2 = st.load(craft('{"e":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]},'
+    .. '"s":{"dtype":"I32","shape":[],"data_offsets":[0,4]},"v":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
     string.pack("<i4", -5) .. "abcd"))
   T.eq(t2.e:size(), {0, 4}); T.eq(t2.s:item(), -5); T.eq(t2.v:totable(), {97, 98, 99, 100})
 end)
