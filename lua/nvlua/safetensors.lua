@@ -333,8 +333,10 @@ local function parse_object(c, i, depth)
     local at, key = i, nil
     key, i = parse_string(c, i)
     if rawget(obj, key) ~= nil then
-      bad(c.path, "duplicate key '%s' in %s (at byte %d of the header; the format forbids duplicate keys)", key,
-        depth == 1 and "the header" or string.format("tensor '%s'", c.top), at)
+      local where = depth == 1 and "the header" or c.top == "__metadata__" and "__metadata__"
+        or string.format(depth == 2 and "tensor '%s'" or "a value inside tensor '%s'", c.top)
+      bad(c.path, "duplicate key '%s' in %s (at byte %d of the header; the format forbids duplicate keys)", key, where,
+        at)
     end
     if depth == 1 then c.top = key end
     i = skip_ws(s, i)
@@ -436,7 +438,9 @@ local function split_header(path, hdr)
   for name, info in pairs(hdr) do
     if name == "__metadata__" then
       if info ~= NULL then -- null: no metadata, as the reference reads it
-        if getmetatable(info) ~= OBJECT then bad(path, "__metadata__ must be an object of strings, got %s", show(info)) end
+        if getmetatable(info) ~= OBJECT then
+          bad(path, "__metadata__ must be an object of strings, got %s", show(info))
+        end
         for k, v in pairs(info) do
           if type(v) ~= "string" then
             bad(path, "__metadata__ must map strings to strings, but '%s' is a %s", k, kind(v))
