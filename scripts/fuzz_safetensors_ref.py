@@ -110,9 +110,17 @@ def entries_of(hdr):
 
 
 def json_mutation(rng, hdr, data):
-    """One structural edit of the header (in place); may return new data."""
-    ents = entries_of(hdr)
+    """One structural edit of the header (in place); returns the data section, maybe extended."""
     kind = rng.randrange(14)
+    if kind < 7:
+        edit_entry(rng, hdr, kind)
+        return data
+    return edit_header(rng, hdr, data, kind)
+
+
+def edit_entry(rng, hdr, kind):
+    """Edits inside tensor entries: fields duplicated, swapped, malformed, deleted, added, retyped."""
+    ents = entries_of(hdr)
     if kind == 0 and ents:  # duplicate a field, maybe with another value
         _, _, e = rng.choice(ents)
         if e:
@@ -163,7 +171,12 @@ def json_mutation(rng, hdr, data):
         i, k, e = rng.choice(ents)
         copy = Obj(list(e)) if rng.random() < 0.6 else Obj([("dtype", "U8"), ("shape", [0]), ("data_offsets", [0, 0])])
         hdr.insert(rng.randint(0, len(hdr)), (k, copy))
-    elif kind == 7:  # metadata edits
+
+
+def edit_header(rng, hdr, data, kind):
+    """Edits of the header's layout: metadata, escapes, offsets, extra tensors, absurd shapes."""
+    ents = entries_of(hdr)
+    if kind == 7:  # metadata edits
         val = rng.choice([Raw("null"), Raw("[]"), Obj([("a", "1"), ("a", "2")]), Obj([("a", Raw("1"))]),
                           Obj([("a", "b")]), Raw("{\"x\":null}"), Obj([])])
         key = "__metadata__" if rng.random() < 0.8 else Raw('"\\u005f_metadata__"')

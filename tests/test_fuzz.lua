@@ -367,7 +367,7 @@ T.case("safetensors: mutated files are rejected with a message naming the file, 
   if LONG then say("safetensors: %d cases (seed %d), %d accepted, %d rejected, %d failing", total, SEED, accepted,
     total - accepted, fail.n) end
   -- the mutations reach both outcomes (a fuzzer that only made garbage would prove little)
-  if not ONLY then
+  if total >= 200 then
     T.ok(accepted > total // 20, "accepted " .. accepted .. " of " .. total)
     T.ok(accepted < total - total // 4, "rejected " .. total - accepted .. " of " .. total)
   end
@@ -472,7 +472,7 @@ T.case("shards: mutated headers (wrapping counts included) are rejected with a n
     end
   end
   if LONG then say("shards: %d cases (seed %d), %d accepted, %d failing", last - first + 1, SEED, accepted, fail.n) end
-  if not ONLY then T.ok(accepted > 0, "some mutated shards are still valid") end
+  if last - first >= 200 then T.ok(accepted > 0, "some mutated shards are still valid") end
   fail.check("shards")
 end)
 

@@ -219,10 +219,17 @@ end
 -- booleans; NULL for null; a Lua integer for an integer literal (no fraction or exponent, not -0)
 -- in the int64 range; a NONINT table {text = literal, integer = true|nil} for any other number;
 -- tables with the OBJECT or ARRAY metatable for objects and arrays.
+-- Values nothing reads (an entry's fields other than dtype, shape and data_offsets; a list or
+-- object where a tensor entry or a metadata string belongs) are checked the same way but not kept:
+-- they decode to the SKIPPED_* placeholders, so a hostile 100 MB header of unread values costs
+-- time, not gigabytes of tables.
 
 local NULL = setmetatable({}, {__name = "null"})
 local OBJECT, ARRAY, NONINT = {__name = "object"}, {__name = "list"}, {__name = "number"}
+local SKIPPED_OBJECT, SKIPPED_ARRAY = setmetatable({}, OBJECT), setmetatable({}, ARRAY)
+local SKIPPED_NUMBER = setmetatable({text = "a number"}, NONINT)
 local MAX_DEPTH = 127
+local ENTRY_FIELDS = {dtype = true, shape = true, data_offsets = true}
 
 -- c: {s = header text, path = file, top = the top-level key being read}
 local function json_fail(c, i, fmt, ...)
@@ -230,7 +237,10 @@ local function json_fail(c, i, fmt, ...)
   bad(c.path, "header is not valid JSON: %s at byte %d of the header (near %q)", string.format(fmt, ...), i, near)
 end
 
+local WS = {[32] = true, [9] = true, [10] = true, [13] = true}
+
 local function skip_ws(s, i)
+  if not WS[s:byte(i)] then return i end -- the common case, without a pattern match
   local _, e = s:find("^[ \t\n\r]*", i)
   return e + 1
 end
@@ -251,39 +261,40 @@ local function parse_u(c, i)
   return 0x10000 + ((cp - 0xD800) << 10) + (lcp - 0xDC00), i + 12
 end
 
--- the string whose opening quote is at i, and the index after its closing quote
-local function parse_string(c, i)
+-- the string whose opening quote is at i ("" when skipped), and the index after its closing quote
+local function parse_string(c, i, skip)
   local s, parts, j = c.s, nil, i + 1
   while true do
     local k = s:find('[\0-\31"\\]', j)
     if not k then json_fail(c, i, "unterminated string") end
     local b = s:byte(k)
     if b == 34 then -- '"'
+      if skip then return "", k + 1 end
       if not parts then return s:sub(i + 1, k - 1), k + 1 end
       parts[#parts + 1] = s:sub(j, k - 1)
       return table.concat(parts), k + 1
     elseif b == 92 then -- '\'
       parts = parts or {}
-      parts[#parts + 1] = s:sub(j, k - 1)
+      if not skip then parts[#parts + 1] = s:sub(j, k - 1) end
       local e = s:sub(k + 1, k + 1)
+      local piece
       if ESCAPES[e] then
-        parts[#parts + 1] = ESCAPES[e]
-        j = k + 2
+        piece, j = ESCAPES[e], k + 2
       elseif e == "u" then
-        local cp
-        cp, j = parse_u(c, k)
-        parts[#parts + 1] = utf8.char(cp)
+        piece, j = parse_u(c, k)
+        piece = utf8.char(piece)
       else
         json_fail(c, k, "invalid escape '\\%s'", e)
       end
+      if not skip then parts[#parts + 1] = piece end
     else
       json_fail(c, k, "control character 0x%02x in a string (it must be escaped)", b)
     end
   end
 end
 
--- the number at i (see the decoded values above) and the index after it
-local function parse_number(c, i)
+-- the number at i (see the decoded values above; SKIPPED_NUMBER when skipped) and the index after it
+local function parse_number(c, i, skip)
   local s = c.s
   local _, e = s:find("^-?%d+", i)
   if not e then json_fail(c, i, "invalid number") end
@@ -301,21 +312,26 @@ local function parse_number(c, i)
     if not f then json_fail(c, i, "invalid number (bad exponent)") end
     e, whole = f, false
   end
+  if skip and whole and e - i < 300 then return SKIPPED_NUMBER, e + 1 end -- far below the double range's end
   local text = s:sub(i, e)
   local v = tonumber(text)
-  if whole and math.type(v) == "integer" and text ~= "-0" then return v, e + 1 end
   if v == math.huge or v == -math.huge then json_fail(c, i, "number out of range") end
+  if skip then return SKIPPED_NUMBER, e + 1 end
+  if whole and math.type(v) == "integer" and text ~= "-0" then return v, e + 1 end
   return setmetatable({text = text, integer = whole and text ~= "-0" or nil}, NONINT), e + 1
 end
 
 local parse_value
 
-local function parse_array(c, i, depth)
-  local s, arr = c.s, setmetatable({}, ARRAY)
+local function parse_array(c, i, depth, skip)
+  local s, arr = c.s, skip and SKIPPED_ARRAY or setmetatable({}, ARRAY)
   i = skip_ws(s, i + 1)
   if s:byte(i) == 93 then return arr, i + 1 end -- ']'
+  local n = 0
   while true do
-    arr[#arr + 1], i = parse_value(c, i, depth)
+    local v
+    v, i = parse_value(c, i, depth, skip)
+    if not skip then n = n + 1; arr[n] = v end
     i = skip_ws(s, i)
     local b = s:byte(i)
     if b == 93 then return arr, i + 1 end
@@ -324,10 +340,19 @@ local function parse_array(c, i, depth)
   end
 end
 
-local function parse_object(c, i, depth)
-  local s, obj = c.s, setmetatable({}, OBJECT)
+-- whether the value at i under key of the object at depth is unread (see SKIPPED_* above)
+local function unread(c, s, i, depth, key)
+  local b = s:byte(i)
+  if depth == 1 then return b == 91 end -- a list where a tensor entry belongs
+  if depth ~= 2 then return false end
+  if c.top == "__metadata__" then return b == 91 or b == 123 end
+  return not ENTRY_FIELDS[key]
+end
+
+local function parse_object(c, i, depth, skip)
+  local s, obj = c.s, skip and {} or setmetatable({}, OBJECT) -- when skipped: the set of keys seen
   i = skip_ws(s, i + 1)
-  if s:byte(i) == 125 then return obj, i + 1 end -- '}'
+  if s:byte(i) == 125 then return skip and SKIPPED_OBJECT or obj, i + 1 end -- '}'
   while true do
     if s:byte(i) ~= 34 then json_fail(c, i, "expected a string key") end
     local at, key = i, nil
@@ -341,10 +366,13 @@ local function parse_object(c, i, depth)
     if depth == 1 then c.top = key end
     i = skip_ws(s, i)
     if s:byte(i) ~= 58 then json_fail(c, i, "expected ':'") end -- ':'
-    obj[key], i = parse_value(c, skip_ws(s, i + 1), depth)
+    i = skip_ws(s, i + 1)
+    local v
+    v, i = parse_value(c, i, depth, skip or unread(c, s, i, depth, key))
+    obj[key] = skip and true or v
     i = skip_ws(s, i)
     local b = s:byte(i)
-    if b == 125 then return obj, i + 1 end
+    if b == 125 then return skip and SKIPPED_OBJECT or obj, i + 1 end
     if b ~= 44 then json_fail(c, i, "expected ',' or '}'") end
     i = skip_ws(s, i + 1)
   end
@@ -353,16 +381,16 @@ end
 local LITERALS = {t = {"true", true}, f = {"false", false}, n = {"null", NULL}}
 
 -- the value at i (no whitespace before it) inside depth open containers, and the index after it
-function parse_value(c, i, depth)
+function parse_value(c, i, depth, skip)
   local s = c.s
   local b = s:byte(i)
   if b == 123 or b == 91 then -- '{', '['
     if depth >= MAX_DEPTH then json_fail(c, i, "nesting deeper than %d levels", MAX_DEPTH) end
-    return (b == 123 and parse_object or parse_array)(c, i, depth + 1)
+    return (b == 123 and parse_object or parse_array)(c, i, depth + 1, skip)
   elseif b == 34 then
-    return parse_string(c, i)
+    return parse_string(c, i, skip)
   elseif b == 45 or (b and b >= 48 and b <= 57) then
-    return parse_number(c, i)
+    return parse_number(c, i, skip)
   end
   local lit = LITERALS[s:sub(i, i)]
   if lit and s:sub(i, i + #lit[1] - 1) == lit[1] then return lit[2], i + #lit[1] end
@@ -373,6 +401,7 @@ end
 local function show(v)
   local mt = getmetatable(v)
   if mt == NONINT then return v.text .. (v.integer and " (too large)" or "") end
+  if v == SKIPPED_ARRAY then return "a list" end
   if mt == ARRAY then
     local parts = {}
     for k = 1, math.min(#v, 8) do parts[k] = show(v[k]) end
@@ -384,9 +413,11 @@ local function show(v)
   return tostring(v)
 end
 
+-- "a list", "an object", "null", "a string", ...: what a decoded value is
 local function kind(v)
   local mt = getmetatable(v)
-  return mt and mt.__name or type(v)
+  local k = mt and mt.__name or type(v)
+  return k == "null" and k or (k == "object" and "an " or "a ") .. k
 end
 
 -- ---- the header ---------------------------------------------------------------------------------
@@ -418,7 +449,8 @@ local function read_header_text(f, path)
   if text:sub(1, 1) ~= "{" then
     bad(path, "header is not a JSON object (it must begin with '{', got %q)", text:sub(1, 16))
   end
-  if text:find("\0", 1, true) then bad(path, "header contains a NUL byte (padding must be spaces)") end
+  local nul = text:find("\0", 1, true)
+  if nul then bad(path, "header contains a NUL byte (at byte %d; padding must be spaces)", nul) end
   return text, n, size
 end
 
@@ -443,7 +475,7 @@ local function split_header(path, hdr)
         end
         for k, v in pairs(info) do
           if type(v) ~= "string" then
-            bad(path, "__metadata__ must map strings to strings, but '%s' is a %s", k, kind(v))
+            bad(path, "__metadata__ must map strings to strings, but '%s' is %s", k, kind(v))
           end
           metadata[k] = v
         end
@@ -462,12 +494,20 @@ local function check_shape(path, name, shape)
     bad(path, "tensor '%s': shape must be a list of non-negative integers, got %s", name,
       shape == nil and "nothing (missing shape)" or show(shape))
   end
+  local sh = {}
   for i, v in ipairs(shape) do
     if math.type(v) ~= "integer" or v < 0 then
       bad(path, "tensor '%s': shape must be a list of non-negative integers, but dim %d is %s", name, i, show(v))
     end
+    sh[i] = v
   end
-  return {table.unpack(shape)}
+  return sh
+end
+
+-- "2,3,4": the dims of shape sh for a message, the first 16 of a longer one
+local function dims_text(sh)
+  if #sh <= 16 then return table.concat(sh, ",") end
+  return table.concat(sh, ",", 1, 16) .. string.format(",... (%d dims)", #sh)
 end
 
 -- What nvlua tensors can hold beyond the format's own rules (core/tensor.c nvl_tensor_empty):
@@ -477,14 +517,14 @@ local MAX_DIMS, MAX_DIM = 8, 1 << 53
 
 local function check_nvlua_shape(path, name, sh)
   if #sh > MAX_DIMS then
-    bad(path, "tensor '%s': shape [%s] has %d dims; nvlua tensors have at most %d", name, table.concat(sh, ","), #sh,
+    bad(path, "tensor '%s': shape [%s] has %d dims; nvlua tensors have at most %d", name, dims_text(sh), #sh,
       MAX_DIMS)
   end
   local p = 1
   for i, k in ipairs(sh) do
     if k > MAX_DIM or (k > 0 and p > math.maxinteger // 16 // k) then
       bad(path, "tensor '%s': shape [%s] is too large for nvlua at dim %d (dims at most 2^53, their running product "
-        .. "at most 2^59)", name, table.concat(sh, ","), i)
+        .. "at most 2^59)", name, dims_text(sh), i)
     end
     p = p * k
   end
@@ -527,7 +567,7 @@ local function check_entry(path, name, info, data_size)
   end
   if over or nbytes ~= e - b then
     bad(path, "tensor '%s': %s [%s] needs %s bytes, but data_offsets [%d, %d) hold %d", name, sd,
-      table.concat(sh, ","), over and "more" or tostring(nbytes), b, e, e - b)
+      dims_text(sh), over and "more" or tostring(nbytes), b, e, e - b)
   end
   check_nvlua_shape(path, name, sh)
   return {name = name, dtype = sd, nv_dtype = d.nv, shape = sh, data_offsets = {b, e}}
