@@ -2,7 +2,7 @@
 --   * the byte tokenizer round trip;
 --   * NVLTOK shards: the header byte for byte, u16 and u32 widths, read_tokens ranges, write
 --     errors, and one case per malformed file (bad magic, short, wrong version, bad width, size
---     not matching the header's count), each naming the file;
+--     not matching the header's count, counts whose count * width wraps), each naming the file;
 --   * data.text: a directory is walked recursively in sorted order, split at a line break;
 --   * the Loader, on shards whose token i is i (so a batch shows which windows it took):
 --     deterministic per seed, other seeds differ, each epoch visits every window once, targets
@@ -131,6 +131,27 @@ T.case("shards: malformed files raise a message naming the file", function()
   bad("long", good .. "\0\0", "header says 3 tokens of 2 bytes but the file has 8 data bytes")
   bad("count", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 2, 4) .. good:sub(25), "header says 4 tokens")
   bad("hugecount", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 4, 1 << 61) .. good:sub(25), "header says")
+  -- issue 13: counts whose count * width wraps round 2^64 to the real data size passed the size check
+  local data4 = string.pack("<I2I2", 1, 2) -- 4 data bytes
+  bad("wrap4", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 4, (1 << 62) + 1) .. data4,
+    "header says 4611686018427387905 tokens of 4 bytes but the file has 4 data bytes")
+  bad("wrap2", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 2, (1 << 63) + 2) .. data4,
+    "header says 9223372036854775810 tokens of 2 bytes but the file has 4 data bytes")
+  bad("maxcount", "NVLTOK\0\0" .. string.pack("<I4I4i8", 1, 2, -1) .. data4, "header says 18446744073709551615 tokens")
+  bad("width0", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 0, 2) .. data4, "token width 0 (expected 2 or 4)")
+  bad("width8", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 8, 0) .. data4, "token width 8 (expected 2 or 4)")
+  bad("widthmax", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 0xffffffff, 0) .. data4, "token width 4294967295")
+  bad("version0", "NVLTOK\0\0" .. string.pack("<I4I4I8", 0, 2, 2) .. data4, "unsupported version 0 (expected 1)")
+  bad("versionmax", "NVLTOK\0\0" .. string.pack("<I4I4I8", 0xffffffff, 2, 2) .. data4, "unsupported version 4294967295")
+  -- the same bytes with the true count are a good shard
+  write_all(ROOT .. "/wrapgood.bin", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 4, 1) .. data4)
+  local s1 = data.open_shard(ROOT .. "/wrapgood.bin")
+  T.eq(s1.count, 1)
+  T.eq(data.read_tokens(s1, 0, 1):totable(), {2 * 65536 + 1})
+  -- read_tokens ranges that would wrap, or are not integers
+  T.raises(function() data.read_tokens(s1, 1, math.maxinteger) end, "read_tokens: [1, ")
+  T.raises(function() data.read_tokens(s1, 0, -1) end, "outside the 1 tokens")
+  T.raises(function() data.read_tokens(s1, 0.5, 1) end, "read_tokens: start 0.5, n 1 outside the 1 tokens")
   -- data.shards finds train*/val* shards in a directory and rejects a malformed one
   local d = ROOT .. "/shardset"
   assert(lfs.mkdir(d))

@@ -298,6 +298,45 @@ T.case("load_state_dict: round trip, and errors that name the offending paramete
   before:free()
 end)
 
+-- issue 13: an I32 tensor where F32 is expected has the same byte size; loading it as f32 values
+-- made a resumed run train with loss 1.6e10. The dtype is checked, the file's bytes never used.
+T.case("load_state_dict: a dtype other than the parameter's raises (i32 into f32), naming tensor and dtypes", function()
+  local st = require "nvlua.safetensors"
+  local a = llama.Llama(tiny_config(), {seed = 1, recipe = F32})
+  local b = llama.Llama(tiny_config(), {seed = 2, recipe = F32})
+  local q = "model.layers.0.self_attn.q_proj.weight"
+  local n = "model.norm.weight"
+  -- a checkpoint whose q_proj holds the same bytes declared I32, as a corrupted file would
+  local d = {}
+  for k, v in pairs(a:state_dict()) do d[k] = v end
+  d[q] = nv.core.from_bytes(a:state_dict()[q]:bytes(), "i32", {32, 32})
+  local path = os.tmpname()
+  assert(st.save(path, d))
+  local loaded = st.load(path)
+  os.remove(path)
+  T.eq(loaded[q]:dtype(), "i32")
+  local before = b:state_dict()[q]:clone()
+  local err = T.raises(function() b:load_state_dict(loaded) end, "dtype mismatch: " .. q .. ": expected f32, got i32")
+  T.ok(not err:find(n, 1, true), "only the offending tensor is named: " .. err)
+  T.ok(b:state_dict()[q]:allclose(before, 0, 0), "nothing copied")
+  -- every integer dtype is refused, also with strict = false; a shape and a dtype problem are both reported
+  for _, dt in ipairs({"i64", "u8", "i32"}) do
+    local bad = {}
+    for k, v in pairs(a:state_dict()) do bad[k] = v end
+    bad[n] = nv.zeros({32}, dt)
+    T.raises(function() b:load_state_dict(bad, {strict = false}) end, n .. ": expected f32, got " .. dt)
+  end
+  local both = {}
+  for k, v in pairs(a:state_dict()) do both[k] = v end
+  both[q] = nv.zeros({16, 32}, "i32")
+  err = T.raises(function() b:load_state_dict(both) end, "shape mismatch: " .. q .. ": expected [32,32], got [16,32]")
+  T.ok(err:find("dtype mismatch: " .. q .. ": expected f32, got i32", 1, true), err)
+  -- the documented conversion stays: bf16 into f32 (tested above), and f32 from a float file
+  b:load_state_dict(a:state_dict())
+  T.ok(b:state_dict()[q]:allclose(a:state_dict()[q], 0, 0))
+  before:free(); loaded[q]:free()
+end)
+
 -- ---- behaviour ------------------------------------------------------------------------------------
 
 T.case("train/eval: same logits; eval keeps nothing for backward; forward_backward accumulates", function()

@@ -69,29 +69,34 @@ function data.write_shard(path, tokens, width)
 end
 
 --- Open a shard: {path, width, count}; nil, msg for a missing file; raises on a malformed one.
+-- The header's u64 count is checked against the file size without multiplying first (a count
+-- near 2^64 / width would wrap count * width round to a small number).
 function data.open_shard(path)
   local f, err = io.open(path, "rb")
   if not f then return nil, err end
   local head = f:read(HEADER) or ""
   local size = f:seek("end")
   f:close()
-  if #head < HEADER or head:sub(1, 8) ~= MAGIC then
+  if #head < HEADER or head:sub(1, 8) ~= MAGIC or not size then
     error(string.format("shard %s: not an NVLTOK shard (bad magic or shorter than %d bytes)", path, HEADER), 2)
   end
-  local version, width, count = string.unpack("<I4I4I8", head, 9)
-  if version ~= 1 then error(string.format("shard %s: unsupported version %d", path, version), 2) end
+  local version, width, count = string.unpack("<I4I4I8", head, 9) -- count >= 2^63 unpacks negative
+  if version ~= 1 then error(string.format("shard %s: unsupported version %d (expected 1)", path, version), 2) end
   if width ~= 2 and width ~= 4 then error(string.format("shard %s: token width %d (expected 2 or 4)", path, width), 2) end
-  if size ~= HEADER + count * width then
-    error(string.format("shard %s: header says %d tokens of %d bytes but the file has %d data bytes", path, count, width,
-      size - HEADER), 2)
+  local data_bytes = size - HEADER
+  if count < 0 or count > data_bytes // width or count * width ~= data_bytes then
+    error(string.format("shard %s: header says %s tokens of %d bytes but the file has %d data bytes", path,
+      string.format("%u", count), width, data_bytes), 2)
   end
   return {path = path, width = width, count = count}
 end
 
 --- Tokens [start, start+n) of a shard (0-based start) as an i64 tensor, read from the file.
 function data.read_tokens(shard, start, n)
-  if start < 0 or start + n > shard.count then
-    error(string.format("read_tokens: [%d, %d) outside the %d tokens of %s", start, start + n, shard.count, shard.path), 2)
+  if math.type(start) ~= "integer" or math.type(n) ~= "integer" or start < 0 or n < 0 or n > shard.count - start then
+    local range = (math.type(start) == "integer" and math.type(n) == "integer")
+      and string.format("[%d, %d)", start, start + n) or string.format("start %s, n %s", tostring(start), tostring(n))
+    error(string.format("read_tokens: %s outside the %d tokens of %s", range, shard.count, shard.path), 2)
   end
   local f = assert(io.open(shard.path, "rb"))
   f:seek("set", HEADER + start * shard.width)

@@ -261,17 +261,23 @@ function Module:state_dict()
   return d
 end
 
+-- The one dtype conversion load_state_dict makes: between the float dtypes (a bf16 Hugging Face
+-- checkpoint into f32 parameters, or back), as :copy_ converts. Any other dtype must match
+-- the parameter's exactly: an i32 tensor has the bytes of an f32 one but not its values.
+local FLOAT_DTYPES = {f32 = true, bf16 = true}
+
 --- m:load_state_dict(dict [, {strict = true}]) -> {missing = {...}, unexpected = {...}}
--- Copies each tensor (any float dtype, converted to f32) into the parameter of that name. Shape
--- mismatches always raise; missing or unexpected names raise when strict. Nothing is copied
--- unless every check passes.
+--- Copies each tensor into the parameter of that name. Its dtype must be the parameter's, or
+--- both must be float dtypes (f32, bf16: converted as :copy_ converts); shape and dtype
+--- mismatches always raise; missing or unexpected names raise when strict. Nothing is copied
+--- unless every check passes.
 function Module:load_state_dict(dict, opts)
   opts = check_opts(opts, {strict = true}, "load_state_dict")
   local strict = opts.strict ~= false
   if type(dict) ~= "table" then error("load_state_dict: expected a table {name = tensor}, got " .. type(dict), 2) end
   local params = self:named_parameters()
   local known = {}
-  local missing, mismatched, unexpected, bad = {}, {}, {}, {}
+  local missing, mismatched, wrong_dtype, unexpected, bad = {}, {}, {}, {}, {}
   for _, p in ipairs(params) do
     known[p.name] = true
     local t = dict[p.name]
@@ -279,8 +285,14 @@ function Module:load_state_dict(dict, opts)
       missing[#missing + 1] = p.name
     elseif not nv.is_tensor(t) then
       bad[#bad + 1] = p.name .. " (" .. type(t) .. ")"
-    elseif not same_shape(t:size(), p.param:size()) then
-      mismatched[#mismatched + 1] = string.format("%s: expected %s, got %s", p.name, shape_str(p.param), shape_str(t))
+    else
+      if not same_shape(t:size(), p.param:size()) then
+        mismatched[#mismatched + 1] = string.format("%s: expected %s, got %s", p.name, shape_str(p.param), shape_str(t))
+      end
+      local want, got = p.param:dtype(), t:dtype()
+      if want ~= got and not (FLOAT_DTYPES[want] and FLOAT_DTYPES[got]) then
+        wrong_dtype[#wrong_dtype + 1] = string.format("%s: expected %s, got %s", p.name, want, got)
+      end
     end
   end
   for k in pairs(dict) do if not known[k] then unexpected[#unexpected + 1] = tostring(k) end end
@@ -288,6 +300,7 @@ function Module:load_state_dict(dict, opts)
   local problems = {}
   if #bad > 0 then problems[#problems + 1] = "not tensors: " .. table.concat(bad, ", ") end
   if #mismatched > 0 then problems[#problems + 1] = "shape mismatch: " .. table.concat(mismatched, "; ") end
+  if #wrong_dtype > 0 then problems[#problems + 1] = "dtype mismatch: " .. table.concat(wrong_dtype, "; ") end
   if strict and #missing > 0 then problems[#problems + 1] = "missing keys: " .. table.concat(missing, ", ") end
   if strict and #unexpected > 0 then problems[#problems + 1] = "unexpected keys: " .. table.concat(unexpected, ", ") end
   if #problems > 0 then error("load_state_dict: " .. table.concat(problems, "; "), 2) end

@@ -11,11 +11,21 @@
 --
 -- The reader follows the rules of the reference implementation (huggingface/safetensors,
 -- safetensors/src/tensor.rs `read_metadata` / `Metadata::validate`, and its README): the header
--- is at most 100 MB, valid UTF-8 JSON that begins with '{' (padding: trailing spaces), no
--- duplicate keys; every tensor's byte size is exactly numel × element size; and the tensors,
--- ordered by offset, cover the data section exactly — no overlaps, no holes, no trailing bytes
--- (the reference calls this MetadataIncompleteBuffer; it prevents polyglot files). Malformed files
--- raise "safetensors: <path>: <problem>"; a file that cannot be opened or read returns nil, msg.
+-- is at most 100 MB of valid UTF-8 JSON; every tensor's byte size is exactly numel × element size
+-- (computed with overflow checks); and the tensors, ordered by offset, cover the data section
+-- exactly — no overlaps, no holes, no trailing bytes (the reference calls this
+-- MetadataIncompleteBuffer; it prevents polyglot files). The header is read by a strict JSON
+-- decoder of its own (below; lua-cjson would take NaN, hex and float dims, and silently merge
+-- duplicate keys), which accepts what the reference's serde_json accepts, integers read exactly,
+-- except where the format's README is stricter than the reference and nvlua follows the
+-- README: the header must begin with '{' and be padded only with spaces (the reference also takes
+-- leading and trailing tabs/newlines), no key may repeat in any object (the reference keeps the
+-- last of two same-named tensors or metadata keys), and a tensor entry must be an object (serde
+-- also takes [dtype, shape, offsets]). nvlua also refuses what its tensors cannot hold: the
+-- format's other dtypes, more than 8 dims, and (in an empty tensor) dims above 2^53.
+-- scripts/fuzz_safetensors_ref.py measures the agreement with the reference on mutated files.
+-- Malformed files raise "safetensors: <path>: <problem>"; a file that cannot be opened or read
+-- returns nil, msg.
 --
 -- The writer orders tensors as the reference does (its dtype enum, in decreasing alignment, then
 -- name), so every tensor is aligned to its element size and the output for a given input is
@@ -24,14 +34,10 @@
 -- util.atomic_write (a temp file <path>.tmp, fsync'd and renamed over the target), so a reader sees
 -- the old file or the new one, never a half-written one.
 --
--- JSON numbers are read as doubles (lua-cjson), so offsets and dims above 2^53 are rounded; any
--- such value is far out of range of a real file and is rejected as such.
---
 -- Not here: lazy/mmap loading of single tensors (load reads each tensor once, by offset), dtypes
 -- nvlua has no tensor type for (F16, F64, BOOL, I8, ...: rejected with the list of supported ones),
 -- quantized tensors (store their codes and scales as u8/f32 tensors).
 local nv = require "nvlua"
-local cjson = require "cjson"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
 
@@ -53,7 +59,8 @@ for name, d in pairs(DTYPES) do FROM_NV[d.nv] = name end
 local SUPPORTED = "F32, BF16, I32, I64, U8"
 -- dtypes the format defines that nvlua has no tensor type for
 local SPEC_ONLY = {BOOL = true, I8 = true, U16 = true, I16 = true, F16 = true, U32 = true, F64 = true, U64 = true,
-  F8_E4M3 = true, F8_E5M2 = true, F8_E8M0 = true, F4 = true, F6_E2M3 = true, F6_E3M2 = true, C64 = true}
+  F8_E4M3 = true, F8_E5M2 = true, F8_E8M0 = true, F8_E4M3FNUZ = true, F8_E5M2FNUZ = true, F4 = true, F6_E2M3 = true,
+  F6_E3M2 = true, C64 = true}
 
 st.dtypes = DTYPES
 
@@ -203,48 +210,217 @@ local function read_exact(f, n)
   return s or ""
 end
 
-local function is_list(t)
-  if type(t) ~= "table" then return false end
-  local n = 0
-  for _ in pairs(t) do n = n + 1 end
-  return n == #t
+-- ---- the header's JSON ----------------------------------------------------------------------------
+-- A strict decoder for JSON (RFC 8259) as the reference reads it with serde_json: no NaN/Infinity,
+-- hex, leading '+' or leading zeros; strings without raw control characters, with only the JSON
+-- escapes and no lone surrogates; a number that overflows a double is an error; nesting deeper
+-- than 127 levels is an error (serde_json's recursion limit); and, stricter than serde_json, a
+-- duplicate key in any object is an error (the format forbids them). Decoded values: strings,
+-- booleans; NULL for null; a Lua integer for an integer literal (no fraction or exponent, not -0)
+-- in the int64 range; a NONINT table {text = literal, integer = true|nil} for any other number;
+-- tables with the OBJECT or ARRAY metatable for objects and arrays.
+-- Values nothing reads (an entry's fields other than dtype, shape and data_offsets; a list or
+-- object where a tensor entry or a metadata string belongs) are checked the same way but not kept:
+-- they decode to the SKIPPED_* placeholders, so a hostile 100 MB header of unread values costs
+-- time, not gigabytes of tables.
+
+local NULL = setmetatable({}, {__name = "null"})
+local OBJECT, ARRAY, NONINT = {__name = "object"}, {__name = "list"}, {__name = "number"}
+local SKIPPED_OBJECT, SKIPPED_ARRAY = setmetatable({}, OBJECT), setmetatable({}, ARRAY)
+local SKIPPED_NUMBER = setmetatable({text = "a number"}, NONINT)
+local MAX_DEPTH = 127
+local ENTRY_FIELDS = {dtype = true, shape = true, data_offsets = true}
+
+-- c: {s = header text, path = file, top = the top-level key being read}
+local function json_fail(c, i, fmt, ...)
+  local near = c.s:sub(math.max(1, i - 12), i + 12)
+  bad(c.path, "header is not valid JSON: %s at byte %d of the header (near %q)", string.format(fmt, ...), i, near)
 end
 
-local function as_int(v)
-  if math.type(v) == "integer" then return v end
-  if math.type(v) == "float" then return math.tointeger(v) end
-  return nil
+local WS = {[32] = true, [9] = true, [10] = true, [13] = true}
+
+local function skip_ws(s, i)
+  if not WS[s:byte(i)] then return i end -- the common case, without a pattern match
+  local _, e = s:find("^[ \t\n\r]*", i)
+  return e + 1
 end
 
--- The top-level keys of a JSON object text, in order (the text is already known to be valid JSON),
--- to catch duplicates, which a table-producing decoder silently merges.
-local function top_level_keys(text)
-  local keys, i, n = {}, text:find("{", 1, true) + 1, #text
-  local depth, expect_key = 0, true
-  while i <= n do
-    local c = text:sub(i, i)
-    if c == '"' then
-      local j = i + 1
-      while true do
-        local q = text:find('["\\]', j)
-        if text:sub(q, q) == "\\" then j = q + 2 else j = q; break end
+local ESCAPES = {['"'] = '"', ['\\'] = '\\', ['/'] = '/', b = '\b', f = '\f', n = '\n', r = '\r', t = '\t'}
+
+-- the code point of the \uXXXX escape at i (a surrogate pair counts as one) and the index after it
+local function parse_u(c, i)
+  local s = c.s
+  local h = s:match("^\\u(%x%x%x%x)", i)
+  if not h then json_fail(c, i, "invalid \\u escape") end
+  local cp = tonumber(h, 16)
+  if cp >= 0xDC00 and cp <= 0xDFFF then json_fail(c, i, "lone trailing surrogate \\u%s", h) end
+  if cp < 0xD800 or cp > 0xDBFF then return cp, i + 6 end
+  local lo = s:match("^\\u(%x%x%x%x)", i + 6)
+  local lcp = lo and tonumber(lo, 16)
+  if not lcp or lcp < 0xDC00 or lcp > 0xDFFF then json_fail(c, i, "lone leading surrogate \\u%s", h) end
+  return 0x10000 + ((cp - 0xD800) << 10) + (lcp - 0xDC00), i + 12
+end
+
+-- the string whose opening quote is at i ("" when skipped), and the index after its closing quote
+local function parse_string(c, i, skip)
+  local s, parts, j = c.s, nil, i + 1
+  while true do
+    local k = s:find('[\0-\31"\\]', j)
+    if not k then json_fail(c, i, "unterminated string") end
+    local b = s:byte(k)
+    if b == 34 then -- '"'
+      if skip then return "", k + 1 end
+      if not parts then return s:sub(i + 1, k - 1), k + 1 end
+      parts[#parts + 1] = s:sub(j, k - 1)
+      return table.concat(parts), k + 1
+    elseif b == 92 then -- '\'
+      parts = parts or {}
+      if not skip then parts[#parts + 1] = s:sub(j, k - 1) end
+      local e = s:sub(k + 1, k + 1)
+      local piece
+      if ESCAPES[e] then
+        piece, j = ESCAPES[e], k + 2
+      elseif e == "u" then
+        piece, j = parse_u(c, k)
+        piece = utf8.char(piece)
+      else
+        json_fail(c, k, "invalid escape '\\%s'", e)
       end
-      if depth == 0 and expect_key then
-        keys[#keys + 1] = cjson.decode(text:sub(i, j))
-        expect_key = false
-      end
-      i = j + 1
+      if not skip then parts[#parts + 1] = piece end
     else
-      if c == "{" or c == "[" then depth = depth + 1
-      elseif c == "}" or c == "]" then
-        if depth == 0 then break end
-        depth = depth - 1
-      elseif c == "," and depth == 0 then expect_key = true end
-      i = i + 1
+      json_fail(c, k, "control character 0x%02x in a string (it must be escaped)", b)
     end
   end
-  return keys
 end
+
+-- the number at i (see the decoded values above; SKIPPED_NUMBER when skipped) and the index after it
+local function parse_number(c, i, skip)
+  local s = c.s
+  local _, e = s:find("^-?%d+", i)
+  if not e then json_fail(c, i, "invalid number") end
+  local first = s:byte(i) == 45 and i + 1 or i
+  if s:byte(first) == 48 and e > first then json_fail(c, i, "invalid number (leading zero)") end
+  local whole = true
+  if s:byte(e + 1) == 46 then -- '.'
+    local _, f = s:find("^%d+", e + 2)
+    if not f then json_fail(c, i, "invalid number (no digit after '.')") end
+    e, whole = f, false
+  end
+  local x = s:byte(e + 1)
+  if x == 101 or x == 69 then -- 'e', 'E'
+    local _, f = s:find("^[+-]?%d+", e + 2)
+    if not f then json_fail(c, i, "invalid number (bad exponent)") end
+    e, whole = f, false
+  end
+  if skip and whole and e - i < 300 then return SKIPPED_NUMBER, e + 1 end -- far below the double range's end
+  local text = s:sub(i, e)
+  local v = tonumber(text)
+  if v == math.huge or v == -math.huge then json_fail(c, i, "number out of range") end
+  if skip then return SKIPPED_NUMBER, e + 1 end
+  if whole and math.type(v) == "integer" and text ~= "-0" then return v, e + 1 end
+  return setmetatable({text = text, integer = whole and text ~= "-0" or nil}, NONINT), e + 1
+end
+
+local parse_value
+
+local function parse_array(c, i, depth, skip)
+  local s, arr = c.s, skip and SKIPPED_ARRAY or setmetatable({}, ARRAY)
+  i = skip_ws(s, i + 1)
+  if s:byte(i) == 93 then return arr, i + 1 end -- ']'
+  local n = 0
+  while true do
+    local v
+    v, i = parse_value(c, i, depth, skip)
+    if not skip then n = n + 1; arr[n] = v end
+    i = skip_ws(s, i)
+    local b = s:byte(i)
+    if b == 93 then return arr, i + 1 end
+    if b ~= 44 then json_fail(c, i, "expected ',' or ']'") end
+    i = skip_ws(s, i + 1)
+  end
+end
+
+-- whether the value at i under key of the object at depth is unread (see SKIPPED_* above)
+local function unread(c, s, i, depth, key)
+  local b = s:byte(i)
+  if depth == 1 then return b == 91 end -- a list where a tensor entry belongs
+  if depth ~= 2 then return false end
+  if c.top == "__metadata__" then return b == 91 or b == 123 end
+  return not ENTRY_FIELDS[key]
+end
+
+local function parse_object(c, i, depth, skip)
+  local s, obj = c.s, skip and {} or setmetatable({}, OBJECT) -- when skipped: the set of keys seen
+  i = skip_ws(s, i + 1)
+  if s:byte(i) == 125 then return skip and SKIPPED_OBJECT or obj, i + 1 end -- '}'
+  while true do
+    if s:byte(i) ~= 34 then json_fail(c, i, "expected a string key") end
+    local at, key = i, nil
+    key, i = parse_string(c, i)
+    if rawget(obj, key) ~= nil then
+      local where = depth == 1 and "the header" or c.top == "__metadata__" and "__metadata__"
+        or string.format(depth == 2 and "tensor '%s'" or "a value inside tensor '%s'", c.top)
+      bad(c.path, "duplicate key '%s' in %s (at byte %d of the header; the format forbids duplicate keys)", key, where,
+        at)
+    end
+    if depth == 1 then c.top = key end
+    i = skip_ws(s, i)
+    if s:byte(i) ~= 58 then json_fail(c, i, "expected ':'") end -- ':'
+    i = skip_ws(s, i + 1)
+    local v
+    v, i = parse_value(c, i, depth, skip or unread(c, s, i, depth, key))
+    obj[key] = skip and true or v
+    i = skip_ws(s, i)
+    local b = s:byte(i)
+    if b == 125 then return skip and SKIPPED_OBJECT or obj, i + 1 end
+    if b ~= 44 then json_fail(c, i, "expected ',' or '}'") end
+    i = skip_ws(s, i + 1)
+  end
+end
+
+local LITERALS = {t = {"true", true}, f = {"false", false}, n = {"null", NULL}}
+
+-- the value at i (no whitespace before it) inside depth open containers, and the index after it
+function parse_value(c, i, depth, skip)
+  local s = c.s
+  local b = s:byte(i)
+  if b == 123 or b == 91 then -- '{', '['
+    if depth >= MAX_DEPTH then json_fail(c, i, "nesting deeper than %d levels", MAX_DEPTH) end
+    return (b == 123 and parse_object or parse_array)(c, i, depth + 1, skip)
+  elseif b == 34 then
+    return parse_string(c, i, skip)
+  elseif b == 45 or (b and b >= 48 and b <= 57) then
+    return parse_number(c, i, skip)
+  end
+  local lit = LITERALS[s:sub(i, i)]
+  if lit and s:sub(i, i + #lit[1] - 1) == lit[1] then return lit[2], i + #lit[1] end
+  json_fail(c, i, b and "expected a value" or "unexpected end of the header")
+end
+
+-- a decoded value as a message shows it
+local function show(v)
+  local mt = getmetatable(v)
+  if mt == NONINT then return v.text .. (v.integer and " (too large)" or "") end
+  if v == SKIPPED_ARRAY then return "a list" end
+  if mt == ARRAY then
+    local parts = {}
+    for k = 1, math.min(#v, 8) do parts[k] = show(v[k]) end
+    return "[" .. table.concat(parts, ", ") .. (#v > 8 and ", ...]" or "]")
+  end
+  if mt == OBJECT then return "an object" end
+  if v == NULL then return "null" end
+  if type(v) == "string" then return v .. " (a string)" end
+  return tostring(v)
+end
+
+-- "a list", "an object", "null", "a string", ...: what a decoded value is
+local function kind(v)
+  local mt = getmetatable(v)
+  local k = mt and mt.__name or type(v)
+  return k == "null" and k or (k == "object" and "an " or "a ") .. k
+end
+
+-- ---- the header ---------------------------------------------------------------------------------
 
 -- The 8-byte length and the header text of an open file, checked up to JSON decoding. -> text,
 -- its length n, the file size; nil, msg when the file cannot be read.
@@ -268,24 +444,22 @@ local function read_header_text(f, path)
   local text = read_exact(f, n)
   if not text then return nil, string.format("safetensors: %s: cannot read the header", path) end
   if #text < n then bad(path, "truncated: the header is cut short (%d of %d bytes)", #text, n) end
-  if not utf8.len(text) then bad(path, "header is not valid UTF-8") end
+  local _, at = utf8.len(text)
+  if at then bad(path, "header is not valid UTF-8 (at byte %d)", at) end
   if text:sub(1, 1) ~= "{" then
     bad(path, "header is not a JSON object (it must begin with '{', got %q)", text:sub(1, 16))
   end
-  if text:find("\0", 1, true) then bad(path, "header contains a NUL byte (padding must be spaces)") end
+  local nul = text:find("\0", 1, true)
+  if nul then bad(path, "header contains a NUL byte (at byte %d; padding must be spaces)", nul) end
   return text, n, size
 end
 
--- The header text decoded: a JSON object without duplicate top-level keys.
+-- The header text decoded: the top-level object (see "the header's JSON"), padded only with spaces.
 local function decode_header(path, text)
-  local ok, hdr = pcall(cjson.decode, text)
-  if not ok then bad(path, "header is not valid JSON: %s", (tostring(hdr):gsub("^.-:%d+: ", ""))) end
-  if type(hdr) ~= "table" then bad(path, "header is not a JSON object") end
-  local seen = {}
-  for _, k in ipairs(top_level_keys(text)) do
-    if seen[k] then bad(path, "duplicate key '%s' in the header", k) end
-    seen[k] = true
-  end
+  local c = {s = text, path = path}
+  local hdr, i = parse_value(c, 1, 0)
+  local _, e = text:find("^ *", i)
+  if e < #text then json_fail(c, e + 1, "trailing characters after the header object (only spaces may pad it)") end
   return hdr
 end
 
@@ -294,16 +468,17 @@ local function split_header(path, hdr)
   local metadata = {}
   local names = {}
   for name, info in pairs(hdr) do
-    if type(name) ~= "string" then bad(path, "header is not a JSON object") end
     if name == "__metadata__" then
-      if type(info) ~= "table" or (next(info) ~= nil and is_list(info)) then
-        bad(path, "__metadata__ must be an object of strings")
-      end
-      for k, v in pairs(info) do
-        if type(k) ~= "string" or type(v) ~= "string" then
-          bad(path, "__metadata__ must map strings to strings, but '%s' is a %s", tostring(k), v == cjson.null and "null" or type(v))
+      if info ~= NULL then -- null: no metadata, as the reference reads it
+        if getmetatable(info) ~= OBJECT then
+          bad(path, "__metadata__ must be an object of strings, got %s", show(info))
         end
-        metadata[k] = v
+        for k, v in pairs(info) do
+          if type(v) ~= "string" then
+            bad(path, "__metadata__ must map strings to strings, but '%s' is %s", k, kind(v))
+          end
+          metadata[k] = v
+        end
       end
     else
       names[#names + 1] = name
@@ -313,11 +488,54 @@ local function split_header(path, hdr)
   return metadata, names
 end
 
+-- The shape of tensor name's entry: a list of integers >= 0.
+local function check_shape(path, name, shape)
+  if getmetatable(shape) ~= ARRAY then
+    bad(path, "tensor '%s': shape must be a list of non-negative integers, got %s", name,
+      shape == nil and "nothing (missing shape)" or show(shape))
+  end
+  local sh = {}
+  for i, v in ipairs(shape) do
+    if math.type(v) ~= "integer" or v < 0 then
+      bad(path, "tensor '%s': shape must be a list of non-negative integers, but dim %d is %s", name, i, show(v))
+    end
+    sh[i] = v
+  end
+  return sh
+end
+
+-- "2,3,4": the dims of shape sh for a message, the first 16 of a longer one
+local function dims_text(sh)
+  if #sh <= 16 then return table.concat(sh, ",") end
+  return table.concat(sh, ",", 1, 16) .. string.format(",... (%d dims)", #sh)
+end
+
+-- What nvlua tensors can hold beyond the format's own rules (core/tensor.c nvl_tensor_empty):
+-- at most NVL_MAX_DIMS = 8 dims, each at most 2^53, and a running product of the dims that stays
+-- below 2^63 / 16. Only an empty tensor (a zero dim) can pass the byte-size check and fail these.
+local MAX_DIMS, MAX_DIM = 8, 1 << 53
+
+local function check_nvlua_shape(path, name, sh)
+  if #sh > MAX_DIMS then
+    bad(path, "tensor '%s': shape [%s] has %d dims; nvlua tensors have at most %d", name, dims_text(sh), #sh,
+      MAX_DIMS)
+  end
+  local p = 1
+  for i, k in ipairs(sh) do
+    if k > MAX_DIM or (k > 0 and p > math.maxinteger // 16 // k) then
+      bad(path, "tensor '%s': shape [%s] is too large for nvlua at dim %d (dims at most 2^53, their running product "
+        .. "at most 2^59)", name, dims_text(sh), i)
+    end
+    p = p * k
+  end
+end
+
 -- The validated entry of tensor name: {name, dtype, nv_dtype, shape, data_offsets}; its byte
 -- range lies in the data section of data_size bytes and holds exactly numel x element size.
+-- Fields other than dtype, shape and data_offsets are ignored, as the reference ignores them.
 local function check_entry(path, name, info, data_size)
-  if type(info) ~= "table" or (next(info) ~= nil and is_list(info)) then
-    bad(path, "tensor '%s': entry is not an object {dtype, shape, data_offsets}", name)
+  if getmetatable(info) ~= OBJECT then
+    bad(path, "tensor '%s': entry is not an object {dtype, shape, data_offsets} (got %s)", name, show(info))
   end
   local sd = info.dtype
   if type(sd) ~= "string" then bad(path, "tensor '%s': missing or non-string dtype", name) end
@@ -328,23 +546,13 @@ local function check_entry(path, name, info, data_size)
     end
     bad(path, "tensor '%s': unknown dtype '%s' (supported: %s)", name, sd, SUPPORTED)
   end
-  local shape = info.shape
-  if not is_list(shape) then bad(path, "tensor '%s': shape must be a list of non-negative integers", name) end
-  local sh = {}
-  for i, v in ipairs(shape) do
-    local k = as_int(v)
-    if not k or k < 0 then
-      bad(path, "tensor '%s': shape must be a list of non-negative integers, but dim %d is %s", name, i,
-        v == cjson.null and "null" or tostring(v))
-    end
-    sh[i] = k
-  end
+  local sh = check_shape(path, name, info.shape)
   local off = info.data_offsets
   if off == nil then bad(path, "tensor '%s': missing data_offsets", name) end
-  if not is_list(off) or #off ~= 2 or not as_int(off[1]) or not as_int(off[2]) then
-    bad(path, "tensor '%s': data_offsets must be 2 integers [begin, end]", name)
+  if getmetatable(off) ~= ARRAY or #off ~= 2 or math.type(off[1]) ~= "integer" or math.type(off[2]) ~= "integer" then
+    bad(path, "tensor '%s': data_offsets must be 2 integers [begin, end], got %s", name, show(off))
   end
-  local b, e = as_int(off[1]), as_int(off[2])
+  local b, e = off[1], off[2]
   if b < 0 or b > e then bad(path, "tensor '%s': data_offsets [%d, %d] have begin > end or a negative begin", name, b, e) end
   if e > data_size then
     bad(path, "tensor '%s': data_offsets [%d, %d) are out of range: the data section has %d bytes (file truncated?)",
@@ -359,8 +567,9 @@ local function check_entry(path, name, info, data_size)
   end
   if over or nbytes ~= e - b then
     bad(path, "tensor '%s': %s [%s] needs %s bytes, but data_offsets [%d, %d) hold %d", name, sd,
-      table.concat(sh, ","), over and "more" or tostring(nbytes), b, e, e - b)
+      dims_text(sh), over and "more" or tostring(nbytes), b, e, e - b)
   end
+  check_nvlua_shape(path, name, sh)
   return {name = name, dtype = sd, nv_dtype = d.nv, shape = sh, data_offsets = {b, e}}
 end
 
