@@ -94,7 +94,8 @@ if nan_from then
   end
 end
 local s = train.run(c, p)
-print(string.format("finished: step %d, last loss %s", s.steps, s.last_loss and string.format("%.17g", s.last_loss) or "none"))
+local last = s.last_loss and string.format("%.17g", s.last_loss) or "none"
+print(string.format("finished: step %d, last loss %s", s.steps, last))
 ]=])
 
 local BASE = {"data=" .. CORPUS, "cache=" .. ROOT .. "/cache", "layers=1", "hidden=32", "heads=4", "kv_heads=2",
@@ -201,7 +202,9 @@ end
 -- After resume=auto: the reference's final checkpoint, metrics and (when steps were trained) loss;
 -- nothing under checkpoints/ but complete step-N directories.
 local function finished_like_reference(dir, out, trained, what)
-  if trained then T.eq(out:match("last loss (%S+)"), REF.loss, what .. ": the final loss, 17 digits; output:\n" .. out) end
+  if trained then
+    T.eq(out:match("last loss (%S+)"), REF.loss, what .. ": the final loss, 17 digits; output:\n" .. out)
+  end
   T.eq(ckpt.latest(dir), ckpt_dir(dir, 6), what .. ": the final checkpoint")
   intact(ckpt.latest(dir), what .. " (final)")
   T.eq(metrics(dir), REF.metrics, what .. ": metrics.jsonl")

@@ -449,7 +449,7 @@ end
 local function repr(v)
   if type(v) == "string" then return string.format("%q", v) end
   if type(v) == "table" then return v == cjson.null and "null" or "a JSON " .. (#v > 0 and "array" or "object") end
-  return tostring(v)
+  return tostring(math.tointeger(v) or v)
 end
 
 -- a JSON object file of the checkpoint: missing, empty, not JSON, not an object all raise

@@ -12,8 +12,10 @@
 -- metrics.jsonl (one JSON object per step and per eval), eval every `eval_every` steps on the
 -- validation split, checkpoints every `ckpt_every` steps and at the end, a text sample and a
 -- loss-curve PNG at the end. A non-finite loss or gradient norm skips the step (counted and
--- logged); more than `max_bad_steps` in a row stop the run. Ctrl-C finishes the current step,
--- writes a checkpoint and returns.
+-- logged); more than `max_bad_steps` in a row stop the run with an error (the count is saved in
+-- each checkpoint and restored on resume). Ctrl-C finishes the current step, writes a checkpoint
+-- and returns. resume=auto continues from the checkpoint written last; an out= that holds a run is
+-- never started over (resume=none refuses it).
 --
 -- Data parallelism (dist=true, under `mpirun -np N` or srun; README "Data parallel"): each rank
 -- reads its own windows of every global batch (the loader's rank/world), the gradient buffer is
