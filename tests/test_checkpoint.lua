@@ -5,6 +5,14 @@
 --     restored run's next step equals the original's bit for bit.
 --   * keep=K prunes the oldest; latest() ignores "step-N.partial", directories without
 --     trainer.json and other names, and orders by step number; a leftover .partial is replaced.
+--   * the order of writing: latest() and pruning go by it; pruning keeps the newest checkpoint
+--     written outside a streak of skipped steps and the protected one; saving a step again replaces
+--     it. The leftovers a crash can leave (a half-removed directory, step-N.old with or without
+--     step-N, a .partial): list() sees the effective checkpoints, recover() settles them.
+--   * a corrupt checkpoint (every file missing, empty, truncated or garbage; every trainer.json
+--     field of a wrong type; another model shape or recipe; a diverged run) fails to load with
+--     "checkpoint <dir>/<file>: <what>", changing nothing; a checkpoint without the bookkeeping
+--     fields (written before they existed) loads.
 --   * the Hugging Face layout: config.json has every LlamaConfig key, model.safetensors has
 --     __metadata__ {"format": "pt"} and HF names/shapes (tied and untied, rope_scaling kept);
 --     from_pretrained gives the same logits bit for bit.
@@ -218,6 +226,224 @@ T.case("latest() ignores .partial, directories without trainer.json, other names
   for n in lfs.dir(root .. "/step-000009") do if n ~= "." and n ~= ".." then files[#files + 1] = n end end
   table.sort(files)
   T.eq(files, {"config.json", "model.safetensors", "trainer.json"})
+end)
+
+T.case("the order of writing: latest() and pruning go by it; the newest healthy and the protected are kept", function()
+  local m = llama.Llama(tiny(), {seed = 1})
+  local run = fresh("order")
+  local root = run .. "/checkpoints"
+  ckpt.save(run, {model = m, step = 6, keep = 0})
+  ckpt.save(run, {model = m, step = 4, keep = 0})
+  T.eq(ckpt.list(run), {root .. "/step-000006", root .. "/step-000004"})
+  T.eq(ckpt.latest(run), root .. "/step-000004", "written last")
+  ckpt.save(run, {model = m, step = 2, keep = 2})
+  T.eq(ckpt.list(run), {root .. "/step-000004", root .. "/step-000002"}, "keep=2: the 2 written last")
+  -- written during a streak of skipped steps: the newest healthy one (step 2) stays
+  ckpt.save(run, {model = m, step = 8, keep = 1, bad_in_row = 1, skipped = 1})
+  ckpt.save(run, {model = m, step = 10, keep = 1, bad_in_row = 2, skipped = 2})
+  T.eq(ckpt.list(run), {root .. "/step-000002", root .. "/step-000010"})
+  ckpt.save(run, {model = m, step = 12, keep = 1, skipped = 2})
+  T.eq(ckpt.list(run), {root .. "/step-000012"}, "a healthy one written: the streak's are pruned")
+  -- the protected one (a run's resume point) stays
+  ckpt.save(run, {model = m, step = 14, keep = 1, protect = root .. "/step-000012"})
+  ckpt.save(run, {model = m, step = 16, keep = 1, protect = root .. "/step-000012"})
+  T.eq(ckpt.list(run), {root .. "/step-000012", root .. "/step-000016"})
+  -- saving a step again replaces it: the new content, nothing left beside it
+  local m2 = llama.Llama(tiny(), {seed = 2})
+  ckpt.save(run, {model = m2, step = 16, keep = 1})
+  T.eq(ckpt.list(run), {root .. "/step-000016"})
+  T.eq(bytes_of(ckpt.from_pretrained(root .. "/step-000016")), bytes_of(m2))
+  T.ok(bytes_of(m2)["lm_head.weight"] ~= bytes_of(m)["lm_head.weight"], "m2 differs from m")
+  local names = {}
+  for n in lfs.dir(root) do if n ~= "." and n ~= ".." then names[#names + 1] = n end end
+  T.eq(names, {"step-000016"})
+  T.raises(function() ckpt.save(run, {model = m, step = "7"}) end, "checkpoint.save: step must be an integer >= 0")
+  T.raises(function() ckpt.save(run, {model = m, step = 7, keep = 1.5}) end, "checkpoint.save: keep must be an integer")
+end)
+
+local function ls(dir)
+  local names = {}
+  for n in lfs.dir(dir) do if n ~= "." and n ~= ".." then names[#names + 1] = n end end
+  table.sort(names)
+  return names
+end
+
+local function sh(cmd) assert(os.execute(cmd), cmd) end
+
+T.case("a crash's leftovers: list() sees the effective checkpoints, recover() settles them", function()
+  local m = llama.Llama(tiny(), {seed = 1})
+  local run = fresh("leftovers")
+  local root = run .. "/checkpoints"
+  for s = 2, 8, 2 do ckpt.save(run, {model = m, step = s, keep = 0}) end
+  local full = ls(root .. "/step-000008")
+  -- step 2: a removal cut short (trainer.json goes first)
+  os.remove(root .. "/step-000002/trainer.json")
+  os.remove(root .. "/step-000002/config.json")
+  -- step 4: a replacement cut between its renames: step-4.old and a complete step-4.partial
+  sh(string.format("mv %s/step-000004 %s/step-000004.old && cp -r %s/step-000004.old %s/step-000004.partial",
+    root, root, root, root))
+  -- step 6: replaced, the removal of its .old cut short
+  sh(string.format("cp -r %s/step-000006 %s/step-000006.old && rm %s/step-000006.old/trainer.json", root, root, root))
+  -- step 8: a complete .old beside it, and step 10: only a complete .partial (never committed)
+  sh(string.format("cp -r %s/step-000008 %s/step-000008.old && cp -r %s/step-000008 %s/step-000010.partial",
+    root, root, root, root))
+  T.eq(ckpt.list(run), {root .. "/step-000004.old", root .. "/step-000006", root .. "/step-000008"})
+  T.eq(ckpt.latest(run), root .. "/step-000008")
+  T.eq(#ls(root), 8, "list() changed nothing")
+  ckpt.recover(run)
+  T.eq(ls(root), {"step-000004", "step-000006", "step-000008"})
+  T.eq(ckpt.list(run), {root .. "/step-000004", root .. "/step-000006", root .. "/step-000008"})
+  for _, s in ipairs({4, 6, 8}) do T.eq(ls(string.format("%s/step-%06d", root, s)), full, "step " .. s) end
+  ckpt.recover(run)
+  T.eq(ls(root), {"step-000004", "step-000006", "step-000008"}, "recover() again: nothing to do")
+end)
+
+-- ---- corrupt checkpoints -------------------------------------------------------------------------
+
+local function edit_json(path, fn)
+  local t = read_json(path)
+  fn(t)
+  local f = assert(io.open(path, "wb"))
+  f:write(require("nvlua.config").encode(t))
+  f:close()
+end
+
+local function write_file(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+local function file_text(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function size(path) return lfs.attributes(path, "size") end
+
+-- {name, edit(dir), the expected message after "checkpoint <dir>/"}; edit may return other load
+-- options (a model, a recipe, max_bad_steps)
+local CORRUPT = {
+  {"no trainer.json", function(d) os.remove(d .. "/trainer.json") end,
+    "trainer.json: missing: not a complete checkpoint"},
+  {"empty trainer.json", function(d) write_file(d .. "/trainer.json", "") end, "trainer.json: empty (0 bytes)"},
+  {"truncated trainer.json", function(d)
+    local s = file_text(d .. "/trainer.json")
+    write_file(d .. "/trainer.json", s:sub(1, #s // 2))
+  end, "trainer.json: not valid JSON (truncated or overwritten?)"},
+  {"garbage trainer.json", function(d) write_file(d .. "/trainer.json", "\0\1\2garbage") end,
+    "trainer.json: not valid JSON"},
+  {"trainer.json an array", function(d) write_file(d .. "/trainer.json", "[1, 2]") end,
+    "trainer.json: expected a JSON object, got a JSON array"},
+  {"step text", function(d) edit_json(d .. "/trainer.json", function(t) t.step = "abc" end) end,
+    'trainer.json: field step must be an integer >= 0, got "abc"'},
+  {"step negative", function(d) edit_json(d .. "/trainer.json", function(t) t.step = -1 end) end,
+    "trainer.json: field step must be an integer >= 0, got -1"},
+  {"step fractional", function(d) edit_json(d .. "/trainer.json", function(t) t.step = 2.5 end) end,
+    "trainer.json: field step must be an integer >= 0, got 2.5"},
+  {"no optimizer_step", function(d) edit_json(d .. "/trainer.json", function(t) t.optimizer_step = nil end) end,
+    "trainer.json: field optimizer_step is missing"},
+  {"loader not an object", function(d) edit_json(d .. "/trainer.json", function(t) t.loader = 5 end) end,
+    "trainer.json: field loader must be an object {cursor, seed}, got 5"},
+  {"loader cursor text", function(d) edit_json(d .. "/trainer.json", function(t) t.loader.cursor = "x" end) end,
+    'trainer.json: field loader.cursor must be an integer >= 0, got "x"'},
+  {"recipe seed a table", function(d) edit_json(d .. "/trainer.json", function(t) t.recipe.seed = {1} end) end,
+    "trainer.json: field recipe.seed must be an integer (JSON number or decimal text), got a JSON array"},
+  {"recipe history", function(d)
+    edit_json(d .. "/trainer.json", function(t)
+      t.recipe.histories = {h = {len = 4, count = 9, pos = 0, values = {1}}}
+    end)
+  end, "trainer.json: field recipe.histories.h: count 9, len 4 and 1 values do not fit together"},
+  {"generator offset", function(d)
+    edit_json(d .. "/trainer.json", function(t) t.default_generator.offset = "-3" end)
+  end, 'trainer.json: field default_generator.offset must be an integer >= 0, got "-3"'},
+  {"counter text", function(d) edit_json(d .. "/trainer.json", function(t) t.bad_steps_in_row = "two" end) end,
+    'trainer.json: field bad_steps_in_row must be an integer >= 0, got "two"'},
+  {"no model.safetensors", function(d) os.remove(d .. "/model.safetensors") end,
+    "model.safetensors: missing (a checkpoint has config.json, model.safetensors, trainer.safetensors and " ..
+    "trainer.json)"},
+  {"empty model.safetensors", function(d) write_file(d .. "/model.safetensors", "") end,
+    "model.safetensors: empty (0 bytes)"},
+  {"truncated model.safetensors", function(d)
+    local s = file_text(d .. "/model.safetensors")
+    write_file(d .. "/model.safetensors", s:sub(1, 1000))
+  end, "model.safetensors: 1000 bytes, but trainer.json recorded"},
+  {"garbage model.safetensors", function(d)
+    write_file(d .. "/model.safetensors", string.rep("\255", size(d .. "/model.safetensors")))
+  end, "model.safetensors: unreadable: "},
+  {"garbage trainer.safetensors", function(d)
+    write_file(d .. "/trainer.safetensors", string.rep("x", size(d .. "/trainer.safetensors")))
+  end, "trainer.safetensors: unreadable: "},
+  {"no trainer.safetensors", function(d) os.remove(d .. "/trainer.safetensors") end, "trainer.safetensors: missing"},
+  {"garbage config.json", function(d) write_file(d .. "/config.json", string.rep("{", size(d .. "/config.json"))) end,
+    "config.json: not valid JSON"},
+  {"replaced config.json", function(d) write_file(d .. "/config.json", "{}") end,
+    "config.json: 2 bytes, but trainer.json recorded"},
+  {"no config.json", function(d) os.remove(d .. "/config.json") end, "config.json: missing"},
+  {"another model", function() return {model = llama.Llama(tiny({hidden_size = 48}), {seed = 1})} end,
+    "config.json: model shape mismatch: the checkpoint is of another model: hidden_size = 32 (this model: 48)"},
+  {"another recipe", function() return {recipe = recipe.bf16()} end,
+    "trainer.json: written under recipe nvfp4, but this run's recipe is bf16 (resume with recipe=nvfp4)"},
+  {"non-finite weights", function(d)
+    local t = st.load(d .. "/model.safetensors")
+    t["model.norm.weight"]:set(3, 0 / 0)
+    assert(st.save(d .. "/model.safetensors", t, {}))
+  end, "model.safetensors: the run had diverged: tensor model.norm.weight holds non-finite values"},
+  {"a diverged streak", function(d)
+    edit_json(d .. "/trainer.json", function(t) t.bad_steps_in_row = 6 end)
+    return {max_bad_steps = 5}
+  end, "trainer.json: the run had diverged: this checkpoint was written after 6 consecutive skipped steps " ..
+    "(non-finite loss or gradient), more than max_bad_steps=5"},
+  {"an unexpected moment", function(d)
+    local t = st.load(d .. "/trainer.safetensors")
+    t["w.extra"] = nv.zeros(2)
+    assert(st.save(d .. "/trainer.safetensors", t, {}))
+    edit_json(d .. "/trainer.json", function(tr)
+      tr.files["trainer.safetensors"] = size(d .. "/trainer.safetensors")
+    end)
+  end, 'trainer.safetensors: unexpected tensor "w.extra" (expected m.<name> and v.<name>)'},
+}
+
+T.case("a corrupt checkpoint fails to load naming the file and the problem, and changes nothing", function()
+  local a = setup(11, recipe.nvfp4({seed = 3}))
+  for i = 1, 2 do step(a, i) end
+  local run = fresh("corrupt")
+  local good = ckpt.save(run, {model = a.model, optimizer = a.optimizer, recipe = a.recipe, loader = a.loader,
+    step = 2})
+  local b = setup(22, recipe.nvfp4({seed = 5}))
+  local before, rs = bytes_of(b.model), b.recipe:state()
+  for i, c in ipairs(CORRUPT) do
+    local dir = string.format("%s/case-%02d", run, i)
+    sh(string.format("cp -r '%s' '%s'", good, dir))
+    local o = c[2](dir) or {}
+    local ok, err = pcall(ckpt.load, dir, {model = o.model or b.model, optimizer = b.optimizer,
+      recipe = o.recipe or b.recipe, loader = b.loader, max_bad_steps = o.max_bad_steps})
+    T.eq(ok, false, c[1] .. ": loads")
+    local want = "checkpoint " .. dir .. "/" .. c[3]
+    T.ok(tostring(err):sub(1, #want) == want, c[1] .. ":\n  expected " .. want .. "\n  got      " .. tostring(err))
+    T.ok(not tostring(err):find("attempt to", 1, true) and not tostring(err):find("bad argument", 1, true), c[1])
+  end
+  T.eq(bytes_of(b.model), before, "the model is as it was")
+  T.eq(b.optimizer.t, 0, "the optimizer too")
+  T.eq(b.recipe:state(), rs, "and the recipe")
+  T.eq(b.loader.cursor, 0, "and the loader")
+  -- the checkpoint itself loads; so does one without the bookkeeping fields (seq, files, counters)
+  local tr = ckpt.load(good, b)
+  T.eq({tr.step, tr.seq, tr.bad_steps_in_row, tr.skipped_steps}, {2, 1, 0, 0})
+  T.eq(bytes_of(b.model), bytes_of(a.model))
+  local legacy = run .. "/legacy"
+  sh(string.format("cp -r '%s' '%s'", good, legacy))
+  edit_json(legacy .. "/trainer.json", function(t)
+    t.seq, t.files, t.bad_steps_in_row, t.skipped_steps = nil, nil, nil, nil
+  end)
+  local c = setup(33, recipe.nvfp4({seed = 5}))
+  tr = ckpt.load(legacy, c)
+  T.eq({tr.step, tr.bad_steps_in_row, tr.skipped_steps}, {2, 0, 0})
+  T.eq(bytes_of(c.model), bytes_of(a.model))
+  local la, lc = step(a, 3), step(c, 3)
+  T.eq(string.pack("<d", lc), string.pack("<d", la), "and training goes on identically")
 end)
 
 -- ---- the Hugging Face layout -------------------------------------------------------------------

@@ -12,8 +12,10 @@
 -- metrics.jsonl (one JSON object per step and per eval), eval every `eval_every` steps on the
 -- validation split, checkpoints every `ckpt_every` steps and at the end, a text sample and a
 -- loss-curve PNG at the end. A non-finite loss or gradient norm skips the step (counted and
--- logged); more than `max_bad_steps` in a row stop the run. Ctrl-C finishes the current step,
--- writes a checkpoint and returns.
+-- logged); more than `max_bad_steps` in a row stop the run with an error (the count is saved in
+-- each checkpoint and restored on resume). Ctrl-C finishes the current step, writes a checkpoint
+-- and returns. resume=auto continues from the checkpoint written last; an out= that holds a run is
+-- never started over (resume=none refuses it).
 --
 -- Data parallelism (dist=true, under `mpirun -np N` or srun; README "Data parallel"): each rank
 -- reads its own windows of every global batch (the loader's rank/world), the gradient buffer is
@@ -26,6 +28,7 @@
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local cjson = require "cjson"
+local lfs = require "lfs"
 local nn = require "nvlua.nn"
 local llama = require "nvlua.llama"
 local optim = require "nvlua.optim"
@@ -362,9 +365,11 @@ local SILENT = {write = function() end, flush = function() end, close = function
 
 -- A checkpoint at step: gathered state on every rank (ZeRO-1's moments: a collective), written by
 -- rank 0; the others wait until it is complete. -> its directory. Its scope frees the gathered
--- moments (full-size copies) once written.
+-- moments (full-size copies) once written. It records the skipped-step counters; pruning never
+-- removes the checkpoint this run resumed from, nor the newest one written outside a streak of
+-- skipped steps (nvlua.checkpoint).
 local function save_checkpoint(r, step)
-  return nv.scope(function()
+  local path = nv.scope(function()
     local opt = r.opt
     local optv = opt
     if opt.sharded then
@@ -374,42 +379,112 @@ local function save_checkpoint(r, step)
     local path = string.format("%s/checkpoints/step-%06d", r.run_dir, step)
     if r.main then
       path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
-        config = r.c, keep = r.c.keep})
+        config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = r.bad_in_row, skipped = r.skipped})
     end
     if r.world > 1 then r.dist.barrier() end
     return path
   end)
+  r.last_ckpt = {step = step, dir = path}
+  return path
 end
 
--- resume=<dir>|auto: load that checkpoint into the parts. -> the step it was taken at (0: none)
-local function resume(r)
-  local c, dist = r.c, r.dist
-  if c.resume == "none" then return 0 end
-  local dir = c.resume
-  if dir == "auto" then
-    dir = ckpt.latest(r.run_dir)
-    if r.world > 1 then -- every rank resumes from the checkpoint rank 0 found
-      local t = nv.tensor({dir and math.tointeger(tonumber(dir:match("step%-(%d+)$"))) or -1}, "i64")
-      dist.broadcast(t, 0)
-      local s = t:get(1)
-      dir = s >= 0 and string.format("%s/checkpoints/step-%06d", r.run_dir, s) or nil
+-- What out= holds of an earlier run (records in metrics.jsonl, checkpoints), as a phrase, or nil.
+local function held_run(run_dir)
+  local n, last = 0, nil
+  local f = io.open(run_dir .. "/metrics.jsonl", "r")
+  if f then
+    for line in f:lines() do
+      if line:match("%S") then
+        n = n + 1
+        local ok, rec = pcall(cjson.decode, line)
+        if ok and type(rec) == "table" and type(rec.step) == "number" then last = rec.step end
+      end
     end
-  else
-    local probe = io.open(dir .. "/trainer.json", "r")
-    if not probe then error("config: resume=" .. dir .. " is not a checkpoint directory (no trainer.json in it)", 0) end
-    probe:close()
+    f:close()
   end
-  if not dir then
-    r.out:write("resume=auto: no checkpoint in " .. r.run_dir .. "/checkpoints, starting fresh\n")
-    return 0
+  local parts = {}
+  if n > 0 then
+    parts[1] = string.format("metrics.jsonl with %d records%s", n, last and string.format(" up to step %d", last) or "")
   end
-  local tr = ckpt.load(dir, {model = r.model, optimizer = r.opt, recipe = r.rec, loader = r.loader})
+  local latest = ckpt.latest(run_dir)
+  if latest then parts[#parts + 1] = "the checkpoint " .. latest end
+  return #parts > 0 and table.concat(parts, " and ") or nil
+end
+
+-- Rank 0's choice of the checkpoint to resume from (nil: start fresh). An existing run is never
+-- started over: resume=none refuses an out= that holds one, and so does resume=auto when it finds
+-- no complete checkpoint there (after ckpt.recover has settled what a crash left).
+local function pick_checkpoint(r)
+  local c = r.c
+  if c.resume == "none" then
+    local held = held_run(r.run_dir)
+    if held then
+      error(string.format("resume=none: out=%s already holds a run (%s); resume=auto continues it; to start over, " ..
+        "remove that directory or choose another out=", r.run_dir, held), 0)
+    end
+    return nil
+  end
+  if c.resume ~= "auto" then return c.resume end
+  ckpt.recover(r.run_dir)
+  local dir = ckpt.latest(r.run_dir)
+  if dir then return dir end
+  local held = held_run(r.run_dir)
+  if held then
+    error(string.format("resume=auto: no complete checkpoint in %s/checkpoints, but out=%s holds a run (%s); " ..
+      "refusing to start it over: resume=<checkpoint dir> picks one, or remove the directory to start fresh",
+      r.run_dir, r.run_dir, held), 0)
+  end
+  r.out:write("resume=auto: no checkpoint in " .. r.run_dir .. "/checkpoints, starting fresh\n")
+  return nil
+end
+
+-- Is dir this run's own checkpoint of step (the same directory, however named)?
+local function own_checkpoint(r, dir, step)
+  local a = lfs.attributes(dir)
+  local b = lfs.attributes(string.format("%s/checkpoints/step-%06d", r.run_dir, step))
+  return a and b and a.dev == b.dev and a.ino == b.ino
+end
+
+-- resume=<dir>|auto|none: load that checkpoint into the parts, with the skipped-step counters
+-- (ckpt.load refuses a checkpoint taken after more than max_bad_steps skipped steps in a row).
+-- Rank 0 picks; the others follow its choice (its step; -1: none, -2: it failed, -3: the dir given).
+-- -> the step it was taken at (0: none)
+local function resume(r)
+  local c = r.c
+  local explicit = c.resume ~= "none" and c.resume ~= "auto"
+  if explicit and not lfs.attributes(c.resume .. "/trainer.json") then
+    error("config: resume=" .. c.resume .. " is not a checkpoint directory (no trainer.json in it)", 0)
+  end
+  local dir, err
+  if r.main then
+    local ok, d = pcall(pick_checkpoint, r)
+    if ok then dir = d else err = d end
+  end
+  if r.world > 1 then
+    local code = err and -2 or not dir and -1 or explicit and -3 or math.tointeger(tonumber(dir:match("step%-(%d+)$")))
+    local t = nv.tensor({code}, "i64")
+    r.dist.broadcast(t, 0)
+    code = t:get(1)
+    if code == -2 and not r.main then error("resume: rank 0 could not resume (its message says why)", 0) end
+    if not r.main then
+      dir = code == -3 and c.resume or code >= 0 and string.format("%s/checkpoints/step-%06d", r.run_dir, code) or nil
+    end
+  end
+  if err then error(err, 0) end
+  if not dir then return 0 end
+  local tr = ckpt.load(dir, {model = r.model, optimizer = r.opt, recipe = r.rec, loader = r.loader,
+    max_bad_steps = c.max_bad_steps})
+  r.bad_in_row, r.skipped = tr.bad_steps_in_row, tr.skipped_steps
+  r.resumed_from = dir
+  if own_checkpoint(r, dir, tr.step) then r.last_ckpt = {step = tr.step, dir = dir} end
   r.out:write(string.format("resumed from %s at step %d\n", dir, tr.step))
   return tr.step
 end
 
 -- metrics.jsonl, opened for writing on rank 0 (SILENT elsewhere). After a resume at start_step it
--- first drops what a run that died after its last checkpoint logged past it: those steps run again.
+-- first drops what a run that died after its last checkpoint logged past it: those steps run again
+-- (the file is replaced atomically). A fresh start never truncates an earlier run's records
+-- (pick_checkpoint refuses that).
 local function open_metrics(r, start_step)
   if not r.main then return SILENT end
   local mpath = r.run_dir .. "/metrics.jsonl"
@@ -437,13 +512,14 @@ local function start_run(c, p)
     model = p.model, opt = p.optimizer, rec = p.recipe, loader = p.loader, ds = p.dataset, run_dir = c.out}
   r.out = (c.quiet or not r.main) and SILENT or io.stdout
   r.params = r.model:named_parameters()
+  r.bad_in_row, r.skipped, r.interrupted = 0, 0, false
+  r.start_step = resume(r) -- first: it refuses to start an existing run over (and may restore the counters)
   if r.main then
     data.mkdir_p(c.out)
     local f = assert(io.open(r.run_dir .. "/config.json", "w"))
     f:write(config.json(c))
     f:close()
   end
-  r.start_step = resume(r)
   r.mf = open_metrics(r, r.start_step)
 
   local out, model, world = r.out, r.model, r.world
@@ -464,7 +540,6 @@ local function start_run(c, p)
   r.signal_ok, r.signal = pcall(require, "nvlua.signal")
   if r.signal_ok then r.signal.defer(true) end
   r.tty = core.isatty(1) and not c.quiet
-  r.bad_in_row, r.skipped, r.interrupted = 0, 0, false
   r.losses, r.val_points = {}, {}
   r.t_run, r.tok_run = 0, 0
   r.step = r.start_step
@@ -605,7 +680,12 @@ local function finish_run(r, ok, err)
   local summary = {steps = r.step, skipped = r.skipped, run_dir = r.run_dir, interrupted = r.interrupted,
     losses = r.losses, val = r.val_points, tokens_per_s = r.t_run > 0 and r.tok_run / r.t_run or 0,
     last_loss = r.last_loss}
-  if c.save or r.interrupted then summary.checkpoint = save_checkpoint(r, r.step) end
+  if c.save or r.interrupted then
+    -- a checkpoint of this step already written (a periodic one before a Ctrl-C) or resumed from
+    -- (a finished run resumed) holds this very state: it is not written again
+    local last = r.last_ckpt
+    summary.checkpoint = last and last.step == r.step and last.dir or save_checkpoint(r, r.step)
+  end
   if r.interrupted then
     r.out:write(string.format("\ninterrupted at step %d: checkpoint saved in %s (resume with resume=auto)\n", r.step,
       summary.checkpoint))
