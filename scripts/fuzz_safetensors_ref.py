@@ -306,11 +306,12 @@ def nvlua_difference(b):
         shape = e["shape"]
         if len(shape) > 8:
             return "shape_limit"
-        p = 1
+        p = 1  # nvlua's size rule: the dims, a 0 counted as 1, multiply to at most (2^63 - 1) // 16
         for d in shape:
-            if d > 2 ** 53 or (d > 0 and p > (2 ** 63 - 1) // 16 // d):
+            d1 = d if d > 0 else 1
+            if d > 2 ** 53 or p > (2 ** 63 - 1) // 16 // d1:
                 return "shape_limit"
-            p *= d
+            p *= d1
     return None
 
 

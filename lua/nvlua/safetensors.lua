@@ -22,7 +22,8 @@
 -- leading and trailing tabs/newlines), no key may repeat in any object (the reference keeps the
 -- last of two same-named tensors or metadata keys), and a tensor entry must be an object (serde
 -- also takes [dtype, shape, offsets]). nvlua also refuses what its tensors cannot hold: the
--- format's other dtypes, more than 8 dims, and (in an empty tensor) dims above 2^53.
+-- format's other dtypes, more than 8 dims, and (in an empty tensor) dims above 2^53 or dims whose
+-- product, a 0 counted as 1, passes 2^59.
 -- scripts/fuzz_safetensors_ref.py measures the agreement with the reference on mutated files.
 -- Malformed files raise "safetensors: <path>: <problem>"; a file that cannot be opened or read
 -- returns nil, msg.
@@ -510,9 +511,10 @@ local function dims_text(sh)
   return table.concat(sh, ",", 1, 16) .. string.format(",... (%d dims)", #sh)
 end
 
--- What nvlua tensors can hold beyond the format's own rules (core/tensor.c nvl_tensor_empty):
--- at most NVL_MAX_DIMS = 8 dims, each at most 2^53, and a running product of the dims that stays
--- below 2^63 / 16. Only an empty tensor (a zero dim) can pass the byte-size check and fail these.
+-- What nvlua tensors can hold beyond the format's own rules (core/tensor.c nvl_shape_numel):
+-- at most NVL_MAX_DIMS = 8 dims, each at most 2^53, whose product, a 0 counted as 1 (the strides
+-- of an empty tensor must fit too), is at most NVL_MAX_NUMEL = (2^63 - 1) // 16. Only an empty
+-- tensor (a zero dim) can pass the byte-size check and fail these.
 local MAX_DIMS, MAX_DIM = 8, 1 << 53
 
 local function check_nvlua_shape(path, name, sh)
@@ -522,11 +524,12 @@ local function check_nvlua_shape(path, name, sh)
   end
   local p = 1
   for i, k in ipairs(sh) do
-    if k > MAX_DIM or (k > 0 and p > math.maxinteger // 16 // k) then
-      bad(path, "tensor '%s': shape [%s] is too large for nvlua at dim %d (dims at most 2^53, their running product "
-        .. "at most 2^59)", name, dims_text(sh), i)
+    local k1 = k > 0 and k or 1
+    if k > MAX_DIM or p > math.maxinteger // 16 // k1 then
+      bad(path, "tensor '%s': shape [%s] is too large for nvlua at dim %d (dims at most 2^53, their product, a 0 "
+        .. "counted as 1, at most 2^59)", name, dims_text(sh), i)
     end
-    p = p * k
+    p = p * k1
   end
 end
 
