@@ -65,6 +65,19 @@ T.case("creation: sizes whose strides overflow (one of them 0) are too large", f
   T.eq(e:stride(), {1 << 40, 1 << 20, 1})
 end)
 
+T.case("creation from Lua numbers: a size no int64 holds is an error, never dropped from the shape", function()
+  T.raises(function() return nv.zeros(1e300) end, "zeros: size #1 must be an integer, got 1e+300")
+  T.raises(function() return nv.zeros(3, 2 ^ 63) end, "zeros: size #2 must be an integer, got 9.2233720368548e+18")
+  T.raises(function() return nv.ones(0 / 0) end, "ones: size #1 must be an integer")
+  T.raises(function() return nv.rand(2, -math.huge) end, "rand: size #2 must be an integer, got -inf")
+  T.eq(nv.zeros(2.0, 3):size(), {2, 3}, "an integral float is a size")
+  T.raises(function() return nv.arange(2 ^ 63) end, "arange: (9.2233720368548e+18 - 0) / 1 elements is too many")
+  T.raises(function() return nv.arange(0, 1 / 0) end, "arange: argument #2 must be finite")
+  T.raises(function() return nv.arange(0, 1, 0 / 0) end, "arange: argument #3 must be finite")
+  T.raises(function() return nv.arange(1 << 62) end, "is too large")
+  T.eq(nv.arange(0, 1, 0.25):totable(), {0, 0.25, 0.5, 0.75})
+end)
+
 T.case("a tensor larger than memory: cannot allocate N bytes", function()
   raises(function() return nv.zeros(1 << 48) end, "empty", "cannot allocate 1125899906842624 bytes",
     "[281474976710656] f32")

@@ -46,8 +46,12 @@ local function parse_create(fname, ...)
     for i = 1, n do
       local s = args[i]
       if math.type(s) ~= "integer" then
-        if type(s) == "number" and s == math.floor(s) then s = math.tointeger(s)
-        else error(string.format("%s: size #%d must be an integer, got %s", fname, i, type(s) == "number" and tostring(s) or type(s)), 3) end
+        local v = type(s) == "number" and math.tointeger(s) -- nil for fractions, NaN, inf and |s| >= 2^63
+        if not v then
+          error(string.format("%s: size #%d must be an integer, got %s", fname, i,
+            type(s) == "number" and tostring(s) or type(s)), 3)
+        end
+        s = v
       end
       shape[i] = s
     end
@@ -114,13 +118,19 @@ function nv.arange(a, b, c, d)
     if type(v) ~= "number" then error("arange: argument #" .. i .. " must be a number, got " .. type(v), 2) end
   end
   if step == 0 then error("arange: step must not be zero", 2) end
-  local n = math.max(0, math.ceil((stop - start) / step))
+  for i, v in ipairs({start, stop, step}) do
+    if v ~= v or v == math.huge or v == -math.huge then error("arange: argument #" .. i .. " must be finite", 2) end
+  end
+  local n = math.tointeger(math.max(0, math.ceil((stop - start) / step)))
+  if not n then
+    error(string.format("arange: (%s - %s) / %s elements is too many", tostring(stop), tostring(start), tostring(step)), 2)
+  end
   if not dtype then
     local ints = math.type(start) == "integer" and math.type(stop) == "integer" and math.type(step) == "integer"
     dtype = ints and "i64" or "f32"
   end
   if not DTYPES[dtype] then error("arange: invalid dtype '" .. dtype .. "'", 2) end
-  return core.arange_(core.empty({math.tointeger(n)}, dtype), start, step)
+  return core.arange_(core.empty({n}, dtype), start, step)
 end
 
 --- nv.rand / nv.randn(sizes... [, dtype|opts]): uniform [0,1) / standard normal, from Philox4x32-10
