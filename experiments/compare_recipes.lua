@@ -27,6 +27,7 @@ local c = config.parse(train.schema, arg, {
   out = "runs/compare_recipes", data = "kjv", layers = 4, hidden = 256, heads = 4, kv_heads = 2, ffn = 768,
   seq = 128, batch = 8, steps = 150, lr = 3e-3, min_lr = 3e-4, warmup = 15, schedule = "wsd", decay = 0.25,
   eval_every = 25, eval_batches = 4, log_every = 25, sample_tokens = 0, plot = false, save = false, quiet = true,
+  overwrite = true, -- a rerun redoes the sweep's runs
   only = config.str("", {doc = "comma-separated run names (empty: all)", check = function(v)
     for name in v:gmatch("[^,]+") do
       local known = false

@@ -33,6 +33,7 @@ local c = train.schema:extend({
   out = "runs/fp4_tokens", data = "kjv", layers = 4, hidden = 256, heads = 4, kv_heads = 2, ffn = 768,
   seq = 128, batch = 8, steps = 300, lr = 3e-3, min_lr = 3e-4, warmup = 15, schedule = "wsd", decay = 0.25,
   eval_every = 25, eval_batches = 8, log_every = 50, sample_tokens = 0, plot = false, save = false, quiet = true,
+  overwrite = true, -- a rerun redoes the sweep's runs
   seeds = config.int(3, {min = 1, doc = "seeds per run (1, 2, ...)"}),
   mults = config.str("1,1.25,1.5,1.75", {doc = "MXFP4's token multipliers", check = function(v)
     local _, err = parse_mults(v)

@@ -463,6 +463,25 @@ T.case("an existing run is never started over; a corrupt newest checkpoint raise
   T.eq(s.steps, 2)
 end)
 
+T.case("overwrite=true starts a run over: the earlier checkpoints and metrics are removed first", function()
+  local c = cfg("over", {"keep=2", "steps=4", "ckpt_every=2"})
+  run(c)
+  T.eq(ckpt.list(c.out), {ckpt_dir(c.out, 2), ckpt_dir(c.out, 4)})
+  T.raises(function() train.build(cfg("over", {"keep=2", "steps=2"})) end,
+    "resume=none: out=" .. c.out .. " already holds a run", "refused before anything is built")
+  T.raises(function() config.parse(train.schema, {"overwrite=true", "resume=auto"}) end,
+    "config: overwrite=true starts the run over; it does not go with resume=auto")
+  local s = run(cfg("over", {"keep=2", "steps=2", "overwrite=true"}))
+  T.eq(s.steps, 2)
+  T.eq(ckpt.list(c.out), {ckpt_dir(c.out, 2)}, "only the new run's checkpoint")
+  local steps = {}
+  for line in io.lines(c.out .. "/metrics.jsonl") do
+    local rec = cjson.decode(line)
+    if not rec.val_loss then steps[#steps + 1] = rec.step end
+  end
+  T.eq(steps, {1, 2}, "metrics.jsonl holds only the new run's steps")
+end)
+
 T.case("cleanup: the scratch directory is removed", function()
   ckpt.rm_rf(ROOT)
   T.eq(lfs.attributes(ROOT), nil)

@@ -169,6 +169,22 @@ local function remove_checkpoint(dir, what)
   if not ok then error("checkpoint: cannot remove the directory " .. dir .. ": " .. tostring(err), 0) end
 end
 
+--- ckpt.remove_all(run_dir): every checkpoint under run_dir/checkpoints removed, each one's marker
+-- first (a removal cut short leaves nothing that counts as complete), then the directory.
+function ckpt.remove_all(run_dir)
+  local root = run_dir .. "/checkpoints"
+  if not is_dir(root) then return end
+  local names = {}
+  for n in lfs.dir(root) do if n ~= "." and n ~= ".." then names[#names + 1] = n end end
+  table.sort(names)
+  for _, n in ipairs(names) do
+    local p = root .. "/" .. n
+    if is_dir(p) then remove_checkpoint(p, "overwrite") else rm_rf(p) end
+  end
+  local ok, err = lfs.rmdir(root)
+  if not ok then error("checkpoint: cannot remove the directory " .. root .. ": " .. tostring(err), 0) end
+end
+
 local function step_name(step) return string.format("step-%06d", step) end
 
 -- The step directories under root, by step: {[N] = {final =, partial =, old = paths}}, and the steps

@@ -76,6 +76,9 @@ local function relations(c)
   local hd = c.head_dim > 0 and c.head_dim or c.hidden // c.heads
   if hd % 2 ~= 0 then return string.format("the head dimension (%d) must be even for RoPE", hd) end
   if c.min_lr > c.lr then return string.format("min_lr (%g) must not exceed lr (%g)", c.min_lr, c.lr) end
+  if c.overwrite and c.resume ~= "none" then
+    return string.format("overwrite=true starts the run over; it does not go with resume=%s", c.resume)
+  end
   if c.device == "cuda" and c.shard_optimizer then
     return "shard_optimizer=true keeps its shards on the cpu; it does not run with device=cuda yet"
   end
@@ -110,6 +113,9 @@ train.schema = config.schema({
   ckpt_every = int(0, {min = 0}), keep = int(2, {min = 0}), sample_tokens = int(200, {min = 0}),
   temperature = num(0.8, {min = 0}), top_k = int(40, {min = 1}), max_bad_steps = int(5, {min = 0}),
   plot = bool(true), quiet = bool(false), save = bool(true),
+  -- resume=none on an out= that holds a run: refused, unless overwrite=true (its checkpoints and
+  -- metrics are removed first)
+  overwrite = bool(false),
   -- data parallelism (nvlua.dist): launch with mpirun / srun; shard_optimizer is ZeRO-1
   dist = bool(false), shard_optimizer = bool(false),
   -- where the model, its gradients and the optimizer state live: cpu | cuda
@@ -204,6 +210,7 @@ end
 -- value (train.recipe); either way, with more than one rank, it gets the data-parallel hooks.
 function train.build(c)
   train.check(c)
+  train.check_out(c)
   local dist, rank, world
   if c.dist or c.shard_optimizer then
     dist = require "nvlua.dist"
@@ -411,16 +418,32 @@ local function held_run(run_dir)
   return #parts > 0 and table.concat(parts, " and ") or nil
 end
 
+local function refuse_held(run_dir, held)
+  error(string.format("resume=none: out=%s already holds a run (%s); resume=auto continues it; to start over, " ..
+    "give overwrite=true (which removes it), remove that directory or choose another out=", run_dir, held), 0)
+end
+
+--- train.check_out(c): resume=none refuses an out= that holds a run, unless c.overwrite (train.build
+-- runs it before it builds anything).
+function train.check_out(c)
+  if c.resume ~= "none" or c.overwrite then return end
+  local held = held_run(c.out)
+  if held then refuse_held(c.out, held) end
+end
+
 -- Rank 0's choice of the checkpoint to resume from (nil: start fresh). An existing run is never
--- started over: resume=none refuses an out= that holds one, and so does resume=auto when it finds
--- no complete checkpoint there (after ckpt.recover has settled what a crash left).
+-- started over unasked: resume=none refuses an out= that holds one unless overwrite=true (then it is
+-- removed), and resume=auto refuses when it finds no complete checkpoint there (after ckpt.recover
+-- has settled what a crash left).
 local function pick_checkpoint(r)
   local c = r.c
   if c.resume == "none" then
     local held = held_run(r.run_dir)
-    if held then
-      error(string.format("resume=none: out=%s already holds a run (%s); resume=auto continues it; to start over, " ..
-        "remove that directory or choose another out=", r.run_dir, held), 0)
+    if held and not c.overwrite then refuse_held(r.run_dir, held) end
+    if held then -- overwrite=true: the earlier run's checkpoints and metrics go
+      ckpt.remove_all(r.run_dir)
+      os.remove(r.run_dir .. "/metrics.jsonl")
+      r.out:write(string.format("overwrite=true: removed the earlier run in %s (%s)\n", r.run_dir, held))
     end
     return nil
   end
@@ -484,7 +507,7 @@ end
 -- metrics.jsonl, opened for writing on rank 0 (SILENT elsewhere). After a resume at start_step it
 -- first drops what a run that died after its last checkpoint logged past it: those steps run again
 -- (the file is replaced atomically). A fresh start never truncates an earlier run's records
--- (pick_checkpoint refuses that).
+-- (pick_checkpoint refuses that, or removed them on overwrite=true).
 local function open_metrics(r, start_step)
   if not r.main then return SILENT end
   local mpath = r.run_dir .. "/metrics.jsonl"
