@@ -32,14 +32,7 @@ local ROOT = os.tmpname()
 os.remove(ROOT)
 assert(lfs.mkdir(ROOT))
 
--- the nvlua binary running this file, as an absolute path
-local NVLUA = "nvlua"
-do
-  local i = -1
-  while arg and arg[i - 1] do i = i - 1 end
-  NVLUA = arg and arg[i] or NVLUA
-  if NVLUA:sub(1, 1) ~= "/" and NVLUA:find("/", 1, true) then NVLUA = lfs.currentdir() .. "/" .. NVLUA end
-end
+local NVLUA = T.nvlua() -- the nvlua binary running this file
 
 local function write(path, text)
   local f = assert(io.open(path, "wb"))
@@ -114,9 +107,9 @@ end
 -- (137: killed by SIGKILL), the run directory
 local function child(name, extra, fault)
   local quoted = {}
-  for i, a in ipairs(args_of(name, extra)) do quoted[i] = "'" .. a .. "'" end
+  for i, a in ipairs(args_of(name, extra)) do quoted[i] = T.shq(a) end
   local cmd = string.format("env OMP_NUM_THREADS=1 %s timeout 60 %s %s %s 2>&1; echo \"exit=$?\"",
-    fault and ("NVLUA_FAULT=" .. fault) or "", NVLUA, SCRIPT, table.concat(quoted, " "))
+    fault and ("NVLUA_FAULT=" .. T.shq(fault)) or "", T.shq(NVLUA), T.shq(SCRIPT), table.concat(quoted, " "))
   local p = assert(io.popen(cmd))
   local out = p:read("a")
   p:close()
