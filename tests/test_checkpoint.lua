@@ -33,9 +33,7 @@ local lfs = require "lfs"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
 
-local ROOT = os.tmpname()
-os.remove(ROOT)
-assert(lfs.mkdir(ROOT))
+local ROOT = T.tmpdir()
 local n_dirs = 0
 local function fresh(name)
   n_dirs = n_dirs + 1
@@ -88,9 +86,7 @@ local function step(p, n)
 end
 
 local function read_json(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
+  local s = assert(T.read_file(path))
   return cjson.decode(s), s
 end
 
@@ -205,12 +201,12 @@ T.case("latest() ignores .partial, directories without trainer.json, other names
   -- has no trainer.json; other names are not checkpoints
   assert(lfs.mkdir(root .. "/step-000009.partial"))
   for _, f in ipairs({"trainer.json", "config.json", "model.safetensors"}) do
-    local h = assert(io.open(root .. "/step-000009.partial/" .. f, "w")); h:write("{}"); h:close()
+    T.write_file(root .. "/step-000009.partial/" .. f, "{}")
   end
   assert(lfs.mkdir(root .. "/step-000010"))
-  local h = assert(io.open(root .. "/step-000010/model.safetensors", "w")); h:write("x"); h:close()
+  T.write_file(root .. "/step-000010/model.safetensors", "x")
   assert(lfs.mkdir(root .. "/step-abc"))
-  h = assert(io.open(root .. "/notes.txt", "w")); h:write("x"); h:close()
+  T.write_file(root .. "/notes.txt", "x")
   T.eq(ckpt.latest(run), root .. "/step-000005")
   T.eq(ckpt.list(run), {root .. "/step-000005"})
   -- by number, not by name: step-1000000 is newer than step-999999
@@ -303,22 +299,7 @@ end)
 local function edit_json(path, fn)
   local t = read_json(path)
   fn(t)
-  local f = assert(io.open(path, "wb"))
-  f:write(require("nvlua.config").encode(t))
-  f:close()
-end
-
-local function write_file(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-local function file_text(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
+  T.write_file(path, require("nvlua.config").encode(t))
 end
 
 local function size(path) return lfs.attributes(path, "size") end
@@ -328,14 +309,14 @@ local function size(path) return lfs.attributes(path, "size") end
 local CORRUPT = {
   {"no trainer.json", function(d) os.remove(d .. "/trainer.json") end,
     "trainer.json: missing: not a complete checkpoint"},
-  {"empty trainer.json", function(d) write_file(d .. "/trainer.json", "") end, "trainer.json: empty (0 bytes)"},
+  {"empty trainer.json", function(d) T.write_file(d .. "/trainer.json", "") end, "trainer.json: empty (0 bytes)"},
   {"truncated trainer.json", function(d)
-    local s = file_text(d .. "/trainer.json")
-    write_file(d .. "/trainer.json", s:sub(1, #s // 2))
+    local s = assert(T.read_file(d .. "/trainer.json"))
+    T.write_file(d .. "/trainer.json", s:sub(1, #s // 2))
   end, "trainer.json: not valid JSON (truncated or overwritten?)"},
-  {"garbage trainer.json", function(d) write_file(d .. "/trainer.json", "\0\1\2garbage") end,
+  {"garbage trainer.json", function(d) T.write_file(d .. "/trainer.json", "\0\1\2garbage") end,
     "trainer.json: not valid JSON"},
-  {"trainer.json an array", function(d) write_file(d .. "/trainer.json", "[1, 2]") end,
+  {"trainer.json an array", function(d) T.write_file(d .. "/trainer.json", "[1, 2]") end,
     "trainer.json: expected a JSON object, got a JSON array"},
   {"step text", function(d) edit_json(d .. "/trainer.json", function(t) t.step = "abc" end) end,
     'trainer.json: field step must be an integer >= 0, got "abc"'},
@@ -364,22 +345,22 @@ local CORRUPT = {
   {"no model.safetensors", function(d) os.remove(d .. "/model.safetensors") end,
     "model.safetensors: missing (a checkpoint has config.json, model.safetensors, trainer.safetensors and " ..
     "trainer.json)"},
-  {"empty model.safetensors", function(d) write_file(d .. "/model.safetensors", "") end,
+  {"empty model.safetensors", function(d) T.write_file(d .. "/model.safetensors", "") end,
     "model.safetensors: empty (0 bytes)"},
   {"truncated model.safetensors", function(d)
-    local s = file_text(d .. "/model.safetensors")
-    write_file(d .. "/model.safetensors", s:sub(1, 1000))
+    local s = assert(T.read_file(d .. "/model.safetensors"))
+    T.write_file(d .. "/model.safetensors", s:sub(1, 1000))
   end, "model.safetensors: 1000 bytes, but trainer.json recorded"},
   {"garbage model.safetensors", function(d)
-    write_file(d .. "/model.safetensors", string.rep("\255", size(d .. "/model.safetensors")))
+    T.write_file(d .. "/model.safetensors", string.rep("\255", size(d .. "/model.safetensors")))
   end, "model.safetensors: unreadable: "},
   {"garbage trainer.safetensors", function(d)
-    write_file(d .. "/trainer.safetensors", string.rep("x", size(d .. "/trainer.safetensors")))
+    T.write_file(d .. "/trainer.safetensors", string.rep("x", size(d .. "/trainer.safetensors")))
   end, "trainer.safetensors: unreadable: "},
   {"no trainer.safetensors", function(d) os.remove(d .. "/trainer.safetensors") end, "trainer.safetensors: missing"},
-  {"garbage config.json", function(d) write_file(d .. "/config.json", string.rep("{", size(d .. "/config.json"))) end,
+  {"garbage config.json", function(d) T.write_file(d .. "/config.json", string.rep("{", size(d .. "/config.json"))) end,
     "config.json: not valid JSON"},
-  {"replaced config.json", function(d) write_file(d .. "/config.json", "{}") end,
+  {"replaced config.json", function(d) T.write_file(d .. "/config.json", "{}") end,
     "config.json: 2 bytes, but trainer.json recorded"},
   {"no config.json", function(d) os.remove(d .. "/config.json") end, "config.json: missing"},
   {"another model", function() return {model = llama.Llama(tiny({hidden_size = 48}), {seed = 1})} end,
@@ -537,9 +518,7 @@ T.case("a Hugging Face directory (the PyTorch golden model): from_pretrained giv
   c.torch_dtype = "float32"; c.transformers_version = meta.transformers_version; c.use_cache = true
   c.bos_token_id = 1; c.eos_token_id = 2; c.attention_bias = false; c.attention_dropout = 0.0; c.mlp_bias = false
   c.pretraining_tp = 1; c.rope_scaling = cjson.null; c.initializer_range = 0.02
-  local f = assert(io.open(dir .. "/config.json", "w"))
-  f:write(cjson.encode(c))
-  f:close()
+  T.write_file(dir .. "/config.json", cjson.encode(c))
   local params = {}
   for name, t in pairs(ref) do
     if name:match("^model%.") or name == "lm_head.weight" then params[name] = t end
@@ -556,16 +535,12 @@ T.case("a Hugging Face directory (the PyTorch golden model): from_pretrained giv
   logits:free()
   -- a config nvlua does not compute is refused, not loaded wrong
   c.hidden_act = "gelu"
-  f = assert(io.open(dir .. "/config.json", "w"))
-  f:write(cjson.encode(c))
-  f:close()
+  T.write_file(dir .. "/config.json", cjson.encode(c))
   T.raises(function() ckpt.from_pretrained(dir) end, "hidden_act = gelu is not supported")
   T.raises(function() ckpt.from_pretrained(ROOT .. "/nowhere") end, "from_pretrained")
   os.remove(dir .. "/model.safetensors")
   c.hidden_act = "silu"
-  f = assert(io.open(dir .. "/config.json", "w"))
-  f:write(cjson.encode(c))
-  f:close()
+  T.write_file(dir .. "/config.json", cjson.encode(c))
   T.raises(function() ckpt.from_pretrained(dir) end, "no model.safetensors in " .. dir)
 end)
 

@@ -9,16 +9,7 @@ local train = require "nvlua.train"
 local nn = require "nvlua.nn"
 local lfs = require "lfs"
 
-local ROOT = os.tmpname()
-os.remove(ROOT)
-assert(lfs.mkdir(ROOT))
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
-end
+local ROOT = T.tmpdir()
 
 -- A text corpus of n bytes (printable, deterministic).
 local function corpus(name, n)
@@ -27,7 +18,7 @@ local function corpus(name, n)
     s = (s * 1103515245 + 12345) % 2147483648
     parts[i] = string.char(97 + s % 26)
   end
-  return write(ROOT .. "/" .. name, table.concat(parts))
+  return T.write_file(ROOT .. "/" .. name, table.concat(parts))
 end
 
 local TINY = {"layers=1", "hidden=32", "heads=4", "kv_heads=2", "ffn=64", "seq=16", "batch=2", "steps=2",
@@ -172,14 +163,6 @@ T.case("the experiment scripts check their keys before doing anything", function
 end)
 
 T.case("cleanup: the scratch directory is removed", function()
-  local function rm(path)
-    if lfs.symlinkattributes(path, "mode") == "directory" then
-      for f in lfs.dir(path) do if f ~= "." and f ~= ".." then rm(path .. "/" .. f) end end
-      lfs.rmdir(path)
-    else
-      os.remove(path)
-    end
-  end
-  rm(ROOT)
+  T.rm_tree(ROOT)
   T.eq(lfs.attributes(ROOT), nil)
 end)

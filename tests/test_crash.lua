@@ -28,25 +28,9 @@ local ckpt = require "nvlua.checkpoint"
 local cjson = require "cjson"
 local lfs = require "lfs"
 
-local ROOT = os.tmpname()
-os.remove(ROOT)
-assert(lfs.mkdir(ROOT))
+local ROOT = T.tmpdir()
 
 local NVLUA = T.nvlua() -- the nvlua binary running this file
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
 
 -- a deterministic corpus: lines of words picked by an LCG
 local CORPUS = ROOT .. "/corpus.txt"
@@ -61,13 +45,13 @@ do
     end
     lines[i] = string.format("%d %s.", i, table.concat(w, " "))
   end
-  write(CORPUS, table.concat(lines, "\n") .. "\n")
+  T.write_file(CORPUS, table.concat(lines, "\n") .. "\n")
 end
 
 -- The child's training script: key=value config, plus nan_from=N (every step from N on has a
 -- NaN loss, so it is skipped). Prints the final loss with 17 significant digits.
 local SCRIPT = ROOT .. "/train.lua"
-write(SCRIPT, [=[
+T.write_file(SCRIPT, [=[
 local train = require "nvlua.train"
 local config = require "nvlua.config"
 local args, nan_from = {}, nil
@@ -161,7 +145,7 @@ local function reference()
   T.eq(#REF.metrics, 6)
   for _, step in ipairs({2, 4, 6}) do
     local d = ckpt_dir(dir, step)
-    REF[step] = {model = read(d .. "/model.safetensors"), moments = read(d .. "/trainer.safetensors")}
+    REF[step] = {model = T.read_file(d .. "/model.safetensors"), moments = T.read_file(d .. "/trainer.safetensors")}
     T.ok(REF[step].model and REF[step].moments, "reference checkpoint " .. step)
   end
   T.ok(REF[2].model ~= REF[4].model and REF[4].model ~= REF[6].model, "the checkpoints differ from step to step")
@@ -173,11 +157,12 @@ local function intact(dir, what)
   local step = step_of(dir)
   T.ok(REF[step], what .. ": a checkpoint of step " .. tostring(step) .. ": " .. dir)
   T.ok(ckpt.complete(dir), what .. ": complete: " .. dir)
-  T.ok(read(dir .. "/model.safetensors") == REF[step].model, what .. ": model.safetensors as in the reference: " .. dir)
-  T.ok(read(dir .. "/trainer.safetensors") == REF[step].moments, what .. ": trainer.safetensors: " .. dir)
-  local tr = cjson.decode(read(dir .. "/trainer.json"))
+  T.ok(T.read_file(dir .. "/model.safetensors") == REF[step].model,
+    what .. ": model.safetensors as in the reference: " .. dir)
+  T.ok(T.read_file(dir .. "/trainer.safetensors") == REF[step].moments, what .. ": trainer.safetensors: " .. dir)
+  local tr = cjson.decode(assert(T.read_file(dir .. "/trainer.json")))
   T.eq(math.tointeger(tr.step), step, what .. ": trainer.json's step")
-  T.ok(read(dir .. "/config.json"), what .. ": config.json")
+  T.ok(T.read_file(dir .. "/config.json"), what .. ": config.json")
 end
 
 -- After a kill: latest() is the checkpoint of step `latest`, the steps in `survive` are listed,
@@ -297,7 +282,7 @@ T.case("a diverged run exits non-zero; resume=auto keeps its skipped-step count;
     T.ok(out:find(stop, 1, true), out)
     -- step 4's checkpoint was written during the streak; step 2's, the newest healthy one, is kept
     T.eq(ckpt.list(dir), {ckpt_dir(dir, 2), ckpt_dir(dir, 4)})
-    local tr = cjson.decode(read(ckpt_dir(dir, 4) .. "/trainer.json"))
+    local tr = cjson.decode(assert(T.read_file(ckpt_dir(dir, 4) .. "/trainer.json")))
     T.eq({tr.bad_steps_in_row, tr.skipped_steps}, {2, 2})
     local before = metrics(dir)
     T.eq(#before, 6)
@@ -329,7 +314,7 @@ local function run(c, hook)
   return train.run(c, p), p
 end
 
-local function seq_of(dir) return math.tointeger(cjson.decode(read(dir .. "/trainer.json")).seq) end
+local function seq_of(dir) return math.tointeger(cjson.decode(assert(T.read_file(dir .. "/trainer.json"))).seq) end
 
 T.case("resume=auto of a finished run (keep=1) and Ctrl-C after a periodic checkpoint write nothing again", function()
   local c = cfg("finished", {"keep=1"})
@@ -337,14 +322,14 @@ T.case("resume=auto of a finished run (keep=1) and Ctrl-C after a periodic check
   local last = ckpt_dir(c.out, 6)
   T.eq(s.checkpoint, last)
   T.eq(ckpt.list(c.out), {last})
-  local ino, m = lfs.attributes(last, "ino"), read(c.out .. "/metrics.jsonl")
+  local ino, m = lfs.attributes(last, "ino"), T.read_file(c.out .. "/metrics.jsonl")
   for i = 1, 2 do
     local s2 = run(cfg("finished", {"keep=1", "resume=auto"}))
     T.eq(s2.steps, 6)
     T.eq(s2.checkpoint, last, "resume " .. i)
     T.eq(ckpt.list(c.out), {last}, "resume " .. i)
     T.eq(lfs.attributes(last, "ino"), ino, "resume " .. i .. ": the same directory, not rewritten")
-    T.eq(read(c.out .. "/metrics.jsonl"), m, "resume " .. i .. ": metrics.jsonl")
+    T.eq(T.read_file(c.out .. "/metrics.jsonl"), m, "resume " .. i .. ": metrics.jsonl")
   end
   local signal = require "nvlua.signal"
   local ci = cfg("ctrlc", {"keep=1"})
@@ -372,8 +357,8 @@ T.case("skipped steps: the newest healthy checkpoint survives a streak; the coun
     end
     p.schedule = function(step)
       seen[step] = ckpt.list(c.out)
-      if step == 5 then seen.tr4 = cjson.decode(read(ckpt_dir(c.out, 4) .. "/trainer.json")) end
-      if step == 7 then seen.tr6 = cjson.decode(read(ckpt_dir(c.out, 6) .. "/trainer.json")) end
+      if step == 5 then seen.tr4 = cjson.decode(assert(T.read_file(ckpt_dir(c.out, 4) .. "/trainer.json"))) end
+      if step == 7 then seen.tr6 = cjson.decode(assert(T.read_file(ckpt_dir(c.out, 6) .. "/trainer.json"))) end
       return base(step)
     end
   end)
@@ -435,12 +420,12 @@ end)
 T.case("an existing run is never started over; a corrupt newest checkpoint raises", function()
   local c = cfg("exists", {"keep=2", "steps=4"})
   run(c)
-  local m = read(c.out .. "/metrics.jsonl")
-  local cj = read(c.out .. "/config.json")
+  local m = T.read_file(c.out .. "/metrics.jsonl")
+  local cj = T.read_file(c.out .. "/config.json")
   T.raises(function() run(cfg("exists", {"keep=2", "steps=4"})) end,
     "resume=none: out=" .. c.out .. " already holds a run (metrics.jsonl with 4 records up to step 4 and the " ..
     "checkpoint " .. ckpt_dir(c.out, 4) .. "); resume=auto continues it")
-  T.eq(read(c.out .. "/config.json"), cj, "config.json untouched")
+  T.eq(T.read_file(c.out .. "/config.json"), cj, "config.json untouched")
   -- the newest checkpoint lost its model: resume=auto says so (it does not fall back, nor start over)
   os.remove(ckpt_dir(c.out, 4) .. "/model.safetensors")
   T.raises(function() run(cfg("exists", {"keep=2", "steps=6", "resume=auto"})) end,
@@ -450,7 +435,7 @@ T.case("an existing run is never started over; a corrupt newest checkpoint raise
   T.raises(function() run(cfg("exists", {"keep=2", "steps=6", "resume=auto"})) end,
     "resume=auto: no complete checkpoint in " .. c.out .. "/checkpoints, but out=" .. c.out ..
     " holds a run (metrics.jsonl with 4 records up to step 4)")
-  T.eq(read(c.out .. "/metrics.jsonl"), m, "metrics.jsonl untouched")
+  T.eq(T.read_file(c.out .. "/metrics.jsonl"), m, "metrics.jsonl untouched")
   -- a directory without a run: resume=auto starts fresh
   local s = run(cfg("fresh-auto", {"keep=2", "steps=2", "resume=auto"}))
   T.eq(s.steps, 2)

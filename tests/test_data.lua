@@ -16,33 +16,7 @@ local data = require "nvlua.data"
 local schedule = require "nvlua.schedule"
 local lfs = require "lfs"
 
-local ROOT = os.tmpname()
-os.remove(ROOT)
-assert(lfs.mkdir(ROOT))
-
-local function read_all(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_all(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-local function rm_rf(path)
-  local a = lfs.attributes(path)
-  if not a then return end
-  if a.mode == "directory" then
-    for n in lfs.dir(path) do if n ~= "." and n ~= ".." then rm_rf(path .. "/" .. n) end end
-    lfs.rmdir(path)
-  else
-    os.remove(path)
-  end
-end
+local ROOT = T.tmpdir()
 
 local function range(a, b)
   local t = {}
@@ -72,11 +46,12 @@ T.case("shards: the header byte for byte, u16 and u32 ids, read_tokens ranges", 
   local p16, p32 = ROOT .. "/a16.bin", ROOT .. "/a32.bin"
   local ids16 = {0, 1, 255, 256, 65535, 4660, 7}
   data.write_shard(p16, ids16, 2)
-  T.eq(read_all(p16), "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 2, 7) .. string.pack("<I2I2I2I2I2I2I2", table.unpack(ids16)))
+  T.eq(assert(T.read_file(p16)),
+    "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 2, 7) .. string.pack("<I2I2I2I2I2I2I2", table.unpack(ids16)))
   local ids32 = {0, 65536, 4294967295, 100000, 3}
   data.write_shard(p32, ids32, 4)
-  T.eq(#read_all(p32), 24 + 5 * 4)
-  T.eq(read_all(p32):sub(9, 24), string.pack("<I4I4I8", 1, 4, 5))
+  T.eq(#assert(T.read_file(p32)), 24 + 5 * 4)
+  T.eq(assert(T.read_file(p32)):sub(9, 24), string.pack("<I4I4I8", 1, 4, 5))
   local s16, s32 = data.open_shard(p16), data.open_shard(p32)
   T.eq({s16.width, s16.count, s16.path}, {2, 7, p16})
   T.eq({s32.width, s32.count}, {4, 5})
@@ -116,11 +91,11 @@ T.case("shards: malformed files raise a message naming the file", function()
   local good = "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 2, 3) .. string.pack("<I2I2I2", 1, 2, 3)
   local function bad(name, bytes, text)
     local p = ROOT .. "/" .. name .. ".bin"
-    write_all(p, bytes)
+    T.write_file(p, bytes)
     local err = T.raises(function() data.open_shard(p) end, text, name)
     T.ok(err:find("shard " .. p, 1, true), name .. ": the message names the file: " .. err)
   end
-  write_all(ROOT .. "/good.bin", good)
+  T.write_file(ROOT .. "/good.bin", good)
   T.eq(data.open_shard(ROOT .. "/good.bin").count, 3)
   bad("magic", "NVLTOX\0\0" .. good:sub(9), "not an NVLTOK shard")
   bad("short", good:sub(1, 20), "not an NVLTOK shard")
@@ -144,7 +119,7 @@ T.case("shards: malformed files raise a message naming the file", function()
   bad("version0", "NVLTOK\0\0" .. string.pack("<I4I4I8", 0, 2, 2) .. data4, "unsupported version 0 (expected 1)")
   bad("versionmax", "NVLTOK\0\0" .. string.pack("<I4I4I8", 0xffffffff, 2, 2) .. data4, "unsupported version 4294967295")
   -- the same bytes with the true count are a good shard
-  write_all(ROOT .. "/wrapgood.bin", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 4, 1) .. data4)
+  T.write_file(ROOT .. "/wrapgood.bin", "NVLTOK\0\0" .. string.pack("<I4I4I8", 1, 4, 1) .. data4)
   local s1 = data.open_shard(ROOT .. "/wrapgood.bin")
   T.eq(s1.count, 1)
   T.eq(data.read_tokens(s1, 0, 1):totable(), {2 * 65536 + 1})
@@ -161,7 +136,7 @@ T.case("shards: malformed files raise a message naming the file", function()
   local ds = data.shards(d, {vocab_size = 150})
   T.eq(#ds.train, 2); T.eq(#ds.val, 1); T.eq(ds.vocab_size, 150)
   T.eq(ds.train[2].path, d .. "/train_001.bin")
-  write_all(d .. "/train_002.bin", "junk")
+  T.write_file(d .. "/train_002.bin", "junk")
   T.raises(function() data.shards(d) end, d .. "/train_002.bin")
   T.raises(function() data.shards(ROOT .. "/nowhere") end, "shards: no such directory")
 end)
@@ -178,7 +153,7 @@ T.case("data.text: a directory is walked recursively in sorted order; 95/5 split
   end
   local files = {["c.txt"] = lines("c", 10), ["b/z.txt"] = lines("bz", 9), ["a/x/y.txt"] = lines("axy", 11),
     ["a/k.txt"] = lines("ak", 45), ["A.txt"] = lines("A", 8)}
-  for name, text in pairs(files) do write_all(d .. "/" .. name, text) end
+  for name, text in pairs(files) do T.write_file(d .. "/" .. name, text) end
   -- byte order: "A.txt" < "a" (dir: "k.txt" < "x" (dir: "y.txt")) < "b" (dir: "z.txt") < "c.txt"
   local order = {"A.txt", "a/k.txt", "a/x/y.txt", "b/z.txt", "c.txt"}
   local parts = {}
@@ -199,9 +174,9 @@ T.case("data.text: a directory is walked recursively in sorted order; 95/5 split
   -- an edit that keeps the length gets its own cache (the key hashes every byte)
   local edited = ROOT .. "/edited.txt"
   local long = text:rep(10) -- 20 KB
-  write_all(edited, long)
+  T.write_file(edited, long)
   local e1 = data.text(edited, {cache = ROOT .. "/cache"})
-  write_all(edited, long:sub(1, 1001) .. "#" .. long:sub(1003))
+  T.write_file(edited, long:sub(1, 1001) .. "#" .. long:sub(1003))
   local e2 = data.text(edited, {cache = ROOT .. "/cache"})
   T.ok(e1.train[1].path ~= e2.train[1].path, "another cache directory")
   T.eq(data.read_tokens(e2.train[1], 1001, 1):totable(), {35}, "the edited byte")
@@ -209,7 +184,7 @@ T.case("data.text: a directory is walked recursively in sorted order; 95/5 split
   local one = data.text(d .. "/a/k.txt", {cache = ROOT .. "/cache"})
   T.eq(one.train[1].count + one.val[1].count, #files["a/k.txt"])
   T.raises(function() data.text(ROOT .. "/nothing") end, "text: no such file or directory")
-  write_all(ROOT .. "/tiny.txt", "too short")
+  T.write_file(ROOT .. "/tiny.txt", "too short")
   T.raises(function() data.text(ROOT .. "/tiny.txt", {cache = ROOT .. "/cache"}) end, "need at least 1 KiB")
 end)
 
@@ -422,6 +397,6 @@ T.case("schedule.make: by name; unknown names and missing numbers raise", functi
 end)
 
 T.case("cleanup: the scratch directory is removed", function()
-  rm_rf(ROOT)
+  T.rm_tree(ROOT)
   T.eq(lfs.attributes(ROOT), nil)
 end)

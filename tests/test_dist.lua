@@ -42,9 +42,7 @@ local lfs = require "lfs"
 local st = require "nvlua.safetensors"
 local ckpt = require "nvlua.checkpoint"
 
-local ROOT = os.tmpname()
-os.remove(ROOT)
-assert(lfs.mkdir(ROOT))
+local ROOT = T.tmpdir()
 
 -- the nvlua binary running this file, as an absolute path
 local NVLUA = arg and arg[-1] or "nvlua"
@@ -65,12 +63,6 @@ end)()
 local function need_mpi()
   if not MPIRUN then T.skip("mpirun not found") end
   if not dist.info().mpi then T.skip("nvlua built without MPI") end
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
 end
 
 -- run a shell command; -> output (stdout and stderr), exit code, seconds
@@ -249,7 +241,7 @@ for _, b in ipairs(bad) do print("  " .. b) end
 T.case("collectives on 2 and 3 ranks equal a serial reference (every op, 5 dtypes, 3 shapes)", function()
   need_mpi()
   local script = ROOT .. "/coll.lua"
-  write(script, COLL)
+  T.write_file(script, COLL)
   for _, n in ipairs({2, 3}) do
     local out, code = mpirun(n, script)
     T.eq(code, 0, "mpirun -np " .. n .. " exit status; output:\n" .. out)
@@ -280,7 +272,7 @@ do
     end
     lines[i] = string.format("%d:%d %s.", i // 30 + 1, i % 30 + 1, table.concat(w, " "))
   end
-  write(CORPUS, table.concat(lines, "\n") .. "\n")
+  T.write_file(CORPUS, table.concat(lines, "\n") .. "\n")
 end
 
 -- the training script every rank runs: key=value config, plus the test's own keys:
@@ -339,7 +331,7 @@ local function train_args(name, extra)
 end
 
 local SCRIPT = ROOT .. "/train.lua"
-write(SCRIPT, TRAIN)
+T.write_file(SCRIPT, TRAIN)
 
 -- 2 ranks: the run must succeed and leave both ranks' weights identical
 local function run2(name, extra, env)
@@ -516,9 +508,7 @@ local function fault_case(fault, expect, env)
   T.eq(lfs.attributes(latest .. ".partial"), nil, fault .. ": no half-written checkpoint")
   local model = ckpt.from_pretrained(latest) -- config.json + model.safetensors load
   T.eq(model:num_parameters(), 34976)
-  local f = assert(io.open(latest .. "/trainer.json"))
-  local tr = cjson.decode(f:read("a"))
-  f:close()
+  local tr = cjson.decode(assert(T.read_file(latest .. "/trainer.json")))
   T.eq(math.tointeger(tr.step), 2)
   local n = 0
   for _ in pairs(st.load(latest .. "/trainer.safetensors")) do n = n + 1 end

@@ -34,22 +34,7 @@ local ONLY = tonumber(os.getenv("NVLUA_FUZZ_CASE") or "")
 local KEEP = os.getenv("NVLUA_FUZZ_KEEP")
 local LONG = os.getenv("NVLUA_FUZZ_CASES") ~= nil -- run by scripts/fuzz.sh: print summaries
 
-local scratch = os.tmpname()
-os.remove(scratch)
-assert(lfs.mkdir(scratch))
-
-local function read_all(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_all(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local scratch = T.tmpdir()
 
 local function say(fmt, ...) io.stderr:write(string.format(fmt, ...) .. "\n") end
 
@@ -94,7 +79,8 @@ local function failures()
     if #f.list < 8 then f.list[#f.list + 1] = string.format("%s: %s", label, what) end
     if KEEP then
       lfs.mkdir(KEEP)
-      write_all(string.format("%s/%s_seed_%d%s", KEEP, label:gsub(" ", "_"), SEED, path:match("%.%w+$") or ""), bytes)
+      local name = string.format("%s/%s_seed_%d%s", KEEP, label:gsub(" ", "_"), SEED, path:match("%.%w+$") or "")
+      T.write_file(name, bytes)
     end
   end
   function f.check(label)
@@ -117,7 +103,7 @@ local function st_seeds()
   local function saved(tensors, meta)
     local p = scratch .. "/seed.safetensors"
     assert(st.save(p, tensors, meta))
-    return read_all(p)
+    return assert(T.read_file(p))
   end
   local function t(dt, shape)
     local n = 1
@@ -326,7 +312,7 @@ end
 
 -- the verdict on file bytes b ("A" or "R") and what is wrong (nil if nothing)
 local function judge_st(b, path)
-  write_all(path, b)
+  T.write_file(path, b)
   local ok, tensors, meta = guarded(st.load, path)
   local hok, herr = guarded(st.read_header, path)
   local prefix = "safetensors: " .. path .. ": "
@@ -387,7 +373,7 @@ local function shard_seeds()
   local out = {}
   for _, w in ipairs({{{1, 2, 3, 65535, 0, 7, 300}, 2}, {{4294967295, 0, 5, 6, 70000}, 4}, {{}, 2}, {"abc", 2}}) do
     data.write_shard(p, w[1], w[2])
-    out[#out + 1] = read_all(p)
+    out[#out + 1] = assert(T.read_file(p))
   end
   return out
 end
@@ -432,7 +418,7 @@ local function mutate_shard(g, s)
 end
 
 local function judge_shard(b, path)
-  write_all(path, b)
+  T.write_file(path, b)
   local ok, s, msg = guarded(data.open_shard, path)
   local prefix = "shard " .. path .. ": "
   if not ok then
@@ -522,8 +508,5 @@ T.case("reference corpus: nvlua gives the verdict expected from the safetensors 
 end)
 
 T.case("cleanup", function()
-  for f in lfs.dir(scratch) do
-    if f ~= "." and f ~= ".." then os.remove(scratch .. "/" .. f) end
-  end
-  T.ok(lfs.rmdir(scratch))
+  T.ok(T.rm_tree(scratch))
 end)

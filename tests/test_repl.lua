@@ -16,32 +16,6 @@ local function need_nvlua()
   if not lfs.attributes(NVLUA, "mode") then T.skip("no nvlua binary at " .. NVLUA) end
 end
 
-local function write_file(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-  return path
-end
-
--- A fresh empty directory; removed with rm_tree.
-local function temp_dir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(lfs.mkdir(d))
-  return d
-end
-
-local function rm_tree(path)
-  if lfs.symlinkattributes(path, "mode") == "directory" then
-    for f in lfs.dir(path) do
-      if f ~= "." and f ~= ".." then rm_tree(path .. "/" .. f) end
-    end
-    lfs.rmdir(path)
-  else
-    os.remove(path)
-  end
-end
-
 local run = T.run_nvlua
 
 -- A REPL session: the statements in text are fed to nvlua through a pipe.
@@ -115,10 +89,10 @@ end)
 
 T.case("-i runs the REPL after the script", function()
   need_nvlua()
-  local dir = temp_dir()
-  local script = write_file(dir .. "/s.lua", "y = 10\n")
+  local dir = T.tmpdir()
+  local script = T.write_file(dir .. "/s.lua", "y = 10\n")
   local r = run("-i " .. shq(script), {stdin = "y * 2\n"})
-  rm_tree(dir)
+  T.rm_tree(dir)
   T.eq(r.out, "20\n")
   T.eq(r.err, "")
 end)
@@ -162,10 +136,10 @@ end)
 
 T.case("a script error exits 1 with a traceback", function()
   need_nvlua()
-  local dir = temp_dir()
-  local script = write_file(dir .. "/bad.lua", "local function g() error('kaboom') end\ng()\n")
+  local dir = T.tmpdir()
+  local script = T.write_file(dir .. "/bad.lua", "local function g() error('kaboom') end\ng()\n")
   local r = run(shq(script))
-  rm_tree(dir)
+  T.rm_tree(dir)
   T.eq(r.code, 1)
   T.eq(r.out, "")
   has(r.err, "nvlua: " .. script .. ":1: kaboom\nstack traceback:\n", "stderr")
@@ -186,8 +160,8 @@ end)
 
 T.case("arg holds the script, its arguments and, below 0, the interpreter and options", function()
   need_nvlua()
-  local dir = temp_dir()
-  local script = write_file(dir .. "/args.lua",
+  local dir = T.tmpdir()
+  local script = T.write_file(dir .. "/args.lua",
     "print(arg[0], #arg, arg[1], arg[2], arg[-1], arg[-2], arg[-3], select('#', ...), ...)\n")
   local r = run("-W " .. shq(script) .. " a 'b c'")
   T.eq(r.out, table.concat({script, "2", "a", "b c", "-W", NVLUA, "nil", "2", "a", "b c"}, "\t") .. "\n")
@@ -195,7 +169,7 @@ T.case("arg holds the script, its arguments and, below 0, the interpreter and op
   r = run("-- " .. shq(script) .. " -v")
   T.eq(r.out, table.concat({script, "1", "-v", "nil", "--", NVLUA, "nil", "1", "-v"}, "\t") .. "\n",
     "-- ends the options")
-  rm_tree(dir)
+  T.rm_tree(dir)
   -- No script: arg[0] is the interpreter and every option is positive (as lua.c does).
   r = run("-e 'print(#arg, arg[0], arg[1], arg[-1])'")
   T.eq(r.out, "2\t" .. NVLUA .. "\t-e\tnil\n")
@@ -248,10 +222,10 @@ T.case("LUA_INIT runs first; -E ignores it", function()
   T.eq(run("-e 'print(x_init)'", {env = {LUA_INIT = "x_init = 7"}}).out, "7\n")
   T.eq(run("-E -e 'print(x_init)'", {env = {LUA_INIT = "x_init = 7"}}).out, "nil\n")
   T.eq(run("-e 'print(x_init)'", {env = {LUA_INIT = "x_init = 7", LUA_INIT_5_4 = "x_init = 8"}}).out, "8\n")
-  local dir = temp_dir()
-  local init = write_file(dir .. "/init.lua", "x_init = 9\n")
+  local dir = T.tmpdir()
+  local init = T.write_file(dir .. "/init.lua", "x_init = 9\n")
   T.eq(run("-e 'print(x_init)'", {env = {LUA_INIT = "@" .. init}}).out, "9\n")
-  rm_tree(dir)
+  T.rm_tree(dir)
   local r = run("-e 'print(1)'", {env = {LUA_INIT = "error('in init')"}})
   T.eq(r.code, 1)
   T.eq(r.out, "")
@@ -274,10 +248,10 @@ end)
 
 T.case("NVLUA_PATH is prepended to package.path; -E ignores it", function()
   need_nvlua()
-  local dir = temp_dir()
-  write_file(dir .. "/nvl_repl_test_mod.lua", "return 'from NVLUA_PATH'\n")
+  local dir = T.tmpdir()
+  T.write_file(dir .. "/nvl_repl_test_mod.lua", "return 'from NVLUA_PATH'\n")
   assert(lfs.mkdir(dir .. "/nvlua"))
-  write_file(dir .. "/nvlua/init.lua", "return 'shadow'\n")
+  T.write_file(dir .. "/nvlua/init.lua", "return 'shadow'\n")
   local env = {NVLUA_PATH = dir .. "/?.lua;" .. dir .. "/?/init.lua"}
   local default = run("-e 'io.write(package.path)'").out
   local r = run("-e 'print((require \"nvl_repl_test_mod\"), (require \"nvlua\"))' -e 'io.write(package.path)'", {env = env})
@@ -289,17 +263,17 @@ T.case("NVLUA_PATH is prepended to package.path; -E ignores it", function()
   r = run("-E -e 'require \"nvl_repl_test_mod\"'", {env = env})
   T.eq(r.code, 1)
   has(r.err, "module 'nvl_repl_test_mod' not found", "stderr")
-  rm_tree(dir)
+  T.rm_tree(dir)
 end)
 
 T.case("the nvlua library is found from any directory", function()
   need_nvlua()
-  local dir = temp_dir()
+  local dir = T.tmpdir()
   local code = "-e 'local nv = require \"nvlua\"; print(type(nv), package.searchpath(\"nvlua\", package.path) ~= nil)'"
   T.eq(run(code, {cd = dir}).out, "table\ttrue\n")
   T.eq(run("-E " .. code, {cd = dir}).out, "table\ttrue\n", "-E")
   local r = repl("type(nv)\n", {cd = dir})
   T.eq(r.out, "table\n", "REPL")
   T.eq(r.err, "", "REPL stderr")
-  rm_tree(dir)
+  T.rm_tree(dir)
 end)

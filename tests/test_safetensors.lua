@@ -8,26 +8,11 @@ local cjson = require "cjson"
 local lfs = require "lfs"
 
 -- a scratch directory for this file's cases
-local scratch = os.tmpname()
-os.remove(scratch)
-assert(lfs.mkdir(scratch))
+local scratch = T.tmpdir()
 local n_files = 0
 local function tmpfile(name)
   n_files = n_files + 1
   return string.format("%s/%02d_%s.safetensors", scratch, n_files, name or "t")
-end
-
-local function read_all(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_all(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
 end
 
 local function exists(path) return lfs.attributes(path) ~= nil end
@@ -105,10 +90,10 @@ T.case("output is byte-identical to Hugging Face safetensors' writer", function(
     k = nv.tensor({7}, "i32"),
     u = nv.tensor({1, 2, 3}, "u8"),
   }))
-  T.eq(hex(read_all(path)), REFERENCE_HEX)
+  T.eq(hex(assert(T.read_file(path))), REFERENCE_HEX)
   -- and the reader takes the reference's own file
   local ref = tmpfile("reference_in")
-  write_all(ref, unhex(REFERENCE_HEX))
+  T.write_file(ref, unhex(REFERENCE_HEX))
   local t, meta = st.load(ref)
   T.eq(meta, {format = "pt"})
   T.eq(t.n:totable(), {-1}); T.eq(t.k:totable(), {7}); T.eq(t.u:totable(), {1, 2, 3}); T.eq(t.h:totable(), {1})
@@ -122,7 +107,7 @@ T.case("header: length field, space padding to 8 bytes, __metadata__ first, sort
     ["z.bf"] = nv.ones({3}, "bf16"), ["y.u8"] = nv.ones({5}, "u8"), ["m.i32"] = nv.ones({1}, "i32"),
   }
   assert(st.save(path, tensors, {config = '{"a": 1}', step = "7"}))
-  local s = read_all(path)
+  local s = assert(T.read_file(path))
   local n = string.unpack("<I8", s)
   T.eq(n % 8, 0, "header length is a multiple of 8")
   local text = s:sub(9, 8 + n)
@@ -199,14 +184,14 @@ end)
 T.case("a save that fails midway leaves the old file intact and no temp file", function()
   local path = tmpfile("midway")
   assert(st.save(path, {a = nv.ones(4), b = nv.ones(4)}, {step = "1"}))
-  local before = read_all(path)
+  local before = assert(T.read_file(path))
   local freed = nv.ones(1000)
   freed:free()
   -- "a" is written to the temp file first, then reading the freed "b" raises
   local err = T.raises(function() st.save(path, {a = nv.zeros(1000), b = freed}) end, "tensor 'b'")
   T.ok(err:find("^safetensors: " .. path:gsub("%p", "%%%0") .. ": save: "), err)
   T.ok(err:find("freed", 1, true), err)
-  T.eq(read_all(path) == before, true, "old file unchanged")
+  T.eq(assert(T.read_file(path)) == before, true, "old file unchanged")
   T.ok(not exists(path .. ".tmp"), "no temp file left")
   local t, meta = st.load(path)
   T.eq(t.a:totable(), {1, 1, 1, 1})
@@ -216,7 +201,7 @@ end)
 T.case("a failing fsync_hook fails the save with nil, msg and leaves the old file", function()
   local path = tmpfile("fsync")
   assert(st.save(path, {a = nv.ones(2)}))
-  local before = read_all(path)
+  local before = assert(T.read_file(path))
   local hook = st.fsync_hook
   st.fsync_hook = function(p, is_dir) if not is_dir then return nil, "fsync: " .. p .. ": Input/output error" end end
   local ok, r, msg = pcall(st.save, path, {a = nv.zeros(2)})
@@ -224,7 +209,7 @@ T.case("a failing fsync_hook fails the save with nil, msg and leaves the old fil
   assert(ok, r)
   T.eq(r, nil)
   T.ok(msg:find("cannot sync the temp file: fsync: ", 1, true), msg)
-  T.eq(read_all(path) == before, true, "old file unchanged")
+  T.eq(assert(T.read_file(path)) == before, true, "old file unchanged")
   T.ok(not exists(path .. ".tmp"), "no temp file left")
 end)
 
@@ -236,7 +221,7 @@ local function craft(header, data, opts)
   local text = type(header) == "string" and header or cjson.encode(header)
   text = text .. string.rep(" ", (8 - #text % 8) % 8)
   local path = tmpfile(opts.name or "bad")
-  write_all(path, string.pack("<I8", opts.n or #text) .. text .. (data or ""))
+  T.write_file(path, string.pack("<I8", opts.n or #text) .. text .. (data or ""))
   return path
 end
 
@@ -257,17 +242,17 @@ T.case("a well-formed crafted file is accepted (the baseline for the malformed c
 end)
 
 T.case("malformed: file shorter than 8 bytes", function()
-  local p = tmpfile("short"); write_all(p, "\3\0\0")
+  local p = tmpfile("short"); T.write_file(p, "\3\0\0")
   rejects(p, "truncated: the file has 3 bytes, fewer than the 8-byte header length")
-  local p0 = tmpfile("empty"); write_all(p0, "")
+  local p0 = tmpfile("empty"); T.write_file(p0, "")
   rejects(p0, "truncated: the file has 0 bytes")
 end)
 
 T.case("malformed: file cut inside the header", function()
   local good = tmpfile("cut_src")
   assert(st.save(good, {w = nv.ones(4)}))
-  local s = read_all(good)
-  local p = tmpfile("cut_header"); write_all(p, s:sub(1, 20))
+  local s = assert(T.read_file(good))
+  local p = tmpfile("cut_header"); T.write_file(p, s:sub(1, 20))
   rejects(p, "truncated: the header length is %d+ bytes but only 12 bytes follow")
 end)
 
@@ -280,8 +265,8 @@ end)
 T.case("malformed: file cut inside the data section", function()
   local good = tmpfile("cut_src2")
   assert(st.save(good, {w = nv.ones(4)}))
-  local s = read_all(good)
-  local p = tmpfile("cut_data"); write_all(p, s:sub(1, #s - 3))
+  local s = assert(T.read_file(good))
+  local p = tmpfile("cut_data"); T.write_file(p, s:sub(1, #s - 3))
   rejects(p, "tensor 'w': data_offsets [0, 16) are out of range: the data section has 13 bytes (file truncated?)")
 end)
 
@@ -293,7 +278,7 @@ T.case("malformed: header not valid JSON, not an object, NUL padding, duplicate 
   rejects(craft('{"a": 3}', ""), "tensor 'a': entry is not an object")
   local p = tmpfile("nul")
   local text = '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
-  write_all(p, string.pack("<I8", #text + 3) .. text .. "\0\0\0" .. "x")
+  T.write_file(p, string.pack("<I8", #text + 3) .. text .. "\0\0\0" .. "x")
   rejects(p, "header contains a NUL byte")
   rejects(craft('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}',
     "xy"), "duplicate key 'a' in the header")
@@ -471,7 +456,7 @@ T.case("strict header: strings: escapes, surrogates, control characters, UTF-8; 
   rejects(named("\237\160\128"), "header is not valid UTF-8") -- a surrogate encoded in UTF-8
   rejects(named("\192\129"), "header is not valid UTF-8") -- overlong
   local cut = tmpfile("cut")
-  write_all(cut, string.pack("<I8", 5) .. '{"a":')
+  T.write_file(cut, string.pack("<I8", 5) .. '{"a":')
   rejects(cut, "header is not valid JSON: unexpected end of the header at byte 6")
   local function nested(n)
     return hdr('"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":' .. string.rep("[", n) .. string.rep("]", n)
@@ -487,7 +472,7 @@ T.case("strict header: only spaces may follow the object; it must begin with '{'
   local function padded(s)
     local p = tmpfile("pad")
     local text = "{" .. A8 .. "}" .. s
-    write_all(p, string.pack("<I8", #text) .. text .. D8)
+    T.write_file(p, string.pack("<I8", #text) .. text .. D8)
     return p
   end
   rejects(padded("\n"), "trailing characters after the header object (only spaces may pad it)")
@@ -496,7 +481,7 @@ T.case("strict header: only spaces may follow the object; it must begin with '{'
   rejects(padded("{}"), "trailing characters")
   local p = tmpfile("lead")
   local text = " {" .. A8 .. "}"
-  write_all(p, string.pack("<I8", #text) .. text .. D8)
+  T.write_file(p, string.pack("<I8", #text) .. text .. D8)
   rejects(p, "header is not a JSON object (it must begin with '{'")
   -- whitespace between tokens is JSON
   local t = st.load(hdr(' "a" : {"dtype" :"F32" ,\n"shape":[ 2 ],\r"data_offsets":[0,\t8]} ', D8))
@@ -504,8 +489,5 @@ T.case("strict header: only spaces may follow the object; it must begin with '{'
 end)
 
 T.case("cleanup", function()
-  for f in lfs.dir(scratch) do
-    if f ~= "." and f ~= ".." then os.remove(scratch .. "/" .. f) end
-  end
-  T.ok(lfs.rmdir(scratch))
+  T.ok(T.rm_tree(scratch))
 end)

@@ -24,9 +24,7 @@ local ckpt = require "nvlua.checkpoint"
 local cjson = require "cjson"
 local lfs = require "lfs"
 
-local ROOT = os.tmpname()
-os.remove(ROOT)
-assert(lfs.mkdir(ROOT))
+local ROOT = T.tmpdir()
 local CACHE = ROOT .. "/cache"
 
 -- a deterministic corpus: lines of words picked by an LCG (about 24 KB)
@@ -43,9 +41,7 @@ do
     end
     lines[i] = string.format("%d:%d %s.", i // 30 + 1, i % 30 + 1, table.concat(w, " "))
   end
-  local f = assert(io.open(CORPUS, "w"))
-  f:write(table.concat(lines, "\n"), "\n")
-  f:close()
+  T.write_file(CORPUS, table.concat(lines, "\n") .. "\n")
 end
 
 -- the tiny run every case starts from; extra: more "key=value" arguments (later ones win)
@@ -345,9 +341,7 @@ T.case("config: train.main merges an experiment's defaults, saves the resolved c
   local s = train.main(exp, args)
   T.eq(s.steps, 2)
   T.eq(s.checkpoint, nil, "save=false")
-  local f = assert(io.open(out .. "/config.json"))
-  local text = f:read("a")
-  f:close()
+  local text = assert(T.read_file(out .. "/config.json"))
   local saved = cjson.decode(text)
   T.ok(text:find('"seed": ' .. string.format("%d", big), 1, true), "the 64-bit seed is written exactly")
   local merged = {}
@@ -414,9 +408,7 @@ T.case("train.build takes a recipe value or a registered name; under dist=true e
   T.eq(s.steps, 2)
   T.eq(plain.amax_reducer, nil)
   T.eq(plain.shard, nil)
-  local f = assert(io.open(c1.out .. "/config.json"))
-  T.eq(cjson.decode(f:read("a")).recipe, tostring(plain))
-  f:close()
+  T.eq(cjson.decode(assert(T.read_file(c1.out .. "/config.json"))).recipe, tostring(plain))
   T.raises(function() train.build(cfg("recipe/bad", {"recipe=nvfp5"})) end,
     "config: recipe must be a recipe value or one of f32, bf16, fp8_cs, fp8_delayed, mxfp8, nvfp4")
   T.raises(function() recipe.make("nvfp5") end, "recipe.make: unknown recipe 'nvfp5' (valid: f32, bf16,")

@@ -120,17 +120,57 @@ function T.run(label, out)
   return p, f, s
 end
 
--- ---- child processes: the nvlua binary run as a program ----------------------------------------
+-- ---- files: whole-file reads and writes, scratch directories --------------------------------------
 
---- T.shq(s) -> s quoted for /bin/sh
-function T.shq(s) return "'" .. (tostring(s):gsub("'", "'\\''")) .. "'" end
-
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
+--- T.read_file(path) -> the file's bytes, or nil and io.open's message when it cannot be opened
+-- (assert(T.read_file(path)) where the file must be there).
+function T.read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
   local s = f:read("a")
   f:close()
   return s
 end
+
+--- T.write_file(path, text) -> path: the file created (or truncated) holding exactly text; raises
+-- when it cannot be written.
+function T.write_file(path, text)
+  local f = assert(io.open(path, "wb"))
+  assert(f:write(text))
+  assert(f:close())
+  return path
+end
+
+--- T.tmpdir() -> the path of a fresh empty directory (a name from os.tmpname); T.rm_tree removes it.
+function T.tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(require("lfs").mkdir(d))
+  return d
+end
+
+--- T.rm_tree(path) -> true when nothing is left at path, else nil and a message: a directory is
+-- removed with everything below it, anything else (a file, a link) is removed itself; links are
+-- not followed. A path that does not exist is left as it is (true).
+function T.rm_tree(path)
+  local lfs = require "lfs"
+  local mode = lfs.symlinkattributes(path, "mode")
+  if mode == "directory" then
+    for n in lfs.dir(path) do
+      if n ~= "." and n ~= ".." then T.rm_tree(path .. "/" .. n) end
+    end
+    lfs.rmdir(path)
+  elseif mode then
+    os.remove(path)
+  end
+  if lfs.symlinkattributes(path, "mode") then return nil, "rm_tree: " .. path .. " could not be removed" end
+  return true
+end
+
+-- ---- child processes: the nvlua binary run as a program ----------------------------------------
+
+--- T.shq(s) -> s quoted for /bin/sh
+function T.shq(s) return "'" .. (tostring(s):gsub("'", "'\\''")) .. "'" end
 
 --- T.nvlua() -> the absolute path of the nvlua binary running the tests: /proc/self/exe, else the
 -- interpreter in arg (its lowest index, as lua.c sets it), else build/nvlua.
@@ -157,20 +197,14 @@ T.NVLUA_ENV = {"NVLUA_PATH", "LUA_INIT", "LUA_INIT_5_4", "LUA_PATH", "LUA_PATH_5
 function T.run_nvlua(args, opts)
   opts = opts or {}
   local out, err = os.tmpname(), os.tmpname()
-  local input
-  if opts.stdin then
-    input = os.tmpname()
-    local f = assert(io.open(input, "wb"))
-    f:write(opts.stdin)
-    f:close()
-  end
+  local input = opts.stdin and T.write_file(os.tmpname(), opts.stdin)
   local cmd = {"unset " .. table.concat(T.NVLUA_ENV, " ") .. ";"}
   if opts.cd then cmd[#cmd + 1] = "cd " .. T.shq(opts.cd) .. " &&" end
   for k, v in pairs(opts.env or {}) do cmd[#cmd + 1] = k .. "=" .. T.shq(v) end
   cmd[#cmd + 1] = T.shq(T.nvlua()) .. " " .. args
   cmd[#cmd + 1] = "<" .. (input and T.shq(input) or "/dev/null") .. " >" .. T.shq(out) .. " 2>" .. T.shq(err)
   local _, how, code = os.execute(table.concat(cmd, " "))
-  local r = {out = slurp(out), err = slurp(err), code = how == "exit" and code or -1}
+  local r = {out = assert(T.read_file(out)), err = assert(T.read_file(err)), code = how == "exit" and code or -1}
   os.remove(out)
   os.remove(err)
   if input then os.remove(input) end
