@@ -34,6 +34,7 @@ local core = require "nvlua.core"
 local lfs = require "lfs"
 local cjson = require "cjson"
 local st = require "nvlua.safetensors"
+local hf = require "nvlua.hf"
 local data = require "nvlua.data"
 local config = require "nvlua.config"
 local util = require "nvlua.util"
@@ -42,29 +43,7 @@ local ckpt = {}
 
 local MARKER = "trainer.json"
 
--- nn.llama_config keeps rope_scaling without its type (llama3 is the only one it computes); HF
--- and nn.llama_config both need "rope_type" to read it back.
-local function rope_scaling(rs)
-  if rs == nil then return cjson.null end
-  local out = {rope_type = "llama3"}
-  for k, v in pairs(rs) do out[k] = v end
-  return out
-end
-
---- The HF LlamaConfig of a model config (nn.llama_config's resolved table).
-function ckpt.hf_config(c)
-  return {
-    architectures = {"LlamaForCausalLM"}, model_type = "llama",
-    vocab_size = c.vocab_size, hidden_size = c.hidden_size, intermediate_size = c.intermediate_size,
-    num_hidden_layers = c.num_hidden_layers, num_attention_heads = c.num_attention_heads,
-    num_key_value_heads = c.num_key_value_heads, head_dim = c.head_dim, hidden_act = "silu",
-    max_position_embeddings = c.max_position_embeddings, initializer_range = c.initializer_range or 0.02,
-    rms_norm_eps = c.rms_norm_eps, rope_theta = c.rope_theta, rope_scaling = rope_scaling(c.rope_scaling),
-    tie_word_embeddings = c.tie_word_embeddings, attention_bias = false, attention_dropout = 0.0,
-    mlp_bias = false, pretraining_tp = 1, use_cache = true, torch_dtype = "float32",
-    bos_token_id = cjson.null, eos_token_id = cjson.null,
-  }
-end
+ckpt.hf_config = hf.config -- the HF LlamaConfig of a model config (nvlua.hf)
 
 -- ---- fault injection ----------------------------------------------------------------------------
 
@@ -303,10 +282,9 @@ local function write_checkpoint(dir, o, seq)
     if not wok then error("checkpoint: " .. dir .. "/" .. name .. ": " .. tostring(werr), 0) end
     files[name] = lfs.attributes(dir .. "/" .. name, "size")
   end
-  written("model.safetensors", st.save(dir .. "/model.safetensors", o.model:state_dict(), {}))
-  fault("save.data")
-  write_json(dir .. "/config.json", ckpt.hf_config(o.model.config))
-  written("config.json", true)
+  for name, size in pairs(hf.save_pretrained(o.model, dir, {after_weights = function() fault("save.data") end})) do
+    files[name] = size
+  end
   local trainer = {step = o.step, config = o.config, metrics = o.metrics, seq = seq, files = files,
     bad_steps_in_row = o.bad_in_row or 0, skipped_steps = o.skipped or 0}
   if o.optimizer then
@@ -421,37 +399,8 @@ function ckpt.latest_healthy(run_dir)
   return nil
 end
 
---- Read a checkpoint's HF config.json into llama.Llama config keys.
-function ckpt.read_config(dir)
-  local c, err = read_json(dir .. "/config.json")
-  if not c then return nil, err end
-  local keys = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "max_position_embeddings",
-    "tie_word_embeddings", "rope_scaling", "initializer_range",
-    -- checked by nn.llama_config, so a model nvlua does not compute (another activation,
-    -- biases) is refused instead of loaded wrong
-    "model_type", "hidden_act", "attention_bias", "mlp_bias", "attention_dropout", "pretraining_tp"}
-  local out = {}
-  for _, k in ipairs(keys) do
-    local v = c[k]
-    if v ~= nil and v ~= cjson.null then out[k] = math.tointeger(v) or v end
-  end
-  return out
-end
-
---- ckpt.from_pretrained(dir [, {recipe =}]) -> a llama.Llama with the weights of dir (a Hugging
--- Face Llama directory with config.json and model.safetensors, or an nvlua checkpoint).
-function ckpt.from_pretrained(dir, o)
-  local llama = require "nvlua.llama"
-  local c, err = ckpt.read_config(dir)
-  if not c then error("from_pretrained: " .. tostring(err), 2) end
-  local model = llama.Llama(c, {recipe = o and o.recipe})
-  local tensors = st.load(dir .. "/model.safetensors")
-  if not tensors then error("from_pretrained: no model.safetensors in " .. dir, 2) end
-  model:load_state_dict(tensors)
-  for _, t in pairs(tensors) do t:free() end
-  return model
-end
+ckpt.read_config = hf.read_config         -- nvlua.hf: a Hugging Face model directory
+ckpt.from_pretrained = hf.from_pretrained
 
 -- ---- loading ------------------------------------------------------------------------------------
 -- ckpt.load checks everything it reads before it changes anything; each problem is raised as
