@@ -90,6 +90,15 @@ local function read_json(path)
   return cjson.decode(s), s
 end
 
+local function ls(dir)
+  local names = {}
+  for n in lfs.dir(dir) do if n ~= "." and n ~= ".." then names[#names + 1] = n end end
+  table.sort(names)
+  return names
+end
+
+local function sh(cmd) assert(os.execute(cmd), cmd) end
+
 local BIG = (1 << 60) + 12345 -- a seed past 2^53: a JSON double would round it
 
 -- ---- round trip --------------------------------------------------------------------------------
@@ -106,10 +115,8 @@ local function round_trip(rec_a, rec_b, tweak)
   local dir = ckpt.save(run, {model = a.model, optimizer = a.optimizer, recipe = a.recipe, loader = a.loader, step = 3,
     config = {note = "test"}})
   T.eq(dir, run .. "/checkpoints/step-000003")
-  local files = {}
-  for n in lfs.dir(dir) do if n ~= "." and n ~= ".." then files[#files + 1] = n end end
-  table.sort(files)
-  T.eq(files, {"config.json", "model.safetensors", "trainer.json", "trainer.safetensors"})
+  T.eq(ls(dir), {"model", "trainer.json", "trainer.safetensors"}, "the training state beside model/")
+  T.eq(ls(dir .. "/model"), {"config.json", "model.safetensors"}, "model/ holds the model alone")
 
   local b = setup(22, rec_b)
   g:manual_seed(5)
@@ -218,10 +225,8 @@ T.case("latest() ignores .partial, directories without trainer.json, other names
   -- saving step 9 replaces the leftover .partial and leaves no temp files
   ckpt.save(run, {model = m, step = 9, keep = 0})
   T.eq(lfs.attributes(root .. "/step-000009.partial"), nil)
-  local files = {}
-  for n in lfs.dir(root .. "/step-000009") do if n ~= "." and n ~= ".." then files[#files + 1] = n end end
-  table.sort(files)
-  T.eq(files, {"config.json", "model.safetensors", "trainer.json"})
+  T.eq(ls(root .. "/step-000009"), {"model", "trainer.json"})
+  T.eq(ls(root .. "/step-000009/model"), {"config.json", "model.safetensors"})
 end)
 
 T.case("the order of writing: latest() and pruning go by it; the newest healthy and the protected are kept", function()
@@ -257,15 +262,6 @@ T.case("the order of writing: latest() and pruning go by it; the newest healthy 
   T.raises(function() ckpt.save(run, {model = m, step = 7, keep = 1.5}) end, "checkpoint.save: keep must be an integer")
 end)
 
-local function ls(dir)
-  local names = {}
-  for n in lfs.dir(dir) do if n ~= "." and n ~= ".." then names[#names + 1] = n end end
-  table.sort(names)
-  return names
-end
-
-local function sh(cmd) assert(os.execute(cmd), cmd) end
-
 T.case("a crash's leftovers: list() sees the effective checkpoints, recover() settles them", function()
   local m = llama.Llama(tiny(), {seed = 1})
   local run = fresh("leftovers")
@@ -274,7 +270,7 @@ T.case("a crash's leftovers: list() sees the effective checkpoints, recover() se
   local full = ls(root .. "/step-000008")
   -- step 2: a removal cut short (trainer.json goes first)
   os.remove(root .. "/step-000002/trainer.json")
-  os.remove(root .. "/step-000002/config.json")
+  ckpt.rm_rf(root .. "/step-000002/model")
   -- step 4: a replacement cut between its renames: step-4.old and a complete step-4.partial
   sh(string.format("mv %s/step-000004 %s/step-000004.old && cp -r %s/step-000004.old %s/step-000004.partial",
     root, root, root, root))
@@ -342,36 +338,38 @@ local CORRUPT = {
   end, 'trainer.json: field default_generator.offset must be an integer >= 0, got "-3"'},
   {"counter text", function(d) edit_json(d .. "/trainer.json", function(t) t.bad_steps_in_row = "two" end) end,
     'trainer.json: field bad_steps_in_row must be an integer >= 0, got "two"'},
-  {"no model.safetensors", function(d) os.remove(d .. "/model.safetensors") end,
-    "model.safetensors: missing (a checkpoint has config.json, model.safetensors, trainer.safetensors and " ..
-    "trainer.json)"},
-  {"empty model.safetensors", function(d) T.write_file(d .. "/model.safetensors", "") end,
-    "model.safetensors: empty (0 bytes)"},
+  {"no model.safetensors", function(d) os.remove(d .. "/model/model.safetensors") end,
+    "model/model.safetensors: missing (a checkpoint has model/config.json, model/model.safetensors, " ..
+    "trainer.safetensors and trainer.json)"},
+  {"empty model.safetensors", function(d) T.write_file(d .. "/model/model.safetensors", "") end,
+    "model/model.safetensors: empty (0 bytes)"},
   {"truncated model.safetensors", function(d)
-    local s = assert(T.read_file(d .. "/model.safetensors"))
-    T.write_file(d .. "/model.safetensors", s:sub(1, 1000))
-  end, "model.safetensors: 1000 bytes, but trainer.json recorded"},
+    local s = assert(T.read_file(d .. "/model/model.safetensors"))
+    T.write_file(d .. "/model/model.safetensors", s:sub(1, 1000))
+  end, "model/model.safetensors: 1000 bytes, but trainer.json recorded"},
   {"garbage model.safetensors", function(d)
-    T.write_file(d .. "/model.safetensors", string.rep("\255", size(d .. "/model.safetensors")))
-  end, "model.safetensors: unreadable: "},
+    T.write_file(d .. "/model/model.safetensors", string.rep("\255", size(d .. "/model/model.safetensors")))
+  end, "model/model.safetensors: unreadable: "},
   {"garbage trainer.safetensors", function(d)
     T.write_file(d .. "/trainer.safetensors", string.rep("x", size(d .. "/trainer.safetensors")))
   end, "trainer.safetensors: unreadable: "},
   {"no trainer.safetensors", function(d) os.remove(d .. "/trainer.safetensors") end, "trainer.safetensors: missing"},
-  {"garbage config.json", function(d) T.write_file(d .. "/config.json", string.rep("{", size(d .. "/config.json"))) end,
-    "config.json: not valid JSON"},
-  {"replaced config.json", function(d) T.write_file(d .. "/config.json", "{}") end,
-    "config.json: 2 bytes, but trainer.json recorded"},
-  {"no config.json", function(d) os.remove(d .. "/config.json") end, "config.json: missing"},
+  {"garbage config.json", function(d)
+    T.write_file(d .. "/model/config.json", string.rep("{", size(d .. "/model/config.json")))
+  end,
+    "model/config.json: not valid JSON"},
+  {"replaced config.json", function(d) T.write_file(d .. "/model/config.json", "{}") end,
+    "model/config.json: 2 bytes, but trainer.json recorded"},
+  {"no config.json", function(d) os.remove(d .. "/model/config.json") end, "model/config.json: missing"},
   {"another model", function() return {model = llama.Llama(tiny({hidden_size = 48}), {seed = 1})} end,
-    "config.json: model shape mismatch: the checkpoint is of another model: hidden_size = 32 (this model: 48)"},
+    "model/config.json: model shape mismatch: the checkpoint is of another model: hidden_size = 32 (this model: 48)"},
   {"another recipe", function() return {recipe = recipe.bf16()} end,
     "trainer.json: written under recipe nvfp4, but this run's recipe is bf16 (resume with recipe=nvfp4)"},
   {"non-finite weights", function(d)
-    local t = st.load(d .. "/model.safetensors")
+    local t = st.load(d .. "/model/model.safetensors")
     t["model.norm.weight"]:set(3, 0 / 0)
-    assert(st.save(d .. "/model.safetensors", t, {}))
-  end, "model.safetensors: the run had diverged: tensor model.norm.weight holds non-finite values"},
+    assert(st.save(d .. "/model/model.safetensors", t, {}))
+  end, "model/model.safetensors: the run had diverged: tensor model.norm.weight holds non-finite values"},
   {"a diverged streak", function(d)
     edit_json(d .. "/trainer.json", function(t) t.bad_steps_in_row = 6 end)
     return {max_bad_steps = 5}
@@ -467,7 +465,7 @@ T.case("config.json has every HF LlamaConfig key; model.safetensors has format p
   for _, tied in ipairs({false, true}) do
     local m = llama.Llama(tiny({tie_word_embeddings = tied}), {seed = 2})
     local dir = ckpt.save(fresh("hf"), {model = m, step = 1})
-    local c, text = read_json(dir .. "/config.json")
+    local c, text = read_json(dir .. "/model/config.json")
     for _, k in ipairs(HF_KEYS) do T.ok(c[k] ~= nil, "config.json has " .. k) end
     T.eq(c.architectures, {"LlamaForCausalLM"}); T.eq(c.model_type, "llama"); T.eq(c.hidden_act, "silu")
     T.eq({c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
@@ -476,7 +474,7 @@ T.case("config.json has every HF LlamaConfig key; model.safetensors has format p
     T.eq(c.rope_scaling, cjson.null); T.eq(c.attention_bias, false); T.eq(c.mlp_bias, false)
     T.eq(c.torch_dtype, "float32")
     T.ok(text:find('"rms_norm_eps":1e-05', 1, true), "numbers exact: " .. text)
-    local header, meta = st.read_header(dir .. "/model.safetensors")
+    local header, meta = st.read_header(dir .. "/model/model.safetensors")
     T.eq(meta, {format = "pt"})
     local want = hf_names(2, tied)
     local n = 0
@@ -500,7 +498,7 @@ T.case("rope_scaling (llama3) survives the export with its rope_type", function(
     original_max_position_embeddings = 16}
   local m = llama.Llama(tiny({rope_scaling = rs}), {seed = 3})
   local dir = ckpt.save(fresh("rope"), {model = m, step = 1})
-  local c = read_json(dir .. "/config.json")
+  local c = read_json(dir .. "/model/config.json")
   T.eq(c.rope_scaling, rs)
   local back = ckpt.from_pretrained(dir)
   T.eq(logits_of(back), logits_of(m))

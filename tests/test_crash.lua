@@ -130,6 +130,9 @@ local function metrics(dir)
   return out
 end
 
+-- the files of a checkpoint's model/ besides model.safetensors (the byte tokenizer's among them)
+local MODEL_FILES = {"config.json", "tokenizer.json", "tokenizer_config.json"}
+
 local function step_of(dir) return math.tointeger(tonumber(dir:match("step%-(%d+)[^/]*$"))) end
 local function ckpt_dir(dir, step) return string.format("%s/checkpoints/step-%06d", dir, step) end
 
@@ -145,11 +148,29 @@ local function reference()
   T.eq(#REF.metrics, 6)
   for _, step in ipairs({2, 4, 6}) do
     local d = ckpt_dir(dir, step)
-    REF[step] = {model = T.read_file(d .. "/model.safetensors"), moments = T.read_file(d .. "/trainer.safetensors")}
+    REF[step] = {model = T.read_file(d .. "/model/model.safetensors"),
+      moments = T.read_file(d .. "/trainer.safetensors")}
     T.ok(REF[step].model and REF[step].moments, "reference checkpoint " .. step)
+    for _, name in ipairs(MODEL_FILES) do
+      REF[step][name] = T.read_file(d .. "/model/" .. name)
+      T.ok(REF[step][name], "reference checkpoint " .. step .. ": model/" .. name)
+    end
   end
   T.ok(REF[2].model ~= REF[4].model and REF[4].model ~= REF[6].model, "the checkpoints differ from step to step")
   return REF
+end
+
+-- every file under dir, by its path relative to dir: {path = size}
+local function files_under(dir, prefix, out)
+  out = out or {}
+  for n in lfs.dir(dir) do
+    if n ~= "." and n ~= ".." then
+      local p = dir .. "/" .. n
+      if lfs.attributes(p, "mode") == "directory" then files_under(p, (prefix or "") .. n .. "/", out)
+      else out[(prefix or "") .. n] = lfs.attributes(p, "size") end
+    end
+  end
+  return out
 end
 
 -- dir is a complete checkpoint equal to the reference's of its step, byte for byte
@@ -157,12 +178,20 @@ local function intact(dir, what)
   local step = step_of(dir)
   T.ok(REF[step], what .. ": a checkpoint of step " .. tostring(step) .. ": " .. dir)
   T.ok(ckpt.complete(dir), what .. ": complete: " .. dir)
-  T.ok(T.read_file(dir .. "/model.safetensors") == REF[step].model,
-    what .. ": model.safetensors as in the reference: " .. dir)
+  T.ok(T.read_file(dir .. "/model/model.safetensors") == REF[step].model,
+    what .. ": model/model.safetensors as in the reference: " .. dir)
   T.ok(T.read_file(dir .. "/trainer.safetensors") == REF[step].moments, what .. ": trainer.safetensors: " .. dir)
+  for _, name in ipairs(MODEL_FILES) do
+    T.ok(T.read_file(dir .. "/model/" .. name) == REF[step][name], what .. ": model/" .. name .. ": " .. dir)
+  end
   local tr = cjson.decode(assert(T.read_file(dir .. "/trainer.json")))
   T.eq(math.tointeger(tr.step), step, what .. ": trainer.json's step")
-  T.ok(T.read_file(dir .. "/config.json"), what .. ": config.json")
+  -- trainer.json's bookkeeping covers every other file of the checkpoint, model/'s included
+  local have = files_under(dir)
+  have["trainer.json"] = nil
+  local recorded = {}
+  for k, v in pairs(tr.files) do recorded[k] = math.tointeger(v) end
+  T.eq(recorded, have, what .. ": trainer.json's files are the checkpoint's files: " .. dir)
 end
 
 -- After a kill: latest() is the checkpoint of step `latest`, the steps in `survive` are listed,
@@ -427,9 +456,9 @@ T.case("an existing run is never started over; a corrupt newest checkpoint raise
     "checkpoint " .. ckpt_dir(c.out, 4) .. "); resume=auto continues it")
   T.eq(T.read_file(c.out .. "/config.json"), cj, "config.json untouched")
   -- the newest checkpoint lost its model: resume=auto says so (it does not fall back, nor start over)
-  os.remove(ckpt_dir(c.out, 4) .. "/model.safetensors")
+  os.remove(ckpt_dir(c.out, 4) .. "/model/model.safetensors")
   T.raises(function() run(cfg("exists", {"keep=2", "steps=6", "resume=auto"})) end,
-    "checkpoint " .. ckpt_dir(c.out, 4) .. "/model.safetensors: missing")
+    "checkpoint " .. ckpt_dir(c.out, 4) .. "/model/model.safetensors: missing")
   -- no complete checkpoint left, but the run's metrics: resume=auto refuses to start over
   ckpt.rm_rf(c.out .. "/checkpoints")
   T.raises(function() run(cfg("exists", {"keep=2", "steps=6", "resume=auto"})) end,

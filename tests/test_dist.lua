@@ -362,7 +362,7 @@ local function metrics(dir)
 end
 
 local function weights(dir)
-  local t = st.load(ckpt.latest(dir) .. "/model.safetensors")
+  local t = st.load(ckpt.latest(dir) .. "/model/model.safetensors")
   local out = {}
   for k, v in pairs(t) do out[k] = v:reshape(-1):totable() end
   return out

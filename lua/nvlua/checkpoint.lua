@@ -1,12 +1,18 @@
--- nvlua.checkpoint: checkpoints in the Hugging Face Llama layout plus the training state.
+-- nvlua.checkpoint: checkpoints: a Hugging Face Llama model directory plus the training state beside it.
 --
 --   <run>/checkpoints/step-000100/
---     model.safetensors   parameters under HF names, f32, __metadata__ {"format": "pt"}
---     config.json         the HF LlamaConfig (all keys), so LlamaForCausalLM.from_pretrained loads it
---     trainer.safetensors AdamW moments (m.<name>, v.<name>)
---     trainer.json        step, optimizer step, data cursor, recipe state (SR generator, amax
---                         histories), default generator, the run config, the metrics so far, and
---                         the bookkeeping below. Written last: it is the completeness marker.
+--     model/                 the model directory, to upload as it is (nvlua.hf, nvlua.tokenizer):
+--       model.safetensors      parameters under HF names, f32, __metadata__ {"format": "pt"}
+--       config.json            the HF LlamaConfig (all keys; bos/eos ids from the tokenizer), so
+--                              LlamaForCausalLM.from_pretrained loads it
+--       tokenizer.json, tokenizer_config.json [, special_tokens_map.json, generation_config.json]
+--                              when the run's data has a tokenizer (AutoTokenizer loads them)
+--     trainer.safetensors    AdamW moments (m.<name>, v.<name>): never inside model/
+--     trainer.json           step, optimizer step, data cursor, recipe state (SR generator, amax
+--                            histories), default generator, the run config, the metrics so far, and
+--                            the bookkeeping below. Written last: it is the completeness marker.
+-- A checkpoint written before model/ existed (model.safetensors and config.json beside
+-- trainer.json) still loads and resumes: ckpt.model_dir finds the model files in either layout.
 --
 -- The protocol leaves no moment without a complete checkpoint (every file and directory change
 -- is fsync'd before the next one; a crash = the process killed at any point):
@@ -25,7 +31,8 @@
 -- ones with smaller step numbers); bad_steps_in_row and skipped_steps, the trainer's counters of
 -- steps skipped for a non-finite loss or gradient (a checkpoint written during such a streak is
 -- "unhealthy": pruning always keeps the newest healthy one, and load refuses a checkpoint whose
--- streak already exceeds max_bad_steps); files, the byte size of every other file.
+-- streak already exceeds max_bad_steps); files, the byte size of every other file, by its path in
+-- the checkpoint ("model/config.json", "trainer.safetensors").
 --
 -- Fault injection for the crash tests: NVLUA_FAULT=<point>[:<nth>] kills the process with SIGKILL
 -- the nth time (default 1) it reaches that point of the protocol (ckpt.FAULT_POINTS).
@@ -38,10 +45,19 @@ local hf = require "nvlua.hf"
 local data = require "nvlua.data"
 local config = require "nvlua.config"
 local util = require "nvlua.util"
+local tokenizer = require "nvlua.tokenizer"
 
 local ckpt = {}
 
 local MARKER = "trainer.json"
+local MODEL = "model" -- the model directory inside a checkpoint
+
+--- ckpt.model_dir(dir) -> the model directory of a checkpoint: dir/model, or dir itself when that
+-- does not exist (a checkpoint of the earlier layout, or a Hugging Face model directory).
+function ckpt.model_dir(dir)
+  if lfs.attributes(dir .. "/" .. MODEL, "mode") == "directory" then return dir .. "/" .. MODEL end
+  return dir
+end
 
 ckpt.hf_config = hf.config -- the HF LlamaConfig of a model config (nvlua.hf)
 
@@ -49,7 +65,7 @@ ckpt.hf_config = hf.config -- the HF LlamaConfig of a model config (nvlua.hf)
 
 --- The fault points of the protocol, in the order a save reaches them.
 ckpt.FAULT_POINTS = {
-  "save.data",       -- step-N.partial holds model.safetensors only
+  "save.data",       -- step-N.partial holds model/model.safetensors only
   "save.marker",     -- step-N.partial holds every file but trainer.json
   "save.partial",    -- step-N.partial is complete; nothing renamed yet
   "save.aside",      -- (replacing step-N) step-N renamed to step-N.old, step-N.partial not yet in
@@ -275,16 +291,24 @@ end
 
 -- Write everything of a checkpoint into the (new) directory dir, trainer.json last. -> nothing
 local function write_checkpoint(dir, o, seq)
-  local ok, err = lfs.mkdir(dir)
-  if not ok then error("checkpoint: cannot create " .. dir .. ": " .. tostring(err), 0) end
+  for _, d in ipairs({dir, dir .. "/" .. MODEL}) do
+    local ok, err = lfs.mkdir(d)
+    if not ok then error("checkpoint: cannot create " .. d .. ": " .. tostring(err), 0) end
+  end
   local files = {}
   local function written(name, wok, werr)
     if not wok then error("checkpoint: " .. dir .. "/" .. name .. ": " .. tostring(werr), 0) end
     files[name] = lfs.attributes(dir .. "/" .. name, "size")
   end
-  for name, size in pairs(hf.save_pretrained(o.model, dir, {after_weights = function() fault("save.data") end})) do
-    files[name] = size
+  local tok, mdir = o.tokenizer, dir .. "/" .. MODEL
+  local model_files = hf.save_pretrained(o.model, mdir, {after_weights = function() fault("save.data") end,
+    bos_token_id = tok and tok.bos_id, eos_token_id = tok and tok.eos_id})
+  if tok then
+    local max_len = o.model.config.max_position_embeddings
+    for name, size in pairs(tokenizer.export(tok, mdir, {model_max_length = max_len})) do model_files[name] = size end
   end
+  for name, size in pairs(model_files) do files[MODEL .. "/" .. name] = size end
+  sync_dir(mdir)
   local trainer = {step = o.step, config = o.config, metrics = o.metrics, seq = seq, files = files,
     bad_steps_in_row = o.bad_in_row or 0, skipped_steps = o.skipped or 0}
   if o.optimizer then
@@ -340,7 +364,8 @@ local function prune(run_dir, just, o)
 end
 
 --- ckpt.save(run_dir, {model=, optimizer=, recipe=, loader=, step=, config=, metrics=, keep=3 (0: all),
--- protect=<dir never pruned>, bad_in_row=0, skipped=0}) -> the checkpoint directory
+-- protect=<dir never pruned>, bad_in_row=0, skipped=0, tokenizer=}) -> the checkpoint directory.
+-- tokenizer (data.ByteTokenizer or a tokenizer.load one): its files go into model/ (nvlua.tokenizer).
 -- Replaces an existing checkpoint of the same step. Raises on an I/O failure.
 function ckpt.save(run_dir, o)
   if not nonneg_int(o.step) or math.type(o.step) ~= "integer" then
@@ -399,8 +424,10 @@ function ckpt.latest_healthy(run_dir)
   return nil
 end
 
-ckpt.read_config = hf.read_config         -- nvlua.hf: a Hugging Face model directory
-ckpt.from_pretrained = hf.from_pretrained
+--- ckpt.read_config(dir), ckpt.from_pretrained(dir [, {recipe =}]): nvlua.hf's, for a checkpoint
+-- (its model directory, in either layout) or a Hugging Face model directory.
+function ckpt.read_config(dir) return hf.read_config(ckpt.model_dir(dir)) end
+function ckpt.from_pretrained(dir, o) return hf.from_pretrained(ckpt.model_dir(dir), o) end
 
 -- ---- loading ------------------------------------------------------------------------------------
 -- ckpt.load checks everything it reads before it changes anything; each problem is raised as
@@ -521,13 +548,31 @@ local function read_trainer(dir, o)
   return t
 end
 
--- the files load reads: present, not empty, of the size trainer.json recorded
+-- The model files' paths in a checkpoint: "model/" in the layout with a model directory, "" in the
+-- earlier one (ckpt.model_dir; trainer.json's files say which when the directory is gone).
+local function model_prefix(dir, tr)
+  for name in pairs(tr.files) do if name:sub(1, #MODEL + 1) == MODEL .. "/" then return MODEL .. "/" end end
+  return ckpt.model_dir(dir) == dir and "" or MODEL .. "/"
+end
+
+-- the files load reads, and every other file trainer.json recorded (the tokenizer's): present, not
+-- empty, of the size recorded
 local function check_files(dir, tr, o)
-  local need = {"config.json", "model.safetensors"}
+  local m = model_prefix(dir, tr)
+  local need = {m .. "config.json", m .. "model.safetensors"}
   if o.optimizer then need[#need + 1] = "trainer.safetensors" end
-  for _, name in ipairs(need) do
+  local all, seen = {table.unpack(need)}, {}
+  for _, name in ipairs(need) do seen[name] = true end
+  local recorded = {}
+  for name in pairs(tr.files) do if not seen[name] then recorded[#recorded + 1] = name end end
+  table.sort(recorded)
+  table.move(recorded, 1, #recorded, #all + 1, all)
+  for _, name in ipairs(all) do
     local a = lfs.attributes(dir .. "/" .. name)
-    if not a then fail(dir, name, "missing (a checkpoint has %s and trainer.json)", table.concat(need, ", ")) end
+    if not a and seen[name] then
+      fail(dir, name, "missing (a checkpoint has %s and trainer.json)", table.concat(need, ", "))
+    end
+    if not a then fail(dir, name, "missing (trainer.json recorded it when the checkpoint was written)") end
     if a.mode ~= "file" then fail(dir, name, "is a %s, not a file", a.mode) end
     if a.size == 0 then fail(dir, name, "empty (0 bytes)") end
     local want = tr.files[name]
@@ -542,8 +587,9 @@ end
 local SHAPE_KEYS = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
   "num_key_value_heads", "head_dim", "tie_word_embeddings"}
 
-local function check_model_config(dir, model)
-  local c = read_object(dir, "config.json")
+local function check_model_config(dir, tr, model)
+  local name = model_prefix(dir, tr) .. "config.json"
+  local c = read_object(dir, name)
   local want = ckpt.hf_config(model.config)
   local diffs = {}
   for _, k in ipairs(SHAPE_KEYS) do
@@ -552,7 +598,7 @@ local function check_model_config(dir, model)
     if v ~= want[k] then diffs[#diffs + 1] = string.format("%s = %s (this model: %s)", k, repr(v), repr(want[k])) end
   end
   if #diffs > 0 then
-    fail(dir, "config.json", "model shape mismatch: the checkpoint is of another model: %s", table.concat(diffs, ", "))
+    fail(dir, name, "model shape mismatch: the checkpoint is of another model: %s", table.concat(diffs, ", "))
   end
 end
 
@@ -577,7 +623,7 @@ local function strip_position(err) return (tostring(err):gsub("^[^\n]-%.lua:%d+:
 
 -- Refuse a diverged checkpoint: one taken after more than max_bad_steps skipped steps in a row,
 -- or holding a non-finite parameter.
-local function check_diverged(dir, tr, tensors, max_bad)
+local function check_diverged(dir, tr, tensors, max_bad, weights)
   local parent = dir:match("^(.*)/checkpoints/[^/]+$")
   local healthy = parent and ckpt.latest_healthy(parent)
   local hint = healthy and healthy ~= dir and "; the newest checkpoint of the run written before such a streak is " ..
@@ -592,7 +638,7 @@ local function check_diverged(dir, tr, tensors, max_bad)
   for _, name in ipairs(names) do
     local ok, ss = pcall(core.sumsq, tensors[name])
     if ok and (ss ~= ss or ss == math.huge) then
-      fail(dir, "model.safetensors", "the run had diverged: tensor %s holds non-finite values%s", name, hint)
+      fail(dir, weights, "the run had diverged: tensor %s holds non-finite values%s", name, hint)
     end
   end
 end
@@ -617,7 +663,7 @@ end
 function ckpt.load(dir, o)
   local tr = read_trainer(dir, o)
   check_files(dir, tr, o)
-  check_model_config(dir, o.model)
+  check_model_config(dir, tr, o.model)
   if o.recipe and tr.recipe then
     local mine = o.recipe:state().recipe
     if tr.recipe.recipe ~= mine then
@@ -629,15 +675,16 @@ function ckpt.load(dir, o)
     fail(dir, MARKER, "the checkpoint's data seed %d differs from this run's %d (data_seed=)", tr.loader.seed,
       o.loader:state().seed)
   end
-  local tensors = load_tensors(dir, "model.safetensors")
-  local ok, err = pcall(check_diverged, dir, tr, tensors, o.max_bad_steps)
+  local weights = model_prefix(dir, tr) .. "model.safetensors"
+  local tensors = load_tensors(dir, weights)
+  local ok, err = pcall(check_diverged, dir, tr, tensors, o.max_bad_steps, weights)
   local ts
   if ok and o.optimizer then ok, err = pcall(function() ts = load_tensors(dir, "trainer.safetensors") end) end
   local ostate
   if ok and ts then ok, err = pcall(function() ostate = optimizer_state(dir, tr, ts) end) end
   if ok then ok, err = pcall(o.model.load_state_dict, o.model, tensors) end
   if not ok and not tostring(err):find("^checkpoint ") then
-    err = string.format("checkpoint %s/model.safetensors: %s", dir, strip_position(err))
+    err = string.format("checkpoint %s/%s: %s", dir, weights, strip_position(err))
   end
   if ok and ostate then
     ok, err = pcall(o.optimizer.load_state, o.optimizer, ostate)

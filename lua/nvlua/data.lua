@@ -12,7 +12,9 @@
 -- write the same format (e.g. numpy: header + ids.astype('<u2').tobytes()).
 local core = require "nvlua.core"
 local lfs = require "lfs"
+local cjson = require "cjson"
 local util = require "nvlua.util"
+local tokenizer = require "nvlua.tokenizer"
 
 local data = {}
 
@@ -91,17 +93,25 @@ function data.open_shard(path)
   return {path = path, width = width, count = count}
 end
 
---- Tokens [start, start+n) of a shard (0-based start) as an i64 tensor, read from the file.
+--- Tokens [start, start+n) of a shard (0-based start) as an i64 tensor, read from the file. A shard
+-- is {path, width, count [, offset]}: count tokens of width bytes (1, 2, 4: unsigned; 8: signed)
+-- from byte offset (default: after the NVLTOK header) on; data.megatron's splits are such shards.
 function data.read_tokens(shard, start, n)
   if math.type(start) ~= "integer" or math.type(n) ~= "integer" or start < 0 or n < 0 or n > shard.count - start then
     local range = (math.type(start) == "integer" and math.type(n) == "integer")
       and string.format("[%d, %d)", start, start + n) or string.format("start %s, n %s", tostring(start), tostring(n))
     error(string.format("read_tokens: %s outside the %d tokens of %s", range, shard.count, shard.path), 2)
   end
-  local f = assert(io.open(shard.path, "rb"))
-  f:seek("set", HEADER + start * shard.width)
+  local f, err = io.open(shard.path, "rb")
+  if not f then error("read_tokens: cannot open " .. shard.path .. ": " .. tostring(err), 2) end
+  f:seek("set", (shard.offset or HEADER) + start * shard.width)
   local bytes = f:read(n * shard.width) or ""
   f:close()
+  if #bytes ~= n * shard.width then
+    error(string.format("read_tokens: %s ends before token %d (was it truncated after it was opened?)", shard.path,
+      start + n), 2)
+  end
+  if shard.width == 8 then return core.from_bytes(bytes, "i64", {n}) end
   return core.tokens_from_bytes(bytes, shard.width, n)
 end
 
@@ -203,11 +213,119 @@ function data.text(path, opts)
   return byte_corpus(path, text, dir, opts.val_fraction or 0.05)
 end
 
+-- ---- manifests and tokenizers ------------------------------------------------------------------
+-- A data directory (shards, or the directory of a Megatron prefix) may hold manifest.json, written by
+-- scripts/prepare_data.py (and scripts/make_shards.lua for byte shards):
+--   {"format": "nvlua-data", "version": 1, "tokenizer": "bytes" | "<file in the directory>",
+--    "vocab_size": N, "bos_token": s|null, "bos_token_id": i|null, "eos_token": s|null, "eos_token_id": i|null,
+--    "prompt": {"text": s, "ids": [...]} (the sample prompt, tokenized), ... (counts, sources: not read)}
+-- It gives the run its vocabulary (vocab=0) and tokenizer (exported with every checkpoint).
+
+local function manifest_fail(path, fmt, ...) error(string.format("manifest %s: " .. fmt, path, ...), 0) end
+
+local function opt_int(path, m, key, lo, hi)
+  local v = m[key]
+  if v == nil or v == cjson.null then return nil end
+  local i = type(v) == "number" and math.tointeger(v)
+  if not i or i < lo or (hi and i >= hi) then
+    manifest_fail(path, "%s must be an integer in [%d, %s), got %s", key, lo, hi and tostring(hi) or "inf", tostring(v))
+  end
+  return i
+end
+
+--- data.read_manifest(dir) -> the manifest of a data directory (fields checked), or nil when it has
+-- none. Raises "manifest <path>: ..." on a malformed one.
+function data.read_manifest(dir)
+  local path = dir .. "/manifest.json"
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local text = f:read("a") or ""
+  f:close()
+  local ok, m = pcall(cjson.decode, text)
+  if not ok or type(m) ~= "table" or #m > 0 then manifest_fail(path, "not a JSON object (%s)", tostring(m)) end
+  if m.format ~= "nvlua-data" or m.version ~= 1 then
+    manifest_fail(path, "format %s version %s (expected nvlua-data, version 1)", tostring(m.format),
+      tostring(m.version))
+  end
+  if type(m.tokenizer) ~= "string" or m.tokenizer == "" then
+    manifest_fail(path, 'tokenizer must be "bytes" or the name of a tokenizer.json in %s, got %s', dir,
+      tostring(m.tokenizer))
+  end
+  local out = {path = path, tokenizer = m.tokenizer}
+  out.vocab_size = opt_int(path, m, "vocab_size", 1, 1 << 31)
+  if not out.vocab_size then manifest_fail(path, "vocab_size is missing") end
+  for _, k in ipairs({"bos", "eos"}) do
+    out[k .. "_token_id"] = opt_int(path, m, k .. "_token_id", 0, out.vocab_size)
+    local name = m[k .. "_token"]
+    if name ~= nil and name ~= cjson.null and type(name) ~= "string" then
+      manifest_fail(path, "%s_token must be a string or null, got %s", k, tostring(name))
+    end
+    out[k .. "_token"] = type(name) == "string" and name or nil
+  end
+  local p = m.prompt
+  if p ~= nil and p ~= cjson.null then
+    if type(p) ~= "table" or type(p.text) ~= "string" or type(p.ids) ~= "table" then
+      manifest_fail(path, "prompt must be {text = string, ids = [integers]}")
+    end
+    local ids = {}
+    for i, v in ipairs(p.ids) do
+      ids[i] = type(v) == "number" and math.tointeger(v)
+      if not ids[i] or ids[i] < 0 or ids[i] >= out.vocab_size then
+        manifest_fail(path, "prompt.ids[%d] must be an integer in [0, %d), got %s", i, out.vocab_size, tostring(v))
+      end
+    end
+    out.prompt = {text = p.text, ids = ids}
+  end
+  return out
+end
+
+--- data.tokenizer_of(dir, manifest) -> the tokenizer a manifest names (data.ByteTokenizer, or the
+-- tokenizer.json in dir, with the manifest's bos/eos and sample prompt), checked against it.
+function data.tokenizer_of(dir, m)
+  if m.tokenizer == "bytes" then
+    if m.vocab_size ~= 256 then manifest_fail(m.path, "vocab_size %d with the byte tokenizer (256)", m.vocab_size) end
+    return data.ByteTokenizer
+  end
+  local tok = tokenizer.load(dir .. "/" .. m.tokenizer, {bos_token = m.bos_token, eos_token = m.eos_token})
+  if tok.vocab_size ~= m.vocab_size then
+    manifest_fail(m.path, "vocab_size %d, but %s has %d tokens (ids 0..%d)", m.vocab_size, tok.path, tok.vocab_size,
+      tok.vocab_size - 1)
+  end
+  for _, k in ipairs({"bos", "eos"}) do
+    if m[k .. "_token_id"] ~= tok[k .. "_id"] then
+      manifest_fail(m.path, "%s_token_id %s, but %s gives %s the id %s", k, tostring(m[k .. "_token_id"]), tok.path,
+        tostring(tok[k .. "_token"]), tostring(tok[k .. "_id"]))
+    end
+  end
+  if m.prompt then tok.prompt = m.prompt end
+  return tok
+end
+
+-- The tokenizer and vocabulary of a data directory: opts.tokenizer (a path) first, else the
+-- manifest's, else a tokenizer.json there. -> tokenizer or nil, vocab_size or nil
+local function tokenizer_for(dir, opts)
+  if opts.tokenizer and opts.tokenizer ~= "" then
+    if type(opts.tokenizer) == "table" then return opts.tokenizer, opts.tokenizer.vocab_size end
+    local tok = tokenizer.load(opts.tokenizer)
+    return tok, tok.vocab_size
+  end
+  local m = data.read_manifest(dir)
+  if m then return data.tokenizer_of(dir, m), m.vocab_size end
+  if lfs.attributes(dir .. "/tokenizer.json", "mode") == "file" then
+    local tok = tokenizer.load(dir .. "/tokenizer.json")
+    return tok, tok.vocab_size
+  end
+  return nil, nil
+end
+
 --- Pre-tokenized shards: a directory holding train*.bin and val*.bin (or a table
--- {train = {paths}, val = {paths}}); vocab_size from opts or the largest width.
+-- {train = {paths}, val = {paths}}). The tokenizer and the vocabulary: opts.tokenizer (a
+-- tokenizer.json path or a tokenizer), else the directory's manifest.json, else its tokenizer.json,
+-- else none (vocab_size then from opts).
 function data.shards(where, opts)
   opts = opts or {}
   local train, val = {}, {}
+  local tok, vocab
   if type(where) == "table" then
     for _, p in ipairs(where.train or {}) do train[#train + 1] = assert(data.open_shard(p)) end
     for _, p in ipairs(where.val or {}) do val[#val + 1] = assert(data.open_shard(p)) end
@@ -220,9 +338,162 @@ function data.shards(where, opts)
       local s = assert(data.open_shard(where .. "/" .. n))
       if n:match("^val") then val[#val + 1] = s else train[#train + 1] = s end
     end
+    tok, vocab = tokenizer_for(where, opts)
   end
   if #train == 0 or #val == 0 then error("shards: need train*.bin and val*.bin shards in " .. tostring(where), 2) end
-  return {name = tostring(where), train = train, val = val, vocab_size = opts.vocab_size, tokenizer = opts.tokenizer}
+  return {name = tostring(where), train = train, val = val, vocab_size = opts.vocab_size or vocab,
+    tokenizer = tok or (type(opts.tokenizer) == "table" and opts.tokenizer or nil)}
+end
+
+-- ---- Megatron-LM indexed datasets ----------------------------------------------------------------
+-- The files Megatron-LM's tools/preprocess_data.py writes (megatron/core/datasets/indexed_dataset.py,
+-- IndexedDatasetBuilder / _IndexWriter), <prefix>.bin and <prefix>.idx, little-endian:
+--   .bin  the token ids of every sequence, back to back, in the index's dtype; no header
+--   .idx  bytes 0..8    magic "MMIDIDX\0\0"
+--         bytes 9..16   u64 version = 1
+--         byte  17      u8 dtype code: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
+--                       7 float32, 8 uint16 (preprocess_data: uint16 for vocabularies < 65500, else int32)
+--         bytes 18..25  u64 S, the number of sequences
+--         bytes 26..33  u64 D, the number of document indices (documents + 1)
+--         then i32 sequence_lengths[S] (tokens), i64 sequence_pointers[S] (byte offsets into .bin),
+--         i64 document_indices[D]: 0, then the sequence index where each document ends (the
+--         last = S); document k is sequences [document_indices[k], document_indices[k+1]).
+--         (A multimodal index adds i8 sequence_modes[S]: refused.)
+-- Read here: token dtypes uint8, uint16, int32, int64 (int8/int16 hold no tokenizer's ids; floats are
+-- not ids). Checked: every header field, the file sizes against the counts (overflow-safe), the
+-- lengths >= 0, the pointers contiguous from 0 (as the writer makes them; the .bin holds exactly
+-- the tokens), the document indices rising from 0 to S. Train/validation: by documents, in order,
+-- the last val_fraction of them (at least one; rounded up) held out, as Megatron's --split
+-- takes contiguous document ranges; documents are concatenated as they are (preprocess_data's
+-- --append-eod puts the eod token between them).
+
+local MEGATRON_MAGIC = "MMIDIDX\0\0"
+local MEGATRON_DTYPES = {[1] = {"uint8", 1}, [2] = {"int8"}, [3] = {"int16"}, [4] = {"int32", 4}, [5] = {"int64", 8},
+  [6] = {"float64"}, [7] = {"float32"}, [8] = {"uint16", 2}}
+
+local function mfail(path, fmt, ...) error(string.format("megatron %s: " .. fmt, path, ...), 0) end
+
+-- the header of an .idx: {dtype, width, S, D}; sizes checked
+local function megatron_header(idx, f, size)
+  local head = f:read(34) or ""
+  if #head < 34 or head:sub(1, 9) ~= MEGATRON_MAGIC then
+    mfail(idx, "not a Megatron-LM index (bad magic or shorter than 34 bytes; expected \"MMIDIDX\\0\\0\")")
+  end
+  local version, code, S, D = string.unpack("<i8I1i8i8", head, 10) -- u64 >= 2^63 unpack negative
+  if version ~= 1 then mfail(idx, "unsupported version %s (expected 1)", string.format("%u", version)) end
+  local dt = MEGATRON_DTYPES[code]
+  if not dt then mfail(idx, "unknown dtype code %d (Megatron's are 1..8)", code) end
+  if not dt[2] then
+    mfail(idx, "dtype code %d (%s) is not a token type nvlua reads (uint8, uint16, int32, int64)", code, dt[1])
+  end
+  local rest = size - 34
+  if S < 0 or S > rest // 12 or D < 0 or D > (rest - 12 * S) // 8 then
+    mfail(idx, "header says %s sequences and %s document indices, but the file has %d bytes after the header",
+      string.format("%u", S), string.format("%u", D), rest)
+  end
+  local extra = rest - 12 * S - 8 * D
+  if extra == S and S > 0 then
+    mfail(idx, "a multimodal index (%d sequence modes after the document indices): nvlua reads token datasets only", S)
+  elseif extra ~= 0 then
+    mfail(idx, "%d bytes after the document indices (header: %d sequences, %d document indices)", extra, S, D)
+  end
+  if D < 1 then mfail(idx, "no document indices (at least the leading 0)") end
+  return {dtype = dt[1], width = dt[2], S = S, D = D}
+end
+
+-- the document indices (a Lua table, 1-based), checked to rise from 0 to S
+local function megatron_documents(idx, f, h)
+  f:seek("set", 34 + 12 * h.S)
+  local docs, prev = {}, 0
+  for i = 1, h.D, 4096 do
+    local k = math.min(4096, h.D - i + 1)
+    local vals = {string.unpack("<" .. string.rep("i8", k), f:read(8 * k))}
+    for j = 1, k do
+      local v = vals[j]
+      if (i + j == 2 and v ~= 0) or v < prev or v > h.S then
+        mfail(idx, "document_indices[%d] = %d: they must rise from 0 to the %d sequences", i + j - 2, v, h.S)
+      end
+      docs[i + j - 1], prev = v, v
+    end
+  end
+  if prev ~= h.S then mfail(idx, "the last document index is %d, not the number of sequences %d", prev, h.S) end
+  return docs
+end
+
+-- Walk the sequence lengths and pointers: lengths >= 0, pointers contiguous from 0, within the .bin.
+-- -> the total tokens, and the tokens before sequence `at` (0-based)
+local function megatron_sequences(idx, f, h, bin_tokens, at)
+  local before, total = nil, 0
+  for i = 0, h.S - 1, 4096 do
+    local k = math.min(4096, h.S - i)
+    f:seek("set", 34 + 4 * i)
+    local lens = {string.unpack("<" .. string.rep("i4", k), f:read(4 * k))}
+    f:seek("set", 34 + 4 * h.S + 8 * i)
+    local ptrs = {string.unpack("<" .. string.rep("i8", k), f:read(8 * k))}
+    for j = 1, k do
+      local s = i + j - 1
+      if s == at then before = total end
+      if lens[j] < 0 then mfail(idx, "sequence_lengths[%d] = %d is negative", s, lens[j]) end
+      if ptrs[j] ~= total * h.width then
+        mfail(idx, "sequence_pointers[%d] = %d, but the sequences before it end at byte %d (pointers must be " ..
+          "contiguous from 0)", s, ptrs[j], total * h.width)
+      end
+      total = total + lens[j]
+      if total > bin_tokens then
+        mfail(idx, "the sequences up to %d hold %d tokens, more than the %d of the .bin", s, total, bin_tokens)
+      end
+    end
+  end
+  if at == h.S then before = total end
+  return total, before
+end
+
+--- data.open_megatron(prefix [, {val_fraction = 0.05}]) -> {prefix, bin, idx, dtype, width,
+-- sequences, documents, tokens, train_documents, train = shard, val = shard}: a Megatron-LM indexed
+-- dataset, checked (see above; errors "megatron <file>: ..."), split by documents.
+function data.open_megatron(prefix, o)
+  local frac = (o and o.val_fraction) or 0.05
+  local idx, bin = prefix .. ".idx", prefix .. ".bin"
+  local f, err = io.open(idx, "rb")
+  if not f then error("megatron: cannot open " .. idx .. ": " .. tostring(err), 0) end
+  local bf, berr = io.open(bin, "rb")
+  if not bf then f:close(); error("megatron: cannot open " .. bin .. ": " .. tostring(berr), 0) end
+  local bin_size = bf:seek("end")
+  bf:close()
+  local ok, r = pcall(function()
+    local h = megatron_header(idx, f, f:seek("end"))
+    f:seek("set", 34)
+    if bin_size % h.width ~= 0 then mfail(bin, "%d bytes: not a whole number of %d-byte tokens", bin_size, h.width) end
+    local docs = megatron_documents(idx, f, h)
+    local n_docs = h.D - 1
+    local n_val = math.ceil(n_docs * frac - 1e-9)
+    if n_val < 1 or n_val >= n_docs then
+      mfail(idx, "%d documents: a train/validation split by documents (the last %g of them) needs at least one " ..
+        "of each", n_docs, frac)
+    end
+    local total, split = megatron_sequences(idx, f, h, bin_size // h.width, docs[n_docs - n_val + 1])
+    if total * h.width ~= bin_size then
+      mfail(bin, "%d bytes, but the index's sequences hold %d tokens of %d bytes", bin_size, total, h.width)
+    end
+    return {prefix = prefix, bin = bin, idx = idx, dtype = h.dtype, width = h.width, sequences = h.S,
+      documents = n_docs, tokens = total, train_documents = n_docs - n_val,
+      train = {path = bin, width = h.width, count = split, offset = 0},
+      val = {path = bin, width = h.width, count = total - split, offset = split * h.width}}
+  end)
+  f:close()
+  if not ok then error(r, 0) end
+  return r
+end
+
+--- data.megatron(prefix [, {vocab_size =, tokenizer =, val_fraction =}]) -> a dataset: a Megatron-LM
+-- indexed dataset (<prefix>.bin, <prefix>.idx), split by documents; the tokenizer and vocabulary
+-- as data.shards finds them, in the prefix's directory.
+function data.megatron(prefix, opts)
+  opts = opts or {}
+  local m = data.open_megatron(prefix, opts)
+  local tok, vocab = tokenizer_for(prefix:match("^(.*)/[^/]*$") or ".", opts)
+  return {name = "megatron:" .. prefix, train = {m.train}, val = {m.val}, vocab_size = opts.vocab_size or vocab,
+    tokenizer = tok, megatron = m}
 end
 
 -- ---- loader ---------------------------------------------------------------------------------

@@ -36,8 +36,10 @@ local function rope_scaling(rs)
   return out
 end
 
---- hf.config(c) -> the HF LlamaConfig of a model config (nn.llama_config's resolved table).
-function hf.config(c)
+--- hf.config(c [, {bos_token_id =, eos_token_id =}]) -> the HF LlamaConfig of a model config
+-- (nn.llama_config's resolved table).
+function hf.config(c, o)
+  o = o or {}
   return {
     architectures = {"LlamaForCausalLM"}, model_type = "llama",
     vocab_size = c.vocab_size, hidden_size = c.hidden_size, intermediate_size = c.intermediate_size,
@@ -47,7 +49,7 @@ function hf.config(c)
     rms_norm_eps = c.rms_norm_eps, rope_theta = c.rope_theta, rope_scaling = rope_scaling(c.rope_scaling),
     tie_word_embeddings = c.tie_word_embeddings, attention_bias = false, attention_dropout = 0.0,
     mlp_bias = false, pretraining_tp = 1, use_cache = true, torch_dtype = "float32",
-    bos_token_id = cjson.null, eos_token_id = cjson.null,
+    bos_token_id = o.bos_token_id or cjson.null, eos_token_id = o.eos_token_id or cjson.null,
   }
 end
 
@@ -70,8 +72,9 @@ function hf.read_config(dir)
 end
 
 --- hf.from_pretrained(dir [, {recipe =}]) -> a llama.Llama with the weights of dir (a Hugging
--- Face Llama directory with config.json and model.safetensors, or an nvlua checkpoint).
+-- Face Llama directory with config.json and model.safetensors, or an nvlua checkpoint: its model/).
 function hf.from_pretrained(dir, o)
+  if lfs.attributes(dir .. "/model/config.json") then dir = dir .. "/model" end
   local llama = require "nvlua.llama"
   local c, err = hf.read_config(dir)
   if not c then error("from_pretrained: " .. tostring(err), 2) end
@@ -86,6 +89,7 @@ end
 --- hf.save_pretrained(model, dir [, {after_weights = fn}]) -> {file name = byte size}: the model's
 -- weights (model.safetensors, f32, __metadata__ {"format": "pt"}) and config.json written into the
 -- existing directory dir. after_weights() runs between the two (checkpoint.lua's fault point).
+-- o.bos_token_id, o.eos_token_id: config.json's (null when absent).
 function hf.save_pretrained(model, dir, o)
   o = o or {}
   if lfs.attributes(dir, "mode") ~= "directory" then error("save_pretrained: " .. tostring(dir) .. " is not a directory", 2) end
@@ -94,7 +98,7 @@ function hf.save_pretrained(model, dir, o)
   if not wok then error("save_pretrained: " .. dir .. "/model.safetensors: " .. tostring(werr), 0) end
   files["model.safetensors"] = lfs.attributes(dir .. "/model.safetensors", "size")
   if o.after_weights then o.after_weights() end
-  write_json(dir .. "/config.json", hf.config(model.config))
+  write_json(dir .. "/config.json", hf.config(model.config, o))
   files["config.json"] = lfs.attributes(dir .. "/config.json", "size")
   return files
 end

@@ -44,7 +44,7 @@ local train = {}
 
 local int, num, bool, str = config.int, config.num, config.bool, config.str
 
--- data=kjv | shards:<dir> | <text file>: the directory or file must be there
+-- data=kjv | shards:<dir> | megatron:<prefix> | <text file>: the directory or files must be there
 local function check_data(v)
   if v == "kjv" then return nil end
   local dir = v:match("^shards:(.*)$")
@@ -52,9 +52,30 @@ local function check_data(v)
     if lfs.attributes(dir, "mode") ~= "directory" then return "shards:" .. dir .. " is not a directory" end
     return nil
   end
+  local prefix = v:match("^megatron:(.*)$")
+  if prefix then
+    for _, ext in ipairs({".bin", ".idx"}) do
+      if lfs.attributes(prefix .. ext, "mode") ~= "file" then
+        return string.format("megatron:%s: no file %s%s (a Megatron-LM indexed dataset is <prefix>.bin and " ..
+          "<prefix>.idx)", prefix, prefix, ext)
+      end
+    end
+    return nil
+  end
   local mode = lfs.attributes(v, "mode")
   if mode ~= "file" then
-    return string.format("'%s' is %s; give kjv, shards:<dir> or a text file", v, mode and "a " .. mode or "not a file")
+    return string.format("'%s' is %s; give kjv, shards:<dir> or a text file (or megatron:<prefix>)", v,
+      mode and "a " .. mode or "not a file")
+  end
+end
+
+-- tokenizer=<tokenizer.json or a directory holding one>: the file must be there
+local function check_tokenizer(v)
+  if v == "" then return nil end
+  local mode = lfs.attributes(v, "mode")
+  local file = mode == "directory" and v .. "/tokenizer.json" or v
+  if lfs.attributes(file, "mode") ~= "file" then
+    return string.format("'%s' is not a tokenizer.json nor a directory holding one", v)
   end
 end
 
@@ -82,6 +103,13 @@ local function relations(c)
   if c.device == "cuda" and c.shard_optimizer then
     return "shard_optimizer=true keeps its shards on the cpu; it does not run with device=cuda yet"
   end
+  if c.max_positions > 0 and c.max_positions < c.seq then
+    return string.format("max_positions (%d) must be 0 (= seq) or at least seq (%d)", c.max_positions, c.seq)
+  end
+  if c.tokenizer ~= "" and not (c.data:match("^shards:") or c.data:match("^megatron:")) then
+    return string.format("tokenizer=%s goes with data=shards:... or megatron:...; data=%s is byte tokens", c.tokenizer,
+      c.data)
+  end
 end
 
 --- The keys every experiment understands: default, type and accepted values (config.schema). An
@@ -89,13 +117,21 @@ end
 -- does it with the experiment's table).
 train.schema = config.schema({
   -- data
-  data = str("kjv", {check = check_data, doc = "kjv | shards:<dir> | a text file"}),
+  data = str("kjv", {check = check_data, doc = "kjv | shards:<dir> | megatron:<prefix> | a text file"}),
   cache = str(""), seed = int(1), data_seed = int(1),
-  -- model (Hugging Face Llama keys in short); head_dim 0: hidden / heads; vocab 0: the data's
+  -- the data's tokenizer (shards, megatron): a tokenizer.json or a directory holding one; "": the data
+  -- directory's manifest.json or tokenizer.json. Exported with every checkpoint.
+  tokenizer = str("", {check = check_tokenizer, doc = "a tokenizer.json, or a directory holding one"}),
+  -- model (Hugging Face Llama keys in short); head_dim 0: hidden / heads; vocab 0: the data's (the
+  -- byte tokenizer's 256, or the manifest's / tokenizer's)
   layers = int(4, {min = 1}), hidden = int(256, {min = 1}), heads = int(8, {min = 1}), kv_heads = int(4, {min = 1}),
   ffn = int(768, {min = 1}), head_dim = int(0, {min = 0}), vocab = int(0, {min = 0}),
   rope_theta = num(10000.0, {above = 0}), norm_eps = num(1e-5, {above = 0}), tie = bool(false),
   seq = int(128, {min = 1}),
+  -- the longest sequence the model accepts (HF max_position_embeddings, the export's context
+  -- length; 0: seq). RoPE is computed for any position, so a model trained on seq tokens can be
+  -- declared (and run) longer; positions past seq were never trained on.
+  max_positions = int(0, {min = 0}),
   -- optimisation
   steps = int(300, {min = 1}), batch = int(8, {min = 1}), grad_accum = int(1, {min = 1}),
   lr = num(3e-3, {above = 0}), min_lr = num(3e-4, {min = 0}), warmup = int(30, {min = 0}),
@@ -134,10 +170,17 @@ function train.check(c) return train.schema:check(c) end
 function train.dataset(c)
   local cache = c.cache ~= "" and c.cache or nil
   if c.data == "kjv" then return data.kjv({cache = cache}) end
-  local shards = c.data:match("^shards:(.*)$")
-  if shards then
-    if c.vocab <= 0 then error("config: data=shards:... needs vocab=<vocabulary size>", 0) end
-    return data.shards(shards, {vocab_size = c.vocab})
+  local shards, prefix = c.data:match("^shards:(.*)$"), c.data:match("^megatron:(.*)$")
+  if shards or prefix then
+    -- the vocabulary: the manifest's or the tokenizer's (vocab= may only be larger: check_data_fits)
+    local o = {tokenizer = c.tokenizer ~= "" and c.tokenizer or nil}
+    local ds = shards and data.shards(shards, o) or data.megatron(prefix, o)
+    if not ds.vocab_size and c.vocab == 0 then
+      error(string.format("config: data=%s needs vocab=<vocabulary size> or tokenizer=<tokenizer.json>: %s has no " ..
+        "manifest.json nor tokenizer.json (scripts/prepare_data.py writes them)", c.data,
+        shards or (prefix:match("^(.*)/[^/]*$") or ".")), 0)
+    end
+    return ds
   end
   return data.text(c.data, {cache = cache})
 end
@@ -146,7 +189,8 @@ function train.model_config(c, vocab)
   return {
     vocab_size = vocab, hidden_size = c.hidden, intermediate_size = c.ffn, num_hidden_layers = c.layers,
     num_attention_heads = c.heads, num_key_value_heads = c.kv_heads, head_dim = c.head_dim > 0 and c.head_dim or nil,
-    rope_theta = c.rope_theta, rms_norm_eps = c.norm_eps, max_position_embeddings = math.max(c.seq, 1),
+    rope_theta = c.rope_theta, rms_norm_eps = c.norm_eps,
+    max_position_embeddings = math.max(c.max_positions > 0 and c.max_positions or c.seq, 1),
     tie_word_embeddings = c.tie,
   }
 end
@@ -315,12 +359,20 @@ function train.evaluate(model, ds, c, p)
   return loss, math.exp(loss)
 end
 
---- Sample n tokens after a prompt (temperature, top-k), deterministic from the seed.
+--- Sample n tokens after a prompt (temperature, top-k), deterministic from the seed; -> their text
+-- (tokenizer.decode), or their ids joined by spaces without a tokenizer. prompt: token ids (a
+-- table), or text: bytes, which is what it is with the byte tokenizer (a tokenizer.json tokenizer
+-- does not encode in Lua: its prompt comes tokenized, see train.sample_prompt).
 function train.sample(model, tokenizer, prompt, n, o)
   o = o or {}
   local gen = nv.Generator(o.seed or 1)
   local ids = {}
-  for i = 1, #prompt do ids[i] = prompt:byte(i) end
+  if type(prompt) == "table" then
+    table.move(prompt, 1, #prompt, 1, ids)
+  else
+    for i = 1, #prompt do ids[i] = prompt:byte(i) end
+  end
+  local n_prompt = #ids
   local T = model.config.max_position_embeddings
   local was = model.training
   model:eval()
@@ -349,8 +401,18 @@ function train.sample(model, tokenizer, prompt, n, o)
   end
   model:train(was)
   local out = {}
-  for i = #prompt + 1, #ids do out[#out + 1] = ids[i] end
+  for i = n_prompt + 1, #ids do out[#out + 1] = ids[i] end
   return tokenizer and tokenizer.decode(out) or table.concat(out, " ")
+end
+
+--- The end-of-run sample's prompt for a tokenizer -> ids (or text for the byte tokenizer), and its
+-- text: "And " (the byte tokenizer); the data manifest's prompt (scripts/prepare_data.py tokenizes
+-- it with the real tokenizer); else the bos token alone; else nil (no sample).
+function train.sample_prompt(tok)
+  if tok.name == "bytes" then return "And ", "And " end
+  if tok.prompt then return tok.prompt.ids, tok.prompt.text end
+  if tok.bos_id then return {tok.bos_id}, "" end
+  return nil
 end
 
 -- ---- the loop ---------------------------------------------------------------------------------
@@ -386,7 +448,8 @@ local function save_checkpoint(r, step)
     local path = string.format("%s/checkpoints/step-%06d", r.run_dir, step)
     if r.main then
       path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
-        config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = r.bad_in_row, skipped = r.skipped})
+        config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = r.bad_in_row, skipped = r.skipped,
+        tokenizer = r.ds.tokenizer})
     end
     if r.world > 1 then r.dist.barrier() end
     return path
@@ -672,10 +735,11 @@ local function sample_text(r)
   local c, rec = r.c, r.rec
   local reducer = rec and rec.amax_reducer
   if reducer then rec:set_amax_reducer(nil) end
-  local text = train.sample(r.model, r.ds.tokenizer, "And ", c.sample_tokens,
+  local prompt, prompt_text = train.sample_prompt(r.ds.tokenizer)
+  local text = prompt and train.sample(r.model, r.ds.tokenizer, prompt, c.sample_tokens,
     {temperature = c.temperature, top_k = c.top_k, seed = c.seed})
   if reducer then rec:set_amax_reducer(reducer) end
-  return text
+  return text, prompt_text
 end
 
 -- loss.png: the train and validation losses. -> its path, or nil (the reason printed)
@@ -718,13 +782,15 @@ local function finish_run(r, ok, err)
     summary.final_val_loss = r.val_points[#r.val_points][2]
     summary.val_ppl = math.exp(summary.final_val_loss)
   end
-  if c.sample_tokens > 0 and r.ds.tokenizer and r.main then summary.sample = sample_text(r) end
+  if c.sample_tokens > 0 and r.ds.tokenizer and r.main then
+    summary.sample, summary.sample_prompt = sample_text(r)
+  end
   if c.plot and r.main then summary.plot = plot_losses(r) end
   return summary
 end
 
 --- train.run(c, parts) -> summary {final_val_loss, val_ppl, tokens_per_s, steps, skipped, run_dir,
--- plot, checkpoint, sample, interrupted, losses = {...}}
+-- plot, checkpoint, sample (the text after sample_prompt), sample_prompt, interrupted, losses = {...}}
 function train.run(c, p)
   local r = start_run(c, p)
   local ok, err = pcall(function()
@@ -760,7 +826,7 @@ function train.main(defaults, args)
   if not c.quiet and main and not s.interrupted then
     print(string.format("\ndone: %d steps (%d skipped), %.0f tokens/s", s.steps, s.skipped, s.tokens_per_s))
     if s.final_val_loss then print(string.format("final validation loss %.4f (perplexity %.2f)", s.final_val_loss, s.val_ppl)) end
-    if s.sample then print("sample: And " .. s.sample:gsub("\n", "\n        ")) end
+    if s.sample then print("sample: " .. (s.sample_prompt .. s.sample):gsub("\n", "\n        ")) end
     if s.plot then print("loss curve: " .. s.plot) end
     if s.checkpoint then print("checkpoint: " .. s.checkpoint) end
     print("metrics: " .. s.run_dir .. "/metrics.jsonl")
