@@ -2,13 +2,17 @@
 --   * save/load round trip of everything training needs: parameters, AdamW moments and step,
 --     recipe state (a 64-bit seed > 2^53 and the SR offset under nvfp4; amax histories, including
 --     non-finite entries, under fp8_delayed), the loader cursor and the default generator; the
---     restored run's next step equals the original's bit for bit.
+--     restored run's next step equals the original's bit for bit. The model (config.json,
+--     model.safetensors) is in model/, the training state beside it, never inside.
 --   * keep=K prunes the oldest; latest() ignores "step-N.partial", directories without
 --     trainer.json and other names, and orders by step number; a leftover .partial is replaced.
 --   * the order of writing: latest() and pruning go by it; pruning keeps the newest checkpoint
 --     written outside a streak of skipped steps and the protected one; saving a step again replaces
 --     it. The leftovers a crash can leave (a half-removed directory, step-N.old with or without
 --     step-N, a .partial): list() sees the effective checkpoints, recover() settles them.
+--   * a checkpoint of the layout before model/ (model files beside trainer.json, built here from a
+--     current one) resumes bit for bit; from_pretrained (checkpoint's and nvlua.hf's) takes it, a
+--     current step directory and its model/.
 --   * a corrupt checkpoint (every file missing, empty, truncated or garbage; every trainer.json
 --     field of a wrong type; another model shape or recipe; a diverged run) fails to load with
 --     "checkpoint <dir>/<file>: <what>", changing nothing; a checkpoint without the bookkeeping
@@ -361,6 +365,11 @@ local CORRUPT = {
   {"replaced config.json", function(d) T.write_file(d .. "/model/config.json", "{}") end,
     "model/config.json: 2 bytes, but trainer.json recorded"},
   {"no config.json", function(d) os.remove(d .. "/model/config.json") end, "model/config.json: missing"},
+  {"no model/", function(d) ckpt.rm_rf(d .. "/model") end, "model/config.json: missing"},
+  {"no tokenizer.json", function(d) os.remove(d .. "/model/tokenizer.json") end,
+    "model/tokenizer.json: missing (trainer.json recorded it when the checkpoint was written)"},
+  {"replaced tokenizer_config.json", function(d) T.write_file(d .. "/model/tokenizer_config.json", "{}") end,
+    "model/tokenizer_config.json: 2 bytes, but trainer.json recorded"},
   {"another model", function() return {model = llama.Llama(tiny({hidden_size = 48}), {seed = 1})} end,
     "model/config.json: model shape mismatch: the checkpoint is of another model: hidden_size = 32 (this model: 48)"},
   {"another recipe", function() return {recipe = recipe.bf16()} end,
@@ -390,7 +399,7 @@ T.case("a corrupt checkpoint fails to load naming the file and the problem, and 
   for i = 1, 2 do step(a, i) end
   local run = fresh("corrupt")
   local good = ckpt.save(run, {model = a.model, optimizer = a.optimizer, recipe = a.recipe, loader = a.loader,
-    step = 2})
+    step = 2, tokenizer = data.ByteTokenizer})
   local b = setup(22, recipe.nvfp4({seed = 5}))
   local before, rs = bytes_of(b.model), b.recipe:state()
   for i, c in ipairs(CORRUPT) do
@@ -423,6 +432,60 @@ T.case("a corrupt checkpoint fails to load naming the file and the problem, and 
   T.eq(bytes_of(c.model), bytes_of(a.model))
   local la, lc = step(a, 3), step(c, 3)
   T.eq(string.pack("<d", lc), string.pack("<d", la), "and training goes on identically")
+end)
+
+-- ---- the layout before model/ ------------------------------------------------------------------
+
+-- a checkpoint of the earlier layout, made from one of the current: model/'s files moved up beside
+-- trainer.json, whose files lose the "model/" prefix (what save wrote before model/ existed)
+local function old_layout(dir, into)
+  sh(string.format("cp -r '%s' '%s'", dir, into))
+  for _, n in ipairs(ls(into .. "/model")) do assert(os.rename(into .. "/model/" .. n, into .. "/" .. n)) end
+  assert(lfs.rmdir(into .. "/model"))
+  edit_json(into .. "/trainer.json", function(t)
+    local files = {}
+    for k, v in pairs(t.files) do files[(k:gsub("^model/", ""))] = v end
+    t.files = files
+  end)
+end
+
+T.case("a checkpoint of the layout before model/ (model files beside trainer.json) resumes and loads", function()
+  local a = setup(11, recipe.nvfp4({seed = 3}))
+  for i = 1, 2 do step(a, i) end
+  local run = fresh("old")
+  local dir = ckpt.save(run, {model = a.model, optimizer = a.optimizer, recipe = a.recipe, loader = a.loader,
+    step = 2, tokenizer = data.ByteTokenizer})
+  T.eq(ls(dir .. "/model"), {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+  local old = run .. "/checkpoints/step-000004"
+  old_layout(dir, old)
+  T.eq(ls(old), {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "trainer.json",
+    "trainer.safetensors"})
+  T.eq(ckpt.model_dir(old), old)
+  T.eq(ckpt.model_dir(dir), dir .. "/model")
+  T.eq(ckpt.list(run), {dir, old}, "listed like any checkpoint")
+  local saved = bytes_of(a.model)
+  local b = setup(22, recipe.nvfp4({seed = 5}))
+  local tr = ckpt.load(old, b)
+  T.eq(tr.step, 2)
+  T.eq(bytes_of(b.model), saved)
+  local la, lb = step(a, 3), step(b, 3)
+  T.eq(string.pack("<d", lb), string.pack("<d", la), "training goes on identically")
+  -- from_pretrained: the old step directory, the new one, and the new one's model/, through
+  -- checkpoint and through nvlua.hf
+  local hf = require "nvlua.hf"
+  for _, d in ipairs({old, dir, dir .. "/model"}) do
+    T.eq(bytes_of(ckpt.from_pretrained(d)), saved, d)
+    T.eq(bytes_of(hf.from_pretrained(d)), saved, "hf: " .. d)
+    T.eq(ckpt.read_config(d).hidden_size, 32, d)
+  end
+  -- its files are checked as before, under their old names
+  os.remove(old .. "/model.safetensors")
+  T.raises(function() ckpt.load(old, b) end, "checkpoint " .. old .. "/model.safetensors: missing (a checkpoint " ..
+    "has config.json, model.safetensors, trainer.safetensors and trainer.json)")
+  -- a new-layout checkpoint whose model/ is gone says so (trainer.json's files tell the layout)
+  ckpt.rm_rf(dir .. "/model")
+  T.raises(function() ckpt.load(dir, b) end, "checkpoint " .. dir .. "/model/config.json: missing (a checkpoint " ..
+    "has model/config.json, model/model.safetensors, trainer.safetensors and trainer.json)")
 end)
 
 -- ---- the Hugging Face layout -------------------------------------------------------------------

@@ -11,9 +11,9 @@
 -- on (scripts/check_hf_e2e.py checks it). It has no bos/eos: config.json says null, generation
 -- stops at max_new_tokens. (Adding specials would make the vocabulary 257+, another model.)
 --
--- A loaded tokenizer.json decodes (for train's end-of-run sample): the model's tokens go through
--- the file's decoder (ByteLevel, ByteFallback, Fuse, Replace, Strip, Metaspace and Sequences of
--- them, as the tokenizers library does), added tokens are written as their text. It does not
+-- A loaded tokenizer.json decodes (for train's end-of-run sample): the tokens' texts (an added
+-- token's content) go through the file's decoder (ByteLevel, ByteFallback, Fuse, Replace, Strip,
+-- Metaspace and Sequences of them) as the tokenizers library does, special tokens kept. It does not
 -- encode (that needs the pre-tokenizer's Unicode regexes): text is tokenized by
 -- scripts/prepare_data.py, which also records the ids of the sample prompt in the data's manifest.
 -- bos/eos: the given names, else tokenizer_config.json beside the file, else well-known names
@@ -238,20 +238,18 @@ function tokenizer.load(path, o)
   local decoder = t.decoder
   local tok = {name = path, path = path, vocab_size = size, bos_token = bos, bos_id = bos_id, eos_token = eos,
     eos_id = eos_id, text = text}
-  --- ids (a table of integers or an i64 tensor) -> the decoded bytes; added tokens as their text
+  --- ids (a table of integers or an i64 tensor) -> the decoded bytes: every token's text (an added
+  -- token's is its content) through the decoder, as the tokenizers library decodes (special tokens kept)
   function tok.decode(ids)
     if type(ids) ~= "table" then ids = ids:totable() end
-    local out, run = {}, {}
-    local function flush()
-      if #run > 0 then out[#out + 1] = table.concat(tokenizer.run_decoder(decoder, run)); run = {} end
+    local list = {}
+    for i, id in ipairs(ids) do
+      list[i] = tokens[id]
+      if list[i] == nil then
+        error(string.format("tokenizer %s: id %s is not in the vocabulary", path, tostring(id)), 2)
+      end
     end
-    for _, id in ipairs(ids) do
-      local s = tokens[id]
-      if s == nil then error(string.format("tokenizer %s: id %s is not in the vocabulary", path, tostring(id)), 2) end
-      if added[id] then flush(); out[#out + 1] = s else run[#run + 1] = s end
-    end
-    flush()
-    return table.concat(out)
+    return table.concat(tokenizer.run_decoder(decoder, list))
   end
   return tok
 end
