@@ -1,6 +1,8 @@
 -- tests/test_fuzz.lua: a seeded mutation fuzzer for the readers of untrusted files, safetensors
--- (nvlua.safetensors load / read_header) and NVLTOK token shards (nvlua.data open_shard /
--- read_tokens), plus the reference-verdict corpus.
+-- (nvlua.safetensors load / read_header), NVLTOK token shards (nvlua.data open_shard /
+-- read_tokens) and Megatron-LM indexed datasets (nvlua.data open_megatron: .idx header fields,
+-- entries, both files' sizes; an accepted pair is re-derived from its bytes), plus the
+-- reference-verdict corpus.
 --   * Valid files are built here (st.save, data.write_shard, and a hand-written header with
 --     whitespace, escapes, unordered offsets, null metadata and an unknown field), then mutated:
 --     bit flips, interesting bytes, truncation, extension, inserted/deleted bytes, header-length
@@ -16,9 +18,9 @@
 --   * tests/data/safetensors_ref_corpus.txt (scripts/fuzz_safetensors_ref.py): mutated files with
 --     the reference implementation's verdict and the verdict nvlua must give (the reference's, but
 --     for the deliberate differences documented in lua/nvlua/safetensors.lua, tagged by the script).
--- Environment, for scripts/fuzz.sh: NVLUA_FUZZ_CASES (safetensors cases; shards get half; default
--- 4000), NVLUA_FUZZ_SEED (default 1), NVLUA_FUZZ_PROGRESS (report every N cases), NVLUA_FUZZ_CASE
--- (run only case i, to reproduce one), NVLUA_FUZZ_KEEP (a directory: failing files are copied
+-- Environment, for scripts/fuzz.sh: NVLUA_FUZZ_CASES (safetensors cases; shards get half, Megatron
+-- pairs a quarter; default 4000), NVLUA_FUZZ_SEED (default 1), NVLUA_FUZZ_PROGRESS (report every N
+-- cases), NVLUA_FUZZ_CASE (run only case i, to reproduce one), NVLUA_FUZZ_KEEP (a directory: failing files are copied
 -- there), NVLUA_FUZZ_REF (another corpus file to check instead of the committed one).
 local T = require "nvlua.test"
 local nv = require "nvlua"
@@ -460,6 +462,148 @@ T.case("shards: mutated headers (wrapping counts included) are rejected with a n
   if LONG then say("shards: %d cases (seed %d), %d accepted, %d failing", last - first + 1, SEED, accepted, fail.n) end
   if last - first >= 200 then T.ok(accepted > 0, "some mutated shards are still valid") end
   fail.check("shards")
+end)
+
+-- ---- Megatron-LM indexed datasets ----------------------------------------------------------------
+
+local MG_PACK = {[1] = "I1", [8] = "I2", [4] = "i4", [5] = "i8"}
+local MG_SIZE = {[1] = 1, [8] = 2, [4] = 4, [5] = 8}
+
+-- a .bin and .idx of documents (lists of sequences of ids) in dtype code (tests/test_megatron.lua's layout)
+local function mg_pair(code, docs)
+  local bin, lens, ptrs, index, ptr = {}, {}, {}, {}, 0
+  index[1] = string.pack("<i8", 0)
+  local n = 0
+  for _, doc in ipairs(docs) do
+    for _, seq in ipairs(doc) do
+      for _, v in ipairs(seq) do bin[#bin + 1] = string.pack("<" .. MG_PACK[code], v) end
+      n = n + 1
+      lens[n], ptrs[n] = string.pack("<i4", #seq), string.pack("<i8", ptr)
+      ptr = ptr + #seq * MG_SIZE[code]
+    end
+    index[#index + 1] = string.pack("<i8", n)
+  end
+  return table.concat(bin), "MMIDIDX\0\0" .. string.pack("<I8I1I8I8", 1, code, n, #index) .. table.concat(lens) ..
+    table.concat(ptrs) .. table.concat(index)
+end
+
+local function mg_seeds()
+  return {
+    {mg_pair(8, {{{1, 2, 3}, {65535}}, {{4, 5}}, {{6}, {7, 8, 9}}, {{10, 11}}})},
+    {mg_pair(4, {{{100000, 2}}, {}, {{3}, {}}, {{2147483647, 0, 1}}})},
+    {mg_pair(1, {{{1}}, {{2, 3}}, {{255, 4, 5, 6}}})},
+    {mg_pair(5, {{{1 << 40, 2}}, {{3}}})},
+  }
+end
+
+local MG_WEIRD = {0, 1, -1, 2, 7, 1 << 31, (1 << 31) - 1, 1 << 62, (1 << 62) + 3, 1 << 63, (1 << 63) + 2, 1 << 32}
+
+-- a mutated pair; idx fields: version u64 at 10, code u8 at 18, S u64 at 19, D u64 at 27, then entries
+local function mutate_mg(g, bin, idx)
+  local did = {}
+  for _ = 1, g.pick({1, 1, 2, 3}) do
+    local k = g.int(9)
+    local S = #idx >= 34 and string.unpack("<i8", idx, 19) or 0
+    local function set(at, fmt, v)
+      if fmt == "<i4" then fmt, v = "<I4", v & 0xffffffff end -- any 32 bits
+      if at + string.packsize(fmt) - 1 <= #idx then
+        idx = idx:sub(1, at - 1) .. string.pack(fmt, v) .. idx:sub(at + string.packsize(fmt))
+      end
+    end
+    if k == 1 then set(10, "<i8", g.pick({0, 1, 2, -1})); did[#did + 1] = "version"
+    elseif k == 2 then set(18, "<I1", g.int(10) - 1); did[#did + 1] = "dtype"
+    elseif k == 3 then
+      set(g.pick({19, 27}), "<i8", g.pick({S - 1, S + 1, S, g.pick(MG_WEIRD)}))
+      did[#did + 1] = "count"
+    elseif k == 4 and S > 0 and S < 100 then -- a length, a pointer or a document index
+      local which = g.int(3)
+      local at = which == 1 and 35 + 4 * (g.int(S) - 1) or which == 2 and 35 + 4 * S + 8 * (g.int(S) - 1)
+        or 35 + 12 * S + 8 * (g.int(math.max(1, (#idx - 34 - 12 * S) // 8)) - 1)
+      set(at, which == 1 and "<i4" or "<i8", g.pick({g.pick(MG_WEIRD), g.int(12) - 4}))
+      did[#did + 1] = "entry"
+    elseif k == 5 and #idx > 0 then
+      local p = g.int(#idx)
+      idx = splice(idx, p, p, string.char(idx:byte(p) ~ (1 << (g.int(8) - 1))))
+      did[#did + 1] = "idx bit flip"
+    elseif k == 6 then idx = idx:sub(1, g.int(#idx + 1) - 1); did[#did + 1] = "idx truncate"
+    elseif k == 7 then idx = idx .. string.rep("\0", g.pick({1, 4, 8, g.int(16)})); did[#did + 1] = "idx extend"
+    elseif k == 8 then bin = bin:sub(1, g.int(#bin + 1) - 1); did[#did + 1] = "bin truncate"
+    elseif k == 9 then bin = bin .. string.rep("\3", g.int(9)); did[#did + 1] = "bin extend" end
+  end
+  return bin, idx, table.concat(did, ", ")
+end
+
+-- An accepted pair, judged from its bytes alone: the index consistent (sizes, rising document
+-- indices, lengths >= 0, contiguous pointers, the .bin exactly the tokens) and the splits the
+-- right tokens (validation: the last ceil(5% of the documents)). -> what is wrong, or nil
+local function mg_check(bin, idx, m)
+  local code, S, D = string.unpack("<I1i8i8", idx, 18)
+  local w = MG_SIZE[code]
+  if not w or S < 0 or D < 2 or 34 + 12 * S + 8 * D ~= #idx then return "accepted an inconsistent header" end
+  local total, starts = 0, {}
+  for i = 1, S do
+    local len, ptr = string.unpack("<i4", idx, 35 + 4 * (i - 1)), string.unpack("<i8", idx, 35 + 4 * S + 8 * (i - 1))
+    if len < 0 or ptr ~= total * w then return "accepted sequence " .. i .. " (length or pointer)" end
+    starts[i] = total
+    total = total + len
+  end
+  starts[S + 1] = total
+  if total * w ~= #bin then return "accepted a .bin of another size" end
+  local prev = -1
+  local docs = {}
+  for i = 1, D do
+    docs[i] = string.unpack("<i8", idx, 35 + 12 * S + 8 * (i - 1))
+    if (i == 1 and docs[i] ~= 0) or docs[i] < prev or docs[i] > S then return "accepted bad document indices" end
+    prev = docs[i]
+  end
+  if prev ~= S then return "accepted a last document index that is not S" end
+  local n_val = math.ceil((D - 1) * 0.05 - 1e-9)
+  local cut = starts[docs[D - n_val] + 1]
+  if m.train.count ~= cut or m.val.count ~= total - cut then return "splits at the wrong token" end
+  local want = {}
+  for i = 1, total do want[i] = string.unpack(code == 4 and "<I4" or "<" .. MG_PACK[code], bin, 1 + (i - 1) * w) end
+  local got = data.read_tokens(m.train, 0, m.train.count):totable()
+  for _, v in ipairs(data.read_tokens(m.val, 0, m.val.count):totable()) do got[#got + 1] = v end
+  if not T.deep_eq(got, want) then return "tokens differ from the .bin's bytes" end
+end
+
+T.case("megatron: mutated .idx/.bin pairs are rejected with a named error, or read exactly", function()
+  local seeds = mg_seeds()
+  local prefix = scratch .. "/mg"
+  local fail = failures()
+  local accepted = 0
+  local n = math.max(1, CASES // 4)
+  local first, last = ONLY or 1, ONLY or n
+  for i = first, last do
+    local g = generator(SEED + 11, i)
+    local sd = seeds[g.int(#seeds)]
+    local bin, idx, did = mutate_mg(g, sd[1], sd[2])
+    T.write_file(prefix .. ".bin", bin)
+    T.write_file(prefix .. ".idx", idx)
+    local ok, m = guarded(data.open_megatron, prefix)
+    local problem
+    if not ok then
+      if type(m) ~= "string" or not (m:find("megatron " .. prefix .. ".idx: ", 1, true) == 1 or
+          m:find("megatron " .. prefix .. ".bin: ", 1, true) == 1) then
+        problem = "rejected without 'megatron <file>:': " .. tostring(m)
+      end
+    else
+      accepted = accepted + 1
+      local cok, c = guarded(mg_check, bin, idx, m)
+      if cok then problem = c else problem = "checking an accepted pair failed: " .. tostring(c) end
+    end
+    if problem then fail.add("case " .. i, did .. ": " .. problem, idx, prefix .. ".idx") end
+  end
+  if LONG then
+    say("megatron: %d cases (seed %d), %d accepted, %d failing", last - first + 1, SEED, accepted, fail.n)
+  end
+  if last - first >= 200 then T.ok(accepted > 0 and accepted < last - first, "accepted " .. accepted) end
+  fail.check("megatron")
+  for _, sd in ipairs(seeds) do -- the seeds themselves are read
+    T.write_file(prefix .. ".bin", sd[1])
+    T.write_file(prefix .. ".idx", sd[2])
+    T.eq(mg_check(sd[1], sd[2], data.open_megatron(prefix)), nil)
+  end
 end)
 
 -- ---- the reference-verdict corpus -------------------------------------------------------------------

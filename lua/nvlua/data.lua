@@ -461,8 +461,9 @@ function data.open_megatron(prefix, o)
   local bin_size = bf:seek("end")
   bf:close()
   local ok, r = pcall(function()
-    local h = megatron_header(idx, f, f:seek("end"))
-    f:seek("set", 34)
+    local size = f:seek("end")
+    f:seek("set", 0)
+    local h = megatron_header(idx, f, size)
     if bin_size % h.width ~= 0 then mfail(bin, "%d bytes: not a whole number of %d-byte tokens", bin_size, h.width) end
     local docs = megatron_documents(idx, f, h)
     local n_docs = h.D - 1
