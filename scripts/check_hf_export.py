@@ -49,7 +49,8 @@ def die(msg, code=2):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("ckpt", help="a checkpoint directory (config.json + model.safetensors)")
+    ap.add_argument("ckpt", help="a checkpoint directory (its model/), or a model directory (config.json + "
+                    "model.safetensors)")
     ap.add_argument("--ids", help="token ids: a text file, one sequence per line (equal lengths)")
     ap.add_argument("--batch", type=int, default=2, help="random ids: sequences (default 2)")
     ap.add_argument("--seq", type=int, default=0, help="random ids: length (default min(32, max positions))")
@@ -66,6 +67,8 @@ def main():
     except ImportError as e:
         die("needs PyTorch, transformers and safetensors (pip install torch transformers safetensors): %s" % e)
 
+    if os.path.isdir(os.path.join(a.ckpt, "model")):  # a checkpoint: the model directory inside
+        a.ckpt = os.path.join(a.ckpt, "model")
     for f in ("config.json", "model.safetensors"):
         if not os.path.isfile(os.path.join(a.ckpt, f)):
             die("%s has no %s: not a checkpoint directory" % (a.ckpt, f))

@@ -1,7 +1,8 @@
 -- scripts/make_shards.lua: convert text (a file or a directory of files, walked in sorted order)
 -- into NVLTOK shard files (format documented in lua/nvlua/data.lua) with the byte tokenizer:
 -- <out>/train_000.bin, train_001.bin, ... and <out>/val_000.bin (the last val_fraction of the
--- text, cut at a line break). Train with data=shards:<out> vocab=256.
+-- text, cut at a line break), and <out>/manifest.json (the byte tokenizer, vocabulary 256: see
+-- lua/nvlua/data.lua). Train with data=shards:<out>.
 --   build/nvlua scripts/make_shards.lua <input> <out> [width=2] [val_fraction=0.05] [shard_mb=64]
 -- Tokens from another tokenizer go into the same format: 24-byte header (magic "NVLTOK\0\0",
 -- u32 version 1, u32 width 2|4, u64 count) then the ids, little-endian (data.write_shard).
@@ -36,5 +37,8 @@ for start = 1, cut, per do
   n = n + 1
 end
 data.write_shard(out .. "/val_000.bin", text:sub(cut + 1), o.width)
+local manifest = {format = "nvlua-data", version = 1, tokenizer = "bytes", vocab_size = 256,
+  prompt = {text = "And ", ids = {("And "):byte(1, -1)}}, width = o.width, tokens = {train = cut, val = #text - cut}}
+assert(require("nvlua.util").atomic_write(out .. "/manifest.json", config.encode(manifest) .. "\n"))
 print(string.format("make_shards: %d files, %d bytes -> %d train shard(s) (%d tokens) and 1 val shard (%d tokens) in %s",
   #files, #text, n, cut, #text - cut, out))

@@ -212,6 +212,10 @@ def tiktoken_json(enc):
             if len(parts) != 2:
                 die("tiktoken %s: token rank %d is not a merge of two lower-ranked tokens" % (enc.name, rank))
             merges.append([name(parts[0]), name(parts[1])])
+    # the special tokens are in the model's vocabulary too (as the tokenizers library's trainers put
+    # them), else the library gives their ids to the model's last tokens
+    vocab = {name(t): r for t, r in ranks.items()}
+    vocab.update(enc._special_tokens)
     added = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
               "special": True} for s, i in sorted(enc._special_tokens.items(), key=lambda kv: kv[1])]
     tj = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
@@ -222,7 +226,7 @@ def tiktoken_json(enc):
           "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-                    "vocab": {name(t): r for t, r in ranks.items()}, "merges": merges}}
+                    "vocab": vocab, "merges": merges}}
     return json.dumps(tj, ensure_ascii=False)
 
 
@@ -317,6 +321,7 @@ def main():
     ap.add_argument("--prompt", default="And ", help="the text of the end-of-run sample's prompt (default 'And ')")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per train shard")
     ap.add_argument("--batch", type=int, default=1000, help="documents tokenized at a time")
+    ap.add_argument("--overwrite", action="store_true", help="replace the shards OUT_DIR holds")
     a = ap.parse_args()
     if not 0 < a.val_fraction < 1:
         die("--val-fraction must be in (0, 1)")
@@ -346,6 +351,11 @@ def main():
     if a.tiktoken:
         check_tiktoken(tok, a.tiktoken, files, a)
     os.makedirs(a.out, exist_ok=True)
+    old = sorted(f for f in os.listdir(a.out) if f.endswith(".bin") and f.startswith(("train", "val")))
+    if old and not a.overwrite:
+        die("%s already holds shards (%s); --overwrite replaces them" % (a.out, ", ".join(old[:3])))
+    for f in old:
+        os.remove(os.path.join(a.out, f))
     raw = os.path.join(a.out, "tokens.raw.tmp")
     try:
         lengths = tokenize(tok, files, a, raw, width)

@@ -17,7 +17,16 @@
 --     special_tokens_map.json, generation_config.json, config.json's bos/eos ids and max_positions;
 --     trainer.json records them; the sample starts at the manifest's prompt ids and is their decoding;
 --     a run on a text file exports the byte tokenizer (bos/eos null, no generation_config.json).
+--   * scripts/make_shards.lua's byte shards carry a manifest: data=shards: needs no vocab=.
 -- scripts/check_hf_e2e.py loads such exports with transformers (CI runs it when it can install it).
+-- tests/data/kjv_bpe/ and tests/data/megatron/ are made (byte for byte again) by
+--   python3 scripts/train_tokenizer.py tests/data/kjv_bpe --vocab 512
+--   python3 scripts/prepare_data.py tests/data/kjv_bpe tests/data/kjv_bpe/genesis.txt \
+--     --tokenizer tests/data/kjv_bpe/tokenizer.json --split line --bos --overwrite
+--   python3 scripts/make_megatron_data.py tests/data/megatron/genesis_text_document tests/data/kjv_bpe/genesis.txt \
+--     --tokenizer tests/data/kjv_bpe/tokenizer.json --docs-per 4 --split-sentences --append-eod \
+--     --expect tests/data/megatron/genesis_text_document.json
+-- (genesis.txt: `bible -f gen1:1-gen2:25` from Debian's bible-kjv, verse references stripped).
 local T = require "nvlua.test"
 local tokenizer = require "nvlua.tokenizer"
 local data = require "nvlua.data"
@@ -258,6 +267,21 @@ T.case("shards without a manifest: vocab= or tokenizer= is needed; tokenizer= gi
   T.eq(lfs.attributes(s2.checkpoint .. "/model/tokenizer.json"), nil, "no tokenizer known: none exported")
   T.raises(function() run("plain3", {"data=shards:" .. KJV, "vocab=500"}) end,
     "config: vocab=500 is smaller than the data's vocabulary (512 tokens)")
+end)
+
+T.case("scripts/make_shards.lua: byte shards with a manifest; data=shards: takes vocab 256 from it", function()
+  local out = ROOT .. "/made"
+  local cmd = string.format("%s %s/../scripts/make_shards.lua %s %s 2>&1", T.shq(T.nvlua()), T.shq(here),
+    T.shq(KJV .. "/genesis.txt"), T.shq(out))
+  local p = assert(io.popen(cmd))
+  local log = p:read("a")
+  T.ok(p:close(), "make_shards.lua: " .. log)
+  local m = data.read_manifest(out)
+  T.eq({m.tokenizer, m.vocab_size, m.bos_token_id, m.prompt.text}, {"bytes", 256, nil, "And "})
+  local s, parts = run("made", {"data=shards:" .. out, "steps=1"})
+  T.eq(parts.model.config.vocab_size, 256)
+  T.eq(T.read_file(s.checkpoint .. "/model/tokenizer.json"), tokenizer.byte_json())
+  T.eq(#s.sample, 12)
 end)
 
 T.case("cleanup: the scratch directory is removed", function()

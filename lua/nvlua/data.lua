@@ -1,6 +1,7 @@
 -- nvlua.data: training data — a byte-level tokenizer, the shard file format, corpora (the
--- built-in King James Bible, any text files, pre-tokenized shards) and a deterministic,
--- resumable, rank-sharded batch loader.
+-- built-in King James Bible, any text files, pre-tokenized shards with their manifest and
+-- tokenizer, Megatron-LM indexed datasets) and a deterministic, resumable, rank-sharded batch
+-- loader. Tokenizer files themselves: nvlua.tokenizer.
 --
 -- Shard format "NVLTOK" version 1 (little-endian), for pre-tokenized corpora:
 --   bytes 0..7   magic "NVLTOK\0\0"
@@ -8,8 +9,9 @@
 --   bytes 12..15 u32 token width in bytes: 2 (u16 ids, vocab <= 65536) or 4 (u32)
 --   bytes 16..23 u64 token count n
 --   bytes 24..   n tokens, each `width` bytes, little-endian unsigned
--- scripts/make_shards.lua converts text to shards with the byte tokenizer; any tokenizer can
--- write the same format (e.g. numpy: header + ids.astype('<u2').tobytes()).
+-- scripts/prepare_data.py tokenizes text or JSONL with any tokenizer.json (or a tiktoken encoding)
+-- into shards plus tokenizer.json and manifest.json (below); scripts/make_shards.lua does bytes;
+-- any tokenizer can write the format (e.g. numpy: header + ids.astype('<u2').tobytes()).
 local core = require "nvlua.core"
 local lfs = require "lfs"
 local cjson = require "cjson"
