@@ -302,7 +302,7 @@ def check_tiktoken(tok, enc_name, files, a):
         die("the tokenizer.json converted from tiktoken %s encodes the data differently" % enc_name)
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("out", help="output directory")
@@ -327,7 +327,10 @@ def main():
         die("--val-fraction must be in (0, 1)")
     if a.shard_tokens < 1:
         die("--shard-tokens must be >= 1")
+    return a
 
+
+def make_tokenizer(a):
     if a.tiktoken:
         try:
             import tiktoken
@@ -343,6 +346,12 @@ def main():
             die("--tokenizer needs the tokenizers package (pip install tokenizers)")
     if a.bos and not tok.bos:
         die("--bos: the tokenizer has no bos token (give --bos-token)")
+    return tok
+
+
+def main():
+    a = parse_args()
+    tok = make_tokenizer(a)
     width = 2 if tok.vocab_size <= 65536 else 4
 
     files = input_files(a.inputs)
