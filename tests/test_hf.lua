@@ -197,6 +197,40 @@ T.case("golden: a wrong RoPE would be seen (theta 1e4, no scaling: what nvlua re
   T.eq(logit_bytes(plain, golden("dynamic").ids), logit_bytes(dyn, golden("dynamic").ids))
 end)
 
+T.case("RoPE tables: linear divides every frequency; dynamic is theta * (f M / M - (f - 1))^(D / (D - 2))", function()
+  local Tn, D, theta = 40, 16, 10000.0
+  local c = core.rope_tables(Tn, D, theta, {rope_type = "linear", factor = 4.0})
+  for _, t in ipairs({1, 7, 39}) do
+    for i = 1, D do
+      local f = theta ^ (-2 * ((i - 1) % (D // 2)) / D) / 4
+      T.near(c:get(t + 1, i), math.cos(t * f), 2e-7, string.format("linear cos t=%d i=%d", t, i))
+    end
+  end
+  -- dynamic, at T <= M: transformers' expression in double (M 48, factor 3.3: its base is not exactly 1)
+  local M = 48
+  for _, f in ipairs({2.0, 3.3}) do
+    local want = core.rope_tables(Tn, D, theta * ((f * M / M) - (f - 1)) ^ (D / (D - 2)))
+    local got = core.rope_tables(Tn, D, theta, {rope_type = "dynamic", factor = f}, M)
+    T.ok(got:bytes() == want:bytes(), "dynamic factor " .. f)
+  end
+  T.ok((3.3 * M / M) - (3.3 - 1) ~= 1, "factor 3.3 makes a base other than 1")
+  T.ok(core.rope_tables(Tn, D, theta, {rope_type = "dynamic", factor = 2.0}, M):bytes() == core.rope_tables(Tn, D, theta):bytes(),
+    "factor 2: plain RoPE")
+  T.raises(function() core.rope_tables(65, D, theta, {rope_type = "dynamic", factor = 2.0}, M) end,
+    "rope_tables: dynamic scaling is computed for T <= max_position_embeddings (48), got T = 65")
+  T.raises(function() core.rope_tables(4, D, theta, {rope_type = "dynamic", factor = 2.0}) end, "number expected, got no value")
+  T.raises(function() core.rope_tables(4, 2, theta, {rope_type = "dynamic", factor = 2.0}, 8) end, "needs a head dim D > 2")
+  T.raises(function() core.rope_tables(4, D, theta, {rope_type = "linear", factor = 2, low_freq_factor = 1}) end,
+    "scaling key 'low_freq_factor' belongs to rope_type llama3, not linear")
+  T.raises(function() core.rope_tables(4, D, theta, {rope_type = "linear"}) end, "option 'factor' is required")
+  T.ok(core.rope_tables(4, D, theta, {rope_type = "default"}):bytes() == core.rope_tables(4, D, theta):bytes(), "default")
+  -- a model never asks for more than max_position_embeddings
+  local m = llama.Llama({vocab_size = 64, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1,
+    num_attention_heads = 2, max_position_embeddings = 8, rope_scaling = {rope_type = "dynamic", factor = 2.0}}, {seed = 1})
+  T.raises(function() m:forward(nv.zeros(1, 9, "i64")) end, "exceeds max_position_embeddings 8")
+  m:forward(nv.zeros(1, 8, "i64"))
+end)
+
 -- ---- config forms -----------------------------------------------------------------------------------
 
 T.case("config forms: legacy (4.x, old 'type'), and the transformers 5 / 4.x re-saves of nvlua's save", function()
