@@ -301,9 +301,10 @@ static nvl_status check_rope_scaling(const char *op, const nvl_rope_scaling *s, 
       return nvl_error(NVL_EINVAL, "%s: dynamic scaling needs max_position_embeddings > 0, got %g", op,
                        s->max_position_embeddings);
     if ((double)T > s->max_position_embeddings)
-      return nvl_error(NVL_EINVAL, "%s: dynamic scaling is computed for T <= max_position_embeddings (%g), got T = %lld",
-                       op, s->max_position_embeddings, (long long)T);
-    if (D == 2) return nvl_error(NVL_EINVAL, "%s: dynamic scaling needs a head dim D > 2 (its exponent is D / (D - 2))", op);
+      return nvl_error(NVL_EINVAL, "%s: dynamic scaling is computed for T <= max_position_embeddings (%g), "
+                       "got T = %lld", op, s->max_position_embeddings, (long long)T);
+    if (D == 2)
+      return nvl_error(NVL_EINVAL, "%s: dynamic scaling needs a head dim D > 2 (its exponent is D / (D - 2))", op);
   }
   return NVL_OK;
 }

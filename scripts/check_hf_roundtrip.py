@@ -131,8 +131,8 @@ def run_case(name, extra, seed, a, mods, tmp, drv, ids_path):
     want_scaling = dict(cfg["rope_scaling"]) if cfg.get("rope_scaling") else None
     theta, scaling = hf_rope(transformers, model.config)
     if theta != cfg["rope_theta"] or scaling != want_scaling:
-        problems.append("transformers reads RoPE theta %s scaling %s, expected %s %s" % (theta, scaling, cfg["rope_theta"],
-                                                                                       want_scaling))
+        problems.append("transformers reads RoPE theta %s scaling %s, expected %s %s"
+                        % (theta, scaling, cfg["rope_theta"], want_scaling))
     ids = load_file(ids_path)["input_ids"]
     with torch.no_grad():
         ref = model(input_ids=ids).logits.reshape(ids.numel(), -1).double()

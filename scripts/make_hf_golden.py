@@ -163,7 +163,8 @@ def load_hf(transformers, torch, path):
         model, info = transformers.LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32, **kw)
     bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if bad:
-        raise SystemExit("make_hf_golden: %s: transformers %s loading report: %s" % (path, transformers.__version__, bad))
+        raise SystemExit("make_hf_golden: %s: transformers %s loading report: %s"
+                         % (path, transformers.__version__, bad))
     model.eval()
     return model
 
@@ -359,7 +360,8 @@ def check_forms(transformers, torch, out, case, ids, l32, py4, tmp):
         check(torch.equal(got, l32.float()), "%s: transformers 5 reads forms/%s to other logits" % (case, form))
         tasks.append({"op": "logits", "dir": dd, "ids": ids.tolist(), "out": dd + ".t4.safetensors"})
     if py4:
-        tasks.append({"op": "logits", "dir": d, "ids": ids.tolist(), "out": os.path.join(tmp, case + ".v5.t4.safetensors")})
+        tasks.append({"op": "logits", "dir": d, "ids": ids.tolist(),
+                      "out": os.path.join(tmp, case + ".v5.t4.safetensors")})
         run_py4(py4, tasks)
         for t in tasks[:-1]:
             check(torch.equal(load_file(t["out"])["logits"], l32.float()),
@@ -381,7 +383,8 @@ def round_trip(transformers, torch, out, case, ids, l32, l64, py4, nvlua, tmp, i
     nv = load_file(nv_out)["logits"].double()
     info["nvlua_error"] = spread(nv, l64)
     info["nvlua_vs_f32"] = spread(nv, l32)
-    check(os.path.isfile(os.path.join(nv_dir, "model.safetensors.index.json")), "%s: nvlua's save is not sharded" % case)
+    check(os.path.isfile(os.path.join(nv_dir, "model.safetensors.index.json")),
+          "%s: nvlua's save is not sharded" % case)
     got = hf_logits(transformers, torch, nv_dir, ids)
     check(torch.equal(got, l32.float()), "%s: transformers 5 computes other logits from nvlua's save" % case)
     t5 = os.path.join(tmp, case + "_t5")

@@ -55,7 +55,8 @@ local function read_json(path) return cjson.decode(assert(T.read_file(path))) en
 local function weight_files(dir)
   local out = {}
   for n in lfs.dir(dir) do
-    if n == "model.safetensors" or n == "model.safetensors.index.json" or n:match("^model%-%d+%-of%-%d+%.safetensors$") then
+    if n == "model.safetensors" or n == "model.safetensors.index.json" or n:match("^model%-%d+%-of%-%d+%.safetensors$")
+    then
       out[#out + 1] = n
     end
   end
@@ -133,8 +134,8 @@ local function check_logits(model, case, what)
   local g = golden(case)
   local got = logits(model, g.ids)
   local err, tol = rel_diff(got, g.l64, g.scale), tolerance()
-  T.ok(err <= tol, string.format("%s: max |nvlua - transformers fp64| = %.3g x max|logit|, tolerance %.3g", what or case,
-    err, tol))
+  T.ok(err <= tol, string.format("%s: max |nvlua - transformers fp64| = %.3g x max|logit|, tolerance %.3g",
+    what or case, err, tol))
   return got, err
 end
 
@@ -214,19 +215,21 @@ T.case("RoPE tables: linear divides every frequency; dynamic is theta * (f M / M
     T.ok(got:bytes() == want:bytes(), "dynamic factor " .. f)
   end
   T.ok((3.3 * M / M) - (3.3 - 1) ~= 1, "factor 3.3 makes a base other than 1")
-  T.ok(core.rope_tables(Tn, D, theta, {rope_type = "dynamic", factor = 2.0}, M):bytes() == core.rope_tables(Tn, D, theta):bytes(),
-    "factor 2: plain RoPE")
+  local dyn2 = core.rope_tables(Tn, D, theta, {rope_type = "dynamic", factor = 2.0}, M)
+  T.ok(dyn2:bytes() == core.rope_tables(Tn, D, theta):bytes(), "factor 2: plain RoPE")
   T.raises(function() core.rope_tables(65, D, theta, {rope_type = "dynamic", factor = 2.0}, M) end,
     "rope_tables: dynamic scaling is computed for T <= max_position_embeddings (48), got T = 65")
-  T.raises(function() core.rope_tables(4, D, theta, {rope_type = "dynamic", factor = 2.0}) end, "number expected, got no value")
-  T.raises(function() core.rope_tables(4, 2, theta, {rope_type = "dynamic", factor = 2.0}, 8) end, "needs a head dim D > 2")
+  local dyn = {rope_type = "dynamic", factor = 2.0}
+  T.raises(function() core.rope_tables(4, D, theta, dyn) end, "number expected, got no value")
+  T.raises(function() core.rope_tables(4, 2, theta, dyn, 8) end, "needs a head dim D > 2")
   T.raises(function() core.rope_tables(4, D, theta, {rope_type = "linear", factor = 2, low_freq_factor = 1}) end,
     "scaling key 'low_freq_factor' belongs to rope_type llama3, not linear")
   T.raises(function() core.rope_tables(4, D, theta, {rope_type = "linear"}) end, "option 'factor' is required")
-  T.ok(core.rope_tables(4, D, theta, {rope_type = "default"}):bytes() == core.rope_tables(4, D, theta):bytes(), "default")
+  local plain = core.rope_tables(4, D, theta)
+  T.ok(core.rope_tables(4, D, theta, {rope_type = "default"}):bytes() == plain:bytes(), "default")
   -- a model never asks for more than max_position_embeddings
   local m = llama.Llama({vocab_size = 64, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1,
-    num_attention_heads = 2, max_position_embeddings = 8, rope_scaling = {rope_type = "dynamic", factor = 2.0}}, {seed = 1})
+    num_attention_heads = 2, max_position_embeddings = 8, rope_scaling = dyn}, {seed = 1})
   T.raises(function() m:forward(nv.zeros(1, 9, "i64")) end, "exceeds max_position_embeddings 8")
   m:forward(nv.zeros(1, 8, "i64"))
 end)
@@ -240,9 +243,13 @@ T.case("config forms: legacy (4.x, old 'type'), and the transformers 5 / 4.x re-
     for _, form in ipairs({"v4", "old", "t5_resave", "t4_resave"}) do
       local text = assert(T.read_file(DATA .. "/" .. case .. "/forms/" .. form .. ".json"))
       local j = cjson.decode(text)
-      if form == "old" and j.rope_scaling ~= cjson.null then T.ok(j.rope_scaling.type and not j.rope_scaling.rope_type) end
+      if form == "old" and j.rope_scaling ~= cjson.null then
+        T.ok(j.rope_scaling.type and not j.rope_scaling.rope_type, "old: 'type'")
+      end
       if form == "v4" or form == "old" then T.eq(j.rope_parameters, nil, "no rope_parameters in " .. form) end
-      if form == "t5_resave" then T.eq({j.rope_theta, j.rope_scaling}, {nil, nil}, "only rope_parameters in t5_resave") end
+      if form == "t5_resave" then
+        T.eq({j.rope_theta, j.rope_scaling}, {nil, nil}, "only rope_parameters in t5_resave")
+      end
       local model = hf.from_pretrained(with_config(case, text, case .. "_" .. form))
       local what = case .. " forms/" .. form .. ".json"
       T.eq({model.config.rope_theta, model.config.rope_scaling}, {ref.config.rope_theta, ref.config.rope_scaling}, what)
@@ -266,15 +273,17 @@ T.case("config: hf.config writes rope_parameters and the legacy keys; numbers as
   T.eq(j.rope_theta, 500000.0)
   T.eq({j.bos_token_id, j.eos_token_id, j.pad_token_id}, {1, {2, 3}, cjson.null})
   T.eq({j.dtype, j.architectures, j.model_type, j.head_dim}, {"float32", {"LlamaForCausalLM"}, "llama", 16})
-  for _, s in ipairs({'"rope_theta":500000.0', '"factor":8.0', '"rms_norm_eps":1e-05', '"original_max_position_embeddings":64,',
-    '"initializer_range":0.02', '"attention_dropout":0.0', '"vocab_size":64'}) do
+  for _, s in ipairs({'"rope_theta":500000.0', '"factor":8.0', '"rms_norm_eps":1e-05',
+    '"original_max_position_embeddings":64,', '"initializer_range":0.02', '"attention_dropout":0.0',
+    '"vocab_size":64'}) do
     T.ok(text:find(s, 1, true), "config.json has " .. s .. ": " .. text)
   end
   -- without token ids: null; a plain model: rope_type default, rope_scaling null
   local plain = hf.from_pretrained(DATA .. "/llama2")
   hf.save_pretrained(plain, d)
   j = read_json(d .. "/config.json")
-  T.eq({j.rope_parameters, j.rope_scaling, j.rope_theta}, {{rope_type = "default", rope_theta = 10000.0}, cjson.null, 10000.0})
+  T.eq({j.rope_parameters, j.rope_scaling, j.rope_theta},
+    {{rope_type = "default", rope_theta = 10000.0}, cjson.null, 10000.0})
   T.eq({j.bos_token_id, j.eos_token_id}, {1, 2}, "kept from the loaded config.json")
   local fresh_model = llama.Llama({vocab_size = 64, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1,
     num_attention_heads = 2, rope_theta = 20000}, {seed = 1})
@@ -285,7 +294,8 @@ T.case("config: hf.config writes rope_parameters and the legacy keys; numbers as
   T.ok(text:find('"rope_theta":20000.0', 1, true), "an integer theta is written as a float: " .. text)
 end)
 
-T.case("config: rope types and keys nvlua does not compute are refused by name; keys with no arithmetic ignored", function()
+T.case("config: rope types and keys nvlua does not compute are refused by name; keys without arithmetic ignored",
+function()
   local base = case_config("llama2")
   local function load(edit, name)
     local c = case_config("llama2")
@@ -305,6 +315,10 @@ T.case("config: rope types and keys nvlua does not compute are refused by name; 
   refused(function(c) c.rope_theta = 500000.0 end, "rope_parameters (rope_theta 10000.0, rope_type default) and " ..
     "the legacy rope_theta/rope_scaling (rope_theta 500000.0, rope_type default) disagree")
   refused(function(c) c.rope_scaling = {rope_type = "linear", factor = 2.0} end, "disagree")
+  refused(function(c)
+    c.rope_parameters = nil
+    c.rope_scaling = {rope_type = "linear", factor = 2.0, rope_theta = 5e5}
+  end, "rope_scaling.rope_theta (500000.0) and rope_theta (10000.0) disagree")
   refused(function(c) c.rope_parameters = {full_attention = {rope_type = "default", rope_theta = 1e4}} end,
     "unknown rope_parameters key 'full_attention' (rope parameters per layer type are not supported)")
   refused(function(c) c.hidden_act = "gelu" end, "hidden_act = gelu is not supported")
@@ -312,7 +326,8 @@ T.case("config: rope types and keys nvlua does not compute are refused by name; 
   refused(function(c) c.model_type = "mistral" end, "model_type = mistral is not supported")
   refused(function(c) c.quantization_config = {quant_method = "bitsandbytes"} end,
     "config.json: quantization_config: quantized weights are not supported")
-  refused(function(c) c.auto_map = {AutoModelForCausalLM = "modeling_x.X"} end, "auto_map: it names custom modeling code")
+  refused(function(c) c.auto_map = {AutoModelForCausalLM = "modeling_x.X"} end,
+    "auto_map: it names custom modeling code")
   refused(function(c) c.pruned_heads = {["0"] = {1}} end, "pruned_heads: pruned attention heads are not supported")
   -- accepted: both forms agreeing, legacy only with "type", a llama3 original_max_position_embeddings
   -- defaulting to max_position_embeddings (transformers 5), keys transformers' Llama does not read
@@ -383,7 +398,8 @@ end)
 
 T.case("weights: a tied model storing lm_head.weight loads when it equals the embedding, else raises", function()
   local function head(copy) -- llama32 (tied) plus an lm_head.weight made by copy(embedding)
-    return with_tensors("llama32", function(ts) ts["lm_head.weight"] = copy(ts["model.embed_tokens.weight"]) end, "tied")
+    return with_tensors("llama32", function(ts) ts["lm_head.weight"] = copy(ts["model.embed_tokens.weight"]) end,
+      "tied")
   end
   local m, info = hf.from_pretrained(head(function(e) return e:clone() end))
   T.eq(info.ignored, {"lm_head.weight"})
@@ -443,7 +459,8 @@ T.case("F16: every one of the 65536 values decodes exactly (subnormals, zeros, i
     local v = string.unpack("<f", b, 4 * h + 1)
     local want = half(h)
     if want ~= want then
-      T.eq(bits, ((h >> 15) << 31) | 0x7f800000 | ((h & 1023) << 13), string.format("NaN 0x%04x keeps sign and payload", h))
+      T.eq(bits, ((h >> 15) << 31) | 0x7f800000 | ((h & 1023) << 13),
+        string.format("NaN 0x%04x keeps sign and payload", h))
     elseif v ~= want or (want == 0 and bits ~= (h >> 15) << 31) then
       error(string.format("f16 0x%04x: got %.17g (bits 0x%08x), expected %.17g", h, v, bits, want))
     end
@@ -453,13 +470,14 @@ T.case("F16: every one of the 65536 values decodes exactly (subnormals, zeros, i
   local d = fresh("f16")
   local text = '{"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}'
   T.write_file(d .. "/a.safetensors", string.pack("<I8", #text) .. text .. string.pack("<I2I2", 0x3c00, 0xc001))
-  T.raises(function() st.load(d .. "/a.safetensors") end, "dtype F16 is not supported by nvlua (supported: F32, BF16, " ..
-    "I32, I64, U8; F16 is read as f32 with {f16 = \"f32\"})")
+  T.raises(function() st.load(d .. "/a.safetensors") end,
+    "dtype F16 is not supported by nvlua (supported: F32, BF16, I32, I64, U8; F16 is read as f32 with {f16 = \"f32\"})")
   local ts = st.load(d .. "/a.safetensors", {f16 = "f32"})
   T.eq(ts.a:totable(), {1.0, -2.001953125})
   T.eq(st.read_header(d .. "/a.safetensors", {f16 = "f32"}).a.dtype, "F16")
   T.raises(function() st.load(d .. "/a.safetensors", {f16 = "f16"}) end, "option f16 must be \"f32\"")
-  T.raises(function() core.from_f16_bytes("abc", {2}) end, "from_f16_bytes: 4 bytes needed at offset 0, the string has 3")
+  T.raises(function() core.from_f16_bytes("abc", {2}) end,
+    "from_f16_bytes: 4 bytes needed at offset 0, the string has 3")
 end)
 
 -- ---- saving -------------------------------------------------------------------------------------------
@@ -537,7 +555,8 @@ T.case("save_pretrained: bad arguments", function()
   local model = hf.from_pretrained(DATA .. "/llama2")
   local d = fresh("bad_save")
   T.raises(function() hf.save_pretrained(nil, d) end, "save_pretrained: model must be an nvlua model")
-  T.raises(function() hf.save_pretrained(model, d .. "/nope") end, "save_pretrained: " .. d .. "/nope is not a directory")
+  T.raises(function() hf.save_pretrained(model, d .. "/nope") end,
+    "save_pretrained: " .. d .. "/nope is not a directory")
   T.raises(function() hf.save_pretrained(model, d, {shard = 1}) end, "save_pretrained: unknown option 'shard'")
   for _, bad in ipairs({"20KiB", "KB", "abc", 0, -1, 1.5, "0KB", true}) do
     T.raises(function() hf.save_pretrained(model, d, {max_shard_size = bad}) end,
@@ -563,20 +582,24 @@ T.case("from_pretrained: a pytorch_model.bin directory gets the conversion comma
   end
   local d = fresh("empty")
   T.write_file(d .. "/config.json", assert(T.read_file(DATA .. "/llama2/config.json")))
-  T.raises(function() hf.from_pretrained(d) end, "no model.safetensors in " .. d .. ", nor model.safetensors.index.json")
+  T.raises(function() hf.from_pretrained(d) end,
+    "no model.safetensors in " .. d .. ", nor model.safetensors.index.json")
 end)
 
 T.case("from_pretrained: bad arguments and broken directories raise named errors", function()
   T.raises(function() hf.from_pretrained() end, "from_pretrained: dir must be a string (a model directory), got nil")
   T.raises(function() hf.from_pretrained(42) end, "dir must be a string")
-  T.raises(function() hf.from_pretrained(ROOT .. "/nowhere") end, "from_pretrained: " .. ROOT .. "/nowhere: no such directory")
+  T.raises(function() hf.from_pretrained(ROOT .. "/nowhere") end,
+    "from_pretrained: " .. ROOT .. "/nowhere: no such directory")
   T.raises(function() hf.from_pretrained(DATA .. "/llama2/config.json") end, "config.json: not a directory (a file)")
   T.raises(function() hf.from_pretrained(fresh("noconfig")) end, "no config.json (not a Hugging Face model directory)")
   T.raises(function() hf.from_pretrained(DATA .. "/llama2", {strict = 1}) end, "option strict must be true or false")
-  T.raises(function() hf.from_pretrained(DATA .. "/llama2", {dtype = "f16"}) end, "option dtype must be \"f32\" or \"bf16\"")
+  T.raises(function() hf.from_pretrained(DATA .. "/llama2", {dtype = "f16"}) end,
+    "option dtype must be \"f32\" or \"bf16\"")
   T.raises(function() hf.from_pretrained(DATA .. "/llama2", {strct = true}) end, "unknown option 'strct'")
   T.raises(function() hf.from_pretrained(with_config("llama2", "{not json", "badjson")) end, "config.json: bad JSON")
-  T.raises(function() hf.from_pretrained(with_config("llama2", "[1, 2]", "array")) end, "config.json: expected a JSON object")
+  T.raises(function() hf.from_pretrained(with_config("llama2", "[1, 2]", "array")) end,
+    "config.json: expected a JSON object")
   local c = case_config("llama2")
   c.hidden_size = nil; c.head_dim = nil
   T.raises(function() hf.from_pretrained(with_config("llama2", c, "nosize")) end,
@@ -589,23 +612,26 @@ T.case("from_pretrained: bad arguments and broken directories raise named errors
     T.write_file(d .. "/model.safetensors.index.json", cjson.encode(idx))
     return d
   end
-  T.raises(function() hf.from_pretrained(index(function(_, d) os.remove(d .. "/model-00003-of-00006.safetensors") end)) end,
-    "names the shard model-00003-of-00006.safetensors (for ")
+  local S1, S2, S3 = "model-00001-of-00006.safetensors", "model-00002-of-00006.safetensors",
+    "model-00003-of-00006.safetensors"
+  T.raises(function() hf.from_pretrained(index(function(_, d) os.remove(d .. "/" .. S3) end)) end,
+    "names the shard " .. S3 .. " (for ")
   T.raises(function() hf.from_pretrained(index(function(i) i.weight_map["model.norm.weight"] = nil end)) end,
     "model-00006-of-00006.safetensors holds model.norm.weight, which model.safetensors.index.json does not list")
   T.raises(function()
-    hf.from_pretrained(index(function(i) i.weight_map["model.norm.weight"] = "model-00001-of-00006.safetensors" end))
-  end, "holds model.norm.weight, which model.safetensors.index.json puts in model-00001-of-00006.safetensors")
-  T.raises(function() hf.from_pretrained(index(function(i) i.weight_map["model.extra"] = "model-00002-of-00006.safetensors" end)) end,
-    "model.safetensors.index.json puts model.extra in model-00002-of-00006.safetensors, which has no such tensor")
-  T.raises(function() hf.from_pretrained(index(function(i) i.weight_map["model.norm.weight"] = "../x.safetensors" end)) end,
-    "weight_map[\"model.norm.weight\"] must be a file name in the directory")
+    hf.from_pretrained(index(function(i) i.weight_map["model.norm.weight"] = S1 end))
+  end, "holds model.norm.weight, which model.safetensors.index.json puts in " .. S1)
+  T.raises(function() hf.from_pretrained(index(function(i) i.weight_map["model.extra"] = S2 end)) end,
+    "model.safetensors.index.json puts model.extra in " .. S2 .. ", which has no such tensor")
+  T.raises(function() hf.from_pretrained(index(function(i) i.weight_map["model.norm.weight"] = "../x.safetensors" end))
+  end, "weight_map[\"model.norm.weight\"] must be a file name in the directory")
   T.raises(function() hf.from_pretrained(index(function(i) i.weight_map = {1, 2} end)) end,
     "weight_map must be an object {tensor name = shard file}")
 end)
 
 T.case("checkpoint.lua's aliases: ckpt.from_pretrained, read_config and hf_config are nvlua.hf's", function()
-  T.ok(ckpt.from_pretrained == hf.from_pretrained and ckpt.read_config == hf.read_config and ckpt.hf_config == hf.config)
+  T.ok(ckpt.from_pretrained == hf.from_pretrained and ckpt.read_config == hf.read_config and
+    ckpt.hf_config == hf.config, "the same functions")
   local c, info = ckpt.read_config(DATA .. "/llama31")
   T.eq(c.rope_parameters.rope_type, "llama3")
   T.eq(info.config_ignored, {})

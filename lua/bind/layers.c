@@ -87,7 +87,8 @@ static void check_scaling(lua_State *L, int idx, nvl_rope_scaling *sc) {
   static const char *const llama3_keys[] = {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
   for (int i = 0; i < 3 && !llama3; i++) {
     if (lua_getfield(L, idx, llama3_keys[i]) != LUA_TNIL)
-      luaL_error(L, "%s: scaling key '%s' belongs to rope_type llama3, not %s", op, llama3_keys[i], rope_kinds[sc->kind]);
+      luaL_error(L, "%s: scaling key '%s' belongs to rope_type llama3, not %s", op, llama3_keys[i],
+                 rope_kinds[sc->kind]);
     lua_pop(L, 1);
   }
   if (sc->kind == NVL_ROPE_DEFAULT) return;

@@ -55,7 +55,9 @@ end
 -- A float as Python's repr (json.dumps) writes it: the shortest digits that read back, fixed
 -- notation for exponents -4 .. 15 (with ".0" when integral), else d.ddde+XX.
 local function py_float(x)
-  if x ~= x or x == math.huge or x == -math.huge then error("hf: cannot write the non-finite number " .. x .. " in JSON", 0) end
+  if x ~= x or x == math.huge or x == -math.huge then
+    error("hf: cannot write the non-finite number " .. x .. " in JSON", 0)
+  end
   if x == 0 then return 1 / x < 0 and "-0.0" or "0.0" end
   local s
   for p = 0, 16 do
@@ -91,7 +93,8 @@ local function encode(v, indent, level)
     for i = 1, n do items[i] = encode(v[i], indent, level + 1) end
   else
     table.sort(keys)
-    for i, k in ipairs(keys) do items[i] = cjson.encode(k) .. (indent and ": " or ":") .. encode(v[k], indent, level + 1) end
+    local sep = indent and ": " or ":"
+    for i, k in ipairs(keys) do items[i] = cjson.encode(k) .. sep .. encode(v[k], indent, level + 1) end
   end
   local open, close = (n > 0 and #keys == n) and "[" or "{", (n > 0 and #keys == n) and "]" or "}"
   if #items == 0 then return open .. close end
@@ -148,7 +151,7 @@ function hf.read_config(dir)
   return out, {config_ignored = ignored}
 end
 
--- float and integer JSON numbers where transformers' config has them
+-- x written as a float (8.0, not 8): the keys transformers writes as floats
 local function float(x) return x and x + 0.0 end
 
 --- hf.config(c [, {bos_token_id =, eos_token_id =}]) -> the Hugging Face LlamaConfig of a model
@@ -290,7 +293,9 @@ local function plan(dir, model, tensors)
     if not t then
       p.missing[#p.missing + 1] = e.name
     else
-      if not FLOATS[t.dtype] then fail(dir, "%s is %s in %s; parameters must be F32, BF16 or F16", e.name, t.dtype, t.file) end
+      if not FLOATS[t.dtype] then
+        fail(dir, "%s is %s in %s; parameters must be F32, BF16 or F16", e.name, t.dtype, t.file)
+      end
       if not util.same_shape(t.shape, e.param:size()) then
         fail(dir, "%s has shape [%s] in %s, the model's is %s", e.name, table.concat(t.shape, ","), t.file,
           util.shape_str(e.param))
@@ -377,7 +382,9 @@ function hf.from_pretrained(dir, o)
   o = util.check_opts(o, {strict = function(v) return type(v) ~= "boolean" and "must be true or false" or nil end,
     dtype = function(v) return not DTYPES[v] and "must be \"f32\" or \"bf16\"" or nil end, recipe = true},
     "from_pretrained")
-  if type(dir) ~= "string" then error("from_pretrained: dir must be a string (a model directory), got " .. type(dir), 2) end
+  if type(dir) ~= "string" then
+    error("from_pretrained: dir must be a string (a model directory), got " .. type(dir), 2)
+  end
   local mode = lfs.attributes(dir, "mode")
   if not mode then fail(dir, "no such directory") end
   if mode ~= "directory" then fail(dir, "not a directory (a %s)", mode) end
@@ -398,7 +405,8 @@ function hf.from_pretrained(dir, o)
       table.concat(parts, "; "))
   end
   load_files(dir, model, files, p, o.dtype or "f32")
-  return model, {missing = p.missing, unexpected = p.unexpected, ignored = p.ignored, config_ignored = info.config_ignored}
+  return model, {missing = p.missing, unexpected = p.unexpected, ignored = p.ignored,
+    config_ignored = info.config_ignored}
 end
 
 -- ---- writing --------------------------------------------------------------------------------------
@@ -473,18 +481,21 @@ local function remove_stale(dir, written)
     local weights = n == SINGLE or n == INDEX or n:match("^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$")
     if weights and not written[n] and is_file(dir .. "/" .. n) then
       local ok, err = os.remove(dir .. "/" .. n)
-      if not ok then error("save_pretrained: cannot remove the stale " .. dir .. "/" .. n .. ": " .. tostring(err), 0) end
+      if not ok then
+        error("save_pretrained: cannot remove the stale " .. dir .. "/" .. n .. ": " .. tostring(err), 0)
+      end
     end
   end
 end
 
+local TOKEN_ID = "must be an integer >= 0 or a list of them"
 local function token_id(v)
   if v == nil or math.type(v) == "integer" and v >= 0 then return nil end
   if type(v) == "table" and #v > 0 then
-    for _, x in ipairs(v) do if math.type(x) ~= "integer" or x < 0 then return "must be an integer >= 0 or a list of them" end end
+    for _, x in ipairs(v) do if math.type(x) ~= "integer" or x < 0 then return TOKEN_ID end end
     return nil
   end
-  return "must be an integer >= 0 or a list of them"
+  return TOKEN_ID
 end
 
 --- hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =,
@@ -500,7 +511,9 @@ function hf.save_pretrained(model, dir, o)
   if type(model) ~= "table" or type(model.state_dict) ~= "function" or type(model.config) ~= "table" then
     error("save_pretrained: model must be an nvlua model (llama.Llama), got " .. type(model), 2)
   end
-  if type(dir) ~= "string" or not is_dir(dir) then error("save_pretrained: " .. tostring(dir) .. " is not a directory", 2) end
+  if type(dir) ~= "string" or not is_dir(dir) then
+    error("save_pretrained: " .. tostring(dir) .. " is not a directory", 2)
+  end
   local max = hf.parse_size(o.max_shard_size or "50GB")
   local sd, names, sizes = model:state_dict(), {}, {}
   for n, t in pairs(sd) do

@@ -619,7 +619,9 @@ end
 -- One rope description (what: "rope_scaling" or "rope_parameters") read as transformers reads it:
 -- -> theta (nil: not given), the resolved scaling (nil: none) {rope_type =, the type's keys}.
 local function read_rope(what, p, mpe)
-  if type(p) ~= "table" then error(string.format("llama_config: %s must be a table or nil, got %s", what, type(p)), 0) end
+  if type(p) ~= "table" then
+    error(string.format("llama_config: %s must be a table or nil, got %s", what, type(p)), 0)
+  end
   for k, v in pairs(p) do
     if not ROPE_OTHER_KEYS[k] then
       local nested = type(v) == "table" and " (rope parameters per layer type are not supported)" or ""
@@ -629,8 +631,8 @@ local function read_rope(what, p, mpe)
   end
   local prf = p.partial_rotary_factor
   if prf ~= nil and prf ~= 1 then
-    error(string.format("llama_config: %s.partial_rotary_factor = %s is not supported (nvlua rotates the whole head: 1)",
-      what, tostring(prf)), 0)
+    error(string.format("llama_config: %s.partial_rotary_factor = %s is not supported (nvlua rotates the whole " ..
+      "head: 1)", what, tostring(prf)), 0)
   end
   local rtype = p.rope_type or p.type or "default"
   local keys = ROPE_TYPES[rtype]
@@ -680,14 +682,18 @@ local function resolve_rope(c)
   if rs ~= nil then
     local t
     t, scaling = read_rope("rope_scaling", rs, mpe)
-    theta = theta or t
+    if t ~= nil and t ~= (theta or 10000.0) then -- transformers 5 reads rope_scaling's, 4.x the top-level one
+      error(string.format("llama_config: rope_scaling.rope_theta (%s) and rope_theta (%s) disagree; transformers 5 " ..
+        "and 4 would compute different models", tostring(t), tostring(theta or 10000.0)), 0)
+    end
   end
   if c.rope_parameters ~= nil then
     local t, s = read_rope("rope_parameters", c.rope_parameters, mpe)
     t = t or theta or 10000.0
     if (c.rope_theta ~= nil or rs ~= nil) and not same_rope(t, s, theta or 10000.0, scaling) then
       error(string.format("llama_config: rope_parameters (%s) and the legacy rope_theta/rope_scaling (%s) disagree; " ..
-        "transformers 5 and 4 would compute different models", rope_text(t, s), rope_text(theta or 10000.0, scaling)), 0)
+        "transformers 5 and 4 would compute different models", rope_text(t, s), rope_text(theta or 10000.0, scaling)),
+        0)
     end
     theta, scaling = t, s
   end
@@ -700,7 +706,8 @@ local function check_sizes(c)
     "max_position_embeddings", "num_key_value_heads", "head_dim"}) do
     local v = c[k]
     if type(v) == "number" and v == math.floor(v) then c[k] = math.tointeger(v) end
-    if (v ~= nil or (k ~= "num_key_value_heads" and k ~= "head_dim")) and (math.type(c[k]) ~= "integer" or c[k] < 1) then
+    local optional = k == "num_key_value_heads" or k == "head_dim"
+    if (v ~= nil or not optional) and (math.type(c[k]) ~= "integer" or c[k] < 1) then
       error(string.format("llama_config: %s must be an integer >= 1, got %s", k, tostring(v)), 0)
     end
   end
