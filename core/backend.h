@@ -64,13 +64,23 @@ typedef struct {
 static inline nvl_scalar nvl_scalar_f(double f) { nvl_scalar s = {f, 0, 0}; return s; }
 static inline nvl_scalar nvl_scalar_i(int64_t i) { nvl_scalar s = {(double)i, i, 1}; return s; }
 
-/* RoPE frequency scaling (Llama 3.1, rope_type "llama3"). */
+/* RoPE frequency scaling: the rope types of Hugging Face's modeling_rope_utils.py that nvlua
+ * computes, each a change of inv_freq[i] = theta^(-2i/D) (i < D/2). Values are stable. */
+typedef enum {
+  NVL_ROPE_DEFAULT = 0, /* none */
+  NVL_ROPE_LLAMA3 = 1,  /* Llama 3.1: low frequencies / factor, high ones kept, a smooth band between */
+  NVL_ROPE_LINEAR = 2,  /* every frequency / factor (position interpolation) */
+  NVL_ROPE_DYNAMIC = 3, /* dynamic NTK: theta * (factor * L / M - (factor - 1))^(D / (D - 2)), L = M */
+  NVL_ROPE_KIND_COUNT
+} nvl_rope_kind;
+
 typedef struct {
-  int llama3;                 /* 1: Llama 3.1 frequency scaling */
-  double factor;              /* 8 for Llama 3.1 */
-  double low_freq_factor;     /* 1 */
-  double high_freq_factor;    /* 4 */
-  double original_max_position_embeddings; /* 8192 */
+  nvl_rope_kind kind;
+  double factor;                           /* llama3 (8 for Llama 3.1), linear, dynamic */
+  double low_freq_factor;                  /* llama3: 1 */
+  double high_freq_factor;                 /* llama3: 4 */
+  double original_max_position_embeddings; /* llama3: 8192 */
+  double max_position_embeddings;          /* dynamic: M, the longest sequence it is computed for */
 } nvl_rope_scaling;
 
 typedef struct {

@@ -1,4 +1,4 @@
-/* dtype.c: the dtype traits table, its name tables and bf16 conversion (see dtype.h). */
+/* dtype.c: the dtype traits table, its name tables, bf16 conversion and f16 decoding (see dtype.h). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,6 +18,26 @@ float nvl_bf16_to_f32(uint16_t h) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+
+float nvl_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+  if (e == 0x1f) {
+    u = sign | 0x7f800000u | (m << 13); /* inf, NaN with its payload */
+  } else if (e != 0) {
+    u = sign | ((e + 127 - 15) << 23) | (m << 13); /* normal: exponent rebiased */
+  } else {
+    float f = (float)m * 0x1p-24f; /* zero or subnormal m * 2^-24: exact (a normal f32) */
+    memcpy(&u, &f, 4);
+    u |= sign;
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+void nvl_f16_to_f32_n(float *dst, const uint8_t *src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst[i] = nvl_f16_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
 }
 
 /* Double -> float -> bf16 would round twice; round once from double instead. */

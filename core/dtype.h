@@ -135,6 +135,12 @@ extern const float nvl_rht16_default_signs[16];
 /* bf16 <-> f32, round to nearest even; NaN stays a (quiet) NaN with its sign. */
 uint16_t nvl_f32_to_bf16(float f);
 float nvl_bf16_to_f32(uint16_t h);
+/* IEEE half (f16: s1 e5 m10, bias 15) -> f32, exact for every value: normals, subnormals, +-0,
+ * +-inf, NaN (payload kept). nvlua has no f16 dtype: f16 data (a safetensors F16 tensor) is read
+ * into f32. */
+float nvl_f16_to_f32(uint16_t h);
+/* dst[i] = f16 element i of src (n elements, 2 bytes each, little-endian), for i < n. */
+void nvl_f16_to_f32_n(float *dst, const uint8_t *src, int64_t n);
 
 #ifdef __cplusplus
 }

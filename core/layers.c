@@ -276,6 +276,39 @@ nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_t
 
 /* ---- RoPE ------------------------------------------------------------------------------------- */
 
+static int positive(double x) { return x > 0.0 && isfinite(x); }
+
+/* The scaling of a rope_tables call, for tables of T rows and head dim D. */
+static nvl_status check_rope_scaling(const char *op, const nvl_rope_scaling *s, int64_t T, int64_t D) {
+  if ((int)s->kind < 0 || s->kind >= NVL_ROPE_KIND_COUNT)
+    return nvl_error(NVL_EINVAL, "%s: unknown scaling kind %d", op, (int)s->kind);
+  if (s->kind == NVL_ROPE_DEFAULT) return NVL_OK;
+  if (!positive(s->factor)) return nvl_error(NVL_EINVAL, "%s: scaling factor must be > 0, got %g", op, s->factor);
+  if (s->kind == NVL_ROPE_LLAMA3) {
+    if (!positive(s->low_freq_factor))
+      return nvl_error(NVL_EINVAL, "%s: scaling low_freq_factor must be > 0, got %g", op, s->low_freq_factor);
+    if (!(s->high_freq_factor > s->low_freq_factor) || !isfinite(s->high_freq_factor))
+      return nvl_error(NVL_EINVAL, "%s: scaling high_freq_factor (%g) must be greater than low_freq_factor (%g)", op,
+                       s->high_freq_factor, s->low_freq_factor);
+    if (!positive(s->original_max_position_embeddings))
+      return nvl_error(NVL_EINVAL, "%s: scaling original_max_position_embeddings must be > 0, got %g", op,
+                       s->original_max_position_embeddings);
+  }
+  if (s->kind == NVL_ROPE_DYNAMIC) {
+    /* Hugging Face recomputes the frequencies for the longest sequence L seen once L > M, and
+     * keeps them for later, shorter ones: beyond M the tables depend on the call history. */
+    if (!positive(s->max_position_embeddings))
+      return nvl_error(NVL_EINVAL, "%s: dynamic scaling needs max_position_embeddings > 0, got %g", op,
+                       s->max_position_embeddings);
+    if ((double)T > s->max_position_embeddings)
+      return nvl_error(NVL_EINVAL, "%s: dynamic scaling is computed for T <= max_position_embeddings (%g), "
+                       "got T = %lld", op, s->max_position_embeddings, (long long)T);
+    if (D == 2)
+      return nvl_error(NVL_EINVAL, "%s: dynamic scaling needs a head dim D > 2 (its exponent is D / (D - 2))", op);
+  }
+  return NVL_OK;
+}
+
 nvl_status nvl_rope_tables(nvl_tensor *cos_t, nvl_tensor *sin_t, int64_t T, int64_t D, double theta,
                            const nvl_rope_scaling *s) {
   const char *op = "rope_tables";
@@ -286,18 +319,7 @@ nvl_status nvl_rope_tables(nvl_tensor *cos_t, nvl_tensor *sin_t, int64_t T, int6
     return nvl_error(NVL_EINVAL, "%s: the head dim D must be even and >= 2, got %lld", op, (long long)D);
   if (!(theta > 0.0) || !isfinite(theta))
     return nvl_error(NVL_EINVAL, "%s: theta must be a finite number > 0, got %g", op, theta);
-  if (s && s->llama3) {
-    if (!(s->factor > 0.0) || !isfinite(s->factor))
-      return nvl_error(NVL_EINVAL, "%s: scaling factor must be > 0, got %g", op, s->factor);
-    if (!(s->low_freq_factor > 0.0) || !isfinite(s->low_freq_factor))
-      return nvl_error(NVL_EINVAL, "%s: scaling low_freq_factor must be > 0, got %g", op, s->low_freq_factor);
-    if (!(s->high_freq_factor > s->low_freq_factor) || !isfinite(s->high_freq_factor))
-      return nvl_error(NVL_EINVAL, "%s: scaling high_freq_factor (%g) must be greater than low_freq_factor (%g)", op,
-                       s->high_freq_factor, s->low_freq_factor);
-    if (!(s->original_max_position_embeddings > 0.0) || !isfinite(s->original_max_position_embeddings))
-      return nvl_error(NVL_EINVAL, "%s: scaling original_max_position_embeddings must be > 0, got %g", op,
-                       s->original_max_position_embeddings);
-  }
+  if (s) NVL_TRY(check_rope_scaling(op, s, T, D));
   const nvl_backend *be;
   NVL_PICK_DEV(be, NVL_CPU, layers->rope_tables, op); /* computed on the host, in double */
   int64_t shape[2] = {T, D};

@@ -35,8 +35,9 @@ nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_t
 
 /* ---- RoPE (Hugging Face rotate-half layout; nvl_rope_scaling: core/backend.h) ------------------- */
 /* cos, sin (T, D): for position t and i < D/2, angle = t * inv_freq[i] with inv_freq[i] =
- * theta^(-2i/D) (then Llama 3.1 scaling if given); both halves repeat the D/2 angles, as in
- * Hugging Face (emb = cat(freqs, freqs)). Computed in double, stored f32. scaling may be NULL. */
+ * theta^(-2i/D) (then changed by the scaling's rope type: Llama 3.1, linear, dynamic NTK); both
+ * halves repeat the D/2 angles, as in Hugging Face (emb = cat(freqs, freqs)). Computed in double,
+ * stored f32. scaling may be NULL (none). Dynamic scaling refuses T > its max_position_embeddings. */
 nvl_status nvl_rope_tables(nvl_tensor *cos, nvl_tensor *sin, int64_t T, int64_t D, double theta,
                            const nvl_rope_scaling *scaling);
 /* out (B, T, H, D) = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1). */

@@ -14,6 +14,9 @@ the same logits? A manual check (CI has no PyTorch); tests/test_checkpoint.lua c
    tests/test_llama_golden.lua's 1e-5 and 1e-6: the same fp32 arithmetic in another order).
 Prints the numbers; exits 0 when they agree, 1 when not, 2 when something is missing.
 
+The directory may be sharded (model.safetensors.index.json); scripts/check_hf_roundtrip.py checks
+every RoPE type both ways (nvlua -> transformers -> nvlua).
+
 Not checked here: the training state (trainer.*), low-precision recipes (an exported checkpoint
 holds the fp32 master weights; HF runs them in fp32, and so does nvlua here).
 """
@@ -50,7 +53,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ckpt", help="a checkpoint directory (its model/), or a model directory (config.json + "
-                    "model.safetensors)")
+                    "model.safetensors, or sharded)")
     ap.add_argument("--ids", help="token ids: a text file, one sequence per line (equal lengths)")
     ap.add_argument("--batch", type=int, default=2, help="random ids: sequences (default 2)")
     ap.add_argument("--seq", type=int, default=0, help="random ids: length (default min(32, max positions))")
@@ -69,9 +72,10 @@ def main():
 
     if os.path.isdir(os.path.join(a.ckpt, "model")):  # a checkpoint: the model directory inside
         a.ckpt = os.path.join(a.ckpt, "model")
-    for f in ("config.json", "model.safetensors"):
-        if not os.path.isfile(os.path.join(a.ckpt, f)):
-            die("%s has no %s: not a checkpoint directory" % (a.ckpt, f))
+    if not os.path.isfile(os.path.join(a.ckpt, "config.json")):
+        die("%s has no config.json: not a checkpoint directory" % a.ckpt)
+    if not any(os.path.isfile(os.path.join(a.ckpt, f)) for f in ("model.safetensors", "model.safetensors.index.json")):
+        die("%s has no model.safetensors or model.safetensors.index.json: not a checkpoint directory" % a.ckpt)
     if not os.access(a.nvlua, os.X_OK):
         die("no nvlua binary at %s (build it, or pass --nvlua)" % a.nvlua)
     with open(os.path.join(a.ckpt, "config.json")) as f:

@@ -2,7 +2,7 @@
  * the module table nvlua.core:
  *   embedding_forward(ids, weight) -> out             embedding_backward(dweight, dout, ids)
  *   rmsnorm_forward(x, weight, eps) -> out, rstd      rmsnorm_backward(dweight, dout, x, weight, rstd) -> dx
- *   rope_tables(T, D, theta [, scaling]) -> cos, sin
+ *   rope_tables(T, D, theta [, scaling [, M]]) -> cos, sin
  *   rope_forward(x, cos, sin) -> out                  rope_backward(dout, cos, sin) -> dx
  *   swiglu_forward(gate, up) -> out                   swiglu_backward(dout, gate, up) -> dgate, dup
  *   cross_entropy(logits, targets [, opts]) -> loss, count, dlogits | nil
@@ -62,31 +62,54 @@ static int l_rmsnorm_backward(lua_State *L) {
 
 static const char *const scaling_keys[] = {"factor", "low_freq_factor", "high_freq_factor",
                                            "original_max_position_embeddings", "rope_type", NULL};
+/* rope_type names by nvl_rope_kind */
+static const char *const rope_kinds[] = {"default", "llama3", "linear", "dynamic", NULL};
 
-static int l_rope_tables(lua_State *L) {
+/* The scaling table at idx: rope_type (default "llama3") and the keys that type reads, each
+ * required; a key of another type is an error. M: the 5th argument (dynamic). */
+static void check_scaling(lua_State *L, int idx, nvl_rope_scaling *sc) {
   const char *op = "rope_tables";
+  luaL_checktype(L, idx, LUA_TTABLE);
+  nvl_lua_check_keys(L, idx, op, scaling_keys);
+  sc->kind = NVL_ROPE_LLAMA3;
+  if (lua_getfield(L, idx, "rope_type") != LUA_TNIL) {
+    int k = -1;
+    if (lua_type(L, -1) == LUA_TSTRING)
+      for (int i = 0; rope_kinds[i]; i++)
+        if (strcmp(lua_tostring(L, -1), rope_kinds[i]) == 0) k = i;
+    if (k < 0)
+      luaL_error(L, "%s: scaling rope_type must be \"llama3\", \"linear\", \"dynamic\" or \"default\", got %s", op,
+                 luaL_tolstring(L, -1, NULL));
+    sc->kind = (nvl_rope_kind)k;
+  }
+  lua_pop(L, 1);
+  int llama3 = sc->kind == NVL_ROPE_LLAMA3;
+  static const char *const llama3_keys[] = {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+  for (int i = 0; i < 3 && !llama3; i++) {
+    if (lua_getfield(L, idx, llama3_keys[i]) != LUA_TNIL)
+      luaL_error(L, "%s: scaling key '%s' belongs to rope_type llama3, not %s", op, llama3_keys[i],
+                 rope_kinds[sc->kind]);
+    lua_pop(L, 1);
+  }
+  if (sc->kind == NVL_ROPE_DEFAULT) return;
+  nvl_lua_opt_number(L, idx, op, "factor", &sc->factor, 1);
+  if (!llama3) return;
+  nvl_lua_opt_number(L, idx, op, "low_freq_factor", &sc->low_freq_factor, 1);
+  nvl_lua_opt_number(L, idx, op, "high_freq_factor", &sc->high_freq_factor, 1);
+  nvl_lua_opt_number(L, idx, op, "original_max_position_embeddings", &sc->original_max_position_embeddings, 1);
+}
+
+/* rope_tables(T, D, theta [, scaling [, M]]): M, dynamic scaling's max_position_embeddings */
+static int l_rope_tables(lua_State *L) {
   lua_Integer T = luaL_checkinteger(L, 1), D = luaL_checkinteger(L, 2);
   double theta = luaL_checknumber(L, 3);
   nvl_rope_scaling sc = {0};
-  if (!lua_isnoneornil(L, 4)) {
-    luaL_checktype(L, 4, LUA_TTABLE);
-    nvl_lua_check_keys(L, 4, op, scaling_keys);
-    if (lua_getfield(L, 4, "rope_type") != LUA_TNIL) {
-      const char *rt = lua_tostring(L, -1);
-      if (lua_type(L, -1) != LUA_TSTRING || strcmp(rt, "llama3") != 0)
-        return luaL_error(L, "%s: scaling rope_type must be \"llama3\" (the only scaling supported), got %s", op,
-                          luaL_tolstring(L, -1, NULL));
-    }
-    lua_pop(L, 1);
-    sc.llama3 = 1;
-    nvl_lua_opt_number(L, 4, op, "factor", &sc.factor, 1);
-    nvl_lua_opt_number(L, 4, op, "low_freq_factor", &sc.low_freq_factor, 1);
-    nvl_lua_opt_number(L, 4, op, "high_freq_factor", &sc.high_freq_factor, 1);
-    nvl_lua_opt_number(L, 4, op, "original_max_position_embeddings", &sc.original_max_position_embeddings, 1);
-  }
+  int scaled = !lua_isnoneornil(L, 4);
+  if (scaled) check_scaling(L, 4, &sc);
+  if (sc.kind == NVL_ROPE_DYNAMIC) sc.max_position_embeddings = luaL_checknumber(L, 5);
   nvl_tensor *c = nvl_lua_push_tensor(L);
   nvl_tensor *s = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_rope_tables(c, s, T, D, theta, sc.llama3 ? &sc : NULL));
+  CHECK(L, nvl_rope_tables(c, s, T, D, theta, scaled ? &sc : NULL));
   return 2;
 }
 

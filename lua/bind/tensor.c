@@ -621,25 +621,45 @@ static int l_bytes(lua_State *L) {
   return 1;
 }
 
+/* The bytes of a from_bytes call: the string at 1, the shape at arg, the 0-based offset at arg+1;
+ * elem_size bytes per element. Fills shape, returns the dim count and sets *numel and *src. */
+static int bytes_arg(lua_State *L, const char *op, int arg, int elem_size, int64_t *shape, int64_t *numel,
+                     const char **src) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  luaL_checktype(L, arg, LUA_TTABLE);
+  int n = check_shape(L, arg, shape);
+  lua_Integer off = luaL_optinteger(L, arg + 1, 0);
+  CHECK(L, nvl_shape_numel(op, n, shape, numel));
+  size_t need = (size_t)*numel * (size_t)elem_size; /* numel <= NVL_MAX_NUMEL: no overflow */
+  if (off < 0 || (size_t)off > len || len - (size_t)off < need) /* before allocating anything */
+    luaL_error(L, "%s: %I bytes needed at offset %I, the string has %I", op, (lua_Integer)need, off, (lua_Integer)len);
+  *src = s + off;
+  return n;
+}
+
 /* core.from_bytes(str, dtype, shape [, offset]) -> a new tensor holding a copy of the bytes
  * str[offset+1 .. offset+numel*size] (offset 0-based, default 0) */
 static int l_from_bytes(lua_State *L) {
-  size_t len;
-  const char *s = luaL_checklstring(L, 1, &len);
   nvl_dtype dt = check_dtype(L, 2);
-  int64_t shape[NVL_MAX_DIMS];
-  luaL_checktype(L, 3, LUA_TTABLE);
-  int n = check_shape(L, 3, shape);
-  lua_Integer off = luaL_optinteger(L, 4, 0);
-  int64_t numel;
-  CHECK(L, nvl_shape_numel("from_bytes", n, shape, &numel));
-  size_t need = (size_t)numel * (size_t)nvl_dtypes[dt].elem_size; /* numel <= NVL_MAX_NUMEL: no overflow */
-  if (off < 0 || (size_t)off > len || len - (size_t)off < need) /* before allocating anything */
-    return luaL_error(L, "from_bytes: %I bytes needed at offset %I, the string has %I", (lua_Integer)need, off,
-                      (lua_Integer)len);
+  int64_t shape[NVL_MAX_DIMS], numel;
+  const char *src;
+  int n = bytes_arg(L, "from_bytes", 3, nvl_dtypes[dt].elem_size, shape, &numel, &src);
   nvl_tensor *t = push_tensor(L);
   CHECK(L, nvl_tensor_empty(t, dt, NVL_CPU, n, shape));
-  memcpy(nvl_tensor_data(t), s + off, need);
+  memcpy(nvl_tensor_data(t), src, (size_t)numel * (size_t)nvl_dtypes[dt].elem_size);
+  return 1;
+}
+
+/* core.from_f16_bytes(str, shape [, offset]) -> a new f32 tensor of the IEEE half values (2 bytes
+ * each, little-endian) at str[offset+1 ..], converted exactly (nvl_f16_to_f32) */
+static int l_from_f16_bytes(lua_State *L) {
+  int64_t shape[NVL_MAX_DIMS], numel;
+  const char *src;
+  int n = bytes_arg(L, "from_f16_bytes", 2, 2, shape, &numel, &src);
+  nvl_tensor *t = push_tensor(L);
+  CHECK(L, nvl_tensor_empty(t, NVL_F32, NVL_CPU, n, shape));
+  nvl_f16_to_f32_n(nvl_tensor_data(t), (const uint8_t *)src, numel);
   return 1;
 }
 
@@ -880,7 +900,7 @@ static const luaL_Reg module_funcs[] = {
   {"randn_", l_randn_}, {"Generator", l_generator}, {"default_generator", l_default_generator},
   {"manual_seed", l_manual_seed}, {"philox", l_philox}, {"memory", l_memory},
   {"cuda_available", l_cuda_available}, {"cuda_devices", l_cuda_devices}, {"build_info", l_build_info},
-  {"dtypes", l_dtypes}, {"formats", l_formats}, {"use_reference", l_use_reference}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"reset_peak_memory", l_reset_peak}, {"from_bytes", l_from_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
+  {"dtypes", l_dtypes}, {"formats", l_formats}, {"use_reference", l_use_reference}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"reset_peak_memory", l_reset_peak}, {"from_bytes", l_from_bytes}, {"from_f16_bytes", l_from_f16_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
 
 int luaopen_nvlua_core(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);

@@ -301,8 +301,10 @@ local function write_checkpoint(dir, o, seq)
     files[name] = lfs.attributes(dir .. "/" .. name, "size")
   end
   local tok, mdir = o.tokenizer, dir .. "/" .. MODEL
+  -- one model.safetensors whatever the size (load and the bookkeeping read that one file; safetensors
+  -- has no size limit and transformers loads it)
   local model_files = hf.save_pretrained(o.model, mdir, {after_weights = function() fault("save.data") end,
-    bos_token_id = tok and tok.bos_id, eos_token_id = tok and tok.eos_id})
+    bos_token_id = tok and tok.bos_id, eos_token_id = tok and tok.eos_id, max_shard_size = math.maxinteger})
   if tok then
     local max_len = o.model.config.max_position_embeddings
     for name, size in pairs(tokenizer.export(tok, mdir, {model_max_length = max_len})) do model_files[name] = size end
@@ -426,8 +428,8 @@ end
 
 --- ckpt.read_config(dir), ckpt.from_pretrained(dir [, {recipe =}]): nvlua.hf's, for a checkpoint
 -- (its model directory, in either layout) or a Hugging Face model directory.
-function ckpt.read_config(dir) return hf.read_config(ckpt.model_dir(dir)) end
-function ckpt.from_pretrained(dir, o) return hf.from_pretrained(ckpt.model_dir(dir), o) end
+ckpt.read_config = hf.read_config -- both take a checkpoint (its model/) or a model directory
+ckpt.from_pretrained = hf.from_pretrained
 
 -- ---- loading ------------------------------------------------------------------------------------
 -- ckpt.load checks everything it reads before it changes anything; each problem is raised as

@@ -1,104 +1,550 @@
 -- nvlua.hf: Hugging Face Llama model directories — config.json (LlamaConfig) and the weights in
 -- safetensors under Hugging Face's parameter names — read into an nvlua model and written from one.
 --   local hf = require "nvlua.hf"
---   local model = hf.from_pretrained(dir [, {recipe =}])
---   hf.save_pretrained(model, dir)
+--   local model, info = hf.from_pretrained(dir [, {strict = true, dtype = "f32", recipe =}])
+--   hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =}])
 -- Training checkpoints (checkpoint.lua) hold such a directory plus the training state.
+--
+-- Reading follows transformers 4.x and 5.x (LlamaForCausalLM):
+--   config.json  RoPE from rope_parameters (transformers 5) or the legacy rope_theta/rope_scaling
+--                (4.x; "type" or "rope_type"), both forms agreeing where both are given; rope
+--                types default, linear, dynamic and llama3 (nn.llama_config), others refused by
+--                name. Keys that transformers' Llama does not read carry no arithmetic and are
+--                ignored (listed in info.config_ignored); keys that ask for arithmetic nvlua does
+--                not compute are refused (a hidden_act other than silu, biases, quantization_config,
+--                custom modeling code: auto_map, pruned heads).
+--   weights      model.safetensors, else model.safetensors.index.json and the shards it names
+--                (transformers' order of preference); F32, BF16 and F16 (read as f32, exactly).
+--                Known non-parameter buffers (rotary_emb.inv_freq, masked_bias) are ignored.
+--                A tied model (tie_word_embeddings) that also stores lm_head.weight loads when it
+--                equals model.embed_tokens.weight bit for bit after conversion, else it is refused.
+--                pytorch_model.bin is not read (it is a pickle): the error says how to convert it.
+-- Writing follows transformers 5's save_pretrained: config.json with rope_parameters and, for
+-- transformers 4.x, the same RoPE as rope_theta/rope_scaling; the weights (f32) in one
+-- model.safetensors, or, past max_shard_size, in model-0000k-of-0000N.safetensors plus
+-- model.safetensors.index.json, split as huggingface_hub's split_torch_state_dict_into_shards
+-- splits them (Hugging Face's parameter order, a tensor larger than the limit in a shard of its
+-- own). Each file is written atomically; a directory as a whole is not (checkpoint.lua writes into
+-- a fresh one). Not written: generation_config.json (transformers derives it from config.json).
 local lfs = require "lfs"
 local cjson = require "cjson"
 local st = require "nvlua.safetensors"
-local config = require "nvlua.config"
+local nn = require "nvlua.nn"
 local util = require "nvlua.util"
 
 local hf = {}
 
-local function read_json(path)
+local function is_file(path) return lfs.attributes(path, "mode") == "file" end
+local function is_dir(path) return lfs.attributes(path, "mode") == "directory" end
+
+-- ---- JSON -----------------------------------------------------------------------------------------
+
+local function read_json(path, fname)
   local f, err = io.open(path, "rb")
   if not f then return nil, err end
   local s = f:read("a")
   f:close()
   local ok, v = pcall(cjson.decode, s or "")
-  if not ok then error("hf: " .. path .. ": bad JSON: " .. tostring(v), 2) end
+  if not ok then error(string.format("%s: %s: bad JSON: %s", fname, path, tostring(v)), 0) end
+  if type(v) ~= "table" or v == cjson.null or (next(v) ~= nil and #v > 0) then
+    error(string.format("%s: %s: expected a JSON object", fname, path), 0)
+  end
   return v
 end
 
-local function write_json(path, t)
-  local ok, err = util.atomic_write(path, config.encode(t) .. "\n")
-  if not ok then error("hf: " .. path .. ": " .. err, 0) end
+-- A float as Python's repr (json.dumps) writes it: the shortest digits that read back, fixed
+-- notation for exponents -4 .. 15 (with ".0" when integral), else d.ddde+XX.
+local function py_float(x)
+  if x ~= x or x == math.huge or x == -math.huge then
+    error("hf: cannot write the non-finite number " .. x .. " in JSON", 0)
+  end
+  if x == 0 then return 1 / x < 0 and "-0.0" or "0.0" end
+  local s
+  for p = 0, 16 do
+    s = string.format("%." .. p .. "e", x)
+    if tonumber(s) == x then break end
+  end
+  local sign, d1, rest, e = s:match("^(-?)(%d)%.?(%d*)e([-+]%d+)$")
+  local digits = (d1 .. rest):gsub("0+$", "")
+  e = tonumber(e)
+  if e < -4 or e >= 16 then
+    local m = #digits > 1 and digits:sub(1, 1) .. "." .. digits:sub(2) or digits
+    return string.format("%s%se%s%02d", sign, m, e < 0 and "-" or "+", math.abs(e))
+  end
+  if e < 0 then return sign .. "0." .. string.rep("0", -e - 1) .. digits end
+  if #digits <= e + 1 then return sign .. digits .. string.rep("0", e + 1 - #digits) .. ".0" end
+  return sign .. digits:sub(1, e + 1) .. "." .. digits:sub(e + 2)
 end
 
--- nn.llama_config keeps rope_scaling without its type (llama3 is the only one it computes); HF
--- and nn.llama_config both need "rope_type" to read it back.
-local function rope_scaling(rs)
-  if rs == nil then return cjson.null end
-  local out = {rope_type = "llama3"}
-  for k, v in pairs(rs) do out[k] = v end
+-- JSON text of v: keys sorted; floats as Python writes them (8.0, 1e-05), integers as integers;
+-- indent: nil for one line (no spaces), else json.dumps(indent = 2) layout.
+local function encode(v, indent, level)
+  level = level or 0
+  if v == nil or v == cjson.null then return "null" end
+  local t = type(v)
+  if t == "boolean" then return tostring(v) end
+  if t == "number" then return math.type(v) == "integer" and string.format("%d", v) or py_float(v) end
+  if t == "string" then return (cjson.encode(v):gsub("\\/", "/")) end
+  if t ~= "table" then error("hf: cannot write a " .. t .. " in JSON", 0) end
+  local keys, n = {}, #v
+  for k in pairs(v) do keys[#keys + 1] = k end
+  local items = {}
+  if n > 0 and #keys == n then
+    for i = 1, n do items[i] = encode(v[i], indent, level + 1) end
+  else
+    table.sort(keys)
+    local sep = indent and ": " or ":"
+    for i, k in ipairs(keys) do items[i] = cjson.encode(k) .. sep .. encode(v[k], indent, level + 1) end
+  end
+  local open, close = (n > 0 and #keys == n) and "[" or "{", (n > 0 and #keys == n) and "]" or "}"
+  if #items == 0 then return open .. close end
+  if not indent then return open .. table.concat(items, ",") .. close end
+  local pad, inner = string.rep(" ", indent * level), string.rep(" ", indent * (level + 1))
+  return open .. "\n" .. inner .. table.concat(items, ",\n" .. inner) .. "\n" .. pad .. close
+end
+
+local function write_json(path, t, indent, fname)
+  local ok, err = util.atomic_write(path, encode(t, indent) .. "\n")
+  if not ok then error(fname .. ": " .. path .. ": " .. err, 0) end
+end
+
+-- ---- config.json ----------------------------------------------------------------------------------
+
+-- config.json keys that ask for arithmetic nvlua does not compute (the reason, given the value),
+-- beyond what nn.llama_config checks (hidden_act, biases, model_type, rope types, ...)
+local REFUSED = {
+  quantization_config = function() return "quantized weights are not supported (nvlua reads F32, BF16 and F16)" end,
+  auto_map = function() return "it names custom modeling code, not transformers' LlamaForCausalLM" end,
+  pruned_heads = function(v) return next(v) and "pruned attention heads are not supported" or nil end,
+}
+
+-- JSON null -> nil, integral floats -> integers (ints), recursively
+local function plain(v, ints)
+  if v == cjson.null then return nil end
+  if type(v) == "number" and ints then return math.tointeger(v) or v end
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = plain(x, ints) end
   return out
 end
+local INT_KEYS = {bos_token_id = true, eos_token_id = true, pad_token_id = true}
 
---- hf.config(c [, {bos_token_id =, eos_token_id =}]) -> the HF LlamaConfig of a model config
--- (nn.llama_config's resolved table).
+--- hf.read_config(dir) -> config, info | nil, msg (no readable config.json): the keys of dir's
+-- config.json that nn.llama_config takes (not yet checked: llama.Llama checks them), and
+-- info.config_ignored, the sorted names of the keys that carry no arithmetic for a Llama.
+-- A key that asks for arithmetic nvlua does not compute raises.
+function hf.read_config(dir)
+  if type(dir) ~= "string" then error("read_config: dir must be a string (a model directory), got " .. type(dir), 2) end
+  if is_file(dir .. "/model/config.json") then dir = dir .. "/model" end -- an nvlua checkpoint: its model/
+  local c, err = read_json(dir .. "/config.json", "read_config")
+  if not c then return nil, err end
+  local out, ignored = {}, {}
+  for k, v in pairs(c) do
+    local why = REFUSED[k] and v ~= cjson.null and REFUSED[k](v)
+    if why then error(string.format("read_config: %s/config.json: %s: %s", dir, k, why), 0) end
+    if nn.llama_config_key(k) then
+      out[k] = plain(v, INT_KEYS[k])
+    elseif v ~= cjson.null then
+      ignored[#ignored + 1] = k
+    end
+  end
+  table.sort(ignored)
+  return out, {config_ignored = ignored}
+end
+
+-- x written as a float (8.0, not 8): the keys transformers writes as floats
+local function float(x) return x and x + 0.0 end
+
+--- hf.config(c [, {bos_token_id =, eos_token_id =}]) -> the Hugging Face LlamaConfig of a model
+-- config (nn.llama_config's resolved table) as transformers 5 writes it, plus rope_theta and
+-- rope_scaling for transformers 4.x (which reads those and not rope_parameters). Token ids: the
+-- options', else the config's, else null.
 function hf.config(c, o)
   o = o or {}
+  local rp, legacy = {rope_theta = float(c.rope_theta), rope_type = "default"}, cjson.null
+  local rs = c.rope_scaling
+  if rs then
+    rp.rope_type, legacy = rs.rope_type, {rope_type = rs.rope_type}
+    for k, v in pairs(rs) do
+      if k ~= "rope_type" then
+        v = k == "original_max_position_embeddings" and math.tointeger(v) or float(v)
+        rp[k], legacy[k] = v, v
+      end
+    end
+  end
+  local function id(k)
+    local v = o[k]
+    if v == nil then v = c[k] end
+    return v == nil and cjson.null or v
+  end
   return {
     architectures = {"LlamaForCausalLM"}, model_type = "llama",
     vocab_size = c.vocab_size, hidden_size = c.hidden_size, intermediate_size = c.intermediate_size,
     num_hidden_layers = c.num_hidden_layers, num_attention_heads = c.num_attention_heads,
     num_key_value_heads = c.num_key_value_heads, head_dim = c.head_dim, hidden_act = "silu",
-    max_position_embeddings = c.max_position_embeddings, initializer_range = c.initializer_range or 0.02,
-    rms_norm_eps = c.rms_norm_eps, rope_theta = c.rope_theta, rope_scaling = rope_scaling(c.rope_scaling),
-    tie_word_embeddings = c.tie_word_embeddings, attention_bias = false, attention_dropout = 0.0,
-    mlp_bias = false, pretraining_tp = 1, use_cache = true, torch_dtype = "float32",
-    bos_token_id = o.bos_token_id or cjson.null, eos_token_id = o.eos_token_id or cjson.null,
+    max_position_embeddings = c.max_position_embeddings, initializer_range = float(c.initializer_range or 0.02),
+    rms_norm_eps = float(c.rms_norm_eps), rope_parameters = rp, rope_theta = float(c.rope_theta),
+    rope_scaling = legacy, tie_word_embeddings = c.tie_word_embeddings, attention_bias = false,
+    attention_dropout = 0.0, mlp_bias = false, pretraining_tp = 1, use_cache = true, dtype = "float32",
+    torch_dtype = "float32", bos_token_id = id("bos_token_id"), eos_token_id = id("eos_token_id"),
+    pad_token_id = id("pad_token_id"),
   }
 end
 
---- Read a checkpoint's HF config.json into llama.Llama config keys.
-function hf.read_config(dir)
-  local c, err = read_json(dir .. "/config.json")
-  if not c then return nil, err end
-  local keys = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "max_position_embeddings",
-    "tie_word_embeddings", "rope_scaling", "initializer_range",
-    -- checked by nn.llama_config, so a model nvlua does not compute (another activation,
-    -- biases) is refused instead of loaded wrong
-    "model_type", "hidden_act", "attention_bias", "mlp_bias", "attention_dropout", "pretraining_tp"}
-  local out = {}
-  for _, k in ipairs(keys) do
-    local v = c[k]
-    if v ~= nil and v ~= cjson.null then out[k] = math.tointeger(v) or v end
+-- ---- reading the weights --------------------------------------------------------------------------
+
+local SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+local OTHER_FORMATS = {"pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack"}
+
+-- Tensors transformers saved (older versions) that are buffers, not parameters: ignored.
+local BUFFERS = {"%.rotary_emb%.inv_freq$", "%.rotary_emb%.original_inv_freq$", "%.masked_bias$"}
+local function is_buffer(name)
+  for _, p in ipairs(BUFFERS) do if name:find(p) then return true end end
+  return false
+end
+
+local function fail(dir, fmt, ...) error(string.format("from_pretrained: %s: " .. fmt, dir, ...), 0) end
+
+-- an error raised by another function, without its position
+local function strip_position(err) return (tostring(err):gsub("^[^\n]-%.lua:%d+: ", "")) end
+
+local function no_weights(dir)
+  for _, n in ipairs(OTHER_FORMATS) do
+    if is_file(dir .. "/" .. n) then
+      fail(dir, "has %s but no %s or %s: nvlua reads safetensors only (a .bin is a pickle, which runs code when " ..
+        "loaded). Convert it once with transformers (>= 4.35 writes safetensors), if you trust the file:\n" ..
+        "  python3 -c \"import sys, transformers as t; t.AutoModelForCausalLM.from_pretrained(sys.argv[1])" ..
+        ".save_pretrained(sys.argv[1])\" %s", n, SINGLE, INDEX, dir)
+    end
   end
-  return out
+  error(string.format("from_pretrained: no %s in %s, nor %s (not a Hugging Face model directory with safetensors " ..
+    "weights)", SINGLE, dir, INDEX), 0)
 end
 
---- hf.from_pretrained(dir [, {recipe =}]) -> a llama.Llama with the weights of dir (a Hugging
--- Face Llama directory with config.json and model.safetensors, or an nvlua checkpoint: its model/).
+-- The shards of an index: {files = {name, ...} (sorted), map = {tensor = file}}.
+local function read_index(dir)
+  local idx = read_json(dir .. "/" .. INDEX, "from_pretrained")
+  if not idx then fail(dir, "%s cannot be read", INDEX) end
+  local wm = idx.weight_map
+  if type(wm) ~= "table" or wm == cjson.null or (next(wm) ~= nil and #wm > 0) then
+    fail(dir, "%s: weight_map must be an object {tensor name = shard file}", INDEX)
+  end
+  local files, seen = {}, {}
+  for name, file in pairs(wm) do
+    if type(file) ~= "string" or file == "" or file:find("/", 1, true) or file == "." or file == ".." then
+      fail(dir, "%s: weight_map[%q] must be a file name in the directory, got %s", INDEX, name, tostring(file))
+    end
+    if not seen[file] then
+      if not is_file(dir .. "/" .. file) then
+        fail(dir, "%s names the shard %s (for %s), which is missing", INDEX, file, name)
+      end
+      seen[file] = true
+      files[#files + 1] = file
+    end
+  end
+  if #files == 0 then fail(dir, "%s: weight_map is empty", INDEX) end
+  table.sort(files)
+  return {files = files, map = wm}
+end
+
+-- Every tensor of the weights: {name = {file =, dtype =, shape =}}, and the files in order.
+local function scan_weights(dir)
+  local files, map
+  if is_file(dir .. "/" .. SINGLE) then
+    files = {SINGLE}
+  elseif is_file(dir .. "/" .. INDEX) then
+    local idx = read_index(dir)
+    files, map = idx.files, idx.map
+  else
+    no_weights(dir)
+  end
+  local tensors = {}
+  for _, file in ipairs(files) do
+    local header, err = st.read_header(dir .. "/" .. file, {f16 = "f32"})
+    if not header then fail(dir, "%s", tostring(err)) end
+    for name, h in pairs(header) do
+      if map and map[name] ~= file then
+        fail(dir, "%s holds %s, which %s %s", file, name, INDEX,
+          map[name] and ("puts in " .. map[name]) or "does not list")
+      end
+      tensors[name] = {file = file, dtype = h.dtype, shape = h.shape}
+    end
+  end
+  for name, file in pairs(map or {}) do
+    if not tensors[name] then fail(dir, "%s puts %s in %s, which has no such tensor", INDEX, name, file) end
+  end
+  return tensors, files
+end
+
+local function list(names, max)
+  max = max or 12
+  if #names <= max then return table.concat(names, ", ") end
+  return table.concat(names, ", ", 1, max) .. string.format(", ... (%d in all)", #names)
+end
+
+local FLOATS = {F32 = true, BF16 = true, F16 = true}
+
+-- What each stored tensor is to the model: {load = {name = true}, missing, unexpected, ignored
+-- (sorted lists), tied_head = the stored lm_head.weight of a tied model, or nil}.
+local function plan(dir, model, tensors)
+  local params, p = {}, {load = {}, missing = {}, unexpected = {}, ignored = {}}
+  for _, e in ipairs(model:named_parameters()) do
+    params[e.name] = e.param
+    local t = tensors[e.name]
+    if not t then
+      p.missing[#p.missing + 1] = e.name
+    else
+      if not FLOATS[t.dtype] then
+        fail(dir, "%s is %s in %s; parameters must be F32, BF16 or F16", e.name, t.dtype, t.file)
+      end
+      if not util.same_shape(t.shape, e.param:size()) then
+        fail(dir, "%s has shape [%s] in %s, the model's is %s", e.name, table.concat(t.shape, ","), t.file,
+          util.shape_str(e.param))
+      end
+      p.load[e.name] = true
+    end
+  end
+  local tied = model.config.tie_word_embeddings
+  for name, t in pairs(tensors) do
+    if params[name] then -- loaded
+    elseif is_buffer(name) then
+      p.ignored[#p.ignored + 1] = name
+    elseif tied and name == "lm_head.weight" and p.load["model.embed_tokens.weight"] then
+      local emb = tensors["model.embed_tokens.weight"]
+      if not FLOATS[t.dtype] or not util.same_shape(t.shape, emb.shape) then
+        fail(dir, "lm_head.weight (%s [%s]) of a tied model does not match model.embed_tokens.weight (%s [%s])",
+          t.dtype, table.concat(t.shape, ","), emb.dtype, table.concat(emb.shape, ","))
+      end
+      p.tied_head = name
+      p.ignored[#p.ignored + 1] = name
+    else
+      p.unexpected[#p.unexpected + 1] = name
+    end
+  end
+  table.sort(p.missing); table.sort(p.unexpected); table.sort(p.ignored)
+  return p
+end
+
+local function converted(t, dtype)
+  if dtype ~= "bf16" or t:dtype() == "bf16" then return t end
+  local b = t:to("bf16")
+  t:free()
+  return b
+end
+
+-- The bytes of a tensor as f32 (after the dtype option's rounding), for the tied comparison.
+local function f32_bytes(t)
+  if t:dtype() == "f32" then return t:bytes() end
+  local f = t:to("f32")
+  local b = f:bytes()
+  f:free()
+  return b
+end
+
+-- Copy the planned tensors of every file into the model, one file at a time.
+local function load_files(dir, model, files, p, dtype)
+  local head_bytes
+  for _, file in ipairs(files) do
+    local ts, err = st.load(dir .. "/" .. file, {f16 = "f32"})
+    if not ts then fail(dir, "%s", tostring(err)) end
+    local sub = {}
+    for name, t in pairs(ts) do
+      if p.load[name] then
+        sub[name] = converted(t, dtype)
+      elseif name == p.tied_head then
+        local c = converted(t, dtype)
+        head_bytes = f32_bytes(c)
+        c:free()
+      else
+        t:free()
+      end
+    end
+    local ok, lerr = pcall(model.load_state_dict, model, sub, {strict = false})
+    for _, t in pairs(sub) do t:free() end
+    if not ok then fail(dir, "%s: %s", file, strip_position(lerr)) end
+  end
+  if head_bytes and head_bytes ~= model:state_dict()["model.embed_tokens.weight"]:bytes() then
+    fail(dir, "lm_head.weight differs from model.embed_tokens.weight, but tie_word_embeddings is true (the model " ..
+      "would compute with the embedding; set tie_word_embeddings to false in config.json to load both)")
+  end
+end
+
+local DTYPES = {f32 = true, bf16 = true}
+
+--- hf.from_pretrained(dir [, {strict = true, dtype = "f32" | "bf16", recipe =}]) -> model, info:
+-- a llama.Llama with the weights of dir (a Hugging Face Llama directory, or an nvlua checkpoint).
+-- info = {missing =, unexpected =, ignored =, config_ignored =} (sorted names). strict (the
+-- default) raises when a parameter is missing or a tensor is unexpected, listing them; with
+-- strict = false they are returned in info and a missing parameter keeps its initial value
+-- (normal(0, initializer_range) from seed 0). dtype "bf16" rounds every weight to bf16 (what a
+-- model loaded in bfloat16 holds; parameters stay f32 masters). Ignored: non-parameter buffers
+-- and the stored lm_head.weight of a tied model that equals the embedding.
 function hf.from_pretrained(dir, o)
-  if lfs.attributes(dir .. "/model/config.json") then dir = dir .. "/model" end
+  o = util.check_opts(o, {strict = function(v) return type(v) ~= "boolean" and "must be true or false" or nil end,
+    dtype = function(v) return not DTYPES[v] and "must be \"f32\" or \"bf16\"" or nil end, recipe = true},
+    "from_pretrained")
+  if type(dir) ~= "string" then
+    error("from_pretrained: dir must be a string (a model directory), got " .. type(dir), 2)
+  end
+  local mode = lfs.attributes(dir, "mode")
+  if not mode then fail(dir, "no such directory") end
+  if mode ~= "directory" then fail(dir, "not a directory (a %s)", mode) end
+  if is_file(dir .. "/model/config.json") then dir = dir .. "/model" end -- an nvlua checkpoint: its model/
+  if not is_file(dir .. "/config.json") then fail(dir, "no config.json (not a Hugging Face model directory)") end
+  local rok, c, info = pcall(hf.read_config, dir)
+  if not rok then error("from_pretrained: " .. strip_position(c):gsub("^read_config: ", ""), 0) end
+  if not c then fail(dir, "config.json: %s", tostring(info)) end
+  local tensors, files = scan_weights(dir)
   local llama = require "nvlua.llama"
-  local c, err = hf.read_config(dir)
-  if not c then error("from_pretrained: " .. tostring(err), 2) end
-  local model = llama.Llama(c, {recipe = o and o.recipe})
-  local tensors = st.load(dir .. "/model.safetensors")
-  if not tensors then error("from_pretrained: no model.safetensors in " .. dir, 2) end
-  model:load_state_dict(tensors)
-  for _, t in pairs(tensors) do t:free() end
-  return model
+  local ok, model = pcall(llama.Llama, c, {recipe = o.recipe, seed = 0})
+  if not ok then fail(dir, "config.json: %s", strip_position(model)) end
+  local p = plan(dir, model, tensors)
+  if o.strict ~= false and (#p.missing > 0 or #p.unexpected > 0) then
+    local parts = {}
+    if #p.missing > 0 then parts[#parts + 1] = "missing: " .. list(p.missing) end
+    if #p.unexpected > 0 then parts[#parts + 1] = "unexpected: " .. list(p.unexpected) end
+    fail(dir, "the weights do not match the model (%s); {strict = false} loads the rest and returns the lists",
+      table.concat(parts, "; "))
+  end
+  load_files(dir, model, files, p, o.dtype or "f32")
+  return model, {missing = p.missing, unexpected = p.unexpected, ignored = p.ignored,
+    config_ignored = info.config_ignored}
 end
 
---- hf.save_pretrained(model, dir [, {after_weights = fn}]) -> {file name = byte size}: the model's
--- weights (model.safetensors, f32, __metadata__ {"format": "pt"}) and config.json written into the
--- existing directory dir. after_weights() runs between the two (checkpoint.lua's fault point).
--- o.bos_token_id, o.eos_token_id: config.json's (null when absent).
+-- ---- writing --------------------------------------------------------------------------------------
+
+local UNITS = {TB = 10 ^ 12, GB = 10 ^ 9, MB = 10 ^ 6, KB = 10 ^ 3}
+
+--- hf.parse_size(v) -> bytes: an integer >= 1, or "<number><unit>" with unit KB, MB, GB or TB
+-- (powers of 10, any case), read as huggingface_hub's parse_size_to_int reads it.
+function hf.parse_size(v)
+  if math.type(v) == "integer" and v >= 1 then return v end
+  local n = type(v) == "string" and tonumber((v:match("^%s*(.-)%s*$")):sub(1, -3):match("^%s*(.-)%s*$"))
+  local unit = type(v) == "string" and UNITS[(v:match("^%s*(.-)%s*$")):sub(-2):upper()]
+  local bytes = n and unit and math.tointeger(math.floor(n * unit))
+  if not bytes or bytes < 1 then
+    error(string.format("save_pretrained: max_shard_size must be an integer >= 1 (bytes) or a size such as \"5GB\" " ..
+      "(units KB, MB, GB, TB), got %s", type(v) == "string" and string.format("%q", v) or tostring(v)), 0)
+  end
+  return bytes
+end
+
+-- Hugging Face's parameter order (LlamaForCausalLM.state_dict()): embedding, the layers in order
+-- (attention q k v o, MLP gate up down, the two norms), the final norm, lm_head.
+local SUB_ORDER = {["self_attn.q_proj.weight"] = 1, ["self_attn.k_proj.weight"] = 2, ["self_attn.v_proj.weight"] = 3,
+  ["self_attn.o_proj.weight"] = 4, ["mlp.gate_proj.weight"] = 5, ["mlp.up_proj.weight"] = 6,
+  ["mlp.down_proj.weight"] = 7, ["input_layernorm.weight"] = 8, ["post_attention_layernorm.weight"] = 9}
+local function order_key(name)
+  if name == "model.embed_tokens.weight" then return {0, 0, 0} end
+  local i, rest = name:match("^model%.layers%.(%d+)%.(.+)$")
+  if i then return {1, tonumber(i), SUB_ORDER[rest] or 99} end
+  if name == "model.norm.weight" then return {2, 0, 0} end
+  if name == "lm_head.weight" then return {3, 0, 0} end
+  return {4, 0, 0}
+end
+local function hf_order(names)
+  local keys = {}
+  for _, n in ipairs(names) do keys[n] = order_key(n) end
+  table.sort(names, function(a, b)
+    local x, y = keys[a], keys[b]
+    for k = 1, 3 do if x[k] ~= y[k] then return x[k] < y[k] end end
+    return a < b
+  end)
+  return names
+end
+
+-- huggingface_hub's split_state_dict_into_shards_factory: tensors in order; one larger than max
+-- gets a shard of its own (appended at once); otherwise a shard is closed when the next tensor
+-- would pass max. -> {{names}, ...}, total bytes
+local function split(names, sizes, max)
+  local shards, cur, cur_size, total = {}, {}, 0, 0
+  for _, n in ipairs(names) do
+    local s = sizes[n]
+    total = total + s
+    if s > max then
+      shards[#shards + 1] = {n}
+    else
+      if cur_size + s > max then
+        shards[#shards + 1] = cur
+        cur, cur_size = {}, 0
+      end
+      cur[#cur + 1] = n
+      cur_size = cur_size + s
+    end
+  end
+  if #cur > 0 then shards[#shards + 1] = cur end
+  return shards, total
+end
+
+-- Weight files of an earlier save in dir that this one does not write (they would shadow or
+-- contradict it): model.safetensors, the index, model-NNNNN-of-NNNNN.safetensors.
+local function remove_stale(dir, written)
+  for n in lfs.dir(dir) do
+    local weights = n == SINGLE or n == INDEX or n:match("^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$")
+    if weights and not written[n] and is_file(dir .. "/" .. n) then
+      local ok, err = os.remove(dir .. "/" .. n)
+      if not ok then
+        error("save_pretrained: cannot remove the stale " .. dir .. "/" .. n .. ": " .. tostring(err), 0)
+      end
+    end
+  end
+end
+
+local TOKEN_ID = "must be an integer >= 0 or a list of them"
+local function token_id(v)
+  if v == nil or math.type(v) == "integer" and v >= 0 then return nil end
+  if type(v) == "table" and #v > 0 then
+    for _, x in ipairs(v) do if math.type(x) ~= "integer" or x < 0 then return TOKEN_ID end end
+    return nil
+  end
+  return TOKEN_ID
+end
+
+--- hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =,
+-- after_weights = fn}]) -> {file name = byte size} of every file written: the model's weights
+-- (f32, __metadata__ {"format": "pt"}) in model.safetensors, or in shards and
+-- model.safetensors.index.json when they pass max_shard_size (transformers 5's default, "50GB"),
+-- then config.json, into the existing directory dir. Weight files of an earlier save that this
+-- one does not replace are removed. after_weights() runs between the weights and config.json
+-- (checkpoint.lua's fault point).
 function hf.save_pretrained(model, dir, o)
-  o = o or {}
-  if lfs.attributes(dir, "mode") ~= "directory" then error("save_pretrained: " .. tostring(dir) .. " is not a directory", 2) end
-  local files = {}
-  local wok, werr = st.save(dir .. "/model.safetensors", model:state_dict(), {})
-  if not wok then error("save_pretrained: " .. dir .. "/model.safetensors: " .. tostring(werr), 0) end
-  files["model.safetensors"] = lfs.attributes(dir .. "/model.safetensors", "size")
+  o = util.check_opts(o, {max_shard_size = true, bos_token_id = token_id, eos_token_id = token_id,
+    after_weights = function(v) return type(v) ~= "function" and "must be a function" or nil end}, "save_pretrained")
+  if type(model) ~= "table" or type(model.state_dict) ~= "function" or type(model.config) ~= "table" then
+    error("save_pretrained: model must be an nvlua model (llama.Llama), got " .. type(model), 2)
+  end
+  if type(dir) ~= "string" or not is_dir(dir) then
+    error("save_pretrained: " .. tostring(dir) .. " is not a directory", 2)
+  end
+  local max = hf.parse_size(o.max_shard_size or "50GB")
+  local sd, names, sizes = model:state_dict(), {}, {}
+  for n, t in pairs(sd) do
+    names[#names + 1] = n
+    sizes[n] = t:numel() * (t:dtype() == "bf16" and 2 or 4) -- parameters: f32 (bf16 if a caller made one)
+  end
+  local shards, total = split(hf_order(names), sizes, max)
+  local files, written = {}, {}
+  local function save(name, tensors)
+    local ok, err = st.save(dir .. "/" .. name, tensors, {})
+    if not ok then error("save_pretrained: " .. dir .. "/" .. name .. ": " .. tostring(err), 0) end
+    files[name], written[name] = lfs.attributes(dir .. "/" .. name, "size"), true
+  end
+  if #shards == 1 then
+    save(SINGLE, sd)
+  else
+    local map = {}
+    for k, shard in ipairs(shards) do
+      local name, ts = string.format("model-%05d-of-%05d.safetensors", k, #shards), {}
+      for _, n in ipairs(shard) do ts[n], map[n] = sd[n], name end
+      save(name, ts)
+    end
+    write_json(dir .. "/" .. INDEX, {metadata = {total_parameters = model:num_parameters(), total_size = total},
+      weight_map = map}, 2, "save_pretrained")
+    files[INDEX], written[INDEX] = lfs.attributes(dir .. "/" .. INDEX, "size"), true
+  end
+  remove_stale(dir, written)
   if o.after_weights then o.after_weights() end
-  write_json(dir .. "/config.json", hf.config(model.config, o))
+  write_json(dir .. "/config.json", hf.config(model.config, o), nil, "save_pretrained")
   files["config.json"] = lfs.attributes(dir .. "/config.json", "size")
   return files
 end

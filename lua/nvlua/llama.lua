@@ -99,7 +99,7 @@ function Llama:__init(config, opts)
   self.config = c
   self.step = 0
   local gen = opts.generator or (opts.seed and nv.Generator(opts.seed)) or nil
-  self.rope = nn.RopeCache(c.head_dim, c.rope_theta, c.rope_scaling)
+  self.rope = nn.RopeCache(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings)
   local model = self:register_module("model", Module())
   self.embed_tokens = model:register_module("embed_tokens",
     Embedding(c.vocab_size, c.hidden_size, {generator = gen, std = c.initializer_range}))

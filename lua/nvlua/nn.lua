@@ -568,22 +568,39 @@ end
 local NONE = {} -- no default value
 local CONFIG_DEFAULTS = {
   vocab_size = 32000, hidden_size = 4096, intermediate_size = 11008, num_hidden_layers = 32,
-  num_attention_heads = 32, num_key_value_heads = NONE, head_dim = NONE, rope_theta = 10000.0,
-  rope_scaling = NONE, rms_norm_eps = 1e-6, max_position_embeddings = 2048, tie_word_embeddings = false,
-  initializer_range = 0.02,
+  num_attention_heads = 32, num_key_value_heads = NONE, head_dim = NONE, rope_theta = NONE,
+  rope_scaling = NONE, rope_parameters = NONE, rms_norm_eps = 1e-6, max_position_embeddings = 2048,
+  tie_word_embeddings = false, initializer_range = 0.02,
 }
 -- Keys of a Hugging Face config.json that are accepted when they describe what nvlua computes
--- (checked), or that carry no arithmetic (ignored).
+-- (checked), or that carry no arithmetic (ignored: kept as given). pretraining_tp is ignored:
+-- transformers' Llama (4.57, 5.x) no longer reads it (older versions split the GEMMs by it: the
+-- same sums in another order).
 local CONFIG_CHECKED = {
-  hidden_act = "silu", attention_bias = false, mlp_bias = false, attention_dropout = 0, pretraining_tp = 1,
-  model_type = "llama",
+  hidden_act = "silu", attention_bias = false, mlp_bias = false, attention_dropout = 0, model_type = "llama",
+  partial_rotary_factor = 1,
 }
 local CONFIG_IGNORED = {
-  architectures = true, torch_dtype = true, bos_token_id = true, eos_token_id = true, pad_token_id = true,
-  use_cache = true, transformers_version = true,
+  architectures = true, torch_dtype = true, dtype = true, bos_token_id = true, eos_token_id = true,
+  pad_token_id = true, use_cache = true, transformers_version = true, pretraining_tp = true,
 }
-local ROPE_SCALING_KEYS = {rope_type = true, type = true, factor = true, low_freq_factor = true,
-  high_freq_factor = true, original_max_position_embeddings = true}
+
+-- RoPE (Hugging Face modeling_rope_utils.py): the rope types nvlua computes and the keys of
+-- rope_parameters / rope_scaling each one reads (required, except a llama3
+-- original_max_position_embeddings, which defaults to max_position_embeddings as in transformers 5).
+local ROPE_TYPES = {
+  default = {},
+  linear = {"factor"},
+  dynamic = {"factor"},
+  llama3 = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+}
+-- The other keys of transformers' RopeParameters: ignored by these types (as transformers ignores
+-- them), except partial_rotary_factor, which must be 1 (nvlua rotates the whole head).
+local ROPE_OTHER_KEYS = {rope_type = true, type = true, rope_theta = true, partial_rotary_factor = true,
+  factor = true, low_freq_factor = true, high_freq_factor = true, original_max_position_embeddings = true,
+  attention_factor = true, beta_fast = true, beta_slow = true, short_factor = true, long_factor = true,
+  mscale = true, mscale_all_dim = true, truncate = true, mrope_section = true}
+local ROPE_TYPE_NAMES = "default, linear, dynamic, llama3"
 
 local function config_keys()
   local names = {}
@@ -594,14 +611,131 @@ local function config_keys()
   return table.concat(names, ", ")
 end
 
+--- nn.llama_config_key(k) -> true when nn.llama_config takes the key k
+function nn.llama_config_key(k)
+  return CONFIG_DEFAULTS[k] ~= nil or CONFIG_CHECKED[k] ~= nil or CONFIG_IGNORED[k] ~= nil
+end
+
+-- One rope description (what: "rope_scaling" or "rope_parameters") read as transformers reads it:
+-- -> theta (nil: not given), the resolved scaling (nil: none) {rope_type =, the type's keys}.
+local function read_rope(what, p, mpe)
+  if type(p) ~= "table" then
+    error(string.format("llama_config: %s must be a table or nil, got %s", what, type(p)), 0)
+  end
+  for k, v in pairs(p) do
+    if not ROPE_OTHER_KEYS[k] then
+      local nested = type(v) == "table" and " (rope parameters per layer type are not supported)" or ""
+      error(string.format("llama_config: unknown %s key '%s'%s (valid: rope_type, rope_theta, %s)", what, tostring(k),
+        nested, "factor, low_freq_factor, high_freq_factor, original_max_position_embeddings"), 0)
+    end
+  end
+  local prf = p.partial_rotary_factor
+  if prf ~= nil and prf ~= 1 then
+    error(string.format("llama_config: %s.partial_rotary_factor = %s is not supported (nvlua rotates the whole " ..
+      "head: 1)", what, tostring(prf)), 0)
+  end
+  local rtype = p.rope_type or p.type or "default"
+  local keys = ROPE_TYPES[rtype]
+  if not keys then
+    error(string.format("llama_config: %s rope_type '%s' is not supported (nvlua computes %s)", what, tostring(rtype),
+      ROPE_TYPE_NAMES), 0)
+  end
+  if rtype == "default" then return p.rope_theta, nil end
+  local out = {rope_type = rtype}
+  for _, k in ipairs(keys) do
+    local v = p[k]
+    if v == nil and k == "original_max_position_embeddings" then v = mpe end
+    if type(v) ~= "number" or not (v > 0 and v < math.huge) then
+      error(string.format("llama_config: %s.%s must be a number > 0 for rope_type '%s', got %s", what, k, rtype,
+        tostring(v)), 0)
+    end
+    out[k] = k == "original_max_position_embeddings" and math.tointeger(v) or v
+  end
+  if rtype == "llama3" and not (out.high_freq_factor > out.low_freq_factor) then
+    error(string.format("llama_config: %s.high_freq_factor (%s) must be greater than low_freq_factor (%s)", what,
+      tostring(out.high_freq_factor), tostring(out.low_freq_factor)), 0)
+  end
+  return p.rope_theta, out
+end
+
+local function same_rope(t1, s1, t2, s2)
+  if t1 ~= t2 or (s1 == nil) ~= (s2 == nil) then return false end
+  for k, v in pairs(s1 or {}) do if s2[k] ~= v then return false end end
+  return true
+end
+
+local function rope_text(theta, s)
+  local parts = {"rope_theta " .. tostring(theta), "rope_type " .. (s and s.rope_type or "default")}
+  for _, k in ipairs(s and ROPE_TYPES[s.rope_type] or {}) do parts[#parts + 1] = k .. " " .. tostring(s[k]) end
+  return table.concat(parts, ", ")
+end
+
+-- c.rope_theta and c.rope_scaling resolved from the forms transformers reads: rope_parameters
+-- (transformers 5: {rope_theta, rope_type, ...}) and the legacy top-level rope_theta and
+-- rope_scaling ({rope_type | type, ...}, transformers 4). Where both forms are given they must
+-- agree (transformers 4 reads only the legacy keys). c.rope_parameters is removed.
+local function resolve_rope(c)
+  local mpe = c.max_position_embeddings
+  local rs = c.rope_scaling
+  if type(rs) == "table" and next(rs) == nil then rs = nil end -- {}: none, as transformers 5 reads it
+  local theta, scaling = c.rope_theta, nil
+  if rs ~= nil then
+    local t
+    t, scaling = read_rope("rope_scaling", rs, mpe)
+    if t ~= nil and t ~= (theta or 10000.0) then -- transformers 5 reads rope_scaling's, 4.x the top-level one
+      error(string.format("llama_config: rope_scaling.rope_theta (%s) and rope_theta (%s) disagree; transformers 5 " ..
+        "and 4 would compute different models", tostring(t), tostring(theta or 10000.0)), 0)
+    end
+  end
+  if c.rope_parameters ~= nil then
+    local t, s = read_rope("rope_parameters", c.rope_parameters, mpe)
+    t = t or theta or 10000.0
+    if (c.rope_theta ~= nil or rs ~= nil) and not same_rope(t, s, theta or 10000.0, scaling) then
+      error(string.format("llama_config: rope_parameters (%s) and the legacy rope_theta/rope_scaling (%s) disagree; " ..
+        "transformers 5 and 4 would compute different models", rope_text(t, s), rope_text(theta or 10000.0, scaling)),
+        0)
+    end
+    theta, scaling = t, s
+  end
+  c.rope_theta, c.rope_scaling, c.rope_parameters = theta or 10000.0, scaling, nil
+end
+
+-- The integer keys of c (integral floats from JSON made integers), checked.
+local function check_sizes(c)
+  for _, k in ipairs({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "max_position_embeddings", "num_key_value_heads", "head_dim"}) do
+    local v = c[k]
+    if type(v) == "number" and v == math.floor(v) then c[k] = math.tointeger(v) end
+    local optional = k == "num_key_value_heads" or k == "head_dim"
+    if (v ~= nil or not optional) and (math.type(c[k]) ~= "integer" or c[k] < 1) then
+      error(string.format("llama_config: %s must be an integer >= 1, got %s", k, tostring(v)), 0)
+    end
+  end
+  c.num_key_value_heads = c.num_key_value_heads or c.num_attention_heads
+  if c.num_attention_heads % c.num_key_value_heads ~= 0 then
+    error(string.format("llama_config: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
+      c.num_attention_heads, c.num_key_value_heads), 0)
+  end
+  if not c.head_dim then
+    if c.hidden_size % c.num_attention_heads ~= 0 then
+      error(string.format("llama_config: hidden_size (%d) is not divisible by num_attention_heads (%d); give head_dim",
+        c.hidden_size, c.num_attention_heads), 0)
+    end
+    c.head_dim = c.hidden_size // c.num_attention_heads
+  end
+  if c.head_dim % 2 ~= 0 then error("llama_config: head_dim must be even for RoPE, got " .. c.head_dim, 0) end
+end
+
 --- nn.llama_config(cfg) -> a new, complete and checked config table (defaults filled in).
--- Unknown keys raise an error listing the valid ones.
+-- Unknown keys raise an error listing the valid ones. RoPE: rope_theta and rope_scaling (nil, or
+-- {rope_type = "llama3" | "linear" | "dynamic", and that type's keys}) resolved from either form of
+-- a Hugging Face config (see resolve_rope); other rope types (yarn, longrope, ...) are refused.
 function nn.llama_config(cfg)
   if type(cfg) ~= "table" then error("llama_config: config must be a table, got " .. type(cfg), 2) end
   if cfg._checked then return cfg end
   local c = {}
   for k, v in pairs(cfg) do
-    if CONFIG_DEFAULTS[k] == nil and CONFIG_CHECKED[k] == nil and not CONFIG_IGNORED[k] then
+    if not nn.llama_config_key(k) then
       error(string.format("llama_config: unknown key '%s' (valid: %s)", tostring(k), config_keys()), 2)
     end
     if CONFIG_CHECKED[k] ~= nil and v ~= CONFIG_CHECKED[k] then
@@ -611,64 +745,30 @@ function nn.llama_config(cfg)
     c[k] = v
   end
   for k, v in pairs(CONFIG_DEFAULTS) do if c[k] == nil and v ~= NONE then c[k] = v end end
-  for _, k in ipairs({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "max_position_embeddings"}) do
-    local v = c[k]
-    if type(v) == "number" and v == math.floor(v) then c[k] = math.tointeger(v) end
-    check_int(c[k], k, "llama_config")
-  end
-  for _, k in ipairs({"num_key_value_heads", "head_dim"}) do
-    if c[k] ~= nil then
-      if type(c[k]) == "number" and c[k] == math.floor(c[k]) then c[k] = math.tointeger(c[k]) end
-      check_int(c[k], k, "llama_config")
-    end
-  end
-  c.num_key_value_heads = c.num_key_value_heads or c.num_attention_heads
-  if c.num_attention_heads % c.num_key_value_heads ~= 0 then
-    error(string.format("llama_config: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
-      c.num_attention_heads, c.num_key_value_heads), 2)
-  end
-  if not c.head_dim then
-    if c.hidden_size % c.num_attention_heads ~= 0 then
-      error(string.format("llama_config: hidden_size (%d) is not divisible by num_attention_heads (%d); give head_dim",
-        c.hidden_size, c.num_attention_heads), 2)
-    end
-    c.head_dim = c.hidden_size // c.num_attention_heads
-  end
-  if c.head_dim % 2 ~= 0 then error("llama_config: head_dim must be even for RoPE, got " .. c.head_dim, 2) end
+  local ok, err = pcall(function()
+    check_sizes(c)
+    resolve_rope(c)
+  end)
+  if not ok then error(err, 2) end
   for _, k in ipairs({"rope_theta", "rms_norm_eps", "initializer_range"}) do
     if type(c[k]) ~= "number" or c[k] <= 0 then error("llama_config: " .. k .. " must be a positive number", 2) end
   end
   if type(c.tie_word_embeddings) ~= "boolean" then error("llama_config: tie_word_embeddings must be a boolean", 2) end
-  if c.rope_scaling ~= nil then
-    local rs = c.rope_scaling
-    if type(rs) ~= "table" then error("llama_config: rope_scaling must be a table or nil", 2) end
-    for k in pairs(rs) do
-      if not ROPE_SCALING_KEYS[k] then
-        error("llama_config: unknown rope_scaling key '" .. tostring(k) ..
-          "' (valid: rope_type, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)", 2)
-      end
-    end
-    local rtype = rs.rope_type or rs.type
-    if rtype ~= "llama3" then
-      error("llama_config: rope_scaling.rope_type '" .. tostring(rtype) .. "' is not supported (valid: llama3)", 2)
-    end
-    c.rope_scaling = {factor = rs.factor or 8.0, low_freq_factor = rs.low_freq_factor or 1.0,
-      high_freq_factor = rs.high_freq_factor or 4.0,
-      original_max_position_embeddings = rs.original_max_position_embeddings or 8192}
-  end
   c._checked = true
   return c
 end
 
 -- ---- RoPE tables --------------------------------------------------------------------------------
 
---- nn.RopeCache(head_dim, theta [, scaling]): cos/sin (T, D) tables, computed once for the longest
--- T asked for and shared by every attention layer of a model; :get(T) returns row views.
+--- nn.RopeCache(head_dim, theta [, scaling [, max_positions]]): cos/sin (T, D) tables, computed once
+-- for the longest T asked for and shared by every attention layer of a model; :get(T) returns row
+-- views. scaling: nn.llama_config's rope_scaling (nil: none); max_positions: max_position_embeddings,
+-- which dynamic scaling needs (it is computed for T <= max_positions, the lengths nvlua runs).
 local RopeCache = {}
 RopeCache.__index = RopeCache
-nn.RopeCache = function(head_dim, theta, scaling)
-  return setmetatable({head_dim = head_dim, theta = theta, scaling = scaling, T = 0, device = "cpu"}, RopeCache)
+nn.RopeCache = function(head_dim, theta, scaling, max_positions)
+  return setmetatable({head_dim = head_dim, theta = theta, scaling = scaling, max_positions = max_positions, T = 0,
+    device = "cpu"}, RopeCache)
 end
 
 --- rope:to(device): keep the tables on "cpu" or "cuda" (computed on the CPU, copied exactly)
@@ -682,7 +782,7 @@ end
 function RopeCache:get(T)
   if T > self.T then
     if self.cos then self.cos:free(); self.sin:free() end
-    local c, s = core.rope_tables(T, self.head_dim, self.theta, self.scaling) -- (T, D), (T, D) on the cpu
+    local c, s = core.rope_tables(T, self.head_dim, self.theta, self.scaling, self.max_positions) -- (T, D) x2, cpu
     self.cos, self.sin = nv.unscope(moved(c, self.device), moved(s, self.device))
     self.T = T
   end
@@ -710,7 +810,7 @@ function Attention:__init(config, opts)
     c.num_key_value_heads, c.head_dim
   self.max_positions = c.max_position_embeddings
   self.scale = 1 / math.sqrt(c.head_dim)
-  self.rope = opts.rope or nn.RopeCache(c.head_dim, c.rope_theta, c.rope_scaling)
+  self.rope = opts.rope or nn.RopeCache(c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings)
   local C, Dq, Dkv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
   local lo = {generator = opts.generator, std = c.initializer_range, recipe = opts.recipe}
   self.q_proj = self:register_module("q_proj", Linear(C, Dq, lo))

@@ -35,8 +35,11 @@
 -- util.atomic_write (a temp file <path>.tmp, fsync'd and renamed over the target), so a reader sees
 -- the old file or the new one, never a half-written one.
 --
+-- With {f16 = "f32"}, load reads F16 tensors into f32 tensors (exactly: every half value is an f32
+-- value) and read_header takes them (reporting dtype F16); without it F16 is refused like the
+-- other dtypes nvlua has no tensor type for. The writer does not write F16.
 -- Not here: lazy/mmap loading of single tensors (load reads each tensor once, by offset), dtypes
--- nvlua has no tensor type for (F16, F64, BOOL, I8, ...: rejected with the list of supported ones),
+-- nvlua has no tensor type for (F16 unless asked, F64, BOOL, I8, ...: rejected with the list of supported ones),
 -- quantized tensors (store their codes and scales as u8/f32 tensors).
 local nv = require "nvlua"
 local core = require "nvlua.core"
@@ -48,15 +51,18 @@ local MAX_HEADER = 100000000 -- bytes; the reference implementation's limit
 
 -- safetensors dtype name ↔ nvlua dtype name, element size in bytes;
 -- rank: the position in the reference's Dtype enum (increasing alignment), which orders the writer
+-- F16 (IEEE half, which nvlua has no tensor type for) is read into f32 tensors, exactly
+-- (core.from_f16_bytes), when the reader is asked to ({f16 = "f32"}); the writer never writes it.
 local DTYPES = {
   F32 = {nv = "f32", size = 4, rank = 4},
   BF16 = {nv = "bf16", size = 2, rank = 2},
+  F16 = {nv = "f32", size = 2, rank = 2, read_only = true},
   I32 = {nv = "i32", size = 4, rank = 3},
   I64 = {nv = "i64", size = 8, rank = 5},
   U8 = {nv = "u8", size = 1, rank = 1},
 }
 local FROM_NV = {}
-for name, d in pairs(DTYPES) do FROM_NV[d.nv] = name end
+for name, d in pairs(DTYPES) do if not d.read_only then FROM_NV[d.nv] = name end end
 local SUPPORTED = "F32, BF16, I32, I64, U8"
 -- dtypes the format defines that nvlua has no tensor type for
 local SPEC_ONLY = {BOOL = true, I8 = true, U16 = true, I16 = true, F16 = true, U32 = true, F64 = true, U64 = true,
@@ -536,16 +542,18 @@ end
 -- The validated entry of tensor name: {name, dtype, nv_dtype, shape, data_offsets}; its byte
 -- range lies in the data section of data_size bytes and holds exactly numel x element size.
 -- Fields other than dtype, shape and data_offsets are ignored, as the reference ignores them.
-local function check_entry(path, name, info, data_size)
+local function check_entry(path, name, info, data_size, f16)
   if getmetatable(info) ~= OBJECT then
     bad(path, "tensor '%s': entry is not an object {dtype, shape, data_offsets} (got %s)", name, show(info))
   end
   local sd = info.dtype
   if type(sd) ~= "string" then bad(path, "tensor '%s': missing or non-string dtype", name) end
   local d = DTYPES[sd]
+  if sd == "F16" and not f16 then d = nil end
   if not d then
     if SPEC_ONLY[sd] then
-      bad(path, "tensor '%s': dtype %s is not supported by nvlua (supported: %s)", name, sd, SUPPORTED)
+      bad(path, "tensor '%s': dtype %s is not supported by nvlua (supported: %s%s)", name, sd, SUPPORTED,
+        sd == "F16" and "; F16 is read as f32 with {f16 = \"f32\"}" or "")
     end
     bad(path, "tensor '%s': unknown dtype '%s' (supported: %s)", name, sd, SUPPORTED)
   end
@@ -606,14 +614,14 @@ end
 
 -- Parse and validate the header of an open file; returns entries sorted by offset, metadata,
 -- layout, and the header table (name -> {dtype, shape, data_offsets}).
-local function parse(f, path)
+local function parse(f, path, f16)
   local text, n, size = read_header_text(f, path)
   if not text then return nil, n end
   local hdr = decode_header(path, text)
   local data_size = size - 8 - n
   local metadata, names = split_header(path, hdr)
   local entries = {}
-  for _, name in ipairs(names) do entries[#entries + 1] = check_entry(path, name, hdr[name], data_size) end
+  for _, name in ipairs(names) do entries[#entries + 1] = check_entry(path, name, hdr[name], data_size, f16) end
   local order = check_coverage(path, entries, data_size)
   local header = {}
   for _, x in ipairs(entries) do
@@ -622,24 +630,34 @@ local function parse(f, path)
   return order, metadata, {header_size = n, data_start = 8 + n, data_size = data_size, file_size = size}, header
 end
 
---- st.read_header(path) -> header, metadata, layout | nil, msg
+-- the reader's options: {f16 = "f32"} or nil -> whether F16 is read (as f32)
+local function read_opts(opts)
+  opts = util.check_opts(opts, {f16 = function(v) return v ~= "f32" and "must be \"f32\"" or nil end}, "safetensors")
+  return opts.f16 == "f32"
+end
+
+--- st.read_header(path [, {f16 = "f32"}]) -> header, metadata, layout | nil, msg
 --- header: name → {dtype = "F32", shape = {...}, data_offsets = {begin, end}} (validated);
 --- metadata: the __metadata__ strings; layout: {header_size, data_start, data_size, file_size}.
-function st.read_header(path)
+--- f16 = "f32": F16 tensors are taken (load reads them as f32).
+function st.read_header(path, opts)
+  local f16 = read_opts(opts)
   local f, err = open_for_read(path)
   if not f then return nil, err end
-  local ok, order, metadata, layout, header = pcall(parse, f, path)
+  local ok, order, metadata, layout, header = pcall(parse, f, path, f16)
   f:close()
   if not ok then error(order, 0) end
   if not order then return nil, metadata end
   return header, metadata, layout
 end
 
---- st.load(path) -> {name = tensor}, metadata | nil, msg (a missing file); malformed files raise
-function st.load(path)
+--- st.load(path [, {f16 = "f32"}]) -> {name = tensor}, metadata | nil, msg (a missing file); malformed
+--- files raise. f16 = "f32": F16 tensors are read into f32 tensors (exactly), else refused.
+function st.load(path, opts)
+  local f16 = read_opts(opts)
   local f, err = open_for_read(path)
   if not f then return nil, err end
-  local ok, order, metadata, layout = pcall(parse, f, path)
+  local ok, order, metadata, layout = pcall(parse, f, path, f16)
   if not ok then f:close(); error(order, 0) end
   if not order then f:close(); return nil, metadata end
   local tensors = {}
@@ -653,7 +671,11 @@ function st.load(path)
       if not s then return nil, string.format("safetensors: %s: cannot read tensor '%s': %s", path, x.name, tostring(rerr)) end
       bad(path, "truncated: tensor '%s' is cut short", x.name)
     end
-    tensors[x.name] = nv.core.from_bytes(s, x.nv_dtype, x.shape)
+    if x.dtype == "F16" then
+      tensors[x.name] = core.from_f16_bytes(s, x.shape)
+    else
+      tensors[x.name] = core.from_bytes(s, x.nv_dtype, x.shape)
+    end
   end
   f:close()
   return tensors, metadata

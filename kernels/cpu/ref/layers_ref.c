@@ -58,9 +58,15 @@ static nvl_status rmsnorm_backward(nvl_kctx *ctx, float *dx, float *dweight, con
 
 void nvl_rope_inv_freq_ref(double *inv_freq, int64_t D, double theta, const nvl_rope_scaling *s) {
   const double pi = 3.14159265358979323846;
+  nvl_rope_kind kind = s ? s->kind : NVL_ROPE_DEFAULT;
+  if (kind == NVL_ROPE_DYNAMIC) { /* _compute_dynamic_ntk_parameters at L = M, its operations in its order */
+    double M = s->max_position_embeddings;
+    theta = theta * pow(s->factor * M / M - (s->factor - 1.0), (double)D / (double)(D - 2));
+  }
   for (int64_t i = 0; i < D / 2; i++) {
     double f = pow(theta, -(double)(2 * i) / (double)D);
-    if (s && s->llama3) {
+    if (kind == NVL_ROPE_LINEAR) f = f / s->factor;
+    if (kind == NVL_ROPE_LLAMA3) {
       double low_wavelen = s->original_max_position_embeddings / s->low_freq_factor;
       double high_wavelen = s->original_max_position_embeddings / s->high_freq_factor;
       double wavelen = 2.0 * pi / f;

@@ -36,8 +36,9 @@ nvl_status nvl_widen_f32(nvl_kctx *ctx, const float **out, const void *x, nvl_dt
 /* rmsnorm_backward: dx (N, C) = r w g - x r^3 (sum_c g w x) / C in double, r = rstd; dweight (C) +=
  * sum_n g x r (double sum over n in order, one f32 rounding on the add). */
 
-/* inv_freq (D/2) = theta^(-2i/D), then Llama 3.1 scaling when s && s->llama3 (Hugging Face
- * _compute_llama3_parameters), in double. */
+/* inv_freq (D/2) = theta^(-2i/D) changed by s's rope type (s NULL: none), in double, as Hugging
+ * Face's modeling_rope_utils computes it (in f32): llama3 _compute_llama3_parameters, linear
+ * _compute_linear_scaling_rope_parameters, dynamic _compute_dynamic_ntk_parameters at seq_len = M. */
 void nvl_rope_inv_freq_ref(double *inv_freq, int64_t D, double theta, const nvl_rope_scaling *s);
 /* cos, sin (T, D): angle(t, i) = t * inv_freq[i mod D/2], computed in double. */
 void nvl_rope_tables_ref(float *cos, float *sin, const double *inv_freq, int64_t T, int64_t D);
