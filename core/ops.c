@@ -236,6 +236,9 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   return NVL_OK;
 }
 
+/* t += alpha * src, one rule for every layout and device (NUMERICS §9): p = (float)alpha * src rounded to f32,
+ * then t + p rounded to f32, by the backend's axpy. A strided or bf16 destination is computed in an f32
+ * contiguous copy and written back (bf16: one rounding of the f32 sum). */
 nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
   char s1[160], s2[160];
   NVL_TRY(nvl_tensor_check_live(t, "add_"));
@@ -243,27 +246,26 @@ nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
   NVL_TRY(same_device("add_", t, src));
   if (!nvl_dtypes[t->dtype].is_float)
     return nvl_error(NVL_EINVAL, "add_: the destination must be f32 or bf16, got %s", nvl_dtypes[t->dtype].name);
-  const nvl_backend *be = NULL;
-  if (is_f32_contig(t)) NVL_PICK(be, t, axpy, "add_");
-  nvl_tensor e = nvl_tensor_null(), c = nvl_tensor_null();
+  const nvl_backend *be;
+  NVL_PICK(be, t, axpy, "add_");
+  nvl_tensor e = nvl_tensor_null(), c = nvl_tensor_null(), y = nvl_tensor_null();
   if (nvl_tensor_expand(&e, src, t->ndim, t->shape) != NVL_OK)
     return nvl_error(NVL_EINVAL, "add_: %s does not broadcast to %s", nvl_tensor_desc(src, s1, sizeof s1),
                      nvl_tensor_desc(t, s2, sizeof s2));
   nvl_status st = NVL_OK;
-  if (be) { /* t += (float)alpha * src, src gathered to a contiguous f32 temporary unless it is one */
+  int direct = is_f32_contig(t);
+  if (direct) nvl_tensor_share(&y, t);
+  else st = nvl_tensor_clone_to(&y, t, NVL_F32, t->device);
+  /* src gathered to a contiguous f32 temporary unless it is one that does not alias t */
+  if (st == NVL_OK) {
     if (is_f32_contig(&e) && e.storage != t->storage) nvl_tensor_share(&c, &e);
     else st = nvl_tensor_clone_to(&c, &e, NVL_F32, t->device);
-    if (st == NVL_OK) st = NVL_CALL(be, t, axpy, nvl_tensor_data(t), nvl_tensor_data(&c), alpha, nvl_tensor_numel(t));
-  } else { /* other dtypes and layouts: t + src * alpha, written back */
-    nvl_tensor scaled = nvl_tensor_null(), sum = nvl_tensor_null();
-    st = nvl_binary_scalar(&scaled, NVL_OP_MUL, &e, nvl_scalar_f(alpha), 0);
-    if (st == NVL_OK) st = nvl_binary(&sum, NVL_OP_ADD, t, &scaled);
-    if (st == NVL_OK) st = nvl_tensor_copy(t, &sum);
-    nvl_tensor_release(&scaled);
-    nvl_tensor_release(&sum);
   }
+  if (st == NVL_OK) st = NVL_CALL(be, t, axpy, nvl_tensor_data(&y), nvl_tensor_data(&c), alpha, nvl_tensor_numel(t));
+  if (st == NVL_OK && !direct) st = nvl_tensor_copy(t, &y);
   nvl_tensor_release(&e);
   nvl_tensor_release(&c);
+  nvl_tensor_release(&y);
   return st;
 }
 

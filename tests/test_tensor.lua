@@ -664,6 +664,40 @@ T.case("bf16 elementwise ops round the double result once to bf16", function()
   check_list(flat((a + f):totable()), w, "bf16 + f32 -> f32")
 end)
 
+T.case("add_(src, alpha): one rule for every layout (issue 15 D1: a strided destination multiplied in double)", function()
+  -- Oracle from the definition (NUMERICS §9): p = f32(f32(alpha) * src), t = f32(t + p); bf16: bf16(t + p).
+  -- alpha = 0.3 is not exact in f32, so a product taken in double differs on about a third of the elements.
+  nv.manual_seed(11)
+  local x, y0 = nv.randn(37, 53) * 3, nv.randn(37, 53)
+  local xs, ys = flat(x:totable()), flat(y0:totable())
+  local a = f32(0.3)
+  local want, wantb = {}, {}
+  for i = 1, #xs do
+    want[i] = f32(ys[i] + f32(a * xs[i]))
+    wantb[i] = bf16(bf16(ys[i]) + f32(a * xs[i]))
+  end
+  local function strided(t) return t:transpose():contiguous():transpose() end
+  local cases = {
+    {"contiguous", y0:clone(), x},
+    {"strided source", y0:clone(), strided(x)},
+    {"strided destination", strided(y0), x},
+    {"both strided", strided(y0), strided(x)},
+  }
+  for _, c in ipairs(cases) do
+    local name, y, src = c[1], c[2], c[3]
+    y:add_(src, 0.3)
+    check_list(flat(y:totable()), want, "add_ " .. name)
+  end
+  local yb = y0:to("bf16")
+  yb:add_(x, 0.3)
+  check_list(flat(yb:totable()), wantb, "add_ into bf16")
+  local ya = y0:clone()
+  ya:add_(ya, 0.3) -- src aliasing the destination
+  local wa = {}
+  for i = 1, #ys do wa[i] = f32(ys[i] + f32(a * ys[i])) end
+  check_list(flat(ya:totable()), wa, "add_ of itself")
+end)
+
 -- ---- reductions -------------------------------------------------------------------------
 
 T.case("reductions: sum/mean/max/min/amax over all and per dim, keepdim, 1-based indices", function()
