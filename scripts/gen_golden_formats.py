@@ -133,6 +133,39 @@ def e8m0_decode(c):
 RHT_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], dtype=F32)
 
 
+def to_bf16(x):
+    """Round fp32 values to bf16 (round to nearest even) and back to fp32."""
+    return np.asarray(x, dtype=F32).astype(ml_dtypes.bfloat16).astype(F32)
+
+
+def rht_rows_bf16(x):
+    """The RHT of a bf16 operand as TransformerEngine's wgrad path computes it (its reference quantizer:
+    the 16-chunks times diag(s) H / 4 as a bf16 matrix product, fp32 accumulation, a bf16 result):
+    here the exact product (float64 sums of 16 terms, checked exact in fp32) rounded once to bf16.
+    NUMERICS §5 gets the same bits from its fp32 butterfly followed by the rounding; both are computed
+    and must agree, and where PyTorch is installed its CPU bf16 matmul (what TE's reference runs) too."""
+    assert np.array_equal(to_bf16(x), x), "rht_rows_bf16 takes bf16 values"
+    rows, K = x.shape
+    H = np.array([[(-1) ** bin(i & j).count("1") for j in range(16)] for i in range(16)], dtype=np.float64)
+    R = np.diag(RHT_SIGNS.astype(np.float64)) @ H / 4
+    exact = x.reshape(rows, K // 16, 16).astype(np.float64) @ R
+    assert np.array_equal(exact.astype(F32).astype(np.float64), exact), "a sum not exact in fp32: pick other data"
+    te = to_bf16(exact.astype(F32)).reshape(rows, K)
+    butterfly = to_bf16(rht_rows(x))
+    assert np.array_equal(te, butterfly), "TE's order and the contract's butterfly disagree"
+    try:
+        import torch
+    except ImportError:
+        print("rht_rows_bf16: PyTorch not installed; its bf16 matmul cross-check skipped")
+    else:
+        xt = torch.from_numpy(x.reshape(-1, 16)).to(torch.bfloat16)
+        Rt = torch.from_numpy(R.astype(F32)).to(torch.bfloat16)
+        tv = (xt @ Rt).to(torch.float32).numpy().reshape(rows, K)
+        assert np.array_equal(tv, te), "PyTorch's bf16 matmul disagrees on %d of %d values" % (
+            int((tv != te).sum()), te.size)
+    return te
+
+
 def rht_rows(x):
     """Apply the 16-point RHT to every 16-chunk along the last axis, in the contract's order."""
     rows, K = x.shape
@@ -335,6 +368,8 @@ HEADER = """\
 #          rule=rceil|floor      e8m0 scale rule (mxfp8, mxfp4)
 #          rht=1                 nvfp4, mxfp4: the 16-point RHT (default signs, NUMERICS 5) is applied
 #                                along K to x before quantization; 'xt' holds the transformed x
+#          dtype=bf16            x holds bf16 values and is quantized as a bf16 tensor; with rht=1 the
+#                                transformed x is rounded to bf16 before amax, scales and codes (TE's wgrad)
 #          sr=1 seed=HEX offset=HEX   nvfp4, mxfp4: stochastic rounding with the Philox stream (64-bit hex)
 #          amax_in=HEX           the amax is given (fp32 bits) instead of computed from x
 #   x HEX...        input, fp32 bits (8 hex digits each), row-major; may continue over many lines
@@ -380,12 +415,14 @@ def f32hex(v):
     return hex32([v])[0]
 
 
-def nvfp4_case(w, name, x, two_d=False, rht=False, sr=None, amax_in=None):
+def nvfp4_case(w, name, x, two_d=False, rht=False, sr=None, amax_in=None, bf16=False):
     opts = []
     xq = x
     xt = None
+    if bf16:
+        opts.append("dtype=bf16")
     if rht:
-        xt = rht_rows(x)
+        xt = rht_rows_bf16(x) if bf16 else rht_rows(x)
         xq = xt
         opts.append("rht=1")
     if sr is not None:
@@ -453,11 +490,11 @@ def mxfp8_case(w, name, x, elem, rule):
            y=mxfp8_dequantize(codes, scales, elem))
 
 
-def mxfp4_case(w, name, x, rule, rht=False, sr=None):
-    opts = ["rule=" + rule]
+def mxfp4_case(w, name, x, rule, rht=False, sr=None, bf16=False):
+    opts = ["rule=" + rule] + (["dtype=bf16"] if bf16 else [])
     xq, xt = x, None
     if rht:
-        xt = rht_rows(x)
+        xt = rht_rows_bf16(x) if bf16 else rht_rows(x)
         xq = xt
         opts.append("rht=1")
     if sr is not None:
@@ -584,6 +621,16 @@ def main():
     mxfp4_case(w, "mxfp4_floor_sr", row_scaled(2, 64), "floor", sr=(7, 0))
     mxfp4_case(w, "mxfp4_rht", row_scaled(4, 64), "rceil", rht=True)
     mxfp4_case(w, "mxfp4_rht_sr", randn(4, 32, 0.1), "rceil", rht=True, sr=(42, 7))
+
+    # ---- bf16 operands with the RHT: TE's wgrad path (the transform's output rounded to bf16) ----
+    # Cases appended last so the random stream of the cases above is unchanged.
+    nvfp4_case(w, "nvfp4_1d_rht_bf16", to_bf16(row_scaled(8, 64)), rht=True, bf16=True)
+    xob = to_bf16(randn(4, 32))
+    xob[2, 5] = F32(-40.0)
+    nvfp4_case(w, "nvfp4_1d_rht_bf16_outlier", xob, rht=True, bf16=True)
+    nvfp4_case(w, "nvfp4_1d_rht_bf16_sr", to_bf16(randn(4, 64, 0.1)), rht=True, bf16=True, sr=(42, 9))
+    nvfp4_case(w, "nvfp4_1d_bf16", to_bf16(randn(4, 32, 2.0)), bf16=True)           # no RHT: no rounding step
+    mxfp4_case(w, "mxfp4_rht_bf16", to_bf16(row_scaled(4, 64)), "rceil", rht=True, bf16=True)
 
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:

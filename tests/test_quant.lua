@@ -1,6 +1,8 @@
 -- tests/test_quant.lua: nv.quantize and friends against the independent golden vectors
 -- (tests/golden/formats.txt, made by scripts/gen_golden_formats.py with numpy + ml_dtypes), the
--- fast kernels against the reference ones, and the properties core/NUMERICS.md promises.
+-- fast kernels against the reference ones, and the properties core/NUMERICS.md promises. The
+-- dtype=bf16 rht=1 cases are TransformerEngine's wgrad path: its reference quantizer's bf16 RHT
+-- (a bf16 matmul, cross-checked against PyTorch's by the generator) rounds before amax and scales.
 local T = require "nvlua.test"
 local nv = require "nvlua"
 
@@ -47,6 +49,9 @@ T.case("the golden file has every kind of case", function()
   for _, c in ipairs(golden) do kinds[c.fmt] = (kinds[c.fmt] or 0) + 1 end
   T.ok(kinds.nvfp4_1d and kinds.nvfp4_2d and kinds.mxfp8 and kinds.fp8, "all four quantizers are covered")
   T.ok((kinds.mxfp4 or 0) >= 10, "mxfp4: both rules, ties, zeros, SR and the RHT")
+  local bf16_rht = 0
+  for _, c in ipairs(golden) do if c.opts.dtype == "bf16" and c.opts.rht then bf16_rht = bf16_rht + 1 end end
+  T.ok(bf16_rht >= 4, "bf16 operands with the RHT (TE's wgrad path): nvfp4, SR, an outlier, mxfp4")
 end)
 
 local function run_golden_case(c)
@@ -57,6 +62,7 @@ local function run_golden_case(c)
     x[r] = row
   end
   local xt = nv.tensor(x)
+  if c.opts.dtype == "bf16" then xt = xt:to("bf16") end -- the values are bf16 already: exact
   local fmt, opts = nil, {}
   if c.fmt == "nvfp4_1d" or c.fmt == "nvfp4_2d" then
     fmt = "nvfp4"

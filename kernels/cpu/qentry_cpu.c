@@ -45,7 +45,14 @@ static nvl_status blocked_input(nvl_kctx *ctx, const nvl_qdesc *d, const float *
   if (d->C == 1 && d->x_dtype == NVL_F32) memcpy(y, d->x, (size_t)n * sizeof(float));
   else if (d->C == 1) nvl_bf16_to_f32_cpu(y, d->x, n);
   else gather(y, d->x, d->x_dtype == NVL_BF16, d->B, K, d->C);
-  if (d->rht) NVL_TRY(nvl_rht16_rows_cpu(y, y, rows, K, d->signs));
+  if (d->rht) {
+    NVL_TRY(nvl_rht16_rows_cpu(y, y, rows, K, d->signs));
+    /* NUMERICS §5: the transform's output has the operand's dtype (TE's bf16 wgrad path) */
+    if (d->x_dtype == NVL_BF16) {
+#pragma omp parallel for if (n > 32768)
+      for (int64_t i = 0; i < n; i++) y[i] = nvl_bf16_to_f32(nvl_f32_to_bf16(y[i]));
+    }
+  }
   *xp = y;
   return NVL_OK;
 }

@@ -29,7 +29,12 @@ static nvl_status blocked_input(nvl_kctx *ctx, const nvl_qdesc *d, const float *
         y[(b * C + c) * K + k] = d->x_dtype == NVL_BF16 ? nvl_bf16_to_f32(((const uint16_t *)d->x)[i])
                                                          : ((const float *)d->x)[i];
       }
-  if (d->rht) NVL_TRY(nvl_rht16_rows_ref(y, y, rows, K, d->signs));
+  if (d->rht) {
+    NVL_TRY(nvl_rht16_rows_ref(y, y, rows, K, d->signs));
+    /* NUMERICS §5: the transform's output has the operand's dtype (TE's bf16 wgrad path) */
+    if (d->x_dtype == NVL_BF16)
+      for (int64_t i = 0; i < rows * K; i++) y[i] = nvl_bf16_to_f32(nvl_f32_to_bf16(y[i]));
+  }
   *xp = y;
   return NVL_OK;
 }
