@@ -81,6 +81,26 @@ static const char *abort_reason = "";
 
 int nvl_nccl_compiled(void) { return 1; }
 
+#ifdef NVL_CUDA_EMU
+/* The emulation build (kernels/cuda/emu): NCCL is the emulator's, linked in. */
+int nvl_nccl_load(const char **why) {
+  if (!N.tried) {
+    N.tried = N.ok = 1;
+    N.GetUniqueId = ncclGetUniqueId;
+    N.CommInitRank = ncclCommInitRank;
+    N.CommDestroy = ncclCommDestroy;
+    N.CommAbort = ncclCommAbort;
+    N.CommGetAsyncError = ncclCommGetAsyncError;
+    N.GetErrorString = ncclGetErrorString;
+    N.AllReduce = ncclAllReduce;
+    N.Broadcast = ncclBroadcast;
+    N.ReduceScatter = ncclReduceScatter;
+    N.AllGather = ncclAllGather;
+  }
+  if (why) *why = "";
+  return 1;
+}
+#else
 int nvl_nccl_load(const char **why) {
   if (!N.tried) {
     N.tried = 1;
@@ -109,6 +129,7 @@ int nvl_nccl_load(const char **why) {
   if (why) *why = N.ok ? "" : N.why;
   return N.ok;
 }
+#endif
 
 static nvl_status nccl_fail(const char *op, const char *call, ncclResult_t r) {
   return nvl_error(NVL_EDEVICE, "%s: %s failed: %s", op, call, N.GetErrorString(r));
