@@ -203,6 +203,9 @@ nv.cuda = {
   set_sync = core.cuda_set_sync,
   memory = core.cuda_memory,
   empty_cache = core.cuda_empty_cache,
+  --- nv.cuda.emulated() -> a description when the CUDA backend runs on the CPU emulation of CUDA
+  -- (a -DNVLUA_CUDA=EMU build: results are the CPU's, not a GPU's), else nil
+  emulated = core.cuda_emulated,
 }
 
 --- nv.clock() -> monotonic wall-clock seconds

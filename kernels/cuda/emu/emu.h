@@ -140,9 +140,6 @@ int max_dynamic_smem(const void *kernel);
 
 }  // namespace nvl_emu
 
-extern "C" {
-/* For nvlua's device API (kernels/cuda/device.cu): a description of the emulation, and the counters. */
-const char *nvl_emu_description(void);
-}
+#include "emu_api.h"
 
 #endif

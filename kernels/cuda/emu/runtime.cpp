@@ -939,4 +939,27 @@ const char *nvl_emu_description(void) {
   return d;
 }
 
+
+static const char *const counter_names[] = {"launches", "host_syncs", "queries", "memcpy_h2d", "memcpy_d2h",
+                                            "memcpy_d2d", "memsets", "gemms", "heuristics", "collectives"};
+
+const char *nvl_emu_counter(int i, int64_t *value) {
+  NVL_EMU_LOCK;
+  const int64_t v[] = {ctr.launches, ctr.host_syncs, ctr.queries, ctr.memcpy_h2d, ctr.memcpy_d2h,
+                       ctr.memcpy_d2d, ctr.memsets, ctr.gemms, ctr.heuristics, ctr.collectives};
+  if (i < 0 || i >= (int)(sizeof v / sizeof v[0])) return NULL;
+  *value = v[i];
+  return counter_names[i];
+}
+
+const char *nvl_emu_kernel_counter(int i, int64_t *launches, int64_t *blocks, int64_t *threads) {
+  NVL_EMU_LOCK;
+  if (i < 0 || i >= (int)ctr.kernels.size()) return NULL;
+  const KernelCount &k = ctr.kernels[(size_t)i];
+  *launches = k.launches;
+  *blocks = k.blocks;
+  *threads = k.threads;
+  return k.name.c_str();
+}
+
 }  // extern "C"
