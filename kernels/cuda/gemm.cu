@@ -351,8 +351,20 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
   const nvl_qview *a = g->a, *b = g->b;
   switch (cls_of(a->format)) {
     case CLS_F32:
+      if (s.tc == CUDA_R_16BF) { /* cuBLASLt's f32 x f32 GEMM writes f32 only: into scratch, then RNE */
+        const int64_t mn = s.m * s.n;
+        float *y = NULL;
+        NVL_TRY(ctx->scratch(ctx, (size_t)mn * sizeof(float), (void **)&y));
+        s.tc = CUDA_R_32F;
+        s.ta = s.tb = CUDA_R_32F;
+        NVL_TRY(run_matmul(ctx, s, b->codes, a->codes, y, alpha, NULL, NULL));
+        const int64_t one = 1;
+        return nvl_cuda_copy_strided(g->out, NVL_BF16, &one, y, NVL_F32, &one, 1, &mn, ctx->dev);
+      }
+      s.ta = s.tb = CUDA_R_32F;
+      return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, NULL, NULL);
     case CLS_BF16:
-      s.ta = s.tb = cls_of(a->format) == CLS_F32 ? CUDA_R_32F : CUDA_R_16BF;
+      s.ta = s.tb = CUDA_R_16BF;
       return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, NULL, NULL);
     case CLS_FP8: {
       /* decode scales on the device: [0] for cuBLASLt's A (our b), [1] for its B (our a) */
