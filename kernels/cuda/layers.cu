@@ -298,7 +298,7 @@ __global__ void cross_entropy_kernel(double *__restrict__ row_loss, float *__res
       if (v > m) {
         s = s * expf(m - v) + 1.0f;
         m = v;
-      } else {
+      } else if (v != -INFINITY) { /* -inf adds exp(-inf) = 0; with m = -inf still, exp(-inf + inf) is NaN */
         s += expf(v - m);
       }
     }
