@@ -54,3 +54,40 @@ T.case("D2: CUDA collectives are ordered after stream 0's kernels (no stream-ord
     core.cuda_synchronize()
   end)
 end)
+
+-- D9: the bf16 and mx casts (quantizations without a per-tensor scale) computed an amax and read it
+-- back (a host synchronisation per cast) only to report it; on a device they no longer compute it
+-- (q.amax is NaN there). With sync off, a warm allocator, nothing else waits: zero host syncs.
+T.case("D9: bf16 and mxfp8 casts on cuda do not synchronise the host", function()
+  need_emu()
+  local xd = nv.randn(64, 128):cuda()
+  T.with(core.cuda_set_sync, false, function()
+    for _, fmt in ipairs({ "bf16", "mxfp8_e4m3", "mxfp8_e5m2" }) do
+      core.quantize(xd, fmt):free() -- warm the caching allocator
+      T.eq(counted("host_syncs", function() core.quantize(xd, fmt):free() end), 0, fmt .. " cast: host syncs")
+      T.eq(counted("host_syncs", function()
+        local r, c = core.quantize_rowcol(xd, fmt)
+        r:free(); c:free()
+      end), 0, fmt .. " quantize_rowcol: host syncs")
+    end
+    local q = core.quantize(xd, "bf16")
+    T.ok(q.amax ~= q.amax, "q.amax of a bf16 cast on cuda is NaN (not computed)")
+    -- fp8 needs its amax on the host (its scale): one read-back, still
+    T.eq(counted("host_syncs", function() core.quantize(xd, "e4m3"):free() end), 1, "e4m3 cast: its amax read back")
+    core.cuda_synchronize()
+  end)
+end)
+
+-- D7: the fp8 GEMM's per-tensor scales were copied to the device from a pageable stack array, which
+-- synchronises the host at every GEMM; a kernel now writes them (its arguments carry them).
+T.case("D7: an fp8 GEMM on cuda does not synchronise the host", function()
+  need_emu()
+  local qa = core.quantize(nv.randn(64, 128):cuda(), "e4m3")
+  local qb = core.quantize(nv.randn(96, 128):cuda(), "e5m2")
+  T.with(core.cuda_set_sync, false, function()
+    nv.qmatmul(qa, qb):free() -- warm the caching allocator and the cuBLASLt plan
+    T.eq(counted("host_syncs", function() nv.qmatmul(qa, qb):free() end), 0, "e4m3 x e5m2 GEMM: host syncs")
+    T.eq(counted("gemms", function() nv.qmatmul(qa, qb):free() end), 1, "one cuBLASLt matmul")
+    core.cuda_synchronize()
+  end)
+end)

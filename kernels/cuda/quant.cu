@@ -647,7 +647,7 @@ static nvl_status quantize_one(nvl_kctx *ctx, const nvl_cuda_quant_desc *d, floa
   NVL_TRY(check_desc(d, "nvl_cuda_quantize"));
   NVL_TRY(nvl_cuda_use_device(dev, "nvl_cuda_quantize"));
   uint32_t *bits = NULL;
-  if (needs_amax(d)) {
+  if (needs_amax(d) && (kernel_reads_amax(d) || amax_out)) { /* else no reduction, no read-back */
     NVL_TRY(ctx->scratch(ctx, sizeof(uint32_t), (void **)&bits));
     NVL_TRY(launch_amax(d, bits, dev));
   }
@@ -678,19 +678,22 @@ static nvl_status quantize_pair(nvl_kctx *ctx, const nvl_cuda_quant_desc *row, c
   const bool fused = row->kind != KIND_VALUES && R % U == 0 && C % U == 0 && ((uintptr_t)row->x & 15) == 0 &&
                      R > 0 && C > 0 && (R / TILE + 1) * (C / TILE + 1) < ((int64_t)1 << 31);
   uint32_t *bits_r = NULL, *bits_c = NULL;
-  if (needs_amax(row) || needs_amax(col)) {
+  /* an amax only where a kernel reads it or the caller asks for it (none for bf16 or mx: no sync) */
+  const bool want_r = needs_amax(row) && (kernel_reads_amax(row) || amax_row);
+  const bool want_c = needs_amax(col) && (kernel_reads_amax(col) || amax_col);
+  if (want_r || want_c) {
     NVL_TRY(ctx->scratch(ctx, 2 * sizeof(uint32_t), (void **)&bits_r));
     bits_c = bits_r + 1;
   }
   /* amax: without the RHT both copies see max |x|: one reduction serves both */
-  const bool shared_amax = needs_amax(row) && needs_amax(col) && !row->rht && !col->rht;
-  if (needs_amax(row)) NVL_TRY(launch_amax(row, bits_r, dev));
-  if (needs_amax(col)) {
+  const bool shared_amax = want_r && want_c && !row->rht && !col->rht;
+  if (want_r) NVL_TRY(launch_amax(row, bits_r, dev));
+  if (want_c) {
     if (shared_amax) bits_c = bits_r;
     else NVL_TRY(launch_amax(col, bits_c, dev));
   }
-  const uint32_t *ar = needs_amax(row) && kernel_reads_amax(row) ? bits_r : NULL;
-  const uint32_t *ac = needs_amax(col) && kernel_reads_amax(col) ? bits_c : NULL;
+  const uint32_t *ar = want_r && kernel_reads_amax(row) ? bits_r : NULL;
+  const uint32_t *ac = want_c && kernel_reads_amax(col) ? bits_c : NULL;
   if (fused) {
     if (row->kind == KIND_NVFP4 || row->kind == KIND_MX) {
       NVL_TRY(clear_swizzled(row));
@@ -713,13 +716,14 @@ static nvl_status quantize_pair(nvl_kctx *ctx, const nvl_cuda_quant_desc *row, c
     NVL_TRY(launch_quant(col, ac, dev));
   }
   uint32_t b[2] = {0, 0};
-  if (bits_r) NVL_CUDA_CHECK(cudaMemcpy(b, bits_r, sizeof b, cudaMemcpyDeviceToHost));
+  if ((want_r && amax_row) || (want_c && amax_col))
+    NVL_CUDA_CHECK(cudaMemcpy(b, bits_r, sizeof b, cudaMemcpyDeviceToHost));
   if (amax_row) {
-    if (needs_amax(row)) memcpy(amax_row, &b[0], 4);
+    if (want_r) memcpy(amax_row, &b[0], 4);
     else *amax_row = row->amax;
   }
   if (amax_col) {
-    if (needs_amax(col)) memcpy(amax_col, shared_amax ? &b[0] : &b[1], 4);
+    if (want_c) memcpy(amax_col, shared_amax ? &b[0] : &b[1], 4);
     else *amax_col = col->amax;
   }
   return NVL_OK;
