@@ -294,6 +294,12 @@ __global__ void __launch_bounds__(256) dequant_fp8_kernel(uint16_t *__restrict__
     y[i] = f32_to_bf16_bits(e5 ? e5m2_decode(codes[i]) : e4m3_decode(codes[i]));
 }
 
+/* sc[0..1] = the per-tensor decode scales of an fp8 GEMM's operands (cuBLASLt reads them on the device). */
+__global__ void set_scales_kernel(float *sc, float s0, float s1) {
+  sc[0] = s0;
+  sc[1] = s1;
+}
+
 /* The GEMM class of a format, from its traits row. */
 enum Cls { CLS_F32, CLS_BF16, CLS_FP8, CLS_MX, CLS_NVFP4, CLS_NONE };
 
@@ -370,9 +376,10 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
       /* decode scales on the device: [0] for cuBLASLt's A (our b), [1] for its B (our a) */
       float *sc = NULL;
       NVL_TRY(ctx->scratch(ctx, 2 * sizeof(float), (void **)&sc));
-      const float host[2] = {b->alpha, a->alpha};
-      /* from pageable memory the call returns once host is staged: the stack array may go */
-      NVL_CUDA_CHECK(cudaMemcpyAsync(sc, host, sizeof host, cudaMemcpyHostToDevice, 0));
+      /* written by a kernel that takes them as arguments: a copy from a pageable host array would
+       * synchronise the host with the device at every GEMM (issue 15 D7) */
+      NVL_LAUNCH(1, 1, 0, 0, set_scales_kernel)(sc, b->alpha, a->alpha);
+      NVL_TRY(nvl_cuda_check_launch(ctx->dev, fn, "set_scales_kernel"));
       s.ta = fp8_type(b->format);
       s.tb = fp8_type(a->format);
       s.per_tensor_scales = 1;
