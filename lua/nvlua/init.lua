@@ -8,7 +8,7 @@ local Tensor = core.Tensor            -- the metatable of every tensor
 local methods = Tensor.__methods      -- t:method() lookups land here; Lua conveniences join them
 
 nv.core = core
-nv.version = core.build_info().version
+nv.version = core.version -- not build_info(): its CUDA probe would start the CUDA runtime (see dist.init)
 nv.Tensor = methods
 
 local DTYPES = {}
