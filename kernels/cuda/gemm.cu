@@ -359,21 +359,21 @@ nvl_status dequant_bf16(uint16_t *y, const nvl_qview *o, uint32_t *inexact, int 
   switch (cls_of(o->format)) {
     case CLS_NVFP4: {
       const int64_t nblk = n / 16;
-      NVL_LAUNCH(nvl_cuda_grid(nblk, 256, dev), 256, 0, 0, dequant_nvfp4_kernel)(y, static_cast<const uint8_t *>(o->codes), o->scales,
-                                                                   nblk);
+      NVL_LAUNCH(nvl_cuda_grid(nblk, 256, dev), 256, 0, 0, dequant_nvfp4_kernel)(
+          y, static_cast<const uint8_t *>(o->codes), o->scales, nblk);
       snprintf(what, sizeof what, "dequant_nvfp4_kernel (%lld blocks)", (long long)nblk);
       break;
     }
     case CLS_MX: {
       const int64_t nblk = n / 32;
-      NVL_LAUNCH(nvl_cuda_grid(nblk, 256, dev), 256, 0, 0, dequant_mx_kernel)(y, static_cast<const uint8_t *>(o->codes), o->scales,
-                                                                nblk, elem_of(o->format), inexact);
+      NVL_LAUNCH(nvl_cuda_grid(nblk, 256, dev), 256, 0, 0, dequant_mx_kernel)(
+          y, static_cast<const uint8_t *>(o->codes), o->scales, nblk, elem_of(o->format), inexact);
       snprintf(what, sizeof what, "dequant_mx_kernel<%s> (%lld blocks)", fmt_name(o->format), (long long)nblk);
       break;
     }
     case CLS_FP8:
-      NVL_LAUNCH(nvl_cuda_grid(n, 256, dev), 256, 0, 0, dequant_fp8_kernel)(y, static_cast<const uint8_t *>(o->codes), n,
-                                                              is_e5(o->format));
+      NVL_LAUNCH(nvl_cuda_grid(n, 256, dev), 256, 0, 0, dequant_fp8_kernel)(
+          y, static_cast<const uint8_t *>(o->codes), n, is_e5(o->format));
       snprintf(what, sizeof what, "dequant_fp8_kernel (%lld elements)", (long long)n);
       break;
     default:

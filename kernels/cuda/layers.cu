@@ -367,8 +367,8 @@ extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, float
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16), threads = 512;
   (void)cudaGetLastError();
   if (bf16)
-    NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<uint16_t>)(rows, dlogits, (const uint16_t *)logits, targets, N, V,
-                                                        ignore_index, z_loss, grad_scale);
+    NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<uint16_t>)(
+        rows, dlogits, (const uint16_t *)logits, targets, N, V, ignore_index, z_loss, grad_scale);
   else
     NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<float>)(rows, dlogits, (const float *)logits, targets, N, V,
                                                      ignore_index, z_loss, grad_scale);

@@ -113,9 +113,15 @@ extern "C" nvl_status nvl_cuda_fill(void *p, int dtype, const void *value, int64
   (void)cudaGetLastError();
   switch (nvl_dtypes[dtype].elem_size) { /* value: one element's bytes, stored as the CPU stores it */
     case 1: NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint8_t>)((uint8_t *)p, *(const uint8_t *)value, n); break;
-    case 2: NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint16_t>)((uint16_t *)p, *(const uint16_t *)value, n); break;
-    case 4: NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint32_t>)((uint32_t *)p, *(const uint32_t *)value, n); break;
-    case 8: NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint64_t>)((uint64_t *)p, *(const uint64_t *)value, n); break;
+    case 2:
+      NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint16_t>)((uint16_t *)p, *(const uint16_t *)value, n);
+      break;
+    case 4:
+      NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint32_t>)((uint32_t *)p, *(const uint32_t *)value, n);
+      break;
+    case 8:
+      NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint64_t>)((uint64_t *)p, *(const uint64_t *)value, n);
+      break;
     default: return nvl_error(NVL_EUNSUPPORTED, "%s: no device fill for %s", __func__, nvl_dtypes[dtype].name);
   }
   char what[96];

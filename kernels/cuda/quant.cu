@@ -549,7 +549,8 @@ nvl_status launch_amax(const nvl_cuda_quant_desc *d, uint32_t *bits, int dev) {
     const int64_t n = d->B * d->K * d->C;
     const int vec = ((uintptr_t)d->x & 15) == 0;
     const int blocks = nvl_cuda_grid(vec ? n / (d->x_bf16 ? 8 : 4) + 1 : n, threads, dev);
-    if (d->x_bf16) NVL_LAUNCH(blocks, threads, 0, 0, amax_kernel<uint16_t>)(static_cast<const uint16_t *>(d->x), n, vec, bits);
+    if (d->x_bf16)
+      NVL_LAUNCH(blocks, threads, 0, 0, amax_kernel<uint16_t>)(static_cast<const uint16_t *>(d->x), n, vec, bits);
     else NVL_LAUNCH(blocks, threads, 0, 0, amax_kernel<float>)(static_cast<const float *>(d->x), n, vec, bits);
     snprintf(what, sizeof what, "amax_kernel<%s> (n=%lld)", d->x_bf16 ? "bf16" : "f32", (long long)n);
   } else {

@@ -193,7 +193,8 @@ static void fail(const char *fmt, ...) {
   va_end(ap);
   L.failed = true;
   if (L.in_block)
-    fault(cudaErrorLaunchFailure, "kernel %s, block (%u,%u,%u): %s", L.name, cur_block.x, cur_block.y, cur_block.z, msg);
+    fault(cudaErrorLaunchFailure, "kernel %s, block (%u,%u,%u): %s", L.name, cur_block.x, cur_block.y, cur_block.z,
+          msg);
   else
     fault(cudaErrorLaunchFailure, "kernel %s (%s:%d): %s", L.name, base(L.cfg.file), L.cfg.line, msg);
 }
