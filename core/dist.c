@@ -141,12 +141,38 @@ static nvl_status mpi_fail(const char *op, const char *call, int rc) {
   } while (0)
 #endif
 
+#ifdef NVLUA_HAVE_CUDA
+/* One GPU per rank: core allocates on device 0, so each rank of a node sees only its own GPU
+ * (unless the launcher already chose, as srun --gpus-per-task does). Set before MPI_Init, from the
+ * launcher's node-local rank: a CUDA-aware MPI starts the CUDA runtime inside MPI_Init, after which
+ * CUDA_VISIBLE_DEVICES is no longer read (issue 15 D8: every rank would get GPU 0). */
+static void pick_gpu_before_mpi(void) {
+  static const char *const rank_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
+                                          "SLURM_LOCALID", NULL};
+  if (getenv("CUDA_VISIBLE_DEVICES")) return;
+  for (int i = 0; rank_vars[i]; i++) {
+    const char *v = getenv(rank_vars[i]);
+    char *end = NULL;
+    long r = v ? strtol(v, &end, 10) : -1;
+    if (v && *v && end && !*end && r >= 0 && r < 4096) {
+      char dev[16];
+      snprintf(dev, sizeof dev, "%ld", r);
+      setenv("CUDA_VISIBLE_DEVICES", dev, 1);
+      return;
+    }
+  }
+}
+#endif
+
 nvl_status nvl_dist_init(void) {
   if (S.init) return NVL_OK;
 #ifdef NVLUA_HAVE_MPI
   if (launched()) {
     int provided, flag = 0;
     MPI_Initialized(&flag);
+#ifdef NVLUA_HAVE_CUDA
+    if (!flag) pick_gpu_before_mpi();
+#endif
     if (!flag && MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
       return nvl_error(NVL_EDEVICE, "dist.init: MPI_Init_thread failed");
     MPI_Comm local;
@@ -160,9 +186,8 @@ nvl_status nvl_dist_init(void) {
     MPI_Comm_free(&local);
     S.use_mpi = 1;
 #ifdef NVLUA_HAVE_CUDA
-    /* one GPU per rank: core allocates on device 0, so each rank of a node sees only its own
-     * GPU (unless the launcher already chose, as srun --gpus-per-task does). Effective because
-     * the CUDA runtime has not started yet (init comes before any CUDA tensor). */
+    /* a launcher that exports no node-local rank: MPI's, which a CUDA-aware MPI may have been too
+     * late for (pick_gpu_before_mpi); effective otherwise, as no CUDA tensor exists before init */
     if (S.local_size > 1 && !getenv("CUDA_VISIBLE_DEVICES")) {
       char dev[16];
       snprintf(dev, sizeof dev, "%d", S.local_rank);

@@ -76,11 +76,32 @@ static struct {
 
 static ncclComm_t comm;            /* NULL until the first CUDA collective */
 static cudaStream_t stream;
+static cudaEvent_t ready, done;    /* stream 0's work before a collective; the collective itself */
 static atomic_int aborted;         /* set (by either thread) once the communicator is aborted */
 static const char *abort_reason = "";
 
 int nvl_nccl_compiled(void) { return 1; }
 
+#ifdef NVL_CUDA_EMU
+/* The emulation build (kernels/cuda/emu): NCCL is the emulator's, linked in. */
+int nvl_nccl_load(const char **why) {
+  if (!N.tried) {
+    N.tried = N.ok = 1;
+    N.GetUniqueId = ncclGetUniqueId;
+    N.CommInitRank = ncclCommInitRank;
+    N.CommDestroy = ncclCommDestroy;
+    N.CommAbort = ncclCommAbort;
+    N.CommGetAsyncError = ncclCommGetAsyncError;
+    N.GetErrorString = ncclGetErrorString;
+    N.AllReduce = ncclAllReduce;
+    N.Broadcast = ncclBroadcast;
+    N.ReduceScatter = ncclReduceScatter;
+    N.AllGather = ncclAllGather;
+  }
+  if (why) *why = "";
+  return 1;
+}
+#else
 int nvl_nccl_load(const char **why) {
   if (!N.tried) {
     N.tried = 1;
@@ -109,6 +130,7 @@ int nvl_nccl_load(const char **why) {
   if (why) *why = N.ok ? "" : N.why;
   return N.ok;
 }
+#endif
 
 static nvl_status nccl_fail(const char *op, const char *call, ncclResult_t r) {
   return nvl_error(NVL_EDEVICE, "%s: %s failed: %s", op, call, N.GetErrorString(r));
@@ -139,12 +161,30 @@ static nvl_status ensure_comm(const char *op, const nvl_tensor *t, int rank, int
   }
   e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) return cuda_fail(op, "cudaStreamCreateWithFlags", e);
+  if ((e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming)) != cudaSuccess ||
+      (e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) != cudaSuccess)
+    return cuda_fail(op, "cudaEventCreateWithFlags", e);
+  return NVL_OK;
+}
+
+/* Order the collective after everything queued on stream 0, where every kernel and GEMM runs:
+ * `stream` is non-blocking, so without this event wait (NVLUA_CUDA_SYNC=0) NCCL could read
+ * gradients still being written. */
+static nvl_status after_default_stream(const char *op) {
+  cudaError_t e = cudaEventRecord(ready, 0);
+  if (e != cudaSuccess) return cuda_fail(op, "cudaEventRecord", e);
+  e = cudaStreamWaitEvent(stream, ready, 0);
+  if (e != cudaSuccess) return cuda_fail(op, "cudaStreamWaitEvent", e);
   return NVL_OK;
 }
 
 /* Wait for the op just enqueued (r its launch result); fails if the communicator was aborted. */
 static nvl_status finish(const char *op, const char *call, ncclResult_t r) {
   if (r != ncclSuccess) return nccl_fail(op, call, r);
+  /* and stream 0's later work after the collective (the host waits below too) */
+  cudaError_t re = cudaEventRecord(done, stream);
+  if (re == cudaSuccess) re = cudaStreamWaitEvent(0, done, 0);
+  if (re != cudaSuccess) return cuda_fail(op, "cudaEventRecord/cudaStreamWaitEvent", re);
   for (;;) {
     cudaError_t e = cudaStreamQuery(stream);
     if (e == cudaSuccess) return NVL_OK;
@@ -177,6 +217,7 @@ nvl_status nvl_nccl_all_reduce(nvl_tensor *t, nvl_dist_op op, int rank, int worl
   ncclDataType_t dt = ncclFloat32;
   NVL_TRY(check("all_reduce", t, &dt));
   NVL_TRY(ensure_comm("all_reduce", t, rank, world));
+  NVL_TRY(after_default_stream("all_reduce"));
   void *p = nvl_tensor_data(t);
   return finish("all_reduce", "ncclAllReduce", N.AllReduce(p, p, (size_t)nvl_tensor_numel(t), dt, red(op), comm, stream));
 }
@@ -185,6 +226,7 @@ nvl_status nvl_nccl_broadcast(nvl_tensor *t, int root, int rank, int world) {
   ncclDataType_t dt = ncclFloat32;
   NVL_TRY(check("broadcast", t, &dt));
   NVL_TRY(ensure_comm("broadcast", t, rank, world));
+  NVL_TRY(after_default_stream("broadcast"));
   void *p = nvl_tensor_data(t);
   return finish("broadcast", "ncclBroadcast", N.Broadcast(p, p, (size_t)nvl_tensor_numel(t), dt, root, comm, stream));
 }
@@ -194,6 +236,7 @@ nvl_status nvl_nccl_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dis
   NVL_TRY(check("reduce_scatter", t, &dt));
   NVL_TRY(check("reduce_scatter", out, &dt));
   NVL_TRY(ensure_comm("reduce_scatter", t, rank, world));
+  NVL_TRY(after_default_stream("reduce_scatter"));
   return finish("reduce_scatter", "ncclReduceScatter", N.ReduceScatter(nvl_tensor_data(t), nvl_tensor_data(out),
                 (size_t)nvl_tensor_numel(out), dt, red(op), comm, stream));
 }
@@ -204,6 +247,7 @@ nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_plac
   NVL_TRY(check("all_gather", t, &dt));
   NVL_TRY(check("all_gather", out, &dt));
   NVL_TRY(ensure_comm("all_gather", t, rank, world));
+  NVL_TRY(after_default_stream("all_gather"));
   return finish("all_gather", "ncclAllGather", N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out),
                 (size_t)nvl_tensor_numel(t), dt, comm, stream));
 }
@@ -230,6 +274,8 @@ void nvl_nccl_shutdown(void) {
   if (!comm) return;
   if (!atomic_load(&aborted)) N.CommDestroy(comm);
   cudaStreamDestroy(stream);
+  cudaEventDestroy(ready);
+  cudaEventDestroy(done);
   comm = NULL;
 }
 

@@ -261,7 +261,14 @@ static nvl_status quantize_prepare(prepared *p, const nvl_tensor *x, nvl_dtype f
   dd->sr_k_total = o->sr_k_total;
   dd->has_amax = o->has_amax;
   dd->amax = o->amax;
-  dd->amax_out = &q->amax;
+  /* a format without a per-tensor scale only reports its amax: on a device, where reading it back
+   * is a host synchronisation per cast (issue 15 D9), it is not computed and q.amax is NaN */
+  if (f->global_amax || x->device == NVL_CPU) {
+    dd->amax_out = &q->amax;
+  } else {
+    dd->amax_out = NULL;
+    q->amax = NAN;
+  }
 
   /* rows * K is x's numel (<= NVL_MAX_NUMEL, tensor.h): code bytes and scale counts cannot overflow */
   int64_t cshape[2] = {rows, f->is_quantized ? nvl_code_bytes(format, K) : K};

@@ -3,11 +3,13 @@
 # configure and build into build/. Idempotent: quiet when nothing is missing, incremental builds.
 #   scripts/setup.sh            # Release build, CUDA when nvcc is found
 #   NVLUA_CUDA=OFF scripts/setup.sh
+#   NVLUA_CUDA=EMU scripts/setup.sh   # into build-emu/: the CUDA backend on the CPU emulation of CUDA
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build"
+[ "${NVLUA_CUDA:-}" = "EMU" ] && build="$root/build-emu"
 
-pkgs=(cmake gcc make pkg-config liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas-openmp-dev libreadline-dev
+pkgs=(cmake gcc g++ make pkg-config liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas-openmp-dev libreadline-dev
       bible-kjv gnuplot-nox openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -26,12 +28,12 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then ex
 
 mkdir -p "$build"
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  echo "setup: configuring build/ (CUDA: ${NVLUA_CUDA:-AUTO})"
+  echo "setup: configuring $(basename "$build")/ (CUDA: ${NVLUA_CUDA:-AUTO})"
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DNVLUA_CUDA="${NVLUA_CUDA:-AUTO}" >"$build/configure.log" 2>&1 ||
     { cat "$build/configure.log"; exit 1; }
 fi
 if ! cmake --build "$build" -j"$(nproc)" >"$build/build.log" 2>&1; then
   grep -E "error|Error" "$build/build.log" | head -40
-  echo "setup: build failed; full log in build/build.log" >&2
+  echo "setup: build failed; full log in $build/build.log" >&2
   exit 1
 fi

@@ -6,15 +6,29 @@
 #   process the tests start (the REPL tests' nvlua, mpirun's ranks) is that binary too: they run
 #   the interpreter that runs them. Reports of every process go to build-san/sanitizer-logs/; any
 #   report fails the run, even one from a child whose test expected it to fail.
+#   scripts/test.sh --emu [names...]: the CUDA test files (tests/test_cuda*.lua; or the names given)
+#   on the CPU emulation of CUDA in build-emu/ (-DNVLUA_CUDA=EMU, kernels/cuda/emu): every CUDA kernel
+#   runs on the CPU, with the rules a GPU enforces checked. Not a GPU run: results are the CPU's.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 sanitize=0
+emu=0
 if [ "${1:-}" = "--sanitize" ]; then sanitize=1; shift; fi
+if [ "${1:-}" = "--emu" ]; then emu=1; shift; fi
 
-"$root/scripts/setup.sh"
 cd "$root"
 bin=build
+if [ $emu -eq 1 ]; then
+  NVLUA_CUDA=EMU "$root/scripts/setup.sh"
+  if [ $# -eq 0 ]; then
+    for f in tests/test_cuda*.lua; do set -- "$@" "$(basename "$f" .lua)"; done
+  fi
+  echo "test.sh: CUDA EMULATED on the CPU (build-emu/, not a GPU): $*"
+  build-emu/nvlua tests/run.lua "$@"
+  exit $?
+fi
+"$root/scripts/setup.sh"
 if [ $sanitize -eq 1 ]; then
   bin=build-san
   if [ ! -f "$bin/CMakeCache.txt" ]; then

@@ -227,3 +227,59 @@ T.case("mixed devices give a clean error", function()
   T.raises(function() core.rmsnorm_forward(nv.randn(2, 8), nv.ones(8):cuda(), 1e-5) end,
     "every tensor must be on one device")
 end)
+
+-- issue 15 D4: recipe.f32(), every Linear's default recipe, runs its GEMMs as plain matmuls; on cuda
+-- those go to the cuBLASLt f32 GEMM (they raised "matmul: not supported on cuda yet"). fp32 sums in
+-- any order: |got - want| <= 2 K u sum |a||b| per element, u = 2^-24.
+T.case("nn.Linear with recipe.f32() (the default) forward and backward on cuda vs the cpu", function()
+  need_gpu()
+  local recipe = require "nvlua.recipe"
+  local nn = require "nvlua.nn"
+  for _, sh in ipairs({ { 5, 48, 24 }, { 33, 96, 40 } }) do
+    local T_, K, N = sh[1], sh[2], sh[3]
+    local what = string.format("Linear(%d, %d) on %d rows", K, N, T_)
+    local lin = nn.Linear(K, N, { recipe = recipe.f32(), generator = nv.Generator(7) })
+    local x, dy = nv.randn(T_, K), nv.randn(T_, N)
+    local w = lin.weight_entry.param:clone()
+    local y_c = lin:forward(x)
+    local dx_c = lin:backward(dy)
+    local dw_c = lin.weight_entry.grad:clone()
+    lin:zero_grad()
+    lin:to("cuda")
+    local y = lin:forward(x:cuda())
+    local dx = lin:backward(dy:cuda())
+    T.eq(y:device(), "cuda", what .. ": y on cuda")
+    local u2 = 2 * 2.0 ^ -24
+    local by = x:abs():matmul(w:abs():transpose()) * (u2 * K)
+    local bx = dy:abs():matmul(w:abs()) * (u2 * N)
+    local bw = dy:abs():transpose():matmul(x:abs()) * (u2 * T_)
+    T.ok(((y:cpu() - y_c):abs() - by):max() <= 0, what .. ": y within 2 K u |x||w|")
+    T.ok(((dx:cpu() - dx_c):abs() - bx):max() <= 0, what .. ": dx within 2 N u |dy||w|")
+    T.ok(((lin.weight_entry.grad:cpu() - dw_c):abs() - bw):max() <= 0, what .. ": dw within 2 T u |dy||x|")
+    lin:to("cpu")
+  end
+end)
+
+-- issue 15 D5: a -inf logit (a masked vocabulary entry) that is the first a thread reads made the
+-- kernel's running sum exp(-inf - (-inf)) = NaN. Rows whose first 1024 logits (every thread's first
+-- element, and whole warps) are -inf, and a row with -inf scattered: a finite loss like the CPU's.
+T.case("cross_entropy on cuda with -inf logits (masked entries) is finite, like the cpu", function()
+  need_gpu()
+  nv.manual_seed(6)
+  local N, V = 3, 3000
+  local x = nv.randn(N, V)
+  local rows = x:totable()
+  for i = 1, 1024 do rows[1][i] = -math.huge end
+  for i = 1, 2048 do rows[2][i] = -math.huge end
+  for i = 1, V, 3 do rows[3][i] = -math.huge end
+  x = nv.tensor(rows)
+  local targets = nv.tensor({ 2000, 2500, 2 }, "i64")
+  for _, dt in ipairs({ "f32", "bf16" }) do
+    local xl = x:to(dt)
+    local loss, _, d = ref(core.cross_entropy, xl, targets, {})
+    T.ok(loss == loss and loss < math.huge, "cpu reference loss is finite: " .. loss)
+    local l2, _, d2 = core.cross_entropy(xl:cuda(), targets, {})
+    T.near(l2, loss, 1e-5 * math.abs(loss), dt .. ": loss with -inf logits")
+    near(d2, d, 1e-4, 1e-7, dt .. ": dlogits with -inf logits")
+  end
+end)

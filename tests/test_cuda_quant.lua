@@ -52,7 +52,11 @@ local function check_same_q(q, qc, what)
   if qc:layout() ~= "none" and qc:layout() ~= "tensor" then
     same_bytes(q:scale_bytes(), qc:scale_bytes(), what .. ": block scales")
   end
-  same_float(q.amax, qc.amax, what .. ": amax")
+  if require("nvlua.formats").traits[qc:format()].global_amax then
+    same_float(q.amax, qc.amax, what .. ": amax")
+  else -- only reported, never used: not computed on cuda (a host sync per cast; issue 15 D9)
+    T.ok(q.amax ~= q.amax, what .. ": amax of a format without a per-tensor scale is NaN on cuda")
+  end
   same_float(q.scale, qc.scale, what .. ": scale")
   T.eq(q.sr, qc.sr, what .. ": sr")
   if qc.sr then
@@ -263,8 +267,11 @@ T.case("quantize errors on cuda: block lengths, layouts, options", function()
   T.raises(function() return core.quantize(nv.randn(8, 32):cuda(), "nvfp4", { block = "2d" }) end, "2d")
   T.raises(function() return T.with(nv.use_reference, true, core.quantize, nv.randn(16, 32):cuda(), "nvfp4") end, "CPU")
   local y = nv.randn(16, 64):cuda()
-  local yt = y:transpose(1, 2)
-  T.raises(function() return core.quantize(yt, "nvfp4") end, "contiguous")
+  -- a non-contiguous view is quantized through a contiguous device copy (core/quant.c), like the CPU
+  local ycpu = y:cpu()
+  local qt = core.quantize(y:transpose(1, 2), "nvfp4")
+  check_same_q(qt, core.quantize(ycpu:transpose(1, 2), "nvfp4"), "nvfp4 of a transposed view")
+  qt:free()
   local q = core.quantize(y, "nvfp4", { block = "2d" })
   T.raises(function() return q:t() end, "cuda")
   local qcpu = core.quantize(nv.randn(16, 64), "nvfp4")

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(128) attn_fwd_kernel(float *__restrict__ out, 
                                                        const float *__restrict__ q, const float *__restrict__ k,
                                                        const float *__restrict__ v, int64_t T, int64_t Hq,
                                                        int64_t Hkv, int D, float scale) {
-  extern __shared__ float sh[];
+  NVL_SHARED_DYNAMIC(float, sh);
   const int P = D + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float *ks = sh, *vs = sh + ATT_BK * P, *qs = vs + ATT_BK * P;
   const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (Hq / Hkv), t0 = (int64_t)blockIdx.x * ATT_BQ;
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(128) attn_dq_kernel(float *__restrict__ dq, co
                                                       const float *__restrict__ v, const float *__restrict__ lse,
                                                       const float *__restrict__ delta, int64_t T, int64_t Hq,
                                                       int64_t Hkv, int D, float scale) {
-  extern __shared__ float sh[];
+  NVL_SHARED_DYNAMIC(float, sh);
   const int P = D + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float *ks = sh, *vs = sh + ATT_BK * P, *qs = vs + ATT_BK * P, *gs = qs + ATT_BQ * D;
   const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (Hq / Hkv), t0 = (int64_t)blockIdx.x * ATT_BQ;
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(32) attn_dkdv_kernel(float *__restrict__ dk, f
                                                        const float *__restrict__ k, const float *__restrict__ v,
                                                        const float *__restrict__ lse, const float *__restrict__ delta,
                                                        int64_t T, int64_t Hq, int64_t Hkv, int D, float scale) {
-  extern __shared__ float sh[];
+  NVL_SHARED_DYNAMIC(float, sh);
   const int P = D + 1, lane = threadIdx.x;
   float *ks = sh, *vs = ks + ATT_BK * P, *dka = vs + ATT_BK * P, *dva = dka + ATT_BK * P;
   float *qr = dva + ATT_BK * P, *gr = qr + D;
@@ -286,7 +286,7 @@ static nvl_status fwd_launch(float *out, float *lse, const float *q, const float
   size_t smem = (size_t)(2 * ATT_BK * (D + 1) + ATT_BQ * D) * sizeof(float);
   NVL_TRY(set_smem(attn_fwd_kernel<DM>, smem));
   dim3 grid((unsigned)((T + ATT_BQ - 1) / ATT_BQ), (unsigned)Hq, (unsigned)B);
-  attn_fwd_kernel<DM><<<grid, 128, smem>>>(out, lse, q, k, v, T, Hq, Hkv, D, scale);
+  NVL_LAUNCH(grid, 128, smem, 0, attn_fwd_kernel<DM>)(out, lse, q, k, v, T, Hq, Hkv, D, scale);
   return NVL_OK;
 }
 
@@ -297,7 +297,7 @@ static nvl_status dq_launch(float *dq, const float *dout, const float *q, const 
   size_t smem = (size_t)(2 * ATT_BK * (D + 1) + 2 * ATT_BQ * D) * sizeof(float);
   NVL_TRY(set_smem(attn_dq_kernel<DM>, smem));
   dim3 grid((unsigned)((T + ATT_BQ - 1) / ATT_BQ), (unsigned)Hq, (unsigned)B);
-  attn_dq_kernel<DM><<<grid, 128, smem>>>(dq, dout, q, k, v, lse, delta, T, Hq, Hkv, D, scale);
+  NVL_LAUNCH(grid, 128, smem, 0, attn_dq_kernel<DM>)(dq, dout, q, k, v, lse, delta, T, Hq, Hkv, D, scale);
   return NVL_OK;
 }
 
@@ -337,7 +337,7 @@ extern "C" nvl_status nvl_cuda_attention_backward(nvl_kctx *ctx, float *dq, floa
   snprintf(what, sizeof what, "attention backward (B %lld, T %lld, Hq %lld, Hkv %lld, D %lld)", (long long)B,
            (long long)T, (long long)Hq, (long long)Hkv, (long long)D);
   (void)cudaGetLastError();
-  attn_delta_kernel<<<nvl_cuda_grid(B * Hq * T * 32, 256, dev), 256>>>(delta, dout, out, B, T, Hq, d);
+  NVL_LAUNCH(nvl_cuda_grid(B * Hq * T * 32, 256, dev), 256, 0, 0, attn_delta_kernel)(delta, dout, out, B, T, Hq, d);
   nvl_status st = nvl_cuda_check_launch(dev, __func__, what);
   if (st == NVL_OK) {
     if (D <= 32) st = dq_launch<32>(dq, dout, q, k, v, lse, delta, B, T, Hq, Hkv, d, sc);
@@ -351,7 +351,7 @@ extern "C" nvl_status nvl_cuda_attention_backward(nvl_kctx *ctx, float *dq, floa
     st = set_smem(attn_dkdv_kernel, smem);
     if (st == NVL_OK) {
       dim3 grid((unsigned)((T + ATT_BK - 1) / ATT_BK), (unsigned)Hkv, (unsigned)B);
-      attn_dkdv_kernel<<<grid, 32, smem>>>(dk, dv, dout, q, k, v, lse, delta, T, Hq, Hkv, d, sc);
+      NVL_LAUNCH(grid, 32, smem, 0, attn_dkdv_kernel)(dk, dv, dout, q, k, v, lse, delta, T, Hq, Hkv, d, sc);
       st = nvl_cuda_check_launch(dev, __func__, what);
     }
   }

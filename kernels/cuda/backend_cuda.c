@@ -46,6 +46,37 @@ static nvl_status axpy(nvl_kctx *ctx, float *y, const float *x, double alpha, in
 
 static nvl_status scale(nvl_kctx *ctx, float *p, double s, int64_t n) { return nvl_cuda_scale_f32(p, s, n, ctx->dev); }
 
+/* out (M, N) contiguous f32 = a (M, K) @ b (K, N), f32 views of any strides: the cuBLASLt f32 GEMM
+ * (nvl_cuda_qgemm, A = a and B = b^T, both row-major (rows, K)); an operand that is not such a view
+ * already is gathered into scratch first. */
+static nvl_status gemm_operand(nvl_kctx *ctx, const float **p, const nvl_tensor *t, int transposed) {
+  const int64_t rows = t->shape[transposed ? 1 : 0], K = t->shape[transposed ? 0 : 1];
+  const int64_t sr = t->strides[transposed ? 1 : 0], sk = t->strides[transposed ? 0 : 1];
+  if ((sk == 1 && (sr == K || rows == 1)) || rows * K == 0) {
+    *p = (const float *)nvl_tensor_data(t);
+    return NVL_OK;
+  }
+  void *dst = NULL;
+  NVL_TRY(ctx->scratch(ctx, (size_t)(rows * K) * sizeof(float), &dst));
+  const int64_t shape[2] = {rows, K}, ds[2] = {K, 1}, ss[2] = {sr, sk};
+  NVL_TRY(nvl_cuda_copy_strided(dst, NVL_F32, ds, nvl_tensor_data(t), NVL_F32, ss, 2, shape, ctx->dev));
+  *p = (const float *)dst;
+  return NVL_OK;
+}
+
+static nvl_status matmul(nvl_kctx *ctx, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+  const int64_t M = a->shape[0], K = a->shape[1], N = b->shape[1];
+  const float *pa = NULL, *pb = NULL;
+  NVL_TRY(gemm_operand(ctx, &pa, a, 0));
+  NVL_TRY(gemm_operand(ctx, &pb, b, 1));
+  nvl_qview qa = {.format = NVL_F32, .codes = pa, .rows = M, .K = K, .amax = 0, .scale = 1, .alpha = 1};
+  nvl_qview qb = qa;
+  qb.codes = pb;
+  qb.rows = N;
+  nvl_gemm_desc g = {.out = nvl_tensor_data(out), .out_dtype = NVL_F32, .accumulate = 0, .a = &qa, .b = &qb};
+  return nvl_cuda_qgemm(ctx, &g);
+}
+
 /* ---- the table ----------------------------------------------------------------------------------- */
 
 static const nvl_device_api device_api = {
@@ -108,6 +139,7 @@ const nvl_backend nvl_backend_cuda = {
   .fill = fill,
   .binary = binary,
   .reduce_all = reduce_all,
+  .matmul = matmul,
   .axpy = axpy,
   .scale = scale,
 

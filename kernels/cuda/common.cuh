@@ -23,10 +23,13 @@
 
 #include "cuda/cuda.h"
 
-/* NVL_HD: the numerics below are __host__ __device__ so that a plain host build can check them
+/* NVL_CUDA_SOURCE: compiled as CUDA, by nvcc or by the host compiler for the CPU emulation of CUDA
+ * (-DNVLUA_CUDA=EMU: NVL_CUDA_EMU, kernels/cuda/emu supplies <cuda_runtime.h>).
+ * NVL_HD: the numerics below are __host__ __device__ so that a plain host build can check them
  * (the host branch of each pinned operation is the same IEEE operation in C++; compile such a
- * check with -ffp-contract=off). Without nvcc this header gives just those functions. */
-#ifdef __CUDACC__
+ * check with -ffp-contract=off). Without either this header gives just those functions. */
+#if defined(__CUDACC__) || defined(NVL_CUDA_EMU)
+#define NVL_CUDA_SOURCE 1
 #include <cuda_runtime.h>
 #define NVL_HD __host__ __device__ __forceinline__
 #else
@@ -41,7 +44,23 @@
 #include <math.h>
 #include <string.h>
 
-#ifdef __CUDACC__
+#ifdef NVL_CUDA_SOURCE
+/* ---- launches and shared memory, one source for nvcc and the emulator ------------------------ *
+ * NVL_LAUNCH(grid, block, smem, stream, kernel)(args...) is kernel<<<grid, block, smem, stream>>>(args...)
+ * (the kernel last: a template argument list may hold commas). NVL_SHARED(type, name, dims) declares
+ * `__shared__ type name dims` (dims: "[32]", "[8][33]" or empty), NVL_SHARED_DYNAMIC(type, name) the
+ * dynamic shared memory `extern __shared__ type name[]`. Under the emulator they are per-block
+ * storage it can size, check against the device's limits, and fill with 0xFF at each block start. */
+#ifdef NVL_CUDA_EMU
+#define NVL_LAUNCH NVL_EMU_LAUNCH
+#define NVL_SHARED NVL_EMU_SHARED
+#define NVL_SHARED_DYNAMIC NVL_EMU_SHARED_DYNAMIC
+#else
+#define NVL_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define NVL_SHARED(type, name, dims) __shared__ type name dims
+#define NVL_SHARED_DYNAMIC(type, name) extern __shared__ type name[]
+#endif
+
 /* ---- host side (device.cu) ------------------------------------------------------------------ */
 
 /* Check dev is usable and make it current; fn names the public caller. */

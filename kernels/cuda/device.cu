@@ -520,8 +520,8 @@ __global__ void binary_f32_kernel(float *__restrict__ out, const float *__restri
 template <int OP>
 static void launch_binary_f32(bool vec, int blocks, int threads, float *out, const float *a,
                               const float *b, int64_t n) {
-  if (vec) binary_f32_kernel<OP, true><<<blocks, threads>>>(out, a, b, n);
-  else binary_f32_kernel<OP, false><<<blocks, threads>>>(out, a, b, n);
+  if (vec) NVL_LAUNCH(blocks, threads, 0, 0, binary_f32_kernel<OP, true>)(out, a, b, n);
+  else NVL_LAUNCH(blocks, threads, 0, 0, binary_f32_kernel<OP, false>)(out, a, b, n);
 }
 
 extern "C" nvl_status nvl_cuda_binary_f32(int op, float *out, const float *a, const float *b,

@@ -40,14 +40,6 @@ namespace {
 
 const char *fmt_name(int f) { return f >= 0 && f < NVL_DTYPE_COUNT ? nvl_dtypes[f].name : "?"; }
 
-#define LT_CHECK(call)                                                                                   \
-  do {                                                                                                   \
-    cublasStatus_t lt_st_ = (call);                                                                      \
-    if (lt_st_ != CUBLAS_STATUS_SUCCESS)                                                                 \
-      return nvl_error(NVL_EDEVICE, "%s: %s failed: %s (%s)", fn, #call, cublasLtGetStatusString(lt_st_), \
-                       cublasLtGetStatusName(lt_st_));                                                   \
-  } while (0)
-
 /* ---- handles, workspace, plans -------------------------------------------------------------- */
 
 const size_t WORKSPACE = (size_t)32 << 20;
@@ -84,26 +76,37 @@ struct Spec {
   int per_tensor_scales;   /* fp8: A/B_SCALE_POINTER are single device floats */
   int64_t m, n, k;
   int accumulate;
+  uint32_t align[3];       /* the alignment in bytes (up to 256) of A, B and C = D: the algorithm
+                            * is chosen for them (MIN_ALIGNMENT preferences), so they are in the key */
 };
 
 bool same_spec(const Spec &a, const Spec &b) {
   return a.dev == b.dev && a.ta == b.ta && a.tb == b.tb && a.tc == b.tc && a.scale_mode == b.scale_mode &&
          a.per_tensor_scales == b.per_tensor_scales && a.m == b.m && a.n == b.n && a.k == b.k &&
-         a.accumulate == b.accumulate;
+         a.accumulate == b.accumulate && a.align[0] == b.align[0] && a.align[1] == b.align[1] &&
+         a.align[2] == b.align[2];
+}
+
+/* The largest power of two up to 256 that divides p's address. */
+uint32_t align_of(const void *p) {
+  uint32_t a = 256;
+  while (a > 1 && ((uintptr_t)p & (a - 1))) a >>= 1;
+  return a;
 }
 
 /* A cached plan: descriptors and the heuristic's algorithm for one Spec. Pointers (data, scales)
  * are set per call. */
 struct Plan {
   bool used;
+  uint64_t last_use; /* plan_clock at its last use: the least recently used plan is evicted */
   Spec s;
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t a, b, c;
   cublasLtMatmulAlgo_t algo;
 };
 const int NPLANS = 64;
-Plan plans[NPLANS];
-int next_victim;
+Plan plans[NPLANS]; /* guarded by lt_mu, as are the descriptors inside */
+uint64_t plan_clock;
 
 void destroy_plan(Plan *p) {
   if (p->op) cublasLtMatmulDescDestroy(p->op);
@@ -164,6 +167,13 @@ nvl_status build_plan(Lt *l, const Spec &s, Plan *p, void *placeholder) {
     memset(&res, 0, sizeof res);
     int found = 0;
     r = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    /* without these the heuristic assumes 256-byte-aligned pointers; wgrad's C/D can be a view of the
+     * flat gradient buffer at any 16-byte multiple (issue 15 D3) */
+    static const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && r == CUBLAS_STATUS_SUCCESS; i++)
+      r = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &s.align[i < 3 ? i : 2], sizeof(uint32_t));
     if (r == CUBLAS_STATUS_SUCCESS)
       r = cublasLtMatmulAlgoGetHeuristic(l->h, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
@@ -192,41 +202,62 @@ nvl_status build_plan(Lt *l, const Spec &s, Plan *p, void *placeholder) {
   return NVL_OK;
 }
 
+/* The plan of s: a cached one, or one built in place of an empty slot or of the least recently
+ * used plan. Called with lt_mu held (the plan is valid while it stays held). */
 nvl_status get_plan(Lt *l, const Spec &s, Plan **out, void *placeholder) {
-  pthread_mutex_lock(&lt_mu);
-  for (int i = 0; i < NPLANS; i++)
-    if (plans[i].used && same_spec(plans[i].s, s)) {
-      *out = &plans[i];
-      pthread_mutex_unlock(&lt_mu);
+  Plan *victim = &plans[0];
+  for (int i = 0; i < NPLANS; i++) {
+    Plan *p = &plans[i];
+    if (p->used && same_spec(p->s, s)) {
+      p->last_use = ++plan_clock;
+      *out = p;
       return NVL_OK;
     }
-  Plan *p = &plans[next_victim];
-  next_victim = (next_victim + 1) % NPLANS;
-  if (p->used) destroy_plan(p);
-  nvl_status st = build_plan(l, s, p, placeholder);
-  pthread_mutex_unlock(&lt_mu);
-  if (st == NVL_OK) *out = p;
-  return st;
+    if (victim->used && (!p->used || p->last_use < victim->last_use)) victim = p;
+  }
+  if (victim->used) destroy_plan(victim);
+  NVL_TRY(build_plan(l, s, victim, placeholder));
+  victim->last_use = ++plan_clock;
+  *out = victim;
+  return NVL_OK;
 }
 
 /* Run one planned matmul: d (m x n col-major) = alpha * op(A) op(B) (+ d when accumulating); the
  * cuBLASLt workspace is call scratch. */
-nvl_status run_matmul(nvl_kctx *ctx, const Spec &s, const void *A, const void *B, void *D, float alpha,
+nvl_status run_matmul(nvl_kctx *ctx, const Spec &spec, const void *A, const void *B, void *D, float alpha,
                       const void *scale_a, const void *scale_b) {
   const char *fn = "nvl_cuda_qgemm";
+  Spec s = spec;
+  s.align[0] = align_of(A);
+  s.align[1] = align_of(B);
+  s.align[2] = align_of(D);
   Lt *l = NULL;
   NVL_TRY(get_lt(s.dev, &l));
   void *ws = NULL;
   NVL_TRY(ctx->scratch(ctx, WORKSPACE, &ws));
+  /* the plan's descriptor gets this call's scale pointers: plan lookup, the pointers and the
+   * (asynchronous) matmul under one lock, so no other thread changes or evicts it meanwhile */
+  pthread_mutex_lock(&lt_mu);
   Plan *p = NULL;
-  NVL_TRY(get_plan(l, s, &p, ws));
-  if (s.scale_mode >= 0 || s.per_tensor_scales) {
-    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b));
+  nvl_status st = get_plan(l, s, &p, ws);
+  cublasStatus_t r = CUBLAS_STATUS_SUCCESS;
+  const char *call = "cublasLtMatmulDescSetAttribute";
+  if (st == NVL_OK && (s.scale_mode >= 0 || s.per_tensor_scales)) {
+    r = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a);
+    if (r == CUBLAS_STATUS_SUCCESS)
+      r = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b);
   }
   const float beta = s.accumulate ? 1.0f : 0.0f;
   (void)cudaGetLastError();
-  LT_CHECK(cublasLtMatmul(l->h, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, &p->algo, ws, WORKSPACE, 0));
+  if (st == NVL_OK && r == CUBLAS_STATUS_SUCCESS) {
+    call = "cublasLtMatmul";
+    r = cublasLtMatmul(l->h, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, &p->algo, ws, WORKSPACE, 0);
+  }
+  pthread_mutex_unlock(&lt_mu);
+  NVL_TRY(st);
+  if (r != CUBLAS_STATUS_SUCCESS)
+    return nvl_error(NVL_EDEVICE, "%s: %s failed: %s (%s)", fn, call, cublasLtGetStatusString(r),
+                     cublasLtGetStatusName(r));
   char what[160];
   snprintf(what, sizeof what, "cublasLtMatmul (%s x %s -> %s, M=%lld, N=%lld, K=%lld)", type_name(s.tb), type_name(s.ta),
            type_name(s.tc), (long long)s.n, (long long)s.m, (long long)s.k);
@@ -294,6 +325,12 @@ __global__ void __launch_bounds__(256) dequant_fp8_kernel(uint16_t *__restrict__
     y[i] = f32_to_bf16_bits(e5 ? e5m2_decode(codes[i]) : e4m3_decode(codes[i]));
 }
 
+/* sc[0..1] = the per-tensor decode scales of an fp8 GEMM's operands (cuBLASLt reads them on the device). */
+__global__ void set_scales_kernel(float *sc, float s0, float s1) {
+  sc[0] = s0;
+  sc[1] = s1;
+}
+
 /* The GEMM class of a format, from its traits row. */
 enum Cls { CLS_F32, CLS_BF16, CLS_FP8, CLS_MX, CLS_NVFP4, CLS_NONE };
 
@@ -322,21 +359,21 @@ nvl_status dequant_bf16(uint16_t *y, const nvl_qview *o, uint32_t *inexact, int 
   switch (cls_of(o->format)) {
     case CLS_NVFP4: {
       const int64_t nblk = n / 16;
-      dequant_nvfp4_kernel<<<nvl_cuda_grid(nblk, 256, dev), 256>>>(y, static_cast<const uint8_t *>(o->codes), o->scales,
-                                                                   nblk);
+      NVL_LAUNCH(nvl_cuda_grid(nblk, 256, dev), 256, 0, 0, dequant_nvfp4_kernel)(
+          y, static_cast<const uint8_t *>(o->codes), o->scales, nblk);
       snprintf(what, sizeof what, "dequant_nvfp4_kernel (%lld blocks)", (long long)nblk);
       break;
     }
     case CLS_MX: {
       const int64_t nblk = n / 32;
-      dequant_mx_kernel<<<nvl_cuda_grid(nblk, 256, dev), 256>>>(y, static_cast<const uint8_t *>(o->codes), o->scales,
-                                                                nblk, elem_of(o->format), inexact);
+      NVL_LAUNCH(nvl_cuda_grid(nblk, 256, dev), 256, 0, 0, dequant_mx_kernel)(
+          y, static_cast<const uint8_t *>(o->codes), o->scales, nblk, elem_of(o->format), inexact);
       snprintf(what, sizeof what, "dequant_mx_kernel<%s> (%lld blocks)", fmt_name(o->format), (long long)nblk);
       break;
     }
     case CLS_FP8:
-      dequant_fp8_kernel<<<nvl_cuda_grid(n, 256, dev), 256>>>(y, static_cast<const uint8_t *>(o->codes), n,
-                                                              is_e5(o->format));
+      NVL_LAUNCH(nvl_cuda_grid(n, 256, dev), 256, 0, 0, dequant_fp8_kernel)(
+          y, static_cast<const uint8_t *>(o->codes), n, is_e5(o->format));
       snprintf(what, sizeof what, "dequant_fp8_kernel (%lld elements)", (long long)n);
       break;
     default:
@@ -351,16 +388,29 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
   const nvl_qview *a = g->a, *b = g->b;
   switch (cls_of(a->format)) {
     case CLS_F32:
+      if (s.tc == CUDA_R_16BF) { /* cuBLASLt's f32 x f32 GEMM writes f32 only: into scratch, then RNE */
+        const int64_t mn = s.m * s.n;
+        float *y = NULL;
+        NVL_TRY(ctx->scratch(ctx, (size_t)mn * sizeof(float), (void **)&y));
+        s.tc = CUDA_R_32F;
+        s.ta = s.tb = CUDA_R_32F;
+        NVL_TRY(run_matmul(ctx, s, b->codes, a->codes, y, alpha, NULL, NULL));
+        const int64_t one = 1;
+        return nvl_cuda_copy_strided(g->out, NVL_BF16, &one, y, NVL_F32, &one, 1, &mn, ctx->dev);
+      }
+      s.ta = s.tb = CUDA_R_32F;
+      return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, NULL, NULL);
     case CLS_BF16:
-      s.ta = s.tb = cls_of(a->format) == CLS_F32 ? CUDA_R_32F : CUDA_R_16BF;
+      s.ta = s.tb = CUDA_R_16BF;
       return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, NULL, NULL);
     case CLS_FP8: {
       /* decode scales on the device: [0] for cuBLASLt's A (our b), [1] for its B (our a) */
       float *sc = NULL;
       NVL_TRY(ctx->scratch(ctx, 2 * sizeof(float), (void **)&sc));
-      const float host[2] = {b->alpha, a->alpha};
-      /* from pageable memory the call returns once host is staged: the stack array may go */
-      NVL_CUDA_CHECK(cudaMemcpyAsync(sc, host, sizeof host, cudaMemcpyHostToDevice, 0));
+      /* written by a kernel that takes them as arguments: a copy from a pageable host array would
+       * synchronise the host with the device at every GEMM (issue 15 D7) */
+      NVL_LAUNCH(1, 1, 0, 0, set_scales_kernel)(sc, b->alpha, a->alpha);
+      NVL_TRY(nvl_cuda_check_launch(ctx->dev, fn, "set_scales_kernel"));
       s.ta = fp8_type(b->format);
       s.tb = fp8_type(a->format);
       s.per_tensor_scales = 1;

@@ -27,8 +27,8 @@ static const int kThreads = 256;
  * multiple of 32, at most 1024. */
 template <typename F>
 __device__ F block_sum(F v) {
-  __shared__ F part[32];
-  __shared__ F total;
+  NVL_SHARED(F, part, [32]);
+  NVL_SHARED(F, total, );
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   if (lane == 0) part[warp] = v;
@@ -89,7 +89,7 @@ extern "C" nvl_status nvl_cuda_embedding_forward(nvl_kctx *ctx, float *out, cons
   if (N * C == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   (void)cudaGetLastError();
-  embedding_fwd_kernel<<<nvl_cuda_grid(N * C, kThreads, dev), kThreads>>>(out, ids, weight, N, C);
+  NVL_LAUNCH(nvl_cuda_grid(N * C, kThreads, dev), kThreads, 0, 0, embedding_fwd_kernel)(out, ids, weight, N, C);
   return launched(dev, __func__, "embedding_fwd_kernel", N, C);
 }
 
@@ -99,7 +99,7 @@ extern "C" nvl_status nvl_cuda_embedding_backward(nvl_kctx *ctx, float *dweight,
   if (N * C == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   (void)cudaGetLastError();
-  embedding_bwd_kernel<<<nvl_cuda_grid(N * C, kThreads, dev), kThreads>>>(dweight, dout, ids, N, C);
+  NVL_LAUNCH(nvl_cuda_grid(N * C, kThreads, dev), kThreads, 0, 0, embedding_bwd_kernel)(dweight, dout, ids, N, C);
   return launched(dev, __func__, "embedding_bwd_kernel", N, C);
 }
 
@@ -140,7 +140,7 @@ __global__ void rmsnorm_bwd_dx_kernel(float *__restrict__ dx, const float *__res
 __global__ void rmsnorm_bwd_dw_kernel(float *__restrict__ dweight, const float *__restrict__ dout,
                                       const float *__restrict__ x, const float *__restrict__ rstd, int64_t N,
                                       int64_t C, int64_t rows_per_block) {
-  __shared__ float part[8][33];
+  NVL_SHARED(float, part, [8][33]);
   const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
   const int64_t n0 = (int64_t)blockIdx.y * rows_per_block;
   const int64_t n1 = n0 + rows_per_block < N ? n0 + rows_per_block : N;
@@ -163,7 +163,7 @@ extern "C" nvl_status nvl_cuda_rmsnorm_forward(nvl_kctx *ctx, float *out, float 
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16);
   (void)cudaGetLastError();
-  rmsnorm_fwd_kernel<<<blocks, kThreads>>>(out, rstd, x, weight, N, C, eps);
+  NVL_LAUNCH(blocks, kThreads, 0, 0, rmsnorm_fwd_kernel)(out, rstd, x, weight, N, C, eps);
   return launched(dev, __func__, "rmsnorm_fwd_kernel", N, C);
 }
 
@@ -174,7 +174,7 @@ extern "C" nvl_status nvl_cuda_rmsnorm_backward(nvl_kctx *ctx, float *dx, float 
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16);
   (void)cudaGetLastError();
-  rmsnorm_bwd_dx_kernel<<<blocks, kThreads>>>(dx, dout, x, weight, rstd, N, C);
+  NVL_LAUNCH(blocks, kThreads, 0, 0, rmsnorm_bwd_dx_kernel)(dx, dout, x, weight, rstd, N, C);
   NVL_TRY(launched(dev, __func__, "rmsnorm_bwd_dx_kernel", N, C));
   /* enough row slabs to fill the machine, each at least 64 rows */
   int64_t cb = (C + 31) / 32, want = (int64_t)nvl_cuda_sm_count(dev) * 8 / (cb > 0 ? cb : 1);
@@ -183,7 +183,7 @@ extern "C" nvl_status nvl_cuda_rmsnorm_backward(nvl_kctx *ctx, float *dx, float 
   if (slabs > 65535) slabs = 65535;
   int64_t rpb = (N + slabs - 1) / slabs;
   dim3 grid((unsigned)cb, (unsigned)((N + rpb - 1) / rpb)), block(32, 8);
-  rmsnorm_bwd_dw_kernel<<<grid, block>>>(dweight, dout, x, rstd, N, C, rpb);
+  NVL_LAUNCH(grid, block, 0, 0, rmsnorm_bwd_dw_kernel)(dweight, dout, x, rstd, N, C, rpb);
   return launched(dev, __func__, "rmsnorm_bwd_dw_kernel", N, C);
 }
 
@@ -212,8 +212,8 @@ static nvl_status rope_launch(bool bwd, float *out, const float *x, const float 
   NVL_TRY(nvl_cuda_use_device(dev, fn));
   int blocks = nvl_cuda_grid(n, kThreads, dev);
   (void)cudaGetLastError();
-  if (bwd) rope_kernel<true><<<blocks, kThreads>>>(out, x, c, s, B, T, H, D);
-  else rope_kernel<false><<<blocks, kThreads>>>(out, x, c, s, B, T, H, D);
+  if (bwd) NVL_LAUNCH(blocks, kThreads, 0, 0, rope_kernel<true>)(out, x, c, s, B, T, H, D);
+  else NVL_LAUNCH(blocks, kThreads, 0, 0, rope_kernel<false>)(out, x, c, s, B, T, H, D);
   return launched(dev, fn, bwd ? "rope_kernel<bwd>" : "rope_kernel<fwd>", B * T, H * D);
 }
 
@@ -256,7 +256,7 @@ extern "C" nvl_status nvl_cuda_swiglu_forward(nvl_kctx *ctx, float *out, const f
   if (n == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   (void)cudaGetLastError();
-  swiglu_fwd_kernel<<<nvl_cuda_grid(n, kThreads, dev), kThreads>>>(out, gate, up, n);
+  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, swiglu_fwd_kernel)(out, gate, up, n);
   return launched(dev, __func__, "swiglu_fwd_kernel", n, 1);
 }
 
@@ -266,7 +266,7 @@ extern "C" nvl_status nvl_cuda_swiglu_backward(nvl_kctx *ctx, float *dgate, floa
   if (n == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   (void)cudaGetLastError();
-  swiglu_bwd_kernel<<<nvl_cuda_grid(n, kThreads, dev), kThreads>>>(dgate, dup, dout, gate, up, n);
+  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, swiglu_bwd_kernel)(dgate, dup, dout, gate, up, n);
   return launched(dev, __func__, "swiglu_bwd_kernel", n, 1);
 }
 
@@ -279,8 +279,9 @@ template <typename X>
 __global__ void cross_entropy_kernel(double *__restrict__ row_loss, float *__restrict__ dlogits,
                                      const X *__restrict__ logits, const int64_t *__restrict__ targets, int64_t N,
                                      int64_t V, int64_t ignore_index, double z_loss, double grad_scale) {
-  __shared__ float sm[32], ss[32];
-  __shared__ float lse_sh;
+  NVL_SHARED(float, sm, [32]);
+  NVL_SHARED(float, ss, [32]);
+  NVL_SHARED(float, lse_sh, );
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const X *x = logits + n * V;
     const int64_t tg = targets[n];
@@ -297,7 +298,7 @@ __global__ void cross_entropy_kernel(double *__restrict__ row_loss, float *__res
       if (v > m) {
         s = s * expf(m - v) + 1.0f;
         m = v;
-      } else {
+      } else if (v != -INFINITY) { /* -inf adds exp(-inf) = 0; with m = -inf still, exp(-inf + inf) is NaN */
         s += expf(v - m);
       }
     }
@@ -348,7 +349,7 @@ static nvl_status sum_to_host(nvl_kctx *ctx, double *host, const double *in, int
   double *d = NULL;
   NVL_TRY(ctx->scratch(ctx, sizeof(double), (void **)&d));
   (void)cudaGetLastError();
-  sum_doubles_kernel<<<1, 1024>>>(d, in, n);
+  NVL_LAUNCH(1, 1024, 0, 0, sum_doubles_kernel)(d, in, n);
   NVL_TRY(launched(dev, fn, "sum_doubles_kernel", n, 1));
   return nvl_cuda_memcpy(host, d, sizeof(double), 1, dev);
 }
@@ -366,10 +367,10 @@ extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, float
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16), threads = 512;
   (void)cudaGetLastError();
   if (bf16)
-    cross_entropy_kernel<uint16_t><<<blocks, threads>>>(rows, dlogits, (const uint16_t *)logits, targets, N, V,
-                                                        ignore_index, z_loss, grad_scale);
+    NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<uint16_t>)(
+        rows, dlogits, (const uint16_t *)logits, targets, N, V, ignore_index, z_loss, grad_scale);
   else
-    cross_entropy_kernel<float><<<blocks, threads>>>(rows, dlogits, (const float *)logits, targets, N, V,
+    NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<float>)(rows, dlogits, (const float *)logits, targets, N, V,
                                                      ignore_index, z_loss, grad_scale);
   NVL_TRY(launched(dev, __func__, bf16 ? "cross_entropy_kernel<bf16>" : "cross_entropy_kernel<f32>", N, V));
   return sum_to_host(ctx, total, rows, N, __func__);
@@ -401,7 +402,7 @@ extern "C" nvl_status nvl_cuda_adamw_step(nvl_kctx *ctx, float *param, const flo
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
   (void)cudaGetLastError();
-  adamw_kernel<<<nvl_cuda_grid(n, kThreads, dev), kThreads>>>(param, grad, m, v, n, k);
+  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, adamw_kernel)(param, grad, m, v, n, k);
   return launched(dev, __func__, "adamw_kernel", n, 1);
 }
 
@@ -430,8 +431,8 @@ extern "C" nvl_status nvl_cuda_sumsq(nvl_kctx *ctx, double *out, const void *x, 
   double *partial = NULL; /* (blocks) device */
   NVL_TRY(ctx->scratch(ctx, (size_t)blocks * sizeof(double), (void **)&partial));
   (void)cudaGetLastError();
-  if (bf16) sumsq_kernel<uint16_t><<<blocks, kThreads>>>(partial, (const uint16_t *)x, n);
-  else sumsq_kernel<float><<<blocks, kThreads>>>(partial, (const float *)x, n);
+  if (bf16) NVL_LAUNCH(blocks, kThreads, 0, 0, sumsq_kernel<uint16_t>)(partial, (const uint16_t *)x, n);
+  else NVL_LAUNCH(blocks, kThreads, 0, 0, sumsq_kernel<float>)(partial, (const float *)x, n);
   NVL_TRY(launched(dev, __func__, bf16 ? "sumsq_kernel<bf16>" : "sumsq_kernel<f32>", n, 1));
   return sum_to_host(ctx, out, partial, blocks, __func__);
 }

@@ -53,7 +53,7 @@ __global__ void copy_strided_kernel(D *__restrict__ dst, const S *__restrict__ s
 
 template <typename D, typename S>
 static void launch_copy(void *dst, const void *src, const strided_desc &d, int64_t n, int blocks) {
-  copy_strided_kernel<D, S><<<blocks, kThreads>>>((D *)dst, (const S *)src, d, n);
+  NVL_LAUNCH(blocks, kThreads, 0, 0, copy_strided_kernel<D, S>)((D *)dst, (const S *)src, d, n);
 }
 
 extern "C" nvl_status nvl_cuda_copy_strided(void *dst, int dst_dtype, const int64_t *dst_strides, const void *src,
@@ -112,10 +112,16 @@ extern "C" nvl_status nvl_cuda_fill(void *p, int dtype, const void *value, int64
   const int blocks = nvl_cuda_grid(n, kThreads, dev);
   (void)cudaGetLastError();
   switch (nvl_dtypes[dtype].elem_size) { /* value: one element's bytes, stored as the CPU stores it */
-    case 1: fill_kernel<uint8_t><<<blocks, kThreads>>>((uint8_t *)p, *(const uint8_t *)value, n); break;
-    case 2: fill_kernel<uint16_t><<<blocks, kThreads>>>((uint16_t *)p, *(const uint16_t *)value, n); break;
-    case 4: fill_kernel<uint32_t><<<blocks, kThreads>>>((uint32_t *)p, *(const uint32_t *)value, n); break;
-    case 8: fill_kernel<uint64_t><<<blocks, kThreads>>>((uint64_t *)p, *(const uint64_t *)value, n); break;
+    case 1: NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint8_t>)((uint8_t *)p, *(const uint8_t *)value, n); break;
+    case 2:
+      NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint16_t>)((uint16_t *)p, *(const uint16_t *)value, n);
+      break;
+    case 4:
+      NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint32_t>)((uint32_t *)p, *(const uint32_t *)value, n);
+      break;
+    case 8:
+      NVL_LAUNCH(blocks, kThreads, 0, 0, fill_kernel<uint64_t>)((uint64_t *)p, *(const uint64_t *)value, n);
+      break;
     default: return nvl_error(NVL_EUNSUPPORTED, "%s: no device fill for %s", __func__, nvl_dtypes[dtype].name);
   }
   char what[96];
@@ -137,7 +143,7 @@ extern "C" nvl_status nvl_cuda_axpy_f32(float *y, const float *x, float alpha, i
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   const int blocks = nvl_cuda_grid(n, kThreads, dev);
   (void)cudaGetLastError();
-  axpy_kernel<<<blocks, kThreads>>>(y, x, alpha, n);
+  NVL_LAUNCH(blocks, kThreads, 0, 0, axpy_kernel)(y, x, alpha, n);
   char what[64];
   snprintf(what, sizeof what, "axpy_kernel (n=%lld)", (long long)n);
   return nvl_cuda_check_launch(dev, __func__, what);
@@ -157,7 +163,7 @@ extern "C" nvl_status nvl_cuda_scale_f32(float *p, double s, int64_t n, int dev)
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   const int blocks = nvl_cuda_grid(n, kThreads, dev);
   (void)cudaGetLastError();
-  scale_kernel<<<blocks, kThreads>>>(p, s, (double)(float)s == s, n);
+  NVL_LAUNCH(blocks, kThreads, 0, 0, scale_kernel)(p, s, (double)(float)s == s, n);
   char what[64];
   snprintf(what, sizeof what, "scale_kernel (n=%lld)", (long long)n);
   return nvl_cuda_check_launch(dev, __func__, what);
@@ -195,8 +201,8 @@ extern "C" nvl_status nvl_cuda_amax(nvl_kctx *ctx, double *out, const void *x, i
   NVL_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof *word, 0));
   const int blocks = nvl_cuda_grid(n, kThreads, dev);
   (void)cudaGetLastError();
-  if (x_bf16) amax_bits_kernel<uint16_t><<<blocks, kThreads>>>(word, (const uint16_t *)x, n);
-  else amax_bits_kernel<uint32_t><<<blocks, kThreads>>>(word, (const uint32_t *)x, n);
+  if (x_bf16) NVL_LAUNCH(blocks, kThreads, 0, 0, amax_bits_kernel<uint16_t>)(word, (const uint16_t *)x, n);
+  else NVL_LAUNCH(blocks, kThreads, 0, 0, amax_bits_kernel<uint32_t>)(word, (const uint32_t *)x, n);
   char what[64];
   snprintf(what, sizeof what, "amax_bits_kernel (n=%lld)", (long long)n);
   NVL_TRY(nvl_cuda_check_launch(dev, __func__, what));

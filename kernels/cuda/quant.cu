@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(256) quant_elem_kernel(QParams p) {
 
 /* Block-wide max of m into *out (atomicMax on the bits: non-negative floats order as integers). */
 __device__ __forceinline__ void block_max_to(uint32_t m, uint32_t *out) {
-  __shared__ uint32_t warp_max[32];
+  NVL_SHARED(uint32_t, warp_max, [32]);
   m = __reduce_max_sync(0xFFFFFFFFu, m);
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   if (lane == 0) warp_max[wid] = m;
@@ -391,7 +391,7 @@ template <typename T, int KIND>
 __global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc, int64_t R, int64_t C) {
   constexpr int U = KIND == KIND_MX ? 32 : 16;
   constexpr int UNITS = TILE / U; /* units per tile line */
-  __shared__ float tile[TILE][TILE + 1];
+  NVL_SHARED(float, tile, [TILE][TILE + 1]);
   const int64_t ntc = (C + TILE - 1) / TILE;
   const int64_t r0 = (int64_t)(blockIdx.x / ntc) * TILE, c0 = (int64_t)(blockIdx.x % ntc) * TILE;
   const int t = threadIdx.x;
@@ -549,8 +549,9 @@ nvl_status launch_amax(const nvl_cuda_quant_desc *d, uint32_t *bits, int dev) {
     const int64_t n = d->B * d->K * d->C;
     const int vec = ((uintptr_t)d->x & 15) == 0;
     const int blocks = nvl_cuda_grid(vec ? n / (d->x_bf16 ? 8 : 4) + 1 : n, threads, dev);
-    if (d->x_bf16) amax_kernel<uint16_t><<<blocks, threads>>>(static_cast<const uint16_t *>(d->x), n, vec, bits);
-    else amax_kernel<float><<<blocks, threads>>>(static_cast<const float *>(d->x), n, vec, bits);
+    if (d->x_bf16)
+      NVL_LAUNCH(blocks, threads, 0, 0, amax_kernel<uint16_t>)(static_cast<const uint16_t *>(d->x), n, vec, bits);
+    else NVL_LAUNCH(blocks, threads, 0, 0, amax_kernel<float>)(static_cast<const float *>(d->x), n, vec, bits);
     snprintf(what, sizeof what, "amax_kernel<%s> (n=%lld)", d->x_bf16 ? "bf16" : "f32", (long long)n);
   } else {
     nvl_cuda_quant_desc dd = *d;
@@ -560,8 +561,8 @@ nvl_status launch_amax(const nvl_cuda_quant_desc *d, uint32_t *bits, int dev) {
     p.map = d->C == 1 ? MAP_CONTIG : MAP_STRIDED;
     const int64_t units = p.rows * p.nb;
     const int blocks = nvl_cuda_grid(units, threads, dev);
-    if (d->x_bf16) amax_rht_kernel<uint16_t><<<blocks, threads>>>(p, bits);
-    else amax_rht_kernel<float><<<blocks, threads>>>(p, bits);
+    if (d->x_bf16) NVL_LAUNCH(blocks, threads, 0, 0, amax_rht_kernel<uint16_t>)(p, bits);
+    else NVL_LAUNCH(blocks, threads, 0, 0, amax_rht_kernel<float>)(p, bits);
     snprintf(what, sizeof what, "amax_rht_kernel<%s> (rows=%lld, K=%lld)", d->x_bf16 ? "bf16" : "f32",
              (long long)p.rows, (long long)d->K);
   }
@@ -571,25 +572,25 @@ nvl_status launch_amax(const nvl_cuda_quant_desc *d, uint32_t *bits, int dev) {
 template <typename T>
 void launch_unit_t(int kind, int blocks, const QParams &p) {
   switch (kind) {
-    case KIND_NVFP4: quant_unit_kernel<T, KIND_NVFP4><<<blocks, 256>>>(p); break;
-    case KIND_MX: quant_unit_kernel<T, KIND_MX><<<blocks, 256>>>(p); break;
-    case KIND_FP8: quant_unit_kernel<T, KIND_FP8><<<blocks, 256>>>(p); break;
-    default: quant_unit_kernel<T, KIND_VALUES><<<blocks, 256>>>(p); break;
+    case KIND_NVFP4: NVL_LAUNCH(blocks, 256, 0, 0, quant_unit_kernel<T, KIND_NVFP4>)(p); break;
+    case KIND_MX: NVL_LAUNCH(blocks, 256, 0, 0, quant_unit_kernel<T, KIND_MX>)(p); break;
+    case KIND_FP8: NVL_LAUNCH(blocks, 256, 0, 0, quant_unit_kernel<T, KIND_FP8>)(p); break;
+    default: NVL_LAUNCH(blocks, 256, 0, 0, quant_unit_kernel<T, KIND_VALUES>)(p); break;
   }
 }
 
 template <typename T>
 void launch_elem_t(int kind, int blocks, const QParams &p) {
-  if (kind == KIND_FP8) quant_elem_kernel<T, KIND_FP8><<<blocks, 256>>>(p);
-  else quant_elem_kernel<T, KIND_VALUES><<<blocks, 256>>>(p);
+  if (kind == KIND_FP8) NVL_LAUNCH(blocks, 256, 0, 0, quant_elem_kernel<T, KIND_FP8>)(p);
+  else NVL_LAUNCH(blocks, 256, 0, 0, quant_elem_kernel<T, KIND_VALUES>)(p);
 }
 
 template <typename T>
 void launch_pair_t(int kind, int64_t tiles, const QParams &pr, const QParams &pc, int64_t R, int64_t C) {
   switch (kind) {
-    case KIND_NVFP4: quant_pair_kernel<T, KIND_NVFP4><<<(unsigned)tiles, 256>>>(pr, pc, R, C); break;
-    case KIND_MX: quant_pair_kernel<T, KIND_MX><<<(unsigned)tiles, 256>>>(pr, pc, R, C); break;
-    default: quant_pair_kernel<T, KIND_FP8><<<(unsigned)tiles, 256>>>(pr, pc, R, C); break;
+    case KIND_NVFP4: NVL_LAUNCH((unsigned)tiles, 256, 0, 0, quant_pair_kernel<T, KIND_NVFP4>)(pr, pc, R, C); break;
+    case KIND_MX: NVL_LAUNCH((unsigned)tiles, 256, 0, 0, quant_pair_kernel<T, KIND_MX>)(pr, pc, R, C); break;
+    default: NVL_LAUNCH((unsigned)tiles, 256, 0, 0, quant_pair_kernel<T, KIND_FP8>)(pr, pc, R, C); break;
   }
 }
 
@@ -647,7 +648,7 @@ static nvl_status quantize_one(nvl_kctx *ctx, const nvl_cuda_quant_desc *d, floa
   NVL_TRY(check_desc(d, "nvl_cuda_quantize"));
   NVL_TRY(nvl_cuda_use_device(dev, "nvl_cuda_quantize"));
   uint32_t *bits = NULL;
-  if (needs_amax(d)) {
+  if (needs_amax(d) && (kernel_reads_amax(d) || amax_out)) { /* else no reduction, no read-back */
     NVL_TRY(ctx->scratch(ctx, sizeof(uint32_t), (void **)&bits));
     NVL_TRY(launch_amax(d, bits, dev));
   }
@@ -678,19 +679,22 @@ static nvl_status quantize_pair(nvl_kctx *ctx, const nvl_cuda_quant_desc *row, c
   const bool fused = row->kind != KIND_VALUES && R % U == 0 && C % U == 0 && ((uintptr_t)row->x & 15) == 0 &&
                      R > 0 && C > 0 && (R / TILE + 1) * (C / TILE + 1) < ((int64_t)1 << 31);
   uint32_t *bits_r = NULL, *bits_c = NULL;
-  if (needs_amax(row) || needs_amax(col)) {
+  /* an amax only where a kernel reads it or the caller asks for it (none for bf16 or mx: no sync) */
+  const bool want_r = needs_amax(row) && (kernel_reads_amax(row) || amax_row);
+  const bool want_c = needs_amax(col) && (kernel_reads_amax(col) || amax_col);
+  if (want_r || want_c) {
     NVL_TRY(ctx->scratch(ctx, 2 * sizeof(uint32_t), (void **)&bits_r));
     bits_c = bits_r + 1;
   }
   /* amax: without the RHT both copies see max |x|: one reduction serves both */
-  const bool shared_amax = needs_amax(row) && needs_amax(col) && !row->rht && !col->rht;
-  if (needs_amax(row)) NVL_TRY(launch_amax(row, bits_r, dev));
-  if (needs_amax(col)) {
+  const bool shared_amax = want_r && want_c && !row->rht && !col->rht;
+  if (want_r) NVL_TRY(launch_amax(row, bits_r, dev));
+  if (want_c) {
     if (shared_amax) bits_c = bits_r;
     else NVL_TRY(launch_amax(col, bits_c, dev));
   }
-  const uint32_t *ar = needs_amax(row) && kernel_reads_amax(row) ? bits_r : NULL;
-  const uint32_t *ac = needs_amax(col) && kernel_reads_amax(col) ? bits_c : NULL;
+  const uint32_t *ar = want_r && kernel_reads_amax(row) ? bits_r : NULL;
+  const uint32_t *ac = want_c && kernel_reads_amax(col) ? bits_c : NULL;
   if (fused) {
     if (row->kind == KIND_NVFP4 || row->kind == KIND_MX) {
       NVL_TRY(clear_swizzled(row));
@@ -713,13 +717,14 @@ static nvl_status quantize_pair(nvl_kctx *ctx, const nvl_cuda_quant_desc *row, c
     NVL_TRY(launch_quant(col, ac, dev));
   }
   uint32_t b[2] = {0, 0};
-  if (bits_r) NVL_CUDA_CHECK(cudaMemcpy(b, bits_r, sizeof b, cudaMemcpyDeviceToHost));
+  if ((want_r && amax_row) || (want_c && amax_col))
+    NVL_CUDA_CHECK(cudaMemcpy(b, bits_r, sizeof b, cudaMemcpyDeviceToHost));
   if (amax_row) {
-    if (needs_amax(row)) memcpy(amax_row, &b[0], 4);
+    if (want_r) memcpy(amax_row, &b[0], 4);
     else *amax_row = row->amax;
   }
   if (amax_col) {
-    if (needs_amax(col)) memcpy(amax_col, shared_amax ? &b[0] : &b[1], 4);
+    if (want_c) memcpy(amax_col, shared_amax ? &b[0] : &b[1], 4);
     else *amax_col = col->amax;
   }
   return NVL_OK;

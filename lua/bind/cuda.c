@@ -11,6 +11,9 @@
 #include <string.h>
 #include "bind.h"
 #include "device.h"
+#ifdef NVL_CUDA_EMU
+#include "emu_api.h"
+#endif
 
 static int raise_last(lua_State *L) { return luaL_error(L, "%s", nvl_last_error()); }
 
@@ -127,7 +130,45 @@ static int l_cuda_empty_cache(lua_State *L) {
   return 0;
 }
 
+/* core.cuda_emulated() -> a description of the CPU emulation of CUDA this build runs its CUDA backend
+ * on (-DNVLUA_CUDA=EMU), or nil in a build with real CUDA or none */
+static int l_cuda_emulated(lua_State *L) {
+#ifdef NVL_CUDA_EMU
+  lua_pushstring(L, nvl_emu_description());
+#else
+  lua_pushnil(L);
+#endif
+  return 1;
+}
+
+/* core.cuda_emu_counters() -> {launches = n, host_syncs = n, ..., kernels = {[name] = {launches, blocks,
+ * threads}}}: the emulator's counters since the process started; raises outside the emulation build */
+static int l_cuda_emu_counters(lua_State *L) {
+#ifdef NVL_CUDA_EMU
+  int64_t v, l, b, t;
+  const char *name;
+  lua_newtable(L);
+  for (int i = 0; (name = nvl_emu_counter(i, &v)) != NULL; i++) {
+    lua_pushinteger(L, (lua_Integer)v);
+    lua_setfield(L, -2, name);
+  }
+  lua_newtable(L);
+  for (int i = 0; (name = nvl_emu_kernel_counter(i, &l, &b, &t)) != NULL; i++) {
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, (lua_Integer)l); lua_setfield(L, -2, "launches");
+    lua_pushinteger(L, (lua_Integer)b); lua_setfield(L, -2, "blocks");
+    lua_pushinteger(L, (lua_Integer)t); lua_setfield(L, -2, "threads");
+    lua_setfield(L, -2, name);
+  }
+  lua_setfield(L, -2, "kernels");
+  return 1;
+#else
+  return luaL_error(L, "cuda_emu_counters: this build does not emulate CUDA (configure with -DNVLUA_CUDA=EMU)");
+#endif
+}
+
 static const luaL_Reg cuda_funcs[] = {
+  {"cuda_emulated", l_cuda_emulated}, {"cuda_emu_counters", l_cuda_emu_counters},
   {"cuda_memory", l_cuda_memory}, {"cuda_gemm_path", l_gemm_path}, {"cuda_set_sync", l_set_sync},
   {"cuda_synchronize", l_synchronize}, {"cuda_time", l_time}, {"cuda_set_poison", l_set_poison},
   {"cuda_empty_cache", l_cuda_empty_cache}, {NULL, NULL}};

@@ -33,6 +33,9 @@
 #include "bind.h"
 #include "dist.h"
 #include "device.h"
+#ifdef NVL_CUDA_EMU
+#include "emu_api.h"
+#endif
 #include "info.h"
 
 #ifndef NVLUA_VERSION
@@ -93,6 +96,9 @@ static void print_version(void) {
     int rt = nvl_device_runtime_version(NVL_CUDA); /* 1000 * major + 10 * minor */
     printf("CUDA: compiled in (runtime %d.%d, cuBLASLt %zu)\n", rt / 1000, (rt % 1000) / 10,
            nvl_device_blas_version(NVL_CUDA));
+#ifdef NVL_CUDA_EMU
+    printf("CUDA: %s\n", nvl_emu_description());
+#endif
   } else {
     printf("CUDA: not compiled in\n");
   }

@@ -8,7 +8,7 @@ local Tensor = core.Tensor            -- the metatable of every tensor
 local methods = Tensor.__methods      -- t:method() lookups land here; Lua conveniences join them
 
 nv.core = core
-nv.version = core.build_info().version
+nv.version = core.version -- not build_info(): its CUDA probe would start the CUDA runtime (see dist.init)
 nv.Tensor = methods
 
 local DTYPES = {}
@@ -203,6 +203,9 @@ nv.cuda = {
   set_sync = core.cuda_set_sync,
   memory = core.cuda_memory,
   empty_cache = core.cuda_empty_cache,
+  --- nv.cuda.emulated() -> a description when the CUDA backend runs on the CPU emulation of CUDA
+  -- (a -DNVLUA_CUDA=EMU build: results are the CPU's, not a GPU's), else nil
+  emulated = core.cuda_emulated,
 }
 
 --- nv.clock() -> monotonic wall-clock seconds

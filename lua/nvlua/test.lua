@@ -18,10 +18,19 @@ function T.case(name, fn) cases[#cases + 1] = {name = name, fn = fn} end
 function T.skip(reason) error(setmetatable({reason = reason or "skipped"}, SKIP), 0) end
 function T.is_skip(e) return getmetatable(e) == SKIP end
 
---- Skip the running case when no GPU is usable (the GPU test files' guard).
+local emulated_case = false -- the running case called need_gpu in an emulation build
+
+--- Skip the running case when no GPU is usable (the GPU test files' guard). In a build whose CUDA
+-- backend runs on the CPU emulation of CUDA (-DNVLUA_CUDA=EMU) the case runs, and its result line
+-- says "[CUDA emulated on the CPU]": it is not a GPU run.
 function T.need_gpu()
-  if not require("nvlua").cuda.available() then T.skip("no GPU") end
+  local nv = require("nvlua")
+  if not nv.cuda.available() then T.skip("no GPU") end
+  if nv.cuda.emulated() then emulated_case = true end
 end
+
+--- T.emulated() -> true when CUDA is the CPU emulation (test files use smaller sizes there).
+function T.emulated() return require("nvlua").cuda.emulated() ~= nil end
 
 --- T.with(set, value, fn, ...) -> fn(...)'s results, run with the setting set(value) (set returns
 -- the previous value), which is restored afterwards, also when fn raises.
@@ -101,19 +110,21 @@ function T.run(label, out)
   out = out or io.stdout
   local p, f, s = 0, 0, 0
   for _, c in ipairs(cases) do
+    emulated_case = false
     local ok, err = xpcall(c.fn, function(e)
       if T.is_skip(e) then return e end
       return debug.traceback(tostring(e), 2)
     end)
+    local name = emulated_case and c.name .. " [CUDA emulated on the CPU]" or c.name
     if ok then
       p = p + 1
-      out:write(string.format("ok   %s: %s\n", label, c.name))
+      out:write(string.format("ok   %s: %s\n", label, name))
     elseif T.is_skip(err) then
       s = s + 1
-      out:write(string.format("skip %s: %s (%s)\n", label, c.name, err.reason))
+      out:write(string.format("skip %s: %s (%s)\n", label, name, err.reason))
     else
       f = f + 1
-      out:write(string.format("FAIL %s: %s\n     %s\n", label, c.name, tostring(err):gsub("\n", "\n     ")))
+      out:write(string.format("FAIL %s: %s\n     %s\n", label, name, tostring(err):gsub("\n", "\n     ")))
     end
     out:flush()
   end
