@@ -328,6 +328,16 @@ NVL_UNROLL
   for (int i = 0; i < 16; i++) t[i] = f_mul(t[i], 0.25f);
 }
 
+/* rht16, then the result rounded to the operand's dtype (NUMERICS §5): T = uint16_t holds bf16, and a
+ * bf16 operand's transform is bf16 (TE's wgrad path); an f32 operand keeps the f32 result. */
+template <typename T> NVL_HD void rht16_as(float t[16], const float s[16]) {
+  rht16(t, s);
+  if (sizeof(T) == 2) {
+NVL_UNROLL
+    for (int i = 0; i < 16; i++) t[i] = bf16_bits_to_f32(f32_to_bf16_bits(t[i]));
+  }
+}
+
 /* Offset of scale (r, j) in the 128x4 swizzled layout for nb scales per row (core/backend.h nvl_swizzled_bytes). */
 NVL_HD int64_t swizzle_offset(int64_t r, int64_t j, int64_t nb) {
   int64_t ncb = (nb + 3) / 4;

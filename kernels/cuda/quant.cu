@@ -263,8 +263,8 @@ __global__ void __launch_bounds__(256) quant_unit_kernel(QParams p) {
       unit_of(p, w, r, kb);
       load_unit<T, L>(v, p, r, kb * L);
       if (p.rht) {
-        rht16(v, p.signs);
-        if (L == 32) rht16(v + 16, p.signs);
+        rht16_as<T>(v, p.signs);
+        if (L == 32) rht16_as<T>(v + 16, p.signs);
       }
     } else {
 #pragma unroll
@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(256) amax_rht_kernel(QParams p, uint32_t *out)
     unit_of(p, w, r, kb);
     float v[16];
     load_unit<T, 16>(v, p, r, kb * 16);
-    rht16(v, p.signs);
+    rht16_as<T>(v, p.signs);
 #pragma unroll
     for (int j = 0; j < 16; j++) m = max(m, abs_bits(v[j]));
   }
@@ -438,8 +438,8 @@ __global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc,
 #pragma unroll
     for (int j = 0; j < U; j++) v[j] = dir == 0 ? tile[line][(ku % UNITS) * U + j] : tile[(ku % UNITS) * U + j][line];
     if (p.rht) {
-      rht16(v, p.signs);
-      if (U == 32) rht16(v + 16, p.signs);
+      rht16_as<T>(v, p.signs);
+      if (U == 32) rht16_as<T>(v + 16, p.signs);
     }
     if (KIND == KIND_NVFP4) {
       const float amax = param_amax(p);
