@@ -1,8 +1,11 @@
 -- scripts/bench_step.lua: one training step of a ~10M-parameter Llama on the CPU, per recipe:
 -- step time, tokens/s, the share of the step spent quantizing and in GEMMs, and the GEMMs' rate
--- beside OpenBLAS's sgemm rate on the same shapes. Prints a markdown table; commit it under
+-- beside OpenBLAS's sgemm rate on the same shapes. With torch=true, the same model and step in PyTorch
+-- on the CPU (scripts/bench_step_torch.py: eager fp32, torch.compile fp32, eager with bf16 autocast) in
+-- the same invocation, and the ratios issue 17 sets goals on. Prints a markdown table; commit it under
 -- experiments/bench/ with the machine and date.
---   build/nvlua scripts/bench_step.lua [steps=5] [batch=8] [seq=128] [recipes=bf16,fp8_cs,mxfp8,nvfp4]
+--   build/nvlua scripts/bench_step.lua [steps=5] [batch=8] [seq=128] [recipes=f32,bf16,fp8_cs,mxfp8,nvfp4]
+--     [torch=false] [torch_modes=eager,compile,autocast]
 local nv = require "nvlua"
 local llama = require "nvlua.llama"
 local optim = require "nvlua.optim"
@@ -13,7 +16,8 @@ local train = require "nvlua.train"
 local config = require "nvlua.config"
 
 local cfg = config.schema({steps = config.int(5, {min = 1}), batch = config.int(8, {min = 1}),
-  seq = config.int(128, {min = 1}), recipes = config.str("f32,bf16,fp8_cs,mxfp8,nvfp4", {nonempty = true})}):parse(arg)
+  seq = config.int(128, {min = 1}), recipes = config.str("f32,bf16,fp8_cs,mxfp8,nvfp4", {nonempty = true}),
+  torch = false, torch_modes = config.str("eager,compile,autocast", {nonempty = true})}):parse(arg)
 
 local mcfg = {vocab_size = 256, hidden_size = 384, intermediate_size = 1024, num_hidden_layers = 6,
   num_attention_heads = 6, num_key_value_heads = 2, max_position_embeddings = cfg.seq}
@@ -80,6 +84,7 @@ print("")
 print("| recipe | step ms | tokens/s | quantize % | GEMM % | GEMM GFLOP/s | GEMM / sgemm | vs bf16 step |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 local bf16_ms
+local step_ms = {} -- recipe -> median step ms
 local flops_gemm = 6 * tokens * (6 * (384 * 64 * (6 * 2 + 2 * 2) + 3 * 384 * 1024) + 384 * 256)
 for r in cfg.recipes:gmatch("[^,]+") do
   local model = llama.Llama(mcfg, {recipe = recipe[r](), seed = 1})
@@ -104,12 +109,54 @@ for r in cfg.recipes:gmatch("[^,]+") do
   local m = order[(#order + 1) // 2]
   local ms = times[m] * 1000
   if r == "bf16" then bf16_ms = ms end
+  step_ms[r] = ms
   print(string.format("| %s | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f | %s |", r, ms, tokens / times[m], 100 * tq[m] / times[m],
     100 * tg[m] / times[m], flops_gemm / tg[m] / 1e9, flops_gemm / tg[m] / peak,
     bf16_ms and string.format("%.2fx", ms / bf16_ms) or "-"))
   model = nil
   collectgarbage()
 end
+
+-- PyTorch's step on the same model, in this run; its rows and the ratios of issue 17's goals
+local torch_ms = {}
+if cfg.torch then
+  local here = (arg[0] or "scripts/bench_step.lua"):match("^(.*)/[^/]*$") or "scripts"
+  local cmd = string.format("python3 %s/bench_step_torch.py --batch %d --seq %d --steps %d --modes %s 2>&1", here,
+    cfg.batch, cfg.seq, cfg.steps, cfg.torch_modes)
+  local p = assert(io.popen(cmd))
+  local info
+  for line in p:lines() do
+    local mode, v = line:match("^torch (%S+) (%S+)")
+    if line:match("^torch_info ") then info = line:sub(12)
+    elseif mode and tonumber(v) then torch_ms[mode] = tonumber(v)
+    elseif mode then print(string.format("| PyTorch %s | failed: %s | | | | | | |", mode, line:match("FAILED (.*)") or v)) end
+  end
+  p:close()
+  local names = {eager = "PyTorch eager f32", compile = "PyTorch torch.compile f32", autocast = "PyTorch eager bf16 autocast"}
+  for mode in cfg.torch_modes:gmatch("[^,]+") do
+    local ms = torch_ms[mode]
+    if ms then
+      print(string.format("| %s | %.0f | %.0f | | | | | %s |", names[mode] or mode, ms, tokens / ms * 1000,
+        bf16_ms and string.format("%.2fx", ms / bf16_ms) or "-"))
+    end
+  end
+  print("")
+  print("PyTorch: " .. tostring(info or "did not run (see the rows above)"))
+end
 print("")
 print(string.format("parameters: %.2fM; GEMM FLOPs per step %.2f G (6 x tokens x GEMM parameters)",
   llama.Llama(mcfg):num_parameters() / 1e6, flops_gemm / 1e9))
+if torch_ms.autocast then
+  local function ratio(r, what)
+    if step_ms[r] then
+      print(string.format("- nvlua %s step / PyTorch %s: %.2f", r, what, step_ms[r] / torch_ms[what]))
+    end
+  end
+  print("")
+  print("Ratios measured in this run (issue 17's goals: nvfp4/autocast <= 1, bf16/autocast <= 1/1.2 = 0.83,")
+  print("f32/compile <= 1, nvfp4/bf16 <= 1.15):")
+  ratio("nvfp4", "autocast")
+  ratio("bf16", "autocast")
+  if torch_ms.compile then ratio("f32", "compile") end
+  if step_ms.nvfp4 and step_ms.bf16 then print(string.format("- nvlua nvfp4 / nvlua bf16: %.2f", step_ms.nvfp4 / step_ms.bf16)) end
+end
