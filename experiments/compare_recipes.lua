@@ -2,9 +2,13 @@
 -- and seed trained under bf16, fp8 (current scaling), mxfp8, nvfp4 (the paper's recipe), mxfp4
 -- (the same recipe in OCP MXFP4), and the nvfp4 ablations — no RHT, no stochastic rounding, no
 -- 2D weight blocks, every layer in nvfp4.
--- Prints a table of final validation loss, the gap to bf16 in %, and tokens/s, writes it to
--- <out>/results.md and draws one overlay plot of the validation (and training) loss.
---   nvlua experiments/compare_recipes.lua [steps=150] [only=bf16,nvfp4] [key=value ...]
+-- With seeds=N each recipe trains N times, seeds seed, seed+1, ... (model init, data order and SR
+-- draws all follow it, the same seeds for every recipe): the table gives each recipe's mean final
+-- validation loss, the seeds' standard deviation, the mean gap to bf16 and that gap's spread over
+-- the seeds (each seed's loss minus bf16's on the same seed: the seed's effect cancels), so a
+-- recipe effect can be told from noise. Writes the table to <out>/results.md and draws one overlay
+-- plot of the validation loss (the seeds' mean per recipe).
+--   nvlua experiments/compare_recipes.lua [steps=150] [seeds=1] [only=bf16,nvfp4] [key=value ...]
 local nv = require "nvlua"
 local train = require "nvlua.train"
 local config = require "nvlua.config"
@@ -28,6 +32,7 @@ local c = config.parse(train.schema, arg, {
   seq = 128, batch = 8, steps = 150, lr = 3e-3, min_lr = 3e-4, warmup = 15, schedule = "wsd", decay = 0.25,
   eval_every = 25, eval_batches = 4, log_every = 25, sample_tokens = 0, plot = false, save = false, quiet = true,
   overwrite = true, -- a rerun redoes the sweep's runs
+  seeds = config.int(1, {min = 1, doc = "seeds per recipe: seed, seed+1, ... (init, data order, SR)"}),
   only = config.str("", {doc = "comma-separated run names (empty: all)", check = function(v)
     for name in v:gmatch("[^,]+") do
       local known = false
@@ -50,35 +55,82 @@ for _, r in ipairs(runs) do
 end
 
 local results, series = {}, {}
-for i, r in ipairs(chosen) do
-  local rc = {}
-  for k, v in pairs(c) do rc[k] = v end
-  rc.only = nil
-  for k, v in pairs(r) do if k ~= "name" then rc[k] = v end end
-  rc.out = c.out .. "/" .. r.name:gsub("[^%w]+", "_")
-  io.write(string.format("[%d/%d] %-18s ", i, #chosen, r.name))
-  io.flush()
-  local t0 = nv.clock()
-  local s = train.run(rc, train.build(rc))
-  results[#results + 1] = {name = r.name, val = s.final_val_loss, tps = s.tokens_per_s, secs = nv.clock() - t0}
-  print(string.format("val loss %.4f  %6.0f tok/s  %5.0f s", s.final_val_loss or 0 / 0, s.tokens_per_s, nv.clock() - t0))
+local total, done = #chosen * c.seeds, 0
+for _, r in ipairs(chosen) do
+  local res = {name = r.name, vals = {}, tps = 0}
+  local curves = {} -- step -> list of val losses over the seeds
+  for k = 0, c.seeds - 1 do
+    local rc = {}
+    for key, v in pairs(c) do rc[key] = v end
+    rc.only, rc.seeds = nil, nil
+    for key, v in pairs(r) do if key ~= "name" then rc[key] = v end end
+    rc.seed, rc.data_seed = c.seed + k, c.data_seed + k
+    rc.out = c.out .. "/" .. r.name:gsub("[^%w]+", "_") .. (c.seeds > 1 and ("_s" .. rc.seed) or "")
+    done = done + 1
+    io.write(string.format("[%d/%d] %-18s seed %d  ", done, total, r.name, rc.seed))
+    io.flush()
+    local t0 = nv.clock()
+    local s = train.run(rc, train.build(rc))
+    res.vals[#res.vals + 1] = s.final_val_loss or 0 / 0
+    res.tps = res.tps + s.tokens_per_s / c.seeds
+    print(string.format("val loss %.4f  %6.0f tok/s  %5.0f s", s.final_val_loss or 0 / 0, s.tokens_per_s, nv.clock() - t0))
+    for _, p in ipairs(s.val) do
+      curves[p[1]] = curves[p[1]] or {}
+      table.insert(curves[p[1]], p[2])
+    end
+  end
   local vx, vy = {}, {}
-  for _, p in ipairs(s.val) do vx[#vx + 1] = p[1]; vy[#vy + 1] = p[2] end
-  series[#series + 1] = {title = r.name .. " (val)", x = vx, y = vy}
+  for step in pairs(curves) do vx[#vx + 1] = step end
+  table.sort(vx)
+  for i, step in ipairs(vx) do
+    local m = 0
+    for _, v in ipairs(curves[step]) do m = m + v / #curves[step] end
+    vy[i] = m
+  end
+  series[#series + 1] = {title = r.name .. (c.seeds > 1 and " (val, mean of seeds)" or " (val)"), x = vx, y = vy}
+  results[#results + 1] = res
+end
+
+-- mean and sample standard deviation (0 for one value)
+local function stats(l)
+  local m = 0
+  for _, v in ipairs(l) do m = m + v / #l end
+  local ss = 0
+  for _, v in ipairs(l) do ss = ss + (v - m) ^ 2 end
+  return m, #l > 1 and math.sqrt(ss / (#l - 1)) or 0
 end
 
 local base
-for _, r in ipairs(results) do if r.name == "bf16" then base = r.val end end
+for _, r in ipairs(results) do if r.name == "bf16" then base = r end end
 local lines = {
-  string.format("steps %d, batch %d x seq %d, %d layers, hidden %d, data %s, seed %d", c.steps, c.batch, c.seq, c.layers,
-    c.hidden, c.data, c.seed),
+  string.format("steps %d, batch %d x seq %d, %d layers, hidden %d, data %s, %s", c.steps, c.batch, c.seq, c.layers,
+    c.hidden, c.data, c.seeds > 1 and string.format("seeds %d..%d (init, data order, SR)", c.seed, c.seed + c.seeds - 1)
+      or string.format("seed %d", c.seed)),
   "",
-  "| recipe | final val loss | gap to bf16 | tokens/s |",
-  "|---|---:|---:|---:|",
 }
+if c.seeds > 1 then
+  lines[#lines + 1] = "| recipe | final val loss, mean | std over seeds | gap to bf16, mean | gap std (paired) | tokens/s |"
+  lines[#lines + 1] = "|---|---:|---:|---:|---:|---:|"
+else
+  lines[#lines + 1] = "| recipe | final val loss | gap to bf16 | tokens/s |"
+  lines[#lines + 1] = "|---|---:|---:|---:|"
+end
 for _, r in ipairs(results) do
-  lines[#lines + 1] = string.format("| %s | %.4f | %s | %.0f |", r.name, r.val or 0 / 0,
-    base and string.format("%+.2f%%", 100 * (r.val - base) / base) or "-", r.tps)
+  local m, sd = stats(r.vals)
+  if c.seeds > 1 then
+    local gm, gsd = "-", "-"
+    if base then
+      local gaps = {}
+      for k, v in ipairs(r.vals) do gaps[k] = 100 * (v - base.vals[k]) / base.vals[k] end
+      local a, b = stats(gaps)
+      gm, gsd = string.format("%+.2f%%", a), string.format("%.2f%%", b)
+    end
+    lines[#lines + 1] = string.format("| %s | %.4f | %.4f | %s | %s | %.0f |", r.name, m, sd, gm, gsd, r.tps)
+  else
+    local bm = base and stats(base.vals)
+    lines[#lines + 1] = string.format("| %s | %.4f | %s | %.0f |", r.name, m,
+      bm and string.format("%+.2f%%", 100 * (m - bm) / bm) or "-", r.tps)
+  end
 end
 print("")
 for _, l in ipairs(lines) do print(l) end
