@@ -162,7 +162,8 @@ local function within(got, ref, bound, ub, what)
       local d, b = math.abs(g[i][j] - r[i][j]), bound[i][j]
       if ub then b = b + ub * (math.abs(g[i][j]) + math.abs(r[i][j])) / (1 - ub) end
       if not (d <= b) then
-        error(string.format("%s: [%d,%d] %.9g vs %.9g, |diff| %.3g > bound %.3g", what, i, j, g[i][j], r[i][j], d, b), 2)
+        error(string.format("%s: [%d,%d] %.9g vs %.9g, |diff| %.3g > bound %.3g", what, i, j, g[i][j], r[i][j],
+          d, b), 2)
       end
     end
   end
