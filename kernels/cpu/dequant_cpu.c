@@ -1,4 +1,7 @@
 /* dequant_cpu.c: table-driven decoders (see dequant_cpu.h). */
+#include <pthread.h>
+#include <string.h>
+
 #include "cpu/dequant_cpu.h"
 
 #define NVL_DEQ_OMP_MIN 65536
@@ -55,4 +58,89 @@ void nvl_nvfp4_decode_unscaled_cpu(float *y, const uint8_t *packed, const uint8_
       o[2 * j + 1] = ev[p[j] >> 4] * s;
     }
   }
+}
+
+/* ---- straight into bf16 (the bf16 GEMM path) ------------------------------------------------- */
+
+/* f's bf16 bits, f being exactly representable in bf16 (a NaN stays a quiet NaN) */
+static inline uint16_t exact_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16) | ((u & 0x7fffffffu) > 0x7f800000u ? 0x40 : 0);
+}
+
+void nvl_fp8_decode_bf16_cpu(uint16_t *y, const uint8_t *codes, int64_t n, nvl_elem elem) {
+  float t[256];
+  uint16_t h[256];
+  elem_table(t, elem);
+  for (int c = 0; c < 256; c++) h[c] = exact_bf16(t[c]);
+#pragma omp parallel for if (n > NVL_DEQ_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) y[i] = h[codes[i]];
+}
+
+void nvl_mx_decode_bf16_cpu(uint16_t *y, const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t K,
+                            nvl_elem elem) {
+  float t[256], e[256];
+  elem_table(t, elem);
+  for (int c = 0; c < 256; c++) e[c] = nvl_e8m0_decode_ref((uint8_t)c);
+  int64_t nb = rows * (K / 32);
+  if (elem == NVL_ELEM_E2M1) { /* packed: two codes per byte, the lower index in the low nibble */
+#pragma omp parallel for if (rows * K > NVL_DEQ_OMP_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+      float s = e[scales[b]];
+      const uint8_t *p = codes + b * 16;
+      for (int j = 0; j < 16; j++) {
+        y[b * 32 + 2 * j] = exact_bf16(t[p[j] & 15] * s);
+        y[b * 32 + 2 * j + 1] = exact_bf16(t[p[j] >> 4] * s);
+      }
+    }
+    return;
+  }
+#pragma omp parallel for if (rows * K > NVL_DEQ_OMP_MIN)
+  for (int64_t b = 0; b < nb; b++) {
+    float s = e[scales[b]];
+    for (int j = 0; j < 32; j++) y[b * 32 + j] = exact_bf16(t[codes[b * 32 + j]] * s);
+  }
+}
+
+static uint16_t nvfp4_bf16[256 * 16]; /* [ue4m3 scale byte][e2m1 code]: their product in bf16 */
+
+static void nvfp4_bf16_init(void) {
+  for (int s = 0; s < 256; s++)
+    for (int c = 0; c < 16; c++)
+      nvfp4_bf16[s * 16 + c] = exact_bf16(nvl_e2m1_decode_ref((uint8_t)c) * nvl_ue4m3_decode_ref((uint8_t)s));
+}
+
+void nvl_nvfp4_decode_unscaled_bf16_cpu(uint16_t *y, const uint8_t *packed, const uint8_t *scales, int64_t rows,
+                                        int64_t K) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, nvfp4_bf16_init);
+  int64_t nb = rows * (K / 16);
+#pragma omp parallel for if (rows * K > NVL_DEQ_OMP_MIN)
+  for (int64_t b = 0; b < nb; b++) {
+    const uint16_t *h = nvfp4_bf16 + scales[b] * 16;
+    const uint8_t *p = packed + b * 8;
+    uint16_t *o = y + b * 16;
+    for (int j = 0; j < 8; j++) {
+      o[2 * j] = h[p[j] & 15];
+      o[2 * j + 1] = h[p[j] >> 4];
+    }
+  }
+}
+
+int nvl_u8_min_cpu(const uint8_t *x, int64_t n) {
+  int m = 255;
+#pragma omp parallel for reduction(min : m) if (n > NVL_DEQ_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) m = x[i] < m ? x[i] : m;
+  return m;
+}
+
+int nvl_bf16_exp_min_cpu(const uint16_t *x, int64_t n) {
+  int m = 255;
+#pragma omp parallel for reduction(min : m) if (n > NVL_DEQ_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    int e = (x[i] & 0x7fff) ? (x[i] >> 7) & 0xff : 255;
+    m = e < m ? e : m;
+  }
+  return m;
 }

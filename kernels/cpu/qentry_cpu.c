@@ -1,14 +1,17 @@
 /* qentry_cpu.c: the quantization entries of the CPU table (core/backend.h): per scale kind a
  * quantize driver (x gathered into the blocked layout in cache tiles, the fast RHT, the fast
  * quantizer of quant_cpu.c), a table-driven decoder (dequant_cpu.c), and the emulated GEMM of
- * core/NUMERICS.md §7: operands decoded without their global factors (exact in fp32), one OpenBLAS sgemm,
- * the product of the global factors applied after in fp32. Every entry is bit-identical to its
+ * core/NUMERICS.md §7: operands decoded without their global factors (exact in fp32, and in bf16
+ * within the range checked below), one GEMM — bf16 x bf16 on the CPU's bf16 units through oneDNN
+ * (gemm_bf16_cpu.c) where it computes the same products, else OpenBLAS sgemm — and the product of
+ * the global factors applied after in fp32. Every entry is bit-identical to its
  * twin in kernels/cpu/ref/qentry_ref.c (the GEMM: within fp32 summation-order error).
  * Not here: validation and allocation of the outputs (core/quant.c). */
 #include <math.h>
 #include <string.h>
 
 #include "cpu/dequant_cpu.h"
+#include "cpu/gemm_bf16_cpu.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/qentry_cpu.h"
 #include "cpu/quant_cpu.h"
@@ -138,29 +141,113 @@ nvl_status nvl_dequantize_nvfp4_cpu(nvl_kctx *ctx, float *y, const nvl_qview *q,
 
 /* ---- GEMM ----------------------------------------------------------------------------------- */
 
+/* The bf16 path (gemm_bf16_cpu.h) multiplies the same values as sgemm and sums the products in
+ * fp32, but the bf16 units flush subnormal inputs, products and partial sums to zero. It runs only
+ * when that cannot happen: with 2^lo the lowest bit any decoded value of an operand can hold and
+ * 2^mag its smallest nonzero magnitude, mag_a, mag_b >= -126 puts every value in bf16's normal
+ * range (where a value of at most 8 significant bits is exact), and lo_a + lo_b >= -126 makes every
+ * product and every partial sum a multiple of 2^-126, so zero or normal. Per format: fp8 codes
+ * lo = mag = -9 (e4m3) / -16 (e5m2); nvfp4 (e2m1 x ue4m3) -10; mx: the element's lowest bit (e2m1
+ * -1, e4m3 -9, e5m2 -16) plus the smallest block scale's exponent (a scan of the scales); bf16:
+ * from the smallest exponent field (a scan of the values). f32 operands stay on sgemm. */
+typedef struct {
+  int lo, mag;
+} bf16_range;
+
+#define NVL_NO_VALUES 1000 /* an operand without a finite nonzero value: no constraint */
+
+static int range_of(const nvl_qview *q, bf16_range *r) {
+  nvl_dtype f = q->format;
+  int64_t n = q->rows * q->K;
+  switch (f) {
+  case NVL_E4M3: case NVL_E5M2: case NVL_NVFP4:
+    r->lo = r->mag = f == NVL_E4M3 ? -9 : f == NVL_E5M2 ? -16 : -10;
+    return 1;
+  case NVL_MXFP8_E4M3: case NVL_MXFP8_E5M2: case NVL_MXFP4: {
+    int s = nvl_u8_min_cpu(q->scales, n / 32), low = f == NVL_MXFP4 ? -1 : f == NVL_MXFP8_E4M3 ? -9 : -16;
+    r->lo = r->mag = s == 255 ? NVL_NO_VALUES : s - 127 + low; /* 255: NaN scales only */
+    return 1;
+  }
+  case NVL_BF16: {
+    int e = nvl_bf16_exp_min_cpu(q->codes, n);
+    r->lo = e == 255 ? NVL_NO_VALUES : e - 127 - 7;
+    r->mag = e == 255 ? NVL_NO_VALUES : e == 0 ? -127 : e - 127;
+    return 1;
+  }
+  default: return 0;
+  }
+}
+
+/* 1: this GEMM runs on the bf16 path (oneDNN there, the CPU's bf16 units, every value in range) */
+static int use_bf16(const nvl_qview *qa, const nvl_qview *qb) {
+  bf16_range a, b;
+  if (qa->rows <= 0 || qb->rows <= 0 || qa->K <= 0 || !nvl_gemm_bf16_ready()) return 0;
+  if (!range_of(qa, &a) || !range_of(qb, &b)) return 0;
+  return a.mag >= -126 && b.mag >= -126 && a.lo + b.lo >= -126;
+}
+
+/* y (nr, K) bf16 = rows [r0, r0 + nr) of q decoded without global factors (exact, see above) */
+static void decode_bf16(uint16_t *y, const nvl_qview *q, int64_t r0, int64_t nr) {
+  int64_t K = q->K;
+  nvl_elem e = (nvl_elem)nvl_dtypes[q->format].elem;
+  const uint8_t *c = q->codes;
+  switch (q->format) {
+  case NVL_BF16: memcpy(y, (const uint16_t *)q->codes + r0 * K, (size_t)(nr * K) * sizeof(uint16_t)); break;
+  case NVL_E4M3: case NVL_E5M2: nvl_fp8_decode_bf16_cpu(y, c + r0 * K, nr * K, e); break;
+  case NVL_NVFP4: nvl_nvfp4_decode_unscaled_bf16_cpu(y, c + r0 * (K / 2), q->scales + r0 * (K / 16), nr, K); break;
+  default: nvl_mx_decode_bf16_cpu(y, c + nvl_code_bytes(q->format, r0 * K), q->scales + r0 * (K / 32), nr, K, e);
+  }
+}
+
+/* Operand storage of qgemm_into: decoded f32 (sgemm) or bf16, or a bf16 operand's own codes. */
+typedef struct {
+  const nvl_qview *q;
+  int bf16, direct; /* direct: q's codes are the bf16 operand, no copy */
+  void *buf;        /* (rows of a chunk, K) scratch, or NULL when direct */
+} operand;
+
+static nvl_status operand_init(nvl_kctx *ctx, operand *o, const nvl_qview *q, int bf16, int64_t rows) {
+  *o = (operand){.q = q, .bf16 = bf16, .direct = bf16 && q->format == NVL_BF16};
+  if (o->direct) return NVL_OK;
+  return ctx->scratch(ctx, (size_t)(rows * q->K + 1) * (bf16 ? sizeof(uint16_t) : sizeof(float)), &o->buf);
+}
+
+/* the operand's rows [r0, r0 + nr), decoded unscaled */
+static nvl_status operand_rows(nvl_kctx *ctx, operand *o, int64_t r0, int64_t nr, const void **p) {
+  if (o->direct) *p = (const uint16_t *)o->q->codes + r0 * o->q->K;
+  else if (o->bf16) decode_bf16(o->buf, o->q, r0, nr);
+  else NVL_TRY(nvl_backend_cpu.formats[o->q->format].dequantize(ctx, o->buf, o->q, r0, nr, 1));
+  if (!o->direct) *p = o->buf;
+  return NVL_OK;
+}
+
 /* y (M, N, row stride ldy) = alpha · A·Bᵀ, or, with acc, y += that: A decoded once, B in chunks of
  * rows (a 128k-row LM head never becomes one full-size f32 copy); with acc the chunk's product goes
- * through a scratch of at most ~16 MB so the sum rounds exactly as a separate add would. */
+ * through a scratch of at most ~16 MB so the sum rounds exactly as a separate add would. The
+ * product runs on the bf16 path when use_bf16 says so, else on sgemm. */
 static nvl_status qgemm_into(nvl_kctx *ctx, float *y, int64_t ldy, const nvl_qview *qa, const nvl_qview *qb, int acc) {
   int64_t M = qa->rows, N = qb->rows, K = qa->K;
-  const nvl_format_kernels *fa = &nvl_backend_cpu.formats[qa->format], *fb = &nvl_backend_cpu.formats[qb->format];
+  int bf16 = use_bf16(qa, qb);
   int64_t chunk = (int64_t)(1 << 22) / (K > 0 ? K : 1);
   if (acc && M > 0 && (int64_t)(1 << 22) / M < chunk) chunk = (int64_t)(1 << 22) / M;
   if (chunk < 64) chunk = 64;
   if (chunk > N) chunk = N;
   if (chunk < 1) chunk = 1;
-  float *a, *b, *sc = NULL; /* (M, K), (chunk, K), acc: (M, chunk) */
-  NVL_TRY(ctx->scratch(ctx, (size_t)(M * K + 1) * sizeof(float), (void **)&a));
-  NVL_TRY(ctx->scratch(ctx, (size_t)(chunk * K + 1) * sizeof(float), (void **)&b));
+  operand a, b;
+  float *sc = NULL; /* acc: (M, chunk) */
+  NVL_TRY(operand_init(ctx, &a, qa, bf16, M));
+  NVL_TRY(operand_init(ctx, &b, qb, bf16, chunk));
   if (acc) NVL_TRY(ctx->scratch(ctx, (size_t)(M * chunk + 1) * sizeof(float), (void **)&sc));
-  NVL_TRY(fa->dequantize(ctx, a, qa, 0, M, 1));
+  const void *pa = NULL, *pb = NULL;
+  NVL_TRY(operand_rows(ctx, &a, 0, M, &pa));
   float alpha = qa->alpha * qb->alpha;
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     int64_t nr = N - n0 < chunk ? N - n0 : chunk;
-    NVL_TRY(fb->dequantize(ctx, b, qb, n0, nr, 1));
+    NVL_TRY(operand_rows(ctx, &b, n0, nr, &pb));
     float *dst = acc ? sc : y + n0;
     int64_t ld = acc ? nr : ldy;
-    nvl_matmul_f32_abt_cpu(dst, ld, a, b, M, nr, K);
+    if (bf16) NVL_TRY(nvl_gemm_bf16_abt_cpu(dst, ld, pa, pb, M, nr, K));
+    else nvl_matmul_f32_abt_cpu(dst, ld, pa, pb, M, nr, K);
 #pragma omp parallel for if (M * nr > 65536)
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < nr; j++) {
@@ -170,6 +257,7 @@ static nvl_status qgemm_into(nvl_kctx *ctx, float *y, int64_t ldy, const nvl_qvi
         else dst[i * ld + j] = v;
       }
   }
+  nvl_cpu_gemm_route_count(bf16 ? NVL_CPU_GEMM_BF16 : NVL_CPU_GEMM_SGEMM);
   return NVL_OK;
 }
 

@@ -1,7 +1,7 @@
 /* qentry_cpu.h: the quantization entries of the CPU table (kernels/cpu/qentry_cpu.c), bit for bit
  * their reference twins: one quantize driver and one decoder per scale kind, generic over the
- * element codec and block length of the format's traits row, and the emulated GEMM (OpenBLAS) on
- * decoded operands. Signatures as in core/backend.h (nvl_format_kernels). */
+ * element codec and block length of the format's traits row, and the emulated GEMM (oneDNN bf16 or
+ * OpenBLAS sgemm) on decoded operands. Signatures as in core/backend.h (nvl_format_kernels). */
 #ifndef NVL_QENTRY_CPU_H
 #define NVL_QENTRY_CPU_H
 #include "backend.h"
@@ -21,7 +21,8 @@ nvl_status nvl_dequantize_mx_cpu(nvl_kctx *ctx, float *y, const nvl_qview *q, in
 nvl_status nvl_dequantize_nvfp4_cpu(nvl_kctx *ctx, float *y, const nvl_qview *q, int64_t r0, int64_t nr,
                                     int unscaled);
 
-/* out = alpha_a alpha_b A B^T: operands decoded without global factors, sgemm, factors after (NUMERICS §7) */
+/* out = alpha_a alpha_b A B^T: operands decoded without global factors, bf16 GEMM or sgemm, factors after
+ * (NUMERICS §7) */
 nvl_status nvl_qgemm_cpu(nvl_kctx *ctx, const nvl_gemm_desc *g);
 /* the RHT of every 16-chunk (nvl_rht16_rows_cpu) */
 nvl_status nvl_rht_cpu(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs);

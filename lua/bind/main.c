@@ -7,7 +7,7 @@
  *   - `lfs`, `cjson` and `nvlua.core` are preloaded, so they need no module path;
  *   - package.path starts with the nvlua Lua library (next to the binary, installed, or in the
  *     source tree) and, unless -E, with $NVLUA_PATH;
- *   - -v also reports the nvlua version, BLAS and CUDA;
+ *   - -v also reports the nvlua version, BLAS, oneDNN and CUDA;
  *   - the REPL (repl.c, nvl_repl_run) defines `nv` and `help` first, has readline editing,
  *     history and completion, and survives Ctrl-C at the prompt; this file runs its statements
  *     (nvl_main_docall) and keeps the Ctrl-C handling of running code;
@@ -77,7 +77,7 @@ static void print_usage(const char *badoption) {
           "  -i        enter interactive mode after executing 'script'\n"
           "  -l mod    require library 'mod' into global 'mod'\n"
           "  -l g=mod  require library 'mod' into global 'g'\n"
-          "  -v        show version information (Lua, nvlua, BLAS, CUDA, GPUs)\n"
+          "  -v        show version information (Lua, nvlua, BLAS, oneDNN, CUDA, GPUs)\n"
           "  -E        ignore environment variables\n"
           "  -W        turn warnings on\n"
           "  --        stop handling options\n"
@@ -92,6 +92,7 @@ static void print_version(void) {
   printf("%s\n", LUA_COPYRIGHT);
   printf("nvlua %s\n", NVLUA_VERSION);
   printf("BLAS: %s\n", blas ? blas : "unknown");
+  printf("bf16 GEMMs: %s\n", nvl_dnnl_info());
   if (nvl_device_compiled(NVL_CUDA)) {
     int rt = nvl_device_runtime_version(NVL_CUDA); /* 1000 * major + 10 * minor */
     printf("CUDA: compiled in (runtime %d.%d, cuBLASLt %zu)\n", rt / 1000, (rt % 1000) / 10,

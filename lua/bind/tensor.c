@@ -800,6 +800,7 @@ static int l_build_info(lua_State *L) {
   lua_createtable(L, 0, 6);
   lua_pushstring(L, NVLUA_VERSION); lua_setfield(L, -2, "version");
   lua_pushstring(L, nvl_blas_info()); lua_setfield(L, -2, "blas");
+  lua_pushstring(L, nvl_dnnl_info()); lua_setfield(L, -2, "dnnl");
   lua_pushboolean(L, nvl_device_compiled(NVL_CUDA)); lua_setfield(L, -2, "cuda_compiled");
   lua_pushinteger(L, nvl_device_runtime_version(NVL_CUDA)); lua_setfield(L, -2, "cuda_runtime");
   lua_pushinteger(L, (lua_Integer)nvl_device_blas_version(NVL_CUDA)); lua_setfield(L, -2, "cublaslt");
@@ -871,6 +872,30 @@ static int l_use_reference(lua_State *L) {
   return 1;
 }
 
+/* core.gemm_bf16([on]) -> the previous setting, whether the path can run now: the CPU's emulated
+ * GEMMs on its bf16 units through oneDNN (where their values allow, else sgemm); on = false keeps
+ * them on sgemm (as NVLUA_DNNL=0 does from the start). */
+static int l_gemm_bf16(lua_State *L) {
+  int on = -1;
+  if (!lua_isnoneornil(L, 1)) {
+    luaL_checktype(L, 1, LUA_TBOOLEAN);
+    on = lua_toboolean(L, 1);
+  }
+  lua_pushboolean(L, nvl_cpu_gemm_bf16_switch(on));
+  lua_pushboolean(L, nvl_cpu_gemm_bf16_ready());
+  return 2;
+}
+
+/* core.gemm_paths() -> {bf16 = n, sgemm = n}: how many CPU emulated GEMMs ran on each path */
+static int l_gemm_paths(lua_State *L) {
+  int64_t b, s;
+  nvl_cpu_gemm_paths(&b, &s);
+  lua_createtable(L, 0, 2);
+  lua_pushinteger(L, (lua_Integer)b); lua_setfield(L, -2, "bf16");
+  lua_pushinteger(L, (lua_Integer)s); lua_setfield(L, -2, "sgemm");
+  return 1;
+}
+
 static const luaL_Reg tensor_methods[] = {
   {"size", l_size}, {"stride", l_stride}, {"dim", l_dim}, {"numel", l_numel}, {"dtype", l_dtype},
   {"device", l_device}, {"is_contiguous", l_is_contiguous}, {"is_freed", l_is_freed},
@@ -900,7 +925,7 @@ static const luaL_Reg module_funcs[] = {
   {"randn_", l_randn_}, {"Generator", l_generator}, {"default_generator", l_default_generator},
   {"manual_seed", l_manual_seed}, {"philox", l_philox}, {"memory", l_memory},
   {"cuda_available", l_cuda_available}, {"cuda_devices", l_cuda_devices}, {"build_info", l_build_info},
-  {"dtypes", l_dtypes}, {"formats", l_formats}, {"use_reference", l_use_reference}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"reset_peak_memory", l_reset_peak}, {"from_bytes", l_from_bytes}, {"from_f16_bytes", l_from_f16_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
+  {"dtypes", l_dtypes}, {"formats", l_formats}, {"use_reference", l_use_reference}, {"gemm_bf16", l_gemm_bf16}, {"gemm_paths", l_gemm_paths}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"reset_peak_memory", l_reset_peak}, {"from_bytes", l_from_bytes}, {"from_f16_bytes", l_from_f16_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
 
 int luaopen_nvlua_core(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);
