@@ -213,3 +213,27 @@ T.case("flash attention forward on cuda vs the reference (causal, GQA, D 64 and 
     end)
   end
 end)
+
+T.case("flash attention backward on cuda vs the reference (causal, GQA, D 64 and 128, ragged tiles)", function()
+  need_gpu()
+  nv.manual_seed(12)
+  for _, sh in ipairs(SIZES) do
+    local B, Tn, Hq, Hkv, D = table.unpack(sh)
+    local what = string.format("(B %d, T %d, Hq %d, Hkv %d, D %d)", B, Tn, Hq, Hkv, D)
+    local scale = 1 / math.sqrt(D)
+    local x, d = inputs(sh, true)
+    local out, lse = ref(core.attention_forward, x.q, x.k, x.v, scale)
+    local dq, dk, dv = ref(core.attention_backward, x.dout, x.q, x.k, x.v, out, lse, scale)
+    x.lse, x.out = lse, out
+    local _, bq, bk, bv = bounds(x, scale, true, true)
+    poisoned(function()
+      local o, l = core.cuda_flash_attention(d.q, d.k, d.v, scale)
+      local gq, gk, gv = core.cuda_flash_attention_backward(d.dout, d.q, d.k, d.v, o, l, scale)
+      T.eq({ gq:dtype(), gk:dtype(), gv:dtype() }, { "bf16", "bf16", "bf16" }, "gradients are bf16")
+      local rq = within(gq, dq, bq, "flash dq " .. what)
+      local rk = within(gk, dk, bk, "flash dk " .. what)
+      local rv = within(gv, dv, bv, "flash dv " .. what)
+      print(string.format("  %s: error / bound <= dq %.3f, dk %.3f, dv %.3f", what, rq, rk, rv))
+    end)
+  end
+end)
