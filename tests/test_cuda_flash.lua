@@ -119,12 +119,15 @@ local function mask(Tn, causal)
 end
 
 -- Per-element bounds as flat tables (B, T, H, D), from the bound formulas above.
-local function bounds(x, scale, causal, backward)
+-- refk: 1 against the double-precision reference; 2 against the f32 dense reference (dense_ref), whose
+-- own scores, exps and sums carry the same ep and ea.
+local function bounds(x, scale, causal, backward, refk)
+  refk = refk or 1
   local B, Tn, Hq, D = table.unpack(x.q:size())
   local Hkv = x.k:size()[3]
   local u, u8 = 2 ^ -24, 2 ^ -8
   local mk = mask(Tn, causal)
-  local ea = (Tn + D + 16) * u
+  local ea = refk * (Tn + D + 16) * u
   local bo, bq = nv.zeros(B, Tn, Hq, D), nv.zeros(B, Tn, Hq, D)
   local bk, bv = nv.zeros(B, Tn, Hkv, D), nv.zeros(B, Tn, Hkv, D)
   local eps = 0 -- the largest ep
@@ -133,7 +136,7 @@ local function bounds(x, scale, causal, backward)
       local g = (h - 1) // (Hq // Hkv) + 1
       local q, k, v = head(x.q, b, h), head(x.k, b, g), head(x.v, b, g)
       local M = q:abs():matmul(k:abs():t()):max()
-      local ep = 2 * (D + 2) * u * scale * M + 8 * u
+      local ep = refk * (2 * (D + 2) * u * scale * M + 8 * u)
       eps = math.max(eps, ep)
       local lse = x.lse:select(1, b):select(1, h):contiguous():reshape(Tn, 1)
       local P = (q:matmul(k:t()) * scale + mk - lse):exp() -- (T, T), 0 where masked
@@ -209,7 +212,6 @@ T.case("flash attention forward on cuda vs the reference (causal, GQA, D 64 and 
       -- lse = m + log l: l sums p (off by ep) in fp32 (ea): |d lse| <= ep + ea + 2 u |lse| (absolute)
       local r = within(o, out, bo, "flash out " .. what)
       within(l, lse, nv.full(lse:size(), e_lse), "flash lse " .. what)
-      print(string.format("  %s: out error / bound <= %.3f", what, r))
     end)
   end
 end)
@@ -233,7 +235,78 @@ T.case("flash attention backward on cuda vs the reference (causal, GQA, D 64 and
       local rq = within(gq, dq, bq, "flash dq " .. what)
       local rk = within(gk, dk, bk, "flash dk " .. what)
       local rv = within(gv, dv, bv, "flash dv " .. what)
-      print(string.format("  %s: error / bound <= dq %.3f, dk %.3f, dv %.3f", what, rq, rk, rv))
     end)
   end
+end)
+
+-- Non-causal attention has no reference kernel (the contract of core.attention_* is causal): the dense
+-- formulas in f32 tensor ops on the CPU (T x T matrices), per head: P = exp(scale q k^T - lse), out = P v,
+-- dP = dO v^T, dS = P (dP - rowsum(dO out)), dq = scale dS k, dk = scale sum_h dS^T q, dv = sum_h P^T dO.
+-- Scores here are O(1) (randn, scale 1/sqrt(D)): exp cannot overflow without the max shift.
+local function dense_ref(x, scale)
+  local B, Tn, Hq, D = table.unpack(x.q:size())
+  local Hkv = x.k:size()[3]
+  local out, lse, dq = nv.zeros(B, Tn, Hq, D), nv.zeros(B, Hq, Tn), nv.zeros(B, Tn, Hq, D)
+  local dk, dv = nv.zeros(B, Tn, Hkv, D), nv.zeros(B, Tn, Hkv, D)
+  for b = 1, B do
+    for h = 1, Hq do
+      local g = (h - 1) // (Hq // Hkv) + 1
+      local q, k, v, go = head(x.q, b, h), head(x.k, b, g), head(x.v, b, g), head(x.dout, b, h)
+      local S = q:matmul(k:t()) * scale
+      local l = S:exp():sum(2):log():reshape(Tn, 1)
+      local P = (S - l):exp()
+      local o = P:matmul(v)
+      out:select(1, b):select(2, h):copy_(o)
+      lse:select(1, b):select(1, h):copy_(l:reshape(Tn))
+      local dS = P * (go:matmul(v:t()) - (go * o):sum(2):reshape(Tn, 1))
+      dq:select(1, b):select(2, h):copy_(dS:matmul(k) * scale)
+      local dkb, dvb = dk:select(1, b):select(2, g), dv:select(1, b):select(2, g)
+      dkb:copy_(dkb + dS:t():matmul(q) * scale)
+      dvb:copy_(dvb + P:t():matmul(go))
+    end
+  end
+  return out, lse, dq, dk, dv
+end
+
+T.case("flash attention without the causal mask, forward and backward, vs dense f32 formulas", function()
+  need_gpu()
+  nv.manual_seed(13)
+  for _, sh in ipairs({ { 2, 17, 4, 2, 64 }, { 1, 69, 2, 1, 128 } }) do
+    local B, Tn, Hq, Hkv, D = table.unpack(sh)
+    local what = string.format("non-causal (B %d, T %d, Hq %d, Hkv %d, D %d)", B, Tn, Hq, Hkv, D)
+    local scale = 1 / math.sqrt(D)
+    local x, d = inputs(sh, true)
+    local out, lse, dq, dk, dv = dense_ref(x, scale)
+    x.lse, x.out = lse, out
+    local bo, bq, bk, bv = bounds(x, scale, false, true, 2)
+    poisoned(function()
+      local o, l = core.cuda_flash_attention(d.q, d.k, d.v, scale, false)
+      within(o, out, bo, "flash out " .. what)
+      local gq, gk, gv = core.cuda_flash_attention_backward(d.dout, d.q, d.k, d.v, o, l, scale, false)
+      within(gq, dq, bq, "flash dq " .. what)
+      within(gk, dk, bk, "flash dk " .. what)
+      within(gv, dv, bv, "flash dv " .. what)
+    end)
+  end
+end)
+
+T.case("flash attention refuses what it does not take, with the reason", function()
+  need_gpu()
+  local function qkv(D, dt, dev)
+    local t = nv.randn(1, 8, 2, D):to(dt or "bf16")
+    if dev ~= "cpu" then t = t:cuda() end
+    return t
+  end
+  local q = qkv(64)
+  T.raises(function() core.cuda_flash_attention(qkv(96), qkv(96), qkv(96), 0.1) end,
+    "the tensor-core flash attention takes D = 64 or 128")
+  T.raises(function() core.cuda_flash_attention(qkv(64, "f32"), q, q, 0.1) end, "q must be a 4-D bf16")
+  T.raises(function() core.cuda_flash_attention(qkv(64, "bf16", "cpu"), q, q, 0.1) end, "q must be on cuda")
+  T.raises(function() core.cuda_flash_attention(q, nv.randn(1, 8, 3, 64):to("bf16"):cuda(), nv.randn(1, 8, 3, 64):to("bf16"):cuda(), 0.1) end,
+    "must be a positive multiple of Hkv")
+  T.raises(function() core.cuda_flash_attention(q, q, q, 0.1, "yes") end, "boolean expected")
+  T.raises(function() core.cuda_flash_attention(q, q, q, math.huge) end, "scale must be finite")
+  local o, l = core.cuda_flash_attention(q, q, q, 0.1)
+  T.raises(function() core.cuda_flash_attention_backward(q, q, q, q, o, l:cuda():to("bf16"), 0.1) end,
+    "lse must be a 3-D f32")
 end)
