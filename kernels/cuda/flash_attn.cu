@@ -26,7 +26,9 @@
  * scratch. Scale: dq and dk are multiplied by scale when rounded to bf16.
  *
  * Shared memory per CTA (bytes; opt-in above 48 KiB; the H100 allows 227 KiB): forward 72192 (D 64) /
- * 113152 (D 128), dq 81408 / 114176, dk/dv 90624 / 123392.
+ * 113152 (D 128), dq 81408 / 114176, dk/dv 90624 / 123392. Designed-for occupancy on an H100 (an estimate
+ * from these sizes and ptxas's register counts for sm_90a, not a measurement): forward 3 CTAs (12 warps) per SM
+ * at D 64, 2 (8 warps) at D 128; dq 2 CTAs at both; dk/dv 2 CTAs at D 64, 1 (4 warps, 230 registers) at D 128.
  * Not here: validation and allocation (core/flash_attention.c), the fp32 attention (attention.cu). */
 #include <math.h>
 #include <stdio.h>

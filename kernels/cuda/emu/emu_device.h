@@ -19,6 +19,8 @@
  * given with cudaFuncSetAttribute. __launch_bounds__(n) is kept with the kernel (as n/32 no-op
  * instructions at its entry, read back at launch): a launch with more threads per block fails.
  *
+ * The warp matrix functions (nvcuda::wmma, bf16 16x16x16) are in mma.h, built on the warp functions here.
+ *
  * Not modelled: warp-synchronous execution (lanes never run in lockstep), memory consistency
  * between blocks (blocks run one after another), texture/constant memory, cooperative groups,
  * __activemask. Using any of them does not compile here. */
