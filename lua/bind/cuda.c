@@ -11,6 +11,7 @@
 #include <string.h>
 #include "bind.h"
 #include "device.h"
+#include "flash_attention.h"
 #ifdef NVL_CUDA_EMU
 #include "emu_api.h"
 #endif
@@ -167,7 +168,57 @@ static int l_cuda_emu_counters(lua_State *L) {
 #endif
 }
 
+/* causal argument i: a boolean, default true */
+static int opt_causal(lua_State *L, int i) {
+  if (lua_isnoneornil(L, i)) return 1;
+  luaL_checktype(L, i, LUA_TBOOLEAN);
+  return lua_toboolean(L, i);
+}
+
+/* core.cuda_flash_attention(q, k, v, scale [, causal = true]) -> out (bf16), lse (f32): the tensor-core
+ * FlashAttention-2 (core/flash_attention.h; bf16 cuda tensors, head dim 64 or 128) */
+static int l_flash_attention(lua_State *L) {
+  const char *fname = "cuda_flash_attention";
+  nvl_tensor *q = nvl_lua_check_tensor(L, 1, fname), *k = nvl_lua_check_tensor(L, 2, fname);
+  nvl_tensor *v = nvl_lua_check_tensor(L, 3, fname);
+  double scale = luaL_checknumber(L, 4);
+  int causal = opt_causal(L, 5);
+  lua_settop(L, 5);
+  nvl_tensor *out = nvl_lua_push_tensor(L), *lse = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_flash_attention_forward(out, lse, q, k, v, scale, causal));
+  return 2;
+}
+
+/* core.cuda_flash_attention_backward(dout, q, k, v, out, lse, scale [, causal = true]) -> dq, dk, dv (bf16) */
+static int l_flash_attention_backward(lua_State *L) {
+  const char *fname = "cuda_flash_attention_backward";
+  nvl_tensor *t[6];
+  for (int i = 0; i < 6; i++) t[i] = nvl_lua_check_tensor(L, i + 1, fname);
+  double scale = luaL_checknumber(L, 7);
+  int causal = opt_causal(L, 8);
+  lua_settop(L, 8);
+  nvl_tensor *dq = nvl_lua_push_tensor(L), *dk = nvl_lua_push_tensor(L), *dv = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_flash_attention_backward(dq, dk, dv, t[0], t[1], t[2], t[3], t[4], t[5], scale, causal));
+  return 3;
+}
+
+/* core.cuda_wmma_probe(a, b, c, flags) -> d = A B + C by one warp's wmma::mma_sync (tests of the CUDA
+ * emulator's WMMA model; flags as kernels/cuda/flash_attn.h's NVL_WMMA_*) */
+static int l_wmma_probe(lua_State *L) {
+  const char *fname = "cuda_wmma_probe";
+  nvl_tensor *a = nvl_lua_check_tensor(L, 1, fname), *b = nvl_lua_check_tensor(L, 2, fname);
+  nvl_tensor *c = nvl_lua_check_tensor(L, 3, fname);
+  lua_Integer flags = luaL_checkinteger(L, 4);
+  luaL_argcheck(L, flags >= 0 && flags <= 255, 4, "flags must be 0..255");
+  lua_settop(L, 4);
+  nvl_tensor *d = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_wmma_probe(d, a, b, c, (int)flags));
+  return 1;
+}
+
 static const luaL_Reg cuda_funcs[] = {
+  {"cuda_flash_attention", l_flash_attention}, {"cuda_flash_attention_backward", l_flash_attention_backward},
+  {"cuda_wmma_probe", l_wmma_probe},
   {"cuda_emulated", l_cuda_emulated}, {"cuda_emu_counters", l_cuda_emu_counters},
   {"cuda_memory", l_cuda_memory}, {"cuda_gemm_path", l_gemm_path}, {"cuda_set_sync", l_set_sync},
   {"cuda_synchronize", l_synchronize}, {"cuda_time", l_time}, {"cuda_set_poison", l_set_poison},

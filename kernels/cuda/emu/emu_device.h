@@ -19,6 +19,8 @@
  * given with cudaFuncSetAttribute. __launch_bounds__(n) is kept with the kernel (as n/32 no-op
  * instructions at its entry, read back at launch): a launch with more threads per block fails.
  *
+ * The warp matrix functions (nvcuda::wmma, bf16 16x16x16) are in mma.h, built on the warp functions here.
+ *
  * Not modelled: warp-synchronous execution (lanes never run in lockstep), memory consistency
  * between blocks (blocks run one after another), texture/constant memory, cooperative groups,
  * __activemask. Using any of them does not compile here. */
@@ -75,10 +77,17 @@ extern Thread *cur_thread;
 extern uint3 cur_block;
 extern dim3 cur_block_dim, cur_grid_dim;
 
-enum WarpKind { W_SHFL_IDX, W_SHFL_XOR, W_SHFL_UP, W_SHFL_DOWN, W_BALLOT, W_ANY, W_ALL, W_SYNC, W_REDUCE_MAX };
+enum WarpKind {
+  W_SHFL_IDX, W_SHFL_XOR, W_SHFL_UP, W_SHFL_DOWN, W_BALLOT, W_ANY, W_ALL, W_SYNC, W_REDUCE_MAX,
+  /* the warp-wide matrix functions of mma.h: every lane passes the same value and param (pointer, ldm) */
+  W_WMMA_LOAD, W_WMMA_STORE, W_WMMA_MMA, W_WMMA_FILL
+};
 /* One warp function of the running lane: waits for the lanes of mask, returns this lane's result. */
 uint64_t warp_op(int kind, unsigned mask, uint64_t value, int param, int width, const char *file, int line);
 void syncthreads(const char *file, int line);
+/* A rule of a device function broken by the running thread (mma.h's argument checks): ends the kernel
+ * with a fault naming the call site; never returns. */
+[[noreturn]] void device_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Per-block shared memory: the variable of declaration `key` (bytes, align), and the dynamic part. */
 void *shared_static(const void *key, size_t bytes, size_t align, const char *name);
 void *shared_dynamic();

@@ -267,7 +267,8 @@ static void wait_here() {
 
 static const char *const WNAME[] = {"__shfl_sync", "__shfl_xor_sync", "__shfl_up_sync", "__shfl_down_sync",
                                     "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp",
-                                    "__reduce_max_sync"};
+                                    "__reduce_max_sync", "wmma::load_matrix_sync", "wmma::store_matrix_sync",
+                                    "wmma::mma_sync", "wmma::fill_fragment"};
 
 static int tid_of(const TInfo &t) {
   return (int)(t.idx.x + L.cfg.block.x * (t.idx.y + L.cfg.block.y * t.idx.z));
@@ -295,6 +296,16 @@ void syncthreads(const char *file, int line) {
   t->file = file;
   t->line = line;
   wait_here();
+}
+
+void device_fail(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char msg[700];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fail("thread %d at %s:%d: %s", running ? tid_of(*running) : -1, base(file), line, msg);
+  abandon();
 }
 
 static std::string where(const TInfo &t) {
@@ -340,6 +351,11 @@ static int complete_warp_op(int w, int lane) {
         u.width != t.width)
       return fail("divergent warp: thread %d waits at %s mask 0x%08x (%s:%d), but lane %d of its mask (thread %d) %s",
                   tid_of(t), fn, t.mask, base(t.file), t.line, j, tid_of(u), where(u).c_str()), -1;
+    if (t.kind >= W_WMMA_LOAD && (u.value != t.value || u.param != t.param))
+      return fail("%s at %s:%d: lane %d (thread %d) passes 0x%llx / %d, lane %d (thread %d) 0x%llx / %d: the "
+                  "pointer, ldm and fill value must be the same in every lane of the warp", fn, base(t.file), t.line,
+                  lane, tid_of(t), (unsigned long long)t.value, t.param, j, tid_of(u),
+                  (unsigned long long)u.value, u.param), -1;
   }
   uint64_t acc = t.kind == W_ALL ? 1 : 0;
   for (int j = 0; j < 32; j++) {

@@ -1,0 +1,312 @@
+-- test_cuda_flash.lua: the tensor-core FlashAttention-2 of the CUDA backend (kernels/cuda/flash_attn.cu,
+-- core.cuda_flash_attention and its backward) against the CPU reference attention, and the warp matrix
+-- functions it is built on (the CUDA emulator's WMMA model, kernels/cuda/emu/mma.h, through
+-- core.cuda_wmma_probe). Every case needs a GPU and skips without one; CI runs them on the CPU emulation
+-- of CUDA (scripts/test.sh --emu): results there are the CPU's, within the bounds below, not a GPU run.
+-- Every device output is allocated poisoned (0xFF bytes), so an element a kernel leaves unwritten fails.
+local T = require "nvlua.test"
+local nv = require "nvlua"
+local core = nv.core
+
+local need_gpu = T.need_gpu
+
+local function need_emu()
+  need_gpu()
+  if not nv.cuda.emulated() then T.skip("needs the CUDA emulator (-DNVLUA_CUDA=EMU)") end
+end
+
+local function flat(t) return t:cpu():to("f32"):contiguous():reshape(-1):totable() end
+local function poisoned(fn, ...) return T.with(core.cuda_set_poison, 0xFF, fn, ...) end
+
+-- ---- the warp matrix functions ------------------------------------------------------------------------
+
+-- A (16, 16) matrix of small integers from a seed: bf16 products and 16-term sums of them are exact in
+-- fp32, so D = A B + C is exact whatever the summation order: compared bit for bit.
+local function ints(seed, lo, hi)
+  local t, x = {}, seed
+  for i = 1, 16 do
+    t[i] = {}
+    for j = 1, 16 do
+      x = (x * 1103515245 + 12345) % 2147483648
+      t[i][j] = lo + x % (hi - lo + 1)
+    end
+  end
+  return t
+end
+local function tr(m)
+  local t = {}
+  for i = 1, 16 do
+    t[i] = {}
+    for j = 1, 16 do t[i][j] = m[j][i] end
+  end
+  return t
+end
+
+T.case("wmma on cuda: d = a b + c bit for bit, every operand layout (row/col major a, b; c/d)", function()
+  need_gpu()
+  local A, B, C = ints(1, -8, 8), ints(2, -8, 8), ints(3, -100, 100)
+  local want = {}
+  for i = 1, 16 do
+    want[i] = {}
+    for j = 1, 16 do
+      local s = C[i][j]
+      for k = 1, 16 do s = s + A[i][k] * B[k][j] end
+      want[i][j] = s
+    end
+  end
+  for flags = 0, 7 do
+    -- memory holds the operand, or its transpose when read column major
+    local am = (flags & 1 ~= 0) and tr(A) or A
+    local bm = (flags & 2 ~= 0) and tr(B) or B
+    local cm = (flags & 4 ~= 0) and tr(C) or C
+    poisoned(function()
+      local d = core.cuda_wmma_probe(nv.tensor(am, "bf16"):cuda(), nv.tensor(bm, "bf16"):cuda(),
+        nv.tensor(cm):cuda(), flags)
+      local got = d:cpu():totable()
+      if flags & 4 ~= 0 then got = tr(got) end
+      T.eq(got, want, "flags " .. flags)
+    end)
+  end
+end)
+
+T.case("wmma rules the emulator enforces: alignment, ldm, convergence, uniform arguments, whole warps", function()
+  need_emu()
+  local a, b, c = nv.tensor(ints(1, -8, 8), "bf16"):cuda(), nv.tensor(ints(2, -8, 8), "bf16"):cuda(), nv.zeros(16, 16):cuda()
+  local function fails(flags, text)
+    T.raises(function()
+      core.cuda_wmma_probe(a, b, c, flags)
+      core.cuda_synchronize()
+    end, text, "flags " .. flags)
+  end
+  fails(8, "is not 256-bit (32-byte) aligned")
+  fails(16, "ldm 12 is not a multiple of 8")
+  fails(32, "divergent warp")
+  fails(64, "must be the same in every lane of the warp")
+  fails(128, "which does not exist")
+  -- the device still works after each fault
+  T.eq(core.cuda_wmma_probe(a, b, c, 0):cpu():totable()[1][1] ~= nil, true, "a clean probe after the faults")
+end)
+
+-- ---- flash attention vs the reference ----------------------------------------------------------------
+--
+-- Inputs: q, k, v, dout drawn in f32, rounded to bf16; the reference (nv.use_reference: the scalar
+-- attention in double, rounded to f32 once) runs on their f32 widenings, so both sides see the same
+-- numbers. Bounds, first order in the unit roundoffs u8 = 2^-8 (bf16) and u = 2^-24 (fp32), derived from
+-- what the kernels round, not tuned:
+--   scores q.k summed in fp32 over D terms, times scale: |d(scale s)| <= (D + 2) u scale sum_d |q||k|, so
+--   each p = exp(scale s - m) (and the l, lse built from them) is off by a relative
+--   ep = 2 (D + 2) u scale max_ts(sum_d |q_td||k_sd|) + 8 u (expf's 2 ulp, the subtraction, twice);
+--   fp32 sums of up to T + D products add ea = (T + D + 16) u relative to the sum of their magnitudes;
+--   P is rounded to bf16 (u8) before P V and P^T dO, dS before dS K and dS^T Q; outputs once (u8 |ref|).
+-- Forward:  |out - ref| <= (u8 + 2u) |ref| + (u8 + ep + ea) A,  A_td = sum_s P_ts |v_sd|.
+-- Backward, with E_ts = (u8 + ep + ea) |dP_ts - delta_t| + u8 W_t + (D + 2) u (|dO_t|.|v_s| + W_t), W_t =
+-- sum_d |dO_td||out_td| (delta uses the bf16 out: u8 W_t), dP = dO v^T:
+--   |dv - ref| <= (u8 + 2u) |ref| + (u8 + ep + ea) sum_t P_ts |dO_td|
+--   |dk - ref| <= (u8 + 2u) |ref| + scale sum_t P_ts E_ts |q_td|
+--   |dq - ref| <= (u8 + 2u) |ref| + scale sum_s P_ts E_ts |k_sd|
+-- (dk, dv summed over the query heads of the group). P, dP, delta, W are the reference's (f32 tensors).
+
+-- The reference's P, dP (T, T) of query head h, kv head g in batch b, and the (T, D) slices.
+local function head(x, b, h) return x:select(1, b):select(2, h):contiguous() end
+
+local function mask(Tn, causal)
+  local m = {}
+  for t = 1, Tn do
+    m[t] = {}
+    for s = 1, Tn do m[t][s] = (causal and s > t) and -math.huge or 0 end
+  end
+  return nv.tensor(m)
+end
+
+-- Per-element bounds as flat tables (B, T, H, D), from the bound formulas above.
+-- refk: 1 against the double-precision reference; 2 against the f32 dense reference (dense_ref), whose
+-- own scores, exps and sums carry the same ep and ea.
+local function bounds(x, scale, causal, backward, refk)
+  refk = refk or 1
+  local B, Tn, Hq, D = table.unpack(x.q:size())
+  local Hkv = x.k:size()[3]
+  local u, u8 = 2 ^ -24, 2 ^ -8
+  local mk = mask(Tn, causal)
+  local ea = refk * (Tn + D + 16) * u
+  local bo, bq = nv.zeros(B, Tn, Hq, D), nv.zeros(B, Tn, Hq, D)
+  local bk, bv = nv.zeros(B, Tn, Hkv, D), nv.zeros(B, Tn, Hkv, D)
+  local eps = 0 -- the largest ep
+  for b = 1, B do
+    for h = 1, Hq do
+      local g = (h - 1) // (Hq // Hkv) + 1
+      local q, k, v = head(x.q, b, h), head(x.k, b, g), head(x.v, b, g)
+      local M = q:abs():matmul(k:abs():t()):max()
+      local ep = refk * (2 * (D + 2) * u * scale * M + 8 * u)
+      eps = math.max(eps, ep)
+      local lse = x.lse:select(1, b):select(1, h):contiguous():reshape(Tn, 1)
+      local P = (q:matmul(k:t()) * scale + mk - lse):exp() -- (T, T), 0 where masked
+      bo:select(1, b):select(2, h):copy_(P:matmul(v:abs()) * (u8 + ep + ea))
+      if backward then
+        local go, o = head(x.dout, b, h), head(x.out, b, h)
+        local W = (go:abs() * o:abs()):sum(2):reshape(Tn, 1)
+        local delta = (go * o):sum(2):reshape(Tn, 1)
+        local dP = go:matmul(v:t())
+        local E = (dP - delta):abs() * (u8 + ep + ea) + W * u8 + (go:abs():matmul(v:abs():t()) + W) * ((D + 2) * u)
+        local PE = P * E
+        bq:select(1, b):select(2, h):copy_(PE:matmul(k:abs()) * scale)
+        local dkb, dvb = bk:select(1, b):select(2, g), bv:select(1, b):select(2, g)
+        dkb:copy_(dkb + PE:t():matmul(q:abs()) * scale)
+        dvb:copy_(dvb + P:t():matmul(go:abs()) * (u8 + ep + ea))
+      end
+    end
+  end
+  return bo, bq, bk, bv, eps + ea
+end
+
+local function within(got, want, bound, what)
+  local g, w, e = flat(got), flat(want), flat(bound)
+  T.eq(#g, #w, what .. ": number of elements")
+  local bad, worst, wi, maxr = 0, 0, 1, 0
+  for i = 1, #w do
+    local lim = (2 ^ -8 + 2 ^ -23) * math.abs(w[i]) + e[i]
+    local err = math.abs(g[i] - w[i])
+    if lim > 0 and err / lim > maxr then maxr = err / lim end
+    if not (err <= lim) then
+      bad = bad + 1
+      if not (err <= worst) then worst, wi = err, i end
+    end
+  end
+  T.ok(bad == 0, bad == 0 and what or string.format("%s: %d of %d elements out of bounds, worst [%d]: %.9g vs %.9g",
+    what, bad, #w, wi, g[wi], w[wi]))
+  return maxr
+end
+
+-- bf16-valued f32 tensors (drawn in f32, rounded to bf16, widened back)
+local function randb(...) return nv.randn(...):to("bf16"):to("f32") end
+
+local function ref(fn, ...) return T.with(nv.use_reference, true, fn, ...) end
+
+local SIZES = { -- B, T, Hq, Hkv, D: ragged tiles (T = 1, 17, 69, 130), GQA groups 2 and 4, D 64 and 128
+  { 1, 1, 2, 1, 64 }, { 2, 17, 4, 2, 64 }, { 1, 69, 4, 1, 128 }, { 1, 130, 4, 2, 64 }, { 1, 130, 2, 2, 128 },
+}
+
+-- q, k, v (and dout) for shape sh: bf16 cuda tensors and their f32 widenings
+local function inputs(sh, backward)
+  local B, Tn, Hq, Hkv, D = table.unpack(sh)
+  local x = { q = randb(B, Tn, Hq, D), k = randb(B, Tn, Hkv, D), v = randb(B, Tn, Hkv, D) }
+  if backward then x.dout = randb(B, Tn, Hq, D) end
+  local d = {}
+  for name, t in pairs(x) do d[name] = t:to("bf16"):cuda() end
+  return x, d
+end
+
+T.case("flash attention forward on cuda vs the reference (causal, GQA, D 64 and 128, ragged tiles)", function()
+  need_gpu()
+  nv.manual_seed(11)
+  for _, sh in ipairs(SIZES) do
+    local B, Tn, Hq, Hkv, D = table.unpack(sh)
+    local what = string.format("(B %d, T %d, Hq %d, Hkv %d, D %d)", B, Tn, Hq, Hkv, D)
+    local scale = 1 / math.sqrt(D)
+    local x, d = inputs(sh, false)
+    local out, lse = ref(core.attention_forward, x.q, x.k, x.v, scale)
+    x.lse = lse
+    local bo, _, _, _, e_lse = bounds(x, scale, true, false)
+    poisoned(function()
+      local o, l = core.cuda_flash_attention(d.q, d.k, d.v, scale, true)
+      T.eq(o:dtype(), "bf16", "out is bf16")
+      -- lse = m + log l: l sums p (off by ep) in fp32 (ea): |d lse| <= ep + ea + 2 u |lse| (absolute)
+      local r = within(o, out, bo, "flash out " .. what)
+      within(l, lse, nv.full(lse:size(), e_lse), "flash lse " .. what)
+    end)
+  end
+end)
+
+T.case("flash attention backward on cuda vs the reference (causal, GQA, D 64 and 128, ragged tiles)", function()
+  need_gpu()
+  nv.manual_seed(12)
+  for _, sh in ipairs(SIZES) do
+    local B, Tn, Hq, Hkv, D = table.unpack(sh)
+    local what = string.format("(B %d, T %d, Hq %d, Hkv %d, D %d)", B, Tn, Hq, Hkv, D)
+    local scale = 1 / math.sqrt(D)
+    local x, d = inputs(sh, true)
+    local out, lse = ref(core.attention_forward, x.q, x.k, x.v, scale)
+    local dq, dk, dv = ref(core.attention_backward, x.dout, x.q, x.k, x.v, out, lse, scale)
+    x.lse, x.out = lse, out
+    local _, bq, bk, bv = bounds(x, scale, true, true)
+    poisoned(function()
+      local o, l = core.cuda_flash_attention(d.q, d.k, d.v, scale)
+      local gq, gk, gv = core.cuda_flash_attention_backward(d.dout, d.q, d.k, d.v, o, l, scale)
+      T.eq({ gq:dtype(), gk:dtype(), gv:dtype() }, { "bf16", "bf16", "bf16" }, "gradients are bf16")
+      local rq = within(gq, dq, bq, "flash dq " .. what)
+      local rk = within(gk, dk, bk, "flash dk " .. what)
+      local rv = within(gv, dv, bv, "flash dv " .. what)
+    end)
+  end
+end)
+
+-- Non-causal attention has no reference kernel (the contract of core.attention_* is causal): the dense
+-- formulas in f32 tensor ops on the CPU (T x T matrices), per head: P = exp(scale q k^T - lse), out = P v,
+-- dP = dO v^T, dS = P (dP - rowsum(dO out)), dq = scale dS k, dk = scale sum_h dS^T q, dv = sum_h P^T dO.
+-- Scores here are O(1) (randn, scale 1/sqrt(D)): exp cannot overflow without the max shift.
+local function dense_ref(x, scale)
+  local B, Tn, Hq, D = table.unpack(x.q:size())
+  local Hkv = x.k:size()[3]
+  local out, lse, dq = nv.zeros(B, Tn, Hq, D), nv.zeros(B, Hq, Tn), nv.zeros(B, Tn, Hq, D)
+  local dk, dv = nv.zeros(B, Tn, Hkv, D), nv.zeros(B, Tn, Hkv, D)
+  for b = 1, B do
+    for h = 1, Hq do
+      local g = (h - 1) // (Hq // Hkv) + 1
+      local q, k, v, go = head(x.q, b, h), head(x.k, b, g), head(x.v, b, g), head(x.dout, b, h)
+      local S = q:matmul(k:t()) * scale
+      local l = S:exp():sum(2):log():reshape(Tn, 1)
+      local P = (S - l):exp()
+      local o = P:matmul(v)
+      out:select(1, b):select(2, h):copy_(o)
+      lse:select(1, b):select(1, h):copy_(l:reshape(Tn))
+      local dS = P * (go:matmul(v:t()) - (go * o):sum(2):reshape(Tn, 1))
+      dq:select(1, b):select(2, h):copy_(dS:matmul(k) * scale)
+      local dkb, dvb = dk:select(1, b):select(2, g), dv:select(1, b):select(2, g)
+      dkb:copy_(dkb + dS:t():matmul(q) * scale)
+      dvb:copy_(dvb + P:t():matmul(go))
+    end
+  end
+  return out, lse, dq, dk, dv
+end
+
+T.case("flash attention without the causal mask, forward and backward, vs dense f32 formulas", function()
+  need_gpu()
+  nv.manual_seed(13)
+  for _, sh in ipairs({ { 2, 17, 4, 2, 64 }, { 1, 69, 2, 1, 128 } }) do
+    local B, Tn, Hq, Hkv, D = table.unpack(sh)
+    local what = string.format("non-causal (B %d, T %d, Hq %d, Hkv %d, D %d)", B, Tn, Hq, Hkv, D)
+    local scale = 1 / math.sqrt(D)
+    local x, d = inputs(sh, true)
+    local out, lse, dq, dk, dv = dense_ref(x, scale)
+    x.lse, x.out = lse, out
+    local bo, bq, bk, bv = bounds(x, scale, false, true, 2)
+    poisoned(function()
+      local o, l = core.cuda_flash_attention(d.q, d.k, d.v, scale, false)
+      within(o, out, bo, "flash out " .. what)
+      local gq, gk, gv = core.cuda_flash_attention_backward(d.dout, d.q, d.k, d.v, o, l, scale, false)
+      within(gq, dq, bq, "flash dq " .. what)
+      within(gk, dk, bk, "flash dk " .. what)
+      within(gv, dv, bv, "flash dv " .. what)
+    end)
+  end
+end)
+
+T.case("flash attention refuses what it does not take, with the reason", function()
+  need_gpu()
+  local function qkv(D, dt, dev)
+    local t = nv.randn(1, 8, 2, D):to(dt or "bf16")
+    if dev ~= "cpu" then t = t:cuda() end
+    return t
+  end
+  local q = qkv(64)
+  T.raises(function() core.cuda_flash_attention(qkv(96), qkv(96), qkv(96), 0.1) end,
+    "the tensor-core flash attention takes D = 64 or 128")
+  T.raises(function() core.cuda_flash_attention(qkv(64, "f32"), q, q, 0.1) end, "q must be a 4-D bf16")
+  T.raises(function() core.cuda_flash_attention(qkv(64, "bf16", "cpu"), q, q, 0.1) end, "q must be on cuda")
+  T.raises(function() core.cuda_flash_attention(q, nv.randn(1, 8, 3, 64):to("bf16"):cuda(), nv.randn(1, 8, 3, 64):to("bf16"):cuda(), 0.1) end,
+    "must be a positive multiple of Hkv")
+  T.raises(function() core.cuda_flash_attention(q, q, q, 0.1, "yes") end, "boolean expected")
+  T.raises(function() core.cuda_flash_attention(q, q, q, math.huge) end, "scale must be finite")
+  local o, l = core.cuda_flash_attention(q, q, q, 0.1)
+  T.raises(function() core.cuda_flash_attention_backward(q, q, q, q, o, l:cuda():to("bf16"), 0.1) end,
+    "lse must be a 3-D f32")
+end)
