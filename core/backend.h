@@ -88,6 +88,22 @@ typedef struct {
   int64_t step; /* 1-based step number, for bias correction */
 } nvl_adamw_opts;
 
+/* One tensor of a multi-tensor AdamW step (core/optim.h): n contiguous f32 elements of each
+ * buffer, on the backend's device; no_decay: this tensor's weight decay is 0 whatever the opts say. */
+typedef struct {
+  float *param;
+  const float *grad;
+  float *m, *v;
+  int64_t n;
+  int no_decay;
+} nvl_adamw_chunk;
+
+/* The gradient-norm state (core/optim.h), NVL_NORM_STATE i64 slots on the device, read as: */
+enum { NVL_NORM_SUMSQ = 0, /* double: the sum of squares of every grad */
+       NVL_NORM_CLIP = 1,  /* double: the clip factor max_norm / (norm + 1e-6), or exactly 1 */
+       NVL_NORM_COUNT = 2, /* u32: blocks done (a kernel's own; 0 between calls) */
+       NVL_NORM_STATE = 4 };
+
 /* ---- the call context ----------------------------------------------------------------------- */
 
 typedef struct nvl_kctx nvl_kctx;
@@ -250,6 +266,16 @@ typedef struct nvl_layer_kernels {
   nvl_status (*attention_backward)(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                    const float *k, const float *v, const float *out, const float *lse, int64_t B,
                                    int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale);
+  /* optimizer over many tensors, one launch each (core/optim.h). state (NVL_NORM_STATE i64, the
+   * device's): adamw_multi scales each grad by its clip factor first when state is not NULL (as
+   * grad:mul_(factor) rounds: one f32 product when the factor is exact in f32, else the double
+   * product rounded), and leaves the grads as they are; grad_norm_multi writes its sum of squares
+   * (fp64, every tensor) and the clip factor for max_norm (1 when the norm is <= max_norm or not
+   * finite). Neither reads anything back to the host. */
+  nvl_status (*adamw_multi)(nvl_kctx *ctx, const nvl_adamw_chunk *t, int64_t count, const nvl_adamw_opts *o,
+                            const int64_t *state);
+  nvl_status (*grad_norm_multi)(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n, int64_t count,
+                                double max_norm);
 } nvl_layer_kernels;
 
 /* ---- the table -------------------------------------------------------------------------------- */

@@ -243,6 +243,35 @@ static nvl_status adamw_step(nvl_kctx *ctx, float *param, const float *grad, flo
   return NVL_OK;
 }
 
+/* One chunk, its grad scaled by the clip factor c first. */
+static void adamw_span_clip(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
+                            int64_t n, const nvl_adamw_coefs *k, double c) {
+  nvl_adamw_coefs kk = *k;
+  for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&p[i], nvl_clip_scale(g[i], c), &m[i], &v[i], &kk);
+}
+
+/* Each tensor as adamw_step (the same chunks; a tensor's weight decay 0 when no_decay). */
+static nvl_status adamw_multi(nvl_kctx *ctx, const nvl_adamw_chunk *t, int64_t count, const nvl_adamw_opts *o,
+                              const int64_t *state) {
+  nvl_adamw_opts o0 = *o;
+  o0.weight_decay = 0.0;
+  nvl_adamw_coefs kd = nvl_adamw_coefs_of(o), k0 = nvl_adamw_coefs_of(&o0);
+  const double c = state ? nvl_norm_state_get(state, NVL_NORM_CLIP) : 1.0;
+  const int64_t chunk = 8192;
+  for (int64_t j = 0; j < count; j++) {
+    const nvl_adamw_chunk *e = &t[j];
+    const nvl_adamw_coefs *k = e->no_decay ? &k0 : &kd;
+    int64_t nchunks = (e->n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (e->n > NVL_LAYERS_OMP_MIN)
+    for (int64_t ci = 0; ci < nchunks; ci++) {
+      int64_t i0 = ci * chunk, len = i0 + chunk < e->n ? chunk : e->n - i0;
+      if (state) adamw_span_clip(e->param + i0, e->grad + i0, e->m + i0, e->v + i0, len, k, c);
+      else adamw_span(e->param + i0, e->grad + i0, e->m + i0, e->v + i0, len, k);
+    }
+  }
+  return NVL_OK;
+}
+
 /* ---- sum of squares --------------------------------------------------------------------------- */
 
 static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype dt, int64_t n) {
@@ -266,6 +295,21 @@ static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype 
   return NVL_OK;
 }
 
+/* Each tensor's sumsq as core.sumsq computes it, added in order in double (optim.grad_norm's sum,
+ * bit for bit). */
+static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n,
+                                  int64_t count, double max_norm) {
+  double ss = 0.0;
+  for (int64_t j = 0; j < count; j++) {
+    double s = 0.0;
+    if (n[j] > 0) NVL_TRY(sumsq(ctx, &s, x[j], NVL_F32, n[j]));
+    ss += s;
+  }
+  nvl_norm_state_set(state, NVL_NORM_SUMSQ, ss);
+  nvl_norm_state_set(state, NVL_NORM_CLIP, nvl_clip_factor(ss, max_norm));
+  return NVL_OK;
+}
+
 /* ---- the CPU table's layer kernels (rope_tables: the reference's, through the fallback) -------- */
 
 const nvl_layer_kernels nvl_layers_cpu = {
@@ -282,4 +326,6 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .sumsq = sumsq,
   .attention_forward = nvl_attention_forward_cpu,
   .attention_backward = nvl_attention_backward_cpu,
+  .adamw_multi = adamw_multi,
+  .grad_norm_multi = grad_norm_multi,
 };

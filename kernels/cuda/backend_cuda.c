@@ -113,6 +113,8 @@ static const nvl_layer_kernels layers = { /* rope_tables: computed on the host *
   .sumsq = nvl_cuda_sumsq,
   .attention_forward = nvl_cuda_attention_forward,
   .attention_backward = nvl_cuda_attention_backward,
+  .adamw_multi = nvl_cuda_adamw_multi,
+  .grad_norm_multi = nvl_cuda_grad_norm_multi,
 };
 
 #define ROW {nvl_cuda_quantize, NULL, nvl_cuda_qgemm} /* dequantize: core decodes a host copy */

@@ -156,6 +156,11 @@ nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, float *dlogits, 
 nvl_status nvl_cuda_adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                                const nvl_adamw_opts *o);
 nvl_status nvl_cuda_sumsq(nvl_kctx *ctx, double *out, const void *x, nvl_dtype x_dtype, int64_t n);
+/* multi_tensor.cu: the optimizer over many tensors (core/optim.h), one launch per 512 tensors */
+nvl_status nvl_cuda_adamw_multi(nvl_kctx *ctx, const nvl_adamw_chunk *t, int64_t count, const nvl_adamw_opts *o,
+                                const int64_t *state);
+nvl_status nvl_cuda_grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n,
+                                    int64_t count, double max_norm);
 nvl_status nvl_cuda_attention_forward(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
                                       const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
                                       double scale);

@@ -12,8 +12,11 @@
  *   other mixes of bf16 / fp8 / mx formats / nvfp4 (mx with e2m1 elements included): emulated
  * "Emulated" is core/NUMERICS.md §7's exact emulation: each operand dequantized to bf16 without its global
  * factor (exact: nvfp4 value * ue4m3 scale has at most 6 significant bits; fp8 values fit bf16;
- * mxfp8 value * 2^k fits unless the product leaves bf16's exponent range, which is detected and
- * reported as an error rather than rounded), then one bf16 GEMM with alpha = alpha_a * alpha_b.
+ * mxfp8 value * 2^k fits bf16's normal range unless the block scale is tiny), then one bf16 x bf16
+ * -> fp32 GEMM on the tensor cores with alpha = alpha_a * alpha_b. Where the CPU's rule for its bf16
+ * units (qentry_cpu.c use_bf16: no subnormal value, product or partial sum) fails — an mx block
+ * scale or a bf16 operand's exponents read from the device —, the operands go to fp32 and cuBLASLt's
+ * fp32 GEMM instead (emulated_gemm), exact as well.
  * Unsupported combinations are errors that say why; nothing falls back silently:
  * nvl_cuda_gemm_path reports the path a pair of formats takes on a device.
  *
@@ -314,7 +317,7 @@ __global__ void __launch_bounds__(256) dequant_mx_kernel(uint16_t *__restrict__ 
       dst[j] = b;
     }
   }
-  if (bad) atomicOr(inexact, 1u);
+  if (bad && inexact) atomicOr(inexact, 1u);
 }
 
 /* fp8 per-tensor codes (n) -> their values in bf16 (exact), the scale left to alpha. */
@@ -323,6 +326,48 @@ __global__ void __launch_bounds__(256) dequant_fp8_kernel(uint16_t *__restrict__
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
     y[i] = f32_to_bf16_bits(e5 ? e5m2_decode(codes[i]) : e4m3_decode(codes[i]));
+}
+
+/* One element of an operand, row-major (rows, K) index i, decoded without its global factor into
+ * f32 (exact: NUMERICS §7), for the fp32 fallback of the emulated path. cls: 0 nvfp4, 1 mx, 2 fp8,
+ * 3 bf16; elem as elem_decode. */
+__global__ void __launch_bounds__(256) dequant_f32_kernel(float *__restrict__ y, const uint8_t *__restrict__ codes,
+                                                          const uint8_t *__restrict__ scales, int64_t n, int cls,
+                                                          int elem) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float v;
+    if (cls == 0) {
+      v = f_mul(e2m1_decode((codes[i >> 1] >> (4 * (i & 1))) & 15u), e4m3_decode(scales[i >> 4] & 0x7Fu));
+    } else if (cls == 1) {
+      uint32_t c = elem == 2 ? (codes[i >> 1] >> (4 * (i & 1))) & 15u : codes[i];
+      v = f_mul(elem_decode(elem, c), e8m0_decode(scales[i >> 5]));
+    } else if (cls == 2) {
+      v = elem_decode(elem, codes[i]);
+    } else {
+      v = bf16_bits_to_f32(reinterpret_cast<const uint16_t *>(codes)[i]);
+    }
+    y[i] = v;
+  }
+}
+
+/* bits (8 words) |= the bit of the smallest byte of x (mx block scales; bf16 == 0) or of the smallest
+ * exponent field of the nonzero bf16 x (bf16 == 1), as nvl_u8_min_cpu / nvl_bf16_exp_min_cpu; the
+ * lowest set bit is the minimum (255 or none: no finite nonzero value). */
+__global__ void range_bits_kernel(uint32_t *bits, const void *x, int64_t n, int bf16) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  uint32_t m = 255;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    uint32_t e;
+    if (bf16) {
+      uint32_t h = static_cast<const uint16_t *>(x)[i];
+      e = (h & 0x7fffu) ? (h >> 7) & 0xffu : 255u;
+    } else {
+      e = static_cast<const uint8_t *>(x)[i];
+    }
+    m = e < m ? e : m;
+  }
+  if (m < 255) atomicOr(&bits[m >> 5], 1u << (m & 31));
 }
 
 /* sc[0..1] = the per-tensor decode scales of an fp8 GEMM's operands (cuBLASLt reads them on the device). */
@@ -435,38 +480,106 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
   }
 }
 
-/* The emulated GEMM: bf16 copies of the operands that are not bf16 already (call scratch), then a
- * bf16 GEMM with alpha = alpha_a * alpha_b; an mx product outside bf16's range is an error. */
+/* The exponent range of an operand's decoded values (qentry_cpu.c range_of): 2^lo the lowest bit
+ * any value can hold, 2^mag the smallest nonzero magnitude; NO_VALUES: no constraint. */
+const int NO_VALUES = 1000;
+struct Range {
+  int lo, mag;
+};
+
+/* The smallest block scale (mx) or bf16 exponent field of each operand that needs a scan, one copy
+ * to the host for both; fp8 and nvfp4 ranges are fixed. */
+nvl_status operand_ranges(nvl_kctx *ctx, const nvl_qview *const ops[2], Range r[2]) {
+  uint32_t *bits = NULL; /* (2, 8) device */
+  bool scan[2];
+  for (int i = 0; i < 2; i++) {
+    const int f = ops[i]->format;
+    scan[i] = cls_of(f) == CLS_MX || cls_of(f) == CLS_BF16;
+    const int fixed = f == NVL_E4M3 ? -9 : f == NVL_E5M2 ? -16 : -10; /* nvfp4: e2m1 0.5 x ue4m3 2^-9 */
+    r[i] = Range{fixed, fixed};
+  }
+  if (!scan[0] && !scan[1]) return NVL_OK;
+  NVL_TRY(ctx->scratch(ctx, 16 * sizeof(uint32_t), (void **)&bits));
+  NVL_TRY(nvl_cuda_memset(bits, 0, 16 * sizeof(uint32_t), ctx->dev));
+  for (int i = 0; i < 2; i++) {
+    if (!scan[i]) continue;
+    const bool bf = cls_of(ops[i]->format) == CLS_BF16;
+    const int64_t n = bf ? ops[i]->rows * ops[i]->K : ops[i]->rows * ops[i]->K / 32;
+    NVL_LAUNCH(nvl_cuda_grid(n, 256, ctx->dev), 256, 0, 0, range_bits_kernel)(bits + 8 * i,
+        bf ? ops[i]->codes : static_cast<const void *>(ops[i]->scales), n, bf);
+    NVL_TRY(nvl_cuda_check_launch(ctx->dev, "nvl_cuda_qgemm", "range_bits_kernel"));
+  }
+  uint32_t h[16];
+  NVL_CUDA_CHECK(cudaMemcpy(h, bits, sizeof h, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 2; i++) {
+    if (!scan[i]) continue;
+    int m = 255;
+    for (int b = 254; b >= 0; b--)
+      if (h[8 * i + (b >> 5)] >> (b & 31) & 1u) m = b;
+    const int f = ops[i]->format;
+    if (m == 255) r[i] = Range{NO_VALUES, NO_VALUES};
+    else if (cls_of(f) == CLS_BF16) r[i] = Range{m - 127 - 7, m == 0 ? -127 : m - 127};
+    else {
+      const int low = is_fp4(f) ? -1 : is_e5(f) ? -16 : -9;
+      r[i] = Range{m - 127 + low, m - 127 + low};
+    }
+  }
+  return NVL_OK;
+}
+
+/* The fp32 fallback: both operands decoded to f32 (exact), cuBLASLt's fp32 GEMM (subnormals kept),
+ * a bf16 output rounded once from the f32 result. */
+nvl_status emulated_f32_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha) {
+  const nvl_qview *ops[2] = {g->a, g->b};
+  void *y[2] = {NULL, NULL};
+  for (int i = 0; i < 2; i++) {
+    const int64_t n = ops[i]->rows * ops[i]->K;
+    const Cls c = cls_of(ops[i]->format);
+    NVL_TRY(ctx->scratch(ctx, (size_t)n * sizeof(float), &y[i]));
+    NVL_LAUNCH(nvl_cuda_grid(n, 256, ctx->dev), 256, 0, 0, dequant_f32_kernel)(
+        static_cast<float *>(y[i]), static_cast<const uint8_t *>(ops[i]->codes), ops[i]->scales, n,
+        c == CLS_NVFP4 ? 0 : c == CLS_MX ? 1 : c == CLS_FP8 ? 2 : 3, elem_of(ops[i]->format));
+    NVL_TRY(nvl_cuda_check_launch(ctx->dev, "nvl_cuda_qgemm", "dequant_f32_kernel"));
+  }
+  s.ta = s.tb = CUDA_R_32F;
+  if (s.tc != CUDA_R_16BF) return run_matmul(ctx, s, y[1], y[0], g->out, alpha, NULL, NULL);
+  const int64_t mn = s.m * s.n, one = 1; /* cuBLASLt's f32 GEMM writes f32 only: into scratch, then RNE */
+  float *d = NULL;
+  NVL_TRY(ctx->scratch(ctx, (size_t)mn * sizeof(float), (void **)&d));
+  s.tc = CUDA_R_32F;
+  NVL_TRY(run_matmul(ctx, s, y[1], y[0], d, alpha, NULL, NULL));
+  return nvl_cuda_copy_strided(g->out, NVL_BF16, &one, d, NVL_F32, &one, 1, &mn, ctx->dev);
+}
+
+/* The emulated GEMM (sm_90 for nvfp4 and mx pairs; mixes everywhere): each operand dequantized
+ * without its global factor into bf16 scratch, one cuBLASLt bf16 x bf16 -> fp32 GEMM, alpha =
+ * alpha_a * alpha_b. bf16 holds every such value exactly, but the tensor cores may flush subnormal
+ * inputs, products or partial sums (cuBLASLt does not document it), so the CPU's rule (qentry_cpu.c
+ * use_bf16, NUMERICS §7) decides: every value >= 2^-126 in magnitude and the lowest bits of the two
+ * operands multiplying to >= 2^-126, else the fp32 fallback. An mx or bf16 operand's range comes
+ * from a scan of its scales or exponents (one copy to the host); fp8 and nvfp4 are always in range. */
 nvl_status emulated_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha) {
   const char *fn = "nvl_cuda_qgemm";
   const int dev = ctx->dev;
   const nvl_qview *ops[2] = {g->a, g->b};
   const void *bf[2] = {g->a->codes, g->b->codes};
-  uint32_t *inexact = NULL;
-  if (cls_of(g->a->format) == CLS_MX || cls_of(g->b->format) == CLS_MX) {
-    NVL_TRY(ctx->scratch(ctx, sizeof(uint32_t), (void **)&inexact));
-    NVL_TRY(nvl_cuda_memset(inexact, 0, sizeof(uint32_t), dev));
+  for (int i = 0; i < 2; i++)
+    if ((cls_of(ops[i]->format) == CLS_NVFP4 || cls_of(ops[i]->format) == CLS_MX) && !ops[i]->scales)
+      return nvl_error(NVL_EINVAL, "%s: %s operand without block scales", fn, fmt_name(ops[i]->format));
+  Range r[2];
+  NVL_TRY(operand_ranges(ctx, ops, r));
+  if (!(r[0].mag >= -126 && r[1].mag >= -126 && r[0].lo + r[1].lo >= -126)) {
+    return emulated_f32_gemm(ctx, s, g, alpha);
   }
   for (int i = 0; i < 2; i++) {
     if (cls_of(ops[i]->format) == CLS_BF16) continue;
-    if ((cls_of(ops[i]->format) == CLS_NVFP4 || cls_of(ops[i]->format) == CLS_MX) && !ops[i]->scales)
-      return nvl_error(NVL_EINVAL, "%s: %s operand without block scales", fn, fmt_name(ops[i]->format));
     void *p = NULL;
     NVL_TRY(ctx->scratch(ctx, (size_t)(ops[i]->rows * ops[i]->K) * 2, &p));
     bf[i] = p;
-    NVL_TRY(dequant_bf16(static_cast<uint16_t *>(p), ops[i], inexact, dev));
+    NVL_TRY(dequant_bf16(static_cast<uint16_t *>(p), ops[i], NULL, dev));
   }
   s.ta = s.tb = CUDA_R_16BF;
-  NVL_TRY(run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL));
-  if (inexact) {
-    uint32_t flag = 0;
-    NVL_CUDA_CHECK(cudaMemcpy(&flag, inexact, 4, cudaMemcpyDeviceToHost));
-    if (flag)
-      return nvl_error(NVL_EUNSUPPORTED, "%s: emulated mx GEMM: a block scale puts an element outside bf16's "
-                       "exponent range, so the bf16 emulation is not exact and its result was discarded; use the CPU "
-                       "path for such data", fn);
-  }
-  return NVL_OK;
+  return run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL);
 }
 
 } /* namespace */
@@ -510,8 +623,9 @@ extern "C" nvl_gemm_path nvl_cuda_gemm_path(nvl_dtype fa, nvl_dtype fb, int dev,
     snprintf(buf, sizeof buf, "cuBLASLt block-scaled GEMM: %s x %s, VEC32_UE8M0 swizzled scales", fmt_name(fa), fmt_name(fb));
   } else {
     path = NVL_GEMM_EMULATED;
-    snprintf(buf, sizeof buf, "exact emulation: %s and %s dequantized to bf16, cuBLASLt bf16 GEMM, global scales as alpha (sm_%d)",
-             fmt_name(fa), fmt_name(fb), cc);
+    snprintf(buf, sizeof buf, "exact emulation: %s and %s dequantized to bf16, cuBLASLt bf16 GEMM on the tensor cores, "
+             "global scales as alpha; fp32 GEMM when block scales leave bf16's normal range (sm_%d)", fmt_name(fa),
+             fmt_name(fb), cc);
   }
   if (detail && n) snprintf(detail, n, "%s", buf);
   if (path == NVL_GEMM_UNSUPPORTED) nvl_error(NVL_EUNSUPPORTED, "qmatmul on cuda:%d: %s", dev, buf);

@@ -7,6 +7,7 @@
  *   swiglu_forward(gate, up) -> out                   swiglu_backward(dout, gate, up) -> dgate, dup
  *   cross_entropy(logits, targets [, opts]) -> loss, count, dlogits | nil
  *   adamw_step(param, grad, m, v, opts)               sumsq(t) -> number
+ *   adamw_multi(params, grads, ms, vs, opts, no_decay, state)   grad_norm_multi(state, grads, max_norm)
  * Backwards accumulate into the parameter gradient passed in (dweight +=) and return new
  * activation gradients. ids and targets are i64 tensors of 0-based token ids: data, not Lua
  * indices. Options tables are checked here: unknown keys, wrong types and missing required keys
@@ -16,6 +17,7 @@
 #include <string.h>
 #include "bind.h"
 #include "layers.h"
+#include "optim.h"
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
@@ -215,11 +217,73 @@ static int l_sumsq(lua_State *L) {
   return 1;
 }
 
+/* The array of tensors at idx (a table of n tensors), into a userdata array pushed on the stack. */
+static nvl_tensor **tensor_list(lua_State *L, int idx, const char *op, const char *what, lua_Integer n) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  if (luaL_len(L, idx) != n)
+    luaL_error(L, "%s: %s has %d tensors, params has %d", op, what, (int)luaL_len(L, idx), (int)n);
+  nvl_tensor **a = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *a, 0);
+  for (lua_Integer j = 1; j <= n; j++) {
+    lua_geti(L, idx, j);
+    a[j - 1] = luaL_testudata(L, -1, NVL_TENSOR_MT);
+    if (!a[j - 1]) luaL_error(L, "%s: %s[%d] is not a tensor (a %s)", op, what, (int)j, luaL_typename(L, -1));
+    lua_pop(L, 1); /* the table keeps it */
+  }
+  return a;
+}
+
+/* adamw_multi(params, grads, ms, vs, opts [, no_decay [, state]]): arrays of one length; opts as
+ * adamw_step's; no_decay: nil or an array of booleans; state: nil or grad_norm_multi's state */
+static int l_adamw_multi(lua_State *L) {
+  const char *op = "adamw_multi";
+  lua_settop(L, 7); /* the arrays built below go above the arguments */
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer n = luaL_len(L, 1);
+  nvl_tensor **p = tensor_list(L, 1, op, "params", n), **g = tensor_list(L, 2, op, "grads", n);
+  nvl_tensor **m = tensor_list(L, 3, op, "ms", n), **v = tensor_list(L, 4, op, "vs", n);
+  luaL_checktype(L, 5, LUA_TTABLE);
+  nvl_lua_check_keys(L, 5, op, adamw_keys);
+  nvl_adamw_opts o;
+  nvl_lua_opt_number(L, 5, op, "lr", &o.lr, 1);
+  nvl_lua_opt_number(L, 5, op, "beta1", &o.beta1, 1);
+  nvl_lua_opt_number(L, 5, op, "beta2", &o.beta2, 1);
+  nvl_lua_opt_number(L, 5, op, "eps", &o.eps, 1);
+  nvl_lua_opt_number(L, 5, op, "weight_decay", &o.weight_decay, 1);
+  nvl_lua_opt_integer(L, 5, op, "step", &o.step, 1);
+  int *nd = NULL;
+  if (!lua_isnoneornil(L, 6)) {
+    luaL_checktype(L, 6, LUA_TTABLE);
+    nd = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *nd, 0);
+    for (lua_Integer j = 1; j <= n; j++) {
+      lua_geti(L, 6, j);
+      nd[j - 1] = lua_toboolean(L, -1);
+      lua_pop(L, 1);
+    }
+  }
+  const nvl_tensor *state = lua_isnoneornil(L, 7) ? NULL : nvl_lua_check_tensor(L, 7, op);
+  CHECK(L, nvl_adamw_multi(p, g, m, v, nd, (int64_t)n, &o, state));
+  return 0;
+}
+
+/* grad_norm_multi(state, grads, max_norm): state (i64, 4 elements, on the grads' device) gets the
+ * sum of squares and the clip factor; nothing is read back */
+static int l_grad_norm_multi(lua_State *L) {
+  const char *op = "grad_norm_multi";
+  lua_settop(L, 3);
+  nvl_tensor *state = nvl_lua_check_tensor(L, 1, op);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_Integer n = luaL_len(L, 2);
+  nvl_tensor **g = tensor_list(L, 2, op, "grads", n);
+  CHECK(L, nvl_grad_norm_multi(state, g, (int64_t)n, luaL_checknumber(L, 3)));
+  return 0;
+}
+
 static const luaL_Reg layer_funcs[] = {
   {"embedding_forward", l_embedding_forward}, {"embedding_backward", l_embedding_backward},
   {"rmsnorm_forward", l_rmsnorm_forward}, {"rmsnorm_backward", l_rmsnorm_backward},
   {"rope_tables", l_rope_tables}, {"rope_forward", l_rope_forward}, {"rope_backward", l_rope_backward},
   {"swiglu_forward", l_swiglu_forward}, {"swiglu_backward", l_swiglu_backward},
-  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq}, {NULL, NULL}};
+  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq},
+  {"adamw_multi", l_adamw_multi}, {"grad_norm_multi", l_grad_norm_multi}, {NULL, NULL}};
 
 void nvl_lua_open_layers(lua_State *L) { luaL_setfuncs(L, layer_funcs, 0); }

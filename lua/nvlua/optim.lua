@@ -3,9 +3,14 @@
 --   local opt = optim.AdamW(model:named_parameters(), {lr = 3e-4, betas = {0.9, 0.95}, weight_decay = 0.1})
 --   optim.clip_grad_norm(model:named_parameters(), 1.0); opt:step(); model:zero_grad()
 -- Parameters are fp32 master weights updated in place; the moments m, v are fp32 tensors of the
--- parameter's shape. The update is core.adamw_step (core/layers.h: torch.optim.AdamW semantics,
--- decoupled weight decay, bias correction by the 1-based step). optim.ShardedAdamW is the same
--- update with its state split across data-parallel ranks (ZeRO-1). Not here: learning-rate
+-- parameter's shape. The update is core.adamw_multi (core/optim.h: every tensor of a group in one
+-- call, one kernel launch on a GPU, each element exactly as core.adamw_step: torch.optim.AdamW
+-- semantics, decoupled weight decay, bias correction by the 1-based step). optim.ShardedAdamW is the
+-- same update with its state split across data-parallel ranks (ZeRO-1).
+-- Clipping without a host round trip: opt:clip_grad_norm(max_norm) computes the global norm on the
+-- device (one launch) and the next opt:step() scales the grads by the clip factor on the fly; the
+-- norm comes back to the host only when asked (norm:value()). optim.clip_grad_norm(params, max_norm)
+-- is the eager form (returns the norm, scales the grads in place). Not here: learning-rate
 -- schedules (the loop calls set_lr), the collectives themselves (nvlua.dist).
 local nv = require "nvlua"
 local core = require "nvlua.core"
@@ -48,7 +53,7 @@ function optim.AdamW(params, opts)
   local defaults = {lr = opts.lr or 1e-3, betas = opts.betas or {0.9, 0.95}, eps = opts.eps or 1e-8,
     weight_decay = opts.weight_decay or 0.1}
   if type(defaults.betas) ~= "table" or #defaults.betas ~= 2 then error("AdamW: betas must be {beta1, beta2}", 2) end
-  local groups
+  local groups, order -- order: every entry as given (the norm's summation order)
   if type(params) == "table" and type(params[1]) == "table" and params[1].params ~= nil then
     groups = {}
     for i, g in ipairs(params) do
@@ -59,6 +64,7 @@ function optim.AdamW(params, opts)
     end
   else
     local all = entries_of(params, "AdamW")
+    order = all
     local decay, no_decay = {}, {}
     for _, e in ipairs(all) do
       if e.no_decay then no_decay[#no_decay + 1] = e else decay[#decay + 1] = e end
@@ -70,7 +76,7 @@ function optim.AdamW(params, opts)
         weight_decay = 0, lr_scale = 1},
     }
   end
-  local self = setmetatable({groups = groups, t = 0, m = {}, v = {}, names = {}}, AdamW)
+  local self = setmetatable({groups = groups, t = 0, m = {}, v = {}, names = {}, entries = {}, norm_gen = 0}, AdamW)
   local seen = {}
   for _, g in ipairs(groups) do
     for i, e in ipairs(g.params) do
@@ -85,22 +91,65 @@ function optim.AdamW(params, opts)
       self.m[name] = nv.unscope(nv.zeros(e.param:size(), {device = e.param:device()}))
       self.v[name] = nv.unscope(nv.zeros(e.param:size(), {device = e.param:device()}))
       self.names[e] = name
+      if not order then self.entries[#self.entries + 1] = e end
     end
   end
+  if order then for i, e in ipairs(order) do self.entries[i] = e end end
   return self
 end
 
---- opt:step(): one AdamW update of every parameter from its grad (the step count advances first)
+--- opt:step(): one AdamW update of every parameter from its grad (the step count advances first):
+-- one core.adamw_multi per group (one launch on a GPU). After opt:clip_grad_norm each grad is
+-- scaled by the clip factor on the fly (the grads stay as they are).
 function AdamW:step()
   self.t = self.t + 1
+  local clip = self.clip_armed and self.norm_state or nil
+  self.clip_armed = false
   for _, g in ipairs(self.groups) do
     local o = {lr = g.lr, beta1 = g.betas[1], beta2 = g.betas[2], eps = g.eps, weight_decay = g.weight_decay,
       step = self.t}
-    for _, e in ipairs(g.params) do
+    local ps, gs, ms, vs = {}, {}, {}, {}
+    for i, e in ipairs(g.params) do
       local name = self.names[e]
-      core.adamw_step(e.param, e.grad, self.m[name], self.v[name], o)
+      ps[i], gs[i], ms[i], vs[i] = e.param, e.grad, self.m[name], self.v[name]
     end
+    if #ps > 0 then core.adamw_multi(ps, gs, ms, vs, o, nil, clip) end
   end
+end
+
+-- The sum of squares a norm state holds (one copy to the host).
+local function state_sumsq(state)
+  return (string.unpack("<d", string.pack("<i8", state:cpu():totable()[1])))
+end
+
+local GradNorm = {}
+GradNorm.__index = GradNorm
+function GradNorm:value()
+  if self.opt.norm_gen ~= self.gen then
+    error("norm:value(): the optimizer has computed a newer norm since; read it before the next clip_grad_norm", 2)
+  end
+  if not self.v then self.v = math.sqrt(state_sumsq(self.opt.norm_state)) end
+  return self.v
+end
+GradNorm.__tostring = function(self) return "GradNorm(" .. tostring(self:value()) .. ")" end
+
+--- opt:clip_grad_norm(max_norm) -> norm: the global L2 norm of every grad of this optimizer (in the
+-- order the parameters were given: optim.grad_norm's value) computed on their device into the
+-- optimizer's norm state, one launch, nothing read back; the next opt:step() then scales every grad
+-- by max_norm / (norm + 1e-6) when norm > max_norm and finite (optim.clip_grad_norm's rule, rounded
+-- as grad:mul_ rounds), without writing the grads. norm:value() reads the norm (one copy to the
+-- host), until the next clip_grad_norm. A non-finite norm is not clipped: read it to skip a step.
+function AdamW:clip_grad_norm(max_norm)
+  if type(max_norm) ~= "number" or max_norm <= 0 then error("clip_grad_norm: max_norm must be a positive number", 2) end
+  local gs = {}
+  for i, e in ipairs(self.entries) do gs[i] = e.grad end
+  local dev = gs[1] and gs[1]:device() or "cpu"
+  if not self.norm_state or self.norm_state:device() ~= dev then
+    self.norm_state = nv.unscope(nv.zeros(4, {dtype = "i64", device = dev}))
+  end
+  core.grad_norm_multi(self.norm_state, gs, max_norm)
+  self.clip_armed, self.norm_gen = true, self.norm_gen + 1
+  return setmetatable({opt = self, gen = self.norm_gen}, GradNorm)
 end
 
 --- opt:zero_grad(): every grad = 0
@@ -274,11 +323,14 @@ function ShardedAdamW:reduce_clip(max_norm)
 end
 
 --- opt:step(): AdamW on this rank's shard, then every rank gets every shard (all-gather in place)
+-- (one core.adamw_multi over every segment, the no_decay ones with weight decay 0)
 function ShardedAdamW:step()
   self.t = self.t + 1
-  for _, sg in ipairs(self.segments) do
-    core.adamw_step(sg.p, sg.g, sg.m, sg.v, {lr = self.lr, beta1 = self.beta1, beta2 = self.beta2, eps = self.eps,
-      weight_decay = sg.no_decay and 0 or self.weight_decay, step = self.t})
+  local ps, gs, ms, vs, nd = {}, {}, {}, {}, {}
+  for i, sg in ipairs(self.segments) do ps[i], gs[i], ms[i], vs[i], nd[i] = sg.p, sg.g, sg.m, sg.v, sg.no_decay end
+  if #ps > 0 then
+    core.adamw_multi(ps, gs, ms, vs, {lr = self.lr, beta1 = self.beta1, beta2 = self.beta2, eps = self.eps,
+      weight_decay = self.weight_decay, step = self.t}, nd)
   end
   self.dist.all_gather(self.flat, self.p)
 end
@@ -330,10 +382,25 @@ end
 
 -- ---- clipping -----------------------------------------------------------------------------------
 
---- optim.grad_norm(params) -> the global L2 norm of all grads (fp64 sums of squares)
+--- optim.grad_norm(params) -> the global L2 norm of all grads (fp64 sums of squares): the sum of
+-- core.sumsq of each grad, in order. Contiguous f32 grads on one device: one core.grad_norm_multi
+-- (one launch on a GPU, the same sum on the CPU) and one copy to the host.
 function optim.grad_norm(params)
+  local entries = entries_of(params, "grad_norm")
+  local gs, multi = {}, #entries > 0
+  for i, e in ipairs(entries) do
+    gs[i] = e.grad
+    multi = multi and e.grad:dtype() == "f32" and e.grad:is_contiguous() and e.grad:device() == gs[1]:device()
+  end
+  if multi then
+    local state = nv.zeros(4, {dtype = "i64", device = gs[1]:device()})
+    core.grad_norm_multi(state, gs, 1.0)
+    local ss = state_sumsq(state)
+    state:free()
+    return math.sqrt(ss)
+  end
   local ss = 0.0
-  for _, e in ipairs(entries_of(params, "grad_norm")) do ss = ss + core.sumsq(e.grad) end
+  for _, e in ipairs(entries) do ss = ss + core.sumsq(e.grad) end
   return math.sqrt(ss)
 end
 

@@ -224,6 +224,22 @@ static nvl_status adamw_step(nvl_kctx *ctx, float *param, const float *grad, flo
   return NVL_OK;
 }
 
+static nvl_status adamw_multi(nvl_kctx *ctx, const nvl_adamw_chunk *t, int64_t count, const nvl_adamw_opts *o,
+                              const int64_t *state) {
+  nvl_adamw_opts o0 = *o;
+  o0.weight_decay = 0.0;
+  nvl_adamw_coefs kd = nvl_adamw_coefs_of(o), k0 = nvl_adamw_coefs_of(&o0);
+  const double c = state ? nvl_norm_state_get(state, NVL_NORM_CLIP) : 1.0;
+  for (int64_t j = 0; j < count; j++) {
+    const nvl_adamw_coefs *k = t[j].no_decay ? &k0 : &kd;
+    for (int64_t i = 0; i < t[j].n; i++) {
+      float g = state ? nvl_clip_scale(t[j].grad[i], c) : t[j].grad[i];
+      nvl_adamw_elem(&t[j].param[i], g, &t[j].m[i], &t[j].v[i], k);
+    }
+  }
+  return NVL_OK;
+}
+
 /* ---- sum of squares --------------------------------------------------------------------------- */
 
 static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype dt, int64_t n) {
@@ -232,6 +248,19 @@ static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype 
   double s = 0.0;
   for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
   *out = s;
+  return NVL_OK;
+}
+
+static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n,
+                                  int64_t count, double max_norm) {
+  double ss = 0.0;
+  for (int64_t j = 0; j < count; j++) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n[j]; i++) s += (double)x[j][i] * x[j][i];
+    ss += s;
+  }
+  nvl_norm_state_set(state, NVL_NORM_SUMSQ, ss);
+  nvl_norm_state_set(state, NVL_NORM_CLIP, nvl_clip_factor(ss, max_norm));
   return NVL_OK;
 }
 
@@ -252,4 +281,6 @@ const nvl_layer_kernels nvl_layers_ref = {
   .sumsq = sumsq,
   .attention_forward = nvl_attention_forward_ref,
   .attention_backward = nvl_attention_backward_ref,
+  .adamw_multi = adamw_multi,
+  .grad_norm_multi = grad_norm_multi,
 };

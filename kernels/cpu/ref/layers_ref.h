@@ -15,6 +15,7 @@
 #ifndef NVL_LAYERS_REF_H
 #define NVL_LAYERS_REF_H
 #include <math.h>
+#include <string.h>
 #include "backend.h"
 
 #ifdef __cplusplus
@@ -77,6 +78,27 @@ static inline void nvl_adamw_elem(float *p, float g, float *m, float *v, const n
 }
 
 /* sumsq: *out = sum of x^2 over n f32 or bf16 elements, in double, in order. */
+
+/* Multi-tensor AdamW (adamw_multi): each tensor as adamw_step, its grad first scaled by the clip
+ * factor c as grad:mul_(c) rounds (nvl_binary_scalar_f32_cpu's MUL): one f32 product when c is
+ * exact in f32, else the double product rounded once. */
+static inline float nvl_clip_scale(float g, double c) {
+  float cf = (float)c;
+  return (double)cf == c ? g * cf : (float)((double)g * c);
+}
+/* The clip factor of optim.clip_grad_norm for a sum of squares ss: max_norm / (sqrt(ss) + 1e-6)
+ * when sqrt(ss) > max_norm and finite, else exactly 1. In double. */
+static inline double nvl_clip_factor(double ss, double max_norm) {
+  double norm = sqrt(ss);
+  return norm > max_norm && norm < INFINITY ? max_norm / (norm + 1e-6) : 1.0;
+}
+/* state[NVL_NORM_SUMSQ], state[NVL_NORM_CLIP] (doubles in i64 slots) */
+static inline double nvl_norm_state_get(const int64_t *state, int slot) {
+  double d;
+  memcpy(&d, &state[slot], sizeof d);
+  return d;
+}
+static inline void nvl_norm_state_set(int64_t *state, int slot, double d) { memcpy(&state[slot], &d, sizeof d); }
 
 #ifdef __cplusplus
 }
