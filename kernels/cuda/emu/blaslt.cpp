@@ -454,7 +454,9 @@ static size_t scale_bytes(const Problem &p, int which) {
   return (size_t)(((rows + 127) / 128) * 128 * ((p.k / vec + 3) / 4) * 4);
 }
 
-static int64_t dense_bytes(const nvl_emu_lt_layout *l) { return ((int64_t)l->rows * l->cols * bits_of(l->type) + 7) / 8; }
+static int64_t dense_bytes(const nvl_emu_lt_layout *l) {
+  return ((int64_t)l->rows * l->cols * bits_of(l->type) + 7) / 8;
+}
 
 /* The counters of one call (emu_api.h: nvl_emu_gemm_info). */
 static GemmCount gemm_count(const Problem &p, bool reads_c, const void *const scales[2]) {

@@ -586,7 +586,8 @@ void track_end(KernelCount &k) {
     const uintptr_t lo = (uintptr_t)t.a->h, hi = lo + t.a->size;
     for (size_t i = 0; i < t.npages; i++) {
       if (!t.mark[i]) continue;
-      const uintptr_t p0 = std::max(lo, (uintptr_t)t.first + i * PAGE), p1 = std::min(hi, (uintptr_t)t.first + (i + 1) * PAGE);
+      const uintptr_t page = (uintptr_t)t.first + i * PAGE;
+      const uintptr_t p0 = std::max(lo, page), p1 = std::min(hi, page + PAGE);
       const int64_t b = p1 > p0 ? (int64_t)(p1 - p0) : 0;
       if (t.mark[i] & 1) k.bytes_read += b;
       if (t.mark[i] & 2) k.bytes_written += b;
