@@ -16,9 +16,10 @@
 --     what the emulator's sm_90 shows).
 --  3. Other kernels: global-memory bytes read + written per kernel (the emulator's unique bytes per
 --     launch, 4 KiB-page granular, clipped to each allocation) fitted per kernel as a + b s + c s^2
---     over the sizes (2 sizes: b s + c s^2; 1 size: c s^2, for smoke runs) and evaluated at s = 64 (hidden 4096 = 64 x 64; every proportion of the family
---     is the 8B block's except the KV width, 2x the 8B's share, and the head count, fixed: per-head
---     row statistics are under-counted 8x, negligible); time at mem_eff x 3.35 TB/s.
+--     over the sizes (2 sizes: b s + c s^2; 1 size: c s^2, for smoke runs) and evaluated at
+--     s = 64 (hidden 4096 = 64 x 64; every proportion of the family is the 8B block's except the KV
+--     width, 2x the 8B's share, and the head count, fixed: per-head row
+--     statistics are under-counted 8x, negligible); time at mem_eff x 3.35 TB/s.
 --  4. Attention kernels (names with "attn" or "flash"): FLOPs from the 8B shapes, causal, forward 2 T^2
 --     D Hq, backward 2.5x forward; the fp32 CUDA-core kernels (attn_*) at simt_eff of 67 TFLOP/s, the
 --     tensor-core FlashAttention-2 kernels (flash_*) at attn_eff of 989 TFLOP/s.
