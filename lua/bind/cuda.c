@@ -142,29 +142,80 @@ static int l_cuda_emulated(lua_State *L) {
   return 1;
 }
 
-/* core.cuda_emu_counters() -> {launches = n, host_syncs = n, ..., kernels = {[name] = {launches, blocks,
- * threads}}}: the emulator's counters since the process started; raises outside the emulation build */
+#ifdef NVL_CUDA_EMU
+static void set_int(lua_State *L, const char *k, int64_t v) {
+  lua_pushinteger(L, (lua_Integer)v);
+  lua_setfield(L, -2, k);
+}
+
+static const char *emu_type_name(int t) {
+  switch (t) {
+    case 0: return "f32";
+    case 14: return "bf16";
+    case 28: return "e4m3";
+    case 29: return "e5m2";
+    case 33: return "e2m1";
+    default: return "?";
+  }
+}
+
+/* counters.gemm_shapes: {{a, b, d, scales, m, n, k, calls, flops, bytes_a, bytes_b, bytes_c, bytes_d,
+ * bytes_scales}, ...} in order of first call */
+static void push_gemm_shapes(lua_State *L) {
+  static const char *const modes[] = {"tensor", "vec16_ue4m3", "vec32_ue8m0"};
+  nvl_emu_gemm_info g;
+  lua_newtable(L);
+  for (int i = 0; nvl_emu_gemm_counter(i, &g); i++) {
+    lua_createtable(L, 0, 14);
+    lua_pushstring(L, emu_type_name(g.type_a)); lua_setfield(L, -2, "a");
+    lua_pushstring(L, emu_type_name(g.type_b)); lua_setfield(L, -2, "b");
+    lua_pushstring(L, emu_type_name(g.type_d)); lua_setfield(L, -2, "d");
+    lua_pushstring(L, g.scale_mode >= 0 && g.scale_mode <= 2 ? modes[g.scale_mode] : "?");
+    lua_setfield(L, -2, "scales");
+    set_int(L, "m", g.m); set_int(L, "n", g.n); set_int(L, "k", g.k); set_int(L, "calls", g.calls);
+    set_int(L, "flops", g.flops); set_int(L, "bytes_a", g.bytes_a); set_int(L, "bytes_b", g.bytes_b);
+    set_int(L, "bytes_c", g.bytes_c); set_int(L, "bytes_d", g.bytes_d); set_int(L, "bytes_scales", g.bytes_scales);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "gemm_shapes");
+}
+#endif
+
+/* core.cuda_emu_counters() -> {launches = n, host_syncs = n, ..., bytes_counted = bool,
+ * kernels = {[name] = {launches, blocks, threads, bytes_read, bytes_written}}, gemm_shapes = {...}}:
+ * the emulator's counters since the process started or the last core.cuda_emu_reset_counters()
+ * (kernels/cuda/emu/emu_api.h says what each counts); raises outside the emulation build */
 static int l_cuda_emu_counters(lua_State *L) {
 #ifdef NVL_CUDA_EMU
-  int64_t v, l, b, t;
+  int64_t v, l, b, t, r, w;
   const char *name;
   lua_newtable(L);
-  for (int i = 0; (name = nvl_emu_counter(i, &v)) != NULL; i++) {
-    lua_pushinteger(L, (lua_Integer)v);
-    lua_setfield(L, -2, name);
-  }
+  for (int i = 0; (name = nvl_emu_counter(i, &v)) != NULL; i++) set_int(L, name, v);
+  lua_pushboolean(L, nvl_emu_bytes_counted());
+  lua_setfield(L, -2, "bytes_counted");
   lua_newtable(L);
   for (int i = 0; (name = nvl_emu_kernel_counter(i, &l, &b, &t)) != NULL; i++) {
-    lua_createtable(L, 0, 3);
-    lua_pushinteger(L, (lua_Integer)l); lua_setfield(L, -2, "launches");
-    lua_pushinteger(L, (lua_Integer)b); lua_setfield(L, -2, "blocks");
-    lua_pushinteger(L, (lua_Integer)t); lua_setfield(L, -2, "threads");
+    lua_createtable(L, 0, 5);
+    set_int(L, "launches", l); set_int(L, "blocks", b); set_int(L, "threads", t);
+    if (!nvl_emu_kernel_bytes(i, &r, &w)) r = w = 0;
+    set_int(L, "bytes_read", r); set_int(L, "bytes_written", w);
     lua_setfield(L, -2, name);
   }
   lua_setfield(L, -2, "kernels");
+  push_gemm_shapes(L);
   return 1;
 #else
   return luaL_error(L, "cuda_emu_counters: this build does not emulate CUDA (configure with -DNVLUA_CUDA=EMU)");
+#endif
+}
+
+/* core.cuda_emu_reset_counters(): every emulator counter back to 0 (raises outside the emulation build) */
+static int l_cuda_emu_reset_counters(lua_State *L) {
+#ifdef NVL_CUDA_EMU
+  nvl_emu_reset_counters();
+  return 0;
+#else
+  return luaL_error(L, "cuda_emu_reset_counters: this build does not emulate CUDA (configure with -DNVLUA_CUDA=EMU)");
 #endif
 }
 
@@ -220,6 +271,7 @@ static const luaL_Reg cuda_funcs[] = {
   {"cuda_flash_attention", l_flash_attention}, {"cuda_flash_attention_backward", l_flash_attention_backward},
   {"cuda_wmma_probe", l_wmma_probe},
   {"cuda_emulated", l_cuda_emulated}, {"cuda_emu_counters", l_cuda_emu_counters},
+  {"cuda_emu_reset_counters", l_cuda_emu_reset_counters},
   {"cuda_memory", l_cuda_memory}, {"cuda_gemm_path", l_gemm_path}, {"cuda_set_sync", l_set_sync},
   {"cuda_synchronize", l_synchronize}, {"cuda_time", l_time}, {"cuda_set_poison", l_set_poison},
   {"cuda_empty_cache", l_cuda_empty_cache}, {NULL, NULL}};

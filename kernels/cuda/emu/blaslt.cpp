@@ -454,6 +454,31 @@ static size_t scale_bytes(const Problem &p, int which) {
   return (size_t)(((rows + 127) / 128) * 128 * ((p.k / vec + 3) / 4) * 4);
 }
 
+static int64_t dense_bytes(const nvl_emu_lt_layout *l) {
+  return ((int64_t)l->rows * l->cols * bits_of(l->type) + 7) / 8;
+}
+
+/* The counters of one call (emu_api.h: nvl_emu_gemm_info). */
+static GemmCount gemm_count(const Problem &p, bool reads_c, const void *const scales[2]) {
+  GemmCount g{};
+  g.type_a = p.a->type;
+  g.type_b = p.b->type;
+  g.type_d = p.d->type;
+  g.scale_mode = p.op->mode_a;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.calls = 1;
+  g.flops = 2 * p.m * p.n * p.k;
+  g.bytes_a = dense_bytes(p.a);
+  g.bytes_b = dense_bytes(p.b);
+  g.bytes_c = reads_c ? dense_bytes(p.c) : 0;
+  g.bytes_d = dense_bytes(p.d);
+  for (int i = 0; i < 2; i++)
+    if (scales[i]) g.bytes_scales += (int64_t)scale_bytes(p, i);
+  return g;
+}
+
 static cublasStatus_t matmul(const Problem &p, const cublasLtMatmulAlgo_t *algo, const float *alpha,
                              const float *beta, const void *A, const void *B, const void *C, void *D, void *ws,
                              size_t ws_bytes, cudaStream_t stream) {
@@ -492,6 +517,7 @@ static cublasStatus_t matmul(const Problem &p, const cublasLtMatmulAlgo_t *algo,
   Stream *s = stream_of(stream, "cublasLtMatmul");
   if (!s) return lt_refuse(CUBLAS_STATUS_INVALID_VALUE, "stream %p is not a live stream", (void *)stream);
   counters().gemms++;
+  count_gemm(gemm_count(p, *beta != 0.0f, scales));
   if (!op_enqueue(s, "cublasLtMatmul", acc, n)) return CUBLAS_STATUS_SUCCESS; /* the race is a fault, as a GPU's */
   auto hv = [](const void *q) -> char * { return q ? host_view(find_alloc(q, 0), q) : NULL; };
   compute(p, hv(A), hv(B), hv(C == D ? D : C), hv(D), *alpha, *beta, scales[0] ? hv(scales[0]) : NULL,

@@ -118,14 +118,38 @@ struct KernelCount {
   const void *key;
   std::string name;
   int64_t launches, blocks, threads;
+  int64_t bytes_read, bytes_written; /* global memory, page-granular (see track_begin) */
+};
+/* One GEMM shape and type signature (cublasLtMatmul calls with the same key add up). */
+struct GemmCount {
+  int type_a, type_b, type_d; /* cudaDataType */
+  int scale_mode;             /* CUBLASLT_MATMUL_MATRIX_SCALE_* of A (0: none or per-tensor) */
+  int64_t m, n, k;
+  int64_t calls, flops, bytes_a, bytes_b, bytes_c, bytes_d, bytes_scales;
 };
 struct Counters {
   int64_t launches, host_syncs, queries, memcpy_h2d, memcpy_d2h, memcpy_d2d, memsets, gemms, heuristics,
       collectives;
+  int64_t memcpy_h2d_bytes, memcpy_d2h_bytes, memcpy_d2d_bytes, memset_bytes, gemm_flops;
   std::vector<KernelCount> kernels;
+  std::vector<GemmCount> gemm_shapes;
 };
 Counters &counters();
 KernelCount &kernel_counter(const void *key, const char *name);
+/* Add one GEMM call to its shape's counter. */
+void count_gemm(const GemmCount &g);
+
+/* Global-memory bytes of a kernel launch (x86-64 only; elsewhere nothing is counted): track_begin
+ * makes the host view of every allocation the kernel may access (its arguments) inaccessible; the
+ * fault handler marks each page a kernel thread touches as read (first access a load: the page
+ * becomes read-only) or written (a store: read-write), so a page is marked read at most at its
+ * first load and written at its first store; a load of a page after a store to it is not seen.
+ * track_end adds, per allocation, the bytes of its marked pages that lie inside it (a page clipped
+ * to the allocation's bytes) to k, and restores the access. So the counts are the unique bytes
+ * touched per launch, rounded out to the 4 KiB pages touched (clipped to each allocation). */
+bool bytes_tracking_supported();
+void track_begin(const Access *acc, int n);
+void track_end(KernelCount &k);
 
 /* ---- launch.cpp ----------------------------------------------------------------------------------------- */
 

@@ -481,6 +481,7 @@ void launch_run(void (*thread_main)(void *), void *ctx) {
   k.blocks += nb;
   k.threads += nb * L.nthreads;
   counters().launches++;
+  track_begin(L.acc.data(), (int)L.acc.size());
   std::vector<int64_t> blocks;
   if (config().order != 0) {
     blocks.resize((size_t)nb);
@@ -491,6 +492,7 @@ void launch_run(void (*thread_main)(void *), void *ctx) {
     int64_t j = config().order ? blocks[(size_t)i] : i;
     run_block(uint3{(unsigned)(j % g.x), (unsigned)(j / g.x % g.y), (unsigned)(j / ((int64_t)g.x * g.y))});
   }
+  track_end(k);
 }
 
 /* ---- launch checks -------------------------------------------------------------------------------------------- */

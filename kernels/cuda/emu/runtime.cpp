@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -233,8 +234,25 @@ Counters &counters() { return ctr; }
 KernelCount &kernel_counter(const void *key, const char *name) {
   for (KernelCount &k : ctr.kernels)
     if (k.key == key) return k;
-  ctr.kernels.push_back(KernelCount{key, name, 0, 0, 0});
+  ctr.kernels.push_back(KernelCount{key, name, 0, 0, 0, 0, 0});
   return ctr.kernels.back();
+}
+
+void count_gemm(const GemmCount &g) {
+  ctr.gemm_flops += g.flops;
+  for (GemmCount &x : ctr.gemm_shapes)
+    if (x.type_a == g.type_a && x.type_b == g.type_b && x.type_d == g.type_d && x.scale_mode == g.scale_mode &&
+        x.m == g.m && x.n == g.n && x.k == g.k) {
+      x.calls += g.calls;
+      x.flops += g.flops;
+      x.bytes_a += g.bytes_a;
+      x.bytes_b += g.bytes_b;
+      x.bytes_c += g.bytes_c;
+      x.bytes_d += g.bytes_d;
+      x.bytes_scales += g.bytes_scales;
+      return;
+    }
+  ctr.gemm_shapes.push_back(g);
 }
 
 /* ---- memory ------------------------------------------------------------------------------------------ */
@@ -523,11 +541,90 @@ static double now_ms() {
   return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
+/* ---- global-memory bytes of a launch (emu.h: track_begin) ------------------------------------------------ */
+
+struct Tracked {
+  Alloc *a;
+  char *first;               /* the host view of the allocation's first page */
+  size_t npages;             /* its pages, the guard page not included */
+  std::vector<uint8_t> mark; /* per page: 1 read, 2 written */
+};
+static std::vector<Tracked> tracked;
+static size_t n_tracked;
+static volatile sig_atomic_t tracking;
+
+bool bytes_tracking_supported() {
+#if defined(__x86_64__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+void track_begin(const Access *acc, int n) {
+  if (!bytes_tracking_supported()) return;
+  if (tracked.size() < (size_t)n) tracked.resize((size_t)n);
+  n_tracked = 0;
+  for (int i = 0; i < n; i++) {
+    Alloc *a = acc[i].a;
+    if (a->pinned_host) continue;
+    Tracked &t = tracked[n_tracked++];
+    t.a = a;
+    t.first = hbase + a->off * PAGE;
+    t.npages = a->pages - 1;
+    t.mark.assign(t.npages, 0);
+    mprotect(t.first, t.npages * PAGE, PROT_NONE);
+  }
+  tracking = 1;
+}
+
+void track_end(KernelCount &k) {
+  if (!bytes_tracking_supported()) return;
+  tracking = 0;
+  for (size_t j = 0; j < n_tracked; j++) {
+    Tracked &t = tracked[j];
+    const uintptr_t lo = (uintptr_t)t.a->h, hi = lo + t.a->size;
+    for (size_t i = 0; i < t.npages; i++) {
+      if (!t.mark[i]) continue;
+      const uintptr_t page = (uintptr_t)t.first + i * PAGE;
+      const uintptr_t p0 = std::max(lo, page), p1 = std::min(hi, page + PAGE);
+      const int64_t b = p1 > p0 ? (int64_t)(p1 - p0) : 0;
+      if (t.mark[i] & 1) k.bytes_read += b;
+      if (t.mark[i] & 2) k.bytes_written += b;
+    }
+    mprotect(t.first, t.npages * PAGE, PROT_READ | PROT_WRITE);
+  }
+  n_tracked = 0;
+}
+
+/* A fault on a page of a tracked allocation: mark it (a store: written, else read), open it for what
+ * the access needs, and let the instruction run again. False: not a tracking fault. */
+static bool track_fault(const void *addr, void *uc) {
+#if defined(__x86_64__)
+  if (!tracking) return false;
+  const uintptr_t x = (uintptr_t)addr;
+  for (size_t j = 0; j < n_tracked; j++) {
+    Tracked &t = tracked[j];
+    if (x < (uintptr_t)t.first || x >= (uintptr_t)t.first + t.npages * PAGE) continue;
+    const size_t i = (x - (uintptr_t)t.first) / PAGE;
+    const bool write = (((ucontext_t *)uc)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+    const uint8_t bit = write ? 2 : 1;
+    if (t.mark[i] & bit) return false; /* already open for this access: not ours */
+    t.mark[i] |= bit;
+    return mprotect(t.first + i * PAGE, PAGE, write ? PROT_READ | PROT_WRITE : PROT_READ) == 0;
+  }
+#else
+  (void)addr;
+  (void)uc;
+#endif
+  return false;
+}
+
 /* ---- the fault handler ------------------------------------------------------------------------------------ */
 
 static void on_segv(int sig, siginfo_t *si, void *uc) {
-  (void)uc;
   const void *addr = si->si_addr;
+  if (track_fault(addr, uc)) return;
   char msg[1024];
   const bool kern = in_kernel();
   std::string where = kern ? kernel_context() : "host code";
@@ -778,6 +875,10 @@ static cudaError_t copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind
     memmove(ad ? host_view(ad, dst) : (char *)dst, as ? host_view(as, src) : (const char *)src, bytes);
   (kind == cudaMemcpyHostToDevice ? ctr.memcpy_h2d : kind == cudaMemcpyDeviceToHost ? ctr.memcpy_d2h
                                                                                        : ctr.memcpy_d2d)++;
+  if (kind != cudaMemcpyHostToHost)
+    (kind == cudaMemcpyHostToDevice ? ctr.memcpy_h2d_bytes : kind == cudaMemcpyDeviceToHost ? ctr.memcpy_d2h_bytes
+                                                                                           : ctr.memcpy_d2d_bytes) +=
+        (int64_t)bytes;
   if (to_host_waits) {
     ctr.host_syncs++;
     host_waits_for(s);
@@ -819,6 +920,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t h) {
   Access acc{a, ACC_WRITE, "its destination"};
   if (op_enqueue(s, "cudaMemsetAsync", &acc, 1)) memset(host_view(a, p), v, bytes);
   ctr.memsets++;
+  ctr.memset_bytes += (int64_t)bytes;
   return cudaSuccess;
 }
 
@@ -941,12 +1043,16 @@ const char *nvl_emu_description(void) {
 
 
 static const char *const counter_names[] = {"launches", "host_syncs", "queries", "memcpy_h2d", "memcpy_d2h",
-                                            "memcpy_d2d", "memsets", "gemms", "heuristics", "collectives"};
+                                            "memcpy_d2d", "memsets", "gemms", "heuristics", "collectives",
+                                            "memcpy_h2d_bytes", "memcpy_d2h_bytes", "memcpy_d2d_bytes",
+                                            "memset_bytes", "gemm_flops"};
 
 const char *nvl_emu_counter(int i, int64_t *value) {
   NVL_EMU_LOCK;
   const int64_t v[] = {ctr.launches, ctr.host_syncs, ctr.queries, ctr.memcpy_h2d, ctr.memcpy_d2h,
-                       ctr.memcpy_d2d, ctr.memsets, ctr.gemms, ctr.heuristics, ctr.collectives};
+                       ctr.memcpy_d2d, ctr.memsets, ctr.gemms, ctr.heuristics, ctr.collectives,
+                       ctr.memcpy_h2d_bytes, ctr.memcpy_d2h_bytes, ctr.memcpy_d2d_bytes, ctr.memset_bytes,
+                       ctr.gemm_flops};
   if (i < 0 || i >= (int)(sizeof v / sizeof v[0])) return NULL;
   *value = v[i];
   return counter_names[i];
@@ -960,6 +1066,43 @@ const char *nvl_emu_kernel_counter(int i, int64_t *launches, int64_t *blocks, in
   *blocks = k.blocks;
   *threads = k.threads;
   return k.name.c_str();
+}
+
+int nvl_emu_kernel_bytes(int i, int64_t *read, int64_t *written) {
+  NVL_EMU_LOCK;
+  if (i < 0 || i >= (int)ctr.kernels.size()) return 0;
+  *read = ctr.kernels[(size_t)i].bytes_read;
+  *written = ctr.kernels[(size_t)i].bytes_written;
+  return 1;
+}
+
+int nvl_emu_bytes_counted(void) { return bytes_tracking_supported(); }
+
+int nvl_emu_gemm_counter(int i, nvl_emu_gemm_info *g) {
+  NVL_EMU_LOCK;
+  if (i < 0 || i >= (int)ctr.gemm_shapes.size()) return 0;
+  const GemmCount &x = ctr.gemm_shapes[(size_t)i];
+  g->type_a = x.type_a;
+  g->type_b = x.type_b;
+  g->type_d = x.type_d;
+  g->scale_mode = x.scale_mode;
+  g->m = x.m;
+  g->n = x.n;
+  g->k = x.k;
+  g->calls = x.calls;
+  g->flops = x.flops;
+  g->bytes_a = x.bytes_a;
+  g->bytes_b = x.bytes_b;
+  g->bytes_c = x.bytes_c;
+  g->bytes_d = x.bytes_d;
+  g->bytes_scales = x.bytes_scales;
+  return 1;
+}
+
+/* Kernels are forgotten (their names come back at their next launch). */
+void nvl_emu_reset_counters(void) {
+  NVL_EMU_LOCK;
+  ctr = Counters();
 }
 
 }  // extern "C"

@@ -1,0 +1,119 @@
+-- test_cuda_emu_counters.lua: the CUDA emulator's traffic counters (issue 16's measurement side):
+-- per-kernel global-memory bytes read and written (unique bytes per launch, 4 KiB pages clipped to
+-- each allocation: exact for kernels that stream whole allocations), per-GEMM FLOPs and operand
+-- bytes, memcpy bytes by direction, the reset; and a smoke run of scripts/roofline.lua. Expected
+-- values come from the kernels' definitions. Skips outside the emulation build (-DNVLUA_CUDA=EMU).
+local T = require "nvlua.test"
+local nv = require "nvlua"
+local core = nv.core
+
+local function need_emu()
+  T.need_gpu()
+  if not nv.cuda.emulated() then T.skip("needs the CUDA emulator (-DNVLUA_CUDA=EMU)") end
+  if not core.cuda_emu_counters().bytes_counted then T.skip("the emulator counts bytes on x86-64 only") end
+end
+
+-- The counters spent by fn() alone (reset first).
+local function spent(fn)
+  core.cuda_emu_reset_counters()
+  fn()
+  return core.cuda_emu_counters()
+end
+
+local function only_kernel(c, name)
+  local n = 0
+  for _ in pairs(c.kernels) do n = n + 1 end
+  T.eq(n, 1, "one kernel launched")
+  local k = c.kernels[name]
+  T.ok(k ~= nil, "kernel " .. name .. " counted")
+  T.eq(k.launches, 1, name .. ": launches")
+  return k
+end
+
+T.case("emulator counters: core.cuda_emu_reset_counters outside the emulation build raises", function()
+  if core.cuda_emulated() then T.skip("the emulation build has the counters") end
+  T.raises(core.cuda_emu_reset_counters, "does not emulate CUDA")
+end)
+
+T.case("emulator bytes: axpy, fill, copy and cast read and write what their definitions say", function()
+  need_emu()
+  core.cuda_set_sync(false)
+  local n = 4096 * 3 -- f32: 48 KiB, a whole number of pages and of the allocator's 512-byte rounding
+  local x, y = nv.randn(n):cuda(), nv.randn(n):cuda()
+  -- y += a x: reads x and y (8n bytes), writes y (4n)
+  local k = only_kernel(spent(function() y:add_(x, 0.5) end), "axpy_kernel")
+  T.eq(k.bytes_read, 8 * n, "axpy bytes read")
+  T.eq(k.bytes_written, 4 * n, "axpy bytes written")
+  -- y = 2: writes 4n, reads nothing
+  k = only_kernel(spent(function() y:fill_(2) end), "fill_kernel<unsigned int>")
+  T.eq(k.bytes_read, 0, "fill bytes read")
+  T.eq(k.bytes_written, 4 * n, "fill bytes written")
+  -- a transpose made contiguous: reads the n f32 once, writes n f32
+  local m = nv.randn(96, 128):cuda()
+  local c = spent(function() m:t():contiguous():free() end)
+  k = only_kernel(c, "copy_strided_kernel<unsigned int, unsigned int>")
+  T.eq(k.bytes_read, 4 * 96 * 128, "copy bytes read")
+  T.eq(k.bytes_written, 4 * 96 * 128, "copy bytes written")
+  T.eq(c.memcpy_d2d_bytes, 0, "no device copy besides the kernel")
+  -- f32 -> bf16: reads 4 bytes, writes 2 per element
+  k = only_kernel(spent(function() m:to("bf16"):free() end), "copy_strided_kernel<short unsigned int, float>")
+  T.eq(k.bytes_read, 4 * 96 * 128, "cast bytes read")
+  T.eq(k.bytes_written, 2 * 96 * 128, "cast bytes written")
+  -- a small tensor: its 512-byte allocation (the caching allocator's rounding) is what a page clips to
+  local s = nv.randn(100):cuda()
+  k = only_kernel(spent(function() s:fill_(1) end), "fill_kernel<unsigned int>")
+  T.eq(k.bytes_written, 512, "a 400-byte tensor in a 512-byte allocation: bytes written")
+  core.cuda_synchronize()
+end)
+
+T.case("emulator counters: copies by direction, GEMM FLOPs 2MNK and operand bytes, reset", function()
+  need_emu()
+  core.cuda_set_sync(false)
+  local h = nv.randn(1000)
+  local d
+  local c = spent(function() d = h:cuda() end)
+  T.eq(c.memcpy_h2d, 1, "one host->device copy")
+  T.eq(c.memcpy_h2d_bytes, 4000, "host->device bytes")
+  c = spent(function() d:cpu() end)
+  T.eq(c.memcpy_d2h_bytes, 4000, "device->host bytes")
+  local qa = core.quantize(nv.randn(64, 128):cuda(), "bf16")
+  local qb = core.quantize(nv.randn(96, 128):cuda(), "bf16")
+  nv.qmatmul(qa, qb):free() -- plan it first
+  c = spent(function() nv.qmatmul(qa, qb):free() end)
+  T.eq(c.gemms, 1, "one cuBLASLt matmul")
+  T.eq(c.gemm_flops, 2 * 64 * 96 * 128, "FLOPs 2 M N K")
+  T.eq(#c.gemm_shapes, 1, "one GEMM shape")
+  local g = c.gemm_shapes[1]
+  T.eq({g.a, g.b, g.calls, g.k, g.m * g.n, g.flops}, {"bf16", "bf16", 1, 128, 64 * 96, 2 * 64 * 96 * 128}, "the shape")
+  T.eq(g.bytes_a + g.bytes_b, (64 + 96) * 128 * 2, "bf16 operands read: (M + N) K x 2 bytes")
+  local out_bytes = g.d == "f32" and 4 or 2
+  T.eq(g.bytes_d, 64 * 96 * out_bytes, "D written: M N x its element size (" .. g.d .. ")")
+  T.eq(g.bytes_c, 0, "beta 0: C not read")
+  core.cuda_emu_reset_counters()
+  c = core.cuda_emu_counters()
+  for _, name in ipairs({"launches", "host_syncs", "gemms", "gemm_flops", "memcpy_h2d_bytes", "memcpy_d2h_bytes"}) do
+    T.eq(c[name], 0, "after reset: " .. name)
+  end
+  T.eq(next(c.kernels), nil, "after reset: no kernels")
+  T.eq(#c.gemm_shapes, 0, "after reset: no GEMM shapes")
+end)
+
+T.case("scripts/roofline.lua: a smoke run prints the estimate with every recipe", function()
+  need_emu()
+  local dir = T.tmpdir()
+  local out = dir .. "/est.md"
+  local exe = arg[-1] or "nvlua"
+  local f = assert(io.popen(string.format("%s scripts/roofline.lua sizes=1 steps=2 out=%s 2>%s/err", exe, out, dir)))
+  local text = f:read("a")
+  local _, _, code = f:close()
+  T.eq(code, 0, "exit status; output:\n" .. text .. assert(io.open(dir .. "/err")):read("a"))
+  T.ok(text:find("ESTIMATE from emulation counters, not a measurement", 1, true) ~= nil, "labelled an estimate")
+  for _, r in ipairs({"bf16", "fp8_cs", "nvfp4", "mxfp8"}) do
+    T.ok(text:find("| nvlua " .. r .. " (estimate) | ", 1, true) ~= nil, "summary row of " .. r)
+    T.ok(text:find("\n### " .. r .. "\n", 1, true) ~= nil, "table of " .. r)
+  end
+  T.ok(text:find("torchtitan anchor", 1, true) and text:find("744 TFLOP/s", 1, true), "the anchors")
+  local w = assert(io.open(out)):read("a")
+  T.eq(w, text, "the file holds what was printed")
+  T.rm_tree(dir)
+end)
