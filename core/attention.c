@@ -2,11 +2,14 @@
  * nvl_attention_forward / nvl_attention_backward (contract in layers.h; kernels in
  * kernels/cpu/attention_cpu.h and kernels/cpu/ref/attention_ref.h).
  * q, out, dq, dout (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); all f32,
- * contiguous, all on one device (q's). Backward: dq, dk, dv are activation gradients, WRITTEN (=).
+ * contiguous, all on one device (q's) — or the activations all bf16 (lse f32): then the f32 op
+ * runs on exact f32 copies and dq, dk, dv, out are rounded once (NUMERICS §11, core/act.h).
+ * Backward: dq, dk, dv are activation gradients, WRITTEN (=).
  * One entry of the device's kernel table runs (core/dispatch.h); its workspace is call scratch.
  * Not here: the arithmetic. */
 #include <limits.h>
 #include <math.h>
+#include "act.h"
 #include "dispatch.h"
 #include "layers.h"
 
@@ -69,8 +72,8 @@ static nvl_status check_qkv(const char *op, const nvl_tensor *q, const nvl_tenso
   return NVL_OK;
 }
 
-nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
-                                 const nvl_tensor *v, double scale) {
+static nvl_status attention_forward_f32(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                        const nvl_tensor *v, double scale) {
   const char *op = "attention_forward";
   const nvl_backend *be;
   dims n;
@@ -93,9 +96,9 @@ nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_ten
   return NVL_OK;
 }
 
-nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
-                                  const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
-                                  const nvl_tensor *out, const nvl_tensor *lse, double scale) {
+static nvl_status attention_backward_f32(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
+                                         const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
+                                         const nvl_tensor *out, const nvl_tensor *lse, double scale) {
   const char *op = "attention_backward";
   char s1[160], s2[160];
   const nvl_backend *be;
@@ -134,4 +137,55 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
   *dk = gk;
   *dv = gv;
   return NVL_OK;
+}
+
+/* ---- bf16 activations (NUMERICS §11, act.h): widened exactly, the f32 op, one rounding ------------ */
+
+static nvl_status need_null(const char *op, const char *name, const nvl_tensor *t) {
+  if (!t) return nvl_error(NVL_EINVAL, "%s: no place for the output %s (NULL)", op, name);
+  if (t->storage) return nvl_error(NVL_EINVAL, "%s: the output %s must be a null tensor", op, name);
+  return NVL_OK;
+}
+
+nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                 const nvl_tensor *v, double scale) {
+  const char *op = "attention_forward";
+  const char *names[3] = {"q", "k", "v"};
+  const nvl_tensor *acts[3] = {q, k, v};
+  nvl_dtype dt;
+  NVL_TRY(nvl_act_dtype(op, names, acts, 3, &dt));
+  if (dt == NVL_F32) return attention_forward_f32(out, lse, q, k, v, scale);
+  NVL_TRY(need_null(op, "out", out));
+  NVL_TRY(need_null(op, "lse", lse));
+  nvl_tensor w[3], r[1] = {nvl_tensor_null()}, l = nvl_tensor_null();
+  NVL_TRY(nvl_act_widen(w, acts, 3));
+  nvl_status st = attention_forward_f32(&r[0], &l, &w[0], &w[1], &w[2], scale);
+  nvl_act_release(w, 3);
+  if (st != NVL_OK) return st;
+  nvl_tensor *outs[1] = {out};
+  st = nvl_act_round(outs, r, 1);
+  if (st == NVL_OK) *lse = l; /* lse stays f32 */
+  else nvl_tensor_release(&l);
+  return st;
+}
+
+nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
+                                  const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
+                                  const nvl_tensor *out, const nvl_tensor *lse, double scale) {
+  const char *op = "attention_backward";
+  const char *names[5] = {"dout", "q", "k", "v", "out"};
+  const nvl_tensor *acts[5] = {dout, q, k, v, out};
+  nvl_dtype dt;
+  NVL_TRY(nvl_act_dtype(op, names, acts, 5, &dt));
+  if (dt == NVL_F32) return attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, scale);
+  NVL_TRY(need_null(op, "dq", dq));
+  NVL_TRY(need_null(op, "dk", dk));
+  NVL_TRY(need_null(op, "dv", dv));
+  nvl_tensor w[5], r[3] = {nvl_tensor_null(), nvl_tensor_null(), nvl_tensor_null()};
+  NVL_TRY(nvl_act_widen(w, acts, 5));
+  nvl_status st = attention_backward_f32(&r[0], &r[1], &r[2], &w[0], &w[1], &w[2], &w[3], &w[4], lse, scale);
+  nvl_act_release(w, 5);
+  if (st != NVL_OK) return st;
+  nvl_tensor *outs[3] = {dq, dk, dv};
+  return nvl_act_round(outs, r, 3);
 }

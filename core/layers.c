@@ -2,6 +2,10 @@
  * embedding, RMSNorm, RoPE, SwiGLU, fused cross-entropy, AdamW, sumsq. Attention lives in
  * core/attention.c.
  *
+ * bf16 activations (NUMERICS §11): each public entry reads its activations' dtype (core/act.h); bf16
+ * ones are widened to f32 copies, the f32 entry (the *_f32 functions below) runs on them and its
+ * activation outputs are rounded once to bf16.
+ *
  * Every entry checks its tensors (live, on the CPU, f32 and contiguous — ids and targets: i64,
  * any strides —, shapes consistent, ids and targets in range) and fails with a message naming
  * the op (by its Lua name), the tensors' shapes and dtypes, before anything is allocated or
@@ -22,6 +26,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "act.h"
 #include "dispatch.h"
 #include "layers.h"
 
@@ -151,7 +156,7 @@ static int overlap(const nvl_tensor *a, const nvl_tensor *b, int64_t n) {
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
-nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, const nvl_tensor *weight) {
+static nvl_status embedding_forward_f32(nvl_tensor *out, const nvl_tensor *ids_in, const nvl_tensor *weight) {
   const char *op = "embedding_forward";
   char s1[160];
   const nvl_backend *be;
@@ -182,7 +187,23 @@ nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids_in, cons
   return st;
 }
 
-nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *ids_in) {
+nvl_status nvl_embedding_forward_as(nvl_tensor *out, const nvl_tensor *ids, const nvl_tensor *weight, nvl_dtype dt) {
+  const char *op = "embedding_forward";
+  if (dt != NVL_F32 && dt != NVL_BF16)
+    return nvl_error(NVL_EINVAL, "%s: the output dtype must be f32 or bf16, got %s", op,
+                     (int)dt >= 0 && dt < NVL_DTYPE_COUNT ? nvl_dtypes[dt].name : "an unknown dtype");
+  if (dt == NVL_F32) return embedding_forward_f32(out, ids, weight);
+  nvl_tensor r[1] = {nvl_tensor_null()};
+  NVL_TRY(embedding_forward_f32(&r[0], ids, weight)); /* a gather: exact, then one rounding */
+  nvl_tensor *outs[1] = {out};
+  return nvl_act_round(outs, r, 1);
+}
+
+nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids, const nvl_tensor *weight) {
+  return nvl_embedding_forward_as(out, ids, weight, NVL_F32);
+}
+
+static nvl_status embedding_backward_f32(nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *ids_in) {
   const char *op = "embedding_backward";
   char s1[160];
   const nvl_backend *be;
@@ -205,6 +226,18 @@ nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, c
   return st;
 }
 
+nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *ids) {
+  const char *names[1] = {"dout"};
+  nvl_dtype dt;
+  NVL_TRY(nvl_act_dtype("embedding_backward", names, &dout, 1, &dt));
+  if (dt == NVL_F32) return embedding_backward_f32(dweight, dout, ids);
+  nvl_tensor w;
+  NVL_TRY(nvl_act_widen(&w, &dout, 1));
+  nvl_status st = embedding_backward_f32(dweight, &w, ids);
+  nvl_tensor_release(&w);
+  return st;
+}
+
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
 /* x (..., C) with C >= 1 and weight (C). */
@@ -219,7 +252,7 @@ static nvl_status check_rms_x_w(const char *op, const nvl_tensor *x, const nvl_t
   return NVL_OK;
 }
 
-nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
+static nvl_status rmsnorm_forward_f32(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
                                double eps) {
   const char *op = "rmsnorm_forward";
   const nvl_backend *be;
@@ -246,7 +279,28 @@ nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tens
   return NVL_OK;
 }
 
-nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
+nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
+                               double eps) {
+  const char *op = "rmsnorm_forward";
+  const char *names[1] = {"x"};
+  nvl_dtype dt;
+  NVL_TRY(nvl_act_dtype(op, names, &x, 1, &dt));
+  if (dt == NVL_F32) return rmsnorm_forward_f32(out, rstd, x, weight, eps);
+  NVL_TRY(need_out_null(op, "out", out));
+  NVL_TRY(need_out_null(op, "rstd", rstd));
+  nvl_tensor w, r[1] = {nvl_tensor_null()}, sd = nvl_tensor_null();
+  NVL_TRY(nvl_act_widen(&w, &x, 1));
+  nvl_status st = rmsnorm_forward_f32(&r[0], &sd, &w, weight, eps);
+  nvl_tensor_release(&w);
+  if (st != NVL_OK) return st;
+  nvl_tensor *outs[1] = {out};
+  st = nvl_act_round(outs, r, 1);
+  if (st == NVL_OK) *rstd = sd; /* rstd stays f32 */
+  else nvl_tensor_release(&sd);
+  return st;
+}
+
+static nvl_status rmsnorm_backward_f32(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
                                 const nvl_tensor *weight, const nvl_tensor *rstd) {
   const char *op = "rmsnorm_backward";
   const nvl_backend *be;
@@ -272,6 +326,24 @@ nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_t
   }
   *dx = r;
   return NVL_OK;
+}
+
+nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
+                                const nvl_tensor *weight, const nvl_tensor *rstd) {
+  const char *op = "rmsnorm_backward";
+  const char *names[2] = {"dout", "x"};
+  const nvl_tensor *acts[2] = {dout, x};
+  nvl_dtype dt;
+  NVL_TRY(nvl_act_dtype(op, names, acts, 2, &dt));
+  if (dt == NVL_F32) return rmsnorm_backward_f32(dx, dweight, dout, x, weight, rstd);
+  NVL_TRY(need_out_null(op, "dx", dx));
+  nvl_tensor w[2], r[1] = {nvl_tensor_null()};
+  NVL_TRY(nvl_act_widen(w, acts, 2));
+  nvl_status st = rmsnorm_backward_f32(&r[0], dweight, &w[0], &w[1], weight, rstd);
+  nvl_act_release(w, 2);
+  if (st != NVL_OK) return st;
+  nvl_tensor *outs[1] = {dx};
+  return nvl_act_round(outs, r, 1);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------------- */
@@ -353,7 +425,8 @@ static nvl_status check_rope(const char *op, const char *xn, const nvl_tensor *x
 }
 
 /* out (or dx) = the rotation (bwd: its transpose) of x (B, T, H, D): one table entry. */
-static nvl_status rope(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t, int bwd) {
+static nvl_status rope_f32(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t,
+                           int bwd) {
   const char *op = bwd ? "rope_backward" : "rope_forward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, bwd ? "dx" : "out", out));
@@ -375,6 +448,23 @@ static nvl_status rope(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *c
   return NVL_OK;
 }
 
+/* The rotation of bf16 activations: NUMERICS §11 (act.h). */
+static nvl_status rope(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t, int bwd) {
+  const char *op = bwd ? "rope_backward" : "rope_forward";
+  const char *names[1] = {bwd ? "dout" : "x"};
+  nvl_dtype dt;
+  NVL_TRY(nvl_act_dtype(op, names, &x, 1, &dt));
+  if (dt == NVL_F32) return rope_f32(out, x, cos_t, sin_t, bwd);
+  NVL_TRY(need_out_null(op, bwd ? "dx" : "out", out));
+  nvl_tensor w, r[1] = {nvl_tensor_null()};
+  NVL_TRY(nvl_act_widen(&w, &x, 1));
+  nvl_status st = rope_f32(&r[0], &w, cos_t, sin_t, bwd);
+  nvl_tensor_release(&w);
+  if (st != NVL_OK) return st;
+  nvl_tensor *outs[1] = {out};
+  return nvl_act_round(outs, r, 1);
+}
+
 nvl_status nvl_rope_forward(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t) {
   return rope(out, x, cos_t, sin_t, 0);
 }
@@ -385,7 +475,7 @@ nvl_status nvl_rope_backward(nvl_tensor *dx, const nvl_tensor *dout, const nvl_t
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 
-nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up) {
+static nvl_status swiglu_forward_f32(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up) {
   const char *op = "swiglu_forward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, "out", out));
@@ -405,8 +495,25 @@ nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl
   return NVL_OK;
 }
 
-nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout, const nvl_tensor *gate,
-                               const nvl_tensor *up) {
+nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up) {
+  const char *op = "swiglu_forward";
+  const char *names[2] = {"gate", "up"};
+  const nvl_tensor *acts[2] = {gate, up};
+  nvl_dtype dt;
+  NVL_TRY(nvl_act_dtype(op, names, acts, 2, &dt));
+  if (dt == NVL_F32) return swiglu_forward_f32(out, gate, up);
+  NVL_TRY(need_out_null(op, "out", out));
+  nvl_tensor w[2], r[1] = {nvl_tensor_null()};
+  NVL_TRY(nvl_act_widen(w, acts, 2));
+  nvl_status st = swiglu_forward_f32(&r[0], &w[0], &w[1]);
+  nvl_act_release(w, 2);
+  if (st != NVL_OK) return st;
+  nvl_tensor *outs[1] = {out};
+  return nvl_act_round(outs, r, 1);
+}
+
+static nvl_status swiglu_backward_f32(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout,
+                                      const nvl_tensor *gate, const nvl_tensor *up) {
   const char *op = "swiglu_backward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, "dgate", dgate));
@@ -431,6 +538,25 @@ nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_ten
   *dgate = g;
   *dup = u;
   return NVL_OK;
+}
+
+nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout, const nvl_tensor *gate,
+                               const nvl_tensor *up) {
+  const char *op = "swiglu_backward";
+  const char *names[3] = {"dout", "gate", "up"};
+  const nvl_tensor *acts[3] = {dout, gate, up};
+  nvl_dtype dt;
+  NVL_TRY(nvl_act_dtype(op, names, acts, 3, &dt));
+  if (dt == NVL_F32) return swiglu_backward_f32(dgate, dup, dout, gate, up);
+  NVL_TRY(need_out_null(op, "dgate", dgate));
+  NVL_TRY(need_out_null(op, "dup", dup));
+  nvl_tensor w[3], r[2] = {nvl_tensor_null(), nvl_tensor_null()};
+  NVL_TRY(nvl_act_widen(w, acts, 3));
+  nvl_status st = swiglu_backward_f32(&r[0], &r[1], &w[0], &w[1], &w[2]);
+  nvl_act_release(w, 3);
+  if (st != NVL_OK) return st;
+  nvl_tensor *outs[2] = {dgate, dup};
+  return nvl_act_round(outs, r, 2);
 }
 
 /* ---- fused softmax cross-entropy -------------------------------------------------------------- */

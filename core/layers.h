@@ -1,7 +1,10 @@
 /* layers.h: the layer library's C contracts — forward/backward pairs for Llama's layers, the
  * fused cross-entropy, AdamW and the gradient-norm helpers (DESIGN.md "Layers").
  * Tensors on one device (the CPU, or a GPU), f32, contiguous unless said otherwise; shapes outermost
- * first:
+ * first. Activations (x, out, dout, dx, gate, up, dgate, dup, q, k, v, dq, dk, dv) may instead be
+ * bf16, all of one call alike: the op is then its f32 form on the inputs widened exactly, each
+ * activation output rounded once to bf16 (core/NUMERICS.md §11); parameters, parameter gradients,
+ * rstd, lse, cos and sin stay f32.
  *   N tokens (B*T flattened), C model width, V vocabulary, B batch, T sequence, H heads,
  *   Hq query heads, Hkv key/value heads (Hq % Hkv == 0), D head dim, F FFN width.
  * Contract of every backward: parameter gradients ACCUMULATE (+=), activation gradients are
@@ -20,8 +23,10 @@ extern "C" {
 #endif
 
 /* ---- embedding -------------------------------------------------------------------------------- */
-/* out (N, C) = weight[ids[n], :]; ids (N) i64 in [0, V), weight (V, C). */
+/* out (N, C) = weight[ids[n], :]; ids (N) i64 in [0, V), weight (V, C). out is f32; _as: of dtype
+ * dt, f32 or bf16 (the rows rounded once). */
 nvl_status nvl_embedding_forward(nvl_tensor *out, const nvl_tensor *ids, const nvl_tensor *weight);
+nvl_status nvl_embedding_forward_as(nvl_tensor *out, const nvl_tensor *ids, const nvl_tensor *weight, nvl_dtype dt);
 /* dweight (V, C) += scatter of dout (N, C) by ids (N). */
 nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *ids);
 
@@ -45,7 +50,7 @@ nvl_status nvl_rope_forward(nvl_tensor *out, const nvl_tensor *x, const nvl_tens
 /* dx = the transposed rotation of dout. */
 nvl_status nvl_rope_backward(nvl_tensor *dx, const nvl_tensor *dout, const nvl_tensor *cos, const nvl_tensor *sin);
 
-/* ---- causal grouped-query attention (fp32, never quantized) ------------------------------------ */
+/* ---- causal grouped-query attention (fp32 math, never quantized) ------------------------------------ */
 /* out (B, T, Hq, D) = softmax(q k^T * scale + causal mask) v per head, query head h reading
  * key/value head h / (Hq / Hkv); q (B, T, Hq, D), k, v (B, T, Hkv, D); lse (B, Hq, T) the
  * log-sum-exp of each softmax row, saved for backward. */

@@ -309,8 +309,12 @@ T.case("bad inputs: each error names the op, the problem and the shapes", functi
   both(q, z(2, 5, 2, 4), z(2, 5, 2, 4), "q and k differ in D (dim 4): q is [2,5,4,8] f32, k is [2,5,2,4] f32")
   both(q, z(3, 5, 2, 8), z(3, 5, 2, 8), "q and k differ in B (dim 1)")
   both(q, k, z(2, 5, 2, 4), "k and v must have one shape (B, T, Hkv, D), got k [2,5,2,8] f32 and v [2,5,2,4] f32")
-  both(q:to("bf16"), k, v, "q must be f32, got [2,5,4,8] bf16")
-  both(q, k, v:to("bf16"), "v must be f32, got [2,5,2,8] bf16")
+  -- activations all f32 or all bf16 (NUMERICS §11); no other dtype
+  T.raises(function() return F(q:to("bf16"), k, v, 1) end,
+    "attention_forward: q is [2,5,4,8] bf16 but k is [2,5,2,8] f32; the activations of one call must share a dtype")
+  T.raises(function() return Bk(out, q, k, v:to("bf16"), out, lse, 1) end,
+    "attention_backward: dout is [2,5,4,8] f32 but v is [2,5,2,8] bf16")
+  both(q:to("i32"), k:to("i32"), v:to("i32"), "q must be f32 or bf16, got [2,5,4,8] i32")
   both(z(2, 5, 8), k, v, "q must be 4-D (B, T, Hq, D), got [2,5,8] f32")
   both(q, z(2, 5, 16), v, "k must be 4-D (B, T, Hkv, D), got [2,5,16] f32")
   both(z(2, 4, 5, 8):transpose(2, 3), k, v, "q must be contiguous")
@@ -324,7 +328,8 @@ T.case("bad inputs: each error names the op, the problem and the shapes", functi
   T.raises(function() return Bk(out, q, k, v, out, z(2, 5, 4), 1) end,
     "attention_backward: lse must be a contiguous f32 (B, Hq, T) = [2,4,5] cpu tensor, got [2,5,4] f32")
   T.raises(function() return Bk(out, q, k, v, out, lse:to("bf16"), 1) end, "attention_backward: lse must be")
-  T.raises(function() return Bk(out:to("bf16"), q, k, v, out, lse, 1) end, "attention_backward: dout must be f32")
+  T.raises(function() return Bk(out:to("bf16"), q, k, v, out, lse, 1) end,
+    "attention_backward: dout is [2,5,4,8] bf16 but q is [2,5,4,8] f32")
   local dead = z(2, 5, 4, 8)
   dead:free()
   T.raises(function() return F(dead, k, v, 1) end, "freed")

@@ -607,7 +607,10 @@ end)
 T.case("bad inputs: rmsnorm", function()
   T.raises(function() core.rmsnorm_forward(nv.randn(4, 64), nv.randn(32), 1e-5) end,
     "rmsnorm_forward: x is [4,64] f32 but weight is [32] f32")
-  T.raises(function() core.rmsnorm_forward(nv.randn(4, 8):to("bf16"), nv.randn(8), 1e-5) end, "rmsnorm_forward: x must be f32, got [4,8] bf16")
+  T.raises(function() core.rmsnorm_forward(nv.randn(4, 8):to("i32"), nv.randn(8), 1e-5) end,
+    "rmsnorm_forward: x must be f32 or bf16, got [4,8] i32")
+  T.raises(function() core.rmsnorm_forward(nv.randn(4, 8):to("bf16"), nv.randn(8):to("bf16"), 1e-5) end,
+    "rmsnorm_forward: weight must be f32, got [8] bf16")
   T.raises(function() core.rmsnorm_forward(nv.randn(8, 4):t(), nv.randn(8), 1e-5) end, "x must be contiguous")
   T.raises(function() core.rmsnorm_forward(nv.randn(4, 8), nv.randn(8), -1) end, "eps must be a finite number >= 0")
   T.raises(function() core.rmsnorm_forward(nv.randn(4, 8), nv.randn(8)) end, "bad argument #3")
@@ -648,7 +651,8 @@ end)
 
 T.case("bad inputs: swiglu", function()
   T.raises(function() core.swiglu_forward(nv.randn(2, 3), nv.randn(3, 2)) end, "swiglu_forward: gate is [2,3] f32 but up is [3,2] f32")
-  T.raises(function() core.swiglu_forward(nv.randn(2, 3), nv.randn(2, 3):to("bf16")) end, "swiglu_forward: up must be f32, got [2,3] bf16")
+  T.raises(function() core.swiglu_forward(nv.randn(2, 3), nv.randn(2, 3):to("bf16")) end,
+    "swiglu_forward: gate is [2,3] f32 but up is [2,3] bf16; the activations of one call must share a dtype")
   T.raises(function() core.swiglu_backward(nv.randn(2, 4), nv.randn(2, 3), nv.randn(2, 3)) end,
     "swiglu_backward: dout is [2,4] f32 but gate is [2,3] f32")
 end)

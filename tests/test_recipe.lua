@@ -52,13 +52,17 @@ end
 
 -- ---- (a) NVFP4 semantics bit for bit ---------------------------------------------------------------
 
-T.case("nvfp4 fprop = qmatmul(1x16 x, 16x16 w, bf16 out) bit for bit; y is f32 holding bf16 values", function()
+T.case("nvfp4 fprop = qmatmul(1x16 x, 16x16 w, bf16 out) bit for bit; y bf16 (act_dtype f32: bf16 values)", function()
   local x, w = data(64, 128, 48, 1)
   local r = recipe.nvfp4()
   local y, saved = r:linear_forward(ctx_of(5, 32), x, w)
   local ref = nv.qmatmul(nv.quantize(x, "nvfp4"), nv.quantize(w, "nvfp4", {block = "2d"}), {out = "bf16"}):float()
   same(y, ref, "fprop")
-  T.ok(is_bf16_valued(y), "y is an f32 tensor of bf16 values")
+  T.eq(y:dtype(), "bf16", "y is a bf16 activation (act_dtype bf16, the default)")
+  local y32, s32 = recipe.nvfp4({act_dtype = "f32"}):linear_forward(ctx_of(5, 32), x, w)
+  same(y32, ref, "fprop, act_dtype f32")
+  T.ok(is_bf16_valued(y32), "act_dtype f32: y is an f32 tensor of bf16 values")
+  recipe.nvfp4():release(s32)
   T.ok(saved.qw ~= nil and saved.qw:layout() == "16x16", "the 2-D weight is kept for dgrad")
   r:release(saved)
   T.ok(saved.qw == nil, "release frees it")
@@ -82,7 +86,7 @@ T.case("nvfp4 dgrad = qmatmul(SR 1x16 dy, fprop's q_w:t()) and wgrad = RHT+SR ex
   local qdy = nv.quantize(dy, "nvfp4", {sr = true, generator = gen})
   local qw = nv.quantize(w, "nvfp4", {block = "2d"})
   same(dx, nv.qmatmul(qdy, qw:t(), {out = "bf16"}):float(), "dgrad")
-  T.ok(is_bf16_valued(dx), "dx holds bf16 values")
+  T.eq(dx:dtype(), "bf16", "dx is a bf16 activation gradient")
   -- wgrad: the next draw (offset + 1), both operands blocked along T with the RHT
   local qdyt = nv.quantize(dy, "nvfp4", {axis = 1, rht = true, sr = true, generator = gen})
   T.eq(qdyt.offset, off + 1)
@@ -526,7 +530,7 @@ T.case("bf16 recipe: the bf16-rounded product of bf16-rounded inputs, fp32 accum
   local ctx = ctx_of(0, 2)
   local y, saved = r:linear_forward(ctx, x, w)
   same(y, nv.qmatmul(nv.quantize(x, "bf16"), nv.quantize(w, "bf16"), {out = "bf16"}):float(), "y")
-  T.ok(is_bf16_valued(y), "bf16 values")
+  T.eq(y:dtype(), "bf16", "a bf16 activation")
   local xb, wb = x:bf16():float(), w:bf16():float()
   local ref = xb:matmul(wb:t())
   T.close(y, ref, 2 ^ -8, 1e-6, "within bf16 output rounding of the fp32 product")
@@ -595,10 +599,11 @@ end)
 
 T.case("errors: unknown options list the valid ones; bad custom specs name the layer and the role", function()
   T.raises(function() recipe.nvfp4({rth = false}) end,
-    "recipe.nvfp4: unknown option 'rth' (valid: bf16_first, bf16_last, rht, seed, sr, switch_at, w2d)")
-  T.raises(function() recipe.fp8_delayed({histroy = 4}) end, "unknown option 'histroy' (valid: format, history, switch_at)")
+    "recipe.nvfp4: unknown option 'rth' (valid: act_dtype, bf16_first, bf16_last, rht, seed, sr, switch_at, w2d)")
+  T.raises(function() recipe.fp8_delayed({histroy = 4}) end,
+    "unknown option 'histroy' (valid: act_dtype, format, history, switch_at)")
   T.raises(function() recipe.mxfp8({scale_rule = "round"}) end, "option scale_rule must be one of rceil, floor")
-  T.raises(function() recipe.bf16({rht = true}) end, "recipe.bf16: unknown option 'rht' (valid: )")
+  T.raises(function() recipe.bf16({rht = true}) end, "recipe.bf16: unknown option 'rht' (valid: act_dtype)")
   T.raises(function() recipe.nvfp4({sr = 1}) end, "option sr must be true or false")
   T.raises(function() recipe.nvfp4({bf16_last = -1}) end, "non-negative integer")
   T.raises(function() recipe.nvfp4({switch_at = {step = 5, fwd = true}}) end, "unknown field 'fwd'")

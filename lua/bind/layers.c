@@ -1,6 +1,6 @@
 /* layers.c: the Lua binding of core/layers.h (attention excepted: lua/bind/attention.c). Adds to
  * the module table nvlua.core:
- *   embedding_forward(ids, weight) -> out             embedding_backward(dweight, dout, ids)
+ *   embedding_forward(ids, weight [, dtype]) -> out   embedding_backward(dweight, dout, ids)
  *   rmsnorm_forward(x, weight, eps) -> out, rstd      rmsnorm_backward(dweight, dout, x, weight, rstd) -> dx
  *   rope_tables(T, D, theta [, scaling [, M]]) -> cos, sin
  *   rope_forward(x, cos, sin) -> out                  rope_backward(dout, cos, sin) -> dx
@@ -24,8 +24,15 @@
 static int l_embedding_forward(lua_State *L) {
   nvl_tensor *ids = nvl_lua_check_tensor(L, 1, "embedding_forward");
   nvl_tensor *w = nvl_lua_check_tensor(L, 2, "embedding_forward");
+  nvl_dtype dt = NVL_F32; /* the output's: "f32" (default) or "bf16" (bf16 activations) */
+  if (!lua_isnoneornil(L, 3)) {
+    const char *name = luaL_checkstring(L, 3);
+    dt = nvl_dtype_from_name(name);
+    if (dt != NVL_F32 && dt != NVL_BF16)
+      return luaL_error(L, "embedding_forward: dtype must be 'f32' or 'bf16', got '%s'", name);
+  }
   nvl_tensor *out = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_embedding_forward(out, ids, w));
+  CHECK(L, nvl_embedding_forward_as(out, ids, w, dt));
   return 1;
 }
 

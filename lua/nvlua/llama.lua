@@ -186,7 +186,8 @@ local function check_ids(ids, what, fname, max_pos)
   end
 end
 
---- model:forward(ids) -> logits [B*T, V] f32; ids i64 [B, T] (0-based token ids)
+--- model:forward(ids) -> logits [B*T, V], f32 or bf16 (the recipe's act_dtype); ids i64 [B, T] (0-based
+--- token ids)
 function Llama:forward(ids)
   check_ids(ids, "ids", "Llama:forward", self.config.max_position_embeddings)
   for _, m in ipairs(self._linears) do m.step = self.step end
@@ -234,8 +235,11 @@ function Llama:forward_backward(ids, targets, opts)
   if not self.training then error("Llama:forward_backward: the model is in eval mode (call model:train())", 2) end
   return nv.scope(function()
     local loss, count, dlogits = nv.scope(function() -- the logits die here, their gradient lives on
-      return core.cross_entropy(self:forward(ids), targets:reshape(targets:numel()), -- (N, V), (N)
+      local logits = self:forward(ids)                       -- (N, V), f32 or bf16 (act_dtype)
+      local l, n, d = core.cross_entropy(logits, targets:reshape(targets:numel()), -- (N)
         {ignore_index = opts.ignore_index or -100, z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1})
+      if logits:dtype() == "bf16" then d = d:to("bf16") end  -- bf16 activations: dlogits rounded once (NUMERICS §11)
+      return l, n, d
     end)                                                     -- dlogits (N, V)
     self:backward(dlogits)
     return loss, count

@@ -237,10 +237,13 @@ function Module:num_parameters()
   return n
 end
 
---- m:set_recipe(r): every Linear under m computes its GEMMs with recipe r
+--- m:set_recipe(r): every Linear under m computes its GEMMs with recipe r, and every Embedding
+-- under m returns activations of r's act_dtype (NUMERICS §11); the other layers follow the
+-- dtype of what they are given.
 function Module:set_recipe(r)
   for _, m in ipairs(self:modules()) do
     if nn.is_instance(m, nn.Linear) then m.recipe = r end
+    if nn.is_instance(m, nn.Embedding) then m.recipe = r end
   end
   return self
 end
@@ -476,24 +479,27 @@ end
 
 -- ---- Embedding ----------------------------------------------------------------------------------
 
---- nn.Embedding(num_embeddings, dim [, {generator=, std=0.02}]): out (..., C) = weight[ids]
+--- nn.Embedding(num_embeddings, dim [, {generator=, std=0.02, recipe=}]): out (..., C) = weight[ids];
+-- the recipe (m:set_recipe) only gives the output's dtype, its act_dtype
 local Embedding = nn.class("Embedding", Module)
 nn.Embedding = Embedding
 
 function Embedding:__init(num, dim, opts)
   Module.__init(self)
-  opts = check_opts(opts, {generator = true, std = true, name = true}, "Embedding")
+  opts = check_opts(opts, {generator = true, std = true, name = true, recipe = true}, "Embedding")
   check_int(num, "num_embeddings", "Embedding")
   check_int(dim, "embedding_dim", "Embedding")
   self.num_embeddings, self.dim = num, dim
   self.name = opts.name
+  self.recipe = opts.recipe
   self.weight_entry = self:register_parameter("weight", normal({num, dim}, opts.std or 0.02, opts.generator),
     {no_decay = true})
 end
 
 function Embedding:extra_repr() return self.num_embeddings .. ", " .. self.dim end
 
---- ids (...) i64 -> out (..., C) f32. The ids have no gradient.
+--- ids (...) i64 -> out (..., C), f32, or bf16 under a recipe (m:set_recipe) whose act_dtype is
+--- bf16. The ids have no gradient.
 function Embedding:forward(ids)
   if not nv.is_tensor(ids) or ids:dtype() ~= "i64" then
     error("Embedding:forward: ids must be an i64 tensor, got " .. (nv.is_tensor(ids) and ids:dtype() or type(ids)), 2)
@@ -502,7 +508,8 @@ function Embedding:forward(ids)
   drop_saved(self)
   return nv.scope(function()
     local flat = ids:reshape(ids:numel())                             -- (N), our own handle
-    local out = core.embedding_forward(flat, self.weight_entry.param) -- (N, C)
+    local act = self.recipe and self.recipe.act_dtype or "f32"
+    local out = core.embedding_forward(flat, self.weight_entry.param, act) -- (N, C)
     if self.training then self._saved = nv.unscope({ids = flat}) end
     shape[#shape + 1] = self.dim
     return out:view(shape)                                            -- (..., C)

@@ -8,8 +8,11 @@
 --
 -- Each operand is blocked along its GEMM's reduction dim: x and w along K in fprop, dy and w
 -- along N in dgrad (a 2-D weight reuses the fprop quantization transposed, q:t()), dy and x
--- along T in wgrad ({axis = 1}). fprop and dgrad outputs are rounded to bf16 (returned as f32
--- tensors holding bf16 values) unless both operands are f32; wgrad outputs are f32.
+-- along T in wgrad ({axis = 1}). fprop and dgrad outputs are rounded to bf16 unless both operands
+-- are f32; wgrad outputs are f32. The recipe's act_dtype (NUMERICS §11) is the dtype of the
+-- activations between layers: "bf16" (the default of every preset but f32 and custom) returns
+-- fprop and dgrad outputs as bf16 tensors; "f32" returns them as f32 tensors (holding bf16 values
+-- unless the GEMM is f32 x f32), the dataflow before act_dtype existed, bit for bit.
 -- Under data parallelism (set_amax_reducer, set_shard) each rank quantizes its slice of the global
 -- batch exactly as one process would quantize the whole: global amax, global SR block indices.
 -- Memory: each entry point runs in an nv.scope (lua/bind/scope.c), which frees its quantized
@@ -274,11 +277,16 @@ M._transposed = transposed -- for the test of that identity (tests/test_recipe.l
 -- The f32 x f32 GEMM without an RHT runs as a plain matmul (no copies).
 local function plain(g) return g.a.format == "f32" and g.b.format == "f32" and not g.a.rht end
 
--- (the bf16 product, when out is bf16, is left to the caller's scope)
-local function qgemm(qa, qb, out)
+-- (the bf16 product, when out is bf16, is left to the caller's scope). act: the recipe's act_dtype;
+-- a bf16 activation is the GEMM's own bf16 output, or its f32 output rounded once.
+local function qgemm(qa, qb, out, act)
   local y = quant.qmatmul(qa, qb, {out = out})
+  if act == "bf16" then return out == "bf16" and y or y:to("bf16") end
   return out == "bf16" and y:to("f32") or y
 end
+
+-- t as an f32 tensor: itself, or its exact widening (a bf16 activation entering a plain f32 GEMM)
+local function wide(t) return t:dtype() == "f32" and t or t:to("f32") end
 
 local function key_of(ctx, operand, role) return tostring(ctx.name) .. "|" .. operand .. "|" .. role end
 
@@ -298,8 +306,9 @@ local function reshape_like(y, lead, last)
 end
 
 --- recipe:linear_forward(ctx, x, w) -> y, saved
--- x [T,K] f32 (or [..., K]), w [N,K] f32 -> y [T,N] f32 (bf16-rounded values unless the GEMM
--- is f32 x f32). saved holds x, w and, when dgrad will reuse it, the fprop quantization of w.
+-- x [T,K] f32 or bf16 (or [..., K]), w [N,K] f32 -> y [T,N] of the recipe's act_dtype (f32: bf16-
+-- rounded values unless the GEMM is f32 x f32). saved holds x, w and, when dgrad will reuse it,
+-- the fprop quantization of w.
 function Recipe:linear_forward(ctx, x, w)
   return core.scope(function()
     local shape = x:size()
@@ -308,12 +317,13 @@ function Recipe:linear_forward(ctx, x, w)
     local y, qw
     if plain(g) then
       if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
-      y = x2:matmul(w:transpose())
+      if self.act_dtype == "bf16" then y = wide(x2):matmul(w:transpose()):to("bf16")
+      else y = x2:matmul(w:transpose()) end
     else
       local qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
       qw = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
       if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
-      y = qgemm(qx, qw, g.out)
+      y = qgemm(qx, qw, g.out, self.act_dtype)
       -- keep the weight's quantization only when dgrad reuses it (2-D weights: it must); else the
       -- scope frees it with qx
       if not (transposable(g.b) and same_spec(g.b, self:spec(ctx, "dgrad", "w"))) then qw = nil end
@@ -325,8 +335,9 @@ function Recipe:linear_forward(ctx, x, w)
 end
 
 --- recipe:linear_backward(ctx, dy, saved, dw) -> dx
--- dy [T,N] f32 (or [..., N]); dw [N,K] f32 is accumulated (+=), or nil to skip the wgrad GEMM;
--- dx [T,K] f32 is a new tensor. SR draws in order: dgrad's operands, then wgrad's.
+-- dy [T,N] f32 or bf16 (or [..., N]); dw [N,K] f32 is accumulated (+=), or nil to skip the wgrad
+-- GEMM; dx [T,K] (the recipe's act_dtype) is a new tensor. SR draws in order: dgrad's operands,
+-- then wgrad's.
 function Recipe:linear_backward(ctx, dy, saved, dw)
   return core.scope(function()
     local dy2 = as2d(dy, "dy")
@@ -341,7 +352,8 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
       local d
       if plain(g) then
         if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "dgrad", gemm = g, a = dy2, b = w}) end
-        d = dy2:matmul(w)
+        if self.act_dtype == "bf16" then d = wide(dy2):matmul(w):to("bf16")
+        else d = dy2:matmul(w) end
       else
         local qdy = self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"), true)
         local qwt
@@ -355,7 +367,7 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
           qwt = self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"))
         end
         if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "dgrad", gemm = g, a = qdy, b = qwt}) end
-        d = qgemm(qdy, qwt, g.out)
+        d = qgemm(qdy, qwt, g.out, self.act_dtype)
       end
       stats.count("dgrad", g.label)
       return d
@@ -366,7 +378,8 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
         local gw = self:gemm(ctx, "wgrad")
         if plain(gw) then
           if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "wgrad", gemm = gw, a = dy2, b = x}) end
-          dw:add_(dy2:transpose():matmul(x))
+          if self.act_dtype == "bf16" then dw:add_(wide(dy2):transpose():matmul(wide(x)))
+          else dw:add_(dy2:transpose():matmul(x)) end
         else
           local qdy = self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"), true)
           local qx = self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"), true)
@@ -374,7 +387,7 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
           if gw.out == "f32" then
             quant.qmatmul(qdy, qx, {accumulate = dw}) -- dw += the product, no [N, K] temporary
           else
-            dw:add_(qgemm(qdy, qx, gw.out))
+            dw:add_(qgemm(qdy, qx, gw.out, "f32"))
           end
         end
         stats.count("wgrad", gw.label)
@@ -531,9 +544,29 @@ end
 
 -- ---- presets ----------------------------------------------------------------------------------
 
-local function new(name, options, fn, seed, history)
-  return setmetatable({name = name, options = options, fn = fn, gen = core.Generator(seed or 1234),
-    history_len = history or 1024, histories = {}}, Recipe)
+-- act: the opts.act_dtype given (nil: the preset's default, act_default); shown in the recipe's
+-- description only when it is not the default.
+local function new(name, options, fn, seed, history, act, act_default)
+  local r = setmetatable({name = name, options = options, fn = fn, gen = core.Generator(seed or 1234),
+    history_len = history or 1024, histories = {}, act_default = act_default or "bf16"}, Recipe)
+  r:set_act_dtype(act or r.act_default)
+  return r
+end
+
+local ACT_DTYPES = {bf16 = true, f32 = true}
+local is_act = one_of("bf16", "f32")
+
+--- recipe:set_act_dtype("bf16" | "f32") -> recipe: the dtype of the activations and activation
+-- gradients its layers pass (NUMERICS §11). Set it before a step, not between a forward and its
+-- backward.
+function Recipe:set_act_dtype(dt)
+  if not ACT_DTYPES[dt] then
+    error(string.format("recipe %s: act_dtype must be 'bf16' or 'f32', got %s", self.name,
+      type(dt) == "string" and "'" .. dt .. "'" or tostring(dt)), 2)
+  end
+  self.act_dtype = dt
+  self.options.act_dtype = dt ~= self.act_default and dt or nil
+  return self
 end
 
 -- Low-precision presets share two rules: modules marked high_precision (the LM head) are bf16,
@@ -549,21 +582,22 @@ local function low_precision(name, sw, base)
   end
 end
 
---- recipe.f32(): everything f32 (gradient checks, the PyTorch golden test).
+--- recipe.f32([{act_dtype = "f32"}]): everything f32 (gradient checks, the PyTorch golden test).
 function M.f32(opts)
-  check_opts(opts, {}, "recipe.f32")
-  return new("f32", {}, function() return F32 end)
+  opts = check_opts(opts, {act_dtype = is_act}, "recipe.f32")
+  return new("f32", {}, function() return F32 end, nil, nil, opts.act_dtype, "f32")
 end
 
---- recipe.bf16(): every operand rounded to bf16, fp32 accumulation, bf16 fprop/dgrad outputs.
+--- recipe.bf16([{act_dtype = "bf16"}]): every operand rounded to bf16, fp32 accumulation, bf16
+-- fprop/dgrad outputs.
 function M.bf16(opts)
-  check_opts(opts, {}, "recipe.bf16")
-  return new("bf16", {}, function() return BF16 end)
+  opts = check_opts(opts, {act_dtype = is_act}, "recipe.bf16")
+  return new("bf16", {}, function() return BF16 end, nil, nil, opts.act_dtype)
 end
 
 -- fp8: format "hybrid" (e4m3 for x and w, e5m2 for dy; the default) or "e4m3" everywhere.
 local function fp8(name, opts, delayed)
-  local valid = {format = one_of("hybrid", "e4m3"), switch_at = is_switch}
+  local valid = {format = one_of("hybrid", "e4m3"), switch_at = is_switch, act_dtype = is_act}
   if delayed then valid.history = is_pos end
   opts = check_opts(opts, valid, "recipe." .. name)
   local grad = (opts.format or "hybrid") == "hybrid" and "e5m2" or "e4m3"
@@ -571,7 +605,7 @@ local function fp8(name, opts, delayed)
   local base = function(c) return c.operand == "dy" and bwd or fwd end
   local shown = {format = opts.format or "hybrid", switch_at = opts.switch_at}
   if delayed then shown.history = opts.history or 1024 end
-  return new(name, shown, low_precision(name, opts.switch_at, base), nil, opts.history)
+  return new(name, shown, low_precision(name, opts.switch_at, base), nil, opts.history, opts.act_dtype)
 end
 
 --- recipe.fp8_cs({format = "hybrid"|"e4m3", switch_at}): per-tensor current scaling.
@@ -587,13 +621,13 @@ function M.fp8_delayed(opts) return fp8("fp8_delayed", opts, true) end
 -- blocks with e8m0 scales along each GEMM's reduction dim; e4m3 everywhere by default.
 function M.mxfp8(opts)
   opts = check_opts(opts, {scale_rule = one_of("rceil", "floor"), format = one_of("e4m3", "hybrid"),
-    switch_at = is_switch}, "recipe.mxfp8")
+    switch_at = is_switch, act_dtype = is_act}, "recipe.mxfp8")
   local rule = opts.scale_rule or "rceil"
   local fwd = {format = "mxfp8_e4m3", scale_rule = rule}
   local bwd = (opts.format or "e4m3") == "hybrid" and {format = "mxfp8_e5m2", scale_rule = rule} or fwd
   local base = function(c) return c.operand == "dy" and bwd or fwd end
   local shown = {scale_rule = rule, format = opts.format or "e4m3", switch_at = opts.switch_at}
-  return new("mxfp8", shown, low_precision("mxfp8", opts.switch_at, base))
+  return new("mxfp8", shown, low_precision("mxfp8", opts.switch_at, base), nil, nil, opts.act_dtype)
 end
 
 -- The 4-bit recipes (NUMERICS §6) for format fmt ("nvfp4" or "mxfp4"): fprop x and w RNE, dgrad
@@ -603,7 +637,7 @@ end
 local function fp4(name, fmt, opts)
   local ft = formats.get(fmt, "recipe." .. name)
   local valid = {rht = is_bool, sr = is_bool, bf16_first = is_count, bf16_last = is_count, seed = is_int,
-    switch_at = is_switch}
+    switch_at = is_switch, act_dtype = is_act}
   if ft.block2d then valid.w2d = is_bool end
   if ft.scale == "e8m0" then valid.scale_rule = one_of("rceil", "floor") end
   opts = check_opts(opts, valid, "recipe." .. name)
@@ -635,7 +669,7 @@ local function fp4(name, fmt, opts)
   end
   local shown = {rht = rht, sr = sr, w2d = ft.block2d and w2d or nil, scale_rule = rule, seed = opts.seed or 1234,
     bf16_first = opts.bf16_first or "floor(2L/32)", bf16_last = opts.bf16_last or "floor(8L/32)", switch_at = opts.switch_at}
-  return new(name, shown, low_precision(name, opts.switch_at, base), opts.seed)
+  return new(name, shown, low_precision(name, opts.switch_at, base), opts.seed, nil, opts.act_dtype)
 end
 
 --- recipe.nvfp4({rht = true, sr = true, w2d = true, bf16_first, bf16_last, seed = 1234, switch_at}):
@@ -653,13 +687,13 @@ function M.nvfp4(opts) return fp4("nvfp4", "nvfp4", opts) end
 -- blocks: dgrad re-quantizes W along its other axis), the same RHT, SR and high-precision blocks.
 function M.mxfp4(opts) return fp4("mxfp4", "mxfp4", opts) end
 
---- recipe.custom(fn [, {seed = 1234, history = 1024, switch_at}]): fn(ctx) -> spec per operand,
+--- recipe.custom(fn [, {seed = 1234, history = 1024, switch_at, act_dtype = "f32"}]): fn(ctx) -> spec per operand,
 -- ctx = {name, block, num_blocks, high_precision, step, role, operand}; a spec is a format name
 -- or {format, block, rht, sr, scale_rule, delayed}. fn has full control: it sees
 -- ctx.high_precision and decides what the LM head gets. switch_at, if given, applies on top.
 function M.custom(fn, opts)
   if type(fn) ~= "function" then error("recipe.custom: expects a function(ctx) -> spec, got " .. type(fn), 2) end
-  opts = check_opts(opts, {seed = is_int, history = is_pos, switch_at = is_switch}, "recipe.custom")
+  opts = check_opts(opts, {seed = is_int, history = is_pos, switch_at = is_switch, act_dtype = is_act}, "recipe.custom")
   local sw = opts.switch_at
   local f = fn
   if sw then
@@ -669,14 +703,15 @@ function M.custom(fn, opts)
       return fn(c)
     end
   end
-  return new("custom", {seed = opts.seed or 1234, switch_at = sw}, f, opts.seed, opts.history)
+  return new("custom", {seed = opts.seed or 1234, switch_at = sw}, f, opts.seed, opts.history, opts.act_dtype, "f32")
 end
 
 -- ---- registry ---------------------------------------------------------------------------------
 
 -- Recipes by name, for configs (train.build's recipe=<name>). A constructor takes the settings an
 -- experiment's config gives every recipe, any of them nil: seed, switch_at ({step, forward_only}),
--- rht, sr, w2d, bf16_first, bf16_last; it uses those that apply to it.
+-- rht, sr, w2d, bf16_first, bf16_last, act_dtype; it uses those that apply to it (recipe.make sets
+-- a given act_dtype on what a constructor returns).
 local registry, registered = {}, {}
 
 --- recipe.register(name, ctor): recipe.make(name, settings) (and recipe=<name> in a config) then
@@ -702,10 +737,12 @@ function M.make(name, settings)
   if not ctor then
     error(string.format("recipe.make: unknown recipe '%s' (valid: %s)", tostring(name), table.concat(registered, ", ")), 2)
   end
-  local r = ctor(settings or {})
+  settings = settings or {}
+  local r = ctor(settings)
   if not M.is_recipe(r) then
     error(string.format("recipe.make: the constructor of '%s' returned %s, not a recipe", name, type(r)), 2)
   end
+  if settings.act_dtype ~= nil then r:set_act_dtype(settings.act_dtype) end
   return r
 end
 

@@ -143,6 +143,10 @@ train.schema = config.schema({
     accept = function(v) return nv.recipe.is_recipe(v) end, accept_what = "a recipe value"}),
   rht = bool(true), sr = bool(true), w2d = bool(true), bf16_first = int(-1, {min = -1}),
   bf16_last = int(-1, {min = -1}), switch_step = int(0, {min = 0}), switch_forward_only = bool(true),
+  -- the dtype of the activations and activation gradients between layers (NUMERICS §11); recipe:
+  -- the recipe's own (bf16 for the low-precision recipes, f32 for recipe=f32)
+  act_dtype = str("recipe", {one_of = {"recipe", "bf16", "f32"},
+    doc = "recipe (the recipe's own: bf16, f32 for recipe=f32) | bf16 | f32"}),
   -- bookkeeping (eval_every, ckpt_every 0: never; keep 0: every checkpoint; resume: none | auto | a directory)
   out = str("runs/run", {nonempty = true}), resume = str("none", {nonempty = true}),
   eval_every = int(100, {min = 0}), eval_batches = int(8, {min = 1}), log_every = int(10, {min = 1}),
@@ -196,11 +200,12 @@ function train.model_config(c, vocab)
 end
 
 -- The settings a config gives every recipe constructor (recipe.register): seed, switch_at, rht,
--- sr, w2d, bf16_first, bf16_last (nil where the config leaves them to the recipe).
+-- sr, w2d, bf16_first, bf16_last, act_dtype (nil where the config leaves them to the recipe).
 local function recipe_settings(c)
   local switch = c.switch_step > 0 and {step = c.switch_step, forward_only = c.switch_forward_only} or nil
   return {seed = c.seed, switch_at = switch, rht = c.rht, sr = c.sr, w2d = c.w2d,
-    bf16_first = c.bf16_first >= 0 and c.bf16_first or nil, bf16_last = c.bf16_last >= 0 and c.bf16_last or nil}
+    bf16_first = c.bf16_first >= 0 and c.bf16_first or nil, bf16_last = c.bf16_last >= 0 and c.bf16_last or nil,
+    act_dtype = c.act_dtype ~= "recipe" and c.act_dtype or nil}
 end
 
 --- The run's recipe: c.recipe itself when it is a recipe value (recipe.custom, a preset), else the
@@ -208,7 +213,13 @@ end
 function train.recipe(c)
   local r = nv.recipe
   local name = c.recipe
-  if r.is_recipe(name) then return name end
+  if r.is_recipe(name) then
+    if c.act_dtype ~= "recipe" and c.act_dtype ~= name.act_dtype then
+      error(string.format("config: act_dtype=%s but the recipe value %s has act_dtype %s; give it {act_dtype = " ..
+        "\"%s\"} when building it, or act_dtype=recipe", c.act_dtype, tostring(name), name.act_dtype, c.act_dtype), 0)
+    end
+    return name
+  end
   local names = r.names()
   local known = false
   for _, n in ipairs(names) do known = known or n == name end
