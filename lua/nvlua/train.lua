@@ -670,7 +670,9 @@ local function step_once(r, step)
       gnorm = opt:reduce_clip(c.clip)
     else
       if world > 1 then dist.all_reduce(model.grad_buffer, "avg") end
-      gnorm = optim.clip_grad_norm(r.params, c.clip)
+      -- the norm and the clip factor on the grads' device (one launch); AdamW applies the factor.
+      -- The norm is read back every step: a non-finite one skips the step.
+      gnorm = opt:clip_grad_norm(c.clip):value()
     end
     if world > 1 then loss = dist.all_reduce_number(loss, "avg") end
     local rec_line, stop
