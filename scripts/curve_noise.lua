@@ -24,7 +24,9 @@ end
 
 local lines = {"# Loss-curve noise floor on the CPU (scripts/curve_noise.lua)", "",
   string.format("%s, %d steps, tests/curve.lua's 2-layer model. Relative gap |run - fast| / fast.", os.date("!%Y-%m-%d"),
-    o.steps), "", "| recipe | run | step 1 | worst | at step | final |", "|---|---|---|---|---|---|"}
+    o.steps), "",
+  string.format("Recipes at their defaults (activations: %s); CPU GEMM route: %s.",
+    nv.recipe.nvfp4().act_dtype or "?", tostring(nv.info().dnnl or "sgemm")), "", "| recipe | run | step 1 | worst | at step | final |", "|---|---|---|---|---|---|"}
 for _, rname in ipairs({"bf16", "nvfp4"}) do
   io.write(string.format("%s: fast kernels ...\n", rname)); io.flush()
   local base = curve.losses("cpu", rname, o.steps)
