@@ -4,13 +4,18 @@
  * q, out, dq, dout (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); all f32,
  * contiguous, all on one device (q's) — or the activations all bf16 (lse f32): then the f32 op
  * runs on exact f32 copies and dq, dk, dv, out are rounded once (NUMERICS §11, core/act.h).
- * Backward: dq, dk, dv are activation gradients, WRITTEN (=).
+ * Backward: dq, dk, dv are activation gradients, WRITTEN (=). On CUDA, bf16 activations with head dim
+ * 64 or 128 go to the tensor-core FlashAttention-2 (flash_attention.h) unless nvl_attention_flash(0): P and dS
+ * are rounded to bf16 before their products there (NUMERICS §11), so that route is not the widened f32 op.
  * One entry of the device's kernel table runs (core/dispatch.h); its workspace is call scratch.
  * Not here: the arithmetic. */
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include "act.h"
 #include "dispatch.h"
+#include "flash_attention.h"
 #include "layers.h"
 
 typedef struct {
@@ -141,6 +146,24 @@ static nvl_status attention_backward_f32(nvl_tensor *dq, nvl_tensor *dk, nvl_ten
 
 /* ---- bf16 activations (NUMERICS §11, act.h): widened exactly, the f32 op, one rounding ------------ */
 
+static atomic_int flash_on = 1;
+
+int nvl_attention_flash(int on) {
+  int prev = atomic_load(&flash_on);
+  if (on >= 0) atomic_store(&flash_on, on ? 1 : 0);
+  return prev;
+}
+
+/* the tensor-core flash attention takes these: bf16 on cuda, head dim 64 or 128, contiguous, 16-byte aligned */
+static int flash_route(const nvl_tensor *const *acts, int n) {
+  if (!atomic_load(&flash_on) || acts[0]->device != NVL_CUDA) return 0;
+  int64_t D = acts[0]->shape[3];
+  if (acts[0]->ndim != 4 || (D != 64 && D != 128)) return 0;
+  for (int i = 0; i < n; i++)
+    if (!nvl_tensor_is_contiguous(acts[i]) || (uintptr_t)nvl_tensor_data(acts[i]) % 16) return 0;
+  return 1;
+}
+
 static nvl_status need_null(const char *op, const char *name, const nvl_tensor *t) {
   if (!t) return nvl_error(NVL_EINVAL, "%s: no place for the output %s (NULL)", op, name);
   if (t->storage) return nvl_error(NVL_EINVAL, "%s: the output %s must be a null tensor", op, name);
@@ -157,6 +180,10 @@ nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_ten
   if (dt == NVL_F32) return attention_forward_f32(out, lse, q, k, v, scale);
   NVL_TRY(need_null(op, "out", out));
   NVL_TRY(need_null(op, "lse", lse));
+  if (flash_route(acts, 3)) {
+    if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
+    return nvl_flash_attention_forward(out, lse, q, k, v, scale, 1); /* checks shapes and devices */
+  }
   nvl_tensor w[3], r[1] = {nvl_tensor_null()}, l = nvl_tensor_null();
   NVL_TRY(nvl_act_widen(w, acts, 3));
   nvl_status st = attention_forward_f32(&r[0], &l, &w[0], &w[1], &w[2], scale);
@@ -181,6 +208,10 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
   NVL_TRY(need_null(op, "dq", dq));
   NVL_TRY(need_null(op, "dk", dk));
   NVL_TRY(need_null(op, "dv", dv));
+  if (flash_route(acts, 5)) {
+    if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
+    return nvl_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 1);
+  }
   nvl_tensor w[5], r[3] = {nvl_tensor_null(), nvl_tensor_null(), nvl_tensor_null()};
   NVL_TRY(nvl_act_widen(w, acts, 5));
   nvl_status st = attention_backward_f32(&r[0], &r[1], &r[2], &w[0], &w[1], &w[2], &w[3], &w[4], lse, scale);

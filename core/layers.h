@@ -60,6 +60,9 @@ nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_ten
 nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
                                   const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
                                   const nvl_tensor *out, const nvl_tensor *lse, double scale);
+/* Whether bf16 attention on CUDA with head dim 64 or 128 runs the tensor-core FlashAttention-2 (on: the
+ * default) or the widened f32 op (NUMERICS §11); on < 0 only reads. -> the previous setting. */
+int nvl_attention_flash(int on);
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 /* out (N, F) = silu(gate) * up. */

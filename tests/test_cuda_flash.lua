@@ -310,3 +310,41 @@ T.case("flash attention refuses what it does not take, with the reason", functio
   T.raises(function() core.cuda_flash_attention_backward(q, q, q, q, o, l:cuda():to("bf16"), 0.1) end,
     "lse must be a 3-D f32")
 end)
+
+-- The attention entry (core.attention_forward/backward, what nn.Attention calls) routes bf16 activations on
+-- cuda with head dim 64 or 128 to the flash kernels: the same bits as calling them directly. With the route
+-- off (core.attention_flash(false)), or at another head dim, it is NUMERICS §11's widened f32 op rounded once.
+T.case("bf16 attention on cuda: D 64/128 routed to flash (same bits), else and when off the widened f32 op", function()
+  need_gpu()
+  nv.manual_seed(13)
+  local function same(a, b, what) T.eq(flat(a), flat(b), what) end
+  for _, sh in ipairs({{1, 33, 4, 2, 64}, {2, 17, 2, 1, 128}, {1, 20, 4, 2, 32}}) do
+    local B, Tn, Hq, Hkv, D = table.unpack(sh)
+    local what = string.format("(B %d, T %d, Hq %d, Hkv %d, D %d)", B, Tn, Hq, Hkv, D)
+    local scale = 1 / math.sqrt(D)
+    local x, d = inputs(sh, true)
+    T.eq(core.attention_flash(), true, "the route is on by default")
+    local o, l = core.attention_forward(d.q, d.k, d.v, scale)
+    local gq, gk, gv = core.attention_backward(d.dout, d.q, d.k, d.v, o, l, scale)
+    -- the widened f32 op on cuda, rounded once (the rule with the route off)
+    local wo, wl = core.attention_forward(d.q:to("f32"), d.k:to("f32"), d.v:to("f32"), scale)
+    local wq, wk, wv = core.attention_backward(d.dout:to("f32"), d.q:to("f32"), d.k:to("f32"), d.v:to("f32"),
+      o:to("f32"), l, scale)
+    if D == 64 or D == 128 then
+      local fo, fl = core.cuda_flash_attention(d.q, d.k, d.v, scale, true)
+      same(o, fo, "routed out " .. what); same(l, fl, "routed lse " .. what)
+      local fq, fk, fv = core.cuda_flash_attention_backward(d.dout, d.q, d.k, d.v, fo, fl, scale, true)
+      same(gq, fq, "routed dq " .. what); same(gk, fk, "routed dk " .. what); same(gv, fv, "routed dv " .. what)
+    else
+      same(o, wo:to("bf16"), "D 32 is not routed: out " .. what)
+      same(gq, wq:to("bf16"), "D 32 is not routed: dq " .. what)
+    end
+    T.with(core.attention_flash, false, function()
+      local ro, rl = core.attention_forward(d.q, d.k, d.v, scale)
+      same(ro, wo:to("bf16"), "route off: out " .. what); same(rl, wl, "route off: lse " .. what)
+      local rq, rk, rv = core.attention_backward(d.dout, d.q, d.k, d.v, o, l, scale)
+      same(rq, wq:to("bf16"), "route off: dq " .. what)
+      same(rk, wk:to("bf16"), "route off: dk " .. what); same(rv, wv:to("bf16"), "route off: dv " .. what)
+    end)
+  end
+end)

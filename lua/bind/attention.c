@@ -1,6 +1,7 @@
 /* attention.c: the Lua binding of causal grouped-query attention (core/layers.h):
  *   core.attention_forward(q, k, v, scale) -> out, lse
  *   core.attention_backward(dout, q, k, v, out, lse, scale) -> dq, dk, dv
+ *   core.attention_flash([on]) -> the previous setting (bf16 attention on CUDA through FlashAttention-2)
  * q, out, dout, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); f32 tensors on
  * one device. nv.use_reference(true) runs the scalar double-precision reference kernels.
  * Core checks the shapes and dtypes; here only the Lua argument types. */
@@ -41,7 +42,14 @@ static int l_attention_backward(lua_State *L) {
   return 3;
 }
 
-static const luaL_Reg attention_funcs[] = {
-  {"attention_forward", l_attention_forward}, {"attention_backward", l_attention_backward}, {NULL, NULL}};
+/* core.attention_flash([on]): no argument reads the setting */
+static int l_attention_flash(lua_State *L) {
+  int on = lua_isnoneornil(L, 1) ? -1 : lua_toboolean(L, 1);
+  lua_pushboolean(L, nvl_attention_flash(on));
+  return 1;
+}
+
+static const luaL_Reg attention_funcs[] = {{"attention_forward", l_attention_forward},
+  {"attention_backward", l_attention_backward}, {"attention_flash", l_attention_flash}, {NULL, NULL}};
 
 void nvl_lua_open_attention(lua_State *L) { luaL_setfuncs(L, attention_funcs, 0); }
