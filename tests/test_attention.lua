@@ -246,6 +246,10 @@ local BIG = {
   {name = "B=2 T=64 Hq=8 Hkv=2 D=32", B = 2, T = 64, Hq = 8, Hkv = 2, D = 32},
   {name = "B=1 T=150 Hq=4 Hkv=1 D=16 (partial last tile)", B = 1, T = 150, Hq = 4, Hkv = 1, D = 16},
   {name = "B=3 T=70 Hq=6 Hkv=6 D=8", B = 3, T = 70, Hq = 6, Hkv = 6, D = 8},
+  -- query tiles of 64 rows: several tiles, the last one ragged (T mod 64 = 5 and 63), GQA groups of 3
+  -- and 4, rows whose causal length is not a multiple of the softmax's 16 lanes
+  {name = "B=2 T=197 Hq=6 Hkv=2 D=24 (ragged tiles, GQA)", B = 2, T = 197, Hq = 6, Hkv = 2, D = 24},
+  {name = "B=1 T=127 Hq=4 Hkv=1 D=64 (ragged tiles, GQA)", B = 1, T = 127, Hq = 4, Hkv = 1, D = 64},
 }
 
 for i, c in ipairs(BIG) do
@@ -262,6 +266,19 @@ for i, c in ipairs(BIG) do
     for j, name in ipairs({"dq", "dk", "dv"}) do close_fp32(f[j], r[j], name) end
   end)
 end
+
+T.case("fast vs reference with scores spread over hundreds (exp underflows below -87)", function()
+  local q, k, v = inputs(66, 1, 90, 2, 1, 16)
+  local dout = randn(nv.Generator(76), 1, 90, 2, 16)
+  local scale = 8 -- scores up to ~200 apart: a third of the score - max are below -87 (exp < 2^-125)
+  local ro, rl = T.with(nv.use_reference, true, core.attention_forward, q, k, v, scale)
+  local fo, fl = core.attention_forward(q, k, v, scale)
+  close_fp32(fo, ro, "out")
+  close_fp32(fl, rl, "lse")
+  local r = {T.with(nv.use_reference, true, core.attention_backward, dout, q, k, v, ro, rl, scale)}
+  local f = {core.attention_backward(dout, q, k, v, ro, rl, scale)}
+  for j, name in ipairs({"dq", "dk", "dv"}) do close_fp32(f[j], r[j], name) end
+end)
 
 T.case("fast kernel is deterministic (same bits on a second run)", function()
   local q, k, v = inputs(80, 2, 100, 8, 2, 16)

@@ -1,14 +1,92 @@
 /* attention_cpu.c: fast causal grouped-query attention on the CPU (see attention_cpu.h).
  * Per head, the T query rows go in tiles of NVL_ATTN_BLOCK; a tile of rows [i0, i1) only needs
  * keys [0, i1), so each tile is a few sgemms on (m, n) blocks with m <= NVL_ATTN_BLOCK, n = i1,
- * and the causal mask zeroes the tile's upper triangle. Heads run on OpenMP threads; while they
- * do, OpenBLAS is held to one thread (its pthread build must not be entered from an active
- * OpenMP region with its own threads), and restored after. */
+ * and the causal mask zeroes the tile's upper triangle. Forward tiles (b, tile, head) and backward
+ * (b, kv head) groups run on OpenMP threads; while they do, OpenBLAS is held to one thread (its
+ * pthread build must not be entered from an active OpenMP region with its own threads), and
+ * restored after. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 #include "cpu/attention_cpu.h"
+
+/* The row loops (max, exp, sums) get AVX2 / AVX-512 clones beside the baseline one (target_clones:
+ * an ifunc picks one at load time); no FMA contraction (-ffp-contract=off), so every clone gives the
+ * same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__AVX2__)
+#define NVL_ROWS __attribute__((target_clones("avx512f", "avx2", "default"))) static
+#else
+#define NVL_ROWS static
+#endif
+
+/* exp(x) in fp32, written so that a loop of it vectorises (expf does not): Cody-Waite reduction
+ * x = n ln2 + r, |r| <= ln2/2, Cephes' degree-7 polynomial for e^r (within ~2 ulp of expf), times 2^n.
+ * x < -87 gives 0 (expf: a subnormal, below 2^-125, which no softmax sum notices), x > 88 gives
+ * +inf, NaN gives NaN. */
+static inline float exp_f32(float x) {
+  const float lo = -87.0f, hi = 88.0f, round = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+  float xc = x > lo ? x : lo; /* NaN -> lo: the integer conversion below stays defined */
+  xc = xc < hi ? xc : hi;
+  float kf = (xc * 1.44269504088896341f + round) - round; /* n = rint(x / ln2), in [-126, 127] */
+  float r = (xc - kf * 0.693359375f) - kf * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  union {
+    uint32_t u;
+    float f;
+  } two_n = {.u = (uint32_t)((int32_t)kf + 127) << 23}; /* 2^n, normal */
+  float e = p * two_n.f;
+  e = x < lo ? 0.0f : e;
+  e = x > hi ? INFINITY : e;
+  return x == x ? e : x;
+}
+
+#define NVL_ATTN_LANES 16 /* partial maxima and sums per row: a fixed order, the same bits on every clone */
+
+/* Forward softmax of one score row s[0..t] (the causal part; s[t+1..n) are set to 0): s[j] becomes
+ * exp(s[j] - max); returns the sum in double, accumulated in NVL_ATTN_LANES lanes (lane l takes
+ * j = l mod NVL_ATTN_LANES) then added lane by lane; *mx the max. */
+NVL_ROWS double softmax_row(float *s, int64_t t, int64_t n, float *mx) {
+  int64_t len = t + 1, body = len - len % NVL_ATTN_LANES;
+  float mm[NVL_ATTN_LANES];
+  double acc[NVL_ATTN_LANES];
+  for (int l = 0; l < NVL_ATTN_LANES; l++) mm[l] = -INFINITY, acc[l] = 0.0;
+  for (int64_t j = 0; j < body; j += NVL_ATTN_LANES)
+    for (int l = 0; l < NVL_ATTN_LANES; l++) mm[l] = s[j + l] > mm[l] ? s[j + l] : mm[l];
+  for (int64_t j = body; j < len; j++) mm[j - body] = s[j] > mm[j - body] ? s[j] : mm[j - body];
+  float m = -INFINITY;
+  for (int l = 0; l < NVL_ATTN_LANES; l++) m = mm[l] > m ? mm[l] : m;
+#pragma omp simd
+  for (int64_t j = 0; j < len; j++) s[j] = exp_f32(s[j] - m);
+  for (int64_t j = 0; j < body; j += NVL_ATTN_LANES)
+    for (int l = 0; l < NVL_ATTN_LANES; l++) acc[l] += (double)s[j + l];
+  for (int64_t j = body; j < len; j++) acc[j - body] += (double)s[j];
+  double sum = 0.0;
+  for (int l = 0; l < NVL_ATTN_LANES; l++) sum += acc[l];
+  if (n > len) memset(s + len, 0, (size_t)(n - len) * sizeof(float));
+  *mx = m;
+  return sum;
+}
+
+/* Backward of one row: p[0..t] scores -> P = exp(score - l); ds[0..t] dP -> P (dP - Dt); both zeroed
+ * on (t, n). */
+NVL_ROWS void dsoftmax_row(float *p, float *ds, int64_t t, int64_t n, float l, float Dt) {
+#pragma omp simd
+  for (int64_t j = 0; j <= t; j++) {
+    p[j] = exp_f32(p[j] - l);
+    ds[j] = p[j] * (ds[j] - Dt);
+  }
+  if (n > t + 1) {
+    memset(p + t + 1, 0, (size_t)(n - t - 1) * sizeof(float));
+    memset(ds + t + 1, 0, (size_t)(n - t - 1) * sizeof(float));
+  }
+}
 
 static int64_t tile_rows(int64_t T) { return T < NVL_ATTN_BLOCK ? T : NVL_ATTN_BLOCK; }
 
@@ -40,35 +118,27 @@ static size_t forward_work(int64_t T) {
   return (size_t)omp_get_max_threads() * (size_t)(tile_rows(T) * T);
 }
 
-/* One (b, query head): q, out (T, D) with row stride ldq; k, v (T, D) with row stride ldk;
- * lse (T); S an (NVL_ATTN_BLOCK, T) tile. */
-static void forward_head(float *out, float *lse, const float *q, const float *k, const float *v, float *S, int64_t T,
-                         int64_t D, int ldq, int ldk, float scale) {
+/* One query tile of one (b, query head), rows [i0, i0 + m): q, out (T, D) with row stride ldq; k, v
+ * (T, D) with row stride ldk; lse (T); S an (NVL_ATTN_BLOCK, T) tile. The tile needs keys [0, i0 + m)
+ * only: the blocks above the diagonal are never computed. */
+static void forward_tile(float *out, float *lse, const float *q, const float *k, const float *v, float *S, int64_t i0,
+                         int64_t T, int64_t D, int ldq, int ldk, float scale) {
   float rinv[NVL_ATTN_BLOCK]; /* 1 / softmax denominator of each row of the tile */
-  for (int64_t i0 = 0; i0 < T; i0 += NVL_ATTN_BLOCK) {
-    int m = (int)tile_rows(T - i0), n = (int)(i0 + m);
-    /* S (m, n) = scale * q[i0:i0+m] k[0:n]^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, (int)D, scale, q + i0 * ldq, ldq, k, ldk, 0.0f, S, n);
-    for (int r = 0; r < m; r++) {
-      int64_t t = i0 + r;
-      float *Sr = S + (int64_t)r * n;
-      float mx = -INFINITY;
-      for (int64_t s = 0; s <= t; s++) mx = Sr[s] > mx ? Sr[s] : mx;
-      double sum = 0.0;
-      for (int64_t s = 0; s <= t; s++) {
-        Sr[s] = expf(Sr[s] - mx);
-        sum += Sr[s];
-      }
-      for (int64_t s = t + 1; s < n; s++) Sr[s] = 0.0f;
-      rinv[r] = (float)(1.0 / sum);
-      lse[t] = (float)((double)mx + log(sum));
-    }
-    /* out[i0:i0+m] (m, D) = P v[0:n], then each row divided by its denominator */
-    float *o = out + i0 * ldq;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, (int)D, n, 1.0f, S, n, v, ldk, 0.0f, o, ldq);
-    for (int r = 0; r < m; r++)
-      for (int64_t d = 0; d < D; d++) o[(int64_t)r * ldq + d] *= rinv[r];
+  int m = (int)tile_rows(T - i0), n = (int)(i0 + m);
+  /* S (m, n) = scale * q[i0:i0+m] k[0:n]^T */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, (int)D, scale, q + i0 * ldq, ldq, k, ldk, 0.0f, S, n);
+  for (int r = 0; r < m; r++) {
+    int64_t t = i0 + r;
+    float mx;
+    double sum = softmax_row(S + (int64_t)r * n, t, n, &mx);
+    rinv[r] = (float)(1.0 / sum);
+    lse[t] = (float)((double)mx + log(sum));
   }
+  /* out[i0:i0+m] (m, D) = P v[0:n], then each row divided by its denominator */
+  float *o = out + i0 * ldq;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, (int)D, n, 1.0f, S, n, v, ldk, 0.0f, o, ldq);
+  for (int r = 0; r < m; r++)
+    for (int64_t d = 0; d < D; d++) o[(int64_t)r * ldq + d] *= rinv[r];
 }
 
 nvl_status nvl_attention_forward_cpu(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
@@ -78,17 +148,19 @@ nvl_status nvl_attention_forward_cpu(nvl_kctx *ctx, float *out, float *lse, cons
   size_t work_floats = forward_work(T);
   float *work;
   NVL_TRY(ctx->scratch(ctx, (work_floats ? work_floats : 1) * sizeof(float), (void **)&work));
-  int64_t group = Hq / Hkv, tasks = B * Hq;
+  int64_t group = Hq / Hkv, tiles = (T + NVL_ATTN_BLOCK - 1) / NVL_ATTN_BLOCK, tasks = B * Hq * tiles;
   size_t per = (size_t)(tile_rows(T) * T);
   int ldq = (int)(Hq * D), ldk = (int)(Hkv * D);
-  int nt = team_size(tasks, work_floats, per, T, D);
+  int nt = team_size(B * Hq, work_floats, per, T, D);
   int prev = blas_solo_begin(nt);
+  /* tasks (b, query tile, head), the last (largest) tiles first so that the small ones fill the gaps;
+   * the heads of one tile run back to back and share its kv head's k, v rows in cache */
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t i = 0; i < tasks; i++) {
-    int64_t b = i / Hq, h = i % Hq, g = h / group;
+    int64_t b = i / (Hq * tiles), i0 = (tiles - 1 - i / Hq % tiles) * NVL_ATTN_BLOCK, h = i % Hq, g = h / group;
     float *S = work + (size_t)omp_get_thread_num() * per;
-    forward_head(out + (b * T * Hq + h) * D, lse + (b * Hq + h) * T, q + (b * T * Hq + h) * D,
-                 k + (b * T * Hkv + g) * D, v + (b * T * Hkv + g) * D, S, T, D, ldq, ldk, (float)scale);
+    forward_tile(out + (b * T * Hq + h) * D, lse + (b * Hq + h) * T, q + (b * T * Hq + h) * D,
+                 k + (b * T * Hkv + g) * D, v + (b * T * Hkv + g) * D, S, i0, T, D, ldq, ldk, (float)scale);
   }
   blas_solo_end(prev);
   return NVL_OK;
@@ -116,11 +188,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout, co
       const float *gt = gi + (int64_t)r * ldq, *ot = out + t * ldq;
       float Dt = 0.0f, l = lse[t];
       for (int64_t d = 0; d < D; d++) Dt += gt[d] * ot[d];
-      for (int64_t s = 0; s <= t; s++) {
-        Pr[s] = expf(Pr[s] - l);
-        dSr[s] = Pr[s] * (dSr[s] - Dt);
-      }
-      for (int64_t s = t + 1; s < n; s++) Pr[s] = dSr[s] = 0.0f;
+      dsoftmax_row(Pr, dSr, t, n, l, Dt);
     }
     /* dq[i0:i0+m] = scale * dS k[0:n]; dk[0:n] += scale * dS^T q_i; dv[0:n] += P^T dout_i */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, (int)D, n, scale, dS, n, k, ldk, 0.0f, dq + i0 * ldq,

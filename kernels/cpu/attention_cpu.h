@@ -1,5 +1,8 @@
-/* attention_cpu.h: the fast CPU kernels of causal grouped-query attention — OpenMP over heads,
- * OpenBLAS sgemm on tiles of NVL_ATTN_BLOCK query rows, the softmax in fp32 (expf). Tested
+/* attention_cpu.h: the fast CPU kernels of causal grouped-query attention — OpenBLAS sgemm on tiles
+ * of NVL_ATTN_BLOCK query rows (a tile's keys stop at its last row: nothing above the diagonal
+ * block is computed), the softmax in fp32 with a vectorised exp (Cody-Waite + polynomial, within
+ * ~2 ulp of expf, 0 below -87 where expf is subnormal) and the row sum in double over 16 fixed lanes
+ * (the same bits on every SIMD width). Tested
  * against kernels/cpu/ref/attention_ref.h within fp32 summation-order error (tests/test_attention.lua).
  * Raw contiguous f32 buffers, validated and allocated by core/attention.c; the f32 workspace
  * comes from the caller's scratch (nvl_kctx; kernels never allocate). D = 0 runs the reference. Shapes as in attention_ref.h:
@@ -11,7 +14,8 @@
 
 #define NVL_ATTN_BLOCK 64 /* query rows per tile */
 
-/* out, lse as nvl_attention_forward_ref; threads over (b, query head). Scratch: one
+/* out, lse as nvl_attention_forward_ref; threads over (b, query tile, query head), largest tiles
+ * first. Scratch: one
  * (NVL_ATTN_BLOCK, T) f32 score tile per thread. */
 nvl_status nvl_attention_forward_cpu(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
                                      const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
