@@ -9,6 +9,7 @@
 #include "cuda/flash_attn.h"
 #endif
 
+#ifdef NVLUA_HAVE_CUDA
 typedef struct {
   int64_t B, T, Hq, Hkv, D;
 } dims;
@@ -60,7 +61,6 @@ static nvl_status check_qkv(const char *op, const nvl_tensor *q, const nvl_tenso
   return NVL_OK;
 }
 
-#ifdef NVLUA_HAVE_CUDA
 nvl_status nvl_flash_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
                                        const nvl_tensor *v, double scale, int causal) {
   const char *op = "flash_attention_forward";
