@@ -29,6 +29,7 @@
 #include "act.h"
 #include "dispatch.h"
 #include "layers.h"
+#include "optim.h"
 
 #define DESC(t, buf) nvl_tensor_desc((t), (buf), sizeof(buf))
 
@@ -616,19 +617,7 @@ nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor 
   NVL_TRY(need_same_shape(op, "param", param, "grad", grad));
   NVL_TRY(need_same_shape(op, "param", param, "m", m));
   NVL_TRY(need_same_shape(op, "param", param, "v", v));
-  if (!o) return nvl_error(NVL_EINVAL, "%s: options are missing (NULL)", op);
-  if (!(o->lr >= 0.0) || !isfinite(o->lr))
-    return nvl_error(NVL_EINVAL, "%s: lr must be a finite number >= 0, got %g", op, o->lr);
-  if (!(o->beta1 >= 0.0 && o->beta1 < 1.0))
-    return nvl_error(NVL_EINVAL, "%s: beta1 must be in [0, 1), got %g", op, o->beta1);
-  if (!(o->beta2 >= 0.0 && o->beta2 < 1.0))
-    return nvl_error(NVL_EINVAL, "%s: beta2 must be in [0, 1), got %g", op, o->beta2);
-  if (!(o->eps >= 0.0) || !isfinite(o->eps))
-    return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, o->eps);
-  if (!(o->weight_decay >= 0.0) || !isfinite(o->weight_decay))
-    return nvl_error(NVL_EINVAL, "%s: weight_decay must be a finite number >= 0, got %g", op, o->weight_decay);
-  if (o->step < 1)
-    return nvl_error(NVL_EINVAL, "%s: step must be an integer >= 1 (1-based), got %lld", op, (long long)o->step);
+  NVL_TRY(nvl_adamw_opts_check(op, o));
   int64_t n = nvl_tensor_numel(param);
   const nvl_tensor *ts[4] = {param, grad, m, v};
   const char *names[4] = {"param", "grad", "m", "v"};

@@ -51,7 +51,7 @@ static nvl_status check_state(const char *op, const nvl_tensor *state, const nvl
   return NVL_OK;
 }
 
-static nvl_status check_opts(const char *op, const nvl_adamw_opts *o) {
+nvl_status nvl_adamw_opts_check(const char *op, const nvl_adamw_opts *o) {
   if (!o) return nvl_error(NVL_EINVAL, "%s: options are missing (NULL)", op);
   if (!(o->lr >= 0.0) || !isfinite(o->lr))
     return nvl_error(NVL_EINVAL, "%s: lr must be a finite number >= 0, got %g", op, o->lr);
@@ -73,7 +73,7 @@ nvl_status nvl_adamw_multi(nvl_tensor *const *params, nvl_tensor *const *grads, 
                            const nvl_tensor *state) {
   const char *op = "adamw_multi";
   const nvl_backend *be;
-  NVL_TRY(check_opts(op, o));
+  NVL_TRY(nvl_adamw_opts_check(op, o));
   if (count < 0) return nvl_error(NVL_EINVAL, "%s: count must be >= 0, got %lld", op, (long long)count);
   if (count == 0) return NVL_OK;
   const nvl_tensor *first = params[0];

@@ -14,6 +14,10 @@
 extern "C" {
 #endif
 
+/* NVL_OK when o holds valid AdamW options (lr, eps, weight_decay finite and >= 0, betas in [0, 1),
+ * step >= 1), else an error naming op and the option: the check of nvl_adamw_step and nvl_adamw_multi. */
+nvl_status nvl_adamw_opts_check(const char *op, const nvl_adamw_opts *o);
+
 /* One AdamW step of count tensors: params[j] updated in place from grads[j] with moments m[j],
  * v[j] (one shape each), as nvl_adamw_step would, one tensor after the other. no_decay: NULL, or
  * count flags (nonzero: that tensor's weight decay is 0). state: NULL, or a norm state that

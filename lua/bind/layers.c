@@ -197,21 +197,27 @@ static int l_cross_entropy(lua_State *L) {
 static const char *const adamw_keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay", "step", NULL};
 
 /* adamw_step(param, grad, m, v, {lr=, beta1=, beta2=, eps=, weight_decay=, step=}): all required */
+/* The AdamW options table at idx (adamw_step's and adamw_multi's): every key required. */
+static nvl_adamw_opts adamw_opts(lua_State *L, int idx, const char *op) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  nvl_lua_check_keys(L, idx, op, adamw_keys);
+  nvl_adamw_opts o;
+  nvl_lua_opt_number(L, idx, op, "lr", &o.lr, 1);
+  nvl_lua_opt_number(L, idx, op, "beta1", &o.beta1, 1);
+  nvl_lua_opt_number(L, idx, op, "beta2", &o.beta2, 1);
+  nvl_lua_opt_number(L, idx, op, "eps", &o.eps, 1);
+  nvl_lua_opt_number(L, idx, op, "weight_decay", &o.weight_decay, 1);
+  nvl_lua_opt_integer(L, idx, op, "step", &o.step, 1);
+  return o;
+}
+
 static int l_adamw_step(lua_State *L) {
   const char *op = "adamw_step";
   nvl_tensor *p = nvl_lua_check_tensor(L, 1, op);
   nvl_tensor *g = nvl_lua_check_tensor(L, 2, op);
   nvl_tensor *m = nvl_lua_check_tensor(L, 3, op);
   nvl_tensor *v = nvl_lua_check_tensor(L, 4, op);
-  luaL_checktype(L, 5, LUA_TTABLE);
-  nvl_lua_check_keys(L, 5, op, adamw_keys);
-  nvl_adamw_opts o;
-  nvl_lua_opt_number(L, 5, op, "lr", &o.lr, 1);
-  nvl_lua_opt_number(L, 5, op, "beta1", &o.beta1, 1);
-  nvl_lua_opt_number(L, 5, op, "beta2", &o.beta2, 1);
-  nvl_lua_opt_number(L, 5, op, "eps", &o.eps, 1);
-  nvl_lua_opt_number(L, 5, op, "weight_decay", &o.weight_decay, 1);
-  nvl_lua_opt_integer(L, 5, op, "step", &o.step, 1);
+  nvl_adamw_opts o = adamw_opts(L, 5, op);
   CHECK(L, nvl_adamw_step(p, g, m, v, &o));
   return 0;
 }
@@ -248,15 +254,7 @@ static int l_adamw_multi(lua_State *L) {
   lua_Integer n = luaL_len(L, 1);
   nvl_tensor **p = tensor_list(L, 1, op, "params", n), **g = tensor_list(L, 2, op, "grads", n);
   nvl_tensor **m = tensor_list(L, 3, op, "ms", n), **v = tensor_list(L, 4, op, "vs", n);
-  luaL_checktype(L, 5, LUA_TTABLE);
-  nvl_lua_check_keys(L, 5, op, adamw_keys);
-  nvl_adamw_opts o;
-  nvl_lua_opt_number(L, 5, op, "lr", &o.lr, 1);
-  nvl_lua_opt_number(L, 5, op, "beta1", &o.beta1, 1);
-  nvl_lua_opt_number(L, 5, op, "beta2", &o.beta2, 1);
-  nvl_lua_opt_number(L, 5, op, "eps", &o.eps, 1);
-  nvl_lua_opt_number(L, 5, op, "weight_decay", &o.weight_decay, 1);
-  nvl_lua_opt_integer(L, 5, op, "step", &o.step, 1);
+  nvl_adamw_opts o = adamw_opts(L, 5, op);
   int *nd = NULL;
   if (!lua_isnoneornil(L, 6)) {
     luaL_checktype(L, 6, LUA_TTABLE);
