@@ -38,13 +38,7 @@ local lfs = require "lfs"
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
 
 local ROOT = T.tmpdir()
-local n_dirs = 0
-local function fresh(name)
-  n_dirs = n_dirs + 1
-  local d = string.format("%s/%02d_%s", ROOT, n_dirs, name)
-  assert(lfs.mkdir(d))
-  return d
-end
+local fresh = T.dir_maker(ROOT)
 
 local function tiny(extra)
   local c = {vocab_size = 64, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4,

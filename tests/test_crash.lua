@@ -32,6 +32,17 @@ local ROOT = T.tmpdir()
 
 local NVLUA = T.nvlua() -- the nvlua binary running this file
 
+-- a run(cfg, hook) hook: Ctrl-C (a raised SIGINT) while step n's learning rate is computed
+local function interrupt_at(n)
+  return function(p)
+    local base = p.schedule
+    p.schedule = function(step)
+      if step == n then require("nvlua.signal").raise() end
+      return base(step)
+    end
+  end
+end
+
 -- a deterministic corpus: lines of words picked by an LCG
 local CORPUS = ROOT .. "/corpus.txt"
 do
@@ -360,15 +371,8 @@ T.case("resume=auto of a finished run (keep=1) and Ctrl-C after a periodic check
     T.eq(lfs.attributes(last, "ino"), ino, "resume " .. i .. ": the same directory, not rewritten")
     T.eq(T.read_file(c.out .. "/metrics.jsonl"), m, "resume " .. i .. ": metrics.jsonl")
   end
-  local signal = require "nvlua.signal"
   local ci = cfg("ctrlc", {"keep=1"})
-  local si = run(ci, function(p)
-    local base = p.schedule
-    p.schedule = function(step)
-      if step == 4 then signal.raise() end
-      return base(step)
-    end
-  end)
+  local si = run(ci, interrupt_at(4))
   T.eq({si.interrupted, si.steps, si.checkpoint}, {true, 4, ckpt_dir(ci.out, 4)})
   T.eq(seq_of(si.checkpoint), 2, "step 4's periodic checkpoint (the run's 2nd) was not written again")
   T.eq(ckpt.list(ci.out), {si.checkpoint})
@@ -429,14 +433,7 @@ T.case("resumed from an older checkpoint: its new checkpoints are not pruned; th
   -- step 4 is the newest (not the old step 6), step 2 is kept beside the 2 newest
   local k = cfg("older2", {"keep=3"})
   run(k)
-  local signal = require "nvlua.signal"
-  local s = run(cfg("older2", {"keep=2", "lr=1e-3", "resume=" .. ckpt_dir(k.out, 2)}), function(p)
-    local base = p.schedule
-    p.schedule = function(step)
-      if step == 4 then signal.raise() end
-      return base(step)
-    end
-  end)
+  local s = run(cfg("older2", {"keep=2", "lr=1e-3", "resume=" .. ckpt_dir(k.out, 2)}), interrupt_at(4))
   T.eq({s.interrupted, s.steps}, {true, 4})
   T.eq(ckpt.list(k.out), {ckpt_dir(k.out, 2), ckpt_dir(k.out, 6), ckpt_dir(k.out, 4)}, "in the order of writing")
   T.eq(ckpt.latest(k.out), ckpt_dir(k.out, 4))

@@ -9,10 +9,7 @@ local core = nv.core
 
 local need_gpu = T.need_gpu
 
-local function need_emu()
-  need_gpu()
-  if not nv.cuda.emulated() then T.skip("needs the CUDA emulator (-DNVLUA_CUDA=EMU)") end
-end
+local need_emu = T.need_emu
 
 -- The emulator's counter `name` spent by fn(...) (fn's results dropped).
 local function counted(name, fn, ...)

@@ -8,8 +8,7 @@ local nv = require "nvlua"
 local core = nv.core
 
 local function need_emu()
-  T.need_gpu()
-  if not nv.cuda.emulated() then T.skip("needs the CUDA emulator (-DNVLUA_CUDA=EMU)") end
+  T.need_emu()
   if not core.cuda_emu_counters().bytes_counted then T.skip("the emulator counts bytes on x86-64 only") end
 end
 

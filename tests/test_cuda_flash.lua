@@ -10,10 +10,7 @@ local core = nv.core
 
 local need_gpu = T.need_gpu
 
-local function need_emu()
-  need_gpu()
-  if not nv.cuda.emulated() then T.skip("needs the CUDA emulator (-DNVLUA_CUDA=EMU)") end
-end
+local need_emu = T.need_emu
 
 local function flat(t) return t:cpu():to("f32"):contiguous():reshape(-1):totable() end
 local function poisoned(fn, ...) return T.with(core.cuda_set_poison, 0xFF, fn, ...) end

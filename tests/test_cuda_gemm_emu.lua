@@ -9,67 +9,22 @@
 -- Random inputs: both sides sum the same exact fp32 products in fp32 in some order, so per element
 -- |cuda - cpu| <= 2 gamma_K |alpha| S, gamma_K = K u / (1 - K u), u = 2^-24, S = sum |a||b| of the
 -- dequantized values, times (1 + u)^3 / (1 - u)^2 for alpha's own rounding (test_gemm_bf16.lua's
--- derivation and bound; its helpers are copied here, since test files are not modules).
+-- derivation and bound; the helpers both use are tests/gemm_exact.lua).
 local T = require "nvlua.test"
 local nv = require "nvlua"
 local core = nv.core
 
-local U = 2.0 ^ -24
+local G = dofile("tests/gemm_exact.lua") -- rng, exact_values, exact_product, order_bound
+local exact_values, exact_product, order_bound = G.exact_values, G.exact_product, G.order_bound
 
 local function need_sm90_emu()
-  T.need_gpu()
-  if not nv.cuda.emulated() then T.skip("needs the CUDA emulator (-DNVLUA_CUDA=EMU)") end
+  T.need_emu()
   if not nv.cuda.devices()[1].capability:match("^9") then T.skip("needs an sm_90 device (NVLUA_EMU_CC=90)") end
 end
 
 local function launches(name)
   local k = core.cuda_emu_counters().kernels[name]
   return k and k.launches or 0
-end
-
--- (test_gemm_bf16.lua) a fixed LCG; exact values per format
-local function rng(seed)
-  local s = seed
-  return function(lo, hi)
-    s = (s * 1103515245 + 12345) % 2147483648
-    return lo + (s >> 8) % (hi - lo + 1)
-  end
-end
-
-local function exact_values(fmt, M, K, seed, block2d)
-  local r, x = rng(seed), {}
-  for i = 1, M do x[i] = {} end
-  if fmt == "nvfp4" then -- e2m1 values times ue4m3 scales times 2^-9; a 448 block first: d = 2^-9
-    local bh, scales = block2d and 16 or 1, {448, 256, 64, 8}
-    for i0 = 1, M, bh do
-      for k0 = 1, K, 16 do
-        local f = (i0 == 1 and k0 == 1 and 448 or scales[r(1, #scales)]) * 2.0 ^ -9
-        local pi, pk = r(0, bh - 1), r(0, 15)
-        for i = i0, i0 + bh - 1 do
-          for k = k0, k0 + 15 do
-            x[i][k] = ((i - i0 == pi and k - k0 == pk) and (r(0, 1) == 0 and -6 or 6) or r(-4, 4)) * f
-          end
-        end
-      end
-    end
-    return x
-  end
-  local lim = ({mxfp4 = 4, mxfp8_e4m3 = 8, mxfp8_e5m2 = 8})[fmt]
-  for i = 1, M do for k = 1, K do x[i][k] = r(-lim, lim) end end
-  return x
-end
-
-local function exact_product(A, B)
-  local C = {}
-  for i = 1, #A do
-    C[i] = {}
-    for j = 1, #B do
-      local s = 0.0
-      for k = 1, #A[i] do s = s + A[i][k] * B[j][k] end
-      C[i][j] = s
-    end
-  end
-  return C
 end
 
 local function same(got, want, what)
@@ -88,22 +43,6 @@ local function quantize_exact(x, fmt, opts, what)
   return q
 end
 
-local function order_bound(qa, qb)
-  local da, db = qa:dequantize():cpu():totable(), qb:dequantize():cpu():totable()
-  local K = #da[1]
-  local gamma, f = K * U / (1 - K * U), (1 + U) ^ 3 / (1 - U) ^ 2
-  local bound = {}
-  for i = 1, #da do
-    bound[i] = {}
-    for j = 1, #db do
-      local s = 0.0
-      for k = 1, K do s = s + math.abs(da[i][k] * db[j][k]) end
-      bound[i][j] = 2 * gamma * f * s
-    end
-  end
-  return bound
-end
-
 local FORMATS = { {"nvfp4"}, {"nvfp4", block = "2d"}, {"mxfp4"}, {"mxfp8_e4m3"}, {"mxfp8_e5m2"} }
 
 T.case("sm_90: nvfp4 (1d, 2d), mxfp4, mxfp8 e4m3/e5m2 on the bf16 GEMM: exact inputs bit for bit, random within the order bound", function()
@@ -115,7 +54,7 @@ T.case("sm_90: nvfp4 (1d, 2d), mxfp4, mxfp8 e4m3/e5m2 on the bf16 GEMM: exact in
     T.ok(detail:find("bf16 GEMM on the tensor cores", 1, true) ~= nil, what .. ": detail " .. detail)
     local opts = f.block and { block = "2d" } or nil
     local M, N, K = 16, 32, 64
-    local A, B = exact_values(fmt, M, K, 11, f.block), exact_values(fmt, N, K, 12, f.block)
+    local A, B = exact_values(fmt, M, K, 11, f), exact_values(fmt, N, K, 12, f)
     local qa, qb = quantize_exact(A, fmt, opts, what .. " a"), quantize_exact(B, fmt, opts, what .. " b")
     local f32_before = launches("dequant_f32_kernel")
     same(nv.qmatmul(qa, qb), nv.tensor(exact_product(A, B)), what .. ": exact inputs")

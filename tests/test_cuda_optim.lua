@@ -15,12 +15,7 @@ local nv = require "nvlua"
 local optim = require "nvlua.optim"
 local core = nv.core
 
-local need_gpu = T.need_gpu
-
-local function need_emu()
-  need_gpu()
-  if not nv.cuda.emulated() then T.skip("needs the CUDA emulator (-DNVLUA_CUDA=EMU)") end
-end
+local need_emu = T.need_emu
 
 -- The emulator's counter spent by fn: counted("launches", fn) or counted({"kernels", name}, fn).
 local function counter(path)

@@ -20,7 +20,8 @@ local T = require "nvlua.test"
 local nv = require "nvlua"
 local core = require "nvlua.core"
 
-local U = 2.0 ^ -24
+local G = dofile("tests/gemm_exact.lua") -- rng, exact_values, exact_product, order_bound
+local exact_values, exact_product = G.exact_values, G.exact_product
 local _, READY = core.gemm_bf16()
 
 local function need_bf16()
@@ -36,60 +37,6 @@ local function on_path(bf16, fn)
   if not ok then error(r, 0) end
   local p1 = core.gemm_paths()
   return r, {bf16 = p1.bf16 - p0.bf16, sgemm = p1.sgemm - p0.sgemm}
-end
-
--- a deterministic integer generator (an LCG): r(lo, hi) in [lo, hi]
-local function rng(seed)
-  local s = seed
-  return function(lo, hi)
-    s = (s * 1103515245 + 12345) % 2147483648
-    return lo + (s >> 8) % (hi - lo + 1)
-  end
-end
-
--- (M, K) nested table of exact values for fmt (see the header): ints for the mx formats, fp8 with
--- amax 7 (a power-of-two scale), bf16; nvfp4: e2m1 values times block scales from `scales` (ue4m3
--- values) times 2^-9, one +-6 per block and a 448 block first, so amax = 5.25 and d = 2^-9 exactly.
-local function exact_values(fmt, M, K, seed, opts)
-  opts = opts or {}
-  local r, x = rng(seed), {}
-  for i = 1, M do x[i] = {} end
-  if fmt == "nvfp4" then
-    local bh, scales = opts.block == "2d" and 16 or 1, opts.scales or {448, 256, 64, 8}
-    for i0 = 1, M, bh do
-      for k0 = 1, K, 16 do
-        local f = (i0 == 1 and k0 == 1 and 448 or scales[r(1, #scales)]) * 2.0 ^ -9
-        local pi, pk = r(0, bh - 1), r(0, 15)
-        for i = i0, i0 + bh - 1 do
-          for k = k0, k0 + 15 do
-            local e = (i - i0 == pi and k - k0 == pk) and (r(0, 1) == 0 and -6 or 6) or r(-4, 4)
-            x[i][k] = e * f
-          end
-        end
-      end
-    end
-    return x
-  end
-  local lim = ({mxfp4 = 4, mxfp8_e4m3 = 8, mxfp8_e5m2 = 8, e4m3 = 7, e5m2 = 7, bf16 = 64})[fmt]
-  for i = 1, M do
-    for k = 1, K do x[i][k] = r(-lim, lim) end
-  end
-  if fmt == "e4m3" or fmt == "e5m2" then x[1][1] = 7 end
-  return x
-end
-
--- the exact A B^T of nested tables (double; exact for the inputs above)
-local function exact_product(A, B)
-  local C = {}
-  for i = 1, #A do
-    C[i] = {}
-    for j = 1, #B do
-      local s = 0.0
-      for k = 1, #A[i] do s = s + A[i][k] * B[j][k] end
-      C[i][j] = s
-    end
-  end
-  return C
 end
 
 local function same(a, b, what)
@@ -140,20 +87,7 @@ T.case("every format, exact inputs: both paths give the exact product bit for bi
 end)
 
 -- the summation-order bound of the header for out = qa qb^T: per element, 2 gamma_K |alpha| S
-local function order_bound(qa, qb)
-  local da, db, K = qa:dequantize():totable(), qb:dequantize():totable(), qa:dequantize():size(2)
-  local gamma, f = K * U / (1 - K * U), (1 + U) ^ 3 / (1 - U) ^ 2
-  local bound = {}
-  for i = 1, #da do
-    bound[i] = {}
-    for j = 1, #db do
-      local s = 0.0
-      for k = 1, K do s = s + math.abs(da[i][k] * db[j][k]) end
-      bound[i][j] = 2 * gamma * f * s
-    end
-  end
-  return bound
-end
+local order_bound = G.order_bound
 
 local function within(got, ref, bound, ub, what)
   local g, r = got:float():totable(), ref:float():totable()

@@ -30,13 +30,7 @@ local lfs = require "lfs"
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
 local DATA = here .. "/data/hf"
 local ROOT = T.tmpdir()
-local n_dirs = 0
-local function fresh(name)
-  n_dirs = n_dirs + 1
-  local d = string.format("%s/%02d_%s", ROOT, n_dirs, name)
-  assert(lfs.mkdir(d))
-  return d
-end
+local fresh = T.dir_maker(ROOT)
 
 local CASES = {"llama2", "llama3", "llama31", "llama32", "headdim", "linear", "dynamic"}
 local LOW = {llama2_f16 = "llama2", llama32_bf16 = "llama32"}

@@ -29,6 +29,13 @@ function T.need_gpu()
   if nv.cuda.emulated() then emulated_case = true end
 end
 
+--- T.need_emu(): skip the case unless CUDA runs on the CPU emulation (-DNVLUA_CUDA=EMU): for cases
+-- that read the emulator's counters or rely on its checks.
+function T.need_emu()
+  T.need_gpu()
+  if not require("nvlua").cuda.emulated() then T.skip("needs the CUDA emulator (-DNVLUA_CUDA=EMU)") end
+end
+
 --- T.emulated() -> true when CUDA is the CPU emulation (test files use smaller sizes there).
 function T.emulated() return require("nvlua").cuda.emulated() ~= nil end
 
@@ -158,6 +165,18 @@ function T.tmpdir()
   os.remove(d)
   assert(require("lfs").mkdir(d))
   return d
+end
+
+--- T.dir_maker(root) -> fresh(name): each call of fresh makes and returns a new empty directory
+-- root/NN_name, NN counting the calls (01, 02, ...), so every case gets its own place under root.
+function T.dir_maker(root)
+  local n = 0
+  return function(name)
+    n = n + 1
+    local d = string.format("%s/%02d_%s", root, n, name)
+    assert(require("lfs").mkdir(d))
+    return d
+  end
 end
 
 --- T.rm_tree(path) -> true when nothing is left at path, else nil and a message: a directory is
