@@ -29,6 +29,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from prepare_data import bytes_to_unicode  # noqa: E402  GPT-2's byte-level table (scripts/prepare_data.py)
 KJV = os.path.join(REPO, "tests", "data", "kjv_bpe")
 
 TRAIN = r"""
@@ -51,18 +53,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
     return cond
-
-
-def byte_table():
-    """GPT-2's byte-level table, character -> byte (written here from its definition)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(161, 173)) + list(range(174, 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 def train_export(nvlua, tmp, name, data_args):
@@ -94,7 +84,7 @@ def check_byte_tokenizer(tok, where):
         ids = tok(s, add_special_tokens=True)["input_ids"]
         check(ids == list(s.encode("utf-8")), "%s: encode(%r...) is the UTF-8 bytes" % (where, s[:12]))
         check(tok.decode(ids) == s, "%s: decode(encode(%r...)) gives the text back" % (where, s[:12]))
-    table = byte_table()
+    table = {c: b for b, c in bytes_to_unicode().items()}  # character -> byte
     raw = bytes(rng.randrange(256) for _ in range(2000)) + bytes(range(256))
     ids = list(raw)
     back = bytes(table[c] for t in tok.convert_ids_to_tokens(ids) for c in t)
