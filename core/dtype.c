@@ -5,21 +5,6 @@
 #include "cpu/ref/formats_ref.h"
 #include "dtype.h"
 
-uint16_t nvl_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN, sign kept */
-  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even; overflows to inf correctly */
-  return (uint16_t)(u >> 16);
-}
-
-float nvl_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 float nvl_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
   if (e == 0x1f) {

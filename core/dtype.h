@@ -12,6 +12,8 @@
  * Enum values are stable: they appear in files. */
 #ifndef NVL_DTYPE_H
 #define NVL_DTYPE_H
+#include <string.h>
+
 #include "nvl.h"
 
 #ifdef __cplusplus
@@ -133,8 +135,19 @@ const char *nvl_codec_names(void);
 extern const float nvl_rht16_default_signs[16];
 
 /* bf16 <-> f32, round to nearest even; NaN stays a (quiet) NaN with its sign. */
-uint16_t nvl_f32_to_bf16(float f);
-float nvl_bf16_to_f32(uint16_t h);
+static inline uint16_t nvl_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN, sign kept */
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even; overflows to inf correctly */
+  return (uint16_t)(u >> 16);
+}
+static inline float nvl_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 /* IEEE half (f16: s1 e5 m10, bias 15) -> f32, exact for every value: normals, subnormals, +-0,
  * +-inf, NaN (payload kept). nvlua has no f16 dtype: f16 data (a safetensors F16 tensor) is read
  * into f32. */

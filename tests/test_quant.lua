@@ -155,6 +155,44 @@ T.case("fast kernels equal the reference on 256x512 inputs, every format and opt
   end
 end)
 
+-- a bf16 "quantization" holds plain values: compare their bits (NaN included) and the amax
+local function same_values(a, b, what)
+  local da, db = a:dequantize():contiguous():view(-1):totable(), b:dequantize():contiguous():view(-1):totable()
+  T.eq(#da, #db, what .. ": sizes")
+  for i = 1, #da do
+    if bits_of_f32(da[i]) ~= bits_of_f32(db[i]) then T.ok(false, string.format("%s: value %d: %s vs %s", what, i, da[i], db[i])) end
+  end
+  T.eq(bits_of_f32(a.amax), bits_of_f32(b.amax), what .. ": amax")
+end
+
+T.case("fast kernels equal the reference on bf16 inputs: copies and transposes with ragged tiles, NaN and inf", function()
+  -- the fast path moves bf16 bits straight into bf16 codes (8 x 8 SIMD transposes inside 64 x 64 tiles)
+  -- and reads amax off the bits; shapes not a multiple of 8 or 64 take the scalar edges
+  nv.manual_seed(6)
+  local cases = {{{130, 72}, 1}, {{130, 72}, 2}, {{3, 77, 40}, 2}, {{2, 64, 136}, 1}, {{200, 64}, 1}, {{64, 200}, 1}}
+  for _, c in ipairs(cases) do
+    local x = (nv.randn(table.unpack(c[1])) * 3):to("bf16")
+    for _, fmt in ipairs{"bf16", "nvfp4", "e4m3", "mxfp8_e4m3"} do
+      local K = c[1][c[2]]
+      if fmt == "bf16" or K % 32 == 0 then
+        local what = string.format("%s from bf16 [%s] axis %d", fmt, table.concat(c[1], ","), c[2])
+        local cmp = fmt == "bf16" and same_values or same_q
+        cmp(T.with(nv.use_reference, true, nv.quantize, x, fmt, {axis = c[2]}), nv.quantize(x, fmt, {axis = c[2]}), what)
+      end
+    end
+  end
+  for _, v in ipairs{0 / 0, 1 / 0, -1 / 0} do
+    local x = nv.randn(70, 96)
+    x:narrow(1, 33, 1):narrow(2, 50, 1):fill_(v)
+    x = x:to("bf16")
+    for _, ax in ipairs{1, 2} do
+      local a, b = T.with(nv.use_reference, true, nv.quantize, x, "bf16", {axis = ax}), nv.quantize(x, "bf16", {axis = ax})
+      same_values(a, b, string.format("bf16 with %s, axis %d", tostring(v), ax))
+      T.ok(v ~= v and b.amax ~= b.amax or b.amax == math.huge, "amax of a tensor holding " .. tostring(v))
+    end
+  end
+end)
+
 -- ---- API shapes ---------------------------------------------------------------------------------
 
 T.case("codes and scale_bytes come in x's shape; axis = 1 gives the column-wise copy", function()

@@ -36,6 +36,7 @@ const nvl_backend nvl_backend_cpu = {
   .matmul = nvl_matmul_cpu,
   .axpy = nvl_axpy_cpu,
   .scale = nvl_scale_cpu,
+  .fill = nvl_fill_cpu,
 
   .fallback = &nvl_backend_ref,
 };

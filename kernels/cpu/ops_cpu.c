@@ -329,3 +329,33 @@ nvl_status nvl_scale_cpu(nvl_kctx *ctx, float *p, double s, int64_t n) {
   nvl_binary_scalar_f32_cpu(NVL_OP_MUL, p, p, s, 0, n);
   return NVL_OK;
 }
+
+nvl_status nvl_fill_cpu(nvl_kctx *ctx, nvl_tensor *t, const void *value) {
+  const int es = nvl_dtypes[t->dtype].elem_size;
+  const unsigned char *v = value;
+  char *p = nvl_tensor_data(t);
+  int64_t n = nvl_tensor_numel(t), bytes = n * es;
+  int same = 1;
+  for (int i = 1; i < es; i++) same = same && v[i] == v[0];
+  if (same) {
+    int64_t chunk = (int64_t)1 << 20;
+#pragma omp parallel for schedule(static) if (bytes > 4 * chunk)
+    for (int64_t o = 0; o < bytes; o += chunk) memset(p + o, v[0], (size_t)(bytes - o < chunk ? bytes - o : chunk));
+    return NVL_OK;
+  }
+  if (es == 4) {
+    uint32_t w, *q = (uint32_t *)p;
+    memcpy(&w, value, 4);
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) q[i] = w;
+    return NVL_OK;
+  }
+  if (es == 2) {
+    uint16_t w, *q = (uint16_t *)p;
+    memcpy(&w, value, 2);
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) q[i] = w;
+    return NVL_OK;
+  }
+  return nvl_fill_ref(ctx, t, value);
+}

@@ -45,4 +45,7 @@ nvl_status nvl_reduce_all_cpu(nvl_kctx *ctx, nvl_reduce_op op, nvl_scalar *out, 
 nvl_status nvl_matmul_cpu(nvl_kctx *ctx, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b);
 nvl_status nvl_axpy_cpu(nvl_kctx *ctx, float *y, const float *x, double alpha, int64_t n);
 nvl_status nvl_scale_cpu(nvl_kctx *ctx, float *p, double s, int64_t n);
+/* contiguous t = one element's bytes repeated: memset when they are all one byte (zero), else
+ * stored per element width; threads over large tensors. The reference's result, byte for byte. */
+nvl_status nvl_fill_cpu(nvl_kctx *ctx, nvl_tensor *t, const void *value);
 #endif
