@@ -476,18 +476,34 @@ nvl_status nvl_rope_backward(nvl_tensor *dx, const nvl_tensor *dout, const nvl_t
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 
-static nvl_status swiglu_forward_f32(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up) {
+/* The backend's native bf16 layer entries for tensors like t, or NULL when it has none (then the
+ * bf16 op widens: core/act.h). A native entry gives the same bits as the widening. */
+static const nvl_layer_kernels *native_bf16(const nvl_tensor *t) {
+  const nvl_backend *be = t && t->storage ? nvl_backend_for(t->device, "layers") : NULL;
+  return be && be->layers ? be->layers : NULL;
+}
+
+/* dt f32: the f32 entry; dt bf16: the native bf16 entry (the caller checked there is one) */
+static nvl_status swiglu_forward_as(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up, nvl_dtype dt) {
   const char *op = "swiglu_forward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, "out", out));
-  NVL_TRY(check_tensor(op, "gate", gate, NVL_F32));
-  NVL_TRY(check_tensor_on(op, "up", up, NVL_F32, gate));
+  NVL_TRY(check_tensor(op, "gate", gate, dt));
+  NVL_TRY(check_tensor_on(op, "up", up, dt, gate));
   NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
-  NVL_PICK(be, gate, layers->swiglu_forward, op);
   nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, gate->device, gate->ndim, gate->shape));
-  nvl_status st = NVL_CALL(be, gate, layers->swiglu_forward, nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up),
-                           nvl_tensor_numel(gate));
+  nvl_status st;
+  if (dt == NVL_BF16) {
+    NVL_PICK(be, gate, layers->swiglu_forward_bf16, op);
+    NVL_TRY(nvl_tensor_empty(&r, dt, gate->device, gate->ndim, gate->shape));
+    st = NVL_CALL(be, gate, layers->swiglu_forward_bf16, nvl_tensor_data(&r), nvl_tensor_data(gate),
+                  nvl_tensor_data(up), nvl_tensor_numel(gate));
+  } else {
+    NVL_PICK(be, gate, layers->swiglu_forward, op);
+    NVL_TRY(nvl_tensor_empty(&r, dt, gate->device, gate->ndim, gate->shape));
+    st = NVL_CALL(be, gate, layers->swiglu_forward, nvl_tensor_data(&r), nvl_tensor_data(gate), nvl_tensor_data(up),
+                  nvl_tensor_numel(gate));
+  }
   if (st != NVL_OK) {
     nvl_tensor_release(&r);
     return st;
@@ -502,33 +518,38 @@ nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl
   const nvl_tensor *acts[2] = {gate, up};
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, acts, 2, &dt));
-  if (dt == NVL_F32) return swiglu_forward_f32(out, gate, up);
+  const nvl_layer_kernels *nat = dt == NVL_BF16 ? native_bf16(gate) : NULL;
+  if (dt == NVL_F32 || (nat && nat->swiglu_forward_bf16)) return swiglu_forward_as(out, gate, up, dt);
   NVL_TRY(need_out_null(op, "out", out));
   nvl_tensor w[2], r[1] = {nvl_tensor_null()};
   NVL_TRY(nvl_act_widen(w, acts, 2));
-  nvl_status st = swiglu_forward_f32(&r[0], &w[0], &w[1]);
+  nvl_status st = swiglu_forward_as(&r[0], &w[0], &w[1], NVL_F32);
   nvl_act_release(w, 2);
   if (st != NVL_OK) return st;
   nvl_tensor *outs[1] = {out};
   return nvl_act_round(outs, r, 1);
 }
 
-static nvl_status swiglu_backward_f32(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout,
-                                      const nvl_tensor *gate, const nvl_tensor *up) {
+static nvl_status swiglu_backward_as(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout,
+                                     const nvl_tensor *gate, const nvl_tensor *up, nvl_dtype dt) {
   const char *op = "swiglu_backward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, "dgate", dgate));
   NVL_TRY(need_out_null(op, "dup", dup));
-  NVL_TRY(check_tensor(op, "dout", dout, NVL_F32));
-  NVL_TRY(check_tensor_on(op, "gate", gate, NVL_F32, dout));
-  NVL_TRY(check_tensor_on(op, "up", up, NVL_F32, dout));
+  NVL_TRY(check_tensor(op, "dout", dout, dt));
+  NVL_TRY(check_tensor_on(op, "gate", gate, dt, dout));
+  NVL_TRY(check_tensor_on(op, "up", up, dt, dout));
   NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
   NVL_TRY(need_same_shape(op, "dout", dout, "gate", gate));
-  NVL_PICK(be, dout, layers->swiglu_backward, op);
+  if (dt == NVL_BF16) NVL_PICK(be, dout, layers->swiglu_backward_bf16, op);
+  else NVL_PICK(be, dout, layers->swiglu_backward, op);
   nvl_tensor g = nvl_tensor_null(), u = nvl_tensor_null();
-  nvl_status st = nvl_tensor_empty(&g, NVL_F32, dout->device, gate->ndim, gate->shape);
-  if (st == NVL_OK) st = nvl_tensor_empty(&u, NVL_F32, dout->device, gate->ndim, gate->shape);
-  if (st == NVL_OK)
+  nvl_status st = nvl_tensor_empty(&g, dt, dout->device, gate->ndim, gate->shape);
+  if (st == NVL_OK) st = nvl_tensor_empty(&u, dt, dout->device, gate->ndim, gate->shape);
+  if (st == NVL_OK && dt == NVL_BF16)
+    st = NVL_CALL(be, dout, layers->swiglu_backward_bf16, nvl_tensor_data(&g), nvl_tensor_data(&u),
+                  nvl_tensor_data(dout), nvl_tensor_data(gate), nvl_tensor_data(up), nvl_tensor_numel(gate));
+  else if (st == NVL_OK)
     st = NVL_CALL(be, dout, layers->swiglu_backward, nvl_tensor_data(&g), nvl_tensor_data(&u), nvl_tensor_data(dout),
                   nvl_tensor_data(gate), nvl_tensor_data(up), nvl_tensor_numel(gate));
   if (st != NVL_OK) {
@@ -548,12 +569,13 @@ nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_ten
   const nvl_tensor *acts[3] = {dout, gate, up};
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, acts, 3, &dt));
-  if (dt == NVL_F32) return swiglu_backward_f32(dgate, dup, dout, gate, up);
+  const nvl_layer_kernels *nat = dt == NVL_BF16 ? native_bf16(dout) : NULL;
+  if (dt == NVL_F32 || (nat && nat->swiglu_backward_bf16)) return swiglu_backward_as(dgate, dup, dout, gate, up, dt);
   NVL_TRY(need_out_null(op, "dgate", dgate));
   NVL_TRY(need_out_null(op, "dup", dup));
   nvl_tensor w[3], r[2] = {nvl_tensor_null(), nvl_tensor_null()};
   NVL_TRY(nvl_act_widen(w, acts, 3));
-  nvl_status st = swiglu_backward_f32(&r[0], &r[1], &w[0], &w[1], &w[2]);
+  nvl_status st = swiglu_backward_as(&r[0], &r[1], &w[0], &w[1], &w[2], NVL_F32);
   nvl_act_release(w, 3);
   if (st != NVL_OK) return st;
   nvl_tensor *outs[2] = {dgate, dup};

@@ -130,6 +130,25 @@ T.case("swiglu: bf16 out, dgate, dup = the f32 op's rounded once", function()
   end)
 end)
 
+T.case("swiglu, bf16 kernels: threaded chunks with a ragged tail, extremes, NaN and inf = the f32 op's rounded once", function()
+  -- 201 x 203 elements: above the threading threshold, chunks of 4096 with a ragged last one; gate
+  -- values past exp's clamps (|g| = 100, 1e30), zeros, inf and NaN
+  nv.manual_seed(14)
+  local g = nv.randn(201, 203) * 4
+  for i, v in ipairs{100, -100, 1e30, -1e30, 0, 1 / 0, -1 / 0, 0 / 0, 88.5, -87.5} do
+    g:narrow(1, 7 * i, 1):narrow(2, 3 * i, 1):fill_(v)
+  end
+  g = g:to("bf16")
+  local u, d = rb(201, 203), rb(201, 203)
+  both(function(run, k)
+    same(run(core.swiglu_forward, g, u), bf(run(core.swiglu_forward, wide(g), wide(u))), k .. " forward", "bf16")
+    local dg, du = run(core.swiglu_backward, d, g, u)
+    local dg32, du32 = run(core.swiglu_backward, wide(d), wide(g), wide(u))
+    same(dg, bf(dg32), k .. " dgate", "bf16")
+    same(du, bf(du32), k .. " dup", "bf16")
+  end)
+end)
+
 T.case("attention: bf16 out, dq, dk, dv = the f32 op's rounded once; lse the f32 op's", function()
   nv.manual_seed(5)
   local q, k, v = rb(2, 7, 4, 8), rb(2, 7, 2, 8), rb(2, 7, 2, 8)

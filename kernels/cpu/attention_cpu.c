@@ -10,42 +10,10 @@
 #include <omp.h>
 #include <string.h>
 #include "cpu/attention_cpu.h"
+#include "cpu/simd_cpu.h"
 
-/* The row loops (max, exp, sums) get AVX2 / AVX-512 clones beside the baseline one (target_clones:
- * an ifunc picks one at load time); no FMA contraction (-ffp-contract=off), so every clone gives the
- * same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__AVX2__)
-#define NVL_ROWS __attribute__((target_clones("avx512f", "avx2", "default"))) static
-#else
-#define NVL_ROWS static
-#endif
-
-/* exp(x) in fp32, written so that a loop of it vectorises (expf does not): Cody-Waite reduction
- * x = n ln2 + r, |r| <= ln2/2, Cephes' degree-7 polynomial for e^r (within ~2 ulp of expf), times 2^n.
- * x < -87 gives 0 (expf: a subnormal, below 2^-125, which no softmax sum notices), x > 88 gives
- * +inf, NaN gives NaN. */
-static inline float exp_f32(float x) {
-  const float lo = -87.0f, hi = 88.0f, round = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-  float xc = x > lo ? x : lo; /* NaN -> lo: the integer conversion below stays defined */
-  xc = xc < hi ? xc : hi;
-  float kf = (xc * 1.44269504088896341f + round) - round; /* n = rint(x / ln2), in [-126, 127] */
-  float r = (xc - kf * 0.693359375f) - kf * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  union {
-    uint32_t u;
-    float f;
-  } two_n = {.u = (uint32_t)((int32_t)kf + 127) << 23}; /* 2^n, normal */
-  float e = p * two_n.f;
-  e = x < lo ? 0.0f : e;
-  e = x > hi ? INFINITY : e;
-  return x == x ? e : x;
-}
+/* The row loops (max, exp, sums) get AVX2 / AVX-512 clones (NVL_CLONES, simd_cpu.h). */
+#define NVL_ROWS NVL_CLONES static
 
 #define NVL_ATTN_LANES 16 /* partial maxima and sums per row: a fixed order, the same bits on every clone */
 

@@ -9,6 +9,7 @@
 #include "cpu/attention_cpu.h"
 #include "cpu/layers_cpu.h"
 #include "cpu/ops_cpu.h"
+#include "cpu/simd_cpu.h"
 
 #include <math.h>
 #include <string.h>
@@ -128,23 +129,102 @@ static nvl_status rope_backward(nvl_kctx *ctx, float *dx, const float *dout, con
 
 /* ---- SwiGLU (f32 arithmetic, expf) ------------------------------------------------------------ */
 
+/* One element of SwiGLU and of its backward in f32 (exp_f32: vectorises); the f32 and the bf16
+ * kernels below share them, so a bf16 kernel is the f32 one on the widened inputs, rounded once. */
+static inline float swiglu_one(float g, float u) { return g / (1.0f + exp_f32(-g)) * u; }
+
+static inline void swiglu_grad_one(float *dg, float *du, float d, float g, float u) {
+  float s = 1.0f / (1.0f + exp_f32(-g));
+  *dg = d * u * s * (1.0f + g * (1.0f - s));
+  *du = d * g * s;
+}
+
+NVL_CLONES static void swiglu_fwd_rows(float *out, const float *gate, const float *up, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) out[i] = swiglu_one(gate[i], up[i]);
+}
+
+NVL_CLONES static void swiglu_bwd_rows(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                       int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) swiglu_grad_one(&dgate[i], &dup[i], dout[i], gate[i], up[i]);
+}
+
+/* bf16 rows: widened into f32 blocks, the f32 rows above, rounded back (each loop vectorises) */
+#define BF16_BLOCK 512
+
+static void widen_block(float *y, const uint16_t *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = f32_of(x[i]);
+}
+
+static void round_block(uint16_t *y, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = bf16_of(x[i]);
+}
+
+static void swiglu_fwd_rows_bf16(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n) {
+  float g[BF16_BLOCK], u[BF16_BLOCK], o[BF16_BLOCK];
+  for (int64_t i0 = 0; i0 < n; i0 += BF16_BLOCK) {
+    int64_t m = n - i0 < BF16_BLOCK ? n - i0 : BF16_BLOCK;
+    widen_block(g, gate + i0, m);
+    widen_block(u, up + i0, m);
+    swiglu_fwd_rows(o, g, u, m);
+    round_block(out + i0, o, m);
+  }
+}
+
+static void swiglu_bwd_rows_bf16(uint16_t *dgate, uint16_t *dup, const uint16_t *dout, const uint16_t *gate,
+                                 const uint16_t *up, int64_t n) {
+  float d[BF16_BLOCK], g[BF16_BLOCK], u[BF16_BLOCK], dg[BF16_BLOCK], du[BF16_BLOCK];
+  for (int64_t i0 = 0; i0 < n; i0 += BF16_BLOCK) {
+    int64_t m = n - i0 < BF16_BLOCK ? n - i0 : BF16_BLOCK;
+    widen_block(d, dout + i0, m);
+    widen_block(g, gate + i0, m);
+    widen_block(u, up + i0, m);
+    swiglu_bwd_rows(dg, du, d, g, u, m);
+    round_block(dgate + i0, dg, m);
+    round_block(dup + i0, du, m);
+  }
+}
+
+#define SWIGLU_CHUNK 4096 /* elements per OpenMP task */
+#define SWIGLU_TASKS(n) (((n) + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK)
+#define SWIGLU_SPAN(c, n) int64_t i0 = (c) * SWIGLU_CHUNK, m = (n) - i0 < SWIGLU_CHUNK ? (n) - i0 : SWIGLU_CHUNK
+
 static nvl_status swiglu_forward(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > NVL_LAYERS_OMP_MIN)
-  for (int64_t i = 0; i < n; i++) {
-    float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+#pragma omp parallel for schedule(static) if (n > NVL_LAYERS_OMP_MIN)
+  for (int64_t c = 0; c < SWIGLU_TASKS(n); c++) {
+    SWIGLU_SPAN(c, n);
+    swiglu_fwd_rows(out + i0, gate + i0, up + i0, m);
+  }
+  return NVL_OK;
+}
+
+static nvl_status swiglu_forward_bf16(nvl_kctx *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up,
+                                      int64_t n) {
+#pragma omp parallel for schedule(static) if (n > NVL_LAYERS_OMP_MIN)
+  for (int64_t c = 0; c < SWIGLU_TASKS(n); c++) {
+    SWIGLU_SPAN(c, n);
+    swiglu_fwd_rows_bf16(out + i0, gate + i0, up + i0, m);
   }
   return NVL_OK;
 }
 
 static nvl_status swiglu_backward(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
                                   const float *up, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > NVL_LAYERS_OMP_MIN)
-  for (int64_t i = 0; i < n; i++) {
-    float g = gate[i], d = dout[i];
-    float s = 1.0f / (1.0f + expf(-g));
-    dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
-    dup[i] = d * g * s;
+#pragma omp parallel for schedule(static) if (n > NVL_LAYERS_OMP_MIN)
+  for (int64_t c = 0; c < SWIGLU_TASKS(n); c++) {
+    SWIGLU_SPAN(c, n);
+    swiglu_bwd_rows(dgate + i0, dup + i0, dout + i0, gate + i0, up + i0, m);
+  }
+  return NVL_OK;
+}
+
+static nvl_status swiglu_backward_bf16(nvl_kctx *ctx, uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
+                                       const uint16_t *gate, const uint16_t *up, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > NVL_LAYERS_OMP_MIN)
+  for (int64_t c = 0; c < SWIGLU_TASKS(n); c++) {
+    SWIGLU_SPAN(c, n);
+    swiglu_bwd_rows_bf16(dgate + i0, dup + i0, dout + i0, gate + i0, up + i0, m);
   }
   return NVL_OK;
 }
@@ -321,6 +401,8 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .rope_backward = rope_backward,
   .swiglu_forward = swiglu_forward,
   .swiglu_backward = swiglu_backward,
+  .swiglu_forward_bf16 = swiglu_forward_bf16,
+  .swiglu_backward_bf16 = swiglu_backward_bf16,
   .cross_entropy = cross_entropy,
   .adamw_step = adamw_step,
   .sumsq = sumsq,

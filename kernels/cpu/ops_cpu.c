@@ -258,7 +258,43 @@ nvl_status nvl_copy_cpu(nvl_kctx *ctx, nvl_tensor *dst, const nvl_tensor *src) {
   return NVL_OK;
 }
 
+/* out = a + b (sub: a - b), n contiguous bf16, rounded once from the exact sum as the reference
+ * does (through double): the f32 sum rounded to bf16 is that. Where the exact sum of two 8-bit
+ * significands needs more than f32's 24 bits, the smaller operand lies below 2^-15 of the larger,
+ * nearer to the larger than any bf16 rounding tie (2^-8 of it away), so RN to f32 cannot move the sum
+ * onto or across a tie; otherwise the f32 sum is exact. In blocks so that each loop vectorises. */
+#define ADD_BLOCK 512
+static void add_bf16_block(uint16_t *out, const uint16_t *a, const uint16_t *b, int sub, int64_t m) {
+  union { float f[ADD_BLOCK]; uint32_t u[ADD_BLOCK]; } x, y;
+  for (int64_t i = 0; i < m; i++) x.u[i] = (uint32_t)a[i] << 16;
+  for (int64_t i = 0; i < m; i++) y.u[i] = (uint32_t)b[i] << 16;
+  if (sub)
+    for (int64_t i = 0; i < m; i++) x.f[i] = x.f[i] - y.f[i];
+  else
+    for (int64_t i = 0; i < m; i++) x.f[i] = x.f[i] + y.f[i];
+  for (int64_t i = 0; i < m; i++) {
+    uint32_t u = x.u[i], rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x0040u;
+    out[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
+}
+
+static void add_bf16_cpu(uint16_t *out, const uint16_t *a, const uint16_t *b, int sub, int64_t n) {
+  int64_t nb = (n + ADD_BLOCK - 1) / ADD_BLOCK;
+#pragma omp parallel for schedule(static) if (n > NVL_OMP_MIN)
+  for (int64_t k = 0; k < nb; k++) {
+    int64_t i0 = k * ADD_BLOCK;
+    add_bf16_block(out + i0, a + i0, b + i0, sub, n - i0 < ADD_BLOCK ? n - i0 : ADD_BLOCK);
+  }
+}
+
+static int bf16_contig(const nvl_tensor *t) { return t->dtype == NVL_BF16 && nvl_tensor_is_contiguous(t); }
+
 nvl_status nvl_binary_cpu(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+  if ((op == NVL_OP_ADD || op == NVL_OP_SUB) && bf16_contig(out) && bf16_contig(a) && bf16_contig(b) &&
+      nvl_tensor_numel(a) == nvl_tensor_numel(out) && nvl_tensor_numel(b) == nvl_tensor_numel(out)) {
+    add_bf16_cpu(nvl_tensor_data(out), nvl_tensor_data(a), nvl_tensor_data(b), op == NVL_OP_SUB, nvl_tensor_numel(out));
+    return NVL_OK;
+  }
   if (out->dtype != NVL_F32 || op >= NVL_OP_EQ || !f32_contig(a) || !f32_contig(b))
     return nvl_binary_ref(ctx, op, out, a, b);
   nvl_binary_f32_cpu(op, nvl_tensor_data(out), nvl_tensor_data(a), nvl_tensor_data(b), nvl_tensor_numel(out));
