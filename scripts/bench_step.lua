@@ -95,7 +95,7 @@ for r in cfg.recipes:gmatch("[^,]+") do
     t_quant, t_gemm = 0, 0
     local t0 = nv.clock()
     model:forward_backward(x, y)
-    optim.clip_grad_norm(model:named_parameters(), 1.0)
+    opt:clip_grad_norm(1.0) -- the trainer's clip (train.lua): one multi-tensor norm, the factor applied in the step
     opt:step()
     model:zero_grad()
     local dt = nv.clock() - t0

@@ -695,6 +695,14 @@ T.case("bf16 + and - on the fast kernels: rounded once from the exact sum (ties,
   local c = a:clone()
   c:add_(b)
   check_list(flat(c:to("f32"):totable()), flat((a + b):to("f32"):totable()), "add_ in place = a + b")
+  local d = a:clone()
+  d:add_(d)
+  check_list(flat(d:to("f32"):totable()), flat((a + a):to("f32"):totable()), "add_ of itself = a + a")
+  local h = a:clone()
+  h:narrow(1, 2, n - 1):add_(h:narrow(1, 1, n - 1)) -- overlapping views: through the f32 copy, as before
+  local xh = {xa[1]}
+  for i = 2, n do xh[i] = bf16(xa[i] + xa[i - 1]) end
+  check_list(flat(h:to("f32"):totable()), xh, "add_ of an overlapping view")
 end)
 
 T.case("add_(src, alpha): one rule for every layout (issue 15 D1: a strided destination multiplied in double)", function()

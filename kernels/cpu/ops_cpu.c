@@ -56,6 +56,11 @@ void nvl_binary_scalar_f32_cpu(nvl_binary_op op, float *out, const float *a, dou
         return;
     }
   }
+  if (op == NVL_OP_MUL) { /* the double product rounded once, as nvl_binary_f; a loop that vectorises */
+#pragma omp parallel for simd if (n > NVL_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = (float)((double)a[i] * s);
+    return;
+  }
 #pragma omp parallel for if (n > NVL_OMP_MIN)
   for (int64_t i = 0; i < n; i++)
     out[i] = (float)(scalar_left ? nvl_binary_f(op, s, a[i]) : nvl_binary_f(op, a[i], s));

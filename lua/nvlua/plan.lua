@@ -92,8 +92,12 @@ function plan.memory(c, r, B, T)
   local kvC = hd * c.num_key_value_heads
   local N = B * T
   local m = {weights = 4 * p.total, grads = 4 * p.total, optimizer = 8 * p.total}
-  local per_tok_block = 4 * C + (C + kvC) + kvC + C + c.num_attention_heads + 2 + 3 * F
-  m.activations = 4 * N * (L * per_tok_block + C + C + 2 * V)
+  -- saved per token and block: activations in the recipe's act_dtype (bf16: 2 bytes), the
+  -- statistics (attention lse per head, two RMSNorm rstd) in f32; logits and their gradient f32
+  local ab = r.act_dtype == "bf16" and 2 or 4
+  local acts = 4 * C + (C + kvC) + kvC + C + 3 * F
+  local stats = c.num_attention_heads + 2
+  m.activations = N * (ab * (L * acts + C + C) + 4 * (L * stats + 2 * V))
   -- the emulated GEMM's scratch: B decoded in chunks of at most 4M floats, A whole
   m.weight_copies, m.transient = 0, 4 * (math.min(2 ^ 22, V * C) + N * math.max(C, F))
   local biggest = 0
