@@ -133,16 +133,21 @@ static nvl_status blocked_input(nvl_kctx *ctx, const nvl_qdesc *d, const float *
   }
   float *y; /* (rows, K) */
   NVL_TRY(ctx->scratch(ctx, (size_t)n * sizeof(float), (void **)&y));
-  if (d->C == 1 && d->x_dtype == NVL_F32) memcpy(y, d->x, (size_t)n * sizeof(float));
-  else if (d->C == 1) nvl_bf16_to_f32_cpu(y, d->x, n);
-  else gather(y, d->x, d->x_dtype == NVL_BF16, d->B, K, d->C);
-  if (d->rht) {
-    NVL_TRY(nvl_rht16_rows_cpu(y, y, rows, K, d->signs));
-    /* NUMERICS §5: the transform's output has the operand's dtype (TE's bf16 wgrad path) */
-    if (d->x_dtype == NVL_BF16) {
-#pragma omp parallel for if (n > 32768)
-      for (int64_t i = 0; i < n; i++) y[i] = nvl_bf16_to_f32(nvl_f32_to_bf16(y[i]));
-    }
+  const uint16_t *xb = d->x_dtype == NVL_BF16 ? d->x : NULL; /* bf16 x in the blocked layout */
+  if (xb && d->C > 1) { /* transposed in bf16 (SIMD) first */
+    uint16_t *t;
+    NVL_TRY(ctx->scratch(ctx, (size_t)n * sizeof(uint16_t), (void **)&t));
+    bf16_blocked_copy(t, d->x, d->B, K, d->C);
+    xb = t;
+  }
+  if (xb && d->rht) { /* NUMERICS §5: the transform's output has the operand's dtype (TE's bf16 wgrad path) */
+    NVL_TRY(nvl_rht16_rows_bf16_cpu(y, xb, rows, K, d->signs));
+  } else if (xb) {
+    nvl_bf16_to_f32_cpu(y, xb, n);
+  } else {
+    if (d->C == 1) memcpy(y, d->x, (size_t)n * sizeof(float));
+    else gather(y, d->x, 0, d->B, K, d->C);
+    if (d->rht) NVL_TRY(nvl_rht16_rows_cpu(y, y, rows, K, d->signs));
   }
   *xp = y;
   return NVL_OK;

@@ -50,7 +50,7 @@
 #include <immintrin.h>
 #endif
 #if defined(NVL_QUANT_X86) && !defined(__AVX2__)
-#define NVL_WORKER __attribute__((target_clones("avx2", "default"))) static
+#define NVL_WORKER __attribute__((target_clones("avx512f", "avx2", "default"))) static
 #else
 #define NVL_WORKER static
 #endif
@@ -613,7 +613,24 @@ NVL_WORKER void rht_range(float *y, const float *x, const float *s, int64_t c0, 
   }
 }
 
-nvl_status nvl_rht16_rows_cpu(float *y, const float *x, int64_t rows, int64_t K, const float *signs) {
+/* rht_range on bf16 x, each output rounded to bf16 (RNE, NaN quieted) and kept in f32: the
+ * widening, the transform and the rounding of NUMERICS §5 in one pass */
+NVL_WORKER void rht_range_bf16(float *y, const uint16_t *x, const float *s, int64_t c0, int64_t c1) {
+  for (int64_t c = c0; c < c1; c++) {
+    float t[16];
+    for (int i = 0; i < 16; i++) t[i] = s[i] * u2f((uint32_t)x[16 * c + i] << 16);
+    rht_stage(t, 1);
+    rht_stage(t, 2);
+    rht_stage(t, 4);
+    rht_stage(t, 8);
+    for (int i = 0; i < 16; i++) {
+      uint32_t u = f2u(t[i] * 0.25f), rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+      y[16 * c + i] = u2f((u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : rounded);
+    }
+  }
+}
+
+static nvl_status rht_rows(float *y, const float *x, const uint16_t *xb, int64_t rows, int64_t K, const float *signs) {
   if (rows < 0 || K < 0 || K % 16)
     return nvl_error(NVL_EINVAL, "rht16_rows_cpu: K = %lld is not a multiple of 16 (rows %lld)", (long long)K,
                      (long long)rows);
@@ -622,6 +639,17 @@ nvl_status nvl_rht16_rows_cpu(float *y, const float *x, int64_t rows, int64_t K,
   int64_t n = rows * K, nchunk = n / 16, per = NVL_CHUNK / 16;
   int64_t nitems = (nchunk + per - 1) / per;
 #pragma omp parallel for schedule(static) if (n > NVL_QUANT_OMP_MIN)
-  for (int64_t it = 0; it < nitems; it++) rht_range(y, x, s, it * per, min64(nchunk, it * per + per));
+  for (int64_t it = 0; it < nitems; it++) {
+    if (xb) rht_range_bf16(y, xb, s, it * per, min64(nchunk, it * per + per));
+    else rht_range(y, x, s, it * per, min64(nchunk, it * per + per));
+  }
   return NVL_OK;
+}
+
+nvl_status nvl_rht16_rows_cpu(float *y, const float *x, int64_t rows, int64_t K, const float *signs) {
+  return rht_rows(y, x, NULL, rows, K, signs);
+}
+
+nvl_status nvl_rht16_rows_bf16_cpu(float *y, const uint16_t *x, int64_t rows, int64_t K, const float *signs) {
+  return rht_rows(y, NULL, x, rows, K, signs);
 }

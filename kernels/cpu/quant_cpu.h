@@ -27,6 +27,9 @@ nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *codes, float *scale, float *amax
                                        nvl_elem elem, const float *amax_in);
 /* RHT on every 16-chunk along K; y may alias x. */
 nvl_status nvl_rht16_rows_cpu(float *y, const float *x, int64_t rows, int64_t K, const float *signs);
+/* The same on bf16 x, each output rounded to bf16 (kept as f32): NUMERICS §5's bf16 operand, the
+ * same bits as widening, nvl_rht16_rows_cpu and rounding. */
+nvl_status nvl_rht16_rows_bf16_cpu(float *y, const uint16_t *x, int64_t rows, int64_t K, const float *signs);
 
 #ifdef __cplusplus
 }

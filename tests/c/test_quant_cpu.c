@@ -30,9 +30,10 @@ typedef struct {
                        const nvl_quant_ref_opts *);
   nvl_status (*fp8)(uint8_t *, float *, float *, const float *, int64_t, nvl_elem, const float *);
   nvl_status (*rht)(float *, const float *, int64_t, int64_t, const float *);
+  nvl_status (*rht_bf16)(float *, const uint16_t *, int64_t, int64_t, const float *);
 } quant_impl;
 static const quant_impl library_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
-                                        nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu};
+                                        nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu};
 static const quant_impl *impl = &library_impl;
 
 /* ---- inputs ---------------------------------------------------------------------------------- */
@@ -653,6 +654,15 @@ NVL_TEST(quant_cpu_rht) {
         memcpy(yf, x, sizeof(float) * (size_t)n); /* in place */
         CHECK(impl->rht(yf, yf, R, K, signs) == NVL_OK);
         CHECK(same_floats("rht", "rht in place", yf, yr, n));
+        /* bf16 operand (NUMERICS §5): x rounded to bf16, widened, transformed, each output rounded */
+        uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+        for (int64_t i = 0; i < n; i++) xb[i] = nvl_f32_to_bf16(x[i]);
+        for (int64_t i = 0; i < n; i++) yf[i] = nvl_bf16_to_f32(xb[i]);
+        CHECK(nvl_rht16_rows_ref(yr, yf, R, K, signs) == NVL_OK);
+        for (int64_t i = 0; i < n; i++) yr[i] = nvl_bf16_to_f32(nvl_f32_to_bf16(yr[i]));
+        CHECK(impl->rht_bf16(yf, xb, R, K, signs) == NVL_OK);
+        CHECK(same_floats("rht", "rht of bf16", yf, yr, n));
+        free(xb);
       }
       free(x); free(yr); free(yf);
     }
@@ -758,15 +768,17 @@ NVL_TEST(quant_cpu_rht_then_nvfp4) {
 #define nvl_mx_quantize_cpu portable_mx_quantize_cpu
 #define nvl_fp8_quantize_tensor_cpu portable_fp8_quantize_tensor_cpu
 #define nvl_rht16_rows_cpu portable_rht16_rows_cpu
+#define nvl_rht16_rows_bf16_cpu portable_rht16_rows_bf16_cpu
 nvl_status nvl_nvfp4_quantize_cpu(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_quant_ref_opts *);
 nvl_status nvl_nvfp4_dequantize_cpu(float *, const uint8_t *, const uint8_t *, float, int64_t, int64_t);
 nvl_status nvl_mx_quantize_cpu(uint8_t *, uint8_t *, const float *, int64_t, int64_t, nvl_elem, nvl_mx_rule,
                                const nvl_quant_ref_opts *);
 nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *, float *, float *, const float *, int64_t, nvl_elem, const float *);
 nvl_status nvl_rht16_rows_cpu(float *, const float *, int64_t, int64_t, const float *);
+nvl_status nvl_rht16_rows_bf16_cpu(float *, const uint16_t *, int64_t, int64_t, const float *);
 #include "cpu/quant_cpu.c"
 static const quant_impl portable_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
-                                         nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu};
+                                         nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu};
 
 NVL_TEST(quant_cpu_portable_build) {
   impl = &portable_impl;
