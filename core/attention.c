@@ -5,8 +5,9 @@
  * contiguous, all on one device (q's) — or the activations all bf16 (lse f32): then the f32 op
  * runs on exact f32 copies and dq, dk, dv, out are rounded once (NUMERICS §11, core/act.h).
  * Backward: dq, dk, dv are activation gradients, WRITTEN (=). On CUDA, bf16 activations with head dim
- * 64 or 128 go to the tensor-core FlashAttention-2 (flash_attention.h) unless nvl_attention_flash(0): P and dS
- * are rounded to bf16 before their products there (NUMERICS §11), so that route is not the widened f32 op.
+ * 64 or 128 go to the tensor-core FlashAttention-2 (flash_attention.h), and on a CPU with AVX512-BF16 to the
+ * CPU table's bf16 entries (kernels/cpu/attention_bf16_cpu.h), unless nvl_attention_flash(0): P and dS
+ * are rounded to bf16 before their products there (NUMERICS §11), so those routes are not the widened f32 op.
  * One entry of the device's kernel table runs (core/dispatch.h); its workspace is call scratch.
  * Not here: the arithmetic. */
 #include <limits.h>
@@ -26,7 +27,7 @@ typedef struct {
 /* t is a live, 4-D, f32, contiguous tensor on like's device (like NULL: any device); name is
  * its argument name ("q"). */
 static nvl_status check_4d_on(const char *op, const char *name, const char *layout, const nvl_tensor *t,
-                              const nvl_tensor *like) {
+                              const nvl_tensor *like, nvl_dtype dt) {
   char s[160], s2[160];
   NVL_TRY(nvl_tensor_check_live(t, op));
   if (t->ndim != 4)
@@ -34,8 +35,9 @@ static nvl_status check_4d_on(const char *op, const char *name, const char *layo
   if (like && like != t && !nvl_tensor_same_device(t, like))
     return nvl_error(NVL_EINVAL, "%s: %s is %s but q is %s; every tensor must be on one device", op, name,
                      nvl_tensor_desc(t, s, sizeof s), nvl_tensor_desc(like, s2, sizeof s2));
-  if (t->dtype != NVL_F32)
-    return nvl_error(NVL_EINVAL, "%s: %s must be f32, got %s", op, name, nvl_tensor_desc(t, s, sizeof s));
+  if (t->dtype != dt)
+    return nvl_error(NVL_EINVAL, "%s: %s must be %s, got %s", op, name, nvl_dtypes[dt].name,
+                     nvl_tensor_desc(t, s, sizeof s));
   if (!nvl_tensor_is_contiguous(t))
     return nvl_error(NVL_EINVAL, "%s: %s must be contiguous, got a strided %s (use :contiguous())", op, name,
                      nvl_tensor_desc(t, s, sizeof s));
@@ -51,11 +53,11 @@ static int same_shape(const nvl_tensor *a, const nvl_tensor *b) {
 
 /* q (B, T, Hq, D), k and v (B, T, Hkv, D), Hq % Hkv == 0; fills *n. */
 static nvl_status check_qkv(const char *op, const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
-                            double scale, dims *n) {
+                            double scale, dims *n, nvl_dtype dt) {
   char s1[160], s2[160];
-  NVL_TRY(check_4d_on(op, "q", "(B, T, Hq, D)", q, NULL));
-  NVL_TRY(check_4d_on(op, "k", "(B, T, Hkv, D)", k, q));
-  NVL_TRY(check_4d_on(op, "v", "(B, T, Hkv, D)", v, q));
+  NVL_TRY(check_4d_on(op, "q", "(B, T, Hq, D)", q, NULL, dt));
+  NVL_TRY(check_4d_on(op, "k", "(B, T, Hkv, D)", k, q, dt));
+  NVL_TRY(check_4d_on(op, "v", "(B, T, Hkv, D)", v, q, dt));
   if (!same_shape(k, v))
     return nvl_error(NVL_EINVAL, "%s: k and v must have one shape (B, T, Hkv, D), got k %s and v %s", op,
                      nvl_tensor_desc(k, s1, sizeof s1), nvl_tensor_desc(v, s2, sizeof s2));
@@ -77,18 +79,24 @@ static nvl_status check_qkv(const char *op, const nvl_tensor *q, const nvl_tenso
   return NVL_OK;
 }
 
-static nvl_status attention_forward_f32(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
-                                        const nvl_tensor *v, double scale) {
+/* dt f32: the f32 entry; dt bf16: the backend's bf16 entry (the flash numerics; the caller checked
+ * it is there and ready) */
+static nvl_status attention_forward_as(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                       const nvl_tensor *v, double scale, nvl_dtype dt) {
   const char *op = "attention_forward";
   const nvl_backend *be;
   dims n;
-  NVL_TRY(check_qkv(op, q, k, v, scale, &n));
-  NVL_PICK(be, q, layers->attention_forward, op);
+  NVL_TRY(check_qkv(op, q, k, v, scale, &n, dt));
+  if (dt == NVL_BF16) NVL_PICK(be, q, layers->attention_forward_bf16, op);
+  else NVL_PICK(be, q, layers->attention_forward, op);
   int64_t lse_shape[3] = {n.B, n.Hq, n.T};
   nvl_tensor o = nvl_tensor_null(), l = nvl_tensor_null();
-  nvl_status st = nvl_tensor_empty(&o, NVL_F32, q->device, 4, q->shape); /* (B, T, Hq, D) */
+  nvl_status st = nvl_tensor_empty(&o, dt, q->device, 4, q->shape); /* (B, T, Hq, D) */
   if (st == NVL_OK) st = nvl_tensor_empty(&l, NVL_F32, q->device, 3, lse_shape); /* (B, Hq, T) */
-  if (st == NVL_OK)
+  if (st == NVL_OK && dt == NVL_BF16)
+    st = NVL_CALL(be, q, layers->attention_forward_bf16, nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q),
+                  nvl_tensor_data(k), nvl_tensor_data(v), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
+  else if (st == NVL_OK)
     st = NVL_CALL(be, q, layers->attention_forward, nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q),
                   nvl_tensor_data(k), nvl_tensor_data(v), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
   if (st != NVL_OK) {
@@ -101,16 +109,16 @@ static nvl_status attention_forward_f32(nvl_tensor *out, nvl_tensor *lse, const 
   return NVL_OK;
 }
 
-static nvl_status attention_backward_f32(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
-                                         const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
-                                         const nvl_tensor *out, const nvl_tensor *lse, double scale) {
+static nvl_status attention_backward_as(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
+                                        const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
+                                        const nvl_tensor *out, const nvl_tensor *lse, double scale, nvl_dtype dt) {
   const char *op = "attention_backward";
   char s1[160], s2[160];
   const nvl_backend *be;
   dims n;
-  NVL_TRY(check_qkv(op, q, k, v, scale, &n));
-  NVL_TRY(check_4d_on(op, "dout", "(B, T, Hq, D)", dout, q));
-  NVL_TRY(check_4d_on(op, "out", "(B, T, Hq, D)", out, q));
+  NVL_TRY(check_qkv(op, q, k, v, scale, &n, dt));
+  NVL_TRY(check_4d_on(op, "dout", "(B, T, Hq, D)", dout, q, dt));
+  NVL_TRY(check_4d_on(op, "out", "(B, T, Hq, D)", out, q, dt));
   if (!same_shape(dout, q))
     return nvl_error(NVL_EINVAL, "%s: dout must have q's shape (B, T, Hq, D): dout is %s, q is %s", op,
                      nvl_tensor_desc(dout, s1, sizeof s1), nvl_tensor_desc(q, s2, sizeof s2));
@@ -123,12 +131,17 @@ static nvl_status attention_backward_f32(nvl_tensor *dq, nvl_tensor *dk, nvl_ten
     return nvl_error(NVL_EINVAL, "%s: lse must be a contiguous f32 (B, Hq, T) = [%lld,%lld,%lld] %s tensor, got %s%s",
                      op, (long long)n.B, (long long)n.Hq, (long long)n.T, q->device == NVL_CUDA ? "cuda" : "cpu",
                      nvl_tensor_desc(lse, s1, sizeof s1), nvl_tensor_is_contiguous(lse) ? "" : " (strided)");
-  NVL_PICK(be, q, layers->attention_backward, op);
+  if (dt == NVL_BF16) NVL_PICK(be, q, layers->attention_backward_bf16, op);
+  else NVL_PICK(be, q, layers->attention_backward, op);
   nvl_tensor gq = nvl_tensor_null(), gk = nvl_tensor_null(), gv = nvl_tensor_null();
-  nvl_status st = nvl_tensor_empty(&gq, NVL_F32, q->device, 4, q->shape); /* (B, T, Hq, D) */
-  if (st == NVL_OK) st = nvl_tensor_empty(&gk, NVL_F32, q->device, 4, k->shape); /* (B, T, Hkv, D) */
-  if (st == NVL_OK) st = nvl_tensor_empty(&gv, NVL_F32, q->device, 4, v->shape); /* (B, T, Hkv, D) */
-  if (st == NVL_OK)
+  nvl_status st = nvl_tensor_empty(&gq, dt, q->device, 4, q->shape); /* (B, T, Hq, D) */
+  if (st == NVL_OK) st = nvl_tensor_empty(&gk, dt, q->device, 4, k->shape); /* (B, T, Hkv, D) */
+  if (st == NVL_OK) st = nvl_tensor_empty(&gv, dt, q->device, 4, v->shape); /* (B, T, Hkv, D) */
+  if (st == NVL_OK && dt == NVL_BF16)
+    st = NVL_CALL(be, q, layers->attention_backward_bf16, nvl_tensor_data(&gq), nvl_tensor_data(&gk),
+                  nvl_tensor_data(&gv), nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k),
+                  nvl_tensor_data(v), nvl_tensor_data(out), nvl_tensor_data(lse), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
+  else if (st == NVL_OK)
     st = NVL_CALL(be, q, layers->attention_backward, nvl_tensor_data(&gq), nvl_tensor_data(&gk), nvl_tensor_data(&gv),
                   nvl_tensor_data(dout), nvl_tensor_data(q), nvl_tensor_data(k), nvl_tensor_data(v),
                   nvl_tensor_data(out), nvl_tensor_data(lse), n.B, n.T, n.Hq, n.Hkv, n.D, scale);
@@ -164,6 +177,25 @@ static int flash_route(const nvl_tensor *const *acts, int n) {
   return 1;
 }
 
+/* the device's own bf16 attention (the CPU's AVX512-BF16 kernels) takes these: not cuda (its route is
+ * above), the table has the entries and says this machine can run them, every tensor non-empty */
+static int native_ready(nvl_device dev) {
+  if (!atomic_load(&flash_on) || dev == NVL_CUDA) return 0;
+  const nvl_backend *be = nvl_backend_for(dev, "attention");
+  const nvl_layer_kernels *l = be ? be->layers : NULL;
+  return l && l->attention_forward_bf16 && l->attention_backward_bf16 && l->attention_bf16_ready &&
+         l->attention_bf16_ready();
+}
+
+int nvl_attention_flash_cpu(void) { return native_ready(NVL_CPU); }
+
+static int native_route(const nvl_tensor *const *acts, int n) {
+  if (!acts[0]->storage || !native_ready(acts[0]->device)) return 0;
+  for (int i = 0; i < n; i++)
+    if (!acts[i] || !acts[i]->storage || nvl_tensor_numel(acts[i]) == 0 || !nvl_tensor_is_contiguous(acts[i])) return 0;
+  return 1;
+}
+
 static nvl_status need_null(const char *op, const char *name, const nvl_tensor *t) {
   if (!t) return nvl_error(NVL_EINVAL, "%s: no place for the output %s (NULL)", op, name);
   if (t->storage) return nvl_error(NVL_EINVAL, "%s: the output %s must be a null tensor", op, name);
@@ -177,16 +209,17 @@ nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_ten
   const nvl_tensor *acts[3] = {q, k, v};
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, acts, 3, &dt));
-  if (dt == NVL_F32) return attention_forward_f32(out, lse, q, k, v, scale);
+  if (dt == NVL_F32) return attention_forward_as(out, lse, q, k, v, scale, NVL_F32);
   NVL_TRY(need_null(op, "out", out));
   NVL_TRY(need_null(op, "lse", lse));
   if (flash_route(acts, 3)) {
     if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
     return nvl_flash_attention_forward(out, lse, q, k, v, scale, 1); /* checks shapes and devices */
   }
+  if (native_route(acts, 3)) return attention_forward_as(out, lse, q, k, v, scale, NVL_BF16);
   nvl_tensor w[3], r[1] = {nvl_tensor_null()}, l = nvl_tensor_null();
   NVL_TRY(nvl_act_widen(w, acts, 3));
-  nvl_status st = attention_forward_f32(&r[0], &l, &w[0], &w[1], &w[2], scale);
+  nvl_status st = attention_forward_as(&r[0], &l, &w[0], &w[1], &w[2], scale, NVL_F32);
   nvl_act_release(w, 3);
   if (st != NVL_OK) return st;
   nvl_tensor *outs[1] = {out};
@@ -204,7 +237,7 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
   const nvl_tensor *acts[5] = {dout, q, k, v, out};
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, acts, 5, &dt));
-  if (dt == NVL_F32) return attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, scale);
+  if (dt == NVL_F32) return attention_backward_as(dq, dk, dv, dout, q, k, v, out, lse, scale, NVL_F32);
   NVL_TRY(need_null(op, "dq", dq));
   NVL_TRY(need_null(op, "dk", dk));
   NVL_TRY(need_null(op, "dv", dv));
@@ -212,9 +245,11 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
     if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
     return nvl_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 1);
   }
+  if (native_route(acts, 5)) return attention_backward_as(dq, dk, dv, dout, q, k, v, out, lse, scale, NVL_BF16);
   nvl_tensor w[5], r[3] = {nvl_tensor_null(), nvl_tensor_null(), nvl_tensor_null()};
   NVL_TRY(nvl_act_widen(w, acts, 5));
-  nvl_status st = attention_backward_f32(&r[0], &r[1], &r[2], &w[0], &w[1], &w[2], &w[3], &w[4], lse, scale);
+  nvl_status st = attention_backward_as(&r[0], &r[1], &r[2], &w[0], &w[1], &w[2], &w[3], &w[4], lse, scale,
+                                        NVL_F32);
   nvl_act_release(w, 5);
   if (st != NVL_OK) return st;
   nvl_tensor *outs[3] = {dq, dk, dv};

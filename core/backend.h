@@ -272,6 +272,18 @@ typedef struct nvl_layer_kernels {
   nvl_status (*attention_backward)(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                    const float *k, const float *v, const float *out, const float *lse, int64_t B,
                                    int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale);
+  /* optional: attention on bf16 activations with FlashAttention's numerics (P and dS rounded to
+   * bf16 before their products, fp32 scores, softmax and accumulation; out, dq, dk, dv rounded once,
+   * lse f32), taken by core/attention.c when attention_bf16_ready() says this machine can run it
+   * and nvl_attention_flash is on; else bf16 attention is the widened f32 op (NUMERICS §11). */
+  int (*attention_bf16_ready)(void);
+  nvl_status (*attention_forward_bf16)(nvl_kctx *ctx, uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
+                                       const uint16_t *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                       double scale);
+  nvl_status (*attention_backward_bf16)(nvl_kctx *ctx, uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout,
+                                        const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *out,
+                                        const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                        double scale);
   /* optimizer over many tensors, one launch each (core/optim.h). state (NVL_NORM_STATE i64, the
    * device's): adamw_multi scales each grad by its clip factor first when state is not NULL (as
    * grad:mul_(factor) rounds: one f32 product when the factor is exact in f32, else the double

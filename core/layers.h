@@ -60,9 +60,13 @@ nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_ten
 nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
                                   const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
                                   const nvl_tensor *out, const nvl_tensor *lse, double scale);
-/* Whether bf16 attention on CUDA with head dim 64 or 128 runs the tensor-core FlashAttention-2 (on: the
+/* Whether bf16 attention runs with FlashAttention's numerics where a device has kernels for them —
+ * CUDA with head dim 64 or 128 (the tensor-core FlashAttention-2), a CPU with AVX512-BF16 — (on: the
  * default) or the widened f32 op (NUMERICS §11); on < 0 only reads. -> the previous setting. */
 int nvl_attention_flash(int on);
+/* 1: bf16 attention on the CPU runs the CPU table's kernels with the same flash numerics (this CPU has
+ * AVX512-BF16, the CPU table is in use, nvl_attention_flash is on); 0: the widened f32 op. */
+int nvl_attention_flash_cpu(void);
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 /* out (N, F) = silu(gate) * up. */

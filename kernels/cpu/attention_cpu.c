@@ -13,14 +13,14 @@
 #include "cpu/simd_cpu.h"
 
 /* The row loops (max, exp, sums) get AVX2 / AVX-512 clones (NVL_CLONES, simd_cpu.h). */
-#define NVL_ROWS NVL_CLONES static
+#define NVL_ROWS NVL_CLONES
 
 #define NVL_ATTN_LANES 16 /* partial maxima and sums per row: a fixed order, the same bits on every clone */
 
 /* Forward softmax of one score row s[0..t] (the causal part; s[t+1..n) are set to 0): s[j] becomes
  * exp(s[j] - max); returns the sum in double, accumulated in NVL_ATTN_LANES lanes (lane l takes
  * j = l mod NVL_ATTN_LANES) then added lane by lane; *mx the max. */
-NVL_ROWS double softmax_row(float *s, int64_t t, int64_t n, float *mx) {
+NVL_ROWS double nvl_attn_softmax_row(float *s, int64_t t, int64_t n, float *mx) {
   int64_t len = t + 1, body = len - len % NVL_ATTN_LANES;
   float mm[NVL_ATTN_LANES];
   double acc[NVL_ATTN_LANES];
@@ -44,7 +44,7 @@ NVL_ROWS double softmax_row(float *s, int64_t t, int64_t n, float *mx) {
 
 /* Backward of one row: p[0..t] scores -> P = exp(score - l); ds[0..t] dP -> P (dP - Dt); both zeroed
  * on (t, n). */
-NVL_ROWS void dsoftmax_row(float *p, float *ds, int64_t t, int64_t n, float l, float Dt) {
+NVL_ROWS void nvl_attn_dsoftmax_row(float *p, float *ds, int64_t t, int64_t n, float l, float Dt) {
 #pragma omp simd
   for (int64_t j = 0; j <= t; j++) {
     p[j] = exp_f32(p[j] - l);
@@ -98,7 +98,7 @@ static void forward_tile(float *out, float *lse, const float *q, const float *k,
   for (int r = 0; r < m; r++) {
     int64_t t = i0 + r;
     float mx;
-    double sum = softmax_row(S + (int64_t)r * n, t, n, &mx);
+    double sum = nvl_attn_softmax_row(S + (int64_t)r * n, t, n, &mx);
     rinv[r] = (float)(1.0 / sum);
     lse[t] = (float)((double)mx + log(sum));
   }
@@ -156,7 +156,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *dout, co
       const float *gt = gi + (int64_t)r * ldq, *ot = out + t * ldq;
       float Dt = 0.0f, l = lse[t];
       for (int64_t d = 0; d < D; d++) Dt += gt[d] * ot[d];
-      dsoftmax_row(Pr, dSr, t, n, l, Dt);
+      nvl_attn_dsoftmax_row(Pr, dSr, t, n, l, Dt);
     }
     /* dq[i0:i0+m] = scale * dS k[0:n]; dk[0:n] += scale * dS^T q_i; dv[0:n] += P^T dout_i */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, (int)D, n, scale, dS, n, k, ldk, 0.0f, dq + i0 * ldq,

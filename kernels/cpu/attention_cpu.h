@@ -14,6 +14,13 @@
 
 #define NVL_ATTN_BLOCK 64 /* query rows per tile */
 
+/* The row functions of the softmax, shared with attention_bf16_cpu.c. Forward: s[0..t] (the causal
+ * part of a score row; s[t+1..n) set to 0) becomes exp(s[j] - max); returns the row sum (double, 16
+ * fixed lanes), *mx the max. Backward: p[0..t] scores -> P = exp(score - l), ds[0..t] dP -> P (dP -
+ * Dt), both zeroed on (t, n). */
+double nvl_attn_softmax_row(float *s, int64_t t, int64_t n, float *mx);
+void nvl_attn_dsoftmax_row(float *p, float *ds, int64_t t, int64_t n, float l, float Dt);
+
 /* out, lse as nvl_attention_forward_ref; threads over (b, query tile, query head), largest tiles
  * first. Scratch: one
  * (NVL_ATTN_BLOCK, T) f32 score tile per thread. */

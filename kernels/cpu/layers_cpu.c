@@ -6,6 +6,7 @@
  *
  * Not here: validation, allocation (beyond small stack arrays), tensors, Lua. Needs IEEE f32 in
  * the default rounding mode (no -ffast-math), as the references do. */
+#include "cpu/attention_bf16_cpu.h"
 #include "cpu/attention_cpu.h"
 #include "cpu/layers_cpu.h"
 #include "cpu/ops_cpu.h"
@@ -401,6 +402,9 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .rope_backward = rope_backward,
   .swiglu_forward = swiglu_forward,
   .swiglu_backward = swiglu_backward,
+  .attention_bf16_ready = nvl_attention_bf16_cpu_ready,
+  .attention_forward_bf16 = nvl_attention_forward_bf16_cpu,
+  .attention_backward_bf16 = nvl_attention_backward_bf16_cpu,
   .swiglu_forward_bf16 = swiglu_forward_bf16,
   .swiglu_backward_bf16 = swiglu_backward_bf16,
   .cross_entropy = cross_entropy,

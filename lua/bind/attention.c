@@ -1,7 +1,9 @@
 /* attention.c: the Lua binding of causal grouped-query attention (core/layers.h):
  *   core.attention_forward(q, k, v, scale) -> out, lse
  *   core.attention_backward(dout, q, k, v, out, lse, scale) -> dq, dk, dv
- *   core.attention_flash([on]) -> the previous setting (bf16 attention on CUDA through FlashAttention-2)
+ *   core.attention_flash([on]) -> the previous setting (bf16 attention with FlashAttention's numerics:
+ *     FlashAttention-2 on CUDA, the AVX512-BF16 kernels on the CPU)
+ *   core.attention_flash_cpu() -> whether bf16 attention on the CPU takes that route now
  * q, out, dout, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); f32 tensors on
  * one device. nv.use_reference(true) runs the scalar double-precision reference kernels.
  * Core checks the shapes and dtypes; here only the Lua argument types. */
@@ -49,7 +51,14 @@ static int l_attention_flash(lua_State *L) {
   return 1;
 }
 
+/* core.attention_flash_cpu() */
+static int l_attention_flash_cpu(lua_State *L) {
+  lua_pushboolean(L, nvl_attention_flash_cpu());
+  return 1;
+}
+
 static const luaL_Reg attention_funcs[] = {{"attention_forward", l_attention_forward},
-  {"attention_backward", l_attention_backward}, {"attention_flash", l_attention_flash}, {NULL, NULL}};
+  {"attention_backward", l_attention_backward}, {"attention_flash", l_attention_flash},
+  {"attention_flash_cpu", l_attention_flash_cpu}, {NULL, NULL}};
 
 void nvl_lua_open_attention(lua_State *L) { luaL_setfuncs(L, attention_funcs, 0); }
