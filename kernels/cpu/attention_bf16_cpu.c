@@ -41,6 +41,11 @@ int nvl_attention_bf16_cpu_ready(void) {
   return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
 }
 
+/* keys per block of the backward: a tile's P, dP, dS blocks stay in L1. (The forward keeps whole
+ * rows: blocking its keys with the online softmax measured slower here, its per-block row work
+ * outweighing the cache it saves.) */
+#define NVL_ATTN_KBLOCK 64
+
 static int64_t rup32(int64_t x) { return (x + 31) / 32 * 32; }
 
 /* ---- packing ------------------------------------------------------------------------------------ */
@@ -214,65 +219,73 @@ nvl_status nvl_attention_forward_bf16_cpu(nvl_kctx *ctx, uint16_t *out, float *l
 typedef struct {
   uint32_t *KT, *VT, *KP;     /* k^T, v^T (D, T); k (T, D), packed */
   float *dKT, *dVT;           /* (D, T) fp32 accumulators of dk^T, dv^T */
-  float *P, *dS, *dQ;         /* (M, T), (M, T), (M, npD) */
-  uint32_t *Aq, *Ado, *Ads;   /* (M, kpD), (M, kpD), (M, kpT) */
-  uint32_t *AqT, *AdoT, *Bds, *BP; /* (D, M/2), (D, M/2), (M/2, npT), (M/2, npT) */
+  float *P, *dS, *dQ;         /* (M, KB), (M, KB), (M, npD); KB = NVL_ATTN_KBLOCK */
+  uint32_t *Aq, *Ado, *Ads;   /* (M, kpD), (M, kpD), (M, KB/2) */
+  uint32_t *AqT, *AdoT, *Bds, *BP; /* (D, M/2), (D, M/2), (M/2, KB), (M/2, KB) */
 } bwd_work;
 
 static int64_t bwd_units(const geom *g) {
-  int64_t M = NVL_ATTN_BLOCK, kpM = (M + 1) / 2;
-  return 2 * g->kpD * g->npT + g->kpT * g->npD + 2 * g->D * g->T + 2 * M * g->npT + M * g->npD + 2 * M * g->kpD +
-         M * g->kpT + 2 * g->D * kpM + 2 * kpM * g->npT;
+  int64_t M = NVL_ATTN_BLOCK, kpM = (M + 1) / 2, KB = NVL_ATTN_KBLOCK;
+  return 2 * g->kpD * g->npT + g->kpT * g->npD + 2 * g->D * g->T + 2 * M * KB + M * g->npD + 2 * M * g->kpD +
+         M * KB / 2 + 2 * g->D * kpM + 2 * kpM * KB;
 }
 
 static bwd_work bwd_carve(const geom *g, uint32_t *w) {
-  int64_t M = NVL_ATTN_BLOCK, kpM = (M + 1) / 2;
+  int64_t M = NVL_ATTN_BLOCK, kpM = (M + 1) / 2, KB = NVL_ATTN_KBLOCK;
   bwd_work b;
   b.KT = w, w += g->kpD * g->npT;
   b.VT = w, w += g->kpD * g->npT;
   b.KP = w, w += g->kpT * g->npD;
   b.dKT = (float *)w, w += g->D * g->T;
   b.dVT = (float *)w, w += g->D * g->T;
-  b.P = (float *)w, w += M * g->npT;
-  b.dS = (float *)w, w += M * g->npT;
+  b.P = (float *)w, w += M * KB;
+  b.dS = (float *)w, w += M * KB;
   b.dQ = (float *)w, w += M * g->npD;
   b.Aq = w, w += M * g->kpD;
   b.Ado = w, w += M * g->kpD;
-  b.Ads = w, w += M * g->kpT;
+  b.Ads = w, w += M * KB / 2;
   b.AqT = w, w += g->D * kpM;
   b.AdoT = w, w += g->D * kpM;
-  b.Bds = w, w += kpM * g->npT;
+  b.Bds = w, w += kpM * KB;
   b.BP = w;
   return b;
 }
 
-/* one query tile of one head: dq rows written; columns [0, i0 + m) of dk^T, dv^T added to */
+/* one query tile of one head: dq rows written; columns [0, i0 + m) of dk^T, dv^T added to. Keys go
+ * in blocks of NVL_ATTN_KBLOCK: per block S, dP (m, nb) from q_i, dout_i; P, dS by the fp32 rows;
+ * dq_i += scale dS k_j, dk_j^T += scale q_i^T dS, dv_j^T += dout_i^T P (dS and P rounded to bf16). */
 static void backward_tile(const geom *g, bwd_work *w, uint16_t *dq, const uint16_t *dout, const uint16_t *q,
                           const uint16_t *out, const float *lse, int64_t i0, float scale) {
-  int64_t m = g->T - i0 < NVL_ATTN_BLOCK ? g->T - i0 : NVL_ATTN_BLOCK, n = i0 + m, kpn = (n + 1) / 2, kpm = (m + 1) / 2;
+  int64_t m = g->T - i0 < NVL_ATTN_BLOCK ? g->T - i0 : NVL_ATTN_BLOCK, n = i0 + m, kpm = (m + 1) / 2;
   const uint16_t *qi = q + i0 * g->ldq, *gi = dout + i0 * g->ldq;
+  float Dt[NVL_ATTN_BLOCK];
   pack_a_bf16(w->Aq, g->kpD, qi, g->ldq, 1, m, g->D);
   pack_a_bf16(w->Ado, g->kpD, gi, g->ldq, 1, m, g->D);
-  gemm_packed(w->P, n, w->Aq, g->kpD, w->KT, g->npT, m, n, g->kpD, scale, 0); /* scale q k^T */
-  gemm_packed(w->dS, n, w->Ado, g->kpD, w->VT, g->npT, m, n, g->kpD, 1.0f, 0); /* dP = dout v^T */
-  for (int64_t r = 0; r < m; r++) {
-    int64_t t = i0 + r;
-    const uint16_t *gt = gi + r * g->ldq, *ot = out + t * g->ldq;
-    float Dt = 0.0f;
-    for (int64_t d = 0; d < g->D; d++) Dt += f32_of(gt[d]) * f32_of(ot[d]);
-    nvl_attn_dsoftmax_row(w->P + r * n, w->dS + r * n, t, n, lse[t], Dt); /* P, dS = P (dP - Dt) */
+  pack_a_bf16(w->AqT, kpm, qi, 1, g->ldq, g->D, m);
+  pack_a_bf16(w->AdoT, kpm, gi, 1, g->ldq, g->D, m);
+  for (int64_t r = 0; r < m; r++) { /* D_t = dout_t . out_t (the bf16 out) */
+    const uint16_t *gt = gi + r * g->ldq, *ot = out + (i0 + r) * g->ldq;
+    float acc = 0.0f;
+    for (int64_t d = 0; d < g->D; d++) acc += f32_of(gt[d]) * f32_of(ot[d]);
+    Dt[r] = acc;
   }
-  pack_a_f32(w->Ads, kpn, w->dS, n, m, n); /* dS rounded to bf16 */
-  gemm_packed(w->dQ, g->npD, w->Ads, kpn, w->KP, g->npD, m, g->D, kpn, scale, 0);
+  for (int64_t j0 = 0; j0 < n; j0 += NVL_ATTN_KBLOCK) {
+    int64_t nb = n - j0 < NVL_ATTN_KBLOCK ? n - j0 : NVL_ATTN_KBLOCK, kpb = (nb + 1) / 2;
+    gemm_packed(w->P, nb, w->Aq, g->kpD, w->KT + j0, g->npT, m, nb, g->kpD, scale, 0);  /* scale q k_j^T */
+    gemm_packed(w->dS, nb, w->Ado, g->kpD, w->VT + j0, g->npT, m, nb, g->kpD, 1.0f, 0); /* dP = dout v_j^T */
+    for (int64_t r = 0; r < m; r++) { /* the causal part of row t in this block: keys j0 .. min(t, j0 + nb - 1) */
+      int64_t tc = i0 + r - j0 < nb - 1 ? i0 + r - j0 : nb - 1;
+      nvl_attn_dsoftmax_row(w->P + r * nb, w->dS + r * nb, tc < -1 ? -1 : tc, nb, lse[i0 + r], Dt[r]);
+    }
+    pack_a_f32(w->Ads, kpb, w->dS, nb, m, nb); /* dS rounded to bf16 */
+    gemm_packed(w->dQ, g->npD, w->Ads, kpb, w->KP + j0 / 2 * g->npD, g->npD, m, g->D, kpb, scale, j0 > 0);
+    pack_b_f32(w->Bds, NVL_ATTN_KBLOCK, w->dS, nb, m, nb, kpm); /* dS rounded to bf16 */
+    gemm_packed(w->dKT + j0, g->T, w->AqT, kpm, w->Bds, NVL_ATTN_KBLOCK, g->D, nb, kpm, scale, 1);
+    pack_b_f32(w->BP, NVL_ATTN_KBLOCK, w->P, nb, m, nb, kpm); /* P rounded to bf16 */
+    gemm_packed(w->dVT + j0, g->T, w->AdoT, kpm, w->BP, NVL_ATTN_KBLOCK, g->D, nb, kpm, 1.0f, 1);
+  }
   for (int64_t r = 0; r < m; r++)
     for (int64_t d = 0; d < g->D; d++) dq[(i0 + r) * g->ldq + d] = bf16_of(w->dQ[r * g->npD + d]);
-  /* dk^T (D, n) += scale q_i^T dS, dv^T (D, n) += dout_i^T P: the tile's rows are the sum's k */
-  pack_a_bf16(w->AqT, kpm, qi, 1, g->ldq, g->D, m);
-  pack_b_f32(w->Bds, g->npT, w->dS, n, m, n, kpm); /* dS rounded to bf16 */
-  gemm_packed(w->dKT, g->T, w->AqT, kpm, w->Bds, g->npT, g->D, n, kpm, scale, 1);
-  pack_a_bf16(w->AdoT, kpm, gi, 1, g->ldq, g->D, m);
-  pack_b_f32(w->BP, g->npT, w->P, n, m, n, kpm); /* P rounded to bf16 */
-  gemm_packed(w->dVT, g->T, w->AdoT, kpm, w->BP, g->npT, g->D, n, kpm, 1.0f, 1);
 }
 
 nvl_status nvl_attention_backward_bf16_cpu(nvl_kctx *ctx, uint16_t *dq, uint16_t *dk, uint16_t *dv,
@@ -303,11 +316,12 @@ nvl_status nvl_attention_backward_bf16_cpu(nvl_kctx *ctx, uint16_t *dq, uint16_t
         backward_tile(&g, &w, dq + oq, dout + oq, q + oq, out + oq, lse + (b * Hq + hq) * T, tile * M, (float)scale);
     }
     uint16_t *dkb = dk + (b * T * Hkv + h) * D, *dvb = dv + (b * T * Hkv + h) * D;
-    for (int64_t s = 0; s < T; s++)
-      for (int64_t d = 0; d < D; d++) {
-        dkb[s * g.ldk + d] = bf16_of(w.dKT[d * T + s]);
-        dvb[s * g.ldk + d] = bf16_of(w.dVT[d * T + s]);
-      }
+    for (int64_t s0 = 0; s0 < T; s0 += 32) /* dk^T, dv^T back to (T, D) rows, in blocks of 32 keys */
+      for (int64_t d = 0; d < D; d++)
+        for (int64_t s = s0; s < s0 + 32 && s < T; s++) {
+          dkb[s * g.ldk + d] = bf16_of(w.dKT[d * T + s]);
+          dvb[s * g.ldk + d] = bf16_of(w.dVT[d * T + s]);
+        }
   }
   return NVL_OK;
 }
