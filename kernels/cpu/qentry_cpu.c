@@ -199,6 +199,17 @@ nvl_status nvl_quantize_mx_cpu(nvl_kctx *ctx, const nvl_qdesc *d) {
 
 nvl_status nvl_quantize_nvfp4_cpu(nvl_kctx *ctx, const nvl_qdesc *d) {
   const float *x;
+  if (d->x_dtype == NVL_BF16 && !d->rht && !d->block2d) { /* bf16 x quantized without a widened copy */
+    const uint16_t *xb = d->x;
+    if (d->C > 1) { /* transposed in bf16 (SIMD) first */
+      uint16_t *t;
+      NVL_TRY(ctx->scratch(ctx, (size_t)(d->B * d->C * d->K) * sizeof(uint16_t), (void **)&t));
+      bf16_blocked_copy(t, d->x, d->B, d->K, d->C);
+      xb = t;
+    }
+    nvl_quant_ref_opts o = ref_opts(d);
+    return nvl_nvfp4_quantize_bf16_cpu(d->codes, d->scales, d->amax_out, xb, d->B * d->C, d->K, &o);
+  }
   NVL_TRY(blocked_input(ctx, d, &x));
   nvl_quant_ref_opts o = ref_opts(d);
   return nvl_nvfp4_quantize_cpu(d->codes, d->scales, d->amax_out, x, d->B * d->C, d->K, d->block2d, &o);

@@ -118,6 +118,29 @@ static float absmax_cpu(const float *x, int64_t n) {
   return m;
 }
 
+/* max |x| over n bf16 values, NaN ignored (absmax_cpu's rule): on the bits, |x| is bits & 0x7fff and
+ * orders like |x|; a NaN's is above 0x7f80 and is left out */
+NVL_WORKER uint16_t absmax_bf16_span(const uint16_t *x, int64_t n) {
+  int32_t m = 0; /* int32 lanes: the loop vectorises */
+  for (int64_t i = 0; i < n; i++) {
+    int32_t v = x[i] & 0x7fff;
+    v = v > 0x7f80 ? 0 : v;
+    m = v > m ? v : m;
+  }
+  return (uint16_t)m;
+}
+
+static float absmax_bf16_cpu(const uint16_t *x, int64_t n) {
+  int64_t nc = (n + NVL_CHUNK - 1) / NVL_CHUNK;
+  uint16_t m = 0;
+#pragma omp parallel for schedule(static) reduction(max : m) if (n > NVL_QUANT_OMP_MIN)
+  for (int64_t c = 0; c < nc; c++) {
+    uint16_t a = absmax_bf16_span(x + c * NVL_CHUNK, min64(NVL_CHUNK, n - c * NVL_CHUNK));
+    m = a > m ? a : m;
+  }
+  return u2f((uint32_t)m << 16);
+}
+
 /* ---- fp8 element encoders ------------------------------------------------------------------- */
 
 /* fp32 -> fp8 code, the twin of formats_ref.c's minifloat_encode: RNE, satfinite, NaN -> 0x7F |
@@ -320,15 +343,21 @@ static inline void nvfp4_block(uint32_t *restrict q, const float *restrict x, fl
 /* 1D: blocks [g0, g1) of x (K = 16 nb per row), each with its own max, in groups of NVL_LANES:
  * the group's maxima, scales and Philox draws, each computed across the group, then the blocks.
  * slab: o has SR slab offsets (formats_ref.h), so a block's SR index is not its own index. */
-NVL_WORKER void nvfp4_1d_range(uint8_t *packed, uint8_t *scales, const float *x, int64_t g0,
+NVL_WORKER void nvfp4_1d_range(uint8_t *packed, uint8_t *scales, const float *x, const uint16_t *xb, int64_t g0,
                                int64_t g1, int64_t nb, int slab, const nvfp4_consts *c,
                                const nvl_quant_ref_opts *o) {
+  float wide[16 * NVL_LANES]; /* bf16 x (xb): the lanes' blocks widened (exact) */
   for (int64_t gl = g0; gl < g1; gl += NVL_LANES) {
     int nl = (int)min64(NVL_LANES, g1 - gl);
     int32_t bmax[NVL_LANES] = {0};
     uint32_t sd[NVL_LANES], w[NVL_LANES][4];
-    if (nl == NVL_LANES) block_maxima(bmax, x + 16 * gl, NVL_LANES, 16); /* constant trip counts */
-    else block_maxima(bmax, x + 16 * gl, nl, 16);
+    const float *xg = x + 16 * gl;
+    if (xb) {
+      for (int i = 0; i < 16 * nl; i++) wide[i] = u2f((uint32_t)xb[16 * gl + i] << 16);
+      xg = wide;
+    }
+    if (nl == NVL_LANES) block_maxima(bmax, xg, NVL_LANES, 16); /* constant trip counts */
+    else block_maxima(bmax, xg, nl, 16);
     for (int l = 0; l < NVL_LANES; l++) sd[l] = nvfp4_scale(u2f((uint32_t)bmax[l]), c->s_enc6);
     if (o->sr) {
       uint64_t gs[NVL_LANES];
@@ -339,7 +368,7 @@ NVL_WORKER void nvfp4_1d_range(uint8_t *packed, uint8_t *scales, const float *x,
     uint32_t q[16 * NVL_LANES];
     for (int l = 0; l < nl; l++) {
       scales[gl + l] = (uint8_t)sd[l];
-      nvfp4_block(q + 16 * l, x + 16 * (gl + l), c->se[sd[l]], o->sr ? w[l] : NULL);
+      nvfp4_block(q + 16 * l, xg + 16 * l, c->se[sd[l]], o->sr ? w[l] : NULL);
     }
     if (nl == NVL_LANES) pack_codes(packed + 8 * gl, q, 16 * NVL_LANES);
     else pack_codes(packed + 8 * gl, q, 16 * nl);
@@ -376,8 +405,8 @@ NVL_WORKER void nvfp4_2d_range(uint8_t *packed, uint8_t *scales, const float *x,
   }
 }
 
-nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax_out, const float *x, int64_t rows,
-                                  int64_t K, int block2d, const nvl_quant_ref_opts *opts) {
+static nvl_status nvfp4_quantize(uint8_t *packed, uint8_t *scales, float *amax_out, const float *x, const uint16_t *xb,
+                                 int64_t rows, int64_t K, int block2d, const nvl_quant_ref_opts *opts) {
   static const nvl_quant_ref_opts defaults;
   const nvl_quant_ref_opts *o = opts ? opts : &defaults;
   if (rows < 0 || K < 0 || K % 16 || (block2d && rows % 16))
@@ -386,7 +415,7 @@ nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax_
   NVL_TRY(nvl_sr_check_slab("nvfp4_quantize_cpu", o, K, 16));
   int slab = o->sr_row_offset != 0 || o->sr_k_offset != 0 || (o->sr_k_total != 0 && o->sr_k_total != K);
   int64_t n = rows * K;
-  float amax = o->has_amax ? o->amax : absmax_cpu(x, n);
+  float amax = o->has_amax ? o->amax : xb ? absmax_bf16_cpu(xb, n) : absmax_cpu(x, n);
   nvfp4_consts c;
   nvfp4_consts_init(&c, nvl_nvfp4_enc_scale_ref(amax));
   if (block2d) {
@@ -399,10 +428,20 @@ nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax_
     int64_t nitems = (nblk + per - 1) / per;
 #pragma omp parallel for schedule(static) if (n > NVL_QUANT_OMP_MIN)
     for (int64_t it = 0; it < nitems; it++)
-      nvfp4_1d_range(packed, scales, x, it * per, min64(nblk, it * per + per), K / 16, slab, &c, o);
+      nvfp4_1d_range(packed, scales, x, xb, it * per, min64(nblk, it * per + per), K / 16, slab, &c, o);
   }
   if (amax_out) *amax_out = amax;
   return NVL_OK;
+}
+
+nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax_out, const float *x, int64_t rows,
+                                  int64_t K, int block2d, const nvl_quant_ref_opts *opts) {
+  return nvfp4_quantize(packed, scales, amax_out, x, NULL, rows, K, block2d, opts);
+}
+
+nvl_status nvl_nvfp4_quantize_bf16_cpu(uint8_t *packed, uint8_t *scales, float *amax_out, const uint16_t *x,
+                                       int64_t rows, int64_t K, const nvl_quant_ref_opts *opts) {
+  return nvfp4_quantize(packed, scales, amax_out, NULL, x, rows, K, 0, opts);
 }
 
 /* Blocks [g0, g1): y = (value(code) * float(sd)) * s_dec, the reference's order; sdf (256) the

@@ -15,6 +15,10 @@ extern "C" {
  * nibble first; scales (R, K/16) ue4m3; *amax the amax used. */
 nvl_status nvl_nvfp4_quantize_cpu(uint8_t *packed, uint8_t *scales, float *amax, const float *x, int64_t rows,
                                   int64_t K, int block2d, const nvl_quant_ref_opts *opts);
+/* The 1x16 quantization of bf16 x: bit for bit nvl_nvfp4_quantize_cpu of x widened to f32, without a
+ * widened copy (blocks are widened in cache; amax from the bits). */
+nvl_status nvl_nvfp4_quantize_bf16_cpu(uint8_t *packed, uint8_t *scales, float *amax, const uint16_t *x,
+                                       int64_t rows, int64_t K, const nvl_quant_ref_opts *opts);
 /* y (R, K) from packed codes (R, K/2) and scales (R, K/16), as nvl_nvfp4_dequantize_ref. */
 nvl_status nvl_nvfp4_dequantize_cpu(float *y, const uint8_t *packed, const uint8_t *scales, float amax, int64_t rows,
                                     int64_t K);

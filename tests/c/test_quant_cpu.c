@@ -31,9 +31,11 @@ typedef struct {
   nvl_status (*fp8)(uint8_t *, float *, float *, const float *, int64_t, nvl_elem, const float *);
   nvl_status (*rht)(float *, const float *, int64_t, int64_t, const float *);
   nvl_status (*rht_bf16)(float *, const uint16_t *, int64_t, int64_t, const float *);
+  nvl_status (*nvfp4_bf16)(uint8_t *, uint8_t *, float *, const uint16_t *, int64_t, int64_t, const nvl_quant_ref_opts *);
 } quant_impl;
 static const quant_impl library_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
-                                        nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu};
+                                        nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu,
+                                        nvl_nvfp4_quantize_bf16_cpu};
 static const quant_impl *impl = &library_impl;
 
 /* ---- inputs ---------------------------------------------------------------------------------- */
@@ -637,6 +639,37 @@ NVL_TEST(quant_cpu_amax_position) {
   }
 }
 
+/* ---- bf16 input -------------------------------------------------------------------------------- */
+
+/* nvl_nvfp4_quantize_bf16_cpu(xb) == nvl_nvfp4_quantize_cpu(widened xb), byte for byte: codes, scales,
+ * amax; RNE and SR; every distribution (NaN, inf, zero blocks, subnormal bf16 included) */
+NVL_TEST(quant_cpu_nvfp4_bf16_input) {
+  const dist dists[3] = {D_NORMAL, D_WIDE, D_SPECIAL};
+  for (int ri = 0; ri < NROWS; ri++)
+    for (int ki = 0; ki < NK; ki++)
+      for (int di = 0; di < 3; di++) {
+        int64_t R = test_rows[ri], K = test_K[ki], n = R * K;
+        float *x = floats(n);
+        uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)n);
+        uint8_t *p1 = bytes(n / 2), *p2 = bytes(n / 2), *s1 = bytes(n / 16), *s2 = bytes(n / 16);
+        fill(x, R, K, dists[di], (uint64_t)(7 * ri + 3 * ki + di), NVL_ELEM_E2M1, 16);
+        for (int64_t i = 0; i < n; i++) xb[i] = nvl_f32_to_bf16(x[i]);
+        for (int64_t i = 0; i < n; i++) x[i] = nvl_bf16_to_f32(xb[i]);
+        for (int sr = 0; sr < 2; sr++) {
+          const nvl_quant_ref_opts o = {.sr = sr, .seed = 99, .offset = 5};
+          float a1 = -1, a2 = -2;
+          memset(p2, 0xAA, (size_t)(n / 2));
+          memset(s2, 0xAA, (size_t)(n / 16));
+          CHECK(impl->nvfp4(p1, s1, &a1, x, R, K, 0, &o) == NVL_OK);
+          CHECK(impl->nvfp4_bf16(p2, s2, &a2, xb, R, K, &o) == NVL_OK);
+          CHECK(same_bytes("codes", "nvfp4 from bf16", p2, p1, (size_t)(n / 2), 1));
+          CHECK(same_bytes("scales", "nvfp4 from bf16", s2, s1, (size_t)(n / 16), 1));
+          CHECK(same_bytes("amax", "nvfp4 from bf16", &a2, &a1, 4, 4));
+        }
+        free(x); free(xb); free(p1); free(p2); free(s1); free(s2);
+      }
+}
+
 /* ---- RHT ------------------------------------------------------------------------------------ */
 
 NVL_TEST(quant_cpu_rht) {
@@ -769,6 +802,7 @@ NVL_TEST(quant_cpu_rht_then_nvfp4) {
 #define nvl_fp8_quantize_tensor_cpu portable_fp8_quantize_tensor_cpu
 #define nvl_rht16_rows_cpu portable_rht16_rows_cpu
 #define nvl_rht16_rows_bf16_cpu portable_rht16_rows_bf16_cpu
+#define nvl_nvfp4_quantize_bf16_cpu portable_nvfp4_quantize_bf16_cpu
 nvl_status nvl_nvfp4_quantize_cpu(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_quant_ref_opts *);
 nvl_status nvl_nvfp4_dequantize_cpu(float *, const uint8_t *, const uint8_t *, float, int64_t, int64_t);
 nvl_status nvl_mx_quantize_cpu(uint8_t *, uint8_t *, const float *, int64_t, int64_t, nvl_elem, nvl_mx_rule,
@@ -776,9 +810,12 @@ nvl_status nvl_mx_quantize_cpu(uint8_t *, uint8_t *, const float *, int64_t, int
 nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *, float *, float *, const float *, int64_t, nvl_elem, const float *);
 nvl_status nvl_rht16_rows_cpu(float *, const float *, int64_t, int64_t, const float *);
 nvl_status nvl_rht16_rows_bf16_cpu(float *, const uint16_t *, int64_t, int64_t, const float *);
+nvl_status nvl_nvfp4_quantize_bf16_cpu(uint8_t *, uint8_t *, float *, const uint16_t *, int64_t, int64_t,
+                                       const nvl_quant_ref_opts *);
 #include "cpu/quant_cpu.c"
 static const quant_impl portable_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
-                                         nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu};
+                                         nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu,
+                                         nvl_nvfp4_quantize_bf16_cpu};
 
 NVL_TEST(quant_cpu_portable_build) {
   impl = &portable_impl;
@@ -793,5 +830,6 @@ NVL_TEST(quant_cpu_portable_build) {
   quant_cpu_fp8_sweep(nvl_failed_);
   quant_cpu_amax_position(nvl_failed_);
   quant_cpu_rht(nvl_failed_);
+  quant_cpu_nvfp4_bf16_input(nvl_failed_);
   impl = &library_impl;
 }
