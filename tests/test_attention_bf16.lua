@@ -31,7 +31,7 @@ local function inputs(sh)
   return x, b
 end
 
-T.case("bf16 attention on the CPU's bf16 units vs the reference, forward and backward, within the flash bounds", function()
+T.case("bf16 attention on the CPU's bf16 units vs the reference, forward and backward, in the flash bounds", function()
   need_route()
   nv.manual_seed(31)
   for _, sh in ipairs(SIZES) do
@@ -55,7 +55,7 @@ T.case("bf16 attention on the CPU's bf16 units vs the reference, forward and bac
   end
 end)
 
-T.case("the route is the flash numerics, not the widened op; attention_flash(false) gives the widened op back", function()
+T.case("the route is the flash numerics, not the widened op; attention_flash(false) gives the widened op", function()
   need_route()
   nv.manual_seed(32)
   local _, b = inputs({2, 70, 4, 2, 64})
@@ -71,7 +71,7 @@ T.case("the route is the flash numerics, not the widened op; attention_flash(fal
   T.ok(o1:to("f32"):ne(o3:to("f32")):sum() > 0, "route on differs from the widened op somewhere")
 end)
 
-T.case("the CPU route keeps NaN and inf where the reference has them, and leaves strided inputs to the widened op", function()
+T.case("the CPU route keeps NaN where the reference has it; strided inputs go to the widened op", function()
   need_route()
   nv.manual_seed(33)
   local x, b = inputs({1, 40, 2, 1, 64})

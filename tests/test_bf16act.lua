@@ -130,7 +130,7 @@ T.case("swiglu: bf16 out, dgate, dup = the f32 op's rounded once", function()
   end)
 end)
 
-T.case("swiglu, bf16 kernels: threaded chunks with a ragged tail, extremes, NaN and inf = the f32 op's rounded once", function()
+T.case("swiglu, bf16 kernels: threaded chunks, a ragged tail, extremes, NaN, inf = the f32 op rounded once", function()
   -- 201 x 203 elements: above the threading threshold, chunks of 4096 with a ragged last one; gate
   -- values past exp's clamps (|g| = 100, 1e30), zeros, inf and NaN
   nv.manual_seed(14)

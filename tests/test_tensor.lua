@@ -664,7 +664,7 @@ T.case("bf16 elementwise ops round the double result once to bf16", function()
   check_list(flat((a + f):totable()), w, "bf16 + f32 -> f32")
 end)
 
-T.case("bf16 + and - on the fast kernels: rounded once from the exact sum (ties, gaps, subnormals, inf, NaN)", function()
+T.case("bf16 + and - on the fast kernels: rounded once from the exact sum (ties, gaps, subnormals, NaN)", function()
   -- The CPU kernel adds bf16 in f32 and rounds that (ops_cpu.c says why that is exact); the oracle is bf16() of the
   -- double sum, and the reference kernels must agree bit for bit. 40,000 elements: threaded blocks
   -- with a ragged tail. Exponents from -133 to 127, so sums far apart, overflows and bf16 subnormals.
@@ -675,7 +675,8 @@ T.case("bf16 + and - on the fast kernels: rounded once from the exact sum (ties,
     xa[i] = bf16((math.random() * 2 - 1) * 2.0 ^ math.random(-133, 127))
     local near = bf16(math.random() * 2 - 1)
     -- half the b's a few binades from a (ties and carries), half anywhere
-    if i % 2 == 0 then xb[i] = bf16(xa[i] * near * 2.0 ^ -(i % 12)) else xb[i] = bf16(near * 2.0 ^ math.random(-133, 127)) end
+    if i % 2 == 0 then xb[i] = bf16(xa[i] * near * 2.0 ^ -(i % 12))
+    else xb[i] = bf16(near * 2.0 ^ math.random(-133, 127)) end
   end
   local specials = {{1, 2 ^ -8}, {1 + 2 ^ -7, 2 ^ -8}, {1, 2 ^ -8 * (1 + 2 ^ -7)}, {1, -2 ^ -9}, {2 ^ -126, -2 ^ -133},
     {2 ^ 127 * 1.9921875, 2 ^ 127 * 1.9921875}, {1 / 0, -1 / 0}, {0 / 0, 1}, {1, 0 / 0}, {-(0 / 0), 2}, {-0.0, 0.0},

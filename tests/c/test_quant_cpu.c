@@ -31,7 +31,8 @@ typedef struct {
   nvl_status (*fp8)(uint8_t *, float *, float *, const float *, int64_t, nvl_elem, const float *);
   nvl_status (*rht)(float *, const float *, int64_t, int64_t, const float *);
   nvl_status (*rht_bf16)(float *, const uint16_t *, int64_t, int64_t, const float *);
-  nvl_status (*nvfp4_bf16)(uint8_t *, uint8_t *, float *, const uint16_t *, int64_t, int64_t, const nvl_quant_ref_opts *);
+  nvl_status (*nvfp4_bf16)(uint8_t *, uint8_t *, float *, const uint16_t *, int64_t, int64_t,
+                           const nvl_quant_ref_opts *);
 } quant_impl;
 static const quant_impl library_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
                                         nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu,
