@@ -111,13 +111,9 @@ static void nvfp4_bf16_init(void) {
       nvfp4_bf16[s * 16 + c] = exact_bf16(nvl_e2m1_decode_ref((uint8_t)c) * nvl_ue4m3_decode_ref((uint8_t)s));
 }
 
-void nvl_nvfp4_decode_unscaled_bf16_cpu(uint16_t *y, const uint8_t *packed, const uint8_t *scales, int64_t rows,
-                                        int64_t K) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, nvfp4_bf16_init);
-  int64_t nb = rows * (K / 16);
-#pragma omp parallel for if (rows * K > NVL_DEQ_OMP_MIN)
-  for (int64_t b = 0; b < nb; b++) {
+/* blocks [b0, b1): each block's 16 values looked up in its scale's row of the table */
+static void nvfp4_bf16_blocks(uint16_t *y, const uint8_t *packed, const uint8_t *scales, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; b++) {
     const uint16_t *h = nvfp4_bf16 + scales[b] * 16;
     const uint8_t *p = packed + b * 8;
     uint16_t *o = y + b * 16;
@@ -126,6 +122,62 @@ void nvl_nvfp4_decode_unscaled_bf16_cpu(uint16_t *y, const uint8_t *packed, cons
       o[2 * j + 1] = h[p[j] >> 4];
     }
   }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define NVL_DEQ_X86 1
+/* The same with AVX-512: a block's 8 code bytes split into 16 nibble indices (low nibble first),
+ * widened to 16-bit lanes, and looked up in the scale's 16-entry row with one VPERMW. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void nvfp4_bf16_blocks_avx512(
+    uint16_t *y, const uint8_t *packed, const uint8_t *scales, int64_t b0, int64_t b1) {
+  const __m128i lo4 = _mm_set1_epi8(0x0f);
+  for (int64_t b = b0; b < b1; b++) {
+    __m128i p = _mm_loadl_epi64((const __m128i *)(packed + b * 8));
+    __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(p, lo4), _mm_and_si128(_mm_srli_epi16(p, 4), lo4));
+    __m256i idx = _mm256_cvtepu8_epi16(nib);
+    __m256i row = _mm256_loadu_si256((const __m256i *)(nvfp4_bf16 + scales[b] * 16));
+    _mm256_storeu_si256((__m256i *)(y + b * 16), _mm256_permutexvar_epi16(idx, row));
+  }
+}
+#endif
+
+static int nvfp4_simd; /* 1: the CPU runs nvfp4_bf16_blocks_avx512 */
+
+static void nvfp4_bf16_setup(void) {
+  nvfp4_bf16_init();
+#ifdef NVL_DEQ_X86
+  __builtin_cpu_init();
+  nvfp4_simd = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#endif
+}
+
+void nvl_nvfp4_decode_unscaled_bf16_cpu(uint16_t *y, const uint8_t *packed, const uint8_t *scales, int64_t rows,
+                                        int64_t K) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, nvfp4_bf16_setup);
+  int64_t nb = rows * (K / 16), per = 1024, items = (nb + per - 1) / per; /* blocks per work item */
+#pragma omp parallel for if (rows * K > NVL_DEQ_OMP_MIN)
+  for (int64_t it = 0; it < items; it++) {
+    int64_t b0 = it * per, b1 = b0 + per < nb ? b0 + per : nb;
+#ifdef NVL_DEQ_X86
+    if (nvfp4_simd) {
+      nvfp4_bf16_blocks_avx512(y, packed, scales, b0, b1);
+      continue;
+    }
+#endif
+    nvfp4_bf16_blocks(y, packed, scales, b0, b1);
+  }
+}
+
+int nvl_nvfp4_decode_simd_cpu(int on) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, nvfp4_bf16_setup);
+  int prev = nvfp4_simd;
+#ifdef NVL_DEQ_X86
+  if (on >= 0) nvfp4_simd = on && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#endif
+  return prev;
 }
 
 int nvl_u8_min_cpu(const uint8_t *x, int64_t n) {

@@ -25,6 +25,10 @@ void nvl_nvfp4_decode_unscaled_bf16_cpu(uint16_t *y, const uint8_t *packed, cons
                                         int64_t K);
 /* min of n bytes (255 when n = 0) */
 int nvl_u8_min_cpu(const uint8_t *x, int64_t n);
+/* Whether nvl_nvfp4_decode_unscaled_bf16_cpu uses its AVX-512 lookups (1, where the CPU has them) or
+ * the scalar table (0): on = 0/1 sets (1 only takes where supported), < 0 reads. -> the previous
+ * setting. For the unit test that compares the two. */
+int nvl_nvfp4_decode_simd_cpu(int on);
 /* the smallest exponent field of the nonzero bf16 values (0: a subnormal; 255: none, or only inf/NaN) */
 int nvl_bf16_exp_min_cpu(const uint16_t *x, int64_t n);
 #endif

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/dequant_cpu.h"
 #include "cpu/quant_cpu.h"
 #include "cpu/ref/formats_ref.h"
 #include "unit.h"
@@ -669,6 +670,35 @@ NVL_TEST(quant_cpu_nvfp4_bf16_input) {
         }
         free(x); free(xb); free(p1); free(p2); free(s1); free(s2);
       }
+}
+
+/* ---- nvfp4 -> bf16 decoding (the bf16 GEMM path) ---------------------------------------------- */
+
+/* The AVX-512 lookups and the scalar table give the same bf16 bits, and those are the f32 decoder's
+ * values exactly (e2m1 x ue4m3 is exact in bf16): every code byte, every scale byte (NaN scales
+ * 0x7f/0xff included), a block count that is not a multiple of the work item. */
+NVL_TEST(dequant_cpu_nvfp4_bf16) {
+  int64_t R = 97, K = 512, n = R * K; /* 3104 blocks */
+  uint8_t *p = bytes(n / 2), *sc = bytes(n / 16);
+  uint16_t *y1 = malloc(sizeof(uint16_t) * (size_t)n), *y2 = malloc(sizeof(uint16_t) * (size_t)n);
+  float *f = floats(n);
+  uint64_t st = 12345;
+  for (int64_t i = 0; i < n / 2; i++) p[i] = (uint8_t)rng_next(&st);
+  for (int64_t i = 0; i < n / 16; i++) sc[i] = (uint8_t)(i % 256);
+  int prev = nvl_nvfp4_decode_simd_cpu(1);
+  nvl_nvfp4_decode_unscaled_bf16_cpu(y1, p, sc, R, K);
+  nvl_nvfp4_decode_simd_cpu(0);
+  nvl_nvfp4_decode_unscaled_bf16_cpu(y2, p, sc, R, K);
+  nvl_nvfp4_decode_simd_cpu(prev);
+  CHECK(same_bytes("bf16", "nvfp4 decode: simd vs scalar", y1, y2, sizeof(uint16_t) * (size_t)n, 2));
+  nvl_nvfp4_decode_unscaled_cpu(f, p, sc, R, K);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float v = nvl_bf16_to_f32(y1[i]);
+    if (memcmp(&v, &f[i], 4) != 0 && !(v != v && f[i] != f[i])) bad++;
+  }
+  CHECK(bad == 0);
+  free(p); free(sc); free(y1); free(y2); free(f);
 }
 
 /* ---- RHT ------------------------------------------------------------------------------------ */
