@@ -626,3 +626,78 @@ T.case("errors: unknown options list the valid ones; bad custom specs name the l
   T.raises(function() recipe.nvfp4():linear_forward({name = "l", block = 0, step = 0}, x, w) end, "needs ctx.num_blocks")
   T.raises(function() recipe.nvfp4():plan({}) end, "linears() method")
 end)
+
+T.case("share: siblings' activation quantizations computed once (same elements, spec, axis); SR, weights never", function()
+  -- recipe.share(fn): inside fn a deterministic quantization of a view of the same elements is reused
+  local quant = require "nvlua.quant"
+  local r = recipe.nvfp4()
+  local calls = 0
+  local q0 = quant.quantize
+  quant.quantize = function(...) calls = calls + 1; return q0(...) end
+  local ok, err = pcall(function()
+    nv.manual_seed(3)
+    local x = nv.randn(64, 32):to("bf16")
+    local plain = {format = "nvfp4"}
+    local rht = {format = "nvfp4", rht = true}
+    local sr = {format = "nvfp4", sr = true}
+    local kept
+    recipe.share(function()
+      local a = r:_quantize(plain, x:reshape(64, 32), 2, "k", true)
+      local b = r:_quantize(plain, x:view(64, 32), 2, "k", true) -- another handle on the same elements
+      T.eq(calls, 1, "the second view reuses the first quantization")
+      T.ok(rawequal(a, b), "the same QTensor")
+      r:_quantize(plain, x, 1, "k", true)                       -- other axis: its own
+      r:_quantize(rht, x, 1, "k", true)                         -- other spec: its own
+      r:_quantize(rht, x:view(64, 32), 1, "k", true)            -- ...reused
+      T.eq(calls, 3, "axis and spec are part of the key")
+      r:_quantize(sr, x, 2, "k", true)
+      r:_quantize(sr, x, 2, "k", true)                          -- SR draws differ: never reused
+      T.eq(calls, 5, "SR quantizations are never shared")
+      r:_quantize(plain, x:narrow(1, 1, 32), 2, "k", true)      -- other elements: its own
+      T.eq(calls, 6, "a narrower view is other elements")
+      local w = nv.randn(16, 32)
+      r:_quantize(plain, w, 2, "w", false)
+      r:_quantize(plain, w, 2, "w", false)                      -- weights (split false): never memoized
+      T.eq(calls, 8, "weight copies are not shared (dgrad may keep them)")
+      kept = a
+    end)
+    T.ok(kept:is_freed(), "the memo frees its copies when share returns")
+    -- outside share nothing is reused
+    calls = 0
+    r:_quantize(plain, x, 2, "k", true)
+    r:_quantize(plain, x, 2, "k", true)
+    T.eq(calls, 2, "no memo outside share")
+  end)
+  quant.quantize = q0
+  if not ok then error(err, 0) end
+end)
+
+T.case("share in the model: an nvfp4 Llama block quantizes x once for q/k/v and gate/up, same bits as unshared", function()
+  local quant = require "nvlua.quant"
+  local llama = require "nvlua.llama"
+  local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 3,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
+  local function run(shared)
+    local rec = recipe.nvfp4({bf16_first = 0, bf16_last = 0}) -- every block nvfp4
+    local m = llama.Llama(cfg, {recipe = rec, seed = 4})
+    local g = nv.Generator(9)
+    local x = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+    local y = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+    local calls, share0 = 0, recipe.share
+    local q0 = quant.quantize
+    quant.quantize = function(...) calls = calls + 1; return q0(...) end
+    if not shared then recipe.share = function(fn, ...) return fn(...) end end
+    local ok, loss = pcall(function() return m:forward_backward(x, y) end)
+    quant.quantize, recipe.share = q0, share0
+    if not ok then error(loss, 0) end
+    local grads = {}
+    for _, e in ipairs(m:named_parameters()) do grads[e.name] = e.grad:clone() end
+    return calls, loss, grads
+  end
+  local c1, l1, g1 = run(true)
+  local c0, l0, g0 = run(false)
+  -- per block: fprop x 5 -> 2 (q,k,v share; gate, up share), wgrad x 5 -> 2
+  T.eq(c0 - c1, 3 * 6, "6 quantizations fewer per block")
+  T.eq(l1, l0, "same loss")
+  for name, g in pairs(g0) do same(g1[name], g, "grad " .. name) end
+end)

@@ -830,6 +830,9 @@ function Attention:extra_repr()
   return string.format("heads=%d, kv_heads=%d, head_dim=%d", self.n_heads, self.n_kv_heads, self.head_dim)
 end
 
+-- fn(...) with sibling linears quantizing their shared input once (recipe.share)
+local function share(fn, ...) return require("nvlua.recipe").share(fn, ...) end
+
 -- proj(x) as heads (B, T, H, D), rotated; the unrotated projection dies here
 local function project_rotate(proj, x, H, D, cos, sin)
   return nv.scope(function()
@@ -862,9 +865,11 @@ function Attention:forward(x)
   drop_saved(self)
   return nv.scope(function()
     local cos, sin = self.rope:get(T)                                    -- (T, D)
-    local q = project_rotate(self.q_proj, x, Hq, D, cos, sin)            -- (B, T, Hq, D)
-    local k = project_rotate(self.k_proj, x, Hkv, D, cos, sin)           -- (B, T, Hkv, D)
-    local v = self.v_proj:forward(x):view(B, T, Hkv, D)                  -- (B, T, Hkv, D)
+    local q, k, v = share(function() -- one quantization of x for the three projections
+      return project_rotate(self.q_proj, x, Hq, D, cos, sin),            -- (B, T, Hq, D)
+        project_rotate(self.k_proj, x, Hkv, D, cos, sin),                -- (B, T, Hkv, D)
+        self.v_proj:forward(x):view(B, T, Hkv, D)                        -- (B, T, Hkv, D)
+    end)
     local out, lse = core.attention_forward(q, k, v, self.scale)        -- (B, T, Hq, D), (B, Hq, T)
     local y = self.o_proj:forward(out:view(B, T, Hq * D))                -- (B, T, C)
     if self.training then self._saved = nv.unscope({q = q, k = k, v = v, out = out, lse = lse, T = T}) end
@@ -883,10 +888,12 @@ function Attention:backward(dy)
       local dout = self.o_proj:backward(dy):view(B, T, Hq, D)           -- (B, T, Hq, D)
       return core.attention_backward(dout, s.q, s.k, s.v, s.out, s.lse, self.scale)
     end)                                                                 -- rotated: (B, T, Hq|Hkv|Hkv, D)
-    local dx = rotate_project_backward(self.q_proj, dq, cos, sin)        -- (B, T, C)
-    nv.scope(function() dx:add_(rotate_project_backward(self.k_proj, dk, cos, sin)) end)
-    dx:add_(self.v_proj:backward(dv:view(B, T, Hkv * D)))
-    return dx
+    return share(function() -- one quantization of x for the three wgrads
+      local dx = rotate_project_backward(self.q_proj, dq, cos, sin)      -- (B, T, C)
+      nv.scope(function() dx:add_(rotate_project_backward(self.k_proj, dk, cos, sin)) end)
+      dx:add_(self.v_proj:backward(dv:view(B, T, Hkv * D)))
+      return dx
+    end)
   end)
 end
 
@@ -918,8 +925,9 @@ function MLP:forward(x)
   drop_saved(self)
   return nv.scope(function()
     local x2 = x:reshape(x:numel() // self.hidden, self.hidden)        -- (N, C)
-    local g = self.gate_proj:forward(x2)                               -- (N, F)
-    local u = self.up_proj:forward(x2)                                 -- (N, F)
+    local g, u = share(function() -- one quantization of x2 for both
+      return self.gate_proj:forward(x2), self.up_proj:forward(x2)      -- (N, F), (N, F)
+    end)
     local y = self.down_proj:forward(core.swiglu_forward(g, u))       -- (N, C); down_proj keeps h (N, F)
     if self.training then self._saved = nv.unscope({g = g, u = u, shape = shape}) end
     return #shape == 2 and y or y:view(shape)
@@ -934,11 +942,14 @@ function MLP:backward(dy)
       local dh = self.down_proj:backward(dy:reshape(dy:numel() // self.hidden, self.hidden)) -- (N, F)
       return core.swiglu_backward(dh, s.g, s.u)                       -- (N, F), (N, F)
     end)
-    local dx = nv.scope(function() -- dg dies before up_proj's backward runs
-      nv.adopt(dg)
-      return self.gate_proj:backward(dg)                               -- (N, C)
+    local dx = share(function() -- one quantization of x for both wgrads
+      local d = nv.scope(function() -- dg dies before up_proj's backward runs
+        nv.adopt(dg)
+        return self.gate_proj:backward(dg)                             -- (N, C)
+      end)
+      d:add_(self.up_proj:backward(du))
+      return d
     end)
-    dx:add_(self.up_proj:backward(du))
     return #s.shape == 2 and dx or dx:view(s.shape)
   end)
 end

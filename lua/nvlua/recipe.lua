@@ -202,6 +202,47 @@ local function local_amax(t, s, axis)
   end)
 end
 
+-- ---- sibling linears: one quantization of their shared input -----------------------------------
+--
+-- The q, k, v projections read one input, as do gate and up (and, in backward, their wgrads read
+-- that input again). Inside M.share(fn), a quantization that depends only on its input and spec
+-- (no SR draw, no delayed-scaling history, no amax collective) of a tensor viewing the same
+-- elements as one quantized earlier in the same share, with the same spec and axis, is that earlier
+-- (activations: x, dy; a weight's copy may be kept past the share for dgrad)
+-- quantization: the same bits, computed once. The memo owns those copies and frees them when fn
+-- returns (or raises); the input must not change inside fn.
+local memo -- nil outside M.share
+
+local function same_view(a, b)
+  if a:dtype() ~= b:dtype() or not a:is_view_of(b) or a:storage_offset() ~= b:storage_offset() then return false end
+  local sa, sb, ta, tb = a:size(), b:size(), a:stride(), b:stride()
+  if #sa ~= #sb then return false end
+  for i = 1, #sa do
+    if sa[i] ~= sb[i] or ta[i] ~= tb[i] then return false end
+  end
+  return true
+end
+
+local function spec_key(s, axis)
+  return table.concat({s.format, tostring(s.block), tostring(s.rht), tostring(s.scale_rule), axis}, "|")
+end
+
+--- recipe.share(fn, ...) -> fn(...): run sibling linears that read one input (see above); nested
+-- shares use the outermost memo.
+function M.share(fn, ...)
+  if memo then return fn(...) end
+  memo = {}
+  local r = table.pack(pcall(fn, ...))
+  local m = memo
+  memo = nil
+  for _, e in ipairs(m) do
+    e.q:free()
+    e.t:free()
+  end
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
 -- Quantize t (2-D) per spec, blocked along axis (1 or 2). key names the delayed-scaling history.
 -- split: t is an activation or gradient whose rows (tokens) are this rank's share of the global
 -- batch under data parallelism (x, dy; not a weight): its amax is reduced over the ranks and its
@@ -224,7 +265,18 @@ function Recipe:_quantize(s, t, axis, key, split)
     if axis == 2 then o.sr_row_offset = self.shard.rank * n
     else o.sr_k_offset, o.sr_k_total = self.shard.rank * n, self.shard.world * n end
   end
+  -- activations only (split): a weight's fprop copy may be kept for dgrad past the share
+  local shared = memo and split and not s.sr and not s.delayed and global == nil and not self.amax_reducer
+  local sk = shared and spec_key(s, axis)
+  if shared then
+    for _, e in ipairs(memo) do
+      if e.key == sk and same_view(t, e.t) then return e.q end
+    end
+  end
   local q = quant.quantize(t, s.format, o)
+  if shared then -- the memo's: a handle of its own on t's elements, and q, outlive the caller's scope
+    memo[#memo + 1] = {key = sk, t = core.unscope(t:view(t:size())), q = core.unscope(q)}
+  end
   if rec then -- push this step's true amax (in the RHT domain if transformed: that is what is scaled)
     local cur = global
     if cur == nil then
