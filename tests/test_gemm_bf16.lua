@@ -86,6 +86,41 @@ T.case("every format, exact inputs: both paths give the exact product bit for bi
   end
 end)
 
+T.case("bf16 output written by the bf16 units: NaN, inf, an overflow and exact ties as the f32 result rounded", function()
+  -- bf16 operands (alpha 1): oneDNN rounds its fp32 sums to bf16 itself; every sum here is exact (small
+  -- integers and powers of two), so it must equal the sgemm path's f32 result rounded once (RNE)
+  need_bf16()
+  local K = 32
+  local A, B = {}, {}
+  for i = 1, 6 do
+    A[i] = {}
+    for k = 1, K do A[i][k] = (i * 7 + k * 3) % 9 - 4 end
+  end
+  for j = 1, 5 do
+    B[j] = {}
+    for k = 1, K do B[j][k] = (j * 5 + k) % 7 - 3 end
+  end
+  A[1][1], A[2][5], B[3][2] = 1 / 0, 0 / 0, -1 / 0                 -- inf and NaN in the sums
+  for k = 1, K do A[4][k] = 2 ^ 120 end                              -- row 4 x column 1: 32 * 2^120 * b: inf
+  for k = 1, K do B[1][k] = k == 1 and 256 or k == 2 and 1 or 0 end -- column 1: 256 a1 + a2
+  A[5][1], A[5][2], A[6][1], A[6][2] = 1, 1, 1, 3                    -- 257, 259: ties (-> 256, 260)
+  local qa, qb = nv.quantize(nv.tensor(A):to("bf16"), "bf16"), nv.quantize(nv.tensor(B):to("bf16"), "bf16")
+  local b1, p1 = on_path(true, function() return nv.qmatmul(qa, qb, {out = "bf16"}) end)
+  local f0 = on_path(false, function() return nv.qmatmul(qa, qb) end)
+  T.eq(p1, {bf16 = 1, sgemm = 0}, "the bf16 path ran")
+  local got, want = b1:to("f32"):totable(), f0:to("bf16"):to("f32"):totable()
+  local nans = 0
+  for i = 1, 6 do
+    for j = 1, 5 do
+      local g, w = got[i][j], want[i][j]
+      if w ~= w then nans = nans + 1 end
+      T.ok(g == w or (g ~= g and w ~= w), string.format("[%d][%d]: %s vs %s", i, j, tostring(g), tostring(w)))
+    end
+  end
+  T.ok(nans > 0 and want[4][1] == math.huge, "the case holds NaN sums and an overflow to inf")
+  T.eq({got[5][1], got[6][1]}, {256, 260}, "ties round to even")
+end)
+
 -- the summation-order bound of the header for out = qa qb^T: per element, 2 gamma_K |alpha| S
 local order_bound = G.order_bound
 

@@ -35,6 +35,10 @@ nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const
                                  int64_t K) {
   return nvl_error(NVL_EUNSUPPORTED, "bf16 GEMM: built without oneDNN");
 }
+nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M,
+                                      int64_t N, int64_t K) {
+  return nvl_error(NVL_EUNSUPPORTED, "bf16 GEMM: built without oneDNN");
+}
 
 #else
 
@@ -42,6 +46,7 @@ nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const
 
 typedef struct {
   int64_t M, N, K, ldc;
+  int out16;     /* the result in bf16 (else f32) */
   uint64_t used; /* LRU clock; 0: empty */
   dnnl_primitive_t prim;
   dnnl_memory_desc_t a_md, b_md, c_md;
@@ -57,7 +62,7 @@ static dnnl_stream_t stream;
 static cache_entry cache[NVL_DNNL_CACHE];
 static uint64_t clock_now;
 
-static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, int64_t ldc);
+static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, int64_t ldc, int out16);
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
   switch (isa) {
@@ -106,7 +111,7 @@ const char *nvl_gemm_bf16_info(void) {
   static char line[sizeof info + sizeof impl + 8];
   pthread_mutex_lock(&lock);
   cache_entry *e;
-  if (usable && !impl[0]) lookup(&e, 256, 256, 256, 256); /* names the implementation oneDNN dispatches to */
+  if (usable && !impl[0]) lookup(&e, 256, 256, 256, 256, 0); /* names the implementation oneDNN dispatches to */
   if (usable && impl[0]) snprintf(line, sizeof line, "%s (%s)", info, impl);
   else snprintf(line, sizeof line, "%s", info);
   pthread_mutex_unlock(&lock);
@@ -121,7 +126,7 @@ static dnnl_status_t create(cache_entry *e) {
   dnnl_status_t st;
   if ((st = dnnl_memory_desc_init_by_strides(&e->a_md, 2, ad, dnnl_bf16, as)) != dnnl_success ||
       (st = dnnl_memory_desc_init_by_strides(&e->b_md, 2, bd, dnnl_bf16, bs)) != dnnl_success ||
-      (st = dnnl_memory_desc_init_by_strides(&e->c_md, 2, cd, dnnl_f32, cs)) != dnnl_success)
+      (st = dnnl_memory_desc_init_by_strides(&e->c_md, 2, cd, e->out16 ? dnnl_bf16 : dnnl_f32, cs)) != dnnl_success)
     return st;
   dnnl_matmul_desc_t md;
   if ((st = dnnl_matmul_desc_init(&md, &e->a_md, &e->b_md, NULL, &e->c_md)) != dnnl_success) return st;
@@ -136,11 +141,11 @@ static dnnl_status_t create(cache_entry *e) {
 }
 
 /* the cached entry for the shape, created (evicting the least recently used) when missing */
-static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, int64_t ldc) {
+static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, int64_t ldc, int out16) {
   cache_entry *lru = &cache[0];
   for (int i = 0; i < NVL_DNNL_CACHE; i++) {
     cache_entry *e = &cache[i];
-    if (e->used && e->M == M && e->N == N && e->K == K && e->ldc == ldc) {
+    if (e->used && e->M == M && e->N == N && e->K == K && e->ldc == ldc && e->out16 == out16) {
       e->used = ++clock_now;
       *out = e;
       return dnnl_success;
@@ -149,7 +154,7 @@ static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, 
   }
   if (lru->used) dnnl_primitive_destroy(lru->prim);
   memset(lru, 0, sizeof *lru);
-  *lru = (cache_entry){.M = M, .N = N, .K = K, .ldc = ldc};
+  *lru = (cache_entry){.M = M, .N = N, .K = K, .ldc = ldc, .out16 = out16};
   dnnl_status_t st = create(lru);
   if (st != dnnl_success) return st;
   lru->used = ++clock_now;
@@ -157,7 +162,7 @@ static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, 
   return dnnl_success;
 }
 
-static dnnl_status_t run(cache_entry *e, float *c, const uint16_t *a, const uint16_t *b) {
+static dnnl_status_t run(cache_entry *e, void *c, const uint16_t *a, const uint16_t *b) {
   dnnl_memory_t m[3] = {NULL, NULL, NULL};
   dnnl_status_t st;
   if ((st = dnnl_memory_create(&m[0], &e->a_md, engine, (void *)a)) == dnnl_success &&
@@ -172,8 +177,8 @@ static dnnl_status_t run(cache_entry *e, float *c, const uint16_t *a, const uint
   return st;
 }
 
-nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M, int64_t N,
-                                 int64_t K) {
+static nvl_status gemm(void *c, int out16, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M, int64_t N,
+                       int64_t K) {
   pthread_once(&once, init);
   if (!usable) return nvl_error(NVL_EUNSUPPORTED, "bf16 GEMM: %s", info);
   if (M <= 0 || N <= 0 || K <= 0 || ldc < N)
@@ -181,12 +186,22 @@ nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const
                      (long long)K, (long long)ldc);
   pthread_mutex_lock(&lock);
   cache_entry *e = NULL;
-  dnnl_status_t st = lookup(&e, M, N, K, ldc);
+  dnnl_status_t st = lookup(&e, M, N, K, ldc, out16);
   if (st == dnnl_success) st = run(e, c, a, b);
   pthread_mutex_unlock(&lock);
   if (st != dnnl_success)
     return nvl_error(NVL_EDEVICE, "bf16 GEMM: oneDNN matmul M=%lld N=%lld K=%lld failed (status %d); NVLUA_DNNL=0 "
                      "runs the sgemm path", (long long)M, (long long)N, (long long)K, (int)st);
   return NVL_OK;
+}
+
+nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M, int64_t N,
+                                 int64_t K) {
+  return gemm(c, 0, ldc, a, b, M, N, K);
+}
+
+nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M,
+                                      int64_t N, int64_t K) {
+  return gemm(c16, 1, ldc, a, b, M, N, K);
 }
 #endif
