@@ -36,7 +36,7 @@ nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const
   return nvl_error(NVL_EUNSUPPORTED, "bf16 GEMM: built without oneDNN");
 }
 nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M,
-                                      int64_t N, int64_t K) {
+                                      int64_t N, int64_t K, float alpha) {
   return nvl_error(NVL_EUNSUPPORTED, "bf16 GEMM: built without oneDNN");
 }
 
@@ -46,7 +46,7 @@ nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t
 
 typedef struct {
   int64_t M, N, K, ldc;
-  int out16;     /* the result in bf16 (else f32) */
+  int out16;     /* the result in bf16 (else f32), times a run-time scale */
   uint64_t used; /* LRU clock; 0: empty */
   dnnl_primitive_t prim;
   dnnl_memory_desc_t a_md, b_md, c_md;
@@ -130,8 +130,18 @@ static dnnl_status_t create(cache_entry *e) {
     return st;
   dnnl_matmul_desc_t md;
   if ((st = dnnl_matmul_desc_init(&md, &e->a_md, &e->b_md, NULL, &e->c_md)) != dnnl_success) return st;
+  dnnl_primitive_attr_t attr = NULL; /* bf16 out: the fp32 sum times a scale given at each run, then rounded */
+  if (e->out16) {
+    if ((st = dnnl_primitive_attr_create(&attr)) != dnnl_success) return st;
+    if ((st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &DNNL_RUNTIME_F32_VAL)) != dnnl_success) {
+      dnnl_primitive_attr_destroy(attr);
+      return st;
+    }
+  }
   dnnl_primitive_desc_t pd;
-  if ((st = dnnl_primitive_desc_create(&pd, &md, NULL, engine, NULL)) != dnnl_success) return st;
+  st = dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  if (st != dnnl_success) return st;
   const char *name = NULL;
   if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name) == dnnl_success && name)
     snprintf(impl, sizeof impl, "%s", name);
@@ -162,23 +172,28 @@ static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, 
   return dnnl_success;
 }
 
-static dnnl_status_t run(cache_entry *e, void *c, const uint16_t *a, const uint16_t *b) {
-  dnnl_memory_t m[3] = {NULL, NULL, NULL};
+static dnnl_status_t run(cache_entry *e, void *c, const uint16_t *a, const uint16_t *b, float scale) {
+  dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
   dnnl_status_t st;
+  dnnl_memory_desc_t s_md;
+  dnnl_dims_t one = {1};
   if ((st = dnnl_memory_create(&m[0], &e->a_md, engine, (void *)a)) == dnnl_success &&
       (st = dnnl_memory_create(&m[1], &e->b_md, engine, (void *)b)) == dnnl_success &&
-      (st = dnnl_memory_create(&m[2], &e->c_md, engine, c)) == dnnl_success) {
-    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]}, {DNNL_ARG_DST, m[2]}};
-    st = dnnl_primitive_execute(e->prim, stream, 3, args);
+      (st = dnnl_memory_create(&m[2], &e->c_md, engine, c)) == dnnl_success &&
+      (!e->out16 || ((st = dnnl_memory_desc_init_by_tag(&s_md, 1, one, dnnl_f32, dnnl_a)) == dnnl_success &&
+                     (st = dnnl_memory_create(&m[3], &s_md, engine, &scale)) == dnnl_success))) {
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]}, {DNNL_ARG_DST, m[2]},
+                               {DNNL_ARG_ATTR_OUTPUT_SCALES, m[3]}};
+    st = dnnl_primitive_execute(e->prim, stream, e->out16 ? 4 : 3, args);
     if (st == dnnl_success) st = dnnl_stream_wait(stream);
   }
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < 4; i++)
     if (m[i]) dnnl_memory_destroy(m[i]);
   return st;
 }
 
-static nvl_status gemm(void *c, int out16, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M, int64_t N,
-                       int64_t K) {
+static nvl_status gemm(void *c, int out16, float scale, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M,
+                       int64_t N, int64_t K) {
   pthread_once(&once, init);
   if (!usable) return nvl_error(NVL_EUNSUPPORTED, "bf16 GEMM: %s", info);
   if (M <= 0 || N <= 0 || K <= 0 || ldc < N)
@@ -187,7 +202,7 @@ static nvl_status gemm(void *c, int out16, int64_t ldc, const uint16_t *a, const
   pthread_mutex_lock(&lock);
   cache_entry *e = NULL;
   dnnl_status_t st = lookup(&e, M, N, K, ldc, out16);
-  if (st == dnnl_success) st = run(e, c, a, b);
+  if (st == dnnl_success) st = run(e, c, a, b, scale);
   pthread_mutex_unlock(&lock);
   if (st != dnnl_success)
     return nvl_error(NVL_EDEVICE, "bf16 GEMM: oneDNN matmul M=%lld N=%lld K=%lld failed (status %d); NVLUA_DNNL=0 "
@@ -197,11 +212,11 @@ static nvl_status gemm(void *c, int out16, int64_t ldc, const uint16_t *a, const
 
 nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M, int64_t N,
                                  int64_t K) {
-  return gemm(c, 0, ldc, a, b, M, N, K);
+  return gemm(c, 0, 1.0f, ldc, a, b, M, N, K);
 }
 
 nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M,
-                                      int64_t N, int64_t K) {
-  return gemm(c16, 1, ldc, a, b, M, N, K);
+                                      int64_t N, int64_t K, float alpha) {
+  return gemm(c16, 1, alpha, ldc, a, b, M, N, K);
 }
 #endif

@@ -22,12 +22,12 @@ const char *nvl_gemm_bf16_info(void);
  * the products exact, fp32 sums. Primitives are created once per shape (LRU cache). */
 nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M, int64_t N,
                                  int64_t K);
-/* The same product rounded once to bf16 (RNE, NaN quieted with its sign) into c16 (M, N, row stride
- * ldc), by oneDNN's conversion of its fp32 result: the bits of nvl_f32_to_bf16 on that result where
- * it is zero or at least 2^-126 in magnitude (the conversion flushes smaller ones, which the caller's
- * range rule already excludes for the sums themselves). */
+/* alpha times the same product (one fp32 multiply), rounded once to bf16 (RNE, NaN quieted with its
+ * sign) into c16 (M, N, row stride ldc), by oneDNN's scaling and conversion of its fp32 result: the
+ * bits of nvl_f32_to_bf16(alpha * sum) where that is zero or at least 2^-126 in magnitude (the
+ * conversion flushes smaller ones to zero; the caller rules them out). */
 nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M,
-                                      int64_t N, int64_t K);
+                                      int64_t N, int64_t K, float alpha);
 
 /* which path the CPU's emulated GEMMs took (counters since start, for tests and nv.info) */
 typedef enum { NVL_CPU_GEMM_SGEMM = 0, NVL_CPU_GEMM_BF16 = 1, NVL_CPU_GEMM_ROUTE_COUNT } nvl_cpu_gemm_route;

@@ -290,11 +290,13 @@ static int range_of(const nvl_qview *q, bf16_range *r) {
   }
 }
 
-/* 1: this GEMM runs on the bf16 path (oneDNN there, the CPU's bf16 units, every value in range) */
-static int use_bf16(const nvl_qview *qa, const nvl_qview *qb) {
+/* 1: this GEMM runs on the bf16 path (oneDNN there, the CPU's bf16 units, every value in range);
+ * *lo: the lowest bit any product (so any nonzero sum) can hold, 2^lo */
+static int use_bf16(const nvl_qview *qa, const nvl_qview *qb, int *lo) {
   bf16_range a, b;
   if (qa->rows <= 0 || qb->rows <= 0 || qa->K <= 0 || !nvl_gemm_bf16_ready()) return 0;
   if (!range_of(qa, &a) || !range_of(qb, &b)) return 0;
+  *lo = a.lo + b.lo;
   return a.mag >= -126 && b.mag >= -126 && a.lo + b.lo >= -126;
 }
 
@@ -341,11 +343,13 @@ static nvl_status operand_rows(nvl_kctx *ctx, operand *o, int64_t r0, int64_t nr
 static nvl_status qgemm_into(nvl_kctx *ctx, float *y, uint16_t *y16, int64_t ldy, const nvl_qview *qa,
                              const nvl_qview *qb, int acc) {
   int64_t M = qa->rows, N = qb->rows, K = qa->K;
-  int bf16 = use_bf16(qa, qb);
+  int lo = 0, bf16 = use_bf16(qa, qb, &lo);
   float alpha = qa->alpha * qb->alpha;
-  /* bf16 out, no global factor, on the bf16 path: oneDNN writes the rounded result (the range rule
-   * of use_bf16 keeps every sum zero or normal, where its conversion is nvl_f32_to_bf16's) */
-  int direct16 = y16 && bf16 && alpha == 1.0f;
+  /* bf16 out on the bf16 path: oneDNN scales by alpha and writes the rounded result, which is
+   * nvl_f32_to_bf16's where alpha * sum is zero or normal: every nonzero sum is a multiple of 2^lo,
+   * so alpha 2^lo >= 2^-126 (or alpha 1: the range rule) keeps alpha * sum out of the subnormals */
+  int direct16 = y16 && bf16 && (alpha == 1.0f || (isnormal(alpha) && alpha > 0.0f &&
+                                                   (double)alpha * ldexp(1.0, lo) >= 0x1p-126));
   int staged = acc || (y16 && !direct16);
   int64_t chunk = (int64_t)(1 << 22) / (K > 0 ? K : 1);
   if (staged && M > 0 && (int64_t)(1 << 22) / M < chunk) chunk = (int64_t)(1 << 22) / M;
@@ -363,7 +367,7 @@ static nvl_status qgemm_into(nvl_kctx *ctx, float *y, uint16_t *y16, int64_t ldy
     int64_t nr = N - n0 < chunk ? N - n0 : chunk;
     NVL_TRY(operand_rows(ctx, &b, n0, nr, &pb));
     if (direct16) {
-      NVL_TRY(nvl_gemm_bf16_abt_bf16_cpu(y16 + n0, ldy, pa, pb, M, nr, K));
+      NVL_TRY(nvl_gemm_bf16_abt_bf16_cpu(y16 + n0, ldy, pa, pb, M, nr, K, alpha));
       continue;
     }
     float *dst = staged ? sc : y + n0;
