@@ -252,10 +252,15 @@ typedef struct nvl_layer_kernels {
   nvl_status (*swiglu_forward)(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n);
   nvl_status (*swiglu_backward)(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
                                 const float *up, int64_t n);
-  /* optional, bf16 activations natively: exactly the f32 entry above on the widened inputs with
-   * each output rounded once to bf16 (RNE); NULL: core widens, runs the f32 entry, rounds
+  /* optional, bf16 activations natively (these and the two RMSNorm entries below): exactly the f32
+   * entry on the widened inputs with each activation output rounded once to bf16 (RNE), statistics
+   * and parameter gradients as the f32 entry's; NULL: core widens, runs the f32 entry, rounds
    * (core/act.h). Not taken from the fallback: the bits must be this table's f32 entry's. */
   nvl_status (*swiglu_forward_bf16)(nvl_kctx *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n);
+  nvl_status (*rmsnorm_forward_bf16)(nvl_kctx *ctx, uint16_t *out, float *rstd, const uint16_t *x, const float *weight,
+                                     int64_t N, int64_t C, double eps);
+  nvl_status (*rmsnorm_backward_bf16)(nvl_kctx *ctx, uint16_t *dx, float *dweight, const uint16_t *dout,
+                                      const uint16_t *x, const float *weight, const float *rstd, int64_t N, int64_t C);
   nvl_status (*swiglu_backward_bf16)(nvl_kctx *ctx, uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
                                      const uint16_t *gate, const uint16_t *up, int64_t n);
   /* *total (host) = sum over rows n with targets[n] != ignore_index of lse - logit[target] +

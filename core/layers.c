@@ -242,14 +242,44 @@ nvl_status nvl_embedding_backward(nvl_tensor *dweight, const nvl_tensor *dout, c
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
 /* x (..., C) with C >= 1 and weight (C). */
-static nvl_status check_rms_x_w(const char *op, const nvl_tensor *x, const nvl_tensor *weight) {
+static nvl_status check_rms_x_w(const char *op, const nvl_tensor *x, const nvl_tensor *weight, nvl_dtype dt) {
   char s1[160];
-  NVL_TRY(check_tensor(op, "x", x, NVL_F32));
+  NVL_TRY(check_tensor(op, "x", x, dt));
   NVL_TRY(check_tensor_on(op, "weight", weight, NVL_F32, x));
   if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
     return nvl_error(NVL_EINVAL, "%s: x must be (..., C) with C >= 1, got %s", op, DESC(x, s1));
   if (weight->ndim != 1 || weight->shape[0] != x->shape[x->ndim - 1])
     return mismatch(op, "x", x, "weight", weight, "weight of shape [C] with C = x's last dim");
+  return NVL_OK;
+}
+
+static const nvl_layer_kernels *native_bf16(const nvl_tensor *t);
+
+/* the native bf16 forward (the caller checked the entry is there): x bf16, rstd f32 */
+static nvl_status rmsnorm_forward_bf16(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
+                                       double eps) {
+  const char *op = "rmsnorm_forward";
+  const nvl_backend *be;
+  NVL_TRY(need_out_null(op, "out", out));
+  NVL_TRY(need_out_null(op, "rstd", rstd));
+  NVL_TRY(check_rms_x_w(op, x, weight, NVL_BF16));
+  if (!(eps >= 0.0) || !isfinite(eps))
+    return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, eps);
+  NVL_PICK(be, x, layers->rmsnorm_forward_bf16, op);
+  int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
+  nvl_tensor o = nvl_tensor_null(), r = nvl_tensor_null();
+  nvl_status st = nvl_tensor_empty(&o, NVL_BF16, x->device, x->ndim, x->shape);
+  if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim - 1, x->shape);
+  if (st == NVL_OK)
+    st = NVL_CALL(be, x, layers->rmsnorm_forward_bf16, nvl_tensor_data(&o), nvl_tensor_data(&r), nvl_tensor_data(x),
+                  nvl_tensor_data(weight), N, C, eps);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&o);
+    nvl_tensor_release(&r);
+    return st;
+  }
+  *out = o;
+  *rstd = r;
   return NVL_OK;
 }
 
@@ -259,7 +289,7 @@ static nvl_status rmsnorm_forward_f32(nvl_tensor *out, nvl_tensor *rstd, const n
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(need_out_null(op, "rstd", rstd));
-  NVL_TRY(check_rms_x_w(op, x, weight));
+  NVL_TRY(check_rms_x_w(op, x, weight, NVL_F32));
   if (!(eps >= 0.0) || !isfinite(eps))
     return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, eps);
   NVL_PICK(be, x, layers->rmsnorm_forward, op);
@@ -287,6 +317,8 @@ nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tens
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, &x, 1, &dt));
   if (dt == NVL_F32) return rmsnorm_forward_f32(out, rstd, x, weight, eps);
+  const nvl_layer_kernels *nat = native_bf16(x);
+  if (nat && nat->rmsnorm_forward_bf16) return rmsnorm_forward_bf16(out, rstd, x, weight, eps);
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(need_out_null(op, "rstd", rstd));
   nvl_tensor w, r[1] = {nvl_tensor_null()}, sd = nvl_tensor_null();
@@ -308,7 +340,7 @@ static nvl_status rmsnorm_backward_f32(nvl_tensor *dx, nvl_tensor *dweight, cons
   NVL_TRY(need_out_null(op, "dx", dx));
   NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
   NVL_TRY(check_tensor_on(op, "dout", dout, NVL_F32, dweight));
-  NVL_TRY(check_rms_x_w(op, x, weight));
+  NVL_TRY(check_rms_x_w(op, x, weight, NVL_F32));
   NVL_TRY(check_tensor_on(op, "x", x, NVL_F32, dweight));
   NVL_TRY(check_tensor_on(op, "rstd", rstd, NVL_F32, dweight));
   NVL_TRY(need_same_shape(op, "dout", dout, "x", x));
@@ -329,6 +361,35 @@ static nvl_status rmsnorm_backward_f32(nvl_tensor *dx, nvl_tensor *dweight, cons
   return NVL_OK;
 }
 
+/* the native bf16 backward (the caller checked the entry is there): dout, x, dx bf16 */
+static nvl_status rmsnorm_backward_bf16(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout,
+                                        const nvl_tensor *x, const nvl_tensor *weight, const nvl_tensor *rstd) {
+  const char *op = "rmsnorm_backward";
+  const nvl_backend *be;
+  NVL_TRY(need_out_null(op, "dx", dx));
+  NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "dout", dout, NVL_BF16, dweight));
+  NVL_TRY(check_rms_x_w(op, x, weight, NVL_BF16));
+  NVL_TRY(check_tensor_on(op, "x", x, NVL_BF16, dweight));
+  NVL_TRY(check_tensor_on(op, "rstd", rstd, NVL_F32, dweight));
+  NVL_TRY(need_same_shape(op, "dout", dout, "x", x));
+  NVL_TRY(need_same_shape(op, "dweight", dweight, "weight", weight));
+  if (!is_leading_shape(x, rstd)) return mismatch(op, "x", x, "rstd", rstd, "rstd of x's shape without its last dim");
+  NVL_PICK(be, x, layers->rmsnorm_backward_bf16, op);
+  int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, NVL_BF16, x->device, x->ndim, x->shape));
+  nvl_status st = NVL_CALL(be, x, layers->rmsnorm_backward_bf16, nvl_tensor_data(&r), nvl_tensor_data(dweight),
+                           nvl_tensor_data(dout), nvl_tensor_data(x), nvl_tensor_data(weight), nvl_tensor_data(rstd),
+                           N, C);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&r);
+    return st;
+  }
+  *dx = r;
+  return NVL_OK;
+}
+
 nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
                                 const nvl_tensor *weight, const nvl_tensor *rstd) {
   const char *op = "rmsnorm_backward";
@@ -337,6 +398,8 @@ nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_t
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, acts, 2, &dt));
   if (dt == NVL_F32) return rmsnorm_backward_f32(dx, dweight, dout, x, weight, rstd);
+  const nvl_layer_kernels *nat = native_bf16(x);
+  if (nat && nat->rmsnorm_backward_bf16) return rmsnorm_backward_bf16(dx, dweight, dout, x, weight, rstd);
   NVL_TRY(need_out_null(op, "dx", dx));
   nvl_tensor w[2], r[1] = {nvl_tensor_null()};
   NVL_TRY(nvl_act_widen(w, acts, 2));

@@ -91,7 +91,9 @@ end)
 
 T.case("rmsnorm: bf16 out and dx = the f32 op's rounded once; rstd and dweight the f32 op's bit for bit", function()
   nv.manual_seed(2)
-  local N, C = 37, 96
+  -- 37 x 96: one thread, a ragged dweight column chunk; 301 x 200: threaded rows and chunks
+  for _, nc in ipairs({{37, 96}, {301, 200}}) do
+  local N, C = nc[1], nc[2]
   local x, w, dout = rb(N, C) * 3, nv.randn(C), rb(N, C)
   x = x:to("bf16")
   both(function(run, k)
@@ -106,6 +108,7 @@ T.case("rmsnorm: bf16 out and dx = the f32 op's rounded once; rstd and dweight t
     same(dx, bf(dx32), k .. " dx", "bf16")
     same(dw1, dw2, k .. " dweight (f32, accumulated)", "f32")
   end)
+  end
 end)
 
 T.case("rope: bf16 out and dx = the f32 rotation rounded once", function()

@@ -13,6 +13,7 @@
 #include "cpu/simd_cpu.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #define NVL_LAYERS_OMP_MIN 32768 /* elements; below this one thread is faster */
@@ -46,51 +47,117 @@ static nvl_status embedding_backward(nvl_kctx *ctx, float *dweight, const float 
 
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
+/* The row and column work of RMSNorm, shared by the f32 and the bf16 kernels: noinline, so both run
+ * the same machine code (the same double sums, in the same order) and a bf16 kernel is the f32 one
+ * on the widened inputs, each output rounded once. */
+__attribute__((noinline)) static float rms_row(float *restrict o, const float *restrict xr,
+                                               const float *restrict weight, int64_t C, double eps) {
+  double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+  float r = (float)(1.0 / sqrt(ss / (double)C + eps));
+#pragma omp simd
+  for (int64_t c = 0; c < C; c++) o[c] = (xr[c] * r) * weight[c];
+  return r;
+}
+
+__attribute__((noinline)) static void rms_dx_row(float *restrict o, const float *restrict g,
+                                                 const float *restrict xr, const float *restrict weight, double r,
+                                                 int64_t C) {
+  double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t c = 0; c < C; c++) dot += (double)g[c] * weight[c] * xr[c];
+  double k = r * r * r * dot / (double)C;
+#pragma omp simd
+  for (int64_t c = 0; c < C; c++) o[c] = (float)(r * weight[c] * g[c] - (double)xr[c] * k);
+}
+
+__attribute__((noinline)) static void rms_dw_acc(double *restrict acc, const float *restrict g,
+                                                 const float *restrict xr, double r, int64_t len) {
+#pragma omp simd
+  for (int64_t j = 0; j < len; j++) acc[j] += (double)g[j] * xr[j] * r;
+}
+
+static void widen_row(float *restrict y, const uint16_t *restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = f32_of(x[i]);
+}
+
+static void round_row(uint16_t *restrict y, const float *restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = bf16_of(x[i]);
+}
+
 static nvl_status rmsnorm_forward(nvl_kctx *ctx, float *out, float *rstd, const float *x, const float *weight,
                                   int64_t N, int64_t C, double eps) {
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
+  for (int64_t n = 0; n < N; n++) rstd[n] = rms_row(out + n * C, x + n * C, weight, C, eps);
+  return NVL_OK;
+}
+
+/* per-thread rows of f32 for the bf16 kernels: nt * per floats of call scratch */
+static nvl_status thread_rows(nvl_kctx *ctx, int64_t per, float **buf) {
+  return ctx->scratch(ctx, (size_t)omp_get_max_threads() * (size_t)per * sizeof(float), (void **)buf);
+}
+
+static nvl_status rmsnorm_forward_bf16(nvl_kctx *ctx, uint16_t *out, float *rstd, const uint16_t *x,
+                                       const float *weight, int64_t N, int64_t C, double eps) {
+  float *buf;
+  NVL_TRY(thread_rows(ctx, 2 * C, &buf));
+#pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t n = 0; n < N; n++) {
-    const float *restrict xr = x + n * C;
-    float *restrict o = out + n * C;
-    double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
-    float r = (float)(1.0 / sqrt(ss / (double)C + eps));
-    rstd[n] = r;
-#pragma omp simd
-    for (int64_t c = 0; c < C; c++) o[c] = (xr[c] * r) * weight[c];
+    float *xw = buf + (int64_t)omp_get_thread_num() * 2 * C, *o = xw + C;
+    widen_row(xw, x + n * C, C);
+    rstd[n] = rms_row(o, xw, weight, C, eps);
+    round_row(out + n * C, o, C);
   }
   return NVL_OK;
 }
 
-static nvl_status rmsnorm_backward(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x,
-                                   const float *weight, const float *rstd, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
-  for (int64_t n = 0; n < N; n++) {
-    const float *restrict g = dout + n * C, *restrict xr = x + n * C;
-    float *restrict o = dx + n * C;
-    double r = rstd[n], dot = 0.0;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t c = 0; c < C; c++) dot += (double)g[c] * weight[c] * xr[c];
-    double k = r * r * r * dot / (double)C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; c++) o[c] = (float)(r * weight[c] * g[c] - (double)xr[c] * k);
-  }
-  /* dweight by column chunks: each column sums its rows in order, as the reference does */
+/* dweight by column chunks: each column sums its rows in order, as the reference does; dout and x
+ * f32 (g32, x32) or bf16 (g16, x16, widened a chunk at a time) */
+static void rms_dweight(float *dweight, const float *g32, const float *x32, const uint16_t *g16, const uint16_t *x16,
+                        const float *rstd, int64_t N, int64_t C) {
   int64_t nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
 #pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
   for (int64_t kc = 0; kc < nchunks; kc++) {
     int64_t c0 = kc * COL_CHUNK, len = c0 + COL_CHUNK < C ? COL_CHUNK : C - c0;
     double acc[COL_CHUNK];
+    float gw[COL_CHUNK], xw[COL_CHUNK];
     for (int64_t j = 0; j < len; j++) acc[j] = 0.0;
     for (int64_t n = 0; n < N; n++) {
-      const float *g = dout + n * C + c0, *xr = x + n * C + c0;
-      double r = rstd[n];
-#pragma omp simd
-      for (int64_t j = 0; j < len; j++) acc[j] += (double)g[j] * xr[j] * r;
+      if (g16) {
+        widen_row(gw, g16 + n * C + c0, len);
+        widen_row(xw, x16 + n * C + c0, len);
+        rms_dw_acc(acc, gw, xw, rstd[n], len);
+      } else {
+        rms_dw_acc(acc, g32 + n * C + c0, x32 + n * C + c0, rstd[n], len);
+      }
     }
     for (int64_t j = 0; j < len; j++) dweight[c0 + j] = (float)((double)dweight[c0 + j] + acc[j]);
   }
+}
+
+static nvl_status rmsnorm_backward(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x,
+                                   const float *weight, const float *rstd, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
+  for (int64_t n = 0; n < N; n++) rms_dx_row(dx + n * C, dout + n * C, x + n * C, weight, rstd[n], C);
+  rms_dweight(dweight, dout, x, NULL, NULL, rstd, N, C);
+  return NVL_OK;
+}
+
+static nvl_status rmsnorm_backward_bf16(nvl_kctx *ctx, uint16_t *dx, float *dweight, const uint16_t *dout,
+                                        const uint16_t *x, const float *weight, const float *rstd, int64_t N,
+                                        int64_t C) {
+  float *buf;
+  NVL_TRY(thread_rows(ctx, 3 * C, &buf));
+#pragma omp parallel for schedule(static) if (N * C > NVL_LAYERS_OMP_MIN)
+  for (int64_t n = 0; n < N; n++) {
+    float *gw = buf + (int64_t)omp_get_thread_num() * 3 * C, *xw = gw + C, *o = xw + C;
+    widen_row(gw, dout + n * C, C);
+    widen_row(xw, x + n * C, C);
+    rms_dx_row(o, gw, xw, weight, rstd[n], C);
+    round_row(dx + n * C, o, C);
+  }
+  rms_dweight(dweight, NULL, NULL, dout, x, rstd, N, C);
   return NVL_OK;
 }
 
@@ -405,6 +472,8 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .attention_bf16_ready = nvl_attention_bf16_cpu_ready,
   .attention_forward_bf16 = nvl_attention_forward_bf16_cpu,
   .attention_backward_bf16 = nvl_attention_backward_bf16_cpu,
+  .rmsnorm_forward_bf16 = rmsnorm_forward_bf16,
+  .rmsnorm_backward_bf16 = rmsnorm_backward_bf16,
   .swiglu_forward_bf16 = swiglu_forward_bf16,
   .swiglu_backward_bf16 = swiglu_backward_bf16,
   .cross_entropy = cross_entropy,
