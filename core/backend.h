@@ -257,6 +257,10 @@ typedef struct nvl_layer_kernels {
    * and parameter gradients as the f32 entry's; NULL: core widens, runs the f32 entry, rounds
    * (core/act.h). Not taken from the fallback: the bits must be this table's f32 entry's. */
   nvl_status (*swiglu_forward_bf16)(nvl_kctx *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n);
+  nvl_status (*rope_forward_bf16)(nvl_kctx *ctx, uint16_t *out, const uint16_t *x, const float *cos,
+                                  const float *sin, int64_t B, int64_t T, int64_t H, int64_t D);
+  nvl_status (*rope_backward_bf16)(nvl_kctx *ctx, uint16_t *dx, const uint16_t *dout, const float *cos,
+                                   const float *sin, int64_t B, int64_t T, int64_t H, int64_t D);
   nvl_status (*rmsnorm_forward_bf16)(nvl_kctx *ctx, uint16_t *out, float *rstd, const uint16_t *x, const float *weight,
                                      int64_t N, int64_t C, double eps);
   nvl_status (*rmsnorm_backward_bf16)(nvl_kctx *ctx, uint16_t *dx, float *dweight, const uint16_t *dout,

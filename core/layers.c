@@ -475,9 +475,9 @@ nvl_status nvl_rope_tables(nvl_tensor *cos_t, nvl_tensor *sin_t, int64_t T, int6
 
 /* x (B, T, H, D) and cos, sin (T, D), D even. xn names x ("x" or "dout"). */
 static nvl_status check_rope(const char *op, const char *xn, const nvl_tensor *x, const nvl_tensor *c,
-                             const nvl_tensor *s) {
+                             const nvl_tensor *s, nvl_dtype dt) {
   char s1[160];
-  NVL_TRY(check_tensor(op, xn, x, NVL_F32));
+  NVL_TRY(check_tensor(op, xn, x, dt));
   NVL_TRY(check_tensor_on(op, "cos", c, NVL_F32, x));
   NVL_TRY(check_tensor_on(op, "sin", s, NVL_F32, x));
   if (x->ndim != 4) return nvl_error(NVL_EINVAL, "%s: %s must be 4-D (B, T, H, D), got %s", op, xn, DESC(x, s1));
@@ -488,22 +488,28 @@ static nvl_status check_rope(const char *op, const char *xn, const nvl_tensor *x
   return NVL_OK;
 }
 
-/* out (or dx) = the rotation (bwd: its transpose) of x (B, T, H, D): one table entry. */
-static nvl_status rope_f32(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t,
-                           int bwd) {
+/* out (or dx) = the rotation (bwd: its transpose) of x (B, T, H, D): one table entry, f32 or the
+ * native bf16 one (dt bf16: the caller checked it is there). */
+static nvl_status rope_as(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *cos_t, const nvl_tensor *sin_t,
+                          int bwd, nvl_dtype dt) {
   const char *op = bwd ? "rope_backward" : "rope_forward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, bwd ? "dx" : "out", out));
-  NVL_TRY(check_rope(op, bwd ? "dout" : "x", x, cos_t, sin_t));
-  if (bwd) NVL_PICK(be, x, layers->rope_backward, op);
+  NVL_TRY(check_rope(op, bwd ? "dout" : "x", x, cos_t, sin_t, dt));
+  if (dt == NVL_BF16 && bwd) NVL_PICK(be, x, layers->rope_backward_bf16, op);
+  else if (dt == NVL_BF16) NVL_PICK(be, x, layers->rope_forward_bf16, op);
+  else if (bwd) NVL_PICK(be, x, layers->rope_backward, op);
   else NVL_PICK(be, x, layers->rope_forward, op);
   nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, x->device, 4, x->shape));
+  NVL_TRY(nvl_tensor_empty(&r, dt, x->device, 4, x->shape));
   const int64_t *sh = x->shape;
-  nvl_status st = bwd ? NVL_CALL(be, x, layers->rope_backward, nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
-                                 nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3])
-                      : NVL_CALL(be, x, layers->rope_forward, nvl_tensor_data(&r), nvl_tensor_data(x), nvl_tensor_data(cos_t),
-                                 nvl_tensor_data(sin_t), sh[0], sh[1], sh[2], sh[3]);
+  void *o = nvl_tensor_data(&r);
+  const void *xi = nvl_tensor_data(x), *c = nvl_tensor_data(cos_t), *sn = nvl_tensor_data(sin_t);
+  nvl_status st;
+  if (dt == NVL_BF16 && bwd) st = NVL_CALL(be, x, layers->rope_backward_bf16, o, xi, c, sn, sh[0], sh[1], sh[2], sh[3]);
+  else if (dt == NVL_BF16) st = NVL_CALL(be, x, layers->rope_forward_bf16, o, xi, c, sn, sh[0], sh[1], sh[2], sh[3]);
+  else if (bwd) st = NVL_CALL(be, x, layers->rope_backward, o, xi, c, sn, sh[0], sh[1], sh[2], sh[3]);
+  else st = NVL_CALL(be, x, layers->rope_forward, o, xi, c, sn, sh[0], sh[1], sh[2], sh[3]);
   if (st != NVL_OK) {
     nvl_tensor_release(&r);
     return st;
@@ -518,11 +524,14 @@ static nvl_status rope(nvl_tensor *out, const nvl_tensor *x, const nvl_tensor *c
   const char *names[1] = {bwd ? "dout" : "x"};
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, &x, 1, &dt));
-  if (dt == NVL_F32) return rope_f32(out, x, cos_t, sin_t, bwd);
+  if (dt == NVL_F32) return rope_as(out, x, cos_t, sin_t, bwd, NVL_F32);
+  const nvl_layer_kernels *nat = native_bf16(x);
+  if (nat && (bwd ? nat->rope_backward_bf16 : nat->rope_forward_bf16))
+    return rope_as(out, x, cos_t, sin_t, bwd, NVL_BF16);
   NVL_TRY(need_out_null(op, bwd ? "dx" : "out", out));
   nvl_tensor w, r[1] = {nvl_tensor_null()};
   NVL_TRY(nvl_act_widen(&w, &x, 1));
-  nvl_status st = rope_f32(&r[0], &w, cos_t, sin_t, bwd);
+  nvl_status st = rope_as(&r[0], &w, cos_t, sin_t, bwd, NVL_F32);
   nvl_tensor_release(&w);
   if (st != NVL_OK) return st;
   nvl_tensor *outs[1] = {out};

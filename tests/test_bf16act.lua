@@ -113,12 +113,15 @@ end)
 
 T.case("rope: bf16 out and dx = the f32 rotation rounded once", function()
   nv.manual_seed(3)
-  local c, s = core.rope_tables(9, 16, 10000)
-  local x = rb(2, 9, 3, 16)
-  both(function(run, k)
-    same(run(core.rope_forward, x, c, s), bf(run(core.rope_forward, wide(x), c, s)), k .. " forward", "bf16")
-    same(run(core.rope_backward, x, c, s), bf(run(core.rope_backward, wide(x), c, s)), k .. " backward", "bf16")
-  end)
+  -- (2, 9, 3, 16): one thread; (4, 40, 8, 64): threaded rows
+  for _, sh in ipairs({{2, 9, 3, 16}, {4, 40, 8, 64}}) do
+    local c, s = core.rope_tables(sh[2], sh[4], 10000)
+    local x = rb(table.unpack(sh))
+    both(function(run, k)
+      same(run(core.rope_forward, x, c, s), bf(run(core.rope_forward, wide(x), c, s)), k .. " forward", "bf16")
+      same(run(core.rope_backward, x, c, s), bf(run(core.rope_backward, wide(x), c, s)), k .. " backward", "bf16")
+    end)
+  end
 end)
 
 T.case("swiglu: bf16 out, dgate, dup = the f32 op's rounded once", function()

@@ -163,36 +163,70 @@ static nvl_status rmsnorm_backward_bf16(nvl_kctx *ctx, uint16_t *dx, float *dwei
 
 /* ---- RoPE: one (b, t, h) row of D at a time, the halves in separate loops so both vectorise --- */
 
-static nvl_status rope_forward(nvl_kctx *ctx, float *out, const float *x, const float *cos_t, const float *sin_t,
-                               int64_t B, int64_t T, int64_t H, int64_t D) {
-  int64_t h = D / 2, rows = B * T * H;
-#pragma omp parallel for schedule(static) if (rows * D > NVL_LAYERS_OMP_MIN)
-  for (int64_t row = 0; row < rows; row++) {
-    int64_t t = (row / H) % T;
-    const float *restrict xr = x + row * D, *restrict c = cos_t + t * D, *restrict s = sin_t + t * D;
-    float *restrict o = out + row * D;
+/* one row, forward (bwd 0) or backward: per element a double sum rounded once, so the f32 and the
+ * bf16 kernels (the latter on a row widened in cache, rounded after) give the same bits */
+static void rope_row(float *restrict o, const float *restrict xr, const float *restrict c, const float *restrict s,
+                     int64_t D, int bwd) {
+  int64_t h = D / 2;
+  if (!bwd) {
 #pragma omp simd
     for (int64_t j = 0; j < h; j++) o[j] = (float)((double)xr[j] * c[j] + -(double)xr[j + h] * s[j]);
 #pragma omp simd
     for (int64_t j = h; j < D; j++) o[j] = (float)((double)xr[j] * c[j] + (double)xr[j - h] * s[j]);
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < h; j++) o[j] = (float)((double)xr[j] * c[j] + (double)xr[j + h] * s[j + h]);
+#pragma omp simd
+    for (int64_t j = h; j < D; j++) o[j] = (float)((double)xr[j] * c[j] + -(double)xr[j - h] * s[j - h]);
   }
+}
+
+static void rope_rows(float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                      int64_t H, int64_t D, int bwd) {
+  int64_t rows = B * T * H;
+#pragma omp parallel for schedule(static) if (rows * D > NVL_LAYERS_OMP_MIN)
+  for (int64_t row = 0; row < rows; row++) {
+    int64_t t = (row / H) % T;
+    rope_row(out + row * D, x + row * D, cos_t + t * D, sin_t + t * D, D, bwd);
+  }
+}
+
+static nvl_status rope_forward(nvl_kctx *ctx, float *out, const float *x, const float *cos_t, const float *sin_t,
+                               int64_t B, int64_t T, int64_t H, int64_t D) {
+  rope_rows(out, x, cos_t, sin_t, B, T, H, D, 0);
   return NVL_OK;
 }
 
 static nvl_status rope_backward(nvl_kctx *ctx, float *dx, const float *dout, const float *cos_t, const float *sin_t,
                                 int64_t B, int64_t T, int64_t H, int64_t D) {
-  int64_t h = D / 2, rows = B * T * H;
+  rope_rows(dx, dout, cos_t, sin_t, B, T, H, D, 1);
+  return NVL_OK;
+}
+
+static nvl_status rope_bf16(nvl_kctx *ctx, uint16_t *out, const uint16_t *x, const float *cos_t, const float *sin_t,
+                            int64_t B, int64_t T, int64_t H, int64_t D, int bwd) {
+  int64_t rows = B * T * H;
+  float *buf;
+  NVL_TRY(thread_rows(ctx, 2 * D, &buf));
 #pragma omp parallel for schedule(static) if (rows * D > NVL_LAYERS_OMP_MIN)
   for (int64_t row = 0; row < rows; row++) {
     int64_t t = (row / H) % T;
-    const float *restrict g = dout + row * D, *restrict c = cos_t + t * D, *restrict s = sin_t + t * D;
-    float *restrict o = dx + row * D;
-#pragma omp simd
-    for (int64_t j = 0; j < h; j++) o[j] = (float)((double)g[j] * c[j] + (double)g[j + h] * s[j + h]);
-#pragma omp simd
-    for (int64_t j = h; j < D; j++) o[j] = (float)((double)g[j] * c[j] + -(double)g[j - h] * s[j - h]);
+    float *xw = buf + (int64_t)omp_get_thread_num() * 2 * D, *o = xw + D;
+    widen_row(xw, x + row * D, D);
+    rope_row(o, xw, cos_t + t * D, sin_t + t * D, D, bwd);
+    round_row(out + row * D, o, D);
   }
   return NVL_OK;
+}
+
+static nvl_status rope_forward_bf16(nvl_kctx *ctx, uint16_t *out, const uint16_t *x, const float *cos_t,
+                                    const float *sin_t, int64_t B, int64_t T, int64_t H, int64_t D) {
+  return rope_bf16(ctx, out, x, cos_t, sin_t, B, T, H, D, 0);
+}
+
+static nvl_status rope_backward_bf16(nvl_kctx *ctx, uint16_t *dx, const uint16_t *dout, const float *cos_t,
+                                     const float *sin_t, int64_t B, int64_t T, int64_t H, int64_t D) {
+  return rope_bf16(ctx, dx, dout, cos_t, sin_t, B, T, H, D, 1);
 }
 
 /* ---- SwiGLU (f32 arithmetic, expf) ------------------------------------------------------------ */
@@ -472,6 +506,8 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .attention_bf16_ready = nvl_attention_bf16_cpu_ready,
   .attention_forward_bf16 = nvl_attention_forward_bf16_cpu,
   .attention_backward_bf16 = nvl_attention_backward_bf16_cpu,
+  .rope_forward_bf16 = rope_forward_bf16,
+  .rope_backward_bf16 = rope_backward_bf16,
   .rmsnorm_forward_bf16 = rmsnorm_forward_bf16,
   .rmsnorm_backward_bf16 = rmsnorm_backward_bf16,
   .swiglu_forward_bf16 = swiglu_forward_bf16,
