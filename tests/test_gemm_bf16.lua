@@ -121,6 +121,29 @@ T.case("bf16 output written by the bf16 units: NaN, inf, an overflow and exact t
   T.eq({got[5][1], got[6][1]}, {256, 260}, "ties round to even")
 end)
 
+T.case("f32 matmul through oneDNN: strided and transposed views, within fp32 summation order of the reference", function()
+  -- Tensor:matmul on f32 runs oneDNN's f32 matmul where the bf16 path can run (the same switch), OpenBLAS else;
+  -- both sum the same fp32 products in their own order: |got - ref| <= 2 K u sum_k |a_ik||b_kj| (u = 2^-24)
+  need_bf16()
+  nv.manual_seed(41)
+  local A, B = nv.randn(90, 70), nv.randn(50, 70)
+  local views = {
+    {"a b^T", A, B:transpose()},
+    {"a^T-view of a transposed copy", A:transpose():contiguous():transpose(), B:transpose()},
+    {"narrowed rows and columns", A:narrow(1, 3, 80):narrow(2, 5, 60), B:narrow(2, 5, 60):transpose()},
+  }
+  for _, v in ipairs(views) do
+    local what, a, b = v[1], v[2], v[3]
+    local K = a:size(2)
+    local ref = T.with(nv.use_reference, true, a.matmul, a, b)
+    local bound = a:abs():matmul(b:abs()) * (2 * K * 2 ^ -24)
+    local got = on_path(true, function() return a:matmul(b) end)
+    local blas = on_path(false, function() return a:matmul(b) end)
+    T.eq((got - ref):abs():le(bound):sum(), got:numel(), what .. ": oneDNN within the bound")
+    T.eq((blas - ref):abs():le(bound):sum(), blas:numel(), what .. ": OpenBLAS within the bound")
+  end
+end)
+
 -- the summation-order bound of the header for out = qa qb^T: per element, 2 gamma_K |alpha| S
 local order_bound = G.order_bound
 

@@ -1,7 +1,8 @@
-/* gemm_bf16_cpu.c: bf16 GEMMs through oneDNN's matmul (see gemm_bf16_cpu.h). One CPU engine and
- * stream, created at the first use; matmul primitives cached by shape (M, N, K, ldc), at most
- * NVL_DNNL_CACHE of them, least recently used evicted. One mutex guards the cache and the stream,
- * so concurrent callers run one after the other (each matmul uses every core through OpenMP). */
+/* gemm_bf16_cpu.c: bf16 GEMMs (f32 or bf16 results) and f32 matmuls through oneDNN's matmul (see
+ * gemm_bf16_cpu.h). One CPU engine and stream, created at the first use; matmul primitives cached by
+ * kind and shape (M, N, K, ldc, strides), at most NVL_DNNL_CACHE of them, least recently used evicted.
+ * One mutex guards the cache and the stream, so concurrent callers run one after the other (each
+ * matmul uses every core through OpenMP). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -39,6 +40,10 @@ nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t
                                       int64_t N, int64_t K, float alpha) {
   return nvl_error(NVL_EUNSUPPORTED, "bf16 GEMM: built without oneDNN");
 }
+nvl_status nvl_gemm_f32_dnnl_cpu(float *c, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t rsb,
+                                 int64_t csb, int64_t M, int64_t N, int64_t K) {
+  return NVL_EUNSUPPORTED;
+}
 
 #else
 
@@ -46,6 +51,8 @@ nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t
 
 typedef struct {
   int64_t M, N, K, ldc;
+  int64_t st[4]; /* f32 operands (f32 set): a's and b's row and column strides */
+  int f32;       /* f32 operands and result (else bf16 operands) */
   int out16;     /* the result in bf16 (else f32), times a run-time scale */
   uint64_t used; /* LRU clock; 0: empty */
   dnnl_primitive_t prim;
@@ -62,7 +69,7 @@ static dnnl_stream_t stream;
 static cache_entry cache[NVL_DNNL_CACHE];
 static uint64_t clock_now;
 
-static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, int64_t ldc, int out16);
+static dnnl_status_t lookup(cache_entry **out, const cache_entry *key);
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
   switch (isa) {
@@ -111,7 +118,10 @@ const char *nvl_gemm_bf16_info(void) {
   static char line[sizeof info + sizeof impl + 8];
   pthread_mutex_lock(&lock);
   cache_entry *e;
-  if (usable && !impl[0]) lookup(&e, 256, 256, 256, 256, 0); /* names the implementation oneDNN dispatches to */
+  if (usable && !impl[0]) { /* names the implementation oneDNN dispatches to */
+    cache_entry key = {.M = 256, .N = 256, .K = 256, .ldc = 256};
+    lookup(&e, &key);
+  }
   if (usable && impl[0]) snprintf(line, sizeof line, "%s (%s)", info, impl);
   else snprintf(line, sizeof line, "%s", info);
   pthread_mutex_unlock(&lock);
@@ -123,9 +133,11 @@ const char *nvl_gemm_bf16_info(void) {
 static dnnl_status_t create(cache_entry *e) {
   dnnl_dims_t ad = {e->M, e->K}, as = {e->K, 1}, bd = {e->K, e->N}, bs = {1, e->K}, cd = {e->M, e->N},
               cs = {e->ldc, 1};
+  if (e->f32) as[0] = e->st[0], as[1] = e->st[1], bs[0] = e->st[2], bs[1] = e->st[3];
+  dnnl_data_type_t in = e->f32 ? dnnl_f32 : dnnl_bf16;
   dnnl_status_t st;
-  if ((st = dnnl_memory_desc_init_by_strides(&e->a_md, 2, ad, dnnl_bf16, as)) != dnnl_success ||
-      (st = dnnl_memory_desc_init_by_strides(&e->b_md, 2, bd, dnnl_bf16, bs)) != dnnl_success ||
+  if ((st = dnnl_memory_desc_init_by_strides(&e->a_md, 2, ad, in, as)) != dnnl_success ||
+      (st = dnnl_memory_desc_init_by_strides(&e->b_md, 2, bd, in, bs)) != dnnl_success ||
       (st = dnnl_memory_desc_init_by_strides(&e->c_md, 2, cd, e->out16 ? dnnl_bf16 : dnnl_f32, cs)) != dnnl_success)
     return st;
   dnnl_matmul_desc_t md;
@@ -143,7 +155,7 @@ static dnnl_status_t create(cache_entry *e) {
   if (attr) dnnl_primitive_attr_destroy(attr);
   if (st != dnnl_success) return st;
   const char *name = NULL;
-  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name) == dnnl_success && name)
+  if (!e->f32 && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name) == dnnl_success && name)
     snprintf(impl, sizeof impl, "%s", name);
   st = dnnl_primitive_create(&e->prim, pd);
   dnnl_primitive_desc_destroy(pd);
@@ -151,11 +163,17 @@ static dnnl_status_t create(cache_entry *e) {
 }
 
 /* the cached entry for the shape, created (evicting the least recently used) when missing */
-static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, int64_t ldc, int out16) {
+static int same_key(const cache_entry *e, const cache_entry *k) {
+  return e->M == k->M && e->N == k->N && e->K == k->K && e->ldc == k->ldc && e->out16 == k->out16 &&
+         e->f32 == k->f32 && (!k->f32 || memcmp(e->st, k->st, sizeof e->st) == 0);
+}
+
+/* the cached entry for key's shape and kind, created (evicting the least recently used) when missing */
+static dnnl_status_t lookup(cache_entry **out, const cache_entry *key) {
   cache_entry *lru = &cache[0];
   for (int i = 0; i < NVL_DNNL_CACHE; i++) {
     cache_entry *e = &cache[i];
-    if (e->used && e->M == M && e->N == N && e->K == K && e->ldc == ldc && e->out16 == out16) {
+    if (e->used && same_key(e, key)) {
       e->used = ++clock_now;
       *out = e;
       return dnnl_success;
@@ -164,15 +182,20 @@ static dnnl_status_t lookup(cache_entry **out, int64_t M, int64_t N, int64_t K, 
   }
   if (lru->used) dnnl_primitive_destroy(lru->prim);
   memset(lru, 0, sizeof *lru);
-  *lru = (cache_entry){.M = M, .N = N, .K = K, .ldc = ldc, .out16 = out16};
+  *lru = *key;
+  lru->used = 0;
+  lru->prim = NULL;
   dnnl_status_t st = create(lru);
-  if (st != dnnl_success) return st;
+  if (st != dnnl_success) {
+    memset(lru, 0, sizeof *lru);
+    return st;
+  }
   lru->used = ++clock_now;
   *out = lru;
   return dnnl_success;
 }
 
-static dnnl_status_t run(cache_entry *e, void *c, const uint16_t *a, const uint16_t *b, float scale) {
+static dnnl_status_t run(cache_entry *e, void *c, const void *a, const void *b, float scale) {
   dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
   dnnl_status_t st;
   dnnl_memory_desc_t s_md;
@@ -200,8 +223,8 @@ static nvl_status gemm(void *c, int out16, float scale, int64_t ldc, const uint1
     return nvl_error(NVL_EINVAL, "bf16 GEMM: bad shape M=%lld N=%lld K=%lld ldc=%lld", (long long)M, (long long)N,
                      (long long)K, (long long)ldc);
   pthread_mutex_lock(&lock);
-  cache_entry *e = NULL;
-  dnnl_status_t st = lookup(&e, M, N, K, ldc, out16);
+  cache_entry *e = NULL, key = {.M = M, .N = N, .K = K, .ldc = ldc, .out16 = out16};
+  dnnl_status_t st = lookup(&e, &key);
   if (st == dnnl_success) st = run(e, c, a, b, scale);
   pthread_mutex_unlock(&lock);
   if (st != dnnl_success)
@@ -218,5 +241,18 @@ nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const
 nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M,
                                       int64_t N, int64_t K, float alpha) {
   return gemm(c16, 1, alpha, ldc, a, b, M, N, K);
+}
+nvl_status nvl_gemm_f32_dnnl_cpu(float *c, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t rsb,
+                                 int64_t csb, int64_t M, int64_t N, int64_t K) {
+  if (!nvl_gemm_bf16_ready() || M <= 0 || N <= 0 || K <= 0) return NVL_EUNSUPPORTED;
+  pthread_mutex_lock(&lock);
+  cache_entry *e = NULL, key = {.M = M, .N = N, .K = K, .ldc = N, .f32 = 1, .st = {rsa, csa, rsb, csb}};
+  dnnl_status_t st = lookup(&e, &key);
+  if (st == dnnl_success) st = run(e, c, a, b, 1.0f);
+  pthread_mutex_unlock(&lock);
+  if (st != dnnl_success)
+    return nvl_error(NVL_EDEVICE, "f32 GEMM: oneDNN matmul M=%lld N=%lld K=%lld failed (status %d); NVLUA_DNNL=0 "
+                     "runs sgemm", (long long)M, (long long)N, (long long)K, (int)st);
+  return NVL_OK;
 }
 #endif

@@ -29,6 +29,13 @@ nvl_status nvl_gemm_bf16_abt_cpu(float *c, int64_t ldc, const uint16_t *a, const
 nvl_status nvl_gemm_bf16_abt_bf16_cpu(uint16_t *c16, int64_t ldc, const uint16_t *a, const uint16_t *b, int64_t M,
                                       int64_t N, int64_t K, float alpha);
 
+/* c (M, N) contiguous f32 = a (M, K) · b (K, N), f32 operands with any element strides (rs, cs: a
+ * row and a column step, in elements), through oneDNN's f32 matmul (its brgemm kernels: faster than
+ * OpenBLAS's sgemm here, the same fp32 products, another summation order). Returns
+ * NVL_EUNSUPPORTED without an error message when oneDNN cannot run (the caller uses sgemm). */
+nvl_status nvl_gemm_f32_dnnl_cpu(float *c, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t rsb,
+                                 int64_t csb, int64_t M, int64_t N, int64_t K);
+
 /* which path the CPU's emulated GEMMs took (counters since start, for tests and nv.info) */
 typedef enum { NVL_CPU_GEMM_SGEMM = 0, NVL_CPU_GEMM_BF16 = 1, NVL_CPU_GEMM_ROUTE_COUNT } nvl_cpu_gemm_route;
 void nvl_cpu_gemm_route_count(nvl_cpu_gemm_route p);

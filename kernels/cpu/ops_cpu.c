@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "cpu/gemm_bf16_cpu.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/ref/ops_ref.h"
 #include "dtype.h"
@@ -346,9 +347,22 @@ static nvl_status blas_operand(nvl_kctx *ctx, nvl_tensor *view, nvl_storage *st,
   return NVL_OK;
 }
 
+/* a's element strides, when oneDNN can take them as they are (positive: no broadcast views) */
+static int dnnl_strides(const nvl_tensor *t, int64_t *rs, int64_t *cs) {
+  *rs = t->strides[0], *cs = t->strides[1];
+  return *rs > 0 && *cs > 0;
+}
+
 nvl_status nvl_matmul_cpu(nvl_kctx *ctx, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
   nvl_tensor ca, cb;
   nvl_storage sa, sb;
+  int64_t M = a->shape[0], K = a->shape[1], N = b->shape[1], rsa, csa, rsb, csb;
+  if (M > 0 && N > 0 && K > 0 && dnnl_strides(a, &rsa, &csa) && dnnl_strides(b, &rsb, &csb)) {
+    /* oneDNN's f32 matmul where it runs (gemm_bf16_cpu.h), else OpenBLAS below */
+    nvl_status st = nvl_gemm_f32_dnnl_cpu(nvl_tensor_data(out), nvl_tensor_data(a), rsa, csa, nvl_tensor_data(b), rsb,
+                                          csb, M, N, K);
+    if (st != NVL_EUNSUPPORTED) return st;
+  }
   if (a->shape[0] > 0 && b->shape[1] > 0 && a->shape[1] > 0) {
     NVL_TRY(blas_operand(ctx, &ca, &sa, a));
     NVL_TRY(blas_operand(ctx, &cb, &sb, b));
