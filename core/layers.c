@@ -255,51 +255,29 @@ static nvl_status check_rms_x_w(const char *op, const nvl_tensor *x, const nvl_t
 
 static const nvl_layer_kernels *native_bf16(const nvl_tensor *t);
 
-/* the native bf16 forward (the caller checked the entry is there): x bf16, rstd f32 */
-static nvl_status rmsnorm_forward_bf16(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
-                                       double eps) {
+/* dt f32: the f32 entry; dt bf16: the native bf16 one (the caller checked it is there): out of x's
+ * dtype, rstd f32 */
+static nvl_status rmsnorm_forward_as(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
+                                     double eps, nvl_dtype dt) {
   const char *op = "rmsnorm_forward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(need_out_null(op, "rstd", rstd));
-  NVL_TRY(check_rms_x_w(op, x, weight, NVL_BF16));
+  NVL_TRY(check_rms_x_w(op, x, weight, dt));
   if (!(eps >= 0.0) || !isfinite(eps))
     return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, eps);
-  NVL_PICK(be, x, layers->rmsnorm_forward_bf16, op);
+  if (dt == NVL_BF16) NVL_PICK(be, x, layers->rmsnorm_forward_bf16, op);
+  else NVL_PICK(be, x, layers->rmsnorm_forward, op);
   int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
   nvl_tensor o = nvl_tensor_null(), r = nvl_tensor_null();
-  nvl_status st = nvl_tensor_empty(&o, NVL_BF16, x->device, x->ndim, x->shape);
+  nvl_status st = nvl_tensor_empty(&o, dt, x->device, x->ndim, x->shape);
   if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim - 1, x->shape);
-  if (st == NVL_OK)
-    st = NVL_CALL(be, x, layers->rmsnorm_forward_bf16, nvl_tensor_data(&o), nvl_tensor_data(&r), nvl_tensor_data(x),
-                  nvl_tensor_data(weight), N, C, eps);
-  if (st != NVL_OK) {
-    nvl_tensor_release(&o);
-    nvl_tensor_release(&r);
-    return st;
-  }
-  *out = o;
-  *rstd = r;
-  return NVL_OK;
-}
-
-static nvl_status rmsnorm_forward_f32(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
-                               double eps) {
-  const char *op = "rmsnorm_forward";
-  const nvl_backend *be;
-  NVL_TRY(need_out_null(op, "out", out));
-  NVL_TRY(need_out_null(op, "rstd", rstd));
-  NVL_TRY(check_rms_x_w(op, x, weight, NVL_F32));
-  if (!(eps >= 0.0) || !isfinite(eps))
-    return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, eps);
-  NVL_PICK(be, x, layers->rmsnorm_forward, op);
-  int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
-  nvl_tensor o = nvl_tensor_null(), r = nvl_tensor_null();
-  nvl_status st = nvl_tensor_empty(&o, NVL_F32, x->device, x->ndim, x->shape);
-  if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim - 1, x->shape);
-  if (st == NVL_OK)
-    st = NVL_CALL(be, x, layers->rmsnorm_forward, nvl_tensor_data(&o), nvl_tensor_data(&r), nvl_tensor_data(x),
-                  nvl_tensor_data(weight), N, C, eps);
+  void *od = nvl_tensor_data(&o);
+  const void *xd = nvl_tensor_data(x);
+  if (st == NVL_OK && dt == NVL_BF16)
+    st = NVL_CALL(be, x, layers->rmsnorm_forward_bf16, od, nvl_tensor_data(&r), xd, nvl_tensor_data(weight), N, C, eps);
+  else if (st == NVL_OK)
+    st = NVL_CALL(be, x, layers->rmsnorm_forward, od, nvl_tensor_data(&r), xd, nvl_tensor_data(weight), N, C, eps);
   if (st != NVL_OK) {
     nvl_tensor_release(&o);
     nvl_tensor_release(&r);
@@ -316,14 +294,14 @@ nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tens
   const char *names[1] = {"x"};
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, &x, 1, &dt));
-  if (dt == NVL_F32) return rmsnorm_forward_f32(out, rstd, x, weight, eps);
+  if (dt == NVL_F32) return rmsnorm_forward_as(out, rstd, x, weight, eps, NVL_F32);
   const nvl_layer_kernels *nat = native_bf16(x);
-  if (nat && nat->rmsnorm_forward_bf16) return rmsnorm_forward_bf16(out, rstd, x, weight, eps);
+  if (nat && nat->rmsnorm_forward_bf16) return rmsnorm_forward_as(out, rstd, x, weight, eps, NVL_BF16);
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(need_out_null(op, "rstd", rstd));
   nvl_tensor w, r[1] = {nvl_tensor_null()}, sd = nvl_tensor_null();
   NVL_TRY(nvl_act_widen(&w, &x, 1));
-  nvl_status st = rmsnorm_forward_f32(&r[0], &sd, &w, weight, eps);
+  nvl_status st = rmsnorm_forward_as(&r[0], &sd, &w, weight, eps, NVL_F32);
   nvl_tensor_release(&w);
   if (st != NVL_OK) return st;
   nvl_tensor *outs[1] = {out};

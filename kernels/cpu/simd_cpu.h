@@ -12,24 +12,6 @@
 #define NVL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define NVL_CLONES
-/* bf16 <-> f32 as nvl_f32_to_bf16 / nvl_bf16_to_f32 (core/dtype.h), the same bits, written
- * branch-free so that a loop of them vectorises. */
-static inline uint16_t bf16_of(float f) {
-  union {
-    float f;
-    uint32_t u;
-  } v = {.f = f};
-  uint32_t x = v.u, rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16, quiet = (x >> 16) | 0x0040u;
-  return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-}
-
-static inline float f32_of(uint16_t h) {
-  union {
-    uint32_t u;
-    float f;
-  } v = {.u = (uint32_t)h << 16};
-  return v.f;
-}
 #endif
 
 /* exp(x) in fp32, written so that a loop of it vectorises (expf does not): Cody-Waite reduction
