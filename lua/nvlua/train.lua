@@ -324,6 +324,29 @@ function train.sgemm_peak()
   end)
 end
 
+--- The CPU's measured bf16 GEMM rate (FLOP/s) on its bf16 units (oneDNN): the best of 3 bf16
+-- qmatmuls of 1024^3; nil where the bf16 path cannot run (then the recipes' GEMMs run on sgemm).
+function train.cpu_bf16_peak()
+  local _, ready = nv.core.gemm_bf16()
+  if not ready then return nil end
+  return nv.scope(function()
+    local qa, qb = nv.scope(function()
+      local a = nv.randn(1024, 1024, {generator = nv.Generator(7)})
+      local b = nv.randn(1024, 1024, {generator = nv.Generator(8)})
+      return nv.quantize(a, "bf16"), nv.quantize(b, "bf16")
+    end)
+    local best = math.huge
+    for i = 0, 3 do
+      nv.scope(function()
+        local t0 = nv.clock()
+        nv.qmatmul(qa, qb)
+        if i > 0 then best = math.min(best, nv.clock() - t0) end
+      end)
+    end
+    return 2 * 1024 ^ 3 / best
+  end)
+end
+
 --- The GPU's measured dense bf16 GEMM rate (FLOP/s): the best of 5 cuBLASLt GEMMs of 4096^3
 -- (after one warm-up), timed with a device synchronisation.
 function train.gpu_gemm_peak()
@@ -623,11 +646,21 @@ local function start_run(c, p)
   r.tokens_per_step = c.batch * c.seq * c.grad_accum * world -- the global batch
   r.flops_tok = train.flops_per_token(model.config, c.seq)
   local gpu = c.device == "cuda"
-  r.peak = p.peak or (gpu and train.gpu_gemm_peak() or train.sgemm_peak())
+  -- the peak MFU is against: the GPU's bf16 GEMM rate; on the CPU the rate of the units the recipe's
+  -- GEMMs run on (the bf16 units for a low-precision recipe where they run, else sgemm)
+  local peak, peak_what = p.peak, "given peak"
+  if not peak and gpu then
+    peak, peak_what = train.gpu_gemm_peak(), "dense bf16 cuBLASLt GEMM rate of this GPU"
+  elseif not peak then
+    local bf = r.rec.name ~= "f32" and train.cpu_bf16_peak() or nil
+    peak = bf or train.sgemm_peak()
+    peak_what = bf and "bf16 GEMM rate of this CPU (oneDNN)" or "sgemm peak of this machine"
+  end
+  r.peak = peak
   out:write(string.format("model: %s, %.2fM parameters; recipe %s\n", tostring(model:extra_repr()),
     model:num_parameters() / 1e6, tostring(r.rec)))
   out:write(string.format("%d tokens per step; MFU is against the measured %s, %.1f GFLOP/s\n", r.tokens_per_step,
-    gpu and "dense bf16 cuBLASLt GEMM rate of this GPU" or "sgemm peak of this machine", r.peak / 1e9))
+    peak_what, r.peak / 1e9))
   if r.dist and r.dist.initialized() then
     out:write(string.format("data parallel: %d rank%s (%s), %d x %d sequences per step\n", world, world > 1 and "s" or "",
       r.dist.backend(), world, c.batch * c.grad_accum))
