@@ -150,6 +150,11 @@ nvl_status nvl_cuda_rope_backward(nvl_kctx *ctx, float *dx, const float *dout, c
 nvl_status nvl_cuda_swiglu_forward(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n);
 nvl_status nvl_cuda_swiglu_backward(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
                                     const float *up, int64_t n);
+/* the same on bf16 activations: loaded widened, each output rounded once (the f32 kernels' bits) */
+nvl_status nvl_cuda_swiglu_forward_bf16(nvl_kctx *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up,
+                                        int64_t n);
+nvl_status nvl_cuda_swiglu_backward_bf16(nvl_kctx *ctx, uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
+                                         const uint16_t *gate, const uint16_t *up, int64_t n);
 nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, float *dlogits, const void *logits,
                                   nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
                                   int64_t ignore_index, double z_loss, double grad_scale);

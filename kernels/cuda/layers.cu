@@ -231,43 +231,74 @@ extern "C" nvl_status nvl_cuda_rope_backward(nvl_kctx *ctx, float *dx, const flo
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 
-__global__ void swiglu_fwd_kernel(float *__restrict__ out, const float *__restrict__ gate,
-                                  const float *__restrict__ up, int64_t n) {
+/* T float: f32 activations; T uint16_t: bf16 bits, widened on load and rounded once on store (RNE,
+ * f32_to_bf16_bits), the f32 arithmetic in between unchanged: a bf16 launch is bit for bit the f32
+ * kernel on the widened inputs, each output rounded once (NUMERICS §11), without widened copies. */
+__device__ __forceinline__ float act_load(float v) { return v; }
+__device__ __forceinline__ float act_load(uint16_t v) { return bf16_bits_to_f32(v); }
+__device__ __forceinline__ void act_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void act_store(uint16_t *p, float v) { *p = f32_to_bf16_bits(v); }
+
+template <typename T>
+__global__ void swiglu_fwd_kernel(T *__restrict__ out, const T *__restrict__ gate, const T *__restrict__ up,
+                                  int64_t n) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    float g = act_load(gate[i]);
+    act_store(&out[i], g / (1.0f + expf(-g)) * act_load(up[i]));
   }
 }
 
-__global__ void swiglu_bwd_kernel(float *__restrict__ dgate, float *__restrict__ dup, const float *__restrict__ dout,
-                                  const float *__restrict__ gate, const float *__restrict__ up, int64_t n) {
+template <typename T>
+__global__ void swiglu_bwd_kernel(T *__restrict__ dgate, T *__restrict__ dup, const T *__restrict__ dout,
+                                  const T *__restrict__ gate, const T *__restrict__ up, int64_t n) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float g = gate[i], u = up[i], d = dout[i];
+    float g = act_load(gate[i]), u = act_load(up[i]), d = act_load(dout[i]);
     float s = 1.0f / (1.0f + expf(-g));
-    dgate[i] = d * u * s * (1.0f + g * (1.0f - s));
-    dup[i] = d * g * s;
+    act_store(&dgate[i], d * u * s * (1.0f + g * (1.0f - s)));
+    act_store(&dup[i], d * g * s);
   }
+}
+
+template <typename T>
+static nvl_status swiglu_fwd(nvl_kctx *ctx, T *out, const T *gate, const T *up, int64_t n, const char *fn) {
+  const int dev = ctx->dev;
+  if (n == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, fn));
+  (void)cudaGetLastError();
+  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, swiglu_fwd_kernel<T>)(out, gate, up, n);
+  return launched(dev, fn, "swiglu_fwd_kernel", n, 1);
+}
+
+template <typename T>
+static nvl_status swiglu_bwd(nvl_kctx *ctx, T *dgate, T *dup, const T *dout, const T *gate, const T *up, int64_t n,
+                             const char *fn) {
+  const int dev = ctx->dev;
+  if (n == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, fn));
+  (void)cudaGetLastError();
+  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, swiglu_bwd_kernel<T>)(dgate, dup, dout, gate, up, n);
+  return launched(dev, fn, "swiglu_bwd_kernel", n, 1);
 }
 
 extern "C" nvl_status nvl_cuda_swiglu_forward(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
-  const int dev = ctx->dev;
-  if (n == 0) return NVL_OK;
-  NVL_TRY(nvl_cuda_use_device(dev, __func__));
-  (void)cudaGetLastError();
-  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, swiglu_fwd_kernel)(out, gate, up, n);
-  return launched(dev, __func__, "swiglu_fwd_kernel", n, 1);
+  return swiglu_fwd(ctx, out, gate, up, n, __func__);
 }
 
 extern "C" nvl_status nvl_cuda_swiglu_backward(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
                                                const float *up, int64_t n) {
-  const int dev = ctx->dev;
-  if (n == 0) return NVL_OK;
-  NVL_TRY(nvl_cuda_use_device(dev, __func__));
-  (void)cudaGetLastError();
-  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, swiglu_bwd_kernel)(dgate, dup, dout, gate, up, n);
-  return launched(dev, __func__, "swiglu_bwd_kernel", n, 1);
+  return swiglu_bwd(ctx, dgate, dup, dout, gate, up, n, __func__);
+}
+
+extern "C" nvl_status nvl_cuda_swiglu_forward_bf16(nvl_kctx *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up,
+                                                   int64_t n) {
+  return swiglu_fwd(ctx, out, gate, up, n, __func__);
+}
+
+extern "C" nvl_status nvl_cuda_swiglu_backward_bf16(nvl_kctx *ctx, uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
+                                                    const uint16_t *gate, const uint16_t *up, int64_t n) {
+  return swiglu_bwd(ctx, dgate, dup, dout, gate, up, n, __func__);
 }
 
 /* ---- fused softmax cross-entropy -------------------------------------------------------------- *
