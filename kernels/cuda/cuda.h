@@ -150,11 +150,21 @@ nvl_status nvl_cuda_rope_backward(nvl_kctx *ctx, float *dx, const float *dout, c
 nvl_status nvl_cuda_swiglu_forward(nvl_kctx *ctx, float *out, const float *gate, const float *up, int64_t n);
 nvl_status nvl_cuda_swiglu_backward(nvl_kctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
                                     const float *up, int64_t n);
-/* the same on bf16 activations: loaded widened, each output rounded once (the f32 kernels' bits) */
+/* SwiGLU, RMSNorm, RoPE on bf16 activations: loaded widened, each output rounded once (the f32
+ * kernels' bits); rstd, dweight, cos, sin f32 */
 nvl_status nvl_cuda_swiglu_forward_bf16(nvl_kctx *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up,
                                         int64_t n);
 nvl_status nvl_cuda_swiglu_backward_bf16(nvl_kctx *ctx, uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
                                          const uint16_t *gate, const uint16_t *up, int64_t n);
+nvl_status nvl_cuda_rmsnorm_forward_bf16(nvl_kctx *ctx, uint16_t *out, float *rstd, const uint16_t *x,
+                                         const float *weight, int64_t N, int64_t C, double eps);
+nvl_status nvl_cuda_rmsnorm_backward_bf16(nvl_kctx *ctx, uint16_t *dx, float *dweight, const uint16_t *dout,
+                                          const uint16_t *x, const float *weight, const float *rstd, int64_t N,
+                                          int64_t C);
+nvl_status nvl_cuda_rope_forward_bf16(nvl_kctx *ctx, uint16_t *out, const uint16_t *x, const float *cos_t,
+                                      const float *sin_t, int64_t B, int64_t T, int64_t H, int64_t D);
+nvl_status nvl_cuda_rope_backward_bf16(nvl_kctx *ctx, uint16_t *dx, const uint16_t *dout, const float *cos_t,
+                                       const float *sin_t, int64_t B, int64_t T, int64_t H, int64_t D);
 nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, float *dlogits, const void *logits,
                                   nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
                                   int64_t ignore_index, double z_loss, double grad_scale);

@@ -103,50 +103,63 @@ extern "C" nvl_status nvl_cuda_embedding_backward(nvl_kctx *ctx, float *dweight,
   return launched(dev, __func__, "embedding_bwd_kernel", N, C);
 }
 
+/* T float: f32 activations; T uint16_t: bf16 bits, widened on load and rounded once on store (RNE,
+ * f32_to_bf16_bits), the f32 arithmetic in between unchanged: a bf16 launch is bit for bit the f32
+ * kernel on the widened inputs, each output rounded once (NUMERICS §11), without widened copies. */
+__device__ __forceinline__ float act_load(float v) { return v; }
+__device__ __forceinline__ float act_load(uint16_t v) { return bf16_bits_to_f32(v); }
+__device__ __forceinline__ void act_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void act_store(uint16_t *p, float v) { *p = f32_to_bf16_bits(v); }
+
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
 /* One block per row: rstd[n] = 1 / sqrt(mean(x^2) + eps) (sum in double, as the reference),
  * out = (x * rstd) * weight. */
-__global__ void rmsnorm_fwd_kernel(float *__restrict__ out, float *__restrict__ rstd, const float *__restrict__ x,
+template <typename T>
+__global__ void rmsnorm_fwd_kernel(T *__restrict__ out, float *__restrict__ rstd, const T *__restrict__ x,
                                    const float *__restrict__ weight, int64_t N, int64_t C, double eps) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    const float *xr = x + n * C;
+    const T *xr = x + n * C;
     double ss = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += (double)xr[c] * xr[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += (double)act_load(xr[c]) * act_load(xr[c]);
     ss = block_sum(ss);
     float r = (float)(1.0 / sqrt(ss / (double)C + eps));
     if (threadIdx.x == 0) rstd[n] = r;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = f_mul(f_mul(xr[c], r), weight[c]);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      act_store(&out[n * C + c], f_mul(f_mul(act_load(xr[c]), r), weight[c]));
   }
 }
 
 /* One block per row: dx = r w g - x r^3 (sum g w x) / C. */
-__global__ void rmsnorm_bwd_dx_kernel(float *__restrict__ dx, const float *__restrict__ dout,
-                                      const float *__restrict__ x, const float *__restrict__ weight,
-                                      const float *__restrict__ rstd, int64_t N, int64_t C) {
+template <typename T>
+__global__ void rmsnorm_bwd_dx_kernel(T *__restrict__ dx, const T *__restrict__ dout, const T *__restrict__ x,
+                                      const float *__restrict__ weight, const float *__restrict__ rstd, int64_t N,
+                                      int64_t C) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    const float *g = dout + n * C, *xr = x + n * C;
+    const T *g = dout + n * C, *xr = x + n * C;
     double dot = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += (double)g[c] * weight[c] * xr[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      dot += (double)act_load(g[c]) * weight[c] * act_load(xr[c]);
     dot = block_sum(dot);
     double r = rstd[n], k = r * r * r * dot / (double)C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      dx[n * C + c] = (float)(r * weight[c] * g[c] - (double)xr[c] * k);
+      act_store(&dx[n * C + c], (float)(r * weight[c] * act_load(g[c]) - (double)act_load(xr[c]) * k));
   }
 }
 
 /* dweight (C) += sum_n dout x rstd. Block (32, 8): 32 columns, each of the 8 rows of threads
  * walks a strided share of this block's row slab; then one atomicAdd per column and block. */
-__global__ void rmsnorm_bwd_dw_kernel(float *__restrict__ dweight, const float *__restrict__ dout,
-                                      const float *__restrict__ x, const float *__restrict__ rstd, int64_t N,
-                                      int64_t C, int64_t rows_per_block) {
+template <typename T>
+__global__ void rmsnorm_bwd_dw_kernel(float *__restrict__ dweight, const T *__restrict__ dout, const T *__restrict__ x,
+                                      const float *__restrict__ rstd, int64_t N, int64_t C, int64_t rows_per_block) {
   NVL_SHARED(float, part, [8][33]);
   const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
   const int64_t n0 = (int64_t)blockIdx.y * rows_per_block;
   const int64_t n1 = n0 + rows_per_block < N ? n0 + rows_per_block : N;
   float acc = 0.0f;
   if (c < C)
-    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8) acc += dout[n * C + c] * x[n * C + c] * rstd[n];
+    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8)
+      acc += act_load(dout[n * C + c]) * act_load(x[n * C + c]) * rstd[n];
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
@@ -156,26 +169,28 @@ __global__ void rmsnorm_bwd_dw_kernel(float *__restrict__ dweight, const float *
   }
 }
 
-extern "C" nvl_status nvl_cuda_rmsnorm_forward(nvl_kctx *ctx, float *out, float *rstd, const float *x, const float *weight, int64_t N,
-                                               int64_t C, double eps) {
+template <typename T>
+static nvl_status rmsnorm_fwd(nvl_kctx *ctx, T *out, float *rstd, const T *x, const float *weight, int64_t N, int64_t C,
+                              double eps, const char *fn) {
   const int dev = ctx->dev;
   if (N == 0) return NVL_OK;
-  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  NVL_TRY(nvl_cuda_use_device(dev, fn));
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16);
   (void)cudaGetLastError();
-  NVL_LAUNCH(blocks, kThreads, 0, 0, rmsnorm_fwd_kernel)(out, rstd, x, weight, N, C, eps);
-  return launched(dev, __func__, "rmsnorm_fwd_kernel", N, C);
+  NVL_LAUNCH(blocks, kThreads, 0, 0, rmsnorm_fwd_kernel<T>)(out, rstd, x, weight, N, C, eps);
+  return launched(dev, fn, "rmsnorm_fwd_kernel", N, C);
 }
 
-extern "C" nvl_status nvl_cuda_rmsnorm_backward(nvl_kctx *ctx, float *dx, float *dweight, const float *dout, const float *x,
-                                                const float *weight, const float *rstd, int64_t N, int64_t C) {
+template <typename T>
+static nvl_status rmsnorm_bwd(nvl_kctx *ctx, T *dx, float *dweight, const T *dout, const T *x, const float *weight,
+                              const float *rstd, int64_t N, int64_t C, const char *fn) {
   const int dev = ctx->dev;
   if (N == 0) return NVL_OK;
-  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  NVL_TRY(nvl_cuda_use_device(dev, fn));
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16);
   (void)cudaGetLastError();
-  NVL_LAUNCH(blocks, kThreads, 0, 0, rmsnorm_bwd_dx_kernel)(dx, dout, x, weight, rstd, N, C);
-  NVL_TRY(launched(dev, __func__, "rmsnorm_bwd_dx_kernel", N, C));
+  NVL_LAUNCH(blocks, kThreads, 0, 0, rmsnorm_bwd_dx_kernel<T>)(dx, dout, x, weight, rstd, N, C);
+  NVL_TRY(launched(dev, fn, "rmsnorm_bwd_dx_kernel", N, C));
   /* enough row slabs to fill the machine, each at least 64 rows */
   int64_t cb = (C + 31) / 32, want = (int64_t)nvl_cuda_sm_count(dev) * 8 / (cb > 0 ? cb : 1);
   int64_t slabs = want < 1 ? 1 : want, max_slabs = (N + 63) / 64;
@@ -183,15 +198,37 @@ extern "C" nvl_status nvl_cuda_rmsnorm_backward(nvl_kctx *ctx, float *dx, float 
   if (slabs > 65535) slabs = 65535;
   int64_t rpb = (N + slabs - 1) / slabs;
   dim3 grid((unsigned)cb, (unsigned)((N + rpb - 1) / rpb)), block(32, 8);
-  NVL_LAUNCH(grid, block, 0, 0, rmsnorm_bwd_dw_kernel)(dweight, dout, x, rstd, N, C, rpb);
-  return launched(dev, __func__, "rmsnorm_bwd_dw_kernel", N, C);
+  NVL_LAUNCH(grid, block, 0, 0, rmsnorm_bwd_dw_kernel<T>)(dweight, dout, x, rstd, N, C, rpb);
+  return launched(dev, fn, "rmsnorm_bwd_dw_kernel", N, C);
+}
+
+extern "C" nvl_status nvl_cuda_rmsnorm_forward(nvl_kctx *ctx, float *out, float *rstd, const float *x,
+                                               const float *weight, int64_t N, int64_t C, double eps) {
+  return rmsnorm_fwd(ctx, out, rstd, x, weight, N, C, eps, __func__);
+}
+
+extern "C" nvl_status nvl_cuda_rmsnorm_backward(nvl_kctx *ctx, float *dx, float *dweight, const float *dout,
+                                                const float *x, const float *weight, const float *rstd, int64_t N,
+                                                int64_t C) {
+  return rmsnorm_bwd(ctx, dx, dweight, dout, x, weight, rstd, N, C, __func__);
+}
+
+extern "C" nvl_status nvl_cuda_rmsnorm_forward_bf16(nvl_kctx *ctx, uint16_t *out, float *rstd, const uint16_t *x,
+                                                    const float *weight, int64_t N, int64_t C, double eps) {
+  return rmsnorm_fwd(ctx, out, rstd, x, weight, N, C, eps, __func__);
+}
+
+extern "C" nvl_status nvl_cuda_rmsnorm_backward_bf16(nvl_kctx *ctx, uint16_t *dx, float *dweight,
+                                                     const uint16_t *dout, const uint16_t *x, const float *weight,
+                                                     const float *rstd, int64_t N, int64_t C) {
+  return rmsnorm_bwd(ctx, dx, dweight, dout, x, weight, rstd, N, C, __func__);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------------- */
 
 /* x, out (B, T, H, D); cos, sin (T, D). BWD: the transposed rotation. */
-template <bool BWD>
-__global__ void rope_kernel(float *__restrict__ out, const float *__restrict__ x, const float *__restrict__ cos_t,
+template <bool BWD, typename A>
+__global__ void rope_kernel(A *__restrict__ out, const A *__restrict__ x, const float *__restrict__ cos_t,
                             const float *__restrict__ sin_t, int64_t B, int64_t T, int64_t H, int64_t D) {
   const int64_t total = B * T * H * D, h = D / 2;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -199,21 +236,22 @@ __global__ void rope_kernel(float *__restrict__ out, const float *__restrict__ x
     const int64_t j = i % D, t = (i / (H * D)) % T;
     const float *c = cos_t + t * D, *s = sin_t + t * D;
     double r;
-    if (!BWD) r = j < h ? -(double)x[i + h] * s[j] : (double)x[i - h] * s[j];
-    else r = j < h ? (double)x[i + h] * s[j + h] : -(double)x[i - h] * s[j - h];
-    out[i] = (float)((double)x[i] * c[j] + r);
+    if (!BWD) r = j < h ? -(double)act_load(x[i + h]) * s[j] : (double)act_load(x[i - h]) * s[j];
+    else r = j < h ? (double)act_load(x[i + h]) * s[j + h] : -(double)act_load(x[i - h]) * s[j - h];
+    act_store(&out[i], (float)((double)act_load(x[i]) * c[j] + r));
   }
 }
 
-static nvl_status rope_launch(bool bwd, float *out, const float *x, const float *c, const float *s, int64_t B,
-                              int64_t T, int64_t H, int64_t D, int dev, const char *fn) {
+template <typename A>
+static nvl_status rope_launch(bool bwd, A *out, const A *x, const float *c, const float *s, int64_t B, int64_t T,
+                              int64_t H, int64_t D, int dev, const char *fn) {
   int64_t n = B * T * H * D;
   if (n == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, fn));
   int blocks = nvl_cuda_grid(n, kThreads, dev);
   (void)cudaGetLastError();
-  if (bwd) NVL_LAUNCH(blocks, kThreads, 0, 0, rope_kernel<true>)(out, x, c, s, B, T, H, D);
-  else NVL_LAUNCH(blocks, kThreads, 0, 0, rope_kernel<false>)(out, x, c, s, B, T, H, D);
+  if (bwd) NVL_LAUNCH(blocks, kThreads, 0, 0, rope_kernel<true, A>)(out, x, c, s, B, T, H, D);
+  else NVL_LAUNCH(blocks, kThreads, 0, 0, rope_kernel<false, A>)(out, x, c, s, B, T, H, D);
   return launched(dev, fn, bwd ? "rope_kernel<bwd>" : "rope_kernel<fwd>", B * T, H * D);
 }
 
@@ -229,15 +267,17 @@ extern "C" nvl_status nvl_cuda_rope_backward(nvl_kctx *ctx, float *dx, const flo
   return rope_launch(true, dx, dout, cos_t, sin_t, B, T, H, D, dev, __func__);
 }
 
-/* ---- SwiGLU ----------------------------------------------------------------------------------- */
+extern "C" nvl_status nvl_cuda_rope_forward_bf16(nvl_kctx *ctx, uint16_t *out, const uint16_t *x, const float *cos_t,
+                                                 const float *sin_t, int64_t B, int64_t T, int64_t H, int64_t D) {
+  return rope_launch(false, out, x, cos_t, sin_t, B, T, H, D, ctx->dev, __func__);
+}
 
-/* T float: f32 activations; T uint16_t: bf16 bits, widened on load and rounded once on store (RNE,
- * f32_to_bf16_bits), the f32 arithmetic in between unchanged: a bf16 launch is bit for bit the f32
- * kernel on the widened inputs, each output rounded once (NUMERICS §11), without widened copies. */
-__device__ __forceinline__ float act_load(float v) { return v; }
-__device__ __forceinline__ float act_load(uint16_t v) { return bf16_bits_to_f32(v); }
-__device__ __forceinline__ void act_store(float *p, float v) { *p = v; }
-__device__ __forceinline__ void act_store(uint16_t *p, float v) { *p = f32_to_bf16_bits(v); }
+extern "C" nvl_status nvl_cuda_rope_backward_bf16(nvl_kctx *ctx, uint16_t *dx, const uint16_t *dout, const float *cos_t,
+                                                  const float *sin_t, int64_t B, int64_t T, int64_t H, int64_t D) {
+  return rope_launch(true, dx, dout, cos_t, sin_t, B, T, H, D, ctx->dev, __func__);
+}
+
+/* ---- SwiGLU ----------------------------------------------------------------------------------- */
 
 template <typename T>
 __global__ void swiglu_fwd_kernel(T *__restrict__ out, const T *__restrict__ gate, const T *__restrict__ up,
