@@ -311,55 +311,33 @@ nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tens
   return st;
 }
 
-static nvl_status rmsnorm_backward_f32(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
-                                const nvl_tensor *weight, const nvl_tensor *rstd) {
+/* dt f32: the f32 entry; dt bf16: the native bf16 one (the caller checked it is there): dout, x, dx
+ * of dtype dt; dweight, rstd f32 */
+static nvl_status rmsnorm_backward_as(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout, const nvl_tensor *x,
+                                      const nvl_tensor *weight, const nvl_tensor *rstd, nvl_dtype dt) {
   const char *op = "rmsnorm_backward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, "dx", dx));
   NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
-  NVL_TRY(check_tensor_on(op, "dout", dout, NVL_F32, dweight));
-  NVL_TRY(check_rms_x_w(op, x, weight, NVL_F32));
-  NVL_TRY(check_tensor_on(op, "x", x, NVL_F32, dweight));
+  NVL_TRY(check_tensor_on(op, "dout", dout, dt, dweight));
+  NVL_TRY(check_rms_x_w(op, x, weight, dt));
+  NVL_TRY(check_tensor_on(op, "x", x, dt, dweight));
   NVL_TRY(check_tensor_on(op, "rstd", rstd, NVL_F32, dweight));
   NVL_TRY(need_same_shape(op, "dout", dout, "x", x));
   NVL_TRY(need_same_shape(op, "dweight", dweight, "weight", weight));
   if (!is_leading_shape(x, rstd)) return mismatch(op, "x", x, "rstd", rstd, "rstd of x's shape without its last dim");
-  NVL_PICK(be, x, layers->rmsnorm_backward, op);
+  if (dt == NVL_BF16) NVL_PICK(be, x, layers->rmsnorm_backward_bf16, op);
+  else NVL_PICK(be, x, layers->rmsnorm_backward, op);
   int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
   nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim, x->shape));
-  nvl_status st = NVL_CALL(be, x, layers->rmsnorm_backward, nvl_tensor_data(&r), nvl_tensor_data(dweight),
-                           nvl_tensor_data(dout), nvl_tensor_data(x), nvl_tensor_data(weight), nvl_tensor_data(rstd),
-                           N, C);
-  if (st != NVL_OK) {
-    nvl_tensor_release(&r);
-    return st;
-  }
-  *dx = r;
-  return NVL_OK;
-}
-
-/* the native bf16 backward (the caller checked the entry is there): dout, x, dx bf16 */
-static nvl_status rmsnorm_backward_bf16(nvl_tensor *dx, nvl_tensor *dweight, const nvl_tensor *dout,
-                                        const nvl_tensor *x, const nvl_tensor *weight, const nvl_tensor *rstd) {
-  const char *op = "rmsnorm_backward";
-  const nvl_backend *be;
-  NVL_TRY(need_out_null(op, "dx", dx));
-  NVL_TRY(check_tensor(op, "dweight", dweight, NVL_F32));
-  NVL_TRY(check_tensor_on(op, "dout", dout, NVL_BF16, dweight));
-  NVL_TRY(check_rms_x_w(op, x, weight, NVL_BF16));
-  NVL_TRY(check_tensor_on(op, "x", x, NVL_BF16, dweight));
-  NVL_TRY(check_tensor_on(op, "rstd", rstd, NVL_F32, dweight));
-  NVL_TRY(need_same_shape(op, "dout", dout, "x", x));
-  NVL_TRY(need_same_shape(op, "dweight", dweight, "weight", weight));
-  if (!is_leading_shape(x, rstd)) return mismatch(op, "x", x, "rstd", rstd, "rstd of x's shape without its last dim");
-  NVL_PICK(be, x, layers->rmsnorm_backward_bf16, op);
-  int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
-  nvl_tensor r = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&r, NVL_BF16, x->device, x->ndim, x->shape));
-  nvl_status st = NVL_CALL(be, x, layers->rmsnorm_backward_bf16, nvl_tensor_data(&r), nvl_tensor_data(dweight),
-                           nvl_tensor_data(dout), nvl_tensor_data(x), nvl_tensor_data(weight), nvl_tensor_data(rstd),
-                           N, C);
+  NVL_TRY(nvl_tensor_empty(&r, dt, x->device, x->ndim, x->shape));
+  void *rd = nvl_tensor_data(&r);
+  const void *gd = nvl_tensor_data(dout), *xd = nvl_tensor_data(x);
+  nvl_status st = dt == NVL_BF16
+                    ? NVL_CALL(be, x, layers->rmsnorm_backward_bf16, rd, nvl_tensor_data(dweight), gd, xd,
+                               nvl_tensor_data(weight), nvl_tensor_data(rstd), N, C)
+                    : NVL_CALL(be, x, layers->rmsnorm_backward, rd, nvl_tensor_data(dweight), gd, xd,
+                               nvl_tensor_data(weight), nvl_tensor_data(rstd), N, C);
   if (st != NVL_OK) {
     nvl_tensor_release(&r);
     return st;
@@ -375,13 +353,13 @@ nvl_status nvl_rmsnorm_backward(nvl_tensor *dx, nvl_tensor *dweight, const nvl_t
   const nvl_tensor *acts[2] = {dout, x};
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, acts, 2, &dt));
-  if (dt == NVL_F32) return rmsnorm_backward_f32(dx, dweight, dout, x, weight, rstd);
+  if (dt == NVL_F32) return rmsnorm_backward_as(dx, dweight, dout, x, weight, rstd, NVL_F32);
   const nvl_layer_kernels *nat = native_bf16(x);
-  if (nat && nat->rmsnorm_backward_bf16) return rmsnorm_backward_bf16(dx, dweight, dout, x, weight, rstd);
+  if (nat && nat->rmsnorm_backward_bf16) return rmsnorm_backward_as(dx, dweight, dout, x, weight, rstd, NVL_BF16);
   NVL_TRY(need_out_null(op, "dx", dx));
   nvl_tensor w[2], r[1] = {nvl_tensor_null()};
   NVL_TRY(nvl_act_widen(w, acts, 2));
-  nvl_status st = rmsnorm_backward_f32(&r[0], dweight, &w[0], &w[1], weight, rstd);
+  nvl_status st = rmsnorm_backward_as(&r[0], dweight, &w[0], &w[1], weight, rstd, NVL_F32);
   nvl_act_release(w, 2);
   if (st != NVL_OK) return st;
   nvl_tensor *outs[1] = {dx};
