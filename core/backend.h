@@ -142,6 +142,11 @@ typedef struct {
   uint8_t *scales;         /* (rows, K/block) block scales, or NULL */
   uint8_t *scales_swz;     /* the same in cuBLASLt's 128x4 swizzled layout, or NULL (see swizzled_scales) */
   float *amax_out;         /* host: the amax used (max |x| after the RHT, or the one given) */
+  /* devices only: the amax word in device memory to write the amax used into (then amax_out is
+   * NULL: nothing is read back), and the device amax to use instead of max |x| (then has_amax is
+   * 0 and amax_dev_out NULL: the result shares it) */
+  float *amax_dev_out;
+  const float *amax_dev_in;
 } nvl_qdesc;
 
 /* A quantized tensor as the kernels read it (core/quant.h nvl_qtensor, blocked layout). */
@@ -153,6 +158,8 @@ typedef struct {
   int64_t rows, K;
   float amax, scale;          /* the amax used, and q.scale (traits enc_scale of it) */
   float alpha;                /* the global decode factor (traits dec_scale; 1 without one) */
+  const float *amax_dev;      /* device: non-NULL when the amax is known there only (amax, scale and
+                                 alpha above are NaN): the GEMM derives alpha on the device */
 } nvl_qview;
 
 /* out (M, N) = alpha_a * alpha_b * sum_k A[m,k] B[n,k], A = a (M = a.rows), B = b (N = b.rows),

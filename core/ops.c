@@ -253,12 +253,11 @@ nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
     return nvl_error(NVL_EINVAL, "add_: %s does not broadcast to %s", nvl_tensor_desc(src, s1, sizeof s1),
                      nvl_tensor_desc(t, s2, sizeof s2));
   nvl_status st = NVL_OK;
-  if (alpha == 1.0 && t->device == NVL_CPU && t->dtype == NVL_BF16 && e.dtype == NVL_BF16 &&
-      nvl_tensor_is_contiguous(t) &&
+  if (alpha == 1.0 && t->dtype == NVL_BF16 && e.dtype == NVL_BF16 && nvl_tensor_is_contiguous(t) &&
       nvl_tensor_is_contiguous(&e) && (e.storage != t->storage || nvl_tensor_data(&e) == nvl_tensor_data(t))) {
     /* bf16 += bf16: p = src exactly, and the f32 sum rounded to bf16 is the exact sum rounded
-     * once, which is what the bf16 ADD of the binary entry computes; in place, one pass (the CPU
-     * table's binary takes bf16; the CUDA table's does not yet) */
+     * once, which is what the bf16 ADD of the binary entry computes (CPU and CUDA tables); in
+     * place, one pass */
     NVL_PICK(be, t, binary, "add_");
     st = NVL_CALL(be, t, binary, NVL_OP_ADD, t, t, &e);
     nvl_tensor_release(&e);

@@ -17,6 +17,21 @@
 void nvl_qtensor_release(nvl_qtensor *q) {
   nvl_tensor_release(&q->data);
   nvl_tensor_release(&q->scales);
+  nvl_tensor_release(&q->amax_dev);
+  q->amax_pending = 0;
+}
+
+nvl_status nvl_qtensor_resolve_amax(nvl_qtensor *q) {
+  if (!q->amax_pending) return NVL_OK;
+  if (!q->amax_dev.storage) return nvl_error(NVL_ESTATE, "amax: quantized tensor has been freed");
+  nvl_tensor h = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_clone_to(&h, &q->amax_dev, NVL_F32, NVL_CPU)); /* waits for the kernels that wrote it */
+  q->amax = *(const float *)nvl_tensor_data(&h);
+  nvl_tensor_release(&h);
+  const nvl_dtype_traits *f = &nvl_dtypes[q->format];
+  if (f->enc_scale) q->scale = f->enc_scale(q->amax);
+  q->amax_pending = 0;
+  return NVL_OK;
 }
 
 /* ---- the blocked layout on the host ---------------------------------------------------------- */
@@ -176,6 +191,18 @@ static nvl_status check_quant_opts(const nvl_tensor *x, nvl_dtype format, const 
   }
   if (o->has_amax && !(o->amax >= 0))
     return nvl_error(NVL_EINVAL, "quantize: amax must be a non-negative number, got %g", o->amax);
+  if (o->amax_of) {
+    const nvl_qtensor *a = o->amax_of;
+    if (o->has_amax) return nvl_error(NVL_EINVAL, "quantize: give amax as a number or as a quantized tensor, not both");
+    if (!f->global_amax)
+      return nvl_error(NVL_EINVAL, "quantize: amax applies to formats with a per-tensor scale (fp8, nvfp4), not %s", f->name);
+    if (!a->data.storage) return nvl_error(NVL_ESTATE, "quantize: the quantized tensor given as amax has been freed");
+    if (!nvl_dtypes[a->format].global_amax)
+      return nvl_error(NVL_EINVAL, "quantize: the quantized tensor given as amax is %s, which has no per-tensor amax",
+                       nvl_dtypes[a->format].name);
+    if (a->amax_pending && !nvl_tensor_same_device(&a->amax_dev, x))
+      return nvl_error(NVL_EINVAL, "quantize: the quantized tensor given as amax is on another device than x");
+  }
   if ((unsigned)o->rule >= NVL_MX_RULE_COUNT) return nvl_error(NVL_EINVAL, "quantize: invalid scale rule %d", (int)o->rule);
   return NVL_OK;
 }
@@ -187,6 +214,7 @@ typedef struct {
   nvl_qtensor q;
   nvl_tensor xc; /* x itself (shared) or its contiguous copy */
   nvl_qdesc d;
+  int aliased;   /* q.data is a view of x: nothing to run (nvl_quant_opts.view) */
 } prepared;
 
 static void prepared_init(prepared *p) {
@@ -261,15 +289,42 @@ static nvl_status quantize_prepare(prepared *p, const nvl_tensor *x, nvl_dtype f
   dd->sr_k_total = o->sr_k_total;
   dd->has_amax = o->has_amax;
   dd->amax = o->amax;
+  if (o->amax_of && !o->amax_of->amax_pending) { /* its amax is known on the host: a given number */
+    dd->has_amax = 1;
+    dd->amax = o->amax_of->amax;
+  }
   /* a format without a per-tensor scale only reports its amax: on a device, where reading it back
-   * is a host synchronisation per cast (issue 15 D9), it is not computed and q.amax is NaN */
-  if (f->global_amax || x->device == NVL_CPU) {
+   * is a host synchronisation per cast (issue 15 D9), it is not computed and q.amax is NaN. A
+   * per-tensor format's amax stays on the device (amax_dev, read back only when asked for) unless
+   * the host gave it. */
+  if (x->device != NVL_CPU && f->global_amax && !dd->has_amax) {
+    dd->amax_out = NULL;
+    q->amax = q->scale = NAN;
+    q->amax_pending = 1;
+    if (o->amax_of) {
+      nvl_tensor_share(&q->amax_dev, &o->amax_of->amax_dev);
+      dd->amax_dev_in = nvl_tensor_data(&q->amax_dev);
+    } else {
+      int64_t one = 1;
+      NVL_TRY(nvl_tensor_empty(&q->amax_dev, NVL_F32, x->device, 1, &one));
+      dd->amax_dev_out = nvl_tensor_data(&q->amax_dev);
+    }
+  } else if (f->global_amax || x->device == NVL_CPU) {
     dd->amax_out = &q->amax;
   } else {
     dd->amax_out = NULL;
     q->amax = NAN;
   }
 
+  /* quantizing to x's own dtype along its contiguous last dim without the RHT is the identity: with
+   * opts.view the result is a (rows, K) view of x, no copy and no kernel */
+  if (o->view && format == x->dtype && !o->rht && axis == x->ndim - 1 && nvl_tensor_is_contiguous(x)) {
+    int64_t vshape[2] = {rows, K};
+    NVL_TRY(nvl_tensor_view(&q->data, x, 2, vshape));
+    q->amax = NAN; /* as a device cast to f32/bf16 reports it (not computed); scale 0 */
+    p->aliased = 1;
+    return NVL_OK;
+  }
   /* rows * K is x's numel (<= NVL_MAX_NUMEL, tensor.h): code bytes and scale counts cannot overflow */
   int64_t cshape[2] = {rows, f->is_quantized ? nvl_code_bytes(format, K) : K};
   NVL_TRY(nvl_tensor_empty(&q->data, f->is_quantized ? NVL_U8 : format, x->device, 2, cshape));
@@ -284,7 +339,7 @@ static nvl_status quantize_prepare(prepared *p, const nvl_tensor *x, nvl_dtype f
 /* After the kernel: the per-tensor scale from the amax used, and the generator's draw. */
 static void quantize_finish(nvl_qtensor *q, const nvl_quant_opts *o) {
   const nvl_dtype_traits *f = &nvl_dtypes[q->format];
-  if (f->enc_scale) q->scale = f->enc_scale(q->amax);
+  if (f->enc_scale && !q->amax_pending) q->scale = f->enc_scale(q->amax);
   if (o->sr && o->gen) o->gen->offset++;
 }
 
@@ -293,7 +348,7 @@ nvl_status nvl_quantize(nvl_qtensor *out, const nvl_tensor *x, nvl_dtype format,
   const nvl_quant_opts *o = opts ? opts : &defaults;
   prepared p;
   nvl_status st = quantize_prepare(&p, x, format, o);
-  if (st == NVL_OK) st = NVL_CALL(p.be, x, formats[format].quantize, &p.d);
+  if (st == NVL_OK && !p.aliased) st = NVL_CALL(p.be, x, formats[format].quantize, &p.d);
   if (st != NVL_OK) {
     prepared_release(&p);
     return st;
@@ -315,6 +370,7 @@ nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_ten
   nvl_quant_opts orow = *o, ocol = *o;
   orow.axis = 1;
   ocol.axis = 0;
+  orow.view = ocol.view = 0; /* both copies are written by one kernel */
   orow.gen = ocol.gen = NULL; /* the two draws: offsets o and o + 1 of the generator */
   if (o->gen) {
     orow.seed = ocol.seed = o->gen->seed;
@@ -350,9 +406,11 @@ nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_ten
 
 /* h = a host copy of the device q (codes and row-major scales). */
 static nvl_status qtensor_host(nvl_qtensor *h, const nvl_qtensor *q) {
+  NVL_TRY(nvl_qtensor_resolve_amax((nvl_qtensor *)q)); /* fills q's host cache of its amax */
   *h = *q;
   h->data = nvl_tensor_null();
   h->scales = nvl_tensor_null();
+  h->amax_dev = nvl_tensor_null();
   nvl_status st = nvl_tensor_clone_to(&h->data, &q->data, q->data.dtype, NVL_CPU);
   if (st == NVL_OK && q->scales.storage) st = nvl_tensor_clone_to(&h->scales, &q->scales, NVL_U8, NVL_CPU);
   if (st != NVL_OK) nvl_qtensor_release(h);
@@ -384,6 +442,7 @@ static nvl_qview qview_of(const nvl_qtensor *q) {
   v.amax = q->amax;
   v.scale = q->scale;
   v.alpha = f->dec_scale ? f->dec_scale(q->amax, q->scale) : 1.0f;
+  v.amax_dev = q->amax_pending ? nvl_tensor_data(&q->amax_dev) : NULL;
   return v;
 }
 
@@ -461,6 +520,8 @@ nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q) {
   nvl_qtensor r = *q;
   r.data = nvl_tensor_null();
   r.scales = nvl_tensor_null();
+  r.amax_dev = nvl_tensor_null(); /* a host q's amax is on the host */
+  r.amax_pending = 0;
   r.shape[0] = q->shape[1];
   r.shape[1] = q->shape[0];
   r.rows = q->K;

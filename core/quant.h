@@ -15,7 +15,7 @@ extern "C" {
 
 /* nvl_block_layout, nvl_mx_rule and the formats' traits: dtype.h. */
 
-typedef struct {
+typedef struct nvl_qtensor_s {
   nvl_dtype format;         /* f32, bf16, or a quantized format */
   nvl_block_layout layout;
   int ndim;
@@ -27,6 +27,12 @@ typedef struct {
   nvl_tensor scales;        /* (rows, K/block) u8 block scales, or null */
   float amax;               /* the global amax used (max |x| after RHT, or the one given) */
   float scale;              /* the traits' enc_scale of amax: fp8 x * scale; nvfp4 s_enc; else 0 */
+  /* On a device, a quantization that computes its own amax leaves it in device memory: amax_dev
+   * (f32 [1], shared by the quantizations that reuse it) is what its kernels and GEMMs read, and
+   * amax_pending says amax and scale above are not known on the host yet (NaN) until
+   * nvl_qtensor_resolve_amax reads it back (one host synchronisation, on demand). */
+  nvl_tensor amax_dev;
+  int amax_pending;
   int rht;                  /* 1: the RHT of NUMERICS §5 was applied along axis first */
   float signs[16];          /* its sign vector */
   int sr;                   /* 1: stochastic rounding; seed/offset of the draw */
@@ -45,6 +51,12 @@ typedef struct {
   nvl_mx_rule rule;          /* e8m0 scale rule */
   int has_amax;              /* use amax instead of max |x| (delayed scaling, reduced amax) */
   float amax;
+  /* use the amax another quantization used (a per-tensor format's): on a device, read there (no
+   * host synchronisation) when it is still pending; the result shares it. Excludes has_amax. */
+  const struct nvl_qtensor_s *amax_of;
+  /* the result may be a view of x where quantizing is the identity (x's own dtype f32/bf16, blocked
+   * along its contiguous last dim, no RHT): no copy; x must not change while the result is used */
+  int view;
   /* SR: x's blocked layout is a slab of a larger tensor's (a data-parallel rank's
    * slice): rows from sr_row_offset, columns from sr_k_offset, of a layout sr_k_total long
    * (0: K), so block g of the SR stream is the global one (backend.h nvl_qdesc). All 0: x itself. */
@@ -56,6 +68,7 @@ static inline nvl_qtensor nvl_qtensor_null(void) {
   for (size_t i = 0; i < sizeof q; i++) ((char *)&q)[i] = 0;
   q.data = nvl_tensor_null();
   q.scales = nvl_tensor_null();
+  q.amax_dev = nvl_tensor_null();
   return q;
 }
 
@@ -66,6 +79,9 @@ nvl_status nvl_quantize(nvl_qtensor *out, const nvl_tensor *x, nvl_dtype format,
  * o + 1). On cuda both copies come from one read of x where the shape allows (kernels/cuda). */
 nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_tensor *x, nvl_dtype format,
                                const nvl_quant_opts *opts);
+/* q.amax and q.scale on the host: read back from the device when pending (a host sync), else
+ * nothing to do. */
+nvl_status nvl_qtensor_resolve_amax(nvl_qtensor *q);
 /* Release codes and scales. */
 void nvl_qtensor_release(nvl_qtensor *q);
 /* out (f32, logical shape) = the decoded values (in the RHT domain if q.rht). */

@@ -3,8 +3,8 @@
 -- emulator's counters (build with -DNVLUA_CUDA=EMU). Not a measurement: nothing here runs on a GPU.
 --
 -- Method:
---  1. Counters of one steady-state training step (the last of `steps`: forward_backward, clip_grad_norm,
---     AdamW, zero_grad; sync mode off) of small Llamas on the emulated CUDA backend, for each size s of
+--  1. Counters of one steady-state training step (the last of `steps`: forward_backward, opt:clip_grad_norm,
+--     AdamW, zero_grad; sync mode off; the norm is not read back, as a step that logs nothing) of small Llamas on the emulated CUDA backend, for each size s of
 --     `sizes`: hidden 64s, SwiGLU 224s (3.5 x hidden, as 8B), sequence 128s (2 x hidden, as 8B), 4 query
 --     heads and 2 KV heads (the KV width is hidden/2: fp8/mx GEMMs need it >= 32), vocab 64, with 1 and
 --     with 2 blocks. One block's share = the 2-block step minus the 1-block step (embedding, final norm,
@@ -90,7 +90,7 @@ local function measure(rname, s, layers)
     local y = (nv.rand(1, d.T, {generator = gen}) * 63):to("i64")
     if step == cfg.steps then core.cuda_emu_reset_counters() end
     model:forward_backward(x, y)
-    optim.clip_grad_norm(model:named_parameters(), 1.0)
+    opt:clip_grad_norm(1.0) -- the trainer's (train.lua): the norm on the device, the factor applied by AdamW
     opt:step()
     model:zero_grad()
     x:free(); y:free()

@@ -55,7 +55,7 @@ end)
 -- D9: the bf16 and mx casts (quantizations without a per-tensor scale) computed an amax and read it
 -- back (a host synchronisation per cast) only to report it; on a device they no longer compute it
 -- (q.amax is NaN there). With sync off, a warm allocator, nothing else waits: zero host syncs.
-T.case("D9: bf16 and mxfp8 casts on cuda do not synchronise the host", function()
+T.case("D9: bf16, mxfp8, fp8 and nvfp4 casts on cuda do not synchronise the host", function()
   need_emu()
   local xd = nv.randn(64, 128):cuda()
   T.with(core.cuda_set_sync, false, function()
@@ -69,8 +69,18 @@ T.case("D9: bf16 and mxfp8 casts on cuda do not synchronise the host", function(
     end
     local q = core.quantize(xd, "bf16")
     T.ok(q.amax ~= q.amax, "q.amax of a bf16 cast on cuda is NaN (not computed)")
-    -- fp8 needs its amax on the host (its scale): one read-back, still
-    T.eq(counted("host_syncs", function() core.quantize(xd, "e4m3"):free() end), 1, "e4m3 cast: its amax read back")
+    -- fp8 and nvfp4 keep their amax on the device (issue 16): no read-back until q.amax is asked for
+    for _, fmt in ipairs({ "e4m3", "nvfp4" }) do
+      core.quantize(xd, fmt):free()
+      T.eq(counted("host_syncs", function() core.quantize(xd, fmt):free() end), 0, fmt .. " cast: host syncs")
+      T.eq(counted("host_syncs", function()
+        local r, c = core.quantize_rowcol(xd, fmt)
+        r:free(); c:free()
+      end), 0, fmt .. " quantize_rowcol: host syncs")
+      local q8 = core.quantize(xd, fmt)
+      T.eq(counted("host_syncs", function() return q8.amax end), 1, fmt .. ": reading q.amax reads it back")
+      q8:free()
+    end
     core.cuda_synchronize()
   end)
 end)

@@ -362,6 +362,64 @@ T.case("every GEMM path against the fp32 CPU emulation (f32 and bf16 outputs, po
   end
 end)
 
+T.case("a per-tensor amax stays on the device: quantize, a transposed re-quantization and qmatmul wait for nothing; q.amax is read back on demand", function()
+  T.need_emu() -- counts host synchronisations
+  local function syncs() return core.cuda_emu_counters().host_syncs end
+  local prev_sync = core.cuda_set_sync(false) -- as in training: no synchronisation after each kernel
+  local x = make_input({ 48, 64 }, 801, "f32"):mul(0.01)
+  local w = make_input({ 32, 64 }, 802, "f32"):mul(0.01)
+  local xd, wd = x:cuda(), w:cuda()
+  for _, c in ipairs({ { "e4m3", "e4m3" }, { "e5m2", "e4m3" }, { "nvfp4", "nvfp4", block = "2d" } }) do
+    local fa, fb = c[1], c[2]
+    local what = fa .. " x " .. fb .. (c.block and " (2d weight)" or "")
+    local ob = { block = c.block }
+    local acc, acc_host = nv.zeros(48, 32):cuda(), nv.zeros(48, 32):cuda()
+    local s0 = syncs()
+    local qa, qb = core.quantize(xd, fa), core.quantize(wd, fb, ob)
+    -- dgrad's weight copy: w blocked along its other axis with the fprop copy's amax, given as qb
+    local qbt = core.quantize(wd, fb, { axis = 1, block = c.block, amax = qb })
+    local y = nv.qmatmul(qa, qb, { out = "bf16" })
+    nv.qmatmul(qa, qb, { accumulate = acc })
+    T.eq(syncs() - s0, 0, what .. ": no host synchronisation from the quantizations and GEMMs")
+    -- the same GEMMs with the amaxes read back first (host alpha): the device-derived alpha and
+    -- beta give the same bits
+    local ra, rb = core.quantize(xd, fa), core.quantize(wd, fb, ob)
+    local s1 = syncs()
+    local amax = ra.amax
+    T.eq(syncs() - s1, 1, what .. ": reading q.amax is one host synchronisation")
+    local _ = ra.scale
+    T.eq(syncs() - s1, 1, what .. ": the second read is free")
+    local _ = rb.amax
+    local y_host = nv.qmatmul(ra, rb, { out = "bf16" })
+    nv.qmatmul(ra, rb, { accumulate = acc_host })
+    T.ok(y:cpu():bytes() == y_host:cpu():bytes(), what .. ": bf16 product with the device alpha = with the host alpha, bit for bit")
+    T.ok(acc:cpu():bytes() == acc_host:cpu():bytes(), what .. ": accumulated product (device beta 1) = host, bit for bit")
+    -- against the CPU: amax, scale, and the transposed copy's codes
+    local ca, cb = core.quantize(x, fa), core.quantize(w, fb, ob)
+    T.eq(amax, ca.amax, what .. ": amax read back = the CPU's")
+    T.eq(qa.scale, ca.scale, what .. ": scale read back = the CPU's")
+    local cbt = core.quantize(w, fb, { axis = 1, block = c.block, amax = cb.amax })
+    check_same_q(qbt, cbt, what .. ": the transposed re-quantization with the device amax")
+    T.eq(qbt.amax, cb.amax, what .. ": it carries the amax it was given")
+    for _, t in ipairs({ qa, qb, qbt, ra, rb, ca, cb, cbt }) do t:free() end
+    y:free(); y_host:free(); acc:free(); acc_host:free()
+  end
+  -- amax given as a quantized tensor: clear errors
+  local qm = core.quantize(xd, "mxfp8_e4m3")
+  T.raises(function() return core.quantize(wd, "e4m3", { amax = qm }) end, "no per-tensor amax")
+  local q8 = core.quantize(xd, "e4m3")
+  T.raises(function() return core.quantize(wd, "mxfp8_e4m3", { amax = q8 }) end, "per-tensor scale")
+  q8:free()
+  T.raises(function() return core.quantize(wd, "e4m3", { amax = q8 }) end, "freed")
+  T.raises(function() return core.quantize(wd, "e4m3", { amax = "big" }) end, "amax must be a number or a quantized tensor")
+  -- a host-known amax (q on the CPU) is taken as a number, on any device
+  local qc = core.quantize(w, "e4m3")
+  local qd = core.quantize(wd, "e4m3", { amax = qc })
+  T.eq(qd.amax, qc.amax, "amax of a CPU quantized tensor used on cuda")
+  qm:free(); qc:free(); qd:free(); xd:free(); wd:free()
+  core.cuda_set_sync(prev_sync)
+end)
+
 T.case("gemm_path: native bf16/f32/fp8, nvfp4 and mxfp8 native on sm_100 and emulated on sm_90, clear errors", function()
   need_gpu()
   local cap = nv.cuda.devices()[1].capability

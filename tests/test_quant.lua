@@ -467,3 +467,29 @@ T.case("qmatmul accumulate: acc += product, bit for bit what a separate add give
   T.raises(function() nv.qmatmul(nv.quantize(A, "nvfp4"), nv.quantize(B, "nvfp4"), {accumulate = nv.zeros(3, 3)}) end,
     "accumulate needs a contiguous f32 [64,200]")
 end)
+
+T.case("quantize view=true: to x's own dtype along its contiguous last dim the result shares x (no copy); else a copy", function()
+  nv.manual_seed(21)
+  for _, dt in ipairs({"bf16", "f32"}) do
+    local x = nv.randn(4, 6, 32):to(dt)
+    local q = nv.quantize(x, dt, {view = true})
+    T.ok(q:data():is_view_of(x), dt .. ": the values are x's own storage")
+    T.eq(q:data():bytes(), nv.quantize(x, dt):data():bytes(), dt .. ": the same bytes as the copy")
+    T.eq(q:size(), {4, 6, 32}, dt .. ": logical shape kept")
+    local dense = q:dequantize()
+    T.eq(dense:to(dt):bytes(), x:bytes(), dt .. ": dequantizes to x")
+    x:fill_(1) -- the contract: x must not change while q is used; a view sees the change
+    T.eq(q:dequantize():sum(), 4 * 6 * 32, dt .. ": a view, not a copy")
+    for _, o in ipairs({{axis = 2}, {rht = true}}) do
+      o.view = true
+      local c = nv.quantize(x, dt, o)
+      T.ok(not c:data():is_view_of(x), dt .. ": no view when quantizing moves or transforms values")
+    end
+    T.ok(not nv.quantize(x:transpose(1, 2), dt, {view = true}):data():is_view_of(x), dt .. ": no view of a transposed x")
+    local other = dt == "bf16" and "f32" or "bf16"
+    T.ok(not nv.quantize(x, other, {view = true}):data():is_view_of(x), dt .. " -> " .. other .. ": a cast is a copy")
+  end
+  local x = nv.randn(16, 32):to("bf16")
+  T.ok(not nv.quantize(x, "nvfp4", {view = true}):data():is_view_of(x), "nvfp4: codes are never a view")
+  T.raises(function() return nv.quantize(x, "bf16", {view = 1}) end, "view must be a boolean")
+end)

@@ -701,3 +701,78 @@ T.case("share in the model: an nvfp4 Llama block quantizes x once for q/k/v and 
   T.eq(l1, l0, "same loss")
   for name, g in pairs(g0) do same(g1[name], g, "grad " .. name) end
 end)
+
+T.case("weight_cache: each weight quantized once per optimizer step for every micro-batch, same bits; SR/delayed never", function()
+  local quant = require "nvlua.quant"
+  local llama = require "nvlua.llama"
+  local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
+  -- two micro-batches of one step; cached: inside one recipe.weight_cache (as train.lua), else with
+  -- the cache disabled (Llama:forward_backward opens one of its own)
+  local function run(make, cached)
+    local m = llama.Llama(cfg, {recipe = make(), seed = 4})
+    local params = {}
+    for _, e in ipairs(m:named_parameters()) do params[e.param] = true end
+    local g = nv.Generator(9)
+    local calls, wc0 = 0, recipe.weight_cache
+    local q0 = quant.quantize
+    quant.quantize = function(t, ...) if params[t] then calls = calls + 1 end; return q0(t, ...) end
+    if not cached then recipe.weight_cache = function(fn, ...) return fn(...) end end
+    local losses = {}
+    local ok, err = pcall(recipe.weight_cache, function()
+      for i = 1, 2 do
+        local x = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+        local y = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+        losses[i] = m:forward_backward(x, y, {scale = 0.5})
+      end
+      if cached then T.ok(recipe.weight_cache_size() > 0, "the open cache holds the weights' copies") end
+    end)
+    quant.quantize, recipe.weight_cache = q0, wc0
+    if not ok then error(err, 0) end
+    T.eq(recipe.weight_cache_size(), 0, "closed after the step")
+    local grads = {}
+    for _, e in ipairs(m:named_parameters()) do grads[e.name] = e.grad:clone() end
+    return calls, losses, grads
+  end
+  local presets = {
+    {"nvfp4", function() return recipe.nvfp4({bf16_first = 0, bf16_last = 0}) end, true},
+    {"fp8_cs", recipe.fp8_cs, true}, {"mxfp8", recipe.mxfp8, true}, {"bf16", recipe.bf16, true},
+    {"fp8_delayed", recipe.fp8_delayed, false}, -- the weights' amax histories: quantized at every use
+  }
+  for _, p in ipairs(presets) do
+    local name, make, caches = p[1], p[2], p[3]
+    local c1, l1, g1 = run(make, true)
+    local c0, l0, g0 = run(make, false)
+    T.ok(c1 > 0, name .. ": weights are quantized")
+    if caches then T.eq(c0, 2 * c1, name .. ": two micro-batches quantize the weights as often as one does with the cache")
+    else T.eq(c0 - c1, 1, name .. ": delayed-scaling weights are not cached (only the bf16 LM head's copy is)") end
+    T.eq(l1, l0, name .. ": same losses")
+    for pname, g in pairs(g0) do same(g1[pname], g, name .. ": grad " .. pname) end
+  end
+end)
+
+T.case("weight_cache: a forward inside, its backward after the cache closed, recomputes; errors free the cache", function()
+  nv.manual_seed(12)
+  local r = recipe.nvfp4({sr = false})
+  local ctx = {name = "l", block = 0, num_blocks = 1, step = 0}
+  local x, w, dy = nv.randn(32, 64):to("bf16"), nv.randn(48, 64), nv.randn(32, 48):to("bf16")
+  local y0, s0 = r:linear_forward(ctx, x, w)
+  local dw0 = nv.zeros(48, 64)
+  local dx0 = r:linear_backward(ctx, dy, s0, dw0)
+  local y1, s1
+  recipe.weight_cache(function() y1, s1 = r:linear_forward(ctx, x, w) end)
+  T.ok(s1.qw_cached and s1.qw:is_freed(), "the saved weight copy was the cache's, freed with it")
+  local dw1 = nv.zeros(48, 64)
+  local dx1 = r:linear_backward(ctx, dy, s1, dw1)
+  same(y1, y0, "fprop")
+  same(dx1, dx0, "dgrad after the cache closed")
+  same(dw1, dw0, "wgrad")
+  local kept
+  T.raises(function()
+    recipe.weight_cache(function()
+      kept = r:_quantize({format = "nvfp4", block = "2d"}, w, 2, "w")
+      error("boom")
+    end)
+  end, "boom")
+  T.ok(kept:is_freed() and recipe.weight_cache_size() == 0, "an error inside frees the cache and propagates")
+end)

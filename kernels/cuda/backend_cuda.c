@@ -17,11 +17,16 @@ static nvl_status fill(nvl_kctx *ctx, nvl_tensor *t, const void *value) {
 
 static int f32_contig(const nvl_tensor *t) { return t->dtype == NVL_F32 && nvl_tensor_is_contiguous(t); }
 
+static int bf16_contig(const nvl_tensor *t) { return t->dtype == NVL_BF16 && nvl_tensor_is_contiguous(t); }
+
 static nvl_status binary(nvl_kctx *ctx, nvl_binary_op op, nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b) {
+  if ((op == NVL_OP_ADD || op == NVL_OP_SUB) && bf16_contig(out) && bf16_contig(a) && bf16_contig(b))
+    return nvl_cuda_add_bf16(op == NVL_OP_SUB, nvl_tensor_data(out), nvl_tensor_data(a), nvl_tensor_data(b),
+                             nvl_tensor_numel(out), ctx->dev);
   if (!(op <= NVL_OP_DIV && out->dtype == NVL_F32 && f32_contig(a) && f32_contig(b))) {
     char s1[160], s2[160];
-    return nvl_error(NVL_EUNSUPPORTED, "%s: on cuda only contiguous f32 tensors of one shape and add, sub, mul, div are "
-                     "supported yet (got %s and %s)", op < NVL_BINARY_COUNT ? "binary" : "?",
+    return nvl_error(NVL_EUNSUPPORTED, "%s: on cuda only contiguous f32 tensors of one shape and add, sub, mul, div "
+                     "(bf16: add, sub) are supported yet (got %s and %s)", op < NVL_BINARY_COUNT ? "binary" : "?",
                      nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
   }
   return nvl_cuda_binary_f32(op, nvl_tensor_data(out), nvl_tensor_data(a), nvl_tensor_data(b), nvl_tensor_numel(out),

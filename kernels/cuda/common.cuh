@@ -237,6 +237,13 @@ NVL_HD float nvfp4_enc_scale(float amax) {
   float s = f_div(2688.0f, amax);
   return s < NVL_FLT_MAX ? s : NVL_FLT_MAX; /* fminf: s is never NaN here */
 }
+/* The global decode factor (formats_ref.c nvl_nvfp4_dec_scale_ref): amax / 2688, or 1 / s_enc
+ * where that quotient would overflow or the guards of s_enc apply. */
+NVL_HD float nvfp4_dec_scale(float amax) {
+  if (!(amax > 0.0f) || amax == u2f(0x7F800000u) || !(f_div(2688.0f, amax) <= NVL_FLT_MAX))
+    return f_div(1.0f, nvfp4_enc_scale(amax));
+  return f_div(amax, 2688.0f);
+}
 /* Stored ue4m3 block scale for block max bmax: e4m3(min(bmax * s_enc6, FLT_MAX)). */
 NVL_HD uint32_t nvfp4_block_scale(float bmax, float s_enc6) {
   float y = f_mul(bmax, s_enc6);

@@ -69,6 +69,8 @@ nvl_status nvl_cuda_timer_stop(int dev, double *ms);
 
 /* out[i] = a[i] op b[i] over n contiguous f32 (op: nvl_binary_op ADD..DIV). */
 nvl_status nvl_cuda_binary_f32(int op, float *out, const float *a, const float *b, int64_t n, int dev);
+/* out = a + b (sub: a - b) over n contiguous bf16: the f32 sum rounded once (the CPU's bf16 add). */
+nvl_status nvl_cuda_add_bf16(int sub, uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n, int dev);
 
 /* ---- tensor ops (kernels/cuda/ops.cu), bit-identical to the CPU's ---------------------------- */
 
@@ -120,6 +122,8 @@ typedef struct {
   int64_t sr_row_offset, sr_k_offset, sr_k_total;
   int has_amax;
   float amax;
+  uint32_t *amax_dev_out;      /* device word receiving the amax (float bits), or NULL */
+  const uint32_t *amax_dev_in; /* device amax to use (float bits), or NULL */
   void *codes;
   uint8_t *scales, *scales_swz;
 } nvl_cuda_quant_desc;

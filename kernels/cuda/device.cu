@@ -524,6 +524,65 @@ static void launch_binary_f32(bool vec, int blocks, int threads, float *out, con
   else NVL_LAUNCH(blocks, threads, 0, 0, binary_f32_kernel<OP, false>)(out, a, b, n);
 }
 
+/* out[i] = bf16(a[i] + b[i]) (SUB: a[i] - b[i]) over bf16 bits: the f32 sum of two bf16 values
+ * rounded once to bf16, which is their exact sum rounded once (kernels/cpu/ops_cpu.c add_bf16_block
+ * has the argument), the CPU's bits. VEC: 16-byte aligned, 8 elements per load. */
+template <bool SUB, bool VEC>
+__global__ void add_bf16_kernel(uint16_t *__restrict__ out, const uint16_t *__restrict__ a,
+                                const uint16_t *__restrict__ b, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t start = 0;
+  if (VEC) {
+    const int64_t n8 = n / 8;
+    const uint4 *a8 = reinterpret_cast<const uint4 *>(a);
+    const uint4 *b8 = reinterpret_cast<const uint4 *>(b);
+    uint4 *o8 = reinterpret_cast<uint4 *>(out);
+    for (int64_t i = tid; i < n8; i += stride) {
+      const uint4 x = a8[i], y = b8[i];
+      const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+      uint32_t r[4];
+      for (int j = 0; j < 4; j++) {
+        uint32_t w = 0;
+        for (int h = 0; h < 2; h++) {
+          const float u = bf16_bits_to_f32((uint16_t)(xs[j] >> (16 * h)));
+          const float v = bf16_bits_to_f32((uint16_t)(ys[j] >> (16 * h)));
+          w |= (uint32_t)f32_to_bf16_bits(SUB ? f_sub(u, v) : f_add(u, v)) << (16 * h);
+        }
+        r[j] = w;
+      }
+      o8[i] = make_uint4(r[0], r[1], r[2], r[3]);
+    }
+    start = n8 * 8;
+  }
+  for (int64_t i = start + tid; i < n; i += stride) {
+    const float u = bf16_bits_to_f32(a[i]), v = bf16_bits_to_f32(b[i]);
+    out[i] = f32_to_bf16_bits(SUB ? f_sub(u, v) : f_add(u, v));
+  }
+}
+
+extern "C" nvl_status nvl_cuda_add_bf16(int sub, uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n,
+                                        int dev) {
+  if (n < 0) return nvl_error(NVL_EINVAL, "%s: negative length %lld", __func__, (long long)n);
+  if (n == 0) return NVL_OK;
+  if (out == NULL || a == NULL || b == NULL) return nvl_error(NVL_EINVAL, "%s: NULL pointer", __func__);
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  const bool vec = (((uintptr_t)out | (uintptr_t)a | (uintptr_t)b) & 15) == 0;
+  const int threads = 256;
+  const int blocks = nvl_cuda_grid(vec ? (n + 7) / 8 : n, threads, dev);
+  (void)cudaGetLastError();
+  if (sub) {
+    if (vec) NVL_LAUNCH(blocks, threads, 0, 0, add_bf16_kernel<true, true>)(out, a, b, n);
+    else NVL_LAUNCH(blocks, threads, 0, 0, add_bf16_kernel<true, false>)(out, a, b, n);
+  } else {
+    if (vec) NVL_LAUNCH(blocks, threads, 0, 0, add_bf16_kernel<false, true>)(out, a, b, n);
+    else NVL_LAUNCH(blocks, threads, 0, 0, add_bf16_kernel<false, false>)(out, a, b, n);
+  }
+  char what[120];
+  snprintf(what, sizeof what, "add_bf16_kernel<%s> (n=%lld)", sub ? "sub" : "add", (long long)n);
+  return nvl_cuda_check_launch(dev, __func__, what);
+}
+
 extern "C" nvl_status nvl_cuda_binary_f32(int op, float *out, const float *a, const float *b,
                                           int64_t n, int dev) {
   static const char *const names[4] = {"add", "sub", "mul", "div"};

@@ -77,6 +77,7 @@ struct Spec {
   cudaDataType ta, tb, tc; /* cuBLASLt's A (our B), B (our A), C = D */
   int scale_mode;          /* -1: none; else the cublasLtMatmulMatrixScale_t of both A and B */
   int per_tensor_scales;   /* fp8: A/B_SCALE_POINTER are single device floats */
+  int alpha_dev;           /* CUBLASLT_POINTER_MODE_DEVICE: alpha and beta are device floats */
   int64_t m, n, k;
   int accumulate;
   uint32_t align[3];       /* the alignment in bytes (up to 256) of A, B and C = D: the algorithm
@@ -85,7 +86,7 @@ struct Spec {
 
 bool same_spec(const Spec &a, const Spec &b) {
   return a.dev == b.dev && a.ta == b.ta && a.tb == b.tb && a.tc == b.tc && a.scale_mode == b.scale_mode &&
-         a.per_tensor_scales == b.per_tensor_scales && a.m == b.m && a.n == b.n && a.k == b.k &&
+         a.per_tensor_scales == b.per_tensor_scales && a.alpha_dev == b.alpha_dev && a.m == b.m && a.n == b.n && a.k == b.k &&
          a.accumulate == b.accumulate && a.align[0] == b.align[0] && a.align[1] == b.align[1] &&
          a.align[2] == b.align[2];
 }
@@ -151,6 +152,10 @@ nvl_status build_plan(Lt *l, const Spec &s, Plan *p, void *placeholder) {
       int32_t mode = s.scale_mode;
       LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
       LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+    }
+    if (s.alpha_dev) {
+      int32_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+      LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm));
     }
     /* placeholder scale pointers (any device memory) so the heuristic sees a scaled GEMM; the
      * real ones are set per call */
@@ -226,11 +231,13 @@ nvl_status get_plan(Lt *l, const Spec &s, Plan **out, void *placeholder) {
 }
 
 /* Run one planned matmul: d (m x n col-major) = alpha * op(A) op(B) (+ d when accumulating); the
- * cuBLASLt workspace is call scratch. */
+ * cuBLASLt workspace is call scratch. alpha_dev: NULL, or device floats {alpha, beta} (computed on
+ * the device from amaxes that live there), which replace the host alpha and beta. */
 nvl_status run_matmul(nvl_kctx *ctx, const Spec &spec, const void *A, const void *B, void *D, float alpha,
-                      const void *scale_a, const void *scale_b) {
+                      const void *scale_a, const void *scale_b, const float *alpha_dev = NULL) {
   const char *fn = "nvl_cuda_qgemm";
   Spec s = spec;
+  s.alpha_dev = alpha_dev != NULL;
   s.align[0] = align_of(A);
   s.align[1] = align_of(B);
   s.align[2] = align_of(D);
@@ -254,7 +261,9 @@ nvl_status run_matmul(nvl_kctx *ctx, const Spec &spec, const void *A, const void
   (void)cudaGetLastError();
   if (st == NVL_OK && r == CUBLAS_STATUS_SUCCESS) {
     call = "cublasLtMatmul";
-    r = cublasLtMatmul(l->h, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, &p->algo, ws, WORKSPACE, 0);
+    const void *pa = alpha_dev ? (const void *)alpha_dev : (const void *)&alpha;
+    const void *pb = alpha_dev ? (const void *)(alpha_dev + 1) : (const void *)&beta;
+    r = cublasLtMatmul(l->h, p->op, pa, A, p->a, B, p->b, pb, D, p->c, D, p->c, &p->algo, ws, WORKSPACE, 0);
   }
   pthread_mutex_unlock(&lt_mu);
   NVL_TRY(st);
@@ -376,6 +385,25 @@ __global__ void set_scales_kernel(float *sc, float s0, float s1) {
   sc[1] = s1;
 }
 
+/* The per-tensor decode factor of an operand whose amax is on the device (kind 1: fp8 with element
+ * maximum emax, 1 / its scale; kind 2: nvfp4), or host (kind 0), as core's traits dec_scale. */
+__device__ float dec_factor(int kind, float emax, const uint32_t *amax, float host) {
+  if (kind == 1) return f_div(1.0f, fp8_tensor_scale(u2f(*amax), emax));
+  if (kind == 2) return nvfp4_dec_scale(u2f(*amax));
+  return host;
+}
+
+/* sc = {b's decode factor, a's, alpha = a's * b's (the CPU's alpha_a * alpha_b), beta}: what an
+ * fp8 GEMM reads through A/B_SCALE_POINTER, or alpha and beta in CUBLASLT_POINTER_MODE_DEVICE. */
+__global__ void gemm_scales_kernel(float *sc, int ka, float ea, const uint32_t *amax_a, float host_a, int kb, float eb,
+                                   const uint32_t *amax_b, float host_b, float beta) {
+  const float da = dec_factor(ka, ea, amax_a, host_a), db = dec_factor(kb, eb, amax_b, host_b);
+  sc[0] = db;
+  sc[1] = da;
+  sc[2] = f_mul(da, db);
+  sc[3] = beta;
+}
+
 /* The GEMM class of a format, from its traits row. */
 enum Cls { CLS_F32, CLS_BF16, CLS_FP8, CLS_MX, CLS_NVFP4, CLS_NONE };
 
@@ -428,7 +456,7 @@ nvl_status dequant_bf16(uint16_t *y, const nvl_qview *o, uint32_t *inexact, int 
 }
 
 /* The native GEMM of path NATIVE (operands of one class). */
-nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha) {
+nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha, const float *dsc) {
   const char *fn = "nvl_cuda_qgemm";
   const nvl_qview *a = g->a, *b = g->b;
   switch (cls_of(a->format)) {
@@ -449,13 +477,16 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
       s.ta = s.tb = CUDA_R_16BF;
       return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, NULL, NULL);
     case CLS_FP8: {
-      /* decode scales on the device: [0] for cuBLASLt's A (our b), [1] for its B (our a) */
-      float *sc = NULL;
-      NVL_TRY(ctx->scratch(ctx, 2 * sizeof(float), (void **)&sc));
-      /* written by a kernel that takes them as arguments: a copy from a pageable host array would
-       * synchronise the host with the device at every GEMM (issue 15 D7) */
-      NVL_LAUNCH(1, 1, 0, 0, set_scales_kernel)(sc, b->alpha, a->alpha);
-      NVL_TRY(nvl_cuda_check_launch(ctx->dev, fn, "set_scales_kernel"));
+      /* decode scales on the device: [0] for cuBLASLt's A (our b), [1] for its B (our a); from
+       * gemm_scales_kernel when an amax is on the device */
+      float *sc = const_cast<float *>(dsc);
+      if (!sc) {
+        NVL_TRY(ctx->scratch(ctx, 2 * sizeof(float), (void **)&sc));
+        /* written by a kernel that takes them as arguments: a copy from a pageable host array would
+         * synchronise the host with the device at every GEMM (issue 15 D7) */
+        NVL_LAUNCH(1, 1, 0, 0, set_scales_kernel)(sc, b->alpha, a->alpha);
+        NVL_TRY(nvl_cuda_check_launch(ctx->dev, fn, "set_scales_kernel"));
+      }
       s.ta = fp8_type(b->format);
       s.tb = fp8_type(a->format);
       s.per_tensor_scales = 1;
@@ -474,7 +505,7 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
         s.tb = fp8_type(a->format);
         s.scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
       }
-      return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, b->scales_swz, a->scales_swz);
+      return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, b->scales_swz, a->scales_swz, dsc ? dsc + 2 : NULL);
     default:
       return nvl_error(NVL_EINVAL, "%s: internal error: no native path for %s", fn, fmt_name(a->format));
   }
@@ -529,7 +560,7 @@ nvl_status operand_ranges(nvl_kctx *ctx, const nvl_qview *const ops[2], Range r[
 
 /* The fp32 fallback: both operands decoded to f32 (exact), cuBLASLt's fp32 GEMM (subnormals kept),
  * a bf16 output rounded once from the f32 result. */
-nvl_status emulated_f32_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha) {
+nvl_status emulated_f32_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha, const float *dsc) {
   const nvl_qview *ops[2] = {g->a, g->b};
   void *y[2] = {NULL, NULL};
   for (int i = 0; i < 2; i++) {
@@ -542,12 +573,13 @@ nvl_status emulated_f32_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, flo
     NVL_TRY(nvl_cuda_check_launch(ctx->dev, "nvl_cuda_qgemm", "dequant_f32_kernel"));
   }
   s.ta = s.tb = CUDA_R_32F;
-  if (s.tc != CUDA_R_16BF) return run_matmul(ctx, s, y[1], y[0], g->out, alpha, NULL, NULL);
+  const float *ad = dsc ? dsc + 2 : NULL;
+  if (s.tc != CUDA_R_16BF) return run_matmul(ctx, s, y[1], y[0], g->out, alpha, NULL, NULL, ad);
   const int64_t mn = s.m * s.n, one = 1; /* cuBLASLt's f32 GEMM writes f32 only: into scratch, then RNE */
   float *d = NULL;
   NVL_TRY(ctx->scratch(ctx, (size_t)mn * sizeof(float), (void **)&d));
   s.tc = CUDA_R_32F;
-  NVL_TRY(run_matmul(ctx, s, y[1], y[0], d, alpha, NULL, NULL));
+  NVL_TRY(run_matmul(ctx, s, y[1], y[0], d, alpha, NULL, NULL, ad));
   return nvl_cuda_copy_strided(g->out, NVL_BF16, &one, d, NVL_F32, &one, 1, &mn, ctx->dev);
 }
 
@@ -558,7 +590,7 @@ nvl_status emulated_f32_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, flo
  * use_bf16, NUMERICS §7) decides: every value >= 2^-126 in magnitude and the lowest bits of the two
  * operands multiplying to >= 2^-126, else the fp32 fallback. An mx or bf16 operand's range comes
  * from a scan of its scales or exponents (one copy to the host); fp8 and nvfp4 are always in range. */
-nvl_status emulated_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha) {
+nvl_status emulated_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha, const float *dsc) {
   const char *fn = "nvl_cuda_qgemm";
   const int dev = ctx->dev;
   const nvl_qview *ops[2] = {g->a, g->b};
@@ -569,7 +601,7 @@ nvl_status emulated_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float a
   Range r[2];
   NVL_TRY(operand_ranges(ctx, ops, r));
   if (!(r[0].mag >= -126 && r[1].mag >= -126 && r[0].lo + r[1].lo >= -126)) {
-    return emulated_f32_gemm(ctx, s, g, alpha);
+    return emulated_f32_gemm(ctx, s, g, alpha, dsc);
   }
   for (int i = 0; i < 2; i++) {
     if (cls_of(ops[i]->format) == CLS_BF16) continue;
@@ -579,7 +611,7 @@ nvl_status emulated_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float a
     NVL_TRY(dequant_bf16(static_cast<uint16_t *>(p), ops[i], NULL, dev));
   }
   s.ta = s.tb = CUDA_R_16BF;
-  return run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL);
+  return run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL, dsc ? dsc + 2 : NULL);
 }
 
 } /* namespace */
@@ -658,5 +690,25 @@ extern "C" nvl_status nvl_cuda_qgemm(nvl_kctx *ctx, const nvl_gemm_desc *g) {
   s.k = K;
   s.accumulate = accumulate;
   const float alpha = g->a->alpha * g->b->alpha; /* as the CPU's qgemm: alpha_a * alpha_b in fp32 */
-  return path == NVL_GEMM_NATIVE ? native_gemm(ctx, s, g, alpha) : emulated_gemm(ctx, s, g, alpha);
+  /* an operand whose amax lives on the device (quant.h amax_pending): its decode factor, alpha and
+   * beta are computed there, one tiny kernel, and nothing waits for the host */
+  float *dsc = NULL;
+  if (g->a->amax_dev || g->b->amax_dev) {
+    const nvl_qview *o[2] = {g->a, g->b};
+    int kind[2];
+    float emax[2];
+    for (int i = 0; i < 2; i++) {
+      const Cls c = cls_of(o[i]->format);
+      if (o[i]->amax_dev && c != CLS_FP8 && c != CLS_NVFP4)
+        return nvl_error(NVL_EINVAL, "%s: a device amax on a %s operand (no per-tensor scale)", fn, fmt_name(o[i]->format));
+      kind[i] = !o[i]->amax_dev ? 0 : c == CLS_FP8 ? 1 : 2;
+      emax[i] = is_e5(o[i]->format) ? 57344.0f : 448.0f;
+    }
+    NVL_TRY(ctx->scratch(ctx, 4 * sizeof(float), (void **)&dsc));
+    NVL_LAUNCH(1, 1, 0, 0, gemm_scales_kernel)(dsc, kind[0], emax[0], reinterpret_cast<const uint32_t *>(g->a->amax_dev),
+        g->a->alpha, kind[1], emax[1], reinterpret_cast<const uint32_t *>(g->b->amax_dev), g->b->alpha,
+        accumulate ? 1.0f : 0.0f);
+    NVL_TRY(nvl_cuda_check_launch(dev, fn, "gemm_scales_kernel"));
+  }
+  return path == NVL_GEMM_NATIVE ? native_gemm(ctx, s, g, alpha, dsc) : emulated_gemm(ctx, s, g, alpha, dsc);
 }

@@ -648,6 +648,15 @@ static nvl_status quantize_one(nvl_kctx *ctx, const nvl_cuda_quant_desc *d, floa
   NVL_TRY(check_desc(d, "nvl_cuda_quantize"));
   NVL_TRY(nvl_cuda_use_device(dev, "nvl_cuda_quantize"));
   uint32_t *bits = NULL;
+  if (d->amax_dev_in) { /* another quantization's amax, on the device: no reduction, no read-back */
+    NVL_TRY(launch_quant(d, d->amax_dev_in, dev));
+    return NVL_OK;
+  }
+  if (d->amax_dev_out && needs_amax(d)) { /* the amax stays on the device, in q's own word */
+    NVL_TRY(launch_amax(d, d->amax_dev_out, dev));
+    NVL_TRY(launch_quant(d, kernel_reads_amax(d) ? d->amax_dev_out : NULL, dev));
+    return NVL_OK;
+  }
   if (needs_amax(d) && (kernel_reads_amax(d) || amax_out)) { /* else no reduction, no read-back */
     NVL_TRY(ctx->scratch(ctx, sizeof(uint32_t), (void **)&bits));
     NVL_TRY(launch_amax(d, bits, dev));
@@ -678,20 +687,31 @@ static nvl_status quantize_pair(nvl_kctx *ctx, const nvl_cuda_quant_desc *row, c
   const int U = row->kind == KIND_MX ? 32 : 16;
   const bool fused = row->kind != KIND_VALUES && R % U == 0 && C % U == 0 && ((uintptr_t)row->x & 15) == 0 &&
                      R > 0 && C > 0 && (R / TILE + 1) * (C / TILE + 1) < ((int64_t)1 << 31);
+  if (row->amax_dev_in || col->amax_dev_in)
+    return nvl_error(NVL_EINVAL, "%s: a device amax to use is for single quantizations", __func__);
   uint32_t *bits_r = NULL, *bits_c = NULL;
-  /* an amax only where a kernel reads it or the caller asks for it (none for bf16 or mx: no sync) */
-  const bool want_r = needs_amax(row) && (kernel_reads_amax(row) || amax_row);
-  const bool want_c = needs_amax(col) && (kernel_reads_amax(col) || amax_col);
+  /* an amax only where a kernel reads it or the caller asks for it (none for bf16 or mx: no sync);
+   * into the copies' own device words when they keep it there (amax_dev_out), else scratch */
+  const bool want_r = needs_amax(row) && (kernel_reads_amax(row) || amax_row || row->amax_dev_out);
+  const bool want_c = needs_amax(col) && (kernel_reads_amax(col) || amax_col || col->amax_dev_out);
   if (want_r || want_c) {
     NVL_TRY(ctx->scratch(ctx, 2 * sizeof(uint32_t), (void **)&bits_r));
     bits_c = bits_r + 1;
+    if (row->amax_dev_out) bits_r = row->amax_dev_out;
+    if (col->amax_dev_out) bits_c = col->amax_dev_out;
   }
-  /* amax: without the RHT both copies see max |x|: one reduction serves both */
+  /* amax: without the RHT both copies see max |x|: one reduction serves both (copied on the
+   * device into the column copy's word when it has one) */
   const bool shared_amax = want_r && want_c && !row->rht && !col->rht;
   if (want_r) NVL_TRY(launch_amax(row, bits_r, dev));
   if (want_c) {
-    if (shared_amax) bits_c = bits_r;
-    else NVL_TRY(launch_amax(col, bits_c, dev));
+    if (shared_amax && col->amax_dev_out) {
+      NVL_CUDA_CHECK(cudaMemcpyAsync(bits_c, bits_r, sizeof(uint32_t), cudaMemcpyDeviceToDevice, 0));
+    } else if (shared_amax) {
+      bits_c = bits_r;
+    } else {
+      NVL_TRY(launch_amax(col, bits_c, dev));
+    }
   }
   const uint32_t *ar = want_r && kernel_reads_amax(row) ? bits_r : NULL;
   const uint32_t *ac = want_c && kernel_reads_amax(col) ? bits_c : NULL;
@@ -717,14 +737,14 @@ static nvl_status quantize_pair(nvl_kctx *ctx, const nvl_cuda_quant_desc *row, c
     NVL_TRY(launch_quant(col, ac, dev));
   }
   uint32_t b[2] = {0, 0};
-  if ((want_r && amax_row) || (want_c && amax_col))
-    NVL_CUDA_CHECK(cudaMemcpy(b, bits_r, sizeof b, cudaMemcpyDeviceToHost));
+  if (want_r && amax_row) NVL_CUDA_CHECK(cudaMemcpy(&b[0], bits_r, 4, cudaMemcpyDeviceToHost));
+  if (want_c && amax_col) NVL_CUDA_CHECK(cudaMemcpy(&b[1], bits_c, 4, cudaMemcpyDeviceToHost));
   if (amax_row) {
     if (want_r) memcpy(amax_row, &b[0], 4);
     else *amax_row = row->amax;
   }
   if (amax_col) {
-    if (want_c) memcpy(amax_col, shared_amax ? &b[0] : &b[1], 4);
+    if (want_c) memcpy(amax_col, &b[1], 4);
     else *amax_col = col->amax;
   }
   return NVL_OK;
@@ -762,6 +782,10 @@ nvl_status to_cuda_desc(const nvl_qdesc *q, nvl_cuda_quant_desc *d) {
   d->sr_k_total = q->sr_k_total;
   d->has_amax = q->has_amax;
   d->amax = q->amax;
+  d->amax_dev_out = reinterpret_cast<uint32_t *>(q->amax_dev_out);
+  d->amax_dev_in = reinterpret_cast<const uint32_t *>(q->amax_dev_in);
+  if (d->amax_dev_in && (d->has_amax || d->amax_dev_out))
+    return nvl_error(NVL_EINVAL, "nvl_cuda_quantize: a device amax to use excludes a given or an output one");
   d->codes = q->codes;
   d->scales = q->scales;
   d->scales_swz = q->scales_swz;

@@ -74,6 +74,11 @@ static int parse_quant_opts(lua_State *L, const nvl_tensor *x, nvl_quant_opts *o
       o->sr = lua_toboolean(L, -1);
     }
     lua_pop(L, 1);
+    if (lua_getfield(L, 3, "view") != LUA_TNIL) {
+      if (!lua_isboolean(L, -1)) return luaL_error(L, "quantize: view must be a boolean");
+      o->view = lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
     if (lua_getfield(L, 3, "generator") != LUA_TNIL) o->gen = ((nvl_lua_generator *)luaL_checkudata(L, -1, NVL_GENERATOR_MT))->g;
     lua_pop(L, 1);
     int has_seed = lua_getfield(L, 3, "seed") != LUA_TNIL;
@@ -97,9 +102,14 @@ static int parse_quant_opts(lua_State *L, const nvl_tensor *x, nvl_quant_opts *o
     }
     lua_pop(L, 1);
     if (lua_getfield(L, 3, "amax") != LUA_TNIL) {
-      if (!lua_isnumber(L, -1)) return luaL_error(L, "quantize: amax must be a number");
-      o->has_amax = 1;
-      o->amax = (float)lua_tonumber(L, -1);
+      nvl_qtensor *qa = luaL_testudata(L, -1, QTENSOR_MT);
+      if (qa) {
+        o->amax_of = qa; /* the caller's option table keeps it alive through the call */
+      } else {
+        if (!lua_isnumber(L, -1)) return luaL_error(L, "quantize: amax must be a number or a quantized tensor");
+        o->has_amax = 1;
+        o->amax = (float)lua_tonumber(L, -1);
+      }
     }
     lua_pop(L, 1);
     static const char *const slab[3] = {"sr_row_offset", "sr_k_offset", "sr_k_total"};
@@ -188,10 +198,12 @@ static int q_device(lua_State *L) {
 static int q_cpu(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
   if (q->data.device == NVL_CPU) { lua_settop(L, 1); return 1; }
+  CHECK(L, nvl_qtensor_resolve_amax(q));
   nvl_qtensor *h = push_q(L);
   nvl_qtensor c = *q;
   c.data = nvl_tensor_null();
   c.scales = nvl_tensor_null();
+  c.amax_dev = nvl_tensor_null();
   nvl_status st = nvl_tensor_clone_to(&c.data, &q->data, q->data.dtype, NVL_CPU);
   if (st == NVL_OK && q->scales.storage) st = nvl_tensor_clone_to(&c.scales, &q->scales, NVL_U8, NVL_CPU);
   if (st != NVL_OK) { nvl_qtensor_release(&c); return nvl_lua_raise(L); }
@@ -255,8 +267,11 @@ static int q_index(lua_State *L) {
   nvl_qtensor *q = luaL_checkudata(L, 1, QTENSOR_MT);
   const char *k = lua_tostring(L, 2);
   if (k && lua_type(L, 2) == LUA_TSTRING) {
-    if (strcmp(k, "amax") == 0) { lua_pushnumber(L, q->amax); return 1; }
-    if (strcmp(k, "scale") == 0) { lua_pushnumber(L, q->scale); return 1; }
+    if (strcmp(k, "amax") == 0 || strcmp(k, "scale") == 0) { /* a device amax is read back on demand */
+      if (q->data.storage) CHECK(L, nvl_qtensor_resolve_amax(q));
+      lua_pushnumber(L, k[0] == 'a' ? q->amax : q->scale);
+      return 1;
+    }
     if (strcmp(k, "rht") == 0) { lua_pushboolean(L, q->rht); return 1; }
     if (strcmp(k, "sr") == 0) { lua_pushboolean(L, q->sr); return 1; }
     if (strcmp(k, "seed") == 0) { if (q->sr) lua_pushinteger(L, (lua_Integer)q->seed); else lua_pushnil(L); return 1; }

@@ -14,6 +14,7 @@ local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
 local nn = require "nvlua.nn"
+local recipes = require "nvlua.recipe"
 local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
 local Module, ModuleList, Linear, Embedding, RMSNorm = nn.Module, nn.ModuleList, nn.Linear, nn.Embedding, nn.RMSNorm
 local Attention, MLP = nn.Attention, nn.MLP
@@ -233,7 +234,9 @@ function Llama:forward_backward(ids, targets, opts)
     error(string.format("Llama:forward_backward: targets %s do not match ids %s", shape_str(targets), shape_str(ids)), 2)
   end
   if not self.training then error("Llama:forward_backward: the model is in eval mode (call model:train())", 2) end
-  return nv.scope(function()
+  -- one quantization of each weight for the forward and the backward (recipe.weight_cache; the
+  -- training loop opens one around all the micro-batches of a step)
+  return recipes.weight_cache(nv.scope, function()
     local loss, count, dlogits = nv.scope(function() -- the logits die here, their gradient lives on
       local logits = self:forward(ids)                       -- (N, V), f32 or bf16 (act_dtype)
       local l, n, d = core.cross_entropy(logits, targets:reshape(targets:numel()), -- (N)

@@ -10,7 +10,7 @@ local QT = core.QTensor            -- metatable of quantized tensors
 local qmethods = QT.__methods
 
 local OPTS = {axis = true, block = true, rht = true, sr = true, seed = true, offset = true, generator = true,
-  scale_rule = true, amax = true, sr_row_offset = true, sr_k_offset = true, sr_k_total = true}
+  scale_rule = true, amax = true, sr_row_offset = true, sr_k_offset = true, sr_k_total = true, view = true}
 
 -- Quantized tensors keep (weakly, by key) the tensor they came from, for show().
 local source = setmetatable({}, {__mode = "k"})
@@ -19,9 +19,13 @@ local source = setmetatable({}, {__mode = "k"})
 -- fmt: one of nv.format_names (f32, bf16, e4m3, e5m2, mxfp8_e4m3, mxfp8_e5m2, nvfp4, ...; what each
 -- allows is in nv.formats). opts: axis (blocked dim, default the last), block "1d"|"2d", rht
 -- true|signs, sr with seed/offset or generator, scale_rule "rceil"|"floor", amax (delayed
--- scaling), sr_row_offset / sr_k_offset / sr_k_total (SR draws of a slab of a larger tensor: x's
+-- scaling; or a quantized tensor whose amax to use: on a device read there, no host sync),
+-- sr_row_offset / sr_k_offset / sr_k_total (SR draws of a slab of a larger tensor: x's
 -- blocked layout is rows sr_row_offset.. and columns sr_k_offset.. of one sr_k_total long; data
--- parallelism). nv.use_reference(true) runs the scalar reference kernels.
+-- parallelism), view = true (where quantizing is the identity — x's own dtype, f32 or bf16, along
+-- its contiguous last dim, no RHT — the result shares x's storage: no copy; x must not change
+-- while it is used). nv.use_reference(true) runs the scalar reference kernels. On a device, a
+-- per-tensor amax stays there: q.amax and q.scale read it back (one host sync) when asked for.
 function M.quantize(x, fmt, opts)
   util.check_opts(opts, OPTS, "quantize")
   local q = core.quantize(x, fmt, opts)

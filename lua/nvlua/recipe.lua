@@ -243,12 +243,56 @@ function M.share(fn, ...)
   return table.unpack(r, 2, r.n)
 end
 
+-- ---- weights: one quantization per optimizer step ----------------------------------------------
+--
+-- Inside M.weight_cache(fn) — the forward and backward passes of one optimizer step, every
+-- micro-batch, during which no weight changes — a weight's quantization for a spec that depends
+-- only on the weight (no SR draw, no delayed-scaling history) is made at its first use and reused by
+-- every later GEMM needing the same copy: fprop of each micro-batch, and dgrad's copy (on a device,
+-- its re-quantization along the other axis). The same bits as quantizing anew each time, once. The
+-- cache owns the copies and frees them when fn returns (or raises). Llama:forward_backward runs in
+-- one (so fprop and dgrad share), and the training loop wraps each step's micro-batches in one.
+local wcache -- nil outside M.weight_cache
+
+--- recipe.weight_cache(fn, ...) -> fn(...): see above; nested caches use the outermost.
+function M.weight_cache(fn, ...)
+  if wcache then return fn(...) end
+  wcache = {by = setmetatable({}, {__mode = "k"}), list = {}}
+  local r = table.pack(pcall(fn, ...))
+  local c = wcache
+  wcache = nil
+  for _, q in ipairs(c.list) do q:free() end
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+--- recipe.weight_cache_size() -> the number of quantized weight copies the open cache holds (0
+-- outside one): for tests and memory accounting.
+function M.weight_cache_size() return wcache and #wcache.list or 0 end
+
+local function cacheable(s) return wcache ~= nil and not s.sr and not s.delayed end
+
+-- The cached copy of weight w under key, else make()'s result, cached (unscoped: the cache frees it).
+-- -> q, true when the cache owns q (the caller must not free it).
+local function cached(w, key, make)
+  local m = wcache.by[w]
+  if not m then m = {}; wcache.by[w] = m end
+  local q = m[key]
+  if not q then
+    q = core.unscope(make())
+    m[key] = q
+    wcache.list[#wcache.list + 1] = q
+  end
+  return q, true
+end
+
 -- Quantize t (2-D) per spec, blocked along axis (1 or 2). key names the delayed-scaling history.
 -- split: t is an activation or gradient whose rows (tokens) are this rank's share of the global
 -- batch under data parallelism (x, dy; not a weight): its amax is reduced over the ranks and its
 -- SR draws are placed at its rows' global block indices (set_shard).
 function Recipe:_quantize(s, t, axis, key, split)
-  local o = {axis = axis}
+  -- an activation already in its spec's dtype (bf16 x, dy) along its last dim is used in place
+  local o = {axis = axis, view = split or nil}
   if s.block == "2d" then o.block = "2d" end
   if s.rht then o.rht = true end
   if s.sr then o.sr = true; o.generator = self.gen end
@@ -272,6 +316,9 @@ function Recipe:_quantize(s, t, axis, key, split)
     for _, e in ipairs(memo) do
       if e.key == sk and same_view(t, e.t) then return e.q end
     end
+  end
+  if not split and cacheable(s) then -- a weight: once per optimizer step
+    return cached(t, spec_key(s, axis), function() return quant.quantize(t, s.format, o) end)
   end
   local q = quant.quantize(t, s.format, o)
   if shared then -- the memo's: a handle of its own on t's elements, and q, outlive the caller's scope
@@ -317,11 +364,12 @@ end
 -- along K): q:t() on the CPU. A device QTensor has no transpose yet, so on a GPU W is quantized
 -- again along its other axis with q's amax: for 2-D nvfp4 tiles and per-tensor fp8 that gives
 -- exactly q:t()'s values (NUMERICS §2; tests/test_recipe.lua checks the identity on the CPU).
+-- The amax is given as q itself: on a device it is read where it lives, no host sync.
 local function transposed(q, w, s, requantize)
   if not requantize and q:device() ~= "cuda" then return q:t() end
   local o = {axis = 1}
   if s.block == "2d" then o.block = "2d" end
-  if formats.traits[s.format].global_amax then o.amax = q.amax end
+  if formats.traits[s.format].global_amax then o.amax = q end
   return quant.quantize(w, s.format, o)
 end
 M._transposed = transposed -- for the test of that identity (tests/test_recipe.lua)
@@ -366,14 +414,14 @@ function Recipe:linear_forward(ctx, x, w)
     local shape = x:size()
     local x2 = as2d(x, "x")
     local g = self:gemm(ctx, "fprop")
-    local y, qw
+    local y, qw, qw_cached
     if plain(g) then
       if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
       if self.act_dtype == "bf16" then y = wide(x2):matmul(w:transpose()):to("bf16")
       else y = x2:matmul(w:transpose()) end
     else
       local qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
-      qw = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
+      qw, qw_cached = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
       if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
       y = qgemm(qx, qw, g.out, self.act_dtype)
       -- keep the weight's quantization only when dgrad reuses it (2-D weights: it must); else the
@@ -381,7 +429,8 @@ function Recipe:linear_forward(ctx, x, w)
       if not (transposable(g.b) and same_spec(g.b, self:spec(ctx, "dgrad", "w"))) then qw = nil end
     end
     stats.count("fprop", g.label)
-    local saved = {x = x2, w = w, qw = qw, wspec = g.b, shape = shape} -- returned: qw outlives the scope
+    -- returned: qw outlives the scope (a cached qw is the weight cache's, freed by it)
+    local saved = {x = x2, w = w, qw = qw, qw_cached = qw_cached, wspec = g.b, shape = shape}
     return reshape_like(y, shape, w:size(1)), saved
   end)
 end
@@ -399,7 +448,8 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
     local dx = core.scope(function()
       local qw = saved.qw
       saved.qw = nil
-      if qw then core.adopt(qw) end
+      if qw and saved.qw_cached and qw:is_freed() then qw = nil end -- its cache closed before this backward
+      if qw and not saved.qw_cached then core.adopt(qw) end
       local g = self:gemm(ctx, "dgrad")
       local d
       if plain(g) then
@@ -408,16 +458,19 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
         else d = dy2:matmul(w) end
       else
         local qdy = self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"), true)
-        local qwt
-        if qw and same_spec(g.b, saved.wspec) then
-          qwt = transposed(qw, w, g.b) -- the fprop weight, transposed: same values
-        elseif g.b.block == "2d" then -- the tiles along K, transposed; they die before the GEMM
-          qwt = core.scope(function()
-            return transposed(self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad")), w, g.b)
-          end)
-        else
-          qwt = self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"))
+        local function weight_t()
+          if qw and same_spec(g.b, saved.wspec) then
+            return transposed(qw, w, g.b) -- the fprop weight, transposed: same values
+          elseif g.b.block == "2d" then -- the tiles along K, transposed; they die before the GEMM
+            return core.scope(function()
+              return transposed(self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad")), w, g.b)
+            end)
+          end
+          return self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"))
         end
+        local qwt
+        if cacheable(g.b) then qwt = cached(w, "dgrad|" .. spec_key(g.b, 1), weight_t) -- once per step
+        else qwt = weight_t() end
         if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "dgrad", gemm = g, a = qdy, b = qwt}) end
         d = qgemm(qdy, qwt, g.out, self.act_dtype)
       end
@@ -451,7 +504,8 @@ end
 
 --- recipe:release(saved): free what linear_forward kept for a backward that will not run (eval).
 function Recipe:release(saved)
-  if saved and saved.qw then saved.qw:free(); saved.qw = nil end
+  if saved and saved.qw and not saved.qw_cached then saved.qw:free() end
+  if saved then saved.qw = nil end
 end
 
 --- recipe:trace(fn | nil): call fn{ctx, role, gemm, a, b} before each GEMM, with its operands as

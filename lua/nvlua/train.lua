@@ -690,13 +690,15 @@ local function step_once(r, step)
     opt:set_lr(lr)
     local t0 = nv.clock()
     local loss_sum, n_tok = 0, 0
-    for _ = 1, c.grad_accum do
-      local loss, cnt = nv.scope(function()
-        local x, y = r.loader:next()
-        return model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum})
-      end)
-      loss_sum, n_tok = loss_sum + loss, n_tok + cnt
-    end
+    nv.recipe.weight_cache(function() -- each weight quantized once for all the micro-batches
+      for _ = 1, c.grad_accum do
+        local loss, cnt = nv.scope(function()
+          local x, y = r.loader:next()
+          return model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum})
+        end)
+        loss_sum, n_tok = loss_sum + loss, n_tok + cnt
+      end
+    end)
     local loss = loss_sum / c.grad_accum
     local gnorm
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm

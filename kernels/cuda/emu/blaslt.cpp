@@ -22,7 +22,8 @@
  * (the order is unspecified by cuBLASLt: results match a GPU's within fp32 summation-order error).
  *
  * Not modelled (refused): other transposes, batches, epilogues, bias, C/D scales, amax outputs,
- * other types, beta != 0 with C != D, pointer modes other than host alpha/beta. */
+ * other types, beta != 0 with C != D, pointer modes other than host or device alpha/beta
+ * (CUBLASLT_POINTER_MODE_DEVICE: both are device floats, read in stream order). */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,6 +43,7 @@ struct nvl_emu_lt_handle {
 struct nvl_emu_lt_desc {
   int compute, scale_type, transa, transb, mode_a, mode_b;
   const void *scale_a, *scale_b;
+  int pointer_mode; /* CUBLASLT_POINTER_MODE_HOST or _DEVICE */
 };
 struct nvl_emu_lt_layout {
   int type;
@@ -223,7 +225,8 @@ cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
 }
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType scale) {
-  *d = new nvl_emu_lt_desc{(int)compute, (int)scale, CUBLAS_OP_N, CUBLAS_OP_N, 0, 0, NULL, NULL};
+  *d = new nvl_emu_lt_desc{(int)compute, (int)scale, CUBLAS_OP_N, CUBLAS_OP_N, 0, 0, NULL, NULL,
+                           CUBLASLT_POINTER_MODE_HOST};
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
@@ -245,6 +248,15 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
       else if (attr == CUBLASLT_MATMUL_DESC_TRANSB) d->transb = v;
       else if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE) d->mode_a = v;
       else d->mode_b = v;
+      return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE: {
+      if (size != 4) return lt_refuse(CUBLAS_STATUS_INVALID_VALUE, "attribute %d takes 4 bytes, got %zu", attr, size);
+      int32_t v;
+      memcpy(&v, buf, 4);
+      if (v != CUBLASLT_POINTER_MODE_HOST && v != CUBLASLT_POINTER_MODE_DEVICE)
+        return lt_refuse(CUBLAS_STATUS_NOT_SUPPORTED, "pointer mode %d is not modelled (host 0 and device 1 are)", v);
+      d->pointer_mode = v;
       return CUBLAS_STATUS_SUCCESS;
     }
     case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
@@ -482,6 +494,18 @@ static GemmCount gemm_count(const Problem &p, bool reads_c, const void *const sc
 static cublasStatus_t matmul(const Problem &p, const cublasLtMatmulAlgo_t *algo, const float *alpha,
                              const float *beta, const void *A, const void *B, const void *C, void *D, void *ws,
                              size_t ws_bytes, cudaStream_t stream) {
+  auto hv = [](const void *q) -> char * { return q ? host_view(find_alloc(q, 0), q) : NULL; };
+  const bool dev_ab = p.op->pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;
+  Alloc *ab_alloc[2] = {NULL, NULL};
+  if (dev_ab) { /* alpha and beta are device floats, read in stream order (work runs as it is queued) */
+    const void *abp[2] = {alpha, beta};
+    for (int i = 0; i < 2; i++) {
+      ab_alloc[i] = operand(abp[i], sizeof(float), i ? "beta" : "alpha");
+      if (!ab_alloc[i]) return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    alpha = reinterpret_cast<const float *>(hv(alpha));
+    beta = reinterpret_cast<const float *>(hv(beta));
+  }
   const void *ptr[4] = {A, B, C, D};
   cublasStatus_t st = check_alignment(algo, ptr, p);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
@@ -491,8 +515,10 @@ static cublasStatus_t matmul(const Problem &p, const cublasLtMatmulAlgo_t *algo,
   const bool block = p.op->mode_a != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   if (block && (!p.op->scale_a || !p.op->scale_b))
     return lt_refuse(CUBLAS_STATUS_INVALID_VALUE, "block-scaled operands need A_SCALE_POINTER and B_SCALE_POINTER");
-  Access acc[7];
+  Access acc[9];
   int n = 0;
+  for (int i = 0; i < 2; i++)
+    if (ab_alloc[i]) acc[n++] = Access{ab_alloc[i], ACC_READ, i ? "beta" : "alpha"};
   const char *names[] = {"A", "B", "C", "D"};
   const void *ops[] = {A, B, C, D};
   const nvl_emu_lt_layout *ls[] = {p.a, p.b, p.c, p.d};
@@ -519,7 +545,6 @@ static cublasStatus_t matmul(const Problem &p, const cublasLtMatmulAlgo_t *algo,
   counters().gemms++;
   count_gemm(gemm_count(p, *beta != 0.0f, scales));
   if (!op_enqueue(s, "cublasLtMatmul", acc, n)) return CUBLAS_STATUS_SUCCESS; /* the race is a fault, as a GPU's */
-  auto hv = [](const void *q) -> char * { return q ? host_view(find_alloc(q, 0), q) : NULL; };
   compute(p, hv(A), hv(B), hv(C == D ? D : C), hv(D), *alpha, *beta, scales[0] ? hv(scales[0]) : NULL,
           scales[1] ? hv(scales[1]) : NULL);
   return CUBLAS_STATUS_SUCCESS;
@@ -535,9 +560,11 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
   NVL_EMU_LOCK;
   if (!h || !op || !alpha || !beta || !A || !a || !B || !b || !C || !c || !D || !d || !algo)
     return lt_refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: NULL argument");
-  if (in_device_range(alpha) || in_device_range(beta))
-    return lt_refuse(CUBLAS_STATUS_INVALID_VALUE, "alpha/beta in device memory: only CUBLASLT_POINTER_MODE_HOST is "
-                     "modelled");
+  const bool dev_ab = op->pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;
+  if (!dev_ab && (in_device_range(alpha) || in_device_range(beta)))
+    return lt_refuse(CUBLAS_STATUS_INVALID_VALUE, "alpha/beta in device memory with CUBLASLT_POINTER_MODE_HOST");
+  if (dev_ab && (!in_device_range(alpha) || !in_device_range(beta)))
+    return lt_refuse(CUBLAS_STATUS_INVALID_VALUE, "alpha/beta in host memory with CUBLASLT_POINTER_MODE_DEVICE");
   if (h->dev != current_device())
     return lt_refuse(CUBLAS_STATUS_INVALID_VALUE, "the handle belongs to cuda:%d, cuda:%d is current", h->dev,
                      current_device());
