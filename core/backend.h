@@ -274,9 +274,12 @@ typedef struct nvl_layer_kernels {
                                       const uint16_t *x, const float *weight, const float *rstd, int64_t N, int64_t C);
   nvl_status (*swiglu_backward_bf16)(nvl_kctx *ctx, uint16_t *dgate, uint16_t *dup, const uint16_t *dout,
                                      const uint16_t *gate, const uint16_t *up, int64_t n);
-  /* *total (host) = sum over rows n with targets[n] != ignore_index of lse - logit[target] +
-   * z_loss lse^2; logits (N, V) f32 or bf16; dlogits (N, V) or NULL gets grad_scale * d/dlogits */
-  nvl_status (*cross_entropy)(nvl_kctx *ctx, double *total, float *dlogits, const void *logits, nvl_dtype logits_dtype,
+  /* *total = sum over rows n with targets[n] != ignore_index of lse - logit[target] +
+   * z_loss lse^2; logits (N, V) f32 or bf16; dlogits (N, V) or NULL gets grad_scale * d/dlogits.
+   * total is host memory, or with total_on_device memory of the op's device (written there in
+   * stream order, not read back: no host synchronisation). */
+  nvl_status (*cross_entropy)(nvl_kctx *ctx, double *total, int total_on_device, float *dlogits, const void *logits,
+                              nvl_dtype logits_dtype,
                               const int64_t *targets, int64_t N, int64_t V, int64_t ignore_index, double z_loss,
                               double grad_scale);
   nvl_status (*adamw_step)(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,

@@ -613,11 +613,39 @@ nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_ten
 /* ---- fused softmax cross-entropy -------------------------------------------------------------- */
 
 nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
-                             const nvl_tensor *targets_in, int64_t ignore_index, double z_loss, double dloss_scale) {
+                             const nvl_tensor *targets, int64_t ignore_index, double z_loss, double dloss_scale) {
+  return nvl_cross_entropy_of(loss, count, dlogits, logits, targets, ignore_index, z_loss, dloss_scale, 0);
+}
+
+static nvl_status cross_entropy_impl(double *loss, nvl_tensor *sum_out, int64_t *count, nvl_tensor *dlogits,
+                                     const nvl_tensor *logits, const nvl_tensor *targets_in, int64_t ignore_index,
+                                     double z_loss, double dloss_scale, int64_t of_count);
+
+nvl_status nvl_cross_entropy_of(double *loss, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
+                                const nvl_tensor *targets_in, int64_t ignore_index, double z_loss, double dloss_scale,
+                                int64_t of_count) {
+  return cross_entropy_impl(loss, NULL, count, dlogits, logits, targets_in, ignore_index, z_loss, dloss_scale, of_count);
+}
+
+nvl_status nvl_cross_entropy_sum(nvl_tensor *sum_out, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
+                                 const nvl_tensor *targets_in, int64_t ignore_index, double z_loss, double dloss_scale,
+                                 int64_t of_count) {
+  double loss;
+  if (!sum_out) return nvl_error(NVL_EINVAL, "cross_entropy: sum_out must not be NULL");
+  NVL_TRY(need_out_null("cross_entropy", "sum", sum_out));
+  return cross_entropy_impl(&loss, sum_out, count, dlogits, logits, targets_in, ignore_index, z_loss, dloss_scale,
+                            of_count);
+}
+
+static nvl_status cross_entropy_impl(double *loss, nvl_tensor *sum_out, int64_t *count, nvl_tensor *dlogits,
+                                     const nvl_tensor *logits, const nvl_tensor *targets_in, int64_t ignore_index,
+                                     double z_loss, double dloss_scale, int64_t of_count) {
   const char *op = "cross_entropy";
   char s1[160];
   const nvl_backend *be;
   if (!loss || !count) return nvl_error(NVL_EINVAL, "%s: loss and count must not be NULL", op);
+  if (of_count < 0) return nvl_error(NVL_EINVAL, "%s: of_count must be positive (0: this call's count), got %lld", op,
+                                     (long long)of_count);
   if (dlogits) NVL_TRY(need_out_null(op, "dlogits", dlogits));
   if (logits && logits->storage && logits->dtype == NVL_BF16) NVL_TRY(check_tensor(op, "logits", logits, NVL_BF16));
   else NVL_TRY(check_tensor(op, "logits", logits, NVL_F32));
@@ -637,17 +665,27 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
   if (st == NVL_OK) st = check_ids(op, "target", tg, N, V, 1, ignore_index);
   int64_t cnt = 0;
   for (int64_t n = 0; st == NVL_OK && n < N; n++) cnt += tg[n] != ignore_index;
-  double gscale = cnt ? dloss_scale / (double)cnt : 0.0, total = 0.0;
+  if (st == NVL_OK && of_count && cnt > of_count)
+    st = nvl_error(NVL_EINVAL, "%s: this slice counts %lld tokens, more than the of_count %lld of its batch", op,
+                   (long long)cnt, (long long)of_count);
+  const int64_t denom = of_count ? of_count : cnt;
+  double gscale = denom ? dloss_scale / (double)denom : 0.0, total = 0.0;
   if (st == NVL_OK && dlogits) st = nvl_tensor_empty(&d, NVL_F32, logits->device, logits->ndim, logits->shape);
+  nvl_tensor sum = nvl_tensor_null();
+  int64_t one = 1;
+  if (st == NVL_OK && sum_out) st = nvl_tensor_empty(&sum, NVL_I64, logits->device, 1, &one);
+  double *tp = sum_out ? (double *)nvl_tensor_data(&sum) : &total;
   if (st == NVL_OK) /* bf16 logits are read as they are (the CPU widens them exactly first) */
-    st = NVL_CALL(be, logits, layers->cross_entropy, &total, dlogits ? nvl_tensor_data(&d) : NULL, nvl_tensor_data(logits),
-                  logits->dtype, nvl_tensor_data(&tgd), N, V, ignore_index, z_loss, gscale);
+    st = NVL_CALL(be, logits, layers->cross_entropy, tp, sum_out != NULL, dlogits ? nvl_tensor_data(&d) : NULL,
+                  nvl_tensor_data(logits), logits->dtype, nvl_tensor_data(&tgd), N, V, ignore_index, z_loss, gscale);
   if (st == NVL_OK) {
-    *loss = cnt ? total / (double)cnt : 0.0;
+    *loss = sum_out ? NAN : denom ? total / (double)denom : 0.0;
     *count = cnt;
     if (dlogits) *dlogits = d;
+    if (sum_out) *sum_out = sum;
   } else {
     nvl_tensor_release(&d);
+    nvl_tensor_release(&sum);
   }
   nvl_tensor_release(&targets);
   nvl_tensor_release(&tgd);

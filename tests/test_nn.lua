@@ -665,3 +665,57 @@ T.case("model:to(device): an unknown device, or cuda without a GPU, is a clear e
   T.raises(function() m:to("cuda") end, "Module:to: device 'cuda' is not available here")
   T.eq(m.grad_buffer:device(), "cpu", "nothing moved")
 end)
+
+T.case("Llama:forward_backward in chunks of tokens (loss_chunk): same loss and input gradients; the head's weight gradient within fp32 reordering", function()
+  local llama = require "nvlua.llama"
+  local recipe = require "nvlua.recipe"
+  local core = require "nvlua.core"
+  local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
+  local U = 2.0 ^ -24
+  for _, rn in ipairs({"f32", "bf16", "nvfp4"}) do
+    local function run(chunk)
+      local m = llama.Llama(cfg, {recipe = recipe[rn](), seed = 4})
+      local g = nv.Generator(9)
+      local x = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+      local y = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+      y[1][3] = -100 -- an ignored token inside the first chunk
+      local l, c = m:forward_backward(x, y, {loss_chunk = chunk})
+      return m, l, c, x, y
+    end
+    local m0, l0, c0, x, y = run(0)
+    local m1, l1, c1 = run(5) -- 32 tokens: chunks of 5, the last one ragged (2)
+    T.eq(c1, c0, rn .. ": counted tokens")
+    T.ok(math.abs(l1 - l0) <= 1e-12 * math.abs(l0), rn .. ": the chunks' losses add up to the batch's (double sums)")
+    local g0 = {}
+    for _, e in ipairs(m0:named_parameters()) do g0[e.name] = e.grad end
+    -- the head's weight gradient: sum over tokens of dY^T X, one fp32 GEMM vs fp32 chunk sums: any two
+    -- fp32 summation orders of N = 32 terms differ by at most 2 N u sum |dY||X| (u = 2^-24), with dY,
+    -- X the head's operands (bf16-rounded under bf16 activations)
+    m0:eval()
+    local h = m0:_hidden(x)
+    local logits = m0.lm_head:forward(h)
+    local _, _, d = core.cross_entropy(logits, y:reshape(32), {grad = true})
+    if rn ~= "f32" then d, h = d:to("bf16"):to("f32"), h:to("bf16"):to("f32") end
+    local bound = d:abs():transpose(1, 2):matmul(h:to("f32"):abs()) * (2 * 32 * U)
+    for _, e in ipairs(m1:named_parameters()) do
+      if e.name == "lm_head.weight" then
+        local diff = (e.grad - g0[e.name]):abs()
+        T.ok(diff:le(bound):sum() == diff:numel(), rn .. ": lm_head.weight within the fp32 reordering bound")
+      else
+        T.eq(e.grad:bytes(), g0[e.name]:bytes(), rn .. ": " .. e.name .. " bit for bit")
+      end
+    end
+  end
+  -- a head quantized over the tokens (per-tensor amax, SR, RHT) would quantize differently per chunk
+  T.ok(llama.Llama(cfg, {seed = 1, recipe = recipe.bf16()}):_head_chunkable(), "a bf16 head is chunked")
+  T.ok(not llama.Llama(cfg, {seed = 1, recipe = recipe.custom(function() return "nvfp4" end)}):_head_chunkable(),
+    "an nvfp4 head runs unchunked")
+  T.raises(function()
+    local m = llama.Llama(cfg, {seed = 1})
+    local ids = nv.zeros(1, 4):to("i64")
+    m:forward_backward(ids, ids, {loss_chunk = -1})
+  end, "loss_chunk must be a non%-negative integer")
+  T.raises(function() return core.cross_entropy(nv.zeros(2, 4), nv.zeros(2):to("i64"), {of_count = 1}) end,
+    "more than the of_count")
+end)

@@ -374,9 +374,11 @@ static nvl_status widen(nvl_kctx *ctx, const float **out, const void *x, nvl_dty
   return NVL_OK;
 }
 
-static nvl_status cross_entropy(nvl_kctx *ctx, double *total_out, float *dlogits, const void *logits_in,
+static nvl_status cross_entropy(nvl_kctx *ctx, double *total_out, int total_on_device, float *dlogits,
+                                const void *logits_in,
                                 nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
                                 int64_t ignore_index, double z_loss, double grad_scale) {
+  (void)total_on_device; /* the CPU's memory is the host's */
   const float *logits;
   NVL_TRY(widen(ctx, &logits, logits_in, logits_dtype, N * V));
   double part[MAX_PARTS];

@@ -169,7 +169,7 @@ nvl_status nvl_cuda_rope_forward_bf16(nvl_kctx *ctx, uint16_t *out, const uint16
                                       const float *sin_t, int64_t B, int64_t T, int64_t H, int64_t D);
 nvl_status nvl_cuda_rope_backward_bf16(nvl_kctx *ctx, uint16_t *dx, const uint16_t *dout, const float *cos_t,
                                        const float *sin_t, int64_t B, int64_t T, int64_t H, int64_t D);
-nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, float *dlogits, const void *logits,
+nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, int total_on_device, float *dlogits, const void *logits,
                                   nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
                                   int64_t ignore_index, double z_loss, double grad_scale);
 nvl_status nvl_cuda_adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,

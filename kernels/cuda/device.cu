@@ -443,6 +443,71 @@ extern "C" nvl_status nvl_cuda_timer_stop(int dev, double *ms) {
 
 /* ---- copies --------------------------------------------------------------------------------- */
 
+/* ---- host->device uploads without a host synchronisation ----------------------------------- *
+ * A copy from pageable host memory makes the host wait for the device (all queued work first).
+ * Small uploads (token ids and targets, every micro-batch) go through a per-device ring of pinned
+ * staging slots instead: the bytes are copied into a slot on the host, the slot is queued
+ * asynchronously, and an event recorded after it; a slot is reused only once its event has passed
+ * (cudaEventSynchronize in the rare case it has not: the only wait). The caller's buffer is free
+ * when nvl_cuda_memcpy returns, as before. */
+enum { STAGE_SLOTS = 8, STAGE_SLOT_BYTES = 1 << 20 };
+struct Stage {
+  bool ready;
+  char *slot[STAGE_SLOTS];
+  cudaEvent_t done[STAGE_SLOTS];
+  bool used[STAGE_SLOTS];
+  int next;
+};
+static Stage stages[NVL_MAX_GPUS];
+static pthread_mutex_t stage_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* 1: queued through a staging slot; 0: not staged (too large, or no pinned memory: the caller
+ * copies the plain way); -1: a CUDA error (set). */
+static int staged_upload(void *dst, const void *src, size_t bytes, int dev) {
+  if (bytes > STAGE_SLOT_BYTES || dev < 0 || dev >= NVL_MAX_GPUS) return 0;
+  pthread_mutex_lock(&stage_mu);
+  Stage *g = &stages[dev];
+  if (!g->ready) {
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+      if (cudaMallocHost((void **)&g->slot[i], STAGE_SLOT_BYTES) != cudaSuccess ||
+          cudaEventCreateWithFlags(&g->done[i], cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        for (int j = 0; j <= i; j++) { /* give up on staging for this device: plain copies */
+          if (g->slot[j]) cudaFreeHost(g->slot[j]);
+          if (g->done[j]) cudaEventDestroy(g->done[j]);
+          g->slot[j] = NULL;
+          g->done[j] = NULL;
+        }
+        (void)cudaGetLastError();
+        pthread_mutex_unlock(&stage_mu);
+        return 0;
+      }
+    }
+    g->ready = true;
+  }
+  const int i = g->next;
+  g->next = (i + 1) % STAGE_SLOTS;
+  cudaError_t e = cudaSuccess;
+  if (g->used[i] && cudaEventQuery(g->done[i]) != cudaSuccess) { /* still being read by an earlier copy */
+    (void)cudaGetLastError();
+    e = cudaEventSynchronize(g->done[i]);
+  }
+  if (e == cudaSuccess) {
+    memcpy(g->slot[i], src, bytes);
+    e = cudaMemcpyAsync(dst, g->slot[i], bytes, cudaMemcpyHostToDevice, 0);
+  }
+  if (e == cudaSuccess) e = cudaEventRecord(g->done[i], 0);
+  if (e == cudaSuccess) g->used[i] = true;
+  pthread_mutex_unlock(&stage_mu);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    nvl_error(NVL_EDEVICE, "nvl_cuda_memcpy: a staged host->device copy of %zu bytes on cuda:%d failed: %s (%s)",
+              bytes, dev, cudaGetErrorString(e), cudaGetErrorName(e));
+    return -1;
+  }
+  return 1;
+}
+
 extern "C" nvl_status nvl_cuda_memcpy(void *dst, const void *src, size_t bytes, int kind, int dev) {
   static const cudaMemcpyKind kinds[3] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
                                           cudaMemcpyDeviceToDevice};
@@ -455,10 +520,17 @@ extern "C" nvl_status nvl_cuda_memcpy(void *dst, const void *src, size_t bytes, 
     return nvl_error(NVL_EINVAL, "%s: NULL %s for a %zu-byte %s copy", __func__,
                      dst == NULL ? "dst" : "src", bytes, names[kind]);
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
-  cudaError_t e;
+  cudaError_t e = cudaSuccess;
   if (kind == 2) {
     e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
     if (e == cudaSuccess && sync_on()) e = cudaStreamSynchronize(0);
+  } else if (kind == 0 && !sync_on() && bytes <= STAGE_SLOT_BYTES) {
+    const int r = staged_upload(dst, src, bytes, dev);
+    if (r < 0) return NVL_EDEVICE;
+    if (r == 0) {
+      e = cudaMemcpy(dst, src, bytes, kinds[kind]);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(0);
+    }
   } else {
     e = cudaMemcpy(dst, src, bytes, kinds[kind]);
     /* host->device from pageable memory may return before the copy is done: wait, so the copy

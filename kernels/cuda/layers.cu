@@ -425,13 +425,13 @@ static nvl_status sum_to_host(nvl_kctx *ctx, double *host, const double *in, int
   return nvl_cuda_memcpy(host, d, sizeof(double), 1, dev);
 }
 
-extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, float *dlogits, const void *logits,
+extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, int total_on_device, float *dlogits,
+                                             const void *logits,
                                              nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
                                              int64_t ignore_index, double z_loss, double grad_scale) {
   const int dev = ctx->dev;
   const bool bf16 = logits_dtype == NVL_BF16;
-  *total = 0.0;
-  if (N == 0) return NVL_OK;
+  if (N == 0) return total_on_device ? nvl_cuda_memset(total, 0, sizeof(double), dev) : (*total = 0.0, NVL_OK);
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   double *rows = NULL; /* (N) per-row loss terms, device */
   NVL_TRY(ctx->scratch(ctx, (size_t)N * sizeof(double), (void **)&rows));
@@ -444,6 +444,10 @@ extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, float
     NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<float>)(rows, dlogits, (const float *)logits, targets, N, V,
                                                      ignore_index, z_loss, grad_scale);
   NVL_TRY(launched(dev, __func__, bf16 ? "cross_entropy_kernel<bf16>" : "cross_entropy_kernel<f32>", N, V));
+  if (total_on_device) { /* the sum stays on the device: read back by whoever wants the loss, later */
+    NVL_LAUNCH(1, 1024, 0, 0, sum_doubles_kernel)(total, rows, N);
+    return launched(dev, __func__, "sum_doubles_kernel", N, 1);
+  }
   return sum_to_host(ctx, total, rows, N, __func__);
 }
 

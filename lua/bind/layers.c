@@ -162,30 +162,43 @@ static int l_swiglu_backward(lua_State *L) {
 
 /* ---- cross-entropy ---------------------------------------------------------------------------- */
 
-static const char *const ce_keys[] = {"ignore_index", "z_loss", "grad", "scale", NULL};
+static const char *const ce_keys[] = {"ignore_index", "z_loss", "grad", "scale", "of_count", "defer", NULL};
 
-/* cross_entropy(logits, targets [, {ignore_index = -100, z_loss = 0, grad = true, scale = 1}]) */
+/* cross_entropy(logits, targets [, {ignore_index = -100, z_loss = 0, grad = true, scale = 1, of_count}]):
+ * of_count (> 0): logits are a slice of a batch with that many counted tokens (core/layers.h);
+ * defer = true: the first result is an i64 (1) tensor on the logits' device holding the bits of the
+ * double sum of the loss terms (nvl_cross_entropy_sum: nothing read back), not the mean */
 static int l_cross_entropy(lua_State *L) {
   const char *op = "cross_entropy";
   nvl_tensor *logits = nvl_lua_check_tensor(L, 1, op);
   nvl_tensor *targets = nvl_lua_check_tensor(L, 2, op);
-  int64_t ignore_index = -100;
+  int64_t ignore_index = -100, of_count = 0;
   double z_loss = 0.0, scale = 1.0;
-  int grad = 1;
+  int grad = 1, defer = 0;
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
     nvl_lua_check_keys(L, 3, op, ce_keys);
     nvl_lua_opt_integer(L, 3, op, "ignore_index", &ignore_index, 0);
     nvl_lua_opt_number(L, 3, op, "z_loss", &z_loss, 0);
     nvl_lua_opt_boolean(L, 3, op, "grad", &grad);
+    nvl_lua_opt_boolean(L, 3, op, "defer", &defer);
     nvl_lua_opt_number(L, 3, op, "scale", &scale, 0);
+    nvl_lua_opt_integer(L, 3, op, "of_count", &of_count, 0);
+    if (of_count < 0 || (of_count == 0 && lua_getfield(L, 3, "of_count") != LUA_TNIL))
+      return luaL_error(L, "%s: of_count must be a positive integer", op);
   }
   lua_settop(L, 3);
-  nvl_tensor *d = grad ? nvl_lua_push_tensor(L) : NULL;
+  nvl_tensor *d = grad ? nvl_lua_push_tensor(L) : NULL; /* index 4 */
   double loss;
   int64_t count;
-  CHECK(L, nvl_cross_entropy(&loss, &count, d, logits, targets, ignore_index, z_loss, scale));
-  lua_pushnumber(L, loss);
+  if (defer) {
+    nvl_tensor *sum = nvl_lua_push_tensor(L);             /* index 5 (4 without grad) */
+    CHECK(L, nvl_cross_entropy_sum(sum, &count, d, logits, targets, ignore_index, z_loss, scale, of_count));
+    lua_pushvalue(L, -1);
+  } else {
+    CHECK(L, nvl_cross_entropy_of(&loss, &count, d, logits, targets, ignore_index, z_loss, scale, of_count));
+    lua_pushnumber(L, loss);
+  }
   lua_pushinteger(L, (lua_Integer)count);
   if (grad) lua_pushvalue(L, 4);
   else lua_pushnil(L);

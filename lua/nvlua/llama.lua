@@ -191,6 +191,11 @@ end
 --- token ids)
 function Llama:forward(ids)
   check_ids(ids, "ids", "Llama:forward", self.config.max_position_embeddings)
+  return nv.scope(function() return self.lm_head:forward(self:_hidden(ids)) end) -- (N, V)
+end
+
+-- The trunk: embedding, blocks, final norm -> (N, C) (ids checked by the caller)
+function Llama:_hidden(ids)
   for _, m in ipairs(self._linears) do m.step = self.step end
   local N, C = ids:numel(), self.config.hidden_size
   self._saved = self.training and {shape = {ids:size(1), ids:size(2), C}} or nil -- no tensors: see Block
@@ -202,16 +207,22 @@ function Llama:forward(ids)
         return self.layers[i]:forward(x)                     -- (B, T, C)
       end)
     end
-    return self.lm_head:forward(self.norm:forward(x:view(N, C))) -- (N, V)
+    return self.norm:forward(x:view(N, C))                   -- (N, C)
   end)
 end
 
 --- model:backward(dlogits [N, V]): accumulates every parameter gradient; returns nil
 function Llama:backward(dlogits)
+  self:_hidden_backward(function() return self.lm_head:backward(dlogits) end)
+end
+
+-- The trunk's backward from dh() (the gradient of the final norm's output, (N, C), made inside
+-- the scope that frees it)
+function Llama:_hidden_backward(dh)
   local s = take_saved(self, "Llama")
   nv.scope(function()
-    local dx = nv.scope(function() -- the norm's input gradient, as (B, T, C); the LM head's dies here
-      return self.norm:backward(self.lm_head:backward(dlogits)):view(s.shape)
+    local dx = nv.scope(function() -- the norm's input gradient, as (B, T, C); dh dies here
+      return self.norm:backward(dh()):view(s.shape)
     end)
     for i = self.layers.n, 1, -1 do
       dx = nv.scope(function() -- the gradient of block i's output dies with its backward
@@ -224,11 +235,78 @@ function Llama:backward(dlogits)
   return nil
 end
 
---- model:forward_backward(ids, targets [, {ignore_index = -100, z_loss = 0, scale = 1}]) -> loss, count
+-- The LM head and its loss in chunks of tokens: logits and their gradient exist for one chunk at a
+-- time (at a 128k vocabulary and 8k tokens the whole batch's bf16 logits, f32 and bf16 dlogits are
+-- about 8 GB). Default: chunks of 2^27 / vocab tokens (~1 GB of those at any vocabulary).
+local LOSS_CHUNK_ELEMS = 1 << 27
+
+-- Chunking leaves the result as it is only where the head's activation operands are plain f32/bf16
+-- (row-wise: each token's logits, loss and input gradient are its own; the weight gradient is
+-- summed chunk by chunk in fp32, an fp32 reordering). A head quantized with a per-tensor amax, SR
+-- or the RHT over the tokens would quantize differently per chunk: such a head runs unchunked.
+function Llama:_head_chunkable()
+  local r = self.lm_head.recipe or nn.default_recipe()
+  local ctx = self.lm_head:context()
+  for _, role in ipairs({"fprop", "dgrad", "wgrad"}) do
+    local g = r:gemm(ctx, role)
+    for _, o in ipairs(role == "wgrad" and {g.a, g.b} or {g.a}) do
+      if (o.format ~= "bf16" and o.format ~= "f32") or o.rht or o.sr then return false end
+    end
+  end
+  return true
+end
+
+function Llama:_chunked_loss(ids, targets, opts, chunk)
+  check_ids(ids, "ids", "Llama:forward_backward", self.config.max_position_embeddings)
+  local N = ids:numel()
+  local ignore = opts.ignore_index or -100
+  local tg = targets:reshape(N)
+  local th = tg:device() == "cpu" and tg or tg:cpu()             -- the targets, on the host
+  local count = th:ne(ignore):sum()
+  local h = self:_hidden(ids)                                    -- (N, C) (saved for the backward)
+  local sums = {count = count} -- the chunks' loss sums, on the logits' device (read at the end)
+  local dh = nv.empty(N, h:size(2), {dtype = h:dtype(), device = h:device()})
+  for r0 = 0, N - 1, chunk do
+    local n = math.min(chunk, N - r0)
+    sums[#sums + 1] = nv.scope(function() -- this chunk's logits and their gradient die here
+      local logits = self.lm_head:forward(h:narrow(1, r0 + 1, n)) -- (n, V)
+      local sum, _, d = core.cross_entropy(logits, th:narrow(1, r0 + 1, n), {ignore_index = ignore,
+        z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1, of_count = count > 0 and count or nil,
+        defer = true})
+      if logits:dtype() == "bf16" then d = d:to("bf16") end -- as unchunked (NUMERICS §11)
+      dh:narrow(1, r0 + 1, n):copy_(self.lm_head:backward(d))
+      return sum
+    end)
+  end
+  h:free()
+  self:_hidden_backward(function() return dh end)
+  return sums, count
+end
+
+--- llama.loss_value(d) -> the mean loss a forward_backward{defer_loss = true} returned as d (read
+-- back from the device now: the first read waits for the step's work)
+function llama.loss_value(d)
+  if type(d) ~= "table" or math.type(d.count) ~= "integer" then
+    error("loss_value: expects what forward_backward{defer_loss = true} returned", 2)
+  end
+  local total = 0
+  for _, t in ipairs(d) do
+    total = total + string.unpack("<d", string.pack("<i8", t:cpu():totable()[1]))
+  end
+  return d.count > 0 and total / d.count or 0
+end
+
+--- model:forward_backward(ids, targets [, {ignore_index = -100, z_loss = 0, scale = 1, loss_chunk}]) -> loss, count
 -- loss: mean cross-entropy over the counted tokens (targets ~= ignore_index), z-loss included;
 -- every parameter gradient += scale * d(loss)/d(param). targets i64 [B, T], 0-based.
+-- loss_chunk: tokens per chunk of the LM head and loss (default model.loss_chunk, else 2^27 /
+-- vocab; 0: the whole batch at once); see _head_chunkable for when chunks apply. The loss is read
+-- back after the backward is queued; defer_loss = true returns, instead of the loss, a plain table
+-- d of device tensors for llama.loss_value(d) to read later (the training loop reads it after the
+-- step's last micro-batch): no host synchronisation inside forward_backward.
 function Llama:forward_backward(ids, targets, opts)
-  opts = check_opts(opts, {ignore_index = true, z_loss = true, scale = true}, "Llama:forward_backward")
+  opts = check_opts(opts, {ignore_index = true, z_loss = true, scale = true, loss_chunk = true, defer_loss = true},
+    "Llama:forward_backward")
   check_ids(targets, "targets", "Llama:forward_backward")
   if not same_shape(ids:size(), targets:size()) then
     error(string.format("Llama:forward_backward: targets %s do not match ids %s", shape_str(targets), shape_str(ids)), 2)
@@ -236,17 +314,31 @@ function Llama:forward_backward(ids, targets, opts)
   if not self.training then error("Llama:forward_backward: the model is in eval mode (call model:train())", 2) end
   -- one quantization of each weight for the forward and the backward (recipe.weight_cache; the
   -- training loop opens one around all the micro-batches of a step)
-  return recipes.weight_cache(nv.scope, function()
-    local loss, count, dlogits = nv.scope(function() -- the logits die here, their gradient lives on
-      local logits = self:forward(ids)                       -- (N, V), f32 or bf16 (act_dtype)
-      local l, n, d = core.cross_entropy(logits, targets:reshape(targets:numel()), -- (N)
-        {ignore_index = opts.ignore_index or -100, z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1})
-      if logits:dtype() == "bf16" then d = d:to("bf16") end  -- bf16 activations: dlogits rounded once (NUMERICS §11)
-      return l, n, d
-    end)                                                     -- dlogits (N, V)
-    self:backward(dlogits)
-    return loss, count
-  end)
+  local N, V = ids:numel(), self.config.vocab_size
+  local chunk = opts.loss_chunk or self.loss_chunk or math.max(1, LOSS_CHUNK_ELEMS // V)
+  if math.type(chunk) ~= "integer" or chunk < 0 then
+    error("Llama:forward_backward: loss_chunk must be a non-negative integer (0: one chunk), got " .. tostring(chunk), 2)
+  end
+  -- the loss stays on the logits' device until the backward is queued: no wait inside the step
+  local sums, count
+  if chunk > 0 and chunk < N and self:_head_chunkable() then
+    sums, count = recipes.weight_cache(nv.scope, self._chunked_loss, self, ids, targets, opts, chunk)
+  else
+    sums, count = recipes.weight_cache(nv.scope, function()
+      local sum, n, dlogits = nv.scope(function() -- the logits die here, their gradient lives on
+        local logits = self:forward(ids)                       -- (N, V), f32 or bf16 (act_dtype)
+        local s, c, d = core.cross_entropy(logits, targets:reshape(targets:numel()), -- (N)
+          {ignore_index = opts.ignore_index or -100, z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1,
+            defer = true})
+        if logits:dtype() == "bf16" then d = d:to("bf16") end  -- bf16 activations: dlogits rounded once (NUMERICS §11)
+        return s, c, d
+      end)                                                     -- dlogits (N, V)
+      self:backward(dlogits)
+      return {sum, count = n}, n
+    end)
+  end
+  if opts.defer_loss then return sums, count end
+  return nv.scope(function() nv.adopt(table.unpack(sums)); return llama.loss_value(sums), count end)
 end
 
 --- model:loss(ids, targets [, {ignore_index =, z_loss =}]) -> loss, count, without gradients

@@ -689,17 +689,17 @@ local function step_once(r, step)
     local lr = r.p.schedule(step)
     opt:set_lr(lr)
     local t0 = nv.clock()
-    local loss_sum, n_tok = 0, 0
+    local losses, n_tok = {}, 0
     nv.recipe.weight_cache(function() -- each weight quantized once for all the micro-batches
-      for _ = 1, c.grad_accum do
-        local loss, cnt = nv.scope(function()
+      for i = 1, c.grad_accum do
+        -- the micro-batch's loss stays on the device (read below, after the step's work is queued)
+        local d, cnt = nv.scope(function()
           local x, y = r.loader:next()
-          return model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum})
+          return model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum, defer_loss = true})
         end)
-        loss_sum, n_tok = loss_sum + loss, n_tok + cnt
+        losses[i], n_tok = d, n_tok + cnt
       end
     end)
-    local loss = loss_sum / c.grad_accum
     local gnorm
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
       gnorm = opt:reduce_clip(c.clip)
@@ -709,6 +709,11 @@ local function step_once(r, step)
       -- The norm is read back every step: a non-finite one skips the step.
       gnorm = opt:clip_grad_norm(c.clip):value()
     end
+    local loss_sum = 0
+    for _, d in ipairs(losses) do -- a model (or a wrapper of it) may also return the loss itself
+      loss_sum = loss_sum + (type(d) == "number" and d or llama.loss_value(d))
+    end
+    local loss = loss_sum / c.grad_accum
     if world > 1 then loss = dist.all_reduce_number(loss, "avg") end
     local rec_line, stop
     if finite(loss) and finite(gnorm) then

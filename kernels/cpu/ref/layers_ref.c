@@ -170,9 +170,10 @@ nvl_status nvl_widen_f32(nvl_kctx *ctx, const float **out, const void *x, nvl_dt
   return NVL_OK;
 }
 
-static nvl_status cross_entropy(nvl_kctx *ctx, double *total_out, float *dlogits, const void *logits_in,
-                                nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
-                                int64_t ignore_index, double z_loss, double grad_scale) {
+static nvl_status cross_entropy(nvl_kctx *ctx, double *total_out, int total_on_device, float *dlogits,
+                                const void *logits_in, nvl_dtype logits_dtype, const int64_t *targets, int64_t N,
+                                int64_t V, int64_t ignore_index, double z_loss, double grad_scale) {
+  (void)total_on_device; /* host memory either way */
   const float *logits;
   NVL_TRY(nvl_widen_f32(ctx, &logits, logits_in, logits_dtype, N * V));
   double total = 0.0;
