@@ -160,3 +160,47 @@ T.case("a training step makes no host synchronisation (bf16, fp8_cs, fp8 e4m3, n
     end
   end
 end)
+
+-- TE's dataflow: x's fprop and wgrad copies, and dY's dgrad and wgrad copies, each from one fused
+-- pass (quant_pair_kernel) where their specs are the same quantization; the same bits as quantizing
+-- each copy on its own, fewer passes over the activations.
+T.case("fused row + column quantization of x and dY in the recipe: same gradients, fewer kernels and bytes", function()
+  need_emu()
+  local llama = require "nvlua.llama"
+  local recipe = require "nvlua.recipe"
+  local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 1,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
+  local makers = {fp8_cs = recipe.fp8_cs, mxfp8 = recipe.mxfp8,
+    ["nvfp4 rht=false"] = function() return recipe.nvfp4({rht = false, bf16_first = 0, bf16_last = 0}) end}
+  for name, make in pairs(makers) do
+    local function run(paired)
+      local m = llama.Llama(cfg, {seed = 2, recipe = make()}):to("cuda")
+      local g = nv.Generator(3)
+      local x = (nv.rand(1, 32, {generator = g}) * 63):to("i64")
+      local y = (nv.rand(1, 32, {generator = g}) * 63):to("i64")
+      local p0 = recipe.Recipe._pairable
+      if not paired then recipe.Recipe._pairable = function() return false end end
+      core.cuda_emu_reset_counters()
+      local ok, err = pcall(m.forward_backward, m, x, y)
+      local c = core.cuda_emu_counters()
+      recipe.Recipe._pairable = p0
+      if not ok then error(err, 0) end
+      local grads = {}
+      for _, e in ipairs(m:named_parameters()) do grads[e.name] = e.grad:cpu() end
+      local pairs_n, bytes = 0, 0
+      for kname, k in pairs(c.kernels) do
+        if kname:find("quant_pair_kernel", 1, true) then pairs_n = pairs_n + k.launches end
+        if kname:find("quant") or kname:find("amax") then bytes = bytes + k.bytes_read + k.bytes_written end
+      end
+      return grads, pairs_n, c.launches, bytes
+    end
+    local g1, p1, l1, b1 = run(true)
+    local g0, p0, l0, b0 = run(false)
+    T.ok(p1 > 0 and p0 == 0, name .. ": the pair kernel runs only when paired (" .. p1 .. " launches)")
+    T.ok(l1 < l0, name .. ": fewer launches (" .. l1 .. " vs " .. l0 .. ")")
+    if core.cuda_emu_counters().bytes_counted then -- (counted on x86-64 only)
+      T.ok(b1 < b0, name .. ": fewer quantization bytes (" .. b1 .. " vs " .. b0 .. ")")
+    end
+    for pname, gr in pairs(g0) do T.eq(g1[pname]:bytes(), gr:bytes(), name .. ": grad " .. pname .. " bit for bit") end
+  end
+end)

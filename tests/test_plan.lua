@@ -41,3 +41,16 @@ T.case("the memory plan predicts a training step's peak within 20%", function()
     x:free(); y:free()
   end
 end)
+
+T.case("the LM head's logits in the plan: one chunk of 2^27 / vocab tokens where the head is chunkable", function()
+  local recipe = require "nvlua.recipe"
+  local c = {vocab_size = 128256, hidden_size = 4096, intermediate_size = 14336, num_hidden_layers = 32,
+    num_attention_heads = 32, num_key_value_heads = 8}
+  local N, V = 8192, 128256
+  local chunked = plan.memory(c, recipe.nvfp4(), 1, N)
+  local whole = plan.memory(c, recipe.custom(function() return "nvfp4" end, {act_dtype = "bf16"}), 1, N)
+  local rows = (1 << 27) // V -- 1046 tokens at a time
+  -- f32 logits and gradient (8 bytes per logit) of one chunk instead of every token
+  T.eq(whole.activations - chunked.activations, (N - rows) * 8 * V, "the difference is the unchunked tokens' logits")
+  T.ok(whole.activations - chunked.activations > 7e9, "about 7.3 GB less at 8k tokens")
+end)

@@ -181,6 +181,23 @@ static int q_data(lua_State *L) {
   return 1;
 }
 
+/* q:share() -> another handle on q's codes, scales and device amax (no copy; storage refcounted):
+ * freeing one handle leaves the other valid */
+static int q_share(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  if (!q->data.storage) return luaL_error(L, "share: quantized tensor has been freed");
+  nvl_qtensor *r = push_q(L);
+  nvl_qtensor c = *q;
+  c.data = nvl_tensor_null();
+  c.scales = nvl_tensor_null();
+  c.amax_dev = nvl_tensor_null();
+  nvl_tensor_share(&c.data, &q->data);
+  if (q->scales.storage) nvl_tensor_share(&c.scales, &q->scales);
+  if (q->amax_dev.storage) nvl_tensor_share(&c.amax_dev, &q->amax_dev);
+  *r = c;
+  return 1;
+}
+
 static int q_t(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
   nvl_qtensor *r = push_q(L);
@@ -364,7 +381,7 @@ static int l_codec(lua_State *L) {
 
 static const luaL_Reg q_methods[] = {
   {"dequantize", q_dequantize}, {"codes", q_codes}, {"scale_bytes", q_scale_bytes}, {"data", q_data},
-  {"t", q_t}, {"format", q_format}, {"layout", q_layout}, {"axis", q_axis}, {"dim", q_dim},
+  {"t", q_t}, {"share", q_share}, {"format", q_format}, {"layout", q_layout}, {"axis", q_axis}, {"dim", q_dim},
   {"size", q_size}, {"nbytes", q_nbytes}, {"free", q_free}, {"is_freed", q_is_freed},
   {"device", q_device}, {"cpu", q_cpu}, {"swizzled_scales", q_swizzled_scales}, {NULL, NULL}};
 

@@ -237,23 +237,10 @@ end
 
 -- The LM head and its loss in chunks of tokens: logits and their gradient exist for one chunk at a
 -- time (at a 128k vocabulary and 8k tokens the whole batch's bf16 logits, f32 and bf16 dlogits are
--- about 8 GB). Default: chunks of 2^27 / vocab tokens (~1 GB of those at any vocabulary).
-local LOSS_CHUNK_ELEMS = 1 << 27
-
--- Chunking leaves the result as it is only where the head's activation operands are plain f32/bf16
--- (row-wise: each token's logits, loss and input gradient are its own; the weight gradient is
--- summed chunk by chunk in fp32, an fp32 reordering). A head quantized with a per-tensor amax, SR
--- or the RHT over the tokens would quantize differently per chunk: such a head runs unchunked.
+-- about 8 GB). Default: chunks of recipe.LOSS_CHUNK_ELEMS (2^27) / vocab tokens (~1 GB of those at
+-- any vocabulary), where recipe:head_chunkable says chunks leave the result as it is.
 function Llama:_head_chunkable()
-  local r = self.lm_head.recipe or nn.default_recipe()
-  local ctx = self.lm_head:context()
-  for _, role in ipairs({"fprop", "dgrad", "wgrad"}) do
-    local g = r:gemm(ctx, role)
-    for _, o in ipairs(role == "wgrad" and {g.a, g.b} or {g.a}) do
-      if (o.format ~= "bf16" and o.format ~= "f32") or o.rht or o.sr then return false end
-    end
-  end
-  return true
+  return (self.lm_head.recipe or nn.default_recipe()):head_chunkable(self.lm_head:context())
 end
 
 function Llama:_chunked_loss(ids, targets, opts, chunk)
@@ -315,7 +302,7 @@ function Llama:forward_backward(ids, targets, opts)
   -- one quantization of each weight for the forward and the backward (recipe.weight_cache; the
   -- training loop opens one around all the micro-batches of a step)
   local N, V = ids:numel(), self.config.vocab_size
-  local chunk = opts.loss_chunk or self.loss_chunk or math.max(1, LOSS_CHUNK_ELEMS // V)
+  local chunk = opts.loss_chunk or self.loss_chunk or math.max(1, recipes.LOSS_CHUNK_ELEMS // V)
   if math.type(chunk) ~= "integer" or chunk < 0 then
     error("Llama:forward_backward: loss_chunk must be a non-negative integer (0: one chunk), got " .. tostring(chunk), 2)
   end

@@ -455,9 +455,11 @@ function Linear:forward(x)
   local ctx = self:context()
   return nv.scope(function()
     local x2 = x:reshape(x:numel() // K, K)                           -- (N, in), our own handle
-    local y, saved = r:linear_forward(ctx, x2, self.weight_entry.param) -- (N, out)
+    local y, saved = r:linear_forward(ctx, x2, self.weight_entry.param, not self.training) -- (N, out)
     if self.training then -- in eval the scope frees x2 and what the recipe saved
-      self._saved = nv.unscope({saved = nv.unscope(saved), x = x2, ctx = ctx, recipe = r, shape = shape})
+      -- x2 is kept only when the recipe kept it (not when it kept x's quantized wgrad copy instead)
+      self._saved = nv.unscope({saved = nv.unscope(saved), x = saved.x and x2 or nil, ctx = ctx, recipe = r,
+        shape = shape})
     end
     if #shape == 2 then return y end
     local oshape = {table.unpack(shape)}

@@ -9,8 +9,11 @@
 --   activations  what forward saves for backward, per token and block: the block input, the
 --                two norm outputs and the residual (4C), RoPE'd q and k (C + kvC), v (kvC), the
 --                attention output (C), its log-sum-exp (Hq), two rstd values, SwiGLU's gate, up
---                and product (3F); after the blocks the final norm (C); plus the logits and their
---                gradient (2V) while the loss is computed
+--                and product (3F); after the blocks the final norm (C); plus, while the loss is
+--                computed, the logits and their gradient (2V) of min(tokens, 2^27 / V) tokens
+--                (the LM head runs in chunks where recipe:head_chunkable) or of every token.
+--                Not modelled: where fprop and wgrad pair (fp8, mxfp8), a linear keeps its input
+--                quantized (1 byte) instead of in act_dtype: the estimate is then an upper bound
 --   weight copies the quantized weights each Linear keeps from fprop for dgrad (formats whose
 --                transposed quantization is exact: 2D nvfp4 0.5625 B/param, fp8 1, bf16 2)
 --   transient    at the LM head's backward its weight copy is transposed (one more copy), plus
@@ -97,7 +100,9 @@ function plan.memory(c, r, B, T)
   local ab = r.act_dtype == "bf16" and 2 or 4
   local acts = 4 * C + (C + kvC) + kvC + C + 3 * F
   local stats = c.num_attention_heads + 2
-  m.activations = N * (ab * (L * acts + C + C) + 4 * (L * stats + 2 * V))
+  local head = {name = "lm_head", num_blocks = L, high_precision = true, step = 0}
+  local chunk = r:head_chunkable(head) and math.max(1, require("nvlua.recipe").LOSS_CHUNK_ELEMS // V) or N
+  m.activations = N * (ab * (L * acts + C + C) + 4 * L * stats) + math.min(N, chunk) * 4 * 2 * V
   -- the emulated GEMM's scratch: B decoded in chunks of at most 4M floats, A whole
   m.weight_copies, m.transient = 0, 4 * (math.min(2 ^ 22, V * C) + N * math.max(C, F))
   local biggest = 0

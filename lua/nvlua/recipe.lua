@@ -336,6 +336,45 @@ function Recipe:_quantize(s, t, axis, key, split)
   return q
 end
 
+-- Both copies of an activation or gradient t (2-D, rows = tokens) for spec s: blocked along its
+-- last dim (fprop's x, dgrad's dy) and along the tokens (wgrad's), from one read of t where the
+-- backend fuses them (core.quantize_rowcol; on the CPU, two quantizations): TransformerEngine's
+-- dataflow. Bit for bit the two _quantize calls (SR: the row copy draws the generator's offset o,
+-- the column copy o + 1, the order of the two calls). -> row, col. Only for pairable specs (below).
+function Recipe:_quantize_pair(s, t, split)
+  local sk_r, sk_c = spec_key(s, 2), spec_key(s, 1)
+  local shared = memo and split and not s.sr
+  if shared then
+    local r, c
+    for _, e in ipairs(memo) do
+      if same_view(t, e.t) then
+        if e.key == sk_r then r = e.q elseif e.key == sk_c then c = e.q end
+      end
+    end
+    if r and c then return r, c end
+  end
+  local o = {}
+  if s.rht then o.rht = true end
+  if s.sr then o.sr = true; o.generator = self.gen end
+  if s.scale_rule then o.scale_rule = s.scale_rule end
+  local r, c = core.quantize_rowcol(t, s.format, o)
+  if shared then
+    local v = core.unscope(t:view(t:size()))
+    memo[#memo + 1] = {key = sk_r, t = v, q = core.unscope(r)}
+    memo[#memo + 1] = {key = sk_c, t = v, q = core.unscope(c)}
+  end
+  return r, c
+end
+
+-- Can a and b (the specs of one tensor's row and column copies) come from one fused pass? The same
+-- quantization (format, options) along the two axes, a quantized format (bf16 and f32 copies are
+-- views or plain transposes), no delayed-scaling history (per role), no data-parallel amax
+-- reduction or SR slab placement (per copy).
+function Recipe:_pairable(a, b)
+  local ft = formats.traits[a.format]
+  return same_spec(a, b) and ft and ft.quantized and not a.delayed and not self.amax_reducer and not self.shard
+end
+
 --- recipe:set_amax_reducer(fn | nil): data parallelism. fn(amax) -> the max of every rank's amax
 -- (a collective: every rank quantizes the same operands in the same order). Activations and
 -- gradients in per-tensor-scaled formats (nvfp4's global amax, fp8 current and delayed scaling)
@@ -405,22 +444,30 @@ local function reshape_like(y, lead, last)
   return y:reshape(shape)
 end
 
---- recipe:linear_forward(ctx, x, w) -> y, saved
+--- recipe:linear_forward(ctx, x, w [, no_backward]) -> y, saved
 -- x [T,K] f32 or bf16 (or [..., K]), w [N,K] f32 -> y [T,N] of the recipe's act_dtype (f32: bf16-
--- rounded values unless the GEMM is f32 x f32). saved holds x, w and, when dgrad will reuse it,
--- the fprop quantization of w.
-function Recipe:linear_forward(ctx, x, w)
+-- rounded values unless the GEMM is f32 x f32). saved holds w, x (or, where fprop's and wgrad's
+-- specs of x pair, x's wgrad copy quantized in the same pass as fprop's, instead: TE's dataflow)
+-- and, when dgrad will reuse it, the fprop quantization of w. no_backward (eval): no wgrad copy.
+function Recipe:linear_forward(ctx, x, w, no_backward)
   return core.scope(function()
     local shape = x:size()
     local x2 = as2d(x, "x")
     local g = self:gemm(ctx, "fprop")
-    local y, qw, qw_cached
+    local y, qw, qw_cached, qx_col
     if plain(g) then
       if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
       if self.act_dtype == "bf16" then y = wide(x2):matmul(w:transpose()):to("bf16")
       else y = x2:matmul(w:transpose()) end
     else
-      local qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
+      local qx
+      local gw = not no_backward and self:gemm(ctx, "wgrad")
+      if gw and not plain(gw) and not g.a.sr and self:_pairable(g.a, gw.b) then
+        -- x's wgrad copy (along the tokens) from the same pass, kept for the backward instead of x
+        qx, qx_col = self:_quantize_pair(g.a, x2, true)
+      else
+        qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
+      end
       qw, qw_cached = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
       if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
       y = qgemm(qx, qw, g.out, self.act_dtype)
@@ -429,8 +476,12 @@ function Recipe:linear_forward(ctx, x, w)
       if not (transposable(g.b) and same_spec(g.b, self:spec(ctx, "dgrad", "w"))) then qw = nil end
     end
     stats.count("fprop", g.label)
-    -- returned: qw outlives the scope (a cached qw is the weight cache's, freed by it)
-    local saved = {x = x2, w = w, qw = qw, qw_cached = qw_cached, wspec = g.b, shape = shape}
+    -- returned: qw outlives the scope (a cached qw is the weight cache's, freed by it); with x's
+    -- column copy saved, x itself is not (a copy the share memo owns gets a handle of our own: the
+    -- memo frees its handle when the share ends)
+    if qx_col and memo then qx_col = qx_col:share() end
+    local saved = {x = not qx_col and x2 or nil, K = x2:size(2), qx_col = qx_col, w = w, qw = qw,
+      qw_cached = qw_cached, wspec = g.b, shape = shape}
     return reshape_like(y, shape, w:size(1)), saved
   end)
 end
@@ -443,6 +494,16 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
   return core.scope(function()
     local dy2 = as2d(dy, "dy")
     local x, w = saved.x, saved.w
+    local qx_col = saved.qx_col -- x's wgrad copy, made with fprop's (then x was not kept)
+    saved.qx_col = nil
+    if qx_col then core.adopt(qx_col) end
+    -- dY's dgrad and wgrad copies from one pass where their specs allow (SR draws in the same order:
+    -- dgrad's dy, then wgrad's; so not when dgrad's weight copy draws in between)
+    local gd, gw = self:gemm(ctx, "dgrad"), dw ~= nil and self:gemm(ctx, "wgrad")
+    local qdy_row, qdy_col
+    if gw and not plain(gd) and not plain(gw) and not gd.b.sr and self:_pairable(gd.a, gw.a) then
+      qdy_row, qdy_col = self:_quantize_pair(gd.a, dy2, true)
+    end
     -- dgrad: dX[T,K] = dY[T,N] · W[N,K], both blocked along N. Its scope frees its copies and the
     -- fprop weight copy saved for it before wgrad quantizes.
     local dx = core.scope(function()
@@ -450,14 +511,14 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
       saved.qw = nil
       if qw and saved.qw_cached and qw:is_freed() then qw = nil end -- its cache closed before this backward
       if qw and not saved.qw_cached then core.adopt(qw) end
-      local g = self:gemm(ctx, "dgrad")
+      local g = gd
       local d
       if plain(g) then
         if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "dgrad", gemm = g, a = dy2, b = w}) end
         if self.act_dtype == "bf16" then d = wide(dy2):matmul(w):to("bf16")
         else d = dy2:matmul(w) end
       else
-        local qdy = self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"), true)
+        local qdy = qdy_row or self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"), true)
         local function weight_t()
           if qw and same_spec(g.b, saved.wspec) then
             return transposed(qw, w, g.b) -- the fprop weight, transposed: same values
@@ -480,14 +541,13 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
     -- wgrad: dW[N,K] += dYᵀ · X, both blocked along T
     if dw ~= nil then
       core.scope(function()
-        local gw = self:gemm(ctx, "wgrad")
         if plain(gw) then
           if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "wgrad", gemm = gw, a = dy2, b = x}) end
           if self.act_dtype == "bf16" then dw:add_(wide(dy2):transpose():matmul(wide(x)))
           else dw:add_(dy2:transpose():matmul(x)) end
         else
-          local qdy = self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"), true)
-          local qx = self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"), true)
+          local qdy = qdy_col or self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"), true)
+          local qx = qx_col or self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"), true)
           if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "wgrad", gemm = gw, a = qdy, b = qx}) end
           if gw.out == "f32" then
             quant.qmatmul(qdy, qx, {accumulate = dw}) -- dw += the product, no [N, K] temporary
@@ -498,14 +558,34 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
         stats.count("wgrad", gw.label)
       end)
     end
-    return reshape_like(dx, saved.shape, x:size(2))
+    return reshape_like(dx, saved.shape, saved.K)
   end)
+end
+
+--- recipe.LOSS_CHUNK_ELEMS: the LM head and loss run in chunks of this many logits (tokens x vocab)
+-- by default (Llama:forward_backward's loss_chunk)
+M.LOSS_CHUNK_ELEMS = 1 << 27
+
+--- recipe:head_chunkable(ctx) -> can the linear of ctx (the LM head) run over chunks of the tokens
+-- with the same result? Where its activation operands are plain bf16/f32 (row-wise: each token's
+-- logits, loss and input gradient are its own; the weight gradient is summed chunk by chunk in
+-- fp32, an fp32 reordering). A head quantized with a per-tensor amax, SR or the RHT over the tokens
+-- would quantize differently per chunk.
+function Recipe:head_chunkable(ctx)
+  for _, role in ipairs(ROLES) do
+    local g = self:gemm(ctx, role)
+    for _, o in ipairs(role == "wgrad" and {g.a, g.b} or {g.a}) do
+      if (o.format ~= "bf16" and o.format ~= "f32") or o.rht or o.sr then return false end
+    end
+  end
+  return true
 end
 
 --- recipe:release(saved): free what linear_forward kept for a backward that will not run (eval).
 function Recipe:release(saved)
   if saved and saved.qw and not saved.qw_cached then saved.qw:free() end
-  if saved then saved.qw = nil end
+  if saved and saved.qx_col then saved.qx_col:free() end
+  if saved then saved.qw, saved.qx_col = nil, nil end
 end
 
 --- recipe:trace(fn | nil): call fn{ctx, role, gemm, a, b} before each GEMM, with its operands as
