@@ -147,6 +147,7 @@ typedef struct {
    * 0 and amax_dev_out NULL: the result shares it) */
   float *amax_dev_out;
   const float *amax_dev_in;
+  int amax_only;           /* devices: only the amax into amax_dev_out (no codes written) */
 } nvl_qdesc;
 
 /* A quantized tensor as the kernels read it (core/quant.h nvl_qtensor, blocked layout). */
@@ -286,6 +287,12 @@ typedef struct nvl_layer_kernels {
                            const nvl_adamw_opts *o);
   /* *out (host) = sum of x^2 over n f32 or bf16 elements, fp64 accumulation */
   nvl_status (*sumsq)(nvl_kctx *ctx, double *out, const void *x, nvl_dtype x_dtype, int64_t n);
+  /* Delayed scaling's history step, on the op's device (no host synchronisation): hist[0..len)
+   * the amax history, hist[len] the last usable amax (0: none). m = the max of the finite positive
+   * values among hist[0..count); if m > 0, last = m; *sel = last if last > 0, else *cur (current
+   * scaling); then hist[len] = last and hist[pos] = *cur. Optional. */
+  nvl_status (*amax_history)(nvl_kctx *ctx, float *sel, float *hist, int64_t len, int64_t count, int64_t pos,
+                             const float *cur);
   nvl_status (*attention_forward)(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k, const float *v,
                                   int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale);
   nvl_status (*attention_backward)(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,

@@ -719,6 +719,32 @@ nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor 
                   nvl_tensor_data(v), n, o);
 }
 
+nvl_status nvl_amax_history_step(nvl_tensor *sel_out, nvl_tensor *hist, int64_t count, int64_t pos,
+                                 const nvl_tensor *cur) {
+  const char *op = "amax_history_step";
+  char s1[160];
+  const nvl_backend *be;
+  NVL_TRY(need_out_null(op, "sel", sel_out));
+  NVL_TRY(check_tensor(op, "hist", hist, NVL_F32));
+  NVL_TRY(check_tensor_on(op, "cur", cur, NVL_F32, hist));
+  int64_t len = nvl_tensor_numel(hist) - 1;
+  if (hist->ndim != 1 || len < 1)
+    return nvl_error(NVL_EINVAL, "%s: hist must be 1-D of length len + 1 >= 2, got %s", op, DESC(hist, s1));
+  if (nvl_tensor_numel(cur) != 1) return nvl_error(NVL_EINVAL, "%s: cur must hold one value, got %s", op, DESC(cur, s1));
+  if (count < 0 || count > len || pos < 0 || pos >= len)
+    return nvl_error(NVL_EINVAL, "%s: count %lld must be in [0, %lld] and pos %lld in [0, %lld)", op, (long long)count,
+                     (long long)len, (long long)pos, (long long)len);
+  NVL_PICK(be, hist, layers->amax_history, op);
+  int64_t one = 1;
+  nvl_tensor r = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&r, NVL_F32, hist->device, 1, &one));
+  nvl_status st = NVL_CALL(be, hist, layers->amax_history, nvl_tensor_data(&r), nvl_tensor_data(hist), len, count, pos,
+                           nvl_tensor_data(cur));
+  if (st == NVL_OK) *sel_out = r;
+  else nvl_tensor_release(&r);
+  return st;
+}
+
 nvl_status nvl_sumsq(double *out, const nvl_tensor *t) {
   const char *op = "sumsq";
   char s1[160];

@@ -105,6 +105,12 @@ nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor 
                           const nvl_adamw_opts *o);
 /* *out = sum of squares of t (fp64 accumulation), for the global gradient norm. */
 nvl_status nvl_sumsq(double *out, const nvl_tensor *t);
+/* Delayed scaling's history step on hist's device (backend.h amax_history): hist f32 (len + 1),
+ * the history and, last, the last usable amax (0: none); cur a one-element f32 tensor (this
+ * step's amax); 0 <= count <= len values in the window, pos in [0, len) the slot cur goes to.
+ * *sel_out (allocated, f32 (1)) = the amax to quantize with. No host synchronisation. */
+nvl_status nvl_amax_history_step(nvl_tensor *sel_out, nvl_tensor *hist, int64_t count, int64_t pos,
+                                 const nvl_tensor *cur);
 
 #ifdef __cplusplus
 }

@@ -166,6 +166,8 @@ static nvl_status check_quant_opts(const nvl_tensor *x, nvl_dtype format, const 
     return nvl_error(NVL_EINVAL, "quantize: the RHT works on 16-element chunks, but dim %d has length %lld (x is %s)", axis + 1,
                      (long long)K, nvl_tensor_desc(x, d, sizeof d));
   if (o->rht && o->signs) NVL_TRY(check_signs(o->signs));
+  if (o->rht_col)
+    return nvl_error(NVL_EINVAL, "quantize: rht_col (the column copy's RHT) is an option of quantize_rowcol");
   if (o->block2d && !f->block2d)
     return nvl_error(NVL_EINVAL, "quantize: block = \"2d\" (16x16 tiles) is not offered by %s", f->name);
   if (o->block2d && (x->ndim != 2 || rows % 16))
@@ -191,6 +193,18 @@ static nvl_status check_quant_opts(const nvl_tensor *x, nvl_dtype format, const 
   }
   if (o->has_amax && !(o->amax >= 0))
     return nvl_error(NVL_EINVAL, "quantize: amax must be a non-negative number, got %g", o->amax);
+  if (o->amax_t) {
+    const nvl_tensor *a = o->amax_t;
+    if (o->has_amax || o->amax_of)
+      return nvl_error(NVL_EINVAL, "quantize: give amax as a number, a quantized tensor or a tensor, not two of them");
+    if (!f->global_amax)
+      return nvl_error(NVL_EINVAL, "quantize: amax applies to formats with a per-tensor scale (fp8, nvfp4), not %s", f->name);
+    NVL_TRY(nvl_tensor_check_live(a, "quantize"));
+    if (a->dtype != NVL_F32 || nvl_tensor_numel(a) != 1 || !nvl_tensor_is_contiguous(a))
+      return nvl_error(NVL_EINVAL, "quantize: an amax tensor must hold one f32 value, got %s", nvl_tensor_desc(a, d, sizeof d));
+    if (a->device != NVL_CPU && !nvl_tensor_same_device(a, x))
+      return nvl_error(NVL_EINVAL, "quantize: the amax tensor is on another device than x");
+  }
   if (o->amax_of) {
     const nvl_qtensor *a = o->amax_of;
     if (o->has_amax) return nvl_error(NVL_EINVAL, "quantize: give amax as a number or as a quantized tensor, not both");
@@ -293,6 +307,12 @@ static nvl_status quantize_prepare(prepared *p, const nvl_tensor *x, nvl_dtype f
     dd->has_amax = 1;
     dd->amax = o->amax_of->amax;
   }
+  if (o->amax_t && o->amax_t->device == NVL_CPU) { /* a host tensor: its value, as a given number */
+    dd->has_amax = 1;
+    dd->amax = *(const float *)nvl_tensor_data(o->amax_t);
+    if (!(dd->amax >= 0))
+      return nvl_error(NVL_EINVAL, "quantize: amax must be a non-negative number, got %g", dd->amax);
+  }
   /* a format without a per-tensor scale only reports its amax: on a device, where reading it back
    * is a host synchronisation per cast (issue 15 D9), it is not computed and q.amax is NaN. A
    * per-tensor format's amax stays on the device (amax_dev, read back only when asked for) unless
@@ -301,8 +321,8 @@ static nvl_status quantize_prepare(prepared *p, const nvl_tensor *x, nvl_dtype f
     dd->amax_out = NULL;
     q->amax = q->scale = NAN;
     q->amax_pending = 1;
-    if (o->amax_of) {
-      nvl_tensor_share(&q->amax_dev, &o->amax_of->amax_dev);
+    if (o->amax_of || o->amax_t) {
+      nvl_tensor_share(&q->amax_dev, o->amax_t ? o->amax_t : &o->amax_of->amax_dev);
       dd->amax_dev_in = nvl_tensor_data(&q->amax_dev);
     } else {
       int64_t one = 1;
@@ -359,6 +379,31 @@ nvl_status nvl_quantize(nvl_qtensor *out, const nvl_tensor *x, nvl_dtype format,
   return NVL_OK;
 }
 
+nvl_status nvl_quant_amax(nvl_tensor *out, const nvl_tensor *x, int axis, int rht) {
+  nvl_quant_opts o = {.axis = axis, .rht = rht};
+  NVL_TRY(nvl_tensor_check_live(x, "quant_amax"));
+  if (x->device == NVL_CPU) { /* the amax of a quantization (fp8's, which computes nothing more) */
+    nvl_qtensor q = nvl_qtensor_null();
+    NVL_TRY(nvl_quantize(&q, x, NVL_E4M3, &o));
+    float a = q.amax;
+    nvl_qtensor_release(&q);
+    int64_t one = 1;
+    NVL_TRY(nvl_tensor_empty(out, NVL_F32, NVL_CPU, 1, &one));
+    *(float *)nvl_tensor_data(out) = a;
+    return NVL_OK;
+  }
+  prepared p;
+  nvl_status st = quantize_prepare(&p, x, NVL_E4M3, &o); /* a device q keeps its amax there */
+  if (st == NVL_OK && !p.q.amax_pending) st = nvl_error(NVL_EINVAL, "quant_amax: internal error: no device amax");
+  if (st == NVL_OK) {
+    p.d.amax_only = 1;
+    st = NVL_CALL(p.be, x, formats[NVL_E4M3].quantize, &p.d);
+  }
+  if (st == NVL_OK) nvl_tensor_share(out, &p.q.amax_dev);
+  prepared_release(&p);
+  return st;
+}
+
 nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_tensor *x, nvl_dtype format,
                                const nvl_quant_opts *opts) {
   char d[160];
@@ -371,6 +416,8 @@ nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_ten
   orow.axis = 1;
   ocol.axis = 0;
   orow.view = ocol.view = 0; /* both copies are written by one kernel */
+  orow.rht_col = ocol.rht_col = 0;
+  if (o->rht_col) ocol.rht = 1;
   orow.gen = ocol.gen = NULL; /* the two draws: offsets o and o + 1 of the generator */
   if (o->gen) {
     orow.seed = ocol.seed = o->gen->seed;

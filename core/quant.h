@@ -54,6 +54,12 @@ typedef struct {
   /* use the amax another quantization used (a per-tensor format's): on a device, read there (no
    * host synchronisation) when it is still pending; the result shares it. Excludes has_amax. */
   const struct nvl_qtensor_s *amax_of;
+  /* the amax to use as a one-element f32 tensor (on x's device: read there, no host sync; the
+   * result shares it): delayed scaling's device history (nvl_amax_history_step). Excludes the others. */
+  const nvl_tensor *amax_t;
+  /* quantize_rowcol only: the column copy gets the RHT too (the row copy only with rht): the
+   * NVFP4 recipe's wgrad copies of x and dY beside their plain fprop / dgrad copies */
+  int rht_col;
   /* the result may be a view of x where quantizing is the identity (x's own dtype f32/bf16, blocked
    * along its contiguous last dim, no RHT): no copy; x must not change while the result is used */
   int view;
@@ -79,6 +85,9 @@ nvl_status nvl_quantize(nvl_qtensor *out, const nvl_tensor *x, nvl_dtype format,
  * o + 1). On cuda both copies come from one read of x where the shape allows (kernels/cuda). */
 nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_tensor *x, nvl_dtype format,
                                const nvl_quant_opts *opts);
+/* out = a one-element f32 tensor on x's device holding max |x| (after the RHT along axis when rht),
+ * as a quantization computes its amax; on a device nothing is read back. */
+nvl_status nvl_quant_amax(nvl_tensor *out, const nvl_tensor *x, int axis, int rht);
 /* q.amax and q.scale on the host: read back from the device when pending (a host sync), else
  * nothing to do. */
 nvl_status nvl_qtensor_resolve_amax(nvl_qtensor *q);

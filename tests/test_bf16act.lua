@@ -327,7 +327,12 @@ T.case("nvfp4 Llama, bf16 activations: saved activations bf16 (rstd, lse f32), f
   T.eq(b.self_attn._saved.out:dtype(), "bf16", "attention out")
   T.eq(b.self_attn._saved.lse:dtype(), "f32", "lse")
   T.eq(b.mlp._saved.g:dtype(), "bf16", "gate")
-  T.eq(b.mlp.down_proj._saved.x:dtype(), "bf16", "down_proj input (the SwiGLU output)")
+  -- down_proj keeps its input (the SwiGLU output) as its wgrad copy, quantized with fprop's copy
+  -- in one pass (nvfp4 along the tokens, with the RHT), not the bf16 tensor
+  local ds = b.mlp.down_proj._saved
+  T.ok(ds.x == nil and ds.saved.x == nil, "down_proj keeps no bf16 input")
+  T.eq(ds.saved.qx_col:format(), "nvfp4", "down_proj input: its nvfp4 wgrad copy")
+  T.ok(ds.saved.qx_col.rht and ds.saved.qx_col:axis() == 1, "blocked along the tokens, with the RHT")
   T.ok(n16 < 0.75 * n32, string.format("bf16 activations hold %d bytes, f32 ones %d", n16, n32))
   -- train a few steps on one batch: the loss falls
   local opt = require("nvlua.optim").AdamW(m16:named_parameters(), {lr = 1e-2})

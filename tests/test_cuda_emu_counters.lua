@@ -121,7 +121,7 @@ end)
 -- (sync mode off; host token ids and targets, uploaded through pinned staging; the loss left on
 -- the device; the trainer's clip, the norm not read) makes no host synchronisation at all; reading
 -- the loss afterwards is one. fp8 and nvfp4 amaxes stay on the device.
-T.case("a training step makes no host synchronisation (bf16, fp8_cs, fp8 e4m3, nvfp4; 1 and 2 blocks)", function()
+T.case("a training step makes no host synchronisation (bf16, fp8_cs, fp8 e4m3, fp8_delayed, nvfp4; 1 and 2 blocks)", function()
   need_emu()
   local llama = require "nvlua.llama"
   local optim = require "nvlua.optim"
@@ -152,7 +152,7 @@ T.case("a training step makes no host synchronisation (bf16, fp8_cs, fp8 e4m3, n
     end)
     return syncs, read
   end
-  for _, r in ipairs({"bf16", "fp8_cs", "e4m3", "nvfp4"}) do
+  for _, r in ipairs({"bf16", "fp8_cs", "e4m3", "fp8_delayed", "nvfp4"}) do
     for _, layers in ipairs({1, 2}) do
       local syncs, read = step_syncs(r, layers)
       T.eq(syncs, 0, r .. ", " .. layers .. " block(s): host syncs in the step")
@@ -171,6 +171,7 @@ T.case("fused row + column quantization of x and dY in the recipe: same gradient
   local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 1,
     num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
   local makers = {fp8_cs = recipe.fp8_cs, mxfp8 = recipe.mxfp8,
+    nvfp4 = function() return recipe.nvfp4({bf16_first = 0, bf16_last = 0}) end, -- wgrad's copies add the RHT
     ["nvfp4 rht=false"] = function() return recipe.nvfp4({rht = false, bf16_first = 0, bf16_last = 0}) end}
   for name, make in pairs(makers) do
     local function run(paired)
@@ -203,4 +204,43 @@ T.case("fused row + column quantization of x and dY in the recipe: same gradient
     end
     for pname, gr in pairs(g0) do T.eq(g1[pname]:bytes(), gr:bytes(), name .. ": grad " .. pname .. " bit for bit") end
   end
+end)
+
+-- Delayed scaling with the history on the device: the same amaxes and codes as the CPU's host
+-- history step by step (first step current scaling, a zero tensor keeps the previous amax, the
+-- window rolls over), no host synchronisation, and state() / load_state() round trips.
+T.case("fp8_delayed on cuda: the amax history on the device = the host's, bit for bit, no host sync; state round trip", function()
+  need_emu()
+  local recipe = require "nvlua.recipe"
+  local specs = {{format = "e4m3", delayed = true}, {format = "nvfp4", delayed = true, rht = true}}
+  local function run(rc, rg, steps, seed)
+    local g = nv.Generator(seed)
+    T.with(core.cuda_set_sync, false, function()
+      for step = 1, steps do
+        local x = nv.randn(32, 64, {generator = g}) * (step == 3 and 0 or step)
+        local xd = x:cuda()
+        for _, sp in ipairs(specs) do
+          for _, axis in ipairs({1, 2}) do
+            local key = sp.format .. axis
+            local qc = rc:_quantize(sp, x, axis, key, true)
+            local s0 = core.cuda_emu_counters().host_syncs
+            local qg = rg:_quantize(sp, xd, axis, key, true)
+            T.eq(core.cuda_emu_counters().host_syncs - s0, 0, key .. " step " .. step .. ": no host sync")
+            T.eq(qg.amax, qc.amax, key .. " step " .. step .. ": amax")
+            T.eq(qg:codes():bytes(), qc:codes():bytes(), key .. " step " .. step .. ": codes")
+          end
+        end
+      end
+    end)
+  end
+  local rc, rg = recipe.fp8_delayed({history = 3}), recipe.fp8_delayed({history = 3})
+  run(rc, rg, 6, 1)
+  local sc, sg = rc:state(), rg:state()
+  T.eq(sg.histories, sc.histories, "state(): the device histories read back = the host's")
+  -- resumed recipes continue alike (the device one rebuilds its history on the device)
+  local rc2, rg2 = recipe.fp8_delayed({history = 3}), recipe.fp8_delayed({history = 3})
+  rc2:load_state(sc)
+  rg2:load_state(sg)
+  run(rc2, rg2, 3, 2)
+  T.raises(function() core.amax_history_step(nv.zeros(4):cuda(), 4, 0, nv.zeros(1):cuda()) end, "count 4 must be in")
 end)

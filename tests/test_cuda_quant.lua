@@ -97,7 +97,7 @@ local CONFIGS = {
 
 local function label(cfg)
   local parts = { cfg[1] }
-  for _, k in ipairs({ "block", "rht", "sr", "scale_rule", "amax", "axis", "sr_row_offset" }) do
+  for _, k in ipairs({ "block", "rht", "rht_col", "sr", "scale_rule", "amax", "axis", "sr_row_offset" }) do
     if cfg[k] ~= nil then parts[#parts + 1] = k .. "=" .. tostring(cfg[k]) end
   end
   return table.concat(parts, "+")
@@ -224,6 +224,10 @@ T.case("quantize_rowcol on cuda equals quantize(axis=2) then quantize(axis=1) on
     { { 96, 160 }, { "mxfp8_e4m3" } }, { { 64, 96 }, { "mxfp8_e5m2", scale_rule = "floor", rht = true } },
     { { 64, 80 }, { "e4m3" } }, { { 30, 50 }, { "e5m2" } }, { { 48, 64 }, { "e4m3", rht = true } },
     { { 40, 24 }, { "bf16" } },
+    -- the NVFP4 recipe's pairs: the column copy adds the RHT (x: plain + rht; dY: sr + rht sr)
+    { { 64, 128 }, { "nvfp4", rht_col = true } },
+    { { 96, 160 }, { "nvfp4", sr = true, seed = 4, offset = 2, rht_col = true } },
+    { { 64, 96 }, { "mxfp4", sr = true, seed = 4, offset = 2, rht_col = true } },
   }
   for i, c in ipairs(cases) do
     for _, dtype in ipairs({ "f32", "bf16" }) do
@@ -232,9 +236,10 @@ T.case("quantize_rowcol on cuda equals quantize(axis=2) then quantize(axis=1) on
       local o = opts_of(c[2])
       local what = label(c[2]) .. " " .. table.concat(c[1], "x") .. " " .. dtype
       local oc = copy(o)
-      oc.axis = 2
+      oc.axis, oc.rht_col = 2, nil
       local qr_c = core.quantize(x, c[2][1], oc)
       oc.axis = 1
+      if o.rht_col then oc.rht = true end
       local qc_c = core.quantize(x, c[2][1], oc)
       poisoned(function(byte)
         local qr, qc = core.quantize_rowcol(xd, c[2][1], o)
@@ -255,6 +260,7 @@ T.case("quantize_rowcol on cuda equals quantize(axis=2) then quantize(axis=1) on
   check_same_q(b1, a1, "generator row-wise")
   check_same_q(b2, a2, "generator column-wise")
   T.eq(g2:offset(), 2, "rowcol advances the generator by two")
+  T.raises(function() return core.quantize(xd, "nvfp4", { rht_col = true }) end, "rht_col")
   xd:free()
 end)
 
@@ -411,7 +417,16 @@ T.case("a per-tensor amax stays on the device: quantize, a transposed re-quantiz
   T.raises(function() return core.quantize(wd, "mxfp8_e4m3", { amax = q8 }) end, "per-tensor scale")
   q8:free()
   T.raises(function() return core.quantize(wd, "e4m3", { amax = q8 }) end, "freed")
-  T.raises(function() return core.quantize(wd, "e4m3", { amax = "big" }) end, "amax must be a number or a quantized tensor")
+  T.raises(function() return core.quantize(wd, "e4m3", { amax = "big" }) end, "amax must be a number, a quantized tensor or a one%-element f32 tensor")
+  -- an amax tensor: on the device, read there; errors name what is wrong
+  local at = nv.tensor({ 3.5 }):cuda()
+  local s0 = core.cuda_emu_counters().host_syncs
+  local qt = core.quantize(wd, "e4m3", { amax = at })
+  T.eq(core.cuda_emu_counters().host_syncs - s0, 0, "amax tensor on the device: no host sync")
+  T.eq(qt.amax, 3.5, "amax tensor: the value used")
+  T.raises(function() return core.quantize(wd, "e4m3", { amax = nv.zeros(2):cuda() }) end, "one f32 value")
+  T.raises(function() return core.quantize(wd, "mxfp8_e4m3", { amax = at }) end, "per-tensor scale")
+  qt:free(); at:free()
   -- a host-known amax (q on the CPU) is taken as a number, on any device
   local qc = core.quantize(w, "e4m3")
   local qd = core.quantize(wd, "e4m3", { amax = qc })

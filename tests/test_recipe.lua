@@ -684,11 +684,13 @@ T.case("share in the model: an nvfp4 Llama block quantizes x once for q/k/v and 
     local x = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
     local y = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
     local calls, share0 = 0, recipe.share
-    local q0 = quant.quantize
+    local core = require "nvlua.core"
+    local q0, rc0 = quant.quantize, core.quantize_rowcol
     quant.quantize = function(...) calls = calls + 1; return q0(...) end
+    core.quantize_rowcol = function(...) calls = calls + 2; return rc0(...) end -- two copies (x's fprop and wgrad)
     if not shared then recipe.share = function(fn, ...) return fn(...) end end
     local ok, loss = pcall(function() return m:forward_backward(x, y) end)
-    quant.quantize, recipe.share = q0, share0
+    quant.quantize, recipe.share, core.quantize_rowcol = q0, share0, rc0
     if not ok then error(loss, 0) end
     local grads = {}
     for _, e in ipairs(m:named_parameters()) do grads[e.name] = e.grad:clone() end

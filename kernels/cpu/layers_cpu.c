@@ -479,6 +479,19 @@ static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype 
   return NVL_OK;
 }
 
+static nvl_status amax_history(nvl_kctx *ctx, float *sel, float *hist, int64_t len, int64_t count, int64_t pos,
+                               const float *cur) {
+  (void)ctx;
+  float m = 0.0f, last = hist[len];
+  for (int64_t i = 0; i < count; i++)
+    if (isfinite(hist[i]) && hist[i] > m) m = hist[i];
+  if (m > 0.0f) last = m;
+  *sel = last > 0.0f ? last : *cur;
+  hist[len] = last;
+  hist[pos] = *cur;
+  return NVL_OK;
+}
+
 /* Each tensor's sumsq as core.sumsq computes it, added in order in double (optim.grad_norm's sum,
  * bit for bit). */
 static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n,
@@ -517,6 +530,7 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .cross_entropy = cross_entropy,
   .adamw_step = adamw_step,
   .sumsq = sumsq,
+  .amax_history = amax_history,
   .attention_forward = nvl_attention_forward_cpu,
   .attention_backward = nvl_attention_backward_cpu,
   .adamw_multi = adamw_multi,

@@ -122,6 +122,7 @@ static const nvl_layer_kernels layers = { /* rope_tables: computed on the host *
   .cross_entropy = nvl_cuda_cross_entropy,
   .adamw_step = nvl_cuda_adamw_step,
   .sumsq = nvl_cuda_sumsq,
+  .amax_history = nvl_cuda_amax_history,
   .attention_forward = nvl_cuda_attention_forward,
   .attention_backward = nvl_cuda_attention_backward,
   .adamw_multi = nvl_cuda_adamw_multi,

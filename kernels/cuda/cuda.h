@@ -124,6 +124,7 @@ typedef struct {
   float amax;
   uint32_t *amax_dev_out;      /* device word receiving the amax (float bits), or NULL */
   const uint32_t *amax_dev_in; /* device amax to use (float bits), or NULL */
+  int amax_only;               /* only the amax into amax_dev_out */
   void *codes;
   uint8_t *scales, *scales_swz;
 } nvl_cuda_quant_desc;
@@ -172,6 +173,8 @@ nvl_status nvl_cuda_rope_backward_bf16(nvl_kctx *ctx, uint16_t *dx, const uint16
 nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, int total_on_device, float *dlogits, const void *logits,
                                   nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
                                   int64_t ignore_index, double z_loss, double grad_scale);
+nvl_status nvl_cuda_amax_history(nvl_kctx *ctx, float *sel, float *hist, int64_t len, int64_t count, int64_t pos,
+                                 const float *cur);
 nvl_status nvl_cuda_adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                                const nvl_adamw_opts *o);
 nvl_status nvl_cuda_sumsq(nvl_kctx *ctx, double *out, const void *x, nvl_dtype x_dtype, int64_t n);

@@ -451,6 +451,30 @@ extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, int t
   return sum_to_host(ctx, total, rows, N, __func__);
 }
 
+/* ---- delayed scaling's history step (backend.h amax_history; layers_cpu.c's operations) ------- */
+__global__ void amax_history_kernel(float *sel, float *hist, int64_t len, int64_t count, int64_t pos,
+                                    const float *cur) {
+  float m = 0.0f, last = hist[len];
+  for (int64_t i = 0; i < count; i++) {
+    const float v = hist[i];
+    if (fabsf(v) < u2f(0x7F800000u) && v > m) m = v; /* finite (NaN fails the compare) and positive */
+  }
+  if (m > 0.0f) last = m;
+  const float c = *cur;
+  *sel = last > 0.0f ? last : c;
+  hist[len] = last;
+  hist[pos] = c;
+}
+
+extern "C" nvl_status nvl_cuda_amax_history(nvl_kctx *ctx, float *sel, float *hist, int64_t len, int64_t count,
+                                            int64_t pos, const float *cur) {
+  const int dev = ctx->dev;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  (void)cudaGetLastError();
+  NVL_LAUNCH(1, 1, 0, 0, amax_history_kernel)(sel, hist, len, count, pos, cur);
+  return launched(dev, __func__, "amax_history_kernel", len, 1);
+}
+
 /* ---- AdamW ------------------------------------------------------------------------------------ *
  * layers_ref.h nvl_adamw_elem, operation for operation, each rounding pinned (bit-exact). */
 __global__ void adamw_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,

@@ -648,6 +648,7 @@ static nvl_status quantize_one(nvl_kctx *ctx, const nvl_cuda_quant_desc *d, floa
   NVL_TRY(check_desc(d, "nvl_cuda_quantize"));
   NVL_TRY(nvl_cuda_use_device(dev, "nvl_cuda_quantize"));
   uint32_t *bits = NULL;
+  if (d->amax_only) return launch_amax(d, d->amax_dev_out, dev); /* max |x| (after the RHT), nothing else */
   if (d->amax_dev_in) { /* another quantization's amax, on the device: no reduction, no read-back */
     NVL_TRY(launch_quant(d, d->amax_dev_in, dev));
     return NVL_OK;
@@ -784,6 +785,9 @@ nvl_status to_cuda_desc(const nvl_qdesc *q, nvl_cuda_quant_desc *d) {
   d->amax = q->amax;
   d->amax_dev_out = reinterpret_cast<uint32_t *>(q->amax_dev_out);
   d->amax_dev_in = reinterpret_cast<const uint32_t *>(q->amax_dev_in);
+  d->amax_only = q->amax_only;
+  if (d->amax_only && !d->amax_dev_out)
+    return nvl_error(NVL_EINVAL, "nvl_cuda_quantize: an amax-only call needs the device word to write it into");
   if (d->amax_dev_in && (d->has_amax || d->amax_dev_out))
     return nvl_error(NVL_EINVAL, "nvl_cuda_quantize: a device amax to use excludes a given or an output one");
   d->codes = q->codes;

@@ -235,6 +235,17 @@ static int l_adamw_step(lua_State *L) {
   return 0;
 }
 
+/* amax_history_step(hist, count, pos, cur) -> sel (core/layers.h nvl_amax_history_step; count and
+ * pos 0-based) */
+static int l_amax_history_step(lua_State *L) {
+  nvl_tensor *hist = nvl_lua_check_tensor(L, 1, "amax_history_step");
+  lua_Integer count = luaL_checkinteger(L, 2), pos = luaL_checkinteger(L, 3);
+  nvl_tensor *cur = nvl_lua_check_tensor(L, 4, "amax_history_step");
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_amax_history_step(r, hist, (int64_t)count, (int64_t)pos, cur));
+  return 1;
+}
+
 static int l_sumsq(lua_State *L) {
   nvl_tensor *t = nvl_lua_check_tensor(L, 1, "sumsq");
   double s;
@@ -301,7 +312,7 @@ static const luaL_Reg layer_funcs[] = {
   {"rmsnorm_forward", l_rmsnorm_forward}, {"rmsnorm_backward", l_rmsnorm_backward},
   {"rope_tables", l_rope_tables}, {"rope_forward", l_rope_forward}, {"rope_backward", l_rope_backward},
   {"swiglu_forward", l_swiglu_forward}, {"swiglu_backward", l_swiglu_backward},
-  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq},
+  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq}, {"amax_history_step", l_amax_history_step},
   {"adamw_multi", l_adamw_multi}, {"grad_norm_multi", l_grad_norm_multi}, {NULL, NULL}};
 
 void nvl_lua_open_layers(lua_State *L) { luaL_setfuncs(L, layer_funcs, 0); }

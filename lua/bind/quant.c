@@ -74,6 +74,11 @@ static int parse_quant_opts(lua_State *L, const nvl_tensor *x, nvl_quant_opts *o
       o->sr = lua_toboolean(L, -1);
     }
     lua_pop(L, 1);
+    if (lua_getfield(L, 3, "rht_col") != LUA_TNIL) {
+      if (!lua_isboolean(L, -1)) return luaL_error(L, "quantize_rowcol: rht_col must be a boolean");
+      o->rht_col = lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
     if (lua_getfield(L, 3, "view") != LUA_TNIL) {
       if (!lua_isboolean(L, -1)) return luaL_error(L, "quantize: view must be a boolean");
       o->view = lua_toboolean(L, -1);
@@ -103,10 +108,14 @@ static int parse_quant_opts(lua_State *L, const nvl_tensor *x, nvl_quant_opts *o
     lua_pop(L, 1);
     if (lua_getfield(L, 3, "amax") != LUA_TNIL) {
       nvl_qtensor *qa = luaL_testudata(L, -1, QTENSOR_MT);
+      nvl_tensor *ta = luaL_testudata(L, -1, NVL_TENSOR_MT);
       if (qa) {
         o->amax_of = qa; /* the caller's option table keeps it alive through the call */
+      } else if (ta) {
+        o->amax_t = ta;
       } else {
-        if (!lua_isnumber(L, -1)) return luaL_error(L, "quantize: amax must be a number or a quantized tensor");
+        if (!lua_isnumber(L, -1))
+          return luaL_error(L, "quantize: amax must be a number, a quantized tensor or a one-element f32 tensor");
         o->has_amax = 1;
         o->amax = (float)lua_tonumber(L, -1);
       }
@@ -135,6 +144,27 @@ static int l_quantize(lua_State *L) {
   parse_quant_opts(L, x, &o, signs);
   nvl_qtensor *q = push_q(L);
   CHECK(L, nvl_quantize(q, x, f, &o));
+  return 1;
+}
+
+/* core.quant_amax(x [, {axis = d (1-based, default the last), rht = false}]) -> f32 (1) tensor on x's
+ * device: max |x| (after the RHT along axis), as a quantization computes it; nothing read back */
+static int l_quant_amax(lua_State *L) {
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "quant_amax");
+  int axis = -1, rht = 0;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    if (lua_getfield(L, 2, "axis") != LUA_TNIL) {
+      if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1 || lua_tointeger(L, -1) > x->ndim)
+        return luaL_error(L, "quant_amax: axis must be a dim of x (1..%d)", x->ndim);
+      axis = (int)lua_tointeger(L, -1) - 1;
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 2, "rht") != LUA_TNIL) rht = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_quant_amax(r, x, axis, rht));
   return 1;
 }
 
@@ -388,7 +418,7 @@ static const luaL_Reg q_methods[] = {
 static const luaL_Reg q_meta[] = {{"__index", q_index}, {"__gc", q_free}, {"__close", q_free}, {NULL, NULL}};
 
 static const luaL_Reg q_funcs[] = {
-  {"quantize", l_quantize}, {"quantize_rowcol", l_quantize_rowcol}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
+  {"quantize", l_quantize}, {"quantize_rowcol", l_quantize_rowcol}, {"quant_amax", l_quant_amax}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
   {"codec", l_codec}, {NULL, NULL}};
 
 void nvl_lua_open_quant(lua_State *L) {

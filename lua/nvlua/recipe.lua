@@ -174,14 +174,58 @@ end
 -- Delayed scaling: the amax to quantize with, from the history of key (nil: the history has no
 -- usable amax yet, so this step uses current scaling), and the history record.
 function Recipe:_history(key)
-  local h = self.histories[key]
-  if not h then
-    h = {h = quant.AmaxHistory(self.history_len), last = nil}
-    self.histories[key] = h
-  end
+  local h = self:_history_rec(key)
+  if h.dev then host_of_dev(h) end -- the tensor is on the host now
   local a = h.h:amax() -- max over the window's finite entries; 0 when none is positive
   if a > 0 then h.last = a end
   return h.last, h
+end
+
+-- Delayed scaling on a device: the history of key lives there (f32 (len + 1): the values, then the
+-- last usable amax, 0 for none), so choosing the amax and pushing this step's cost no host
+-- synchronisation (core.amax_history_step: the same rule as _history and its push). The record
+-- keeps either the host history (h, last) or the device one (dev); each converts to the other
+-- where it is needed (state(), a tensor on the other device).
+local function dev_of_host(rec, len, device)
+  local vals = {}
+  for i = 1, len + 1 do vals[i] = 0 end
+  for i = 1, rec.h.count do vals[i] = rec.h.values[i] end
+  vals[len + 1] = rec.last or 0
+  return {buf = core.unscope(core.tensor(vals):to(device)), len = len, count = rec.h.count,
+    pos = rec.h.count > 0 and rec.h.pos % len or 0}
+end
+
+local function host_of_dev(rec)
+  local d = rec.dev
+  local v = d.buf:cpu():totable()
+  local h = quant.AmaxHistory(d.len)
+  for i = 1, d.count do h.values[i] = v[i] end
+  h.count = d.count
+  h.pos = d.count > 0 and (d.pos - 1) % d.len + 1 or 0
+  rec.h, rec.last = h, v[d.len + 1] > 0 and v[d.len + 1] or nil
+  d.buf:free()
+  rec.dev = nil
+end
+
+function Recipe:_history_rec(key)
+  local rec = self.histories[key]
+  if not rec then
+    rec = {h = quant.AmaxHistory(self.history_len), last = nil}
+    self.histories[key] = rec
+  end
+  return rec
+end
+
+-- The amax (a device tensor) to quantize t with under delayed scaling, this step's amax pushed.
+function Recipe:_device_amax(key, t, s, axis)
+  local rec = self:_history_rec(key)
+  if rec.dev and rec.dev.buf:device() ~= t:device() then host_of_dev(rec) end
+  if not rec.dev then rec.dev = dev_of_host(rec, rec.h.len, t:device()) end
+  local d = rec.dev
+  local cur = core.quant_amax(t, {axis = axis, rht = s.rht}) -- what the quantization scales, on the device
+  local sel = core.amax_history_step(d.buf, d.count, d.pos, cur)
+  d.pos, d.count = (d.pos + 1) % d.len, math.min(d.count + 1, d.len)
+  return sel
 end
 
 -- Formats scaled by one amax for the whole tensor: under data parallelism that amax is the one
@@ -298,6 +342,10 @@ function Recipe:_quantize(s, t, axis, key, split)
   if s.sr then o.sr = true; o.generator = self.gen end
   if s.scale_rule then o.scale_rule = s.scale_rule end
   local rec, hist
+  if s.delayed and t:device() ~= "cpu" and not self.amax_reducer then -- the history on the device
+    o.amax = self:_device_amax(key, t, s, axis)
+    return quant.quantize(t, s.format, o)
+  end
   if s.delayed then hist, rec = self:_history(key); o.amax = hist end
   local global -- this step's amax over all ranks
   if split and self.amax_reducer and formats.traits[s.format].global_amax and (hist == nil or rec) then
@@ -336,14 +384,15 @@ function Recipe:_quantize(s, t, axis, key, split)
   return q
 end
 
--- Both copies of an activation or gradient t (2-D, rows = tokens) for spec s: blocked along its
--- last dim (fprop's x, dgrad's dy) and along the tokens (wgrad's), from one read of t where the
--- backend fuses them (core.quantize_rowcol; on the CPU, two quantizations): TransformerEngine's
--- dataflow. Bit for bit the two _quantize calls (SR: the row copy draws the generator's offset o,
--- the column copy o + 1, the order of the two calls). -> row, col. Only for pairable specs (below).
-function Recipe:_quantize_pair(s, t, split)
-  local sk_r, sk_c = spec_key(s, 2), spec_key(s, 1)
-  local shared = memo and split and not s.sr
+-- Both copies of an activation or gradient t (2-D, rows = tokens): per spec a blocked along its
+-- last dim (fprop's x, dgrad's dy) and per spec b along the tokens (wgrad's), from one read of t
+-- where the backend fuses them (core.quantize_rowcol; on the CPU, two quantizations):
+-- TransformerEngine's dataflow. b is a, or a with the RHT added (the NVFP4 recipe's wgrad copies).
+-- Bit for bit the two _quantize calls (SR: the row copy draws the generator's offset o, the column
+-- copy o + 1, the order of the two calls). -> row, col. Only for pairable specs (below).
+function Recipe:_quantize_pair(a, b, t, split)
+  local sk_r, sk_c = spec_key(a, 2), spec_key(b, 1)
+  local shared = memo and split and not a.sr
   if shared then
     local r, c
     for _, e in ipairs(memo) do
@@ -354,10 +403,10 @@ function Recipe:_quantize_pair(s, t, split)
     if r and c then return r, c end
   end
   local o = {}
-  if s.rht then o.rht = true end
-  if s.sr then o.sr = true; o.generator = self.gen end
-  if s.scale_rule then o.scale_rule = s.scale_rule end
-  local r, c = core.quantize_rowcol(t, s.format, o)
+  if a.rht then o.rht = true elseif b.rht then o.rht_col = true end
+  if a.sr then o.sr = true; o.generator = self.gen end
+  if a.scale_rule then o.scale_rule = a.scale_rule end
+  local r, c = core.quantize_rowcol(t, a.format, o)
   if shared then
     local v = core.unscope(t:view(t:size()))
     memo[#memo + 1] = {key = sk_r, t = v, q = core.unscope(r)}
@@ -367,12 +416,15 @@ function Recipe:_quantize_pair(s, t, split)
 end
 
 -- Can a and b (the specs of one tensor's row and column copies) come from one fused pass? The same
--- quantization (format, options) along the two axes, a quantized format (bf16 and f32 copies are
--- views or plain transposes), no delayed-scaling history (per role), no data-parallel amax
--- reduction or SR slab placement (per copy).
+-- quantization along the two axes (the column copy may add the RHT), a quantized format (bf16 and
+-- f32 copies are views or plain transposes), no delayed-scaling history (per role), no
+-- data-parallel amax reduction or SR slab placement (per copy).
 function Recipe:_pairable(a, b)
   local ft = formats.traits[a.format]
-  return same_spec(a, b) and ft and ft.quantized and not a.delayed and not self.amax_reducer and not self.shard
+  if not (ft and ft.quantized) or a.delayed or self.amax_reducer or self.shard then return false end
+  if same_spec(a, b) then return true end
+  return not a.rht and b.rht and same_spec(a, {format = b.format, block = b.block, rht = false, sr = b.sr,
+    delayed = b.delayed, scale_rule = b.scale_rule})
 end
 
 --- recipe:set_amax_reducer(fn | nil): data parallelism. fn(amax) -> the max of every rank's amax
@@ -464,7 +516,7 @@ function Recipe:linear_forward(ctx, x, w, no_backward)
       local gw = not no_backward and self:gemm(ctx, "wgrad")
       if gw and not plain(gw) and not g.a.sr and self:_pairable(g.a, gw.b) then
         -- x's wgrad copy (along the tokens) from the same pass, kept for the backward instead of x
-        qx, qx_col = self:_quantize_pair(g.a, x2, true)
+        qx, qx_col = self:_quantize_pair(g.a, gw.b, x2, true)
       else
         qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
       end
@@ -502,7 +554,7 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
     local gd, gw = self:gemm(ctx, "dgrad"), dw ~= nil and self:gemm(ctx, "wgrad")
     local qdy_row, qdy_col
     if gw and not plain(gd) and not plain(gw) and not gd.b.sr and self:_pairable(gd.a, gw.a) then
-      qdy_row, qdy_col = self:_quantize_pair(gd.a, dy2, true)
+      qdy_row, qdy_col = self:_quantize_pair(gd.a, gw.a, dy2, true)
     end
     -- dgrad: dX[T,K] = dY[T,N] · W[N,K], both blocked along N. Its scope frees its copies and the
     -- fprop weight copy saved for it before wgrad quantizes.
@@ -671,6 +723,11 @@ function Recipe:generator() return self.gen end
 -- count, last}}}: what a checkpoint needs to resume with the same SR bits and scales.
 function Recipe:state()
   local hs = {}
+  for _, h in pairs(self.histories) do
+    if h.dev then -- read back (the device copy is rebuilt at its next use)
+      host_of_dev(h)
+    end
+  end
   for key, h in pairs(self.histories) do
     local v = {}
     for i = 1, h.h.count do v[i] = h.h.values[i] end
@@ -711,6 +768,7 @@ function Recipe:load_state(s)
   end
   self.gen:manual_seed(seed)
   self.gen:set_offset(offset)
+  for _, h in pairs(self.histories) do if h.dev then h.dev.buf:free() end end
   self.histories = hs
 end
 
