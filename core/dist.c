@@ -400,6 +400,78 @@ nvl_status nvl_dist_all_reduce(nvl_tensor *t, nvl_dist_op op) {
   return NVL_OK;
 }
 
+/* ---- bucketed all-reduce ---------------------------------------------------------------------- */
+
+#define MAX_PENDING 1024
+static struct {
+  nvl_tensor t;
+  nvl_dist_op op;
+#ifdef NVLUA_HAVE_MPI
+  MPI_Request req;
+#endif
+} pending[MAX_PENDING];
+static int npending, npending_cuda;
+
+int nvl_dist_pending(void) { return npending + npending_cuda; }
+
+nvl_status nvl_dist_all_reduce_start(nvl_tensor *t, nvl_dist_op op) {
+  char d[160];
+  NVL_TRY(check_tensor("all_reduce_start", t));
+  NVL_TRY(check_op("all_reduce_start", op, t));
+  if (op != NVL_DIST_SUM && op != NVL_DIST_AVG)
+    return nvl_error(NVL_EINVAL, "all_reduce_start: op must be sum or avg, got %s", nvl_dist_op_names[op]);
+  if (t->dtype != NVL_F32 || !nvl_tensor_is_contiguous(t))
+    return nvl_error(NVL_EINVAL, "all_reduce_start: expects a contiguous f32 tensor, got %s", nvl_tensor_desc(t, d, sizeof d));
+  if (t->device == NVL_CUDA) {
+    if (S.world == 1 && !S.use_mpi) return NVL_OK;
+    NVL_TRY(nvl_nccl_all_reduce_start(t, op, S.rank, S.world));
+    npending_cuda++;
+    return NVL_OK;
+  }
+  if (!S.use_mpi) return NVL_OK; /* a world of one */
+#ifdef NVLUA_HAVE_MPI
+  int64_t n = nvl_tensor_numel(t);
+  NVL_TRY(check_count("all_reduce_start", n));
+  if (npending == MAX_PENDING)
+    return nvl_error(NVL_EINVAL, "all_reduce_start: more than %d all-reduces pending; call wait_all", MAX_PENDING);
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, nvl_tensor_data(t), (int)n, MPI_FLOAT, MPI_SUM, comm, &pending[npending].req);
+  if (rc != MPI_SUCCESS) return mpi_fail("all_reduce_start", "MPI_Iallreduce", rc);
+  nvl_tensor_share(&pending[npending].t, t);
+  pending[npending].op = op;
+  npending++;
+  int flag; /* let the started ones progress (Open MPI progresses inside MPI calls) */
+  for (int i = 0; i < npending; i++) {
+    rc = MPI_Test(&pending[i].req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail("all_reduce_start", "MPI_Test", rc);
+  }
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_wait_all(void) {
+  nvl_status st = NVL_OK;
+  if (npending_cuda) {
+    npending_cuda = 0;
+    st = nvl_nccl_wait_all();
+  }
+#ifdef NVLUA_HAVE_MPI
+  if (npending) {
+    op_begin("all_reduce (%d buckets started by all_reduce_start)", npending);
+    for (int i = 0; i < npending; i++) { /* a completed request is MPI_REQUEST_NULL: waiting on it returns at once */
+      int rc = MPI_Wait(&pending[i].req, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS && st == NVL_OK) st = mpi_fail("wait_all", "MPI_Wait", rc);
+    }
+    op_end();
+    for (int i = 0; i < npending; i++) {
+      if (st == NVL_OK && pending[i].op == NVL_DIST_AVG) divide(&pending[i].t, S.world);
+      nvl_tensor_release(&pending[i].t);
+    }
+    npending = 0;
+  }
+#endif
+  return st;
+}
+
 nvl_status nvl_dist_broadcast(nvl_tensor *t, int root) {
   NVL_TRY(check_tensor("broadcast", t));
   if (root < 0 || root >= S.world)

@@ -49,6 +49,17 @@ int nvl_dist_nccl_compiled(void);
 nvl_status nvl_dist_barrier(void);
 /* t (every rank's, same dtype and shape) = op over the ranks, in place. */
 nvl_status nvl_dist_all_reduce(nvl_tensor *t, nvl_dist_op op);
+/* Bucketed gradient reduction, overlapped with the backward pass: start t = op (sum or avg) over
+ * the ranks, in place, without waiting (f32, contiguous; every rank starts the same tensors in
+ * the same order). On the CPU an MPI_Iallreduce (each start also lets earlier ones progress); on
+ * CUDA NCCL on its own stream, after stream 0's queued work. t must not be read or written until
+ * nvl_dist_wait_all returns. A world of one: nothing to do. */
+nvl_status nvl_dist_all_reduce_start(nvl_tensor *t, nvl_dist_op op);
+/* Complete every started all-reduce: on the CPU MPI_Waitall, then avg's division; on CUDA stream 0
+ * waits for NCCL's stream (an event: the host does not wait). */
+nvl_status nvl_dist_wait_all(void);
+/* The number of started, not yet completed all-reduces. */
+int nvl_dist_pending(void);
 /* *x (a double on every rank) = op over the ranks (for losses, norms, flags). */
 nvl_status nvl_dist_all_reduce_f64(double *x, nvl_dist_op op);
 /* t = root's t on every rank. */

@@ -35,6 +35,11 @@ nvl_status nvl_nccl_broadcast(nvl_tensor *t, int root, int rank, int world) {
   (void)t; (void)root; (void)rank; (void)world;
   return NO_NCCL("broadcast");
 }
+nvl_status nvl_nccl_all_reduce_start(nvl_tensor *t, nvl_dist_op op, int rank, int world) {
+  (void)t; (void)op; (void)rank; (void)world;
+  return NO_NCCL("all_reduce_start");
+}
+nvl_status nvl_nccl_wait_all(void) { return NVL_OK; }
 nvl_status nvl_nccl_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int rank, int world) {
   (void)out; (void)t; (void)op; (void)rank; (void)world;
   return NO_NCCL("reduce_scatter");
@@ -220,6 +225,32 @@ nvl_status nvl_nccl_all_reduce(nvl_tensor *t, nvl_dist_op op, int rank, int worl
   NVL_TRY(after_default_stream("all_reduce"));
   void *p = nvl_tensor_data(t);
   return finish("all_reduce", "ncclAllReduce", N.AllReduce(p, p, (size_t)nvl_tensor_numel(t), dt, red(op), comm, stream));
+}
+
+/* Bucketed all-reduces: queued on `stream` in order, each after stream 0's work so far; the
+ * waiting is left to nvl_nccl_wait_all (stream 0 waits for the last one's event). */
+static int started; /* queued since the last wait_all */
+
+nvl_status nvl_nccl_all_reduce_start(nvl_tensor *t, nvl_dist_op op, int rank, int world) {
+  ncclDataType_t dt = ncclFloat32;
+  NVL_TRY(check("all_reduce_start", t, &dt));
+  NVL_TRY(ensure_comm("all_reduce_start", t, rank, world));
+  NVL_TRY(after_default_stream("all_reduce_start"));
+  void *p = nvl_tensor_data(t);
+  ncclResult_t r = N.AllReduce(p, p, (size_t)nvl_tensor_numel(t), dt, red(op), comm, stream);
+  if (r != ncclSuccess) return nccl_fail("all_reduce_start", "ncclAllReduce", r);
+  started++;
+  return NVL_OK;
+}
+
+nvl_status nvl_nccl_wait_all(void) {
+  if (!started) return NVL_OK;
+  started = 0;
+  if (atomic_load(&aborted)) return nvl_error(NVL_EDEVICE, "all_reduce: the NCCL communicator was aborted: %s", abort_reason);
+  cudaError_t e = cudaEventRecord(done, stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(0, done, 0); /* stream 0's later work after them; no host wait */
+  if (e != cudaSuccess) return cuda_fail("all_reduce", "cudaEventRecord/cudaStreamWaitEvent", e);
+  return NVL_OK;
 }
 
 nvl_status nvl_nccl_broadcast(nvl_tensor *t, int root, int rank, int world) {

@@ -17,6 +17,10 @@ void nvl_nccl_abort(void);
 void nvl_nccl_shutdown(void);
 /* The collectives of dist.h on contiguous CUDA tensors, checked by dist.c. */
 nvl_status nvl_nccl_all_reduce(nvl_tensor *t, nvl_dist_op op, int rank, int world);
+/* Queue the all-reduce on NCCL's stream after stream 0's work; no wait (nvl_nccl_wait_all). */
+nvl_status nvl_nccl_all_reduce_start(nvl_tensor *t, nvl_dist_op op, int rank, int world);
+/* Stream 0 waits (an event) for every all-reduce queued by nvl_nccl_all_reduce_start. */
+nvl_status nvl_nccl_wait_all(void);
 nvl_status nvl_nccl_broadcast(nvl_tensor *t, int root, int rank, int world);
 nvl_status nvl_nccl_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int rank, int world);
 nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_place, int rank, int world);

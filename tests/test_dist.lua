@@ -435,6 +435,21 @@ for _, recipe in ipairs({"bf16", "nvfp4"}) do
   end)
 end
 
+T.case("bucketed all-reduce (each stage started as the last micro-batch's backward completes it) = one all-reduce after it", function()
+  need_mpi()
+  -- 2 ranks, 2 micro-batches (the hook runs in the last one only): sum of two values, the same in any
+  -- order, so bit for bit; with and without tied embeddings (a tied LM head's gradient is complete
+  -- only with the embedding's)
+  for _, tie in ipairs({"tie=false", "tie=true"}) do
+    local common = {"recipe=nvfp4", "batch=2", "grad_accum=2", "dist=true", "eval_every=0", tie}
+    local args = {table.unpack(common)}
+    args[#args + 1] = "bucket_grads=false"
+    local whole = run2("bucket/whole-" .. tie, args)
+    local bucketed = run2("bucket/bucketed-" .. tie, common)
+    same_weights(whole, bucketed, "bucketed vs one all-reduce, " .. tie)
+  end
+end)
+
 T.case("ZeRO-1 on 3 ranks (a parameter space not divisible by 3: padded shards), tied embeddings, = plain 3 ranks", function()
   need_mpi()
   local function run3(name, extra)

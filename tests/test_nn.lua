@@ -719,3 +719,41 @@ T.case("Llama:forward_backward in chunks of tokens (loss_chunk): same loss and i
   T.raises(function() return core.cross_entropy(nv.zeros(2, 4), nv.zeros(2):to("i64"), {of_count = 1}) end,
     "more than the of_count")
 end)
+
+T.case("grad_buckets: the stages cover the gradient buffer; each is final when grad_hook announces it (head, L..1, embed)", function()
+  local llama = require "nvlua.llama"
+  for _, tie in ipairs({false, true}) do
+    local cfg = {vocab_size = 64, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2,
+      num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16, tie_word_embeddings = tie}
+    local m = llama.Llama(cfg, {seed = 3})
+    local b = m:grad_buckets()
+    T.ok(b ~= nil, "stages found")
+    local n, seen = 0, {}
+    for _, stage in ipairs({"head", 2, 1, "embed"}) do
+      for _, v in ipairs(b[stage]) do
+        T.ok(v:is_view_of(m.grad_buffer), "a view of the buffer")
+        local o = v:storage_offset() - m.grad_buffer:storage_offset()
+        for i = o, o + v:numel() - 1, 97 do T.ok(not seen[i], "stages are disjoint"); seen[i] = true end
+        n = n + v:numel()
+      end
+    end
+    T.eq(n, m.grad_buffer:numel(), "tie=" .. tostring(tie) .. ": the stages cover the buffer")
+    local order, snap = {}, {}
+    m.grad_hook = function(stage)
+      order[#order + 1] = stage
+      snap[stage] = {}
+      for j, v in ipairs(b[stage]) do snap[stage][j] = nv.unscope(v:clone()) end -- outlives the backward's scopes
+    end
+    local g = nv.Generator(2)
+    local x = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+    local y = (nv.rand(2, 16, {generator = g}) * 63):to("i64")
+    m:forward_backward(x, y)
+    m.grad_hook = nil
+    T.eq(order, {"head", 2, 1, "embed"}, "the stages in backward order")
+    for stage, views in pairs(snap) do
+      for j, v in ipairs(views) do
+        T.eq(b[stage][j]:bytes(), v:bytes(), "tie=" .. tostring(tie) .. ": stage " .. stage .. " was final when announced")
+      end
+    end
+  end
+end)

@@ -49,6 +49,25 @@ static int l_all_reduce(lua_State *L) {
   return 1;
 }
 
+/* all_reduce_start(t [, op = "sum"]) -> t: started, not waited for (core/dist.h) */
+static int l_all_reduce_start(lua_State *L) {
+  nvl_tensor *t = nvl_lua_check_tensor(L, 1, "all_reduce_start");
+  CHECK(L, nvl_dist_all_reduce_start(t, check_op(L, 2)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* wait_all(): complete the started all-reduces */
+static int l_wait_all(lua_State *L) {
+  CHECK(L, nvl_dist_wait_all());
+  return 0;
+}
+
+static int l_pending(lua_State *L) {
+  lua_pushinteger(L, nvl_dist_pending());
+  return 1;
+}
+
 /* all_reduce_number(x [, op]) -> number, reduced in double precision */
 static int l_all_reduce_number(lua_State *L) {
   double x = luaL_checknumber(L, 1);
@@ -109,7 +128,7 @@ static int l_abort(lua_State *L) {
 static const luaL_Reg dist_funcs[] = {
   {"init", l_init}, {"initialized", l_initialized}, {"rank", l_rank}, {"world_size", l_world_size},
   {"local_rank", l_local_rank}, {"local_size", l_local_size}, {"backend", l_backend}, {"info", l_info},
-  {"barrier", l_barrier}, {"all_reduce", l_all_reduce}, {"all_reduce_number", l_all_reduce_number},
+  {"barrier", l_barrier}, {"all_reduce", l_all_reduce}, {"all_reduce_start", l_all_reduce_start}, {"wait_all", l_wait_all}, {"pending", l_pending}, {"all_reduce_number", l_all_reduce_number},
   {"broadcast", l_broadcast}, {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
   {"set_timeout", l_set_timeout}, {"timeout", l_timeout}, {"finalize", l_finalize}, {"abort", l_abort},
   {NULL, NULL}};

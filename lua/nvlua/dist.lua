@@ -62,6 +62,12 @@ dist.info = C.info
 dist.barrier = C.barrier
 dist.all_reduce = C.all_reduce
 dist.all_reduce_number = C.all_reduce_number
+--- dist.all_reduce_start(t [, op = "sum"|"avg"]): start reducing t (f32, contiguous) in place without
+-- waiting (MPI_Iallreduce; NCCL on its own stream); dist.wait_all() completes every started one
+-- (then t holds the result); dist.pending() counts them. Bucketed gradient reduction.
+dist.all_reduce_start = C.all_reduce_start
+dist.wait_all = C.wait_all
+dist.pending = C.pending
 dist.broadcast = C.broadcast
 dist.reduce_scatter = C.reduce_scatter
 dist.all_gather = C.all_gather

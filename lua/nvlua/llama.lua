@@ -216,21 +216,72 @@ function Llama:backward(dlogits)
   self:_hidden_backward(function() return self.lm_head:backward(dlogits) end)
 end
 
+--- model:grad_buckets() -> {head = {views}, [i] = {views}, embed = {views}}: the gradient buffer
+-- cut where the backward pass completes it — the final norm and the (untied) LM head first, then
+-- block L .. 1, then the embedding (with a tied LM head) — each a list of contiguous views of
+-- model.grad_buffer (one per contiguous run of its parameters). Bucketed data parallelism starts
+-- reducing each as model.grad_hook(stage) announces it (train.lua). nil if the stages do not
+-- cover the buffer exactly.
+function Llama:grad_buckets()
+  if self._buckets and self._buckets.buffer == self.grad_buffer then return self._buckets.stages end
+  local tied = self.lm_head.tied
+  local function runs(mods)
+    local es, seen = {}, {}
+    for _, m in ipairs(mods) do
+      nn.each_entry(m, function(_, e) if not seen[e] then seen[e] = true; es[#es + 1] = e end end)
+    end
+    table.sort(es, function(a, b) return a.grad:storage_offset() < b.grad:storage_offset() end)
+    local out, n, lo, hi = {}, 0, nil, nil
+    local base = self.grad_buffer:storage_offset()
+    for _, e in ipairs(es) do
+      local o, k = e.grad:storage_offset() - base, e.grad:numel()
+      n = n + k
+      if hi == o then hi = o + k
+      else
+        if lo then out[#out + 1] = self.grad_buffer:narrow(1, lo + 1, hi - lo) end
+        lo, hi = o, o + k
+      end
+    end
+    if lo then out[#out + 1] = self.grad_buffer:narrow(1, lo + 1, hi - lo) end
+    return out, n
+  end
+  local stages, total = {}, 0
+  local head_mods = tied and {self.norm} or {self.norm, self.lm_head}
+  local n
+  stages.head, n = runs(head_mods)
+  total = total + n
+  for i = 1, self.layers.n do
+    stages[i], n = runs({self.layers[i]})
+    total = total + n
+  end
+  stages.embed, n = runs({self.embed_tokens})
+  total = total + n
+  for _, list in pairs(stages) do for j, v in ipairs(list) do list[j] = nv.unscope(v) end end
+  if total ~= self.grad_buffer:numel() then stages = nil end
+  self._buckets = {buffer = self.grad_buffer, stages = stages}
+  return stages
+end
+
 -- The trunk's backward from dh() (the gradient of the final norm's output, (N, C), made inside
--- the scope that frees it)
+-- the scope that frees it). model.grad_hook(stage), if set, is called as each stage of
+-- grad_buckets() is complete.
 function Llama:_hidden_backward(dh)
   local s = take_saved(self, "Llama")
+  local hook = self.grad_hook or function() end
   nv.scope(function()
     local dx = nv.scope(function() -- the norm's input gradient, as (B, T, C); dh dies here
       return self.norm:backward(dh()):view(s.shape)
     end)
+    hook("head")
     for i = self.layers.n, 1, -1 do
       dx = nv.scope(function() -- the gradient of block i's output dies with its backward
         nv.adopt(dx)
         return self.layers[i]:backward(dx)                   -- (B, T, C)
       end)
+      hook(i)
     end
     self.embed_tokens:backward(dx)
+    hook("embed")
   end)
   return nil
 end

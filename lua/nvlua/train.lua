@@ -156,8 +156,10 @@ train.schema = config.schema({
   -- resume=none on an out= that holds a run: refused, unless overwrite=true (its checkpoints and
   -- metrics are removed first)
   overwrite = bool(false),
-  -- data parallelism (nvlua.dist): launch with mpirun / srun; shard_optimizer is ZeRO-1
-  dist = bool(false), shard_optimizer = bool(false),
+  -- data parallelism (nvlua.dist): launch with mpirun / srun; shard_optimizer is ZeRO-1;
+  -- bucket_grads: without ZeRO-1, each block's gradients start their all-reduce as the last
+  -- micro-batch's backward completes them (overlapped with the rest of the backward)
+  dist = bool(false), shard_optimizer = bool(false), bucket_grads = bool(true),
   -- where the model, its gradients and the optimizer state live: cpu | cuda
   device = str("cpu", {check = check_device}),
 }, {relations})
@@ -690,13 +692,23 @@ local function step_once(r, step)
     opt:set_lr(lr)
     local t0 = nv.clock()
     local losses, n_tok = {}, 0
+    -- bucketed all-reduce: during the last micro-batch's backward, each stage's gradients (the
+    -- head, block L .. 1, the embedding) start reducing as soon as they are complete
+    local buckets = world > 1 and not opt.sharded and c.bucket_grads and model.grad_buckets and model:grad_buckets()
     nv.recipe.weight_cache(function() -- each weight quantized once for all the micro-batches
       for i = 1, c.grad_accum do
         -- the micro-batch's loss stays on the device (read below, after the step's work is queued)
-        local d, cnt = nv.scope(function()
+        if buckets and i == c.grad_accum then
+          model.grad_hook = function(stage)
+            for _, v in ipairs(buckets[stage]) do dist.all_reduce_start(v, "avg") end
+          end
+        end
+        local ok, d, cnt = pcall(nv.scope, function()
           local x, y = r.loader:next()
           return model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum, defer_loss = true})
         end)
+        model.grad_hook = nil
+        if not ok then error(d, 0) end
         losses[i], n_tok = d, n_tok + cnt
       end
     end)
@@ -704,7 +716,8 @@ local function step_once(r, step)
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
       gnorm = opt:reduce_clip(c.clip)
     else
-      if world > 1 then dist.all_reduce(model.grad_buffer, "avg") end
+      if buckets then dist.wait_all()
+      elseif world > 1 then dist.all_reduce(model.grad_buffer, "avg") end
       -- the norm and the clip factor on the grads' device (one launch); AdamW applies the factor.
       -- The norm is read back every step: a non-finite one skips the step.
       gnorm = opt:clip_grad_norm(c.clip):value()
