@@ -6,10 +6,11 @@
  *
  * Streams and synchronisation: all work goes to the legacy default stream of the device, in call
  * order, so memory freed to the caching allocator may be handed to the next kernel without a
- * wait (stream order). In "sync mode" (the default; nvl_cuda_set_sync, env NVLUA_CUDA_SYNC=0
- * turns it off) every launch is followed by a stream synchronisation, so an asynchronous fault is
- * reported by the call that caused it; with it off, launches only check the launch itself and a
- * fault surfaces at the next synchronising call (a device->host copy, nvl_cuda_synchronize).
+ * wait (stream order). By default launches only check the launch itself, the host runs ahead,
+ * and an asynchronous fault surfaces at the next synchronising call (a device->host copy,
+ * nvl_cuda_synchronize). "Sync mode" (for debugging: nvl_cuda_set_sync, env NVLUA_CUDA_SYNC=1)
+ * follows every launch with a stream synchronisation, so a fault is reported by the call that
+ * caused it.
  *
  * Scratch: entries that need device memory beyond their outputs take it from the caller through
  * nvl_kctx.scratch (call scratch, released by stream order after the call).

@@ -145,10 +145,13 @@ int nvl_cuda_grid(int64_t n, int threads, int dev) {
 
 static int sync_mode = -1; /* -1: not read from the environment yet */
 
+/* Off by default: kernels and copies are queued and the host runs ahead (a kernel's fault surfaces
+ * at the next synchronisation). NVLUA_CUDA_SYNC=1 (or nv.cuda.set_sync(true)) waits after every
+ * launch, so an error is reported by the call that caused it: for debugging. */
 static int sync_on(void) {
   if (sync_mode < 0) {
     const char *e = getenv("NVLUA_CUDA_SYNC");
-    sync_mode = !(e && e[0] == '0');
+    sync_mode = e && e[0] == '1';
   }
   return sync_mode;
 }

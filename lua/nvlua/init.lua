@@ -200,7 +200,7 @@ nv.cuda = {
   devices = core.cuda_devices,
   gemm_path = core.cuda_gemm_path,       -- which GEMM path a format takes on this device
   synchronize = core.cuda_synchronize,
-  set_sync = core.cuda_set_sync,
+  set_sync = core.cuda_set_sync,         -- debugging: wait after every launch (off by default; NVLUA_CUDA_SYNC=1)
   memory = core.cuda_memory,
   empty_cache = core.cuda_empty_cache,
   --- nv.cuda.emulated() -> a description when the CUDA backend runs on the CPU emulation of CUDA
