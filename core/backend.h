@@ -293,6 +293,14 @@ typedef struct nvl_layer_kernels {
    * scaling); then hist[len] = last and hist[pos] = *cur. Optional. */
   nvl_status (*amax_history)(nvl_kctx *ctx, float *sel, float *hist, int64_t len, int64_t count, int64_t pos,
                              const float *cur);
+  /* Optional: the bf16 RMSNorm / SwiGLU forwards (the entries above, the same bits) that also leave
+   * max |out| over the stored bf16 values (NaN ignored) in *amax, a device f32 word they overwrite:
+   * the amax a per-tensor quantization of out computes, from the pass that writes out (TE's fused
+   * amax), so the quantization needs no amax pass of its own. */
+  nvl_status (*rmsnorm_forward_bf16_amax)(nvl_kctx *ctx, uint16_t *out, float *rstd, const uint16_t *x,
+                                          const float *weight, int64_t N, int64_t C, double eps, float *amax);
+  nvl_status (*swiglu_forward_bf16_amax)(nvl_kctx *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up,
+                                         int64_t n, float *amax);
   nvl_status (*attention_forward)(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k, const float *v,
                                   int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale);
   nvl_status (*attention_backward)(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,

@@ -30,6 +30,7 @@
 #include "dispatch.h"
 #include "layers.h"
 #include "optim.h"
+#include "quant.h"
 
 #define DESC(t, buf) nvl_tensor_desc((t), (buf), sizeof(buf))
 
@@ -258,7 +259,7 @@ static const nvl_layer_kernels *native_bf16(const nvl_tensor *t);
 /* dt f32: the f32 entry; dt bf16: the native bf16 one (the caller checked it is there): out of x's
  * dtype, rstd f32 */
 static nvl_status rmsnorm_forward_as(nvl_tensor *out, nvl_tensor *rstd, const nvl_tensor *x, const nvl_tensor *weight,
-                                     double eps, nvl_dtype dt) {
+                                     double eps, nvl_dtype dt, nvl_tensor *amax) {
   const char *op = "rmsnorm_forward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, "out", out));
@@ -266,25 +267,32 @@ static nvl_status rmsnorm_forward_as(nvl_tensor *out, nvl_tensor *rstd, const nv
   NVL_TRY(check_rms_x_w(op, x, weight, dt));
   if (!(eps >= 0.0) || !isfinite(eps))
     return nvl_error(NVL_EINVAL, "%s: eps must be a finite number >= 0, got %g", op, eps);
-  if (dt == NVL_BF16) NVL_PICK(be, x, layers->rmsnorm_forward_bf16, op);
+  if (amax) NVL_PICK(be, x, layers->rmsnorm_forward_bf16_amax, op);
+  else if (dt == NVL_BF16) NVL_PICK(be, x, layers->rmsnorm_forward_bf16, op);
   else NVL_PICK(be, x, layers->rmsnorm_forward, op);
-  int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C;
-  nvl_tensor o = nvl_tensor_null(), r = nvl_tensor_null();
+  int64_t C = x->shape[x->ndim - 1], N = nvl_tensor_numel(x) / C, one = 1;
+  nvl_tensor o = nvl_tensor_null(), r = nvl_tensor_null(), a = nvl_tensor_null();
   nvl_status st = nvl_tensor_empty(&o, dt, x->device, x->ndim, x->shape);
   if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim - 1, x->shape);
+  if (st == NVL_OK && amax) st = nvl_tensor_empty(&a, NVL_F32, x->device, 1, &one);
   void *od = nvl_tensor_data(&o);
   const void *xd = nvl_tensor_data(x);
-  if (st == NVL_OK && dt == NVL_BF16)
+  if (st == NVL_OK && amax)
+    st = NVL_CALL(be, x, layers->rmsnorm_forward_bf16_amax, od, nvl_tensor_data(&r), xd, nvl_tensor_data(weight), N, C,
+                  eps, nvl_tensor_data(&a));
+  else if (st == NVL_OK && dt == NVL_BF16)
     st = NVL_CALL(be, x, layers->rmsnorm_forward_bf16, od, nvl_tensor_data(&r), xd, nvl_tensor_data(weight), N, C, eps);
   else if (st == NVL_OK)
     st = NVL_CALL(be, x, layers->rmsnorm_forward, od, nvl_tensor_data(&r), xd, nvl_tensor_data(weight), N, C, eps);
   if (st != NVL_OK) {
     nvl_tensor_release(&o);
     nvl_tensor_release(&r);
+    nvl_tensor_release(&a);
     return st;
   }
   *out = o;
   *rstd = r;
+  if (amax) *amax = a;
   return NVL_OK;
 }
 
@@ -294,14 +302,14 @@ nvl_status nvl_rmsnorm_forward(nvl_tensor *out, nvl_tensor *rstd, const nvl_tens
   const char *names[1] = {"x"};
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, &x, 1, &dt));
-  if (dt == NVL_F32) return rmsnorm_forward_as(out, rstd, x, weight, eps, NVL_F32);
+  if (dt == NVL_F32) return rmsnorm_forward_as(out, rstd, x, weight, eps, NVL_F32, NULL);
   const nvl_layer_kernels *nat = native_bf16(x);
-  if (nat && nat->rmsnorm_forward_bf16) return rmsnorm_forward_as(out, rstd, x, weight, eps, NVL_BF16);
+  if (nat && nat->rmsnorm_forward_bf16) return rmsnorm_forward_as(out, rstd, x, weight, eps, NVL_BF16, NULL);
   NVL_TRY(need_out_null(op, "out", out));
   NVL_TRY(need_out_null(op, "rstd", rstd));
   nvl_tensor w, r[1] = {nvl_tensor_null()}, sd = nvl_tensor_null();
   NVL_TRY(nvl_act_widen(&w, &x, 1));
-  nvl_status st = rmsnorm_forward_as(&r[0], &sd, &w, weight, eps, NVL_F32);
+  nvl_status st = rmsnorm_forward_as(&r[0], &sd, &w, weight, eps, NVL_F32, NULL);
   nvl_tensor_release(&w);
   if (st != NVL_OK) return st;
   nvl_tensor *outs[1] = {out};
@@ -512,7 +520,8 @@ static const nvl_layer_kernels *native_bf16(const nvl_tensor *t) {
 }
 
 /* dt f32: the f32 entry; dt bf16: the native bf16 entry (the caller checked there is one) */
-static nvl_status swiglu_forward_as(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up, nvl_dtype dt) {
+static nvl_status swiglu_forward_as(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up, nvl_dtype dt,
+                                    nvl_tensor *amax) {
   const char *op = "swiglu_forward";
   const nvl_backend *be;
   NVL_TRY(need_out_null(op, "out", out));
@@ -521,7 +530,16 @@ static nvl_status swiglu_forward_as(nvl_tensor *out, const nvl_tensor *gate, con
   NVL_TRY(need_same_shape(op, "gate", gate, "up", up));
   nvl_tensor r = nvl_tensor_null();
   nvl_status st;
-  if (dt == NVL_BF16) {
+  if (amax) { /* the bf16 forward with max |out| from the same pass */
+    int64_t one = 1;
+    NVL_PICK(be, gate, layers->swiglu_forward_bf16_amax, op);
+    NVL_TRY(nvl_tensor_empty(amax, NVL_F32, gate->device, 1, &one));
+    st = nvl_tensor_empty(&r, dt, gate->device, gate->ndim, gate->shape);
+    if (st == NVL_OK)
+      st = NVL_CALL(be, gate, layers->swiglu_forward_bf16_amax, nvl_tensor_data(&r), nvl_tensor_data(gate),
+                    nvl_tensor_data(up), nvl_tensor_numel(gate), nvl_tensor_data(amax));
+    if (st != NVL_OK) nvl_tensor_release(amax);
+  } else if (dt == NVL_BF16) {
     NVL_PICK(be, gate, layers->swiglu_forward_bf16, op);
     NVL_TRY(nvl_tensor_empty(&r, dt, gate->device, gate->ndim, gate->shape));
     st = NVL_CALL(be, gate, layers->swiglu_forward_bf16, nvl_tensor_data(&r), nvl_tensor_data(gate),
@@ -547,15 +565,48 @@ nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl
   nvl_dtype dt;
   NVL_TRY(nvl_act_dtype(op, names, acts, 2, &dt));
   const nvl_layer_kernels *nat = dt == NVL_BF16 ? native_bf16(gate) : NULL;
-  if (dt == NVL_F32 || (nat && nat->swiglu_forward_bf16)) return swiglu_forward_as(out, gate, up, dt);
+  if (dt == NVL_F32 || (nat && nat->swiglu_forward_bf16)) return swiglu_forward_as(out, gate, up, dt, NULL);
   NVL_TRY(need_out_null(op, "out", out));
   nvl_tensor w[2], r[1] = {nvl_tensor_null()};
   NVL_TRY(nvl_act_widen(w, acts, 2));
-  nvl_status st = swiglu_forward_as(&r[0], &w[0], &w[1], NVL_F32);
+  nvl_status st = swiglu_forward_as(&r[0], &w[0], &w[1], NVL_F32, NULL);
   nvl_act_release(w, 2);
   if (st != NVL_OK) return st;
   nvl_tensor *outs[1] = {out};
   return nvl_act_round(outs, r, 1);
+}
+
+/* The forwards with the amax of their output (core/layers.h): fused where the backend offers it
+ * for bf16 activations, else the forward then the amax (core/quant.h nvl_quant_amax). */
+nvl_status nvl_rmsnorm_forward_amax(nvl_tensor *out, nvl_tensor *rstd, nvl_tensor *amax, const nvl_tensor *x,
+                                    const nvl_tensor *weight, double eps) {
+  const char *names[1] = {"x"};
+  nvl_dtype dt;
+  NVL_TRY(need_out_null("rmsnorm_forward", "amax", amax));
+  NVL_TRY(nvl_act_dtype("rmsnorm_forward", names, &x, 1, &dt));
+  const nvl_layer_kernels *nat = dt == NVL_BF16 ? native_bf16(x) : NULL;
+  if (nat && nat->rmsnorm_forward_bf16_amax) return rmsnorm_forward_as(out, rstd, x, weight, eps, NVL_BF16, amax);
+  NVL_TRY(nvl_rmsnorm_forward(out, rstd, x, weight, eps));
+  nvl_status st = nvl_quant_amax(amax, out, -1, 0);
+  if (st != NVL_OK) {
+    nvl_tensor_release(out);
+    nvl_tensor_release(rstd);
+  }
+  return st;
+}
+
+nvl_status nvl_swiglu_forward_amax(nvl_tensor *out, nvl_tensor *amax, const nvl_tensor *gate, const nvl_tensor *up) {
+  const char *names[2] = {"gate", "up"};
+  const nvl_tensor *acts[2] = {gate, up};
+  nvl_dtype dt;
+  NVL_TRY(need_out_null("swiglu_forward", "amax", amax));
+  NVL_TRY(nvl_act_dtype("swiglu_forward", names, acts, 2, &dt));
+  const nvl_layer_kernels *nat = dt == NVL_BF16 ? native_bf16(gate) : NULL;
+  if (nat && nat->swiglu_forward_bf16_amax) return swiglu_forward_as(out, gate, up, NVL_BF16, amax);
+  NVL_TRY(nvl_swiglu_forward(out, gate, up));
+  nvl_status st = nvl_quant_amax(amax, out, -1, 0);
+  if (st != NVL_OK) nvl_tensor_release(out);
+  return st;
 }
 
 static nvl_status swiglu_backward_as(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout,

@@ -71,6 +71,13 @@ int nvl_attention_flash_cpu(void);
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */
 /* out (N, F) = silu(gate) * up. */
 nvl_status nvl_swiglu_forward(nvl_tensor *out, const nvl_tensor *gate, const nvl_tensor *up);
+/* The RMSNorm and SwiGLU forwards that also give *amax (allocated: a one-element f32 tensor on
+ * out's device) = max |out| (NaN ignored), the amax a per-tensor quantization of out computes:
+ * from the same pass where the backend fuses it (CUDA, bf16 activations), else a pass of its own.
+ * Nothing is read back. */
+nvl_status nvl_rmsnorm_forward_amax(nvl_tensor *out, nvl_tensor *rstd, nvl_tensor *amax, const nvl_tensor *x,
+                                    const nvl_tensor *weight, double eps);
+nvl_status nvl_swiglu_forward_amax(nvl_tensor *out, nvl_tensor *amax, const nvl_tensor *gate, const nvl_tensor *up);
 /* dgate, dup (N, F) =. */
 nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_tensor *dout, const nvl_tensor *gate,
                                const nvl_tensor *up);

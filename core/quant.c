@@ -417,7 +417,12 @@ nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_ten
   ocol.axis = 0;
   orow.view = ocol.view = 0; /* both copies are written by one kernel */
   orow.rht_col = ocol.rht_col = 0;
-  if (o->rht_col) ocol.rht = 1;
+  if (o->rht_col) { /* the column copy is in the RHT domain: a given amax (x's) is the row copy's only */
+    ocol.rht = 1;
+    ocol.has_amax = 0;
+    ocol.amax_of = NULL;
+    ocol.amax_t = NULL;
+  }
   orow.gen = ocol.gen = NULL; /* the two draws: offsets o and o + 1 of the generator */
   if (o->gen) {
     orow.seed = ocol.seed = o->gen->seed;

@@ -58,7 +58,8 @@ typedef struct {
    * result shares it): delayed scaling's device history (nvl_amax_history_step). Excludes the others. */
   const nvl_tensor *amax_t;
   /* quantize_rowcol only: the column copy gets the RHT too (the row copy only with rht): the
-   * NVFP4 recipe's wgrad copies of x and dY beside their plain fprop / dgrad copies */
+   * NVFP4 recipe's wgrad copies of x and dY beside their plain fprop / dgrad copies. A given amax
+   * is then the row copy's; the column copy computes its own (in the RHT domain). */
   int rht_col;
   /* the result may be a view of x where quantizing is the identity (x's own dtype f32/bf16, blocked
    * along its contiguous last dim, no RHT): no copy; x must not change while the result is used */

@@ -244,3 +244,55 @@ T.case("fp8_delayed on cuda: the amax history on the device = the host's, bit fo
   run(rc2, rg2, 3, 2)
   T.raises(function() core.amax_history_step(nv.zeros(4):cuda(), 4, 0, nv.zeros(1):cuda()) end, "count 4 must be in")
 end)
+
+-- TE's fused amax: RMSNorm and SwiGLU on bf16 activations give max |out| from the pass that writes
+-- out; the next linear's per-tensor quantization takes it (recipe.note_amax) instead of an amax pass.
+T.case("RMSNorm and SwiGLU give their output's amax (= the quantizer's, bit for bit); the recipe uses it: same gradients, fewer passes", function()
+  need_emu()
+  local recipe = require "nvlua.recipe"
+  local llama = require "nvlua.llama"
+  local g = nv.Generator(21)
+  local x = (nv.randn(48, 96, {generator = g}) * 3):to("bf16")
+  local xs = x:totable() -- a NaN and extremes: ignored / counted as the quantizer does
+  xs[3][5], xs[7][1] = 0 / 0, -60000
+  x = nv.tensor(xs):to("bf16")
+  local w = nv.randn(96, {generator = g})
+  local gate, up = (nv.randn(40, 64, {generator = g}) * 4):to("bf16"), nv.randn(40, 64, {generator = g}):to("bf16")
+  for _, dev in ipairs({"cuda", "cpu"}) do -- fused on cuda; a pass of its own on the cpu
+    local xd, wd, gd, ud = x:to(dev), w:to(dev), gate:to(dev), up:to(dev)
+    local out, _, amax = core.rmsnorm_forward(xd, wd, 1e-5, true)
+    local plain = core.rmsnorm_forward(xd, wd, 1e-5)
+    T.eq(out:cpu():bytes(), plain:cpu():bytes(), dev .. ": RMSNorm output unchanged")
+    T.eq(amax:cpu():bytes(), core.quant_amax(out):cpu():bytes(), dev .. ": RMSNorm amax = the quantizer's")
+    local h, ha = core.swiglu_forward(gd, ud, true)
+    T.eq(h:cpu():bytes(), core.swiglu_forward(gd, ud):cpu():bytes(), dev .. ": SwiGLU output unchanged")
+    T.eq(ha:cpu():bytes(), core.quant_amax(h):cpu():bytes(), dev .. ": SwiGLU amax = the quantizer's")
+  end
+  local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 1,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
+  for _, rname in ipairs({"fp8_cs", "nvfp4"}) do
+    local function run(hinted)
+      local m = llama.Llama(cfg, {seed = 2, recipe = rname == "nvfp4" and recipe.nvfp4({bf16_first = 0, bf16_last = 0})
+        or recipe[rname]()}):to("cuda")
+      local gen = nv.Generator(3)
+      local ids = (nv.rand(1, 32, {generator = gen}) * 63):to("i64")
+      local y = (nv.rand(1, 32, {generator = gen}) * 63):to("i64")
+      local n0 = recipe.note_amax
+      if not hinted then recipe.note_amax = function(_, a) a:free() end end
+      core.cuda_emu_reset_counters()
+      local ok, err = pcall(m.forward_backward, m, ids, y)
+      local c = core.cuda_emu_counters()
+      recipe.note_amax = n0
+      if not ok then error(err, 0) end
+      local grads = {}
+      for _, e in ipairs(m:named_parameters()) do grads[e.name] = e.grad:cpu() end
+      local amaxes = 0
+      for kname, k in pairs(c.kernels) do if kname:find("^amax_kernel") then amaxes = amaxes + k.launches end end
+      return grads, amaxes
+    end
+    local g1, a1 = run(true)
+    local g0, a0 = run(false)
+    T.ok(a1 < a0, rname .. ": fewer amax passes (" .. a1 .. " vs " .. a0 .. ")")
+    for pname, gr in pairs(g0) do T.eq(g1[pname]:bytes(), gr:bytes(), rname .. ": grad " .. pname .. " bit for bit") end
+  end
+end)

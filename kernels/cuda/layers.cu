@@ -111,13 +111,26 @@ __device__ __forceinline__ float act_load(uint16_t v) { return bf16_bits_to_f32(
 __device__ __forceinline__ void act_store(float *p, float v) { *p = v; }
 __device__ __forceinline__ void act_store(uint16_t *p, float v) { *p = f32_to_bf16_bits(v); }
 
+/* The value act_store writes for v, read back (bf16: v rounded; f32: v): what a later amax sees. */
+__device__ __forceinline__ float stored(float v, float *) { return v; }
+__device__ __forceinline__ float stored(float v, uint16_t *) { return bf16_bits_to_f32(f32_to_bf16_bits(v)); }
+
+/* *amax (float bits) = max(*amax, the block's max of m): a warp shuffle fold, one atomic per warp.
+ * Every thread of the block calls it (m = 0 for threads with nothing). */
+__device__ __forceinline__ void warp_max_to(uint32_t m, uint32_t *amax) {
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  if ((threadIdx.x & 31) == 0 && m) atomicMax(amax, m);
+}
+
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
 /* One block per row: rstd[n] = 1 / sqrt(mean(x^2) + eps) (sum in double, as the reference),
  * out = (x * rstd) * weight. */
 template <typename T>
 __global__ void rmsnorm_fwd_kernel(T *__restrict__ out, float *__restrict__ rstd, const T *__restrict__ x,
-                                   const float *__restrict__ weight, int64_t N, int64_t C, double eps) {
+                                   const float *__restrict__ weight, int64_t N, int64_t C, double eps,
+                                   uint32_t *amax) {
+  uint32_t m = 0; /* amax: max |out| (the stored values, NaN ignored), when asked for */
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const T *xr = x + n * C;
     double ss = 0.0;
@@ -125,9 +138,13 @@ __global__ void rmsnorm_fwd_kernel(T *__restrict__ out, float *__restrict__ rstd
     ss = block_sum(ss);
     float r = (float)(1.0 / sqrt(ss / (double)C + eps));
     if (threadIdx.x == 0) rstd[n] = r;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      act_store(&out[n * C + c], f_mul(f_mul(act_load(xr[c]), r), weight[c]));
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float y = f_mul(f_mul(act_load(xr[c]), r), weight[c]);
+      act_store(&out[n * C + c], y);
+      if (amax) m = max(m, abs_bits(stored(y, out)));
+    }
   }
+  if (amax) warp_max_to(m, amax);
 }
 
 /* One block per row: dx = r w g - x r^3 (sum g w x) / C. */
@@ -171,13 +188,15 @@ __global__ void rmsnorm_bwd_dw_kernel(float *__restrict__ dweight, const T *__re
 
 template <typename T>
 static nvl_status rmsnorm_fwd(nvl_kctx *ctx, T *out, float *rstd, const T *x, const float *weight, int64_t N, int64_t C,
-                              double eps, const char *fn) {
+                              double eps, const char *fn, float *amax = NULL) {
   const int dev = ctx->dev;
-  if (N == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, fn));
+  if (amax) NVL_TRY(nvl_cuda_memset(amax, 0, sizeof(float), dev));
+  if (N == 0) return NVL_OK;
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16);
   (void)cudaGetLastError();
-  NVL_LAUNCH(blocks, kThreads, 0, 0, rmsnorm_fwd_kernel<T>)(out, rstd, x, weight, N, C, eps);
+  NVL_LAUNCH(blocks, kThreads, 0, 0, rmsnorm_fwd_kernel<T>)(out, rstd, x, weight, N, C, eps,
+                                                            reinterpret_cast<uint32_t *>(amax));
   return launched(dev, fn, "rmsnorm_fwd_kernel", N, C);
 }
 
@@ -216,6 +235,12 @@ extern "C" nvl_status nvl_cuda_rmsnorm_backward(nvl_kctx *ctx, float *dx, float 
 extern "C" nvl_status nvl_cuda_rmsnorm_forward_bf16(nvl_kctx *ctx, uint16_t *out, float *rstd, const uint16_t *x,
                                                     const float *weight, int64_t N, int64_t C, double eps) {
   return rmsnorm_fwd(ctx, out, rstd, x, weight, N, C, eps, __func__);
+}
+
+extern "C" nvl_status nvl_cuda_rmsnorm_forward_bf16_amax(nvl_kctx *ctx, uint16_t *out, float *rstd, const uint16_t *x,
+                                                         const float *weight, int64_t N, int64_t C, double eps,
+                                                         float *amax) {
+  return rmsnorm_fwd(ctx, out, rstd, x, weight, N, C, eps, __func__, amax);
 }
 
 extern "C" nvl_status nvl_cuda_rmsnorm_backward_bf16(nvl_kctx *ctx, uint16_t *dx, float *dweight,
@@ -281,12 +306,16 @@ extern "C" nvl_status nvl_cuda_rope_backward_bf16(nvl_kctx *ctx, uint16_t *dx, c
 
 template <typename T>
 __global__ void swiglu_fwd_kernel(T *__restrict__ out, const T *__restrict__ gate, const T *__restrict__ up,
-                                  int64_t n) {
+                                  int64_t n, uint32_t *amax) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  uint32_t m = 0; /* amax: max |out| (the stored values, NaN ignored), when asked for */
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     float g = act_load(gate[i]);
-    act_store(&out[i], g / (1.0f + expf(-g)) * act_load(up[i]));
+    const float y = g / (1.0f + expf(-g)) * act_load(up[i]);
+    act_store(&out[i], y);
+    if (amax) m = max(m, abs_bits(stored(y, out)));
   }
+  if (amax) warp_max_to(m, amax);
 }
 
 template <typename T>
@@ -302,12 +331,15 @@ __global__ void swiglu_bwd_kernel(T *__restrict__ dgate, T *__restrict__ dup, co
 }
 
 template <typename T>
-static nvl_status swiglu_fwd(nvl_kctx *ctx, T *out, const T *gate, const T *up, int64_t n, const char *fn) {
+static nvl_status swiglu_fwd(nvl_kctx *ctx, T *out, const T *gate, const T *up, int64_t n, const char *fn,
+                             float *amax = NULL) {
   const int dev = ctx->dev;
-  if (n == 0) return NVL_OK;
   NVL_TRY(nvl_cuda_use_device(dev, fn));
+  if (amax) NVL_TRY(nvl_cuda_memset(amax, 0, sizeof(float), dev));
+  if (n == 0) return NVL_OK;
   (void)cudaGetLastError();
-  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, swiglu_fwd_kernel<T>)(out, gate, up, n);
+  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, swiglu_fwd_kernel<T>)(out, gate, up, n,
+                                                                                    reinterpret_cast<uint32_t *>(amax));
   return launched(dev, fn, "swiglu_fwd_kernel", n, 1);
 }
 
@@ -334,6 +366,11 @@ extern "C" nvl_status nvl_cuda_swiglu_backward(nvl_kctx *ctx, float *dgate, floa
 extern "C" nvl_status nvl_cuda_swiglu_forward_bf16(nvl_kctx *ctx, uint16_t *out, const uint16_t *gate, const uint16_t *up,
                                                    int64_t n) {
   return swiglu_fwd(ctx, out, gate, up, n, __func__);
+}
+
+extern "C" nvl_status nvl_cuda_swiglu_forward_bf16_amax(nvl_kctx *ctx, uint16_t *out, const uint16_t *gate,
+                                                        const uint16_t *up, int64_t n, float *amax) {
+  return swiglu_fwd(ctx, out, gate, up, n, __func__, amax);
 }
 
 extern "C" nvl_status nvl_cuda_swiglu_backward_bf16(nvl_kctx *ctx, uint16_t *dgate, uint16_t *dup, const uint16_t *dout,

@@ -688,13 +688,13 @@ static nvl_status quantize_pair(nvl_kctx *ctx, const nvl_cuda_quant_desc *row, c
   const int U = row->kind == KIND_MX ? 32 : 16;
   const bool fused = row->kind != KIND_VALUES && R % U == 0 && C % U == 0 && ((uintptr_t)row->x & 15) == 0 &&
                      R > 0 && C > 0 && (R / TILE + 1) * (C / TILE + 1) < ((int64_t)1 << 31);
-  if (row->amax_dev_in || col->amax_dev_in)
-    return nvl_error(NVL_EINVAL, "%s: a device amax to use is for single quantizations", __func__);
+  /* a copy given a device amax (the producer's fused one) reads it: no reduction of its own */
+  const uint32_t *in_r = row->amax_dev_in, *in_c = col->amax_dev_in;
   uint32_t *bits_r = NULL, *bits_c = NULL;
   /* an amax only where a kernel reads it or the caller asks for it (none for bf16 or mx: no sync);
    * into the copies' own device words when they keep it there (amax_dev_out), else scratch */
-  const bool want_r = needs_amax(row) && (kernel_reads_amax(row) || amax_row || row->amax_dev_out);
-  const bool want_c = needs_amax(col) && (kernel_reads_amax(col) || amax_col || col->amax_dev_out);
+  const bool want_r = !in_r && needs_amax(row) && (kernel_reads_amax(row) || amax_row || row->amax_dev_out);
+  const bool want_c = !in_c && needs_amax(col) && (kernel_reads_amax(col) || amax_col || col->amax_dev_out);
   if (want_r || want_c) {
     NVL_TRY(ctx->scratch(ctx, 2 * sizeof(uint32_t), (void **)&bits_r));
     bits_c = bits_r + 1;
@@ -714,8 +714,8 @@ static nvl_status quantize_pair(nvl_kctx *ctx, const nvl_cuda_quant_desc *row, c
       NVL_TRY(launch_amax(col, bits_c, dev));
     }
   }
-  const uint32_t *ar = want_r && kernel_reads_amax(row) ? bits_r : NULL;
-  const uint32_t *ac = want_c && kernel_reads_amax(col) ? bits_c : NULL;
+  const uint32_t *ar = in_r ? in_r : want_r && kernel_reads_amax(row) ? bits_r : NULL;
+  const uint32_t *ac = in_c ? in_c : want_c && kernel_reads_amax(col) ? bits_c : NULL;
   if (fused) {
     if (row->kind == KIND_NVFP4 || row->kind == KIND_MX) {
       NVL_TRY(clear_swizzled(row));

@@ -1,10 +1,10 @@
 /* layers.c: the Lua binding of core/layers.h (attention excepted: lua/bind/attention.c). Adds to
  * the module table nvlua.core:
  *   embedding_forward(ids, weight [, dtype]) -> out   embedding_backward(dweight, dout, ids)
- *   rmsnorm_forward(x, weight, eps) -> out, rstd      rmsnorm_backward(dweight, dout, x, weight, rstd) -> dx
+ *   rmsnorm_forward(x, weight, eps [, amax]) -> out, rstd [, amax]      rmsnorm_backward(dweight, dout, x, weight, rstd) -> dx
  *   rope_tables(T, D, theta [, scaling [, M]]) -> cos, sin
  *   rope_forward(x, cos, sin) -> out                  rope_backward(dout, cos, sin) -> dx
- *   swiglu_forward(gate, up) -> out                   swiglu_backward(dout, gate, up) -> dgate, dup
+ *   swiglu_forward(gate, up [, amax]) -> out [, amax]                   swiglu_backward(dout, gate, up) -> dgate, dup
  *   cross_entropy(logits, targets [, opts]) -> loss, count, dlogits | nil
  *   adamw_step(param, grad, m, v, opts)               sumsq(t) -> number
  *   adamw_multi(params, grads, ms, vs, opts, no_decay, state)   grad_norm_multi(state, grads, max_norm)
@@ -50,10 +50,17 @@ static int l_rmsnorm_forward(lua_State *L) {
   nvl_tensor *x = nvl_lua_check_tensor(L, 1, "rmsnorm_forward");
   nvl_tensor *w = nvl_lua_check_tensor(L, 2, "rmsnorm_forward");
   double eps = luaL_checknumber(L, 3);
+  int want_amax = lua_toboolean(L, 4); /* also max |out| as a one-element f32 tensor (core/layers.h) */
+  lua_settop(L, 3);
   nvl_tensor *out = nvl_lua_push_tensor(L);
   nvl_tensor *rstd = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_rmsnorm_forward(out, rstd, x, w, eps));
-  return 2;
+  if (!want_amax) {
+    CHECK(L, nvl_rmsnorm_forward(out, rstd, x, w, eps));
+    return 2;
+  }
+  nvl_tensor *amax = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_rmsnorm_forward_amax(out, rstd, amax, x, w, eps));
+  return 3;
 }
 
 static int l_rmsnorm_backward(lua_State *L) {
@@ -145,9 +152,16 @@ static int l_rope_backward(lua_State *L) {
 static int l_swiglu_forward(lua_State *L) {
   nvl_tensor *g = nvl_lua_check_tensor(L, 1, "swiglu_forward");
   nvl_tensor *u = nvl_lua_check_tensor(L, 2, "swiglu_forward");
+  int want_amax = lua_toboolean(L, 3);
+  lua_settop(L, 2);
   nvl_tensor *out = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_swiglu_forward(out, g, u));
-  return 1;
+  if (!want_amax) {
+    CHECK(L, nvl_swiglu_forward(out, g, u));
+    return 1;
+  }
+  nvl_tensor *amax = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_swiglu_forward_amax(out, amax, g, u));
+  return 2;
 }
 
 static int l_swiglu_backward(lua_State *L) {

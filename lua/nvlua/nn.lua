@@ -23,6 +23,11 @@
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
+
+-- Does the forward producing an activation like x give its amax from the same pass? On a device
+-- with bf16 activations (CUDA's fused kernels); elsewhere it would be a pass of its own.
+local function fused_amax(x) return x:device() ~= "cpu" and x:dtype() == "bf16" end
+local function note_amax(t, amax) return require("nvlua.recipe").note_amax(t, amax) end
 local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
 
 local nn = {}
@@ -554,7 +559,11 @@ function RMSNorm:forward(x)
   drop_saved(self)
   return nv.scope(function()
     local x2 = x:reshape(x:numel() // self.dim, self.dim)                          -- (N, C), our own handle
-    local out, rstd = core.rmsnorm_forward(x2, self.weight_entry.param, self.eps)  -- (N, C), (N)
+    -- on a device with bf16 activations the kernel also gives max |out| (the next linear's
+    -- quantization takes it: recipe.note_amax)
+    local fused = fused_amax(x2)
+    local out, rstd, amax = core.rmsnorm_forward(x2, self.weight_entry.param, self.eps, fused) -- (N, C), (N)
+    if amax then note_amax(out, amax) end
     if self.training then self._saved = nv.unscope({x = x2, rstd = rstd, shape = shape}) end
     return #shape == 2 and out or out:view(shape)
   end)
@@ -930,7 +939,9 @@ function MLP:forward(x)
     local g, u = share(function() -- one quantization of x2 for both
       return self.gate_proj:forward(x2), self.up_proj:forward(x2)      -- (N, F), (N, F)
     end)
-    local y = self.down_proj:forward(core.swiglu_forward(g, u))       -- (N, C); down_proj keeps h (N, F)
+    local h, amax = core.swiglu_forward(g, u, fused_amax(g))            -- (N, F) (its amax: see RMSNorm)
+    if amax then note_amax(h, amax) end
+    local y = self.down_proj:forward(h)                                -- (N, C); down_proj keeps h (N, F)
     if self.training then self._saved = nv.unscope({g = g, u = u, shape = shape}) end
     return #shape == 2 and y or y:view(shape)
   end)

@@ -287,6 +287,39 @@ function M.share(fn, ...)
   return table.unpack(r, 2, r.n)
 end
 
+-- ---- amaxes from the layer that produced an activation ------------------------------------------
+--
+-- RMSNorm and SwiGLU on a device compute their output's amax in the pass that writes it (core's
+-- *_forward with amax: TE's fused amax) and note it here; a per-tensor quantization of that output
+-- (current scaling, no RHT, no data-parallel reduction) then takes it instead of an amax pass of
+-- its own: the same value (max |x| of the stored elements, NaN ignored), the same bits.
+local hints, HINTS = {}, 8 -- the latest few {t = a handle on the output, amax = its f32 (1) tensor}
+
+--- recipe.note_amax(t, amax): amax (a one-element f32 tensor, taken over) is max |t|.
+function M.note_amax(t, amax)
+  if #hints == HINTS then
+    local old = table.remove(hints, 1)
+    old.amax:free()
+    old.t:free()
+  end
+  hints[#hints + 1] = {t = core.unscope(t:view(t:size())), amax = core.unscope(amax)}
+end
+
+local function hint_of(t)
+  for i = #hints, 1, -1 do
+    local h = hints[i]
+    if not h.t:is_freed() and same_view(t, h.t) then return h.amax end
+  end
+end
+
+-- -> the noted amax for copy spec s of activation t, where it applies
+function Recipe:_amax_hint(s, t)
+  if #hints == 0 or s.rht or s.delayed or self.amax_reducer then return nil end
+  local ft = formats.traits[s.format]
+  if not (ft and ft.global_amax) then return nil end
+  return hint_of(t)
+end
+
 -- ---- weights: one quantization per optimizer step ----------------------------------------------
 --
 -- Inside M.weight_cache(fn) — the forward and backward passes of one optimizer step, every
@@ -358,6 +391,7 @@ function Recipe:_quantize(s, t, axis, key, split)
     else o.sr_k_offset, o.sr_k_total = self.shard.rank * n, self.shard.world * n end
   end
   -- activations only (split): a weight's fprop copy may be kept for dgrad past the share
+  if split and o.amax == nil then o.amax = self:_amax_hint(s, t) end -- the producer's fused amax
   local shared = memo and split and not s.sr and not s.delayed and global == nil and not self.amax_reducer
   local sk = shared and spec_key(s, axis)
   if shared then
@@ -402,7 +436,7 @@ function Recipe:_quantize_pair(a, b, t, split)
     end
     if r and c then return r, c end
   end
-  local o = {}
+  local o = {amax = self:_amax_hint(a, t)} -- the row copy's (and a same-spec column copy's) amax
   if a.rht then o.rht = true elseif b.rht then o.rht_col = true end
   if a.sr then o.sr = true; o.generator = self.gen end
   if a.scale_rule then o.scale_rule = a.scale_rule end
