@@ -218,13 +218,22 @@ static ncclRedOp_t red(nvl_dist_op op) {
   return op == NVL_DIST_AVG ? ncclAvg : op == NVL_DIST_MAX ? ncclMax : op == NVL_DIST_MIN ? ncclMin : ncclSum;
 }
 
-nvl_status nvl_nccl_all_reduce(nvl_tensor *t, nvl_dist_op op, int rank, int world) {
+/* Queue t's all-reduce on `stream` after stream 0's work; *r: NCCL's launch result. */
+static nvl_status queue_all_reduce(const char *name, nvl_tensor *t, nvl_dist_op op, int rank, int world,
+                                   ncclResult_t *r) {
   ncclDataType_t dt = ncclFloat32;
-  NVL_TRY(check("all_reduce", t, &dt));
-  NVL_TRY(ensure_comm("all_reduce", t, rank, world));
-  NVL_TRY(after_default_stream("all_reduce"));
+  NVL_TRY(check(name, t, &dt));
+  NVL_TRY(ensure_comm(name, t, rank, world));
+  NVL_TRY(after_default_stream(name));
   void *p = nvl_tensor_data(t);
-  return finish("all_reduce", "ncclAllReduce", N.AllReduce(p, p, (size_t)nvl_tensor_numel(t), dt, red(op), comm, stream));
+  *r = N.AllReduce(p, p, (size_t)nvl_tensor_numel(t), dt, red(op), comm, stream);
+  return NVL_OK;
+}
+
+nvl_status nvl_nccl_all_reduce(nvl_tensor *t, nvl_dist_op op, int rank, int world) {
+  ncclResult_t r;
+  NVL_TRY(queue_all_reduce("all_reduce", t, op, rank, world, &r));
+  return finish("all_reduce", "ncclAllReduce", r);
 }
 
 /* Bucketed all-reduces: queued on `stream` in order, each after stream 0's work so far; the
@@ -232,12 +241,8 @@ nvl_status nvl_nccl_all_reduce(nvl_tensor *t, nvl_dist_op op, int rank, int worl
 static int started; /* queued since the last wait_all */
 
 nvl_status nvl_nccl_all_reduce_start(nvl_tensor *t, nvl_dist_op op, int rank, int world) {
-  ncclDataType_t dt = ncclFloat32;
-  NVL_TRY(check("all_reduce_start", t, &dt));
-  NVL_TRY(ensure_comm("all_reduce_start", t, rank, world));
-  NVL_TRY(after_default_stream("all_reduce_start"));
-  void *p = nvl_tensor_data(t);
-  ncclResult_t r = N.AllReduce(p, p, (size_t)nvl_tensor_numel(t), dt, red(op), comm, stream);
+  ncclResult_t r;
+  NVL_TRY(queue_all_reduce("all_reduce_start", t, op, rank, world, &r));
   if (r != ncclSuccess) return nccl_fail("all_reduce_start", "ncclAllReduce", r);
   started++;
   return NVL_OK;

@@ -143,35 +143,42 @@ T.case("D10: the cuBLASLt plan cache keeps a GEMM in use (LRU), one heuristic pe
   T.eq(n, 70, "heuristic queries: one per new shape, none for the GEMM in use")
 end)
 
--- D8: dist.init set CUDA_VISIBLE_DEVICES (each rank of a node its own GPU) after MPI_Init; a
--- CUDA-aware MPI starts the CUDA runtime inside MPI_Init, so every rank got GPU 0. The emulator
--- models such an MPI (NVLUA_EMU_CUDA_AWARE_MPI=1) on a machine of 2 emulated GPUs: each rank must
--- see the physical GPU of its local rank. Two ranks under mpirun.
-T.case("D8: under a CUDA-aware MPI each rank of a node gets its own GPU (2 ranks, 2 emulated GPUs)", function()
-  need_emu()
+-- Run script_text on 2 ranks under mpirun with 2 emulated GPUs and a CUDA-aware MPI; -> output,
+-- exit code (skips without mpirun or MPI).
+local function mpirun2(script_text)
   local p = io.popen("command -v mpirun 2>/dev/null")
   local mpirun = p and p:read("l")
   if p then p:close() end
   if not mpirun or mpirun == "" then T.skip("mpirun not found") end
   if not nv.dist.info().mpi then T.skip("nvlua built without MPI") end
   local dir = T.tmpdir()
-  local script = dir .. "/d8.lua"
-  T.write_file(script, [[
-local nv = require "nvlua"
-local r = nv.dist.init()
-print(string.format("rank %d: %s", r, nv.cuda.devices()[1].name))
-]])
+  local script = dir .. "/script.lua"
+  T.write_file(script, script_text)
   local exe = arg[-1] or "nvlua"
   local f = assert(io.popen(string.format("env NVLUA_EMU_GPUS=2 NVLUA_EMU_CUDA_AWARE_MPI=1 OMP_NUM_THREADS=1 "
     .. "timeout 120 %s --allow-run-as-root --oversubscribe --bind-to none -np 2 %s %s 2>&1", mpirun, exe, script)))
   local out = f:read("a")
   local _, _, code = f:close()
+  T.rm_tree(dir)
+  return out, code
+end
+
+-- D8: dist.init set CUDA_VISIBLE_DEVICES (each rank of a node its own GPU) after MPI_Init; a
+-- CUDA-aware MPI starts the CUDA runtime inside MPI_Init, so every rank got GPU 0. The emulator
+-- models such an MPI (NVLUA_EMU_CUDA_AWARE_MPI=1) on a machine of 2 emulated GPUs: each rank must
+-- see the physical GPU of its local rank. Two ranks under mpirun.
+T.case("D8: under a CUDA-aware MPI each rank of a node gets its own GPU (2 ranks, 2 emulated GPUs)", function()
+  need_emu()
+  local out, code = mpirun2([[
+local nv = require "nvlua"
+local r = nv.dist.init()
+print(string.format("rank %d: %s", r, nv.cuda.devices()[1].name))
+]])
   T.eq(code, 0, "mpirun exit status; output:\n" .. out)
   for rank = 0, 1 do
     T.ok(out:find(string.format("rank %d: [^\n]*physical GPU %d of 2", rank, rank)) ~= nil,
       "rank " .. rank .. " on physical GPU " .. rank .. "; output:\n" .. out)
   end
-  T.rm_tree(dir)
 end)
 
 -- Bucketed all-reduce on CUDA: each bucket queued on NCCL's stream after stream 0's kernels, stream 0
@@ -180,14 +187,7 @@ end)
 -- is a race that fails) and counts the host syncs; 2 ranks, 2 emulated GPUs.
 T.case("bucketed all-reduce on cuda (emulated NCCL, 2 ranks): ordered by events, no host sync, = one all-reduce", function()
   need_emu()
-  local p = io.popen("command -v mpirun 2>/dev/null")
-  local mpirun = p and p:read("l")
-  if p then p:close() end
-  if not mpirun or mpirun == "" then T.skip("mpirun not found") end
-  if not nv.dist.info().mpi then T.skip("nvlua built without MPI") end
-  local dir = T.tmpdir()
-  local script = dir .. "/bucket.lua"
-  T.write_file(script, [[
+  local out, code = mpirun2([[
 local nv = require "nvlua"
 local core = nv.core
 local r = nv.dist.init()
@@ -210,15 +210,9 @@ local same = (b * b):cpu():bytes() == c:cpu():bytes()
 print(string.format("rank %d: pending %d, host syncs %d, same %s, left %d", r, pending, syncs, tostring(same),
   nv.dist.pending()))
 ]])
-  local exe = arg[-1] or "nvlua"
-  local f = assert(io.popen(string.format("env NVLUA_EMU_GPUS=2 NVLUA_EMU_CUDA_AWARE_MPI=1 OMP_NUM_THREADS=1 "
-    .. "timeout 120 %s --allow-run-as-root --oversubscribe --bind-to none -np 2 %s %s 2>&1", mpirun, exe, script)))
-  local out = f:read("a")
-  local _, _, code = f:close()
   T.eq(code, 0, "mpirun exit status; output:\n" .. out)
   for rank = 0, 1 do
     T.ok(out:find(string.format("rank %d: pending 3, host syncs 0, same true, left 0", rank), 1, true) ~= nil,
       "rank " .. rank .. ": three buckets pending, no host sync, the same bits as blocking all-reduces; output:\n" .. out)
   end
-  T.rm_tree(dir)
 end)
