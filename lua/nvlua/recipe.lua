@@ -293,7 +293,18 @@ end
 -- *_forward with amax: TE's fused amax) and note it here; a per-tensor quantization of that output
 -- (current scaling, no RHT, no data-parallel reduction) then takes it instead of an amax pass of
 -- its own: the same value (max |x| of the stored elements, NaN ignored), the same bits.
-local hints, HINTS = {}, 8 -- the latest few {t = a handle on the output, amax = its f32 (1) tensor}
+-- Only the latest note is kept (its consumers — q/k/v after a norm, gate/up after the other, down
+-- after SwiGLU — run before the next note), and none past a training step (weight_cache's end): a
+-- note holds a handle on its tensor, which must not keep an activation alive.
+local hints, HINTS = {}, 1 -- {t = a handle on the output, amax = its f32 (1) tensor}
+
+local function drop_hints()
+  for _, h in ipairs(hints) do
+    h.amax:free()
+    h.t:free()
+  end
+  hints = {}
+end
 
 --- recipe.note_amax(t, amax): amax (a one-element f32 tensor, taken over) is max |t|.
 function M.note_amax(t, amax)
@@ -339,6 +350,7 @@ function M.weight_cache(fn, ...)
   local c = wcache
   wcache = nil
   for _, q in ipairs(c.list) do q:free() end
+  drop_hints() -- the step's activations are gone
   if not r[1] then error(r[2], 0) end
   return table.unpack(r, 2, r.n)
 end
