@@ -216,3 +216,56 @@ print(string.format("rank %d: pending %d, host syncs %d, same %s, left %d", r, p
       "rank " .. rank .. ": three buckets pending, no host sync, the same bits as blocking all-reduces; output:\n" .. out)
   end
 end)
+
+-- ZeRO-1 with device=cuda: the shards, the moments and the flat parameter space on the GPU, the
+-- reduce-scatter and all-gather through (emulated) NCCL; 2 ranks train as plain data parallelism
+-- does, up to the order the gradient norm is summed in (README "Data parallel").
+T.case("ZeRO-1 on cuda (emulated NCCL, 2 ranks) trains as plain 2-rank data parallelism", function()
+  need_emu()
+  local dir = T.tmpdir()
+  local words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in"}
+  local s, lines = 7, {}
+  for i = 1, 300 do
+    local w = {}
+    for _ = 1, 8 do
+      s = (s * 1103515245 + 12345) % 2147483648
+      w[#w + 1] = words[s % #words + 1]
+    end
+    lines[i] = table.concat(w, " ") .. "."
+  end
+  T.write_file(dir .. "/corpus.txt", table.concat(lines, "\n") .. "\n")
+  local function run(name, shard)
+    local out, code = mpirun2(string.format([[
+local train = require "nvlua.train"
+local config = require "nvlua.config"
+local c = config.parse(train.defaults, {"data=%s/corpus.txt", "cache=%s/cache", "out=%s/%s", "layers=1", "hidden=32",
+  "heads=4", "kv_heads=2", "ffn=64", "seq=16", "batch=2", "steps=3", "warmup=1", "eval_every=0", "log_every=1",
+  "sample_tokens=0", "plot=false", "quiet=true", "keep=0", "seed=7", "recipe=nvfp4", "dist=true", "device=cuda",
+  "shard_optimizer=%s"})
+local p = train.build(c)
+p.peak = 1e9
+local s = train.run(c, p)
+local ws = {}
+for _, e in ipairs(p.model:named_parameters()) do ws[#ws + 1] = string.format("%%.9g", e.param:cpu():abs():sum()) end
+print(string.format("rank %%d: on %%s, loss %%.9g, weights %%s", p.rank, p.model.grad_buffer:device(), s.last_loss,
+  table.concat(ws, ",")))
+]], dir, dir, dir, name, tostring(shard)))
+    T.eq(code, 0, name .. ": mpirun exit status; output:\n" .. out)
+    local got = {}
+    for r, dev, loss, w in out:gmatch("rank (%d): on (%a+), loss ([^,]+), weights ([^\n]+)") do
+      got[tonumber(r)] = {dev = dev, loss = tonumber(loss), w = w}
+    end
+    T.ok(got[0] and got[1], name .. ": both ranks finished; output:\n" .. out)
+    T.eq(got[0].w, got[1].w, name .. ": the ranks' weights agree")
+    T.eq(got[0].dev, "cuda", name .. ": the gradients live on the GPU")
+    return got[0]
+  end
+  local plain, zero = run("plain", false), run("zero", true)
+  T.near(zero.loss, plain.loss, 1e-6 * math.abs(plain.loss), "last loss")
+  local a, b = {}, {}
+  for v in plain.w:gmatch("[^,]+") do a[#a + 1] = tonumber(v) end
+  for v in zero.w:gmatch("[^,]+") do b[#b + 1] = tonumber(v) end
+  T.eq(#b, #a, "parameter count")
+  for i = 1, #a do T.near(b[i], a[i], 1e-5 * math.abs(a[i]), "sum |w| of parameter " .. i) end
+  T.rm_tree(dir)
+end)

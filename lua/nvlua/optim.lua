@@ -255,10 +255,12 @@ function optim.ShardedAdamW(model, opts, dist)
   end
   local shard = (n + world - 1) // world
   local npad = shard * world
-  self.n, self.shard, self.npad, self.world, self.rank = n, shard, npad, world, rank
+  -- everything lives on the gradients' device (cuda: the collectives go through NCCL)
+  local dev = model.grad_buffer:device()
+  self.n, self.shard, self.npad, self.world, self.rank, self.device = n, shard, npad, world, rank, dev
   -- parameters -> views of one flat buffer; gradients -> views of one padded to npad
-  local flat = nv.zeros(npad)
-  local gflat = npad == n and model.grad_buffer or nv.zeros(npad)
+  local flat = nv.zeros(npad, {device = dev})
+  local gflat = npad == n and model.grad_buffer or nv.zeros(npad, {device = dev})
   local layout, off = {}, 0
   for i, e in ipairs(entries) do
     local k, shape = e.param:numel(), e.param:size()
@@ -282,7 +284,7 @@ function optim.ShardedAdamW(model, opts, dist)
   -- this rank's shard [lo, hi) of the flat space: parameter view, gradient, moments
   local lo, hi = rank * shard, (rank + 1) * shard
   self.p = flat:narrow(1, lo + 1, shard)
-  self.g, self.m, self.v = nv.zeros(shard), nv.zeros(shard), nv.zeros(shard)
+  self.g, self.m, self.v = nv.zeros(shard, {device = dev}), nv.zeros(shard, {device = dev}), nv.zeros(shard, {device = dev})
   -- the pieces of parameters that fall in the shard, each with its group's weight decay
   self.segments = {}
   for _, l in ipairs(layout) do
@@ -346,7 +348,7 @@ function ShardedAdamW:get_lr() return self.lr end
 
 -- full (npad) gathered copy of a shard tensor -> {name = view of it, shaped like the parameter}
 function ShardedAdamW:_gather(shard)
-  local full = nv.zeros(self.npad)
+  local full = nv.zeros(self.npad, {device = self.device})
   self.dist.all_gather(full, shard)
   local out = {}
   for _, l in ipairs(self.layout) do out[l.name] = full:narrow(1, l.offset + 1, l.numel):view(l.shape) end
