@@ -456,8 +456,8 @@ nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_ten
 
 /* ---- dequantize and the host views ---------------------------------------------------------- */
 
-/* h = a host copy of the device q (codes and row-major scales). */
-static nvl_status qtensor_host(nvl_qtensor *h, const nvl_qtensor *q) {
+nvl_status nvl_qtensor_host(nvl_qtensor *h, const nvl_qtensor *q) {
+  if (!q->data.storage) return nvl_error(NVL_ESTATE, "cpu: quantized tensor has been freed");
   NVL_TRY(nvl_qtensor_resolve_amax((nvl_qtensor *)q)); /* fills q's host cache of its amax */
   *h = *q;
   h->data = nvl_tensor_null();
@@ -474,7 +474,7 @@ static nvl_status qtensor_host(nvl_qtensor *h, const nvl_qtensor *q) {
   do {                                                          \
     if ((q)->data.storage && (q)->data.device != NVL_CPU) {     \
       nvl_qtensor h_;                                           \
-      NVL_TRY(qtensor_host(&h_, (q)));                          \
+      NVL_TRY(nvl_qtensor_host(&h_, (q)));                          \
       nvl_status st_ = fn((out), &h_);                          \
       nvl_qtensor_release(&h_);                                 \
       return st_;                                               \

@@ -89,6 +89,8 @@ nvl_status nvl_quantize_rowcol(nvl_qtensor *row, nvl_qtensor *col, const nvl_ten
 /* out = a one-element f32 tensor on x's device holding max |x| (after the RHT along axis when rht),
  * as a quantization computes its amax; on a device nothing is read back. */
 nvl_status nvl_quant_amax(nvl_tensor *out, const nvl_tensor *x, int axis, int rht);
+/* h = a host copy of q (codes and row-major scales, its amax read back if it was pending). */
+nvl_status nvl_qtensor_host(nvl_qtensor *h, const nvl_qtensor *q);
 /* q.amax and q.scale on the host: read back from the device when pending (a host sync), else
  * nothing to do. */
 nvl_status nvl_qtensor_resolve_amax(nvl_qtensor *q);

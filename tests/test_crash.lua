@@ -44,20 +44,8 @@ local function interrupt_at(n)
 end
 
 -- a deterministic corpus: lines of words picked by an LCG
-local CORPUS = ROOT .. "/corpus.txt"
-do
-  local words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in", "darkness"}
-  local s, lines = 4242, {}
-  for i = 1, 300 do
-    local w = {}
-    for _ = 1, 8 do
-      s = (s * 1103515245 + 12345) % 2147483648
-      w[#w + 1] = words[s % #words + 1]
-    end
-    lines[i] = string.format("%d %s.", i, table.concat(w, " "))
-  end
-  T.write_file(CORPUS, table.concat(lines, "\n") .. "\n")
-end
+local CORPUS = T.write_corpus(ROOT .. "/corpus.txt", {seed = 4242, lines = 300, prefix = function(i) return i .. " " end,
+  words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in", "darkness"}})
 
 -- The child's training script: key=value config, plus nan_from=N (every step from N on has a
 -- NaN loss, so it is skipped). Prints the final loss with 17 significant digits.

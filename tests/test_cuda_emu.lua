@@ -223,17 +223,8 @@ end)
 T.case("ZeRO-1 on cuda (emulated NCCL, 2 ranks) trains as plain 2-rank data parallelism", function()
   need_emu()
   local dir = T.tmpdir()
-  local words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in"}
-  local s, lines = 7, {}
-  for i = 1, 300 do
-    local w = {}
-    for _ = 1, 8 do
-      s = (s * 1103515245 + 12345) % 2147483648
-      w[#w + 1] = words[s % #words + 1]
-    end
-    lines[i] = table.concat(w, " ") .. "."
-  end
-  T.write_file(dir .. "/corpus.txt", table.concat(lines, "\n") .. "\n")
+  T.write_corpus(dir .. "/corpus.txt", {seed = 7, lines = 300,
+    words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in"}})
   local function run(name, shard)
     local out, code = mpirun2(string.format([[
 local train = require "nvlua.train"

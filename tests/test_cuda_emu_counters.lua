@@ -117,6 +117,12 @@ T.case("scripts/roofline.lua: a smoke run prints the estimate with every recipe"
   T.rm_tree(dir)
 end)
 
+-- The small Llama of the issue-16 cases below (sequences up to 32 tokens).
+local function tiny_cfg(layers)
+  return {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = layers,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
+end
+
 -- Issue 16: nothing in a steady-state step waits for the host. A training step as train.lua runs it
 -- (sync mode off; host token ids and targets, uploaded through pinned staging; the loss left on
 -- the device; the trainer's clip, the norm not read) makes no host synchronisation at all; reading
@@ -127,8 +133,7 @@ T.case("a training step makes no host synchronisation (bf16, fp8_cs, fp8 e4m3, f
   local optim = require "nvlua.optim"
   local recipe = require "nvlua.recipe"
   local function step_syncs(rname, layers)
-    local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = layers,
-      num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
+    local cfg = tiny_cfg(layers)
     local rec = rname == "nvfp4" and recipe.nvfp4({bf16_first = 0, bf16_last = 0}) or
       rname == "e4m3" and recipe.fp8_cs({format = "e4m3"}) or recipe[rname]()
     local model = llama.Llama(cfg, {seed = 1, recipe = rec}):to("cuda")
@@ -168,8 +173,7 @@ T.case("fused row + column quantization of x and dY in the recipe: same gradient
   need_emu()
   local llama = require "nvlua.llama"
   local recipe = require "nvlua.recipe"
-  local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 1,
-    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
+  local cfg = tiny_cfg(1)
   local makers = {fp8_cs = recipe.fp8_cs, mxfp8 = recipe.mxfp8,
     nvfp4 = function() return recipe.nvfp4({bf16_first = 0, bf16_last = 0}) end, -- wgrad's copies add the RHT
     ["nvfp4 rht=false"] = function() return recipe.nvfp4({rht = false, bf16_first = 0, bf16_last = 0}) end}
@@ -268,8 +272,7 @@ T.case("RMSNorm and SwiGLU give their output's amax (= the quantizer's, bit for 
     T.eq(h:cpu():bytes(), core.swiglu_forward(gd, ud):cpu():bytes(), dev .. ": SwiGLU output unchanged")
     T.eq(ha:cpu():bytes(), core.quant_amax(h):cpu():bytes(), dev .. ": SwiGLU amax = the quantizer's")
   end
-  local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 1,
-    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32}
+  local cfg = tiny_cfg(1)
   for _, rname in ipairs({"fp8_cs", "nvfp4"}) do
     local function run(hinted)
       local m = llama.Llama(cfg, {seed = 2, recipe = rname == "nvfp4" and recipe.nvfp4({bf16_first = 0, bf16_last = 0})

@@ -259,21 +259,10 @@ end)
 -- ---- training --------------------------------------------------------------------------------------
 
 -- a deterministic corpus (as tests/test_train.lua's)
-local CORPUS = ROOT .. "/corpus.txt"
-do
-  local words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in", "darkness",
-    "was", "upon", "face", "of", "waters", "said", "let", "there", "be", "morning", "evening", "day"}
-  local s, lines = 12345, {}
-  for i = 1, 500 do
-    local w = {}
-    for _ = 1, 8 do
-      s = (s * 1103515245 + 12345) % 2147483648
-      w[#w + 1] = words[s % #words + 1]
-    end
-    lines[i] = string.format("%d:%d %s.", i // 30 + 1, i % 30 + 1, table.concat(w, " "))
-  end
-  T.write_file(CORPUS, table.concat(lines, "\n") .. "\n")
-end
+local CORPUS = T.write_corpus(ROOT .. "/corpus.txt", {seed = 12345, lines = 500,
+  prefix = function(i) return string.format("%d:%d ", i // 30 + 1, i % 30 + 1) end,
+  words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in", "darkness", "was",
+    "upon", "face", "of", "waters", "said", "let", "there", "be", "morning", "evening", "day"}})
 
 -- the training script every rank runs: key=value config, plus the test's own keys:
 -- stop_at=N (stop after step N, keeping the steps=6 schedule), control=noshard|noreduce (drop

@@ -28,21 +28,10 @@ local ROOT = T.tmpdir()
 local CACHE = ROOT .. "/cache"
 
 -- a deterministic corpus: lines of words picked by an LCG (about 24 KB)
-local CORPUS = ROOT .. "/corpus.txt"
-do
-  local words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in", "darkness",
-    "was", "upon", "face", "of", "waters", "said", "let", "there", "be", "morning", "evening", "day"}
-  local s, lines = 12345, {}
-  for i = 1, 500 do
-    local w = {}
-    for _ = 1, 8 do
-      s = (s * 1103515245 + 12345) % 2147483648
-      w[#w + 1] = words[s % #words + 1]
-    end
-    lines[i] = string.format("%d:%d %s.", i // 30 + 1, i % 30 + 1, table.concat(w, " "))
-  end
-  T.write_file(CORPUS, table.concat(lines, "\n") .. "\n")
-end
+local CORPUS = T.write_corpus(ROOT .. "/corpus.txt", {seed = 12345, lines = 500,
+  prefix = function(i) return string.format("%d:%d ", i // 30 + 1, i % 30 + 1) end,
+  words = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "light", "in", "darkness", "was",
+    "upon", "face", "of", "waters", "said", "let", "there", "be", "morning", "evening", "day"}})
 
 -- the tiny run every case starts from; extra: more "key=value" arguments (later ones win)
 local BASE = {"data=" .. CORPUS, "cache=" .. CACHE, "layers=2", "hidden=32", "heads=4", "kv_heads=2", "ffn=64",

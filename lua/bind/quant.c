@@ -245,16 +245,8 @@ static int q_device(lua_State *L) {
 static int q_cpu(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
   if (q->data.device == NVL_CPU) { lua_settop(L, 1); return 1; }
-  CHECK(L, nvl_qtensor_resolve_amax(q));
   nvl_qtensor *h = push_q(L);
-  nvl_qtensor c = *q;
-  c.data = nvl_tensor_null();
-  c.scales = nvl_tensor_null();
-  c.amax_dev = nvl_tensor_null();
-  nvl_status st = nvl_tensor_clone_to(&c.data, &q->data, q->data.dtype, NVL_CPU);
-  if (st == NVL_OK && q->scales.storage) st = nvl_tensor_clone_to(&c.scales, &q->scales, NVL_U8, NVL_CPU);
-  if (st != NVL_OK) { nvl_qtensor_release(&c); return nvl_lua_raise(L); }
-  *h = c;
+  CHECK(L, nvl_qtensor_host(h, q));
   return 1;
 }
 

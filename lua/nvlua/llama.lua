@@ -245,18 +245,15 @@ function Llama:grad_buckets()
     if lo then out[#out + 1] = self.grad_buffer:narrow(1, lo + 1, hi - lo) end
     return out, n
   end
+  local order = {{"head", tied and {self.norm} or {self.norm, self.lm_head}}}
+  for i = 1, self.layers.n do order[#order + 1] = {i, {self.layers[i]}} end
+  order[#order + 1] = {"embed", {self.embed_tokens}}
   local stages, total = {}, 0
-  local head_mods = tied and {self.norm} or {self.norm, self.lm_head}
-  local n
-  stages.head, n = runs(head_mods)
-  total = total + n
-  for i = 1, self.layers.n do
-    stages[i], n = runs({self.layers[i]})
-    total = total + n
+  for _, o in ipairs(order) do
+    local list, n = runs(o[2])
+    for j, v in ipairs(list) do list[j] = nv.unscope(v) end
+    stages[o[1]], total = list, total + n
   end
-  stages.embed, n = runs({self.embed_tokens})
-  total = total + n
-  for _, list in pairs(stages) do for j, v in ipairs(list) do list[j] = nv.unscope(v) end end
   if total ~= self.grad_buffer:numel() then stages = nil end
   self._buckets = {buffer = self.grad_buffer, stages = stages}
   return stages
@@ -350,14 +347,14 @@ function Llama:forward_backward(ids, targets, opts)
     error(string.format("Llama:forward_backward: targets %s do not match ids %s", shape_str(targets), shape_str(ids)), 2)
   end
   if not self.training then error("Llama:forward_backward: the model is in eval mode (call model:train())", 2) end
-  -- one quantization of each weight for the forward and the backward (recipe.weight_cache; the
-  -- training loop opens one around all the micro-batches of a step)
   local N, V = ids:numel(), self.config.vocab_size
   local chunk = opts.loss_chunk or self.loss_chunk or math.max(1, recipes.LOSS_CHUNK_ELEMS // V)
   if math.type(chunk) ~= "integer" or chunk < 0 then
     error("Llama:forward_backward: loss_chunk must be a non-negative integer (0: one chunk), got " .. tostring(chunk), 2)
   end
-  -- the loss stays on the logits' device until the backward is queued: no wait inside the step
+  -- the loss stays on the logits' device until the backward is queued: no wait inside the step;
+  -- one quantization of each weight for the forward and the backward (recipe.weight_cache; the
+  -- training loop opens one around all the micro-batches of a step)
   local sums, count
   if chunk > 0 and chunk < N and self:_head_chunkable() then
     sums, count = recipes.weight_cache(nv.scope, self._chunked_loss, self, ids, targets, opts, chunk)
@@ -376,7 +373,7 @@ function Llama:forward_backward(ids, targets, opts)
     end)
   end
   if opts.defer_loss then return sums, count end
-  return nv.scope(function() nv.adopt(table.unpack(sums)); return llama.loss_value(sums), count end)
+  return nv.scope(function() nv.adopt(sums); return llama.loss_value(sums), count end)
 end
 
 --- model:loss(ids, targets [, {ignore_index =, z_loss =}]) -> loss, count, without gradients

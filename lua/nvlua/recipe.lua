@@ -271,6 +271,19 @@ local function spec_key(s, axis)
   return table.concat({s.format, tostring(s.block), tostring(s.rht), tostring(s.scale_rule), axis}, "|")
 end
 
+-- The memo's copy of t's elements for spec key sk, or nil.
+local function memo_find(sk, t)
+  for _, e in ipairs(memo) do
+    if e.key == sk and same_view(t, e.t) then return e.q end
+  end
+end
+
+-- Give q (for t's elements, spec key sk) to the memo: it and a handle of its own on t's elements
+-- outlive the caller's scope, until the share ends.
+local function memo_add(sk, t, q)
+  memo[#memo + 1] = {key = sk, t = core.unscope(t:view(t:size())), q = core.unscope(q)}
+end
+
 --- recipe.share(fn, ...) -> fn(...): run sibling linears that read one input (see above); nested
 -- shares use the outermost memo.
 function M.share(fn, ...)
@@ -296,39 +309,28 @@ end
 -- Only the latest note is kept (its consumers — q/k/v after a norm, gate/up after the other, down
 -- after SwiGLU — run before the next note), and none past a training step (weight_cache's end): a
 -- note holds a handle on its tensor, which must not keep an activation alive.
-local hints, HINTS = {}, 1 -- {t = a handle on the output, amax = its f32 (1) tensor}
+local hint -- nil, or {t = a handle on the output, amax = its f32 (1) tensor}
 
-local function drop_hints()
-  for _, h in ipairs(hints) do
-    h.amax:free()
-    h.t:free()
+local function drop_hint()
+  if hint then
+    hint.amax:free()
+    hint.t:free()
+    hint = nil
   end
-  hints = {}
 end
 
 --- recipe.note_amax(t, amax): amax (a one-element f32 tensor, taken over) is max |t|.
 function M.note_amax(t, amax)
-  if #hints == HINTS then
-    local old = table.remove(hints, 1)
-    old.amax:free()
-    old.t:free()
-  end
-  hints[#hints + 1] = {t = core.unscope(t:view(t:size())), amax = core.unscope(amax)}
-end
-
-local function hint_of(t)
-  for i = #hints, 1, -1 do
-    local h = hints[i]
-    if not h.t:is_freed() and same_view(t, h.t) then return h.amax end
-  end
+  drop_hint()
+  hint = {t = core.unscope(t:view(t:size())), amax = core.unscope(amax)}
 end
 
 -- -> the noted amax for copy spec s of activation t, where it applies
 function Recipe:_amax_hint(s, t)
-  if #hints == 0 or s.rht or s.delayed or self.amax_reducer then return nil end
+  if not hint or s.rht or s.delayed or self.amax_reducer then return nil end
   local ft = formats.traits[s.format]
-  if not (ft and ft.global_amax) then return nil end
-  return hint_of(t)
+  if not (ft and ft.global_amax) or not same_view(t, hint.t) then return nil end
+  return hint.amax
 end
 
 -- ---- weights: one quantization per optimizer step ----------------------------------------------
@@ -350,7 +352,7 @@ function M.weight_cache(fn, ...)
   local c = wcache
   wcache = nil
   for _, q in ipairs(c.list) do q:free() end
-  drop_hints() -- the step's activations are gone
+  drop_hint() -- the step's activations are gone
   if not r[1] then error(r[2], 0) end
   return table.unpack(r, 2, r.n)
 end
@@ -402,22 +404,17 @@ function Recipe:_quantize(s, t, axis, key, split)
     if axis == 2 then o.sr_row_offset = self.shard.rank * n
     else o.sr_k_offset, o.sr_k_total = self.shard.rank * n, self.shard.world * n end
   end
-  -- activations only (split): a weight's fprop copy may be kept for dgrad past the share
   if split and o.amax == nil then o.amax = self:_amax_hint(s, t) end -- the producer's fused amax
+  -- activations only (split): a weight's fprop copy may be kept for dgrad past the share
   local shared = memo and split and not s.sr and not s.delayed and global == nil and not self.amax_reducer
   local sk = shared and spec_key(s, axis)
-  if shared then
-    for _, e in ipairs(memo) do
-      if e.key == sk and same_view(t, e.t) then return e.q end
-    end
-  end
+  local found = shared and memo_find(sk, t)
+  if found then return found end
   if not split and cacheable(s) then -- a weight: once per optimizer step
     return cached(t, spec_key(s, axis), function() return quant.quantize(t, s.format, o) end)
   end
   local q = quant.quantize(t, s.format, o)
-  if shared then -- the memo's: a handle of its own on t's elements, and q, outlive the caller's scope
-    memo[#memo + 1] = {key = sk, t = core.unscope(t:view(t:size())), q = core.unscope(q)}
-  end
+  if shared then memo_add(sk, t, q) end
   if rec then -- push this step's true amax (in the RHT domain if transformed: that is what is scaled)
     local cur = global
     if cur == nil then
@@ -440,12 +437,7 @@ function Recipe:_quantize_pair(a, b, t, split)
   local sk_r, sk_c = spec_key(a, 2), spec_key(b, 1)
   local shared = memo and split and not a.sr
   if shared then
-    local r, c
-    for _, e in ipairs(memo) do
-      if same_view(t, e.t) then
-        if e.key == sk_r then r = e.q elseif e.key == sk_c then c = e.q end
-      end
-    end
+    local r, c = memo_find(sk_r, t), memo_find(sk_c, t)
     if r and c then return r, c end
   end
   local o = {amax = self:_amax_hint(a, t)} -- the row copy's (and a same-spec column copy's) amax
@@ -454,9 +446,8 @@ function Recipe:_quantize_pair(a, b, t, split)
   if a.scale_rule then o.scale_rule = a.scale_rule end
   local r, c = core.quantize_rowcol(t, a.format, o)
   if shared then
-    local v = core.unscope(t:view(t:size()))
-    memo[#memo + 1] = {key = sk_r, t = v, q = core.unscope(r)}
-    memo[#memo + 1] = {key = sk_c, t = v, q = core.unscope(c)}
+    memo_add(sk_r, t, r)
+    memo_add(sk_c, t, c)
   end
   return r, c
 end
@@ -681,9 +672,10 @@ end
 
 --- recipe:release(saved): free what linear_forward kept for a backward that will not run (eval).
 function Recipe:release(saved)
-  if saved and saved.qw and not saved.qw_cached then saved.qw:free() end
-  if saved and saved.qx_col then saved.qx_col:free() end
-  if saved then saved.qw, saved.qx_col = nil, nil end
+  if not saved then return end
+  if saved.qw and not saved.qw_cached then saved.qw:free() end
+  if saved.qx_col then saved.qx_col:free() end
+  saved.qw, saved.qx_col = nil, nil
 end
 
 --- recipe:trace(fn | nil): call fn{ctx, role, gemm, a, b} before each GEMM, with its operands as
@@ -769,12 +761,8 @@ function Recipe:generator() return self.gen end
 -- count, last}}}: what a checkpoint needs to resume with the same SR bits and scales.
 function Recipe:state()
   local hs = {}
-  for _, h in pairs(self.histories) do
-    if h.dev then -- read back (the device copy is rebuilt at its next use)
-      host_of_dev(h)
-    end
-  end
   for key, h in pairs(self.histories) do
+    if h.dev then host_of_dev(h) end -- read back (the device copy is rebuilt at its next use)
     local v = {}
     for i = 1, h.h.count do v[i] = h.h.values[i] end
     hs[key] = {len = h.h.len, values = v, pos = h.h.pos, count = h.h.count, last = h.last}

@@ -159,6 +159,22 @@ function T.write_file(path, text)
   return path
 end
 
+--- T.write_corpus(path, {seed =, lines =, words = {...}, prefix = function(i) -> string}) -> path: a
+-- deterministic text corpus (the training tests' data): line i is prefix(i) (default "") and 8
+-- words drawn by the LCG s = (s * 1103515245 + 12345) mod 2^31 (word s % #words + 1), then ".".
+function T.write_corpus(path, o)
+  local s, words, out = o.seed, o.words, {}
+  for i = 1, o.lines do
+    local w = {}
+    for _ = 1, 8 do
+      s = (s * 1103515245 + 12345) % 2147483648
+      w[#w + 1] = words[s % #words + 1]
+    end
+    out[i] = (o.prefix and o.prefix(i) or "") .. table.concat(w, " ") .. "."
+  end
+  return T.write_file(path, table.concat(out, "\n") .. "\n")
+end
+
 --- T.tmpdir() -> the path of a fresh empty directory (a name from os.tmpname); T.rm_tree removes it.
 function T.tmpdir()
   local d = os.tmpname()
