@@ -108,6 +108,14 @@ T.case("without a launcher dist is a world of one: collectives are identities", 
   T.raises(function() dist.broadcast(t, 1) end, "root 1 is not a rank (0..0)")
   T.raises(function() dist.reduce_scatter(nv.zeros(2), t) end, "reduce_scatter: t is cut along dim 1 into 1 equal chunks")
   T.raises(function() dist.all_gather(nv.zeros(4), t) end, "all_gather: out holds the 1 ranks' t along dim 1")
+  -- bucketed all-reduce: identities too, nothing left pending; bad input named
+  for _, op in ipairs({"sum", "avg"}) do dist.all_reduce_start(t:narrow(1, 1, 2), op) end
+  dist.wait_all()
+  T.eq(t:totable(), {1.5, -2, 3}, "all_reduce_start + wait_all")
+  T.eq(dist.pending(), 0, "nothing pending")
+  T.raises(function() dist.all_reduce_start(t, "max") end, "all_reduce_start: op must be sum or avg, got max")
+  T.raises(function() dist.all_reduce_start(t:to("bf16")) end, "all_reduce_start: expects a contiguous f32 tensor")
+  T.raises(function() dist.all_reduce_start(nv.zeros(2, 2):transpose(1, 2)) end, "expects a contiguous f32 tensor")
   local info = dist.info()
   T.eq(type(info.mpi), "boolean")
   if info.nccl then T.ok(info.nccl_loads, "built with NCCL: the library loads and resolves: " .. info.nccl_why) end
