@@ -1,7 +1,8 @@
 -- experiments/compare_recipes.lua: the paper's comparison at small scale. The same model, data
 -- and seed trained under bf16, fp8 (current scaling), mxfp8, nvfp4 (the paper's recipe), mxfp4
 -- (the same recipe in OCP MXFP4), and the nvfp4 ablations — no RHT, no stochastic rounding, no
--- 2D weight blocks, every layer in nvfp4.
+-- 2D weight blocks, every layer in nvfp4 — and MoR (recipe.mor: per tensor, per block, and tiered
+-- NVFP4 -> FP8 -> BF16), with the measured share of GEMM operands it kept in low precision.
 -- With seeds=N each recipe trains N times, seeds seed, seed+1, ... (model init, data order and SR
 -- draws all follow it, the same seeds for every recipe): the table gives each recipe's mean final
 -- validation loss, the seeds' standard deviation, the mean gap to bf16 and that gap's spread over
@@ -25,6 +26,9 @@ local runs = {
   {name = "nvfp4 no SR", recipe = "nvfp4", sr = false},
   {name = "nvfp4 no 2D", recipe = "nvfp4", w2d = false},
   {name = "nvfp4 all layers", recipe = "nvfp4", bf16_first = 0, bf16_last = 0},
+  {name = "mor", recipe = "mor"},                -- MoR per tensor: e4m3, else bf16
+  {name = "mor block", recipe = "mor_block"},    -- MoR per 1x128 block
+  {name = "mor nvfp4", recipe = "mor_nvfp4"},    -- MoR tiered: nvfp4, else e4m3, else bf16, per tensor
 }
 
 local c = config.parse(train.schema, arg, {
@@ -73,6 +77,10 @@ for _, r in ipairs(chosen) do
     local s = train.run(rc, train.build(rc))
     res.vals[#res.vals + 1] = s.final_val_loss or 0 / 0
     res.tps = res.tps + s.tokens_per_s / c.seeds
+    if s.mor_low then -- MoR: the shares of low-precision elements and units (tensors or blocks), mean of seeds
+      res.low = (res.low or 0) + s.mor_low / c.seeds
+      res.units_low = (res.units_low or 0) + s.mor_units_low / c.seeds
+    end
     print(string.format("val loss %.4f  %6.0f tok/s  %5.0f s", s.final_val_loss or 0 / 0, s.tokens_per_s, nv.clock() - t0))
     for _, p in ipairs(s.val) do
       curves[p[1]] = curves[p[1]] or {}
@@ -100,6 +108,14 @@ local function stats(l)
   return m, #l > 1 and math.sqrt(ss / (#l - 1)) or 0
 end
 
+-- MoR runs: the share of GEMM-operand elements (and of tensors, or of blocks) they kept in a
+-- low-precision format, averaged over the logged steps; the paper reports 98.38% of tensors in FP8
+local function low(r)
+  if not r.low then return "-" end
+  return string.format("%.2f%% of elements, %.2f%% of %s", 100 * r.low, 100 * r.units_low,
+    r.name:find("block") and "blocks" or "tensors")
+end
+
 local base
 for _, r in ipairs(results) do if r.name == "bf16" then base = r end end
 local lines = {
@@ -109,11 +125,11 @@ local lines = {
   "",
 }
 if c.seeds > 1 then
-  lines[#lines + 1] = "| recipe | final val loss, mean | std over seeds | gap to bf16, mean | gap std (paired) | tokens/s |"
-  lines[#lines + 1] = "|---|---:|---:|---:|---:|---:|"
+  lines[#lines + 1] = "| recipe | final val loss, mean | std over seeds | gap to bf16, mean | gap std (paired) | tokens/s | MoR low precision |"
+  lines[#lines + 1] = "|---|---:|---:|---:|---:|---:|---|"
 else
-  lines[#lines + 1] = "| recipe | final val loss | gap to bf16 | tokens/s |"
-  lines[#lines + 1] = "|---|---:|---:|---:|"
+  lines[#lines + 1] = "| recipe | final val loss | gap to bf16 | tokens/s | MoR low precision |"
+  lines[#lines + 1] = "|---|---:|---:|---:|---|"
 end
 for _, r in ipairs(results) do
   local m, sd = stats(r.vals)
@@ -125,11 +141,11 @@ for _, r in ipairs(results) do
       local a, b = stats(gaps)
       gm, gsd = string.format("%+.2f%%", a), string.format("%.2f%%", b)
     end
-    lines[#lines + 1] = string.format("| %s | %.4f | %.4f | %s | %s | %.0f |", r.name, m, sd, gm, gsd, r.tps)
+    lines[#lines + 1] = string.format("| %s | %.4f | %.4f | %s | %s | %.0f | %s |", r.name, m, sd, gm, gsd, r.tps, low(r))
   else
     local bm = base and stats(base.vals)
-    lines[#lines + 1] = string.format("| %s | %.4f | %s | %.0f |", r.name, m,
-      bm and string.format("%+.2f%%", 100 * (m - bm) / bm) or "-", r.tps)
+    lines[#lines + 1] = string.format("| %s | %.4f | %s | %.0f | %s |", r.name, m,
+      bm and string.format("%+.2f%%", 100 * (m - bm) / bm) or "-", r.tps, low(r))
   end
 end
 print("")

@@ -192,6 +192,21 @@ T.case("resume is bit-exact under nvfp4 (SR + RHT + 2-D weights); losing the SR 
   T.ok(s.losses[2][2] ~= want[5] and s.losses[3][2] ~= want[6], "other SR draws give other losses at steps 5, 6")
 end)
 
+T.case("resume is bit-exact under MoR with choices reused across the checkpoint (every = 2)", function()
+  -- decided at steps 1, 3, 5 and reused at 2, 4, 6: step 4 reuses step 3's choices from the
+  -- checkpoint. A lost state would decide again at step 4 and keep that to step 5: recipe:state()
+  -- (compared by resume_case) would then hold step 4, not 5.
+  require("nvlua.recipe").register("mor_every2", function(s) return require("nvlua.recipe").mor({every = 2, seed = s.seed}) end)
+  local _, p0, m0 = resume_case("mor", {"recipe=mor_every2"})
+  local st = p0.recipe:state().mor.sticky
+  local n = 0
+  for _, v in pairs(st) do n = n + 1; T.eq(v.step, 5, "decided at step 5") end
+  T.eq(n, 2 * 7 * 6, "a choice per operand of every MoR linear")
+  for _, r in ipairs(m0) do
+    if r.loss then T.ok(r.mor_low > 0.9 and r.mor_low <= 1, "the log's low-precision share at step " .. r.step) end
+  end
+end)
+
 T.case("resume is bit-exact under fp8_delayed (amax histories in the checkpoint)", function()
   local _, p0 = resume_case("fp8d", {"recipe=fp8_delayed"})
   local n = 0

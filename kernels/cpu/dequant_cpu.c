@@ -19,6 +19,14 @@ void nvl_fp8_decode_cpu(float *y, const uint8_t *codes, int64_t n, nvl_elem elem
   for (int64_t i = 0; i < n; i++) y[i] = t[codes[i]];
 }
 
+void nvl_fp8_decode_div_cpu(float *y, const uint8_t *codes, int64_t n, nvl_elem elem, float div) {
+  float t[256];
+  elem_table(t, elem);
+  for (int c = 0; c < 256; c++) t[c] = t[c] / div; /* the reference's value / scale, once per code */
+#pragma omp parallel for if (n > NVL_DEQ_OMP_MIN)
+  for (int64_t i = 0; i < n; i++) y[i] = t[codes[i]];
+}
+
 void nvl_mx_decode_cpu(float *y, const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t K, nvl_elem elem) {
   float t[256], e[256];
   elem_table(t, elem);

@@ -8,6 +8,8 @@
 
 /* y (n) = value(codes[i]) * mul  (fp8 per tensor: mul = 1, or 1/scale for the full decode). */
 void nvl_fp8_decode_cpu(float *y, const uint8_t *codes, int64_t n, nvl_elem elem, float mul);
+/* y[i] = value(codes[i]) / div in fp32: per-tensor fp8's dequantize, bit for bit the reference's */
+void nvl_fp8_decode_div_cpu(float *y, const uint8_t *codes, int64_t n, nvl_elem elem, float div);
 /* y (R, K) = value(code) * 2^(scale - 127) per 32-block (the mx formats; e2m1 codes packed). */
 void nvl_mx_decode_cpu(float *y, const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t K, nvl_elem elem);
 /* y (R, K) = value(code) * float(ue4m3 scale) per 16-block, from packed e2m1 codes (R, K/2);

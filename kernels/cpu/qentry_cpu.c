@@ -230,8 +230,8 @@ nvl_status nvl_dequantize_tensor_cpu(nvl_kctx *ctx, float *y, const nvl_qview *q
                                      int unscaled) {
   nvl_elem e = (nvl_elem)nvl_dtypes[q->format].elem;
   const uint8_t *c = (const uint8_t *)q->codes + r0 * q->K;
-  if (!unscaled) return nvl_fp8_dequantize_tensor_ref(y, c, q->scale, nr * q->K, e); /* value / scale, as the reference */
-  nvl_fp8_decode_cpu(y, c, nr * q->K, e, 1.0f);
+  if (!unscaled) nvl_fp8_decode_div_cpu(y, c, nr * q->K, e, q->scale); /* value / scale, as the reference */
+  else nvl_fp8_decode_cpu(y, c, nr * q->K, e, 1.0f);
   return NVL_OK;
 }
 

@@ -332,6 +332,7 @@ nv.rht = quant.rht
 nv.AmaxHistory = quant.AmaxHistory
 nv.recipe = require "nvlua.recipe"
 nv.stats = require "nvlua.stats"
+nv.mor = require "nvlua.mor"
 
 -- ---- help -----------------------------------------------------------------------------------
 

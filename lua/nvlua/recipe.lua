@@ -24,6 +24,7 @@ local util = require "nvlua.util"
 local quant = require "nvlua.quant"
 local stats = require "nvlua.stats"
 local formats = require "nvlua.formats"
+local mor = require "nvlua.mor"
 
 local check_opts = util.check_opts
 
@@ -471,6 +472,10 @@ end
 -- as 1 rank x batch R·B. Weights are the same on every rank and are not reduced.
 function Recipe:set_amax_reducer(fn)
   if fn ~= nil and type(fn) ~= "function" then error("set_amax_reducer: expects a function or nil", 2) end
+  if fn ~= nil and self.mor then
+    error("recipe mor: data parallelism is not supported yet (each rank would choose representations from its " ..
+      "own slice of the batch, not as one process would from the whole)", 2)
+  end
   self.amax_reducer = fn
 end
 
@@ -542,6 +547,10 @@ function Recipe:linear_forward(ctx, x, w, no_backward)
   return core.scope(function()
     local shape = x:size()
     local x2 = as2d(x, "x")
+    if self.mor and not ctx.high_precision then -- MoR: each operand's representation from its numbers
+      local y = self.mor:forward(self, ctx, x2, w)
+      return reshape_like(y, shape, w:size(1)), {x = x2, K = x2:size(2), w = w, shape = shape, mor = true}
+    end
     local g = self:gemm(ctx, "fprop")
     local y, qw, qw_cached, qx_col
     if plain(g) then
@@ -583,6 +592,7 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
   return core.scope(function()
     local dy2 = as2d(dy, "dy")
     local x, w = saved.x, saved.w
+    if saved.mor then return reshape_like(self.mor:backward(self, ctx, dy2, x, w, dw), saved.shape, saved.K) end
     local qx_col = saved.qx_col -- x's wgrad copy, made with fprop's (then x was not kept)
     saved.qx_col = nil
     if qx_col then core.adopt(qx_col) end
@@ -717,11 +727,12 @@ function Recipe:plan(model, opts)
   for _, l in ipairs(lin) do
     local ctx = {name = l.name, block = l.block, num_blocks = L, high_precision = l.high_precision or false, step = step}
     local row = {name = l.name, block = l.block, high_precision = l.high_precision or false}
+    row.mor = self.mor and not row.high_precision and self.mor:describe() or nil -- chosen as it runs
     for _, role in ipairs(ROLES) do
       local g = self:gemm(ctx, role)
       local ops = OPERANDS[role]
-      row[role] = {[ops[1]] = g.a, [ops[2]] = g.b, out = g.out, label = g.label}
-      totals[role][g.label] = (totals[role][g.label] or 0) + 1
+      row[role] = {[ops[1]] = g.a, [ops[2]] = g.b, out = g.out, label = row.mor and "mor" or g.label}
+      totals[role][row[role].label] = (totals[role][row[role].label] or 0) + 1
     end
     rows[#rows + 1] = row
   end
@@ -732,15 +743,19 @@ function Recipe:plan(model, opts)
     for _, r in ipairs(rows) do wname = math.max(wname, #tostring(r.name)) end
     out:write(string.format("recipe %s at step %d: %d linear layers, %d blocks\n", tostring(self), step, #rows, L))
     local fmt = "%-" .. wname .. "s %5s  %-9s %-26s %-26s %s\n"
+    if self.mor then
+      out:write(string.format("operands marked mor: each chosen as it is quantized, %s\n", self.mor:describe()))
+    end
     out:write(string.format(fmt, "layer", "block", "gemm", "operand 1", "operand 2", "out"))
     for _, r in ipairs(rows) do
       for i, role in ipairs(ROLES) do
         local g, ops = r[role], OPERANDS[role]
         local b = g[ops[2]]
-        local bdesc = describe(b)
+        local adesc, bdesc = describe(g[ops[1]]), describe(b)
         if role == "dgrad" and transposable(b) and same_spec(b, r.fprop.w) then bdesc = bdesc .. " (fprop's, t)" end
+        if r.mor then adesc, bdesc = "mor", "mor" end
         out:write(string.format(fmt, i == 1 and tostring(r.name) or "", i == 1 and (r.block and tostring(r.block) or "-") or "",
-          role .. "(" .. REDUCES[role] .. ")", ops[1] .. " " .. describe(g[ops[1]]), ops[2] .. " " .. bdesc, g.out))
+          role .. "(" .. REDUCES[role] .. ")", ops[1] .. " " .. adesc, ops[2] .. " " .. bdesc, g.out))
       end
     end
     for _, role in ipairs(ROLES) do
@@ -767,7 +782,8 @@ function Recipe:state()
     for i = 1, h.h.count do v[i] = h.h.values[i] end
     hs[key] = {len = h.h.len, values = v, pos = h.h.pos, count = h.h.count, last = h.last}
   end
-  return {recipe = self.name, seed = self.gen:seed(), offset = self.gen:offset(), histories = hs}
+  return {recipe = self.name, seed = self.gen:seed(), offset = self.gen:offset(), histories = hs,
+    mor = self.mor and self.mor:state() or nil}
 end
 
 -- amaxes are fp32 values; rounding what is loaded back to fp32 undoes a text round trip's last
@@ -800,6 +816,7 @@ function Recipe:load_state(s)
     h.count, h.pos = count, pos
     hs[key] = {h = h, last = f32(r.last)}
   end
+  if self.mor then self.mor:load_state(s.mor) end
   self.gen:manual_seed(seed)
   self.gen:set_offset(offset)
   for _, h in pairs(self.histories) do if h.dev then h.dev.buf:free() end end
@@ -984,6 +1001,35 @@ function M.custom(fn, opts)
   return new("custom", {seed = opts.seed or 1234, switch_at = sw}, f, opts.seed, opts.history, opts.act_dtype, "f32")
 end
 
+--- recipe.mor({granularity = "tensor"|"block", block = 128, candidates = {"e4m3"}, threshold, every = 1,
+-- decide, sr = true, w2d = true, seed = 1234, act_dtype}): MoR (nvlua.mor, NUMERICS §12). Every
+-- GEMM operand of every linear but the high-precision ones (the LM head: bf16) is quantized to
+-- each candidate format in turn as it enters its GEMM; the relative L2 error ||Q(x) - x|| / ||x||
+-- of each is measured per tensor, or per 1 x block elements along the GEMM's reduction dim
+-- (granularity "block"), and decide (default: the first candidate whose error <= its threshold)
+-- picks the representation; bf16 is the fallback. threshold: a number for every candidate or
+-- {format = number} (defaults: mor.DEFAULT_THRESHOLD). every = N reuses a tensor's choice for N
+-- steps (granularity "tensor"; the choices are recipe state). candidates = {"nvfp4", "e4m3"} is
+-- the tiered variant (NVFP4, then FP8, then BF16); sr: SR on nvfp4/mxfp4 dY; w2d: 16x16 nvfp4
+-- weight tiles. decide(d) gets {errs, thresholds, formats, granularity, ctx} (nvlua.mor).
+function M.mor(opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("recipe.mor: options must be a table, got " .. type(opts), 2) end
+  local mo, seed, act = {}, opts.seed, opts.act_dtype
+  for k, v in pairs(opts) do if k ~= "seed" and k ~= "act_dtype" then mo[k] = v end end
+  if seed ~= nil and math.type(seed) ~= "integer" then error("recipe.mor: seed must be an integer", 2) end
+  local m = mor.new(mo)
+  local shown = {granularity = m.granularity, block = m.granularity == "block" and m.block or nil,
+    candidates = table.concat(m.candidates, ">"), every = m.every > 1 and m.every or nil, seed = seed or 1234,
+    decide = m.custom_decide and "custom" or nil}
+  local th = {}
+  for i, f in ipairs(m.candidates) do th[i] = f .. ":" .. m.threshold[i] end
+  shown.threshold = table.concat(th, ",")
+  local r = new("mor", shown, function() return BF16 end, seed, nil, act)
+  r.mor = m
+  return r
+end
+
 -- ---- registry ---------------------------------------------------------------------------------
 
 -- Recipes by name, for configs (train.build's recipe=<name>). A constructor takes the settings an
@@ -1037,6 +1083,10 @@ M.register("mxfp4", function(s) -- w2d does not apply: MX blocks are 1x32
   return M.mxfp4({rht = s.rht, sr = s.sr, seed = s.seed, bf16_first = s.bf16_first, bf16_last = s.bf16_last,
     switch_at = s.switch_at})
 end)
+
+M.register("mor", function(s) return M.mor({seed = s.seed}) end)
+M.register("mor_block", function(s) return M.mor({granularity = "block", seed = s.seed}) end)
+M.register("mor_nvfp4", function(s) return M.mor({candidates = {"nvfp4", "e4m3"}, seed = s.seed}) end)
 
 M.formats = formats.names
 M.Recipe = Recipe

@@ -38,6 +38,7 @@ local config = require "nvlua.config"
 local util = require "nvlua.util"
 local ckpt = require "nvlua.checkpoint"
 local plot = require "nvlua.plot"
+local mor = require "nvlua.mor"
 local lfs = require "lfs"
 
 local train = {}
@@ -669,7 +670,7 @@ local function start_run(c, p)
   r.signal_ok, r.signal = pcall(require, "nvlua.signal")
   if r.signal_ok then r.signal.defer(true) end
   r.tty = core.isatty(1) and not c.quiet
-  r.losses, r.val_points = {}, {}
+  r.losses, r.val_points, r.mor_points = {}, {}, {}
   r.t_run, r.tok_run = 0, 0
   r.step = r.start_step
   model:train()
@@ -681,6 +682,22 @@ end
 -- step is skipped and counted), the step's record in metrics.jsonl. Raises, after logging it, at
 -- a step that makes more than max_bad_steps bad ones in a row. -> {lr, loss, gnorm, dt, mfu}
 -- The step runs in an nv.scope (the per-step arena), each micro-batch in one of its own.
+-- MoR (recipe.mor): the step's representation counts in its metrics record — mor_low, the share of
+-- GEMM-operand elements in a low-precision format (not bf16); mor_units_low, that share of the
+-- tensors (or blocks); mor_<format>, each format's element share; mor_low_b<i>, the low share of
+-- transformer block i — kept for the plot. -> the summary (nil for other recipes)
+local function mor_record(r, step, line)
+  local m = r.rec and r.rec.mor
+  if not m then return nil end
+  local sm = mor.summary(m:take_step())
+  if not sm then return nil end
+  line.mor_low, line.mor_units_low = sm.low, sm.units_low
+  for f, v in pairs(sm.by_format) do line["mor_" .. f] = v end
+  for b, v in pairs(sm.blocks) do line["mor_low_b" .. b] = v end
+  r.mor_points[#r.mor_points + 1] = {step, sm}
+  return sm
+end
+
 local function step_once(r, step)
   return nv.scope(function()
     local c, model, opt, world, dist = r.c, r.model, r.opt, r.world, r.dist
@@ -753,9 +770,10 @@ local function step_once(r, step)
     rec_line.ms = dt * 1000
     rec_line.tokens_per_s = r.tokens_per_step / dt
     rec_line.mfu = r.flops_tok * r.tokens_per_step / dt / (r.peak * world)
+    local ms = mor_record(r, step, rec_line)
     r.mf:write(config.encode(rec_line), "\n")
     if stop then error(stop, 0) end -- after logging the step that made it
-    return {lr = lr, loss = loss, gnorm = gnorm, dt = dt, mfu = rec_line.mfu}
+    return {lr = lr, loss = loss, gnorm = gnorm, dt = dt, mfu = rec_line.mfu, mor = ms}
   end)
 end
 
@@ -765,8 +783,9 @@ local function report_step(r, step, s)
   local c, out = r.c, r.out
   if step % c.log_every == 0 or step == c.steps or step == r.start_step + 1 then
     if r.tty then out:write("\r\27[K") end
-    out:write(string.format("step %5d/%d | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | %6.0f ms | mfu %4.1f%%\n",
-      step, c.steps, s.loss, s.lr, s.gnorm, r.tokens_per_step / s.dt, s.dt * 1000, 100 * s.mfu))
+    out:write(string.format("step %5d/%d | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | %6.0f ms | mfu %4.1f%%%s\n",
+      step, c.steps, s.loss, s.lr, s.gnorm, r.tokens_per_step / s.dt, s.dt * 1000, 100 * s.mfu,
+      s.mor and string.format(" | low-p %5.1f%%", 100 * s.mor.low) or ""))
   elseif r.tty then
     local frac = (step - r.start_step) / (c.steps - r.start_step)
     local eta = r.t_run / (step - r.start_step) * (c.steps - step)
@@ -784,6 +803,7 @@ local function eval_and_log(r, step)
   local rs = rec and rec.state and rec:state()
   local vl, ppl = train.evaluate(r.model, r.ds, r.c, r.p)
   if rs then rec:load_state(rs) end
+  if rec and rec.mor then rec.mor:take_step() end -- the evaluation's choices are not the training's
   r.val_points[#r.val_points + 1] = {step, vl}
   r.mf:write(config.encode({step = step, val_loss = vl, val_ppl = ppl}), "\n")
   if r.tty then r.out:write("\r\27[K") end
@@ -822,6 +842,38 @@ local function plot_losses(r)
   return pok and png or nil
 end
 
+-- the run's mean low-precision share of elements (MoR), over its logged steps
+local function mean_mor_low(r)
+  local t, u = 0, 0
+  for _, p in ipairs(r.mor_points) do t, u = t + p[2].low, u + p[2].units_low end
+  return t / #r.mor_points, u / #r.mor_points
+end
+
+-- mor.png (MoR runs): the share of each transformer block's GEMM-operand elements in a low-precision
+-- format, step by step. -> its path, or nil
+local function plot_mor(r)
+  if #r.mor_points == 0 then return nil end
+  local keys, seen = {}, {}
+  for _, p in ipairs(r.mor_points) do
+    for b in pairs(p[2].blocks) do if not seen[b] then seen[b] = true; keys[#keys + 1] = b end end
+  end
+  table.sort(keys, function(a, b) return (tonumber(a) or math.huge) < (tonumber(b) or math.huge) end)
+  local series = {}
+  for _, b in ipairs(keys) do
+    local s = {title = tonumber(b) and ("block " .. b) or b, x = {}, y = {}}
+    for _, p in ipairs(r.mor_points) do
+      local v = p[2].blocks[b]
+      if v then s.x[#s.x + 1] = p[1]; s.y[#s.y + 1] = 100 * v end
+    end
+    series[#series + 1] = s
+  end
+  local png = r.run_dir .. "/mor.png"
+  local ok, err = plot.lines(png, series, {title = string.format("%s — %s: low-precision share per block", r.c.out,
+    tostring(r.c.recipe)), ylabel = "% of GEMM-operand elements not in bf16"})
+  if not ok then r.out:write("plot: " .. tostring(err) .. "\n") end
+  return ok and png or nil
+end
+
 -- After the loop (ok, err: its pcall's results): Ctrl-C handling restored, metrics.jsonl closed,
 -- the final checkpoint, then (unless interrupted) the sample and the plot. -> the summary
 local function finish_run(r, ok, err)
@@ -852,7 +904,8 @@ local function finish_run(r, ok, err)
   if c.sample_tokens > 0 and r.ds.tokenizer and r.main then
     summary.sample, summary.sample_prompt = sample_text(r)
   end
-  if c.plot and r.main then summary.plot = plot_losses(r) end
+  if c.plot and r.main then summary.plot, summary.mor_plot = plot_losses(r), plot_mor(r) end
+  if #r.mor_points > 0 then summary.mor_low, summary.mor_units_low = mean_mor_low(r) end
   return summary
 end
 
@@ -895,6 +948,11 @@ function train.main(defaults, args)
     if s.final_val_loss then print(string.format("final validation loss %.4f (perplexity %.2f)", s.final_val_loss, s.val_ppl)) end
     if s.sample then print("sample: " .. (s.sample_prompt .. s.sample):gsub("\n", "\n        ")) end
     if s.plot then print("loss curve: " .. s.plot) end
+    if s.mor_low then
+      print(string.format("MoR: %.2f%% of GEMM-operand elements (%.2f%% of units) in low precision", 100 * s.mor_low,
+        100 * s.mor_units_low))
+    end
+    if s.mor_plot then print("MoR share per block: " .. s.mor_plot) end
     if s.checkpoint then print("checkpoint: " .. s.checkpoint) end
     print("metrics: " .. s.run_dir .. "/metrics.jsonl")
   end

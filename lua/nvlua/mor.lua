@@ -1,0 +1,463 @@
+-- nvlua.mor: MoR, a mixture of representations (Su, Dykas, Chrzanowski, Chhugani, "MoR: Mixture Of
+-- Representations For Mixed-Precision Training", arXiv 2512.22804). Instead of a fixed per-layer
+-- table, each GEMM operand is quantized to its candidate formats as it enters the GEMM, the
+-- quantization error is measured, and the first candidate within its threshold is used; BF16 is
+-- the fallback. Per tensor (one representation per operand) or per block (1 x block elements along
+-- the GEMM's reduction dim, each with its own representation). core/NUMERICS.md §12 is the
+-- contract; what the paper leaves open (the stored text of the paper is its abstract: the metric,
+-- thresholds and scaling are not in it) is an option here, and §12 says what nvlua chose.
+--
+-- The recipe side: recipe.mor{...} (lua/nvlua/recipe.lua) builds a Recipe whose linears run through
+-- M.forward / M.backward below; its LM head (high_precision) stays in bf16 as in every preset.
+-- Representations and exactness: per tensor, the chosen operand is the format's own quantization
+-- (e4m3 with TE's current scaling, nvfp4 with its two-level scaling, ...), and the GEMM is the same
+-- nv.qmatmul as the fixed recipes'. Per block, the tensor-level factor of a candidate (fp8's scale,
+-- nvfp4's global scale) is a power of two, so every block's dequantized values are bf16 values
+-- exactly; the operand holds them decoded (a bf16 QTensor: 16 bits per element, the decoded form a
+-- Hopper kernel would produce from the codes) and the GEMM is one bf16 x bf16 -> fp32 GEMM, exact
+-- up to fp32 summation order, on the CPU and on the CUDA backend alike.
+local core = require "nvlua.core"
+local quant = require "nvlua.quant"
+local stats = require "nvlua.stats"
+local formats = require "nvlua.formats"
+
+local M = {}
+
+local Mor = {}
+Mor.__index = Mor
+
+-- ---- options ----------------------------------------------------------------------------------
+
+-- Default thresholds on the relative L2 error, from the errors measured on the operands of a bf16
+-- run of experiments/compare_recipes.lua's model (NUMERICS §12): e4m3 per tensor 0.0265 (median;
+-- max 0.0295), per 128-block 0.026 (median), 0.04 (99th percentile); nvfp4 per tensor 0.095 (x),
+-- 0.111 (w, 16x16), 0.137 (dY with SR), per block 0.094 / 0.111 / 0.132 (medians). Other candidates
+-- take an explicit threshold.
+M.DEFAULT_THRESHOLD = {e4m3 = 0.04, nvfp4 = 0.15}
+
+local function bad(fmt, ...) error(string.format("recipe.mor: " .. fmt, ...), 0) end
+
+-- candidates: a list of quantized format names (tried in order; bf16 is the implicit last)
+local function check_candidates(c)
+  if type(c) ~= "table" or #c == 0 then bad("candidates must be a non-empty list of format names, e.g. {\"e4m3\"}") end
+  local seen = {}
+  for i, f in ipairs(c) do
+    local ft = formats.traits[f]
+    if not ft or not ft.quantized then
+      local q = {}
+      for _, n in ipairs(formats.names) do if formats.traits[n].quantized then q[#q + 1] = n end end
+      bad("candidates[%d] = %s is not a quantized format (valid: %s; bf16 is always the last resort)", i,
+        tostring(f), table.concat(q, ", "))
+    end
+    if seen[f] then bad("candidates lists %s twice", f) end
+    seen[f] = true
+  end
+  for k in pairs(c) do
+    if math.type(k) ~= "integer" or k < 1 or k > #c then bad("candidates must be a list (a key %s)", tostring(k)) end
+  end
+end
+
+local VALID = {granularity = true, block = true, candidates = true, threshold = true, every = true, decide = true,
+  sr = true, w2d = true}
+
+--- M.new(opts) -> the MoR settings of a recipe (see recipe.mor for the options); validated.
+function M.new(o)
+  o = o or {}
+  if type(o) ~= "table" then bad("options must be a table, got %s", type(o)) end
+  for k in pairs(o) do
+    if not VALID[k] then
+      local ks = {}
+      for n in pairs(VALID) do ks[#ks + 1] = n end
+      table.sort(ks)
+      bad("unknown option '%s' (valid: %s)", tostring(k), table.concat(ks, ", "))
+    end
+  end
+  local m = setmetatable({}, Mor)
+  m.granularity = o.granularity or "tensor"
+  if m.granularity ~= "tensor" and m.granularity ~= "block" then
+    bad("granularity must be \"tensor\" or \"block\", got %s", tostring(o.granularity))
+  end
+  m.block = o.block or 128
+  if math.type(m.block) ~= "integer" or m.block < 32 or m.block % 32 ~= 0 then
+    bad("block must be a positive multiple of 32 (elements along the reduction dim), got %s", tostring(o.block))
+  end
+  if o.block ~= nil and m.granularity ~= "block" then bad("block applies to granularity = \"block\"") end
+  m.candidates = o.candidates or {"e4m3"}
+  check_candidates(m.candidates)
+  m.candidates = {table.unpack(m.candidates)}
+  m.formats = {table.unpack(m.candidates)}
+  m.formats[#m.formats + 1] = "bf16"
+  m.threshold = {}
+  local th = o.threshold
+  for _, f in ipairs(m.candidates) do
+    local v
+    if type(th) == "number" then v = th
+    elseif th == nil then v = M.DEFAULT_THRESHOLD[f]
+    elseif type(th) == "table" then
+      for k in pairs(th) do
+        local found = false
+        for _, c in ipairs(m.candidates) do found = found or c == k end
+        if not found then bad("threshold.%s: %s is not a candidate (candidates: %s)", tostring(k), tostring(k),
+          table.concat(m.candidates, ", ")) end
+      end
+      v = th[f] or M.DEFAULT_THRESHOLD[f]
+    else bad("threshold must be a number or a table {format = number}, got %s", type(th)) end
+    if v == nil then bad("%s has no default threshold (defaults: e4m3, nvfp4): give threshold = {%s = ...}", f, f) end
+    if type(v) ~= "number" or v ~= v then bad("threshold for %s must be a number, got %s", f, tostring(v)) end
+    m.threshold[#m.threshold + 1] = v
+  end
+  m.every = o.every or 1
+  if math.type(m.every) ~= "integer" or m.every < 1 then bad("every must be a positive integer, got %s", tostring(o.every)) end
+  if m.every > 1 and m.granularity ~= "tensor" then
+    bad("every > 1 reuses a tensor's representation; a block's rows are this step's tokens, so granularity " ..
+      "\"block\" decides at every quantization (every = 1)")
+  end
+  if o.decide ~= nil and type(o.decide) ~= "function" then bad("decide must be a function(d) -> choice tensor, got %s", type(o.decide)) end
+  m.decide = o.decide or M.first_within
+  m.custom_decide = o.decide ~= nil
+  for _, k in ipairs({"sr", "w2d"}) do
+    if o[k] ~= nil and type(o[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, tostring(o[k])) end
+  end
+  m.sr, m.w2d = o.sr ~= false, o.w2d ~= false
+  m.sticky = {}   -- key -> {format, step}: the per-tensor choices reused while every > 1
+  m.step_counts = {} -- this step's counts (take_step)
+  return m
+end
+
+--- M.first_within(d) -> choice: the default decision. d = {errs = {tensor per candidate}, thresholds,
+-- formats (the candidates, then "bf16"), granularity, ctx}; every errs[i] has the shape of the units
+-- (1 x 1 per tensor, rows x blocks per block). choice (f32, the same shape) = the index in
+-- d.formats of the first candidate whose error is <= its threshold, else #d.formats (bf16). A NaN
+-- error (a NaN or infinity in the unit) is never within.
+function M.first_within(d)
+  local n = #d.formats
+  local e1 = d.errs[1]
+  local choice = core.fill_(core.empty(e1:size(), "f32", e1:device()), n)
+  for i = n - 1, 1, -1 do
+    local m = d.errs[i]:le(d.thresholds[i]):to("f32")
+    choice = choice + m * (choice * -1 + i) -- i where within, else unchanged: exact in f32
+  end
+  return choice
+end
+
+-- ---- measuring --------------------------------------------------------------------------------
+
+-- The operand t (2-D) blocked along axis as its blocked layout [rows, K], f32: the rows its blocks
+-- run along (axis 2: t itself; axis 1: its transpose). Quantizing it along its last dim is
+-- bit for bit quantizing t along axis (codes, scales and SR block indices are the layout's).
+local function layout(t, axis)
+  local l = axis == 2 and t or t:transpose():contiguous()
+  return l:dtype() == "f32" and l or l:to("f32")
+end
+
+-- 2^e for an integer e, exactly (e in the double range)
+local function pow2(e) return 2.0 ^ e end
+
+-- The factor the errors are measured on x * c with: 1 for an amax a (max |x|, NaN ignored) in
+-- [2^-30, 2^30], 0 or inf; else a power of two with |x| * c < 4. Either way the squares neither
+-- overflow nor underflow for values above a * 2^-33 (smaller ones, which no fp8 or fp4 scale keeps
+-- either, weigh nothing against the tensor's).
+local function norm_factor(a)
+  if not (a > 0 and a < math.huge) or (a >= 2.0 ^ -30 and a <= 2.0 ^ 30) then return 1 end
+  local e = math.floor(math.log(a, 2))
+  return pow2(math.max(-126, math.min(126, -e)))
+end
+
+local function sq(v) return v * v end
+
+-- The amax giving a per-tensor-scaled format a power-of-two scale: the largest range * 2^-k >= a
+-- (no element above range after scaling) with range / amax = 2^k exact in fp32. nil (the format's
+-- own rule: scale 1) for a = 0, inf or NaN.
+local function pow2_amax(range, a)
+  if not (a > 0 and a < math.huge) then return nil end
+  local k = math.floor(math.log(range / a, 2))
+  while range * pow2(-k) < a do k = k - 1 end
+  while range * pow2(-(k + 1)) >= a do k = k + 1 end
+  k = math.max(-110, math.min(126, k))
+  return range * pow2(-k)
+end
+
+-- quantize options for candidate fmt of operand (x, w, dy)
+function Mor:_opts(rec, fmt, operand, axis)
+  local ft = formats.traits[fmt]
+  local o = {axis = axis}
+  if ft.block2d and operand == "w" and self.w2d then o.block = "2d" end
+  if ft.sr and operand == "dy" and self.sr then o.sr = true; o.generator = rec.gen end
+  if ft.scale == "e8m0" then o.scale_rule = "rceil" end
+  return o
+end
+
+local TINY = 2.0 ^ -126
+
+-- ---- choosing ---------------------------------------------------------------------------------
+
+-- Run the decision, check what it returned, count each format's units. -> choice, counts
+function Mor:_decide(d, what)
+  local choice = self.decide(d)
+  if not (type(choice) == "userdata" and choice.numel) then
+    error(string.format("recipe mor: %s: decide must return a tensor of format indices, got %s", what, type(choice)), 0)
+  end
+  local want, got = d.errs[1]:size(), choice:size()
+  if #want ~= #got or want[1] ~= got[1] or want[2] ~= got[2] then
+    error(string.format("recipe mor: %s: decide returned a %s tensor for %s units", what, table.concat(got, "x"),
+      table.concat(want, "x")), 0)
+  end
+  local counts, total = {}, 0
+  for i = 1, #d.formats do
+    counts[i] = math.tointeger(choice:eq(i):to("f32"):sum()) or 0
+    total = total + counts[i]
+  end
+  if total ~= choice:numel() then
+    error(string.format("recipe mor: %s: decide returned values outside 1..%d (the indices of %s)", what, #d.formats,
+      table.concat(d.formats, ", ")), 0)
+  end
+  return choice, counts
+end
+
+local function where_of(ctx, role, operand)
+  return string.format("layer '%s' %s operand %s", tostring(ctx.name), role, operand)
+end
+
+-- Count units (tensors or blocks) and elements per format for (layer, role, operand): nv.stats and
+-- this step's record.
+function Mor:_count(ctx, role, operand, counts, elems_per_unit, unit)
+  local key = tostring(ctx.name) .. "|" .. role .. "|" .. operand
+  local s = self.step_counts[key]
+  if not s then
+    s = {name = ctx.name, block = ctx.block, role = role, operand = operand, units = {}, elems = {}}
+    self.step_counts[key] = s
+  end
+  for i, f in ipairs(self.formats) do
+    local n = counts[i] or 0
+    if n > 0 then
+      s.units[f] = (s.units[f] or 0) + n
+      s.elems[f] = (s.elems[f] or 0) + n * elems_per_unit
+      stats.representation(ctx.name, role, operand, f, unit, n, n * elems_per_unit)
+    end
+  end
+end
+
+-- Per tensor: quantize t with each candidate, the relative L2 error of each over the tensor, the
+-- decision; -> the chosen quantization (the format's own scaling), its format.
+function Mor:_per_tensor(rec, ctx, role, operand, t, axis, split)
+  local key = tostring(ctx.name) .. "|" .. operand .. "|" .. role
+  local prev = self.sticky[key]
+  local numel = t:numel()
+  if prev and ctx.step and prev.step and ctx.step >= prev.step and ctx.step - prev.step < self.every then
+    local i = 0
+    for j, f in ipairs(self.formats) do if f == prev.format then i = j end end
+    local counts = {[i] = 1}
+    self:_count(ctx, role, operand, counts, numel, "tensor")
+    if prev.format == "bf16" then return quant.quantize(t, "bf16", {axis = axis, view = split or nil}), "bf16" end
+    return quant.quantize(t, prev.format, self:_opts(rec, prev.format, operand, axis)), prev.format
+  end
+  local tf = t:dtype() == "f32" and t or t:to("f32")
+  local c = norm_factor(core.quant_amax(t):cpu():totable()[1])
+  local n2 = sq(c == 1 and tf or tf * c):sum()
+  local qs, errs = {}, {}
+  for i, f in ipairs(self.candidates) do
+    local q = quant.quantize(t, f, self:_opts(rec, f, operand, axis))
+    local diff = q:dequantize() - tf
+    if c ~= 1 then diff = diff * c end
+    local e2 = sq(diff):sum()
+    qs[i] = q
+    errs[i] = core.tensor({{math.sqrt(e2 / math.max(n2, TINY))}})
+  end
+  local d = {errs = errs, thresholds = self.threshold, formats = self.formats, granularity = "tensor",
+    ctx = {name = ctx.name, block = ctx.block, step = ctx.step, role = role, operand = operand}}
+  local choice, counts = self:_decide(d, where_of(ctx, role, operand))
+  local i = math.tointeger(choice:cpu():totable()[1][1])
+  self:_count(ctx, role, operand, counts, numel, "tensor")
+  local f = self.formats[i]
+  if self.every > 1 then self.sticky[key] = {format = f, step = ctx.step} end
+  if f == "bf16" then return quant.quantize(t, "bf16", {axis = axis, view = split or nil}), "bf16", choice, errs end
+  return qs[i], f, choice, errs
+end
+
+-- Per block: quantize t's blocked layout with each candidate (power-of-two tensor factors), the
+-- relative L2 error of each block, the decision per block, and the operand of every block's chosen
+-- values: a bf16 QTensor of the layout (exact: each value is a bf16 value). -> q, "mor"
+function Mor:_per_block(rec, ctx, role, operand, t, axis)
+  local L = layout(t, axis)
+  local rows, K = L:size(1), L:size(2)
+  local B = self.block
+  if K % B ~= 0 then
+    error(string.format("recipe mor: %s: its reduction dim (%d) is not a multiple of block %d", where_of(ctx, role,
+      operand), K, B), 0)
+  end
+  local nb = K // B
+  local a = core.quant_amax(L):cpu():totable()[1]
+  local c = norm_factor(a)
+  local function per_block(v) return sq(v):reshape(rows, nb, B):sum(3) end
+  local n2 = per_block(c == 1 and L or L * c):maximum(TINY)
+  local deqs, errs = {}, {}
+  for i, f in ipairs(self.candidates) do
+    local ft = formats.traits[f]
+    local o = self:_opts(rec, f, operand, 2)
+    if ft.global_amax then o.amax = pow2_amax(ft.range, a) end
+    local deq = quant.quantize(L, f, o):dequantize()
+    local diff = deq - L
+    if c ~= 1 then diff = diff * c end
+    deqs[i] = deq
+    errs[i] = (per_block(diff) / n2):sqrt()
+  end
+  local d = {errs = errs, thresholds = self.threshold, formats = self.formats, granularity = "block", block = B,
+    ctx = {name = ctx.name, block = ctx.block, step = ctx.step, role = role, operand = operand}}
+  local choice, counts = self:_decide(d, where_of(ctx, role, operand))
+  self:_count(ctx, role, operand, counts, B, "block")
+  deqs[#self.formats] = L:to("bf16"):to("f32") -- bf16 blocks: x rounded to bf16
+  local mixed
+  for i = 1, #self.formats do
+    if counts[i] > 0 then
+      local m = choice:eq(i):to("f32"):reshape(rows, nb, 1):expand(rows, nb, B):reshape(rows, K)
+      local part = deqs[i] * m -- a value where chosen, else 0 (a NaN stays only where x had one)
+      mixed = mixed and mixed + part or part
+    end
+  end
+  return quant.quantize(mixed, "bf16"), "mor", choice, errs
+end
+
+--- mor:operand(rec, ctx, role, operand, t, axis [, split]) -> the quantized operand (a QTensor blocked
+-- along axis), its label (the chosen format, or "mor" for a per-block operand), the choice tensor
+-- and the errors (as decide saw them): t's representation chosen per the settings.
+function Mor:operand(rec, ctx, role, operand, t, axis, split)
+  return core.scope(function()
+    if self.granularity == "block" then return self:_per_block(rec, ctx, role, operand, t, axis) end
+    return self:_per_tensor(rec, ctx, role, operand, t, axis, split)
+  end)
+end
+
+--- M.choose(t, opts) -> {q, label, choice, errs, formats}: MoR's choice for one 2-D tensor, as a
+-- recipe makes it for a GEMM operand (the REPL's and the tests' entry). opts: the recipe.mor
+-- options, plus axis (the blocked dim, 1 or 2; default 2), operand ("x", "w" or "dy": which
+-- candidate options apply, e.g. SR for dy; default "x"), generator (SR draws; default a new one).
+function M.choose(t, opts)
+  opts = opts or {}
+  local o, axis, operand, gen = {}, opts.axis or 2, opts.operand or "x", opts.generator
+  for k, v in pairs(opts) do if k ~= "axis" and k ~= "operand" and k ~= "generator" then o[k] = v end end
+  if axis ~= 1 and axis ~= 2 then bad("choose: axis must be 1 or 2, got %s", tostring(axis)) end
+  if operand ~= "x" and operand ~= "w" and operand ~= "dy" then
+    bad("choose: operand must be \"x\", \"w\" or \"dy\", got %s", tostring(operand))
+  end
+  if type(t) ~= "userdata" or not t.dim or t:dim() ~= 2 then bad("choose: expects a 2-D tensor") end
+  local m = M.new(o)
+  local rec = {gen = gen or core.Generator(1234)}
+  local q, label, choice, errs = m:operand(rec, {name = "x", step = 0}, "fprop", operand, t, axis)
+  return {q = q, label = label, choice = choice, errs = errs, formats = m.formats, counts = m:take_step()}
+end
+
+--- mor:take_step() -> this step's counts {[name|role|operand] = {name, block, role, operand, units =
+-- {[format] = n}, elems = {[format] = n}}}, then cleared: the training log's per-step record.
+function Mor:take_step()
+  local s = self.step_counts
+  self.step_counts = {}
+  return s
+end
+
+--- M.summary(counts) -> {low = share of elements not in bf16, by_format = {[format] = element share},
+-- units_low = share of units (tensors or blocks) not in bf16, blocks = {[block index] = low share}}
+-- (nil when counts holds nothing)
+function M.summary(counts)
+  local tot, low, utot, ulow, byf, blk = 0, 0, 0, 0, {}, {}
+  for _, s in pairs(counts) do
+    for f, n in pairs(s.elems) do
+      tot = tot + n
+      byf[f] = (byf[f] or 0) + n
+      if f ~= "bf16" then low = low + n end
+      local b = s.block ~= nil and tostring(s.block) or tostring(s.name)
+      blk[b] = blk[b] or {0, 0}
+      blk[b][1] = blk[b][1] + n
+      if f ~= "bf16" then blk[b][2] = blk[b][2] + n end
+    end
+    for f, n in pairs(s.units) do
+      utot = utot + n
+      if f ~= "bf16" then ulow = ulow + n end
+    end
+  end
+  if tot == 0 then return nil end
+  for f, n in pairs(byf) do byf[f] = n / tot end
+  local blocks = {}
+  for b, v in pairs(blk) do blocks[b] = v[2] / v[1] end
+  return {low = low / tot, by_format = byf, units_low = ulow / utot, blocks = blocks}
+end
+
+-- ---- the linear layer -------------------------------------------------------------------------
+
+local function label(fa, fb) return fa == fb and fa or (fa .. " x " .. fb) end
+
+local function gemm_out(y, act)
+  if act == "bf16" then return y end
+  return y:to("f32")
+end
+
+--- mor:forward(rec, ctx, x2, w) -> y (bf16 product, the recipe's act_dtype): fprop, both operands
+-- blocked along K.
+function Mor:forward(rec, ctx, x2, w)
+  local qx, fx = self:operand(rec, ctx, "fprop", "x", x2, 2, true)
+  local qw, fw = self:operand(rec, ctx, "fprop", "w", w, 2)
+  if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "fprop", a = qx, b = qw, mor = {fx, fw}}) end
+  local y = gemm_out(quant.qmatmul(qx, qw, {out = "bf16"}), rec.act_dtype)
+  stats.count("fprop", label(fx, fw))
+  return y
+end
+
+--- mor:backward(rec, ctx, dy2, x2, w, dw) -> dx: dgrad (dy, w along N) and, with dw, wgrad (dy, x
+-- along T, dw += the f32 product). Quantization order: dgrad's dy, w, then wgrad's dy, x (SR draws).
+function Mor:backward(rec, ctx, dy2, x2, w, dw)
+  local dx = core.scope(function()
+    local qdy, fdy = self:operand(rec, ctx, "dgrad", "dy", dy2, 2, true)
+    local qw, fw = self:operand(rec, ctx, "dgrad", "w", w, 1)
+    if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "dgrad", a = qdy, b = qw, mor = {fdy, fw}}) end
+    stats.count("dgrad", label(fdy, fw))
+    return gemm_out(quant.qmatmul(qdy, qw, {out = "bf16"}), rec.act_dtype)
+  end)
+  if dw ~= nil then
+    core.scope(function()
+      local qdy, fdy = self:operand(rec, ctx, "wgrad", "dy", dy2, 1, true)
+      local qx, fx = self:operand(rec, ctx, "wgrad", "x", x2, 1, true)
+      if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "wgrad", a = qdy, b = qx, mor = {fdy, fx}}) end
+      quant.qmatmul(qdy, qx, {accumulate = dw})
+      stats.count("wgrad", label(fdy, fx))
+    end)
+  end
+  return dx
+end
+
+-- ---- description and state --------------------------------------------------------------------
+
+--- mor:describe() -> one line: what MoR may choose (recipe:plan prints it per operand)
+function Mor:describe()
+  local parts = {}
+  for i, f in ipairs(self.candidates) do parts[i] = string.format("%s<=%g", f, self.threshold[i]) end
+  parts[#parts + 1] = "bf16"
+  local g = self.granularity == "block" and string.format("per 1x%d block", self.block) or "per tensor"
+  return string.format("mor %s %s%s%s", table.concat(parts, " > "), g, self.every > 1 and (" every " .. self.every) or "",
+    self.custom_decide and " custom decide" or "")
+end
+
+--- mor:state() -> plain table: the per-tensor choices reused while every > 1 (a checkpoint's part)
+function Mor:state()
+  local s = {}
+  for k, v in pairs(self.sticky) do s[k] = {format = v.format, step = v.step} end
+  return {sticky = s}
+end
+
+--- mor:load_state(s): restore what state() returned
+function Mor:load_state(s)
+  local st = {}
+  if s ~= nil then
+    if type(s) ~= "table" or (s.sticky ~= nil and type(s.sticky) ~= "table") then
+      error("recipe:load_state: mor state must be a table {sticky = {...}}", 0)
+    end
+    for k, v in pairs(s.sticky or {}) do
+      local ok = type(v) == "table" and (v.format == "bf16" or (formats.traits[v.format] or {}).quantized)
+        and math.type(math.tointeger(v.step)) == "integer"
+      if not ok then error(string.format("recipe:load_state: mor state entry '%s' must be {format, step}", tostring(k)), 0) end
+      st[k] = {format = v.format, step = math.tointeger(v.step)}
+    end
+  end
+  self.sticky = st
+end
+
+M.pow2_amax = pow2_amax -- for tests
+return M
