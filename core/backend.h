@@ -328,6 +328,11 @@ typedef struct nvl_layer_kernels {
                             const int64_t *state);
   nvl_status (*grad_norm_multi)(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n, int64_t count,
                                 double max_norm);
+  /* out (rows, K / block) = per 1 x block group of a and b (rows, K) f32: sum of f32(a - b)^2 (b NULL:
+   * a^2), each square and the sum in double in index order, the total rounded to f32 once: the
+   * same bits on every backend (MoR's error metric, lua/nvlua/mor.lua). */
+  nvl_status (*block_sqerr)(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows, int64_t K,
+                            int64_t block);
 } nvl_layer_kernels;
 
 /* ---- the table -------------------------------------------------------------------------------- */

@@ -796,6 +796,37 @@ nvl_status nvl_amax_history_step(nvl_tensor *sel_out, nvl_tensor *hist, int64_t 
   return st;
 }
 
+nvl_status nvl_block_sqerr(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b, int64_t block) {
+  const char *op = "block_sqerr";
+  char s1[160], s2[160];
+  const nvl_backend *be;
+  if (!out || !a) return nvl_error(NVL_EINVAL, "%s: out and a must not be NULL", op);
+  NVL_TRY(nvl_tensor_check_live(a, op));
+  if (b) NVL_TRY(nvl_tensor_check_live(b, op));
+  if (a->dtype != NVL_F32 || a->ndim != 2) return nvl_error(NVL_EINVAL, "%s: a must be a 2-D f32 tensor, got %s", op, DESC(a, s1));
+  if (b && (b->dtype != NVL_F32 || b->ndim != 2 || b->shape[0] != a->shape[0] || b->shape[1] != a->shape[1] ||
+            b->device != a->device))
+    return nvl_error(NVL_EINVAL, "%s: b must be an f32 tensor of a's shape on a's device: a %s, b %s", op, DESC(a, s1),
+                     DESC(b, s2));
+  const int64_t rows = a->shape[0], K = a->shape[1];
+  if (block < 1 || K % block != 0)
+    return nvl_error(NVL_EINVAL, "%s: block %lld must divide the last dim (%lld)", op, (long long)block, (long long)K);
+  NVL_PICK(be, a, layers->block_sqerr, op);
+  nvl_tensor ca = nvl_tensor_null(), cb = nvl_tensor_null(), r = nvl_tensor_null();
+  int64_t shape[2] = {rows, K / block};
+  nvl_status st = nvl_tensor_contiguous(&ca, a);
+  if (st == NVL_OK && b) st = nvl_tensor_contiguous(&cb, b);
+  if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, a->device, 2, shape);
+  if (st == NVL_OK)
+    st = NVL_CALL(be, a, layers->block_sqerr, nvl_tensor_data(&r), nvl_tensor_data(&ca), b ? nvl_tensor_data(&cb) : NULL,
+                  rows, K, block);
+  nvl_tensor_release(&ca);
+  nvl_tensor_release(&cb);
+  if (st == NVL_OK) *out = r;
+  else nvl_tensor_release(&r);
+  return st;
+}
+
 nvl_status nvl_sumsq(double *out, const nvl_tensor *t) {
   const char *op = "sumsq";
   char s1[160];

@@ -112,6 +112,10 @@ nvl_status nvl_adamw_step(nvl_tensor *param, const nvl_tensor *grad, nvl_tensor 
                           const nvl_adamw_opts *o);
 /* *out = sum of squares of t (fp64 accumulation), for the global gradient norm. */
 nvl_status nvl_sumsq(double *out, const nvl_tensor *t);
+/* out (new f32 [rows, K / block], a's device) = per 1 x block group along the last dim of the 2-D f32
+ * a and b (same shape and device; b NULL: zeros): sum of (a - b)^2, accumulated in double in index
+ * order and rounded once: bit for bit the same on every backend. */
+nvl_status nvl_block_sqerr(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b, int64_t block);
 /* Delayed scaling's history step on hist's device (backend.h amax_history): hist f32 (len + 1),
  * the history and, last, the last usable amax (0: none); cur a one-element f32 tensor (this
  * step's amax); 0 <= count <= len values in the window, pos in [0, len) the slot cur goes to.

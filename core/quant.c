@@ -47,7 +47,8 @@ static void axis_last_perm(int ndim, const int64_t *shape, int axis, int *perm, 
 
 /* out = t (rows, Kt) in the blocked layout of q, presented in q's logical shape with the
  * blocked dim of length Kt (contiguous host copy). */
-static nvl_status from_blocked(nvl_tensor *out, const nvl_tensor *t, const nvl_qtensor *q, int64_t Kt) {
+/* out (on device dev) = t read as q's blocked layout, moved back to q's logical shape. */
+static nvl_status from_blocked_on(nvl_tensor *out, const nvl_tensor *t, const nvl_qtensor *q, int64_t Kt, nvl_device dev) {
   int perm[NVL_MAX_DIMS], inv[NVL_MAX_DIMS];
   int64_t pshape[NVL_MAX_DIMS];
   axis_last_perm(q->ndim, q->shape, q->axis, perm, pshape);
@@ -56,10 +57,14 @@ static nvl_status from_blocked(nvl_tensor *out, const nvl_tensor *t, const nvl_q
   nvl_tensor v = nvl_tensor_null(), p = nvl_tensor_null();
   NVL_TRY(nvl_tensor_view(&v, t, q->ndim, pshape));
   nvl_status st = nvl_tensor_permute(&p, &v, inv);
-  if (st == NVL_OK) st = nvl_tensor_clone_to(out, &p, t->dtype, NVL_CPU);
+  if (st == NVL_OK) st = nvl_tensor_clone_to(out, &p, t->dtype, dev);
   nvl_tensor_release(&v);
   nvl_tensor_release(&p);
   return st;
+}
+
+static nvl_status from_blocked(nvl_tensor *out, const nvl_tensor *t, const nvl_qtensor *q, int64_t Kt) {
+  return from_blocked_on(out, t, q, Kt, NVL_CPU);
 }
 
 static nvl_status check_signs(const float *s) {
@@ -509,6 +514,22 @@ nvl_status nvl_dequantize(nvl_tensor *out, const nvl_qtensor *q) {
   nvl_qview v = qview_of(q);
   nvl_status st = NVL_CALL(be, &b, formats[q->format].dequantize, nvl_tensor_data(&b), &v, 0, q->rows, 0);
   if (st == NVL_OK) st = from_blocked(out, &b, q, q->K);
+  nvl_tensor_release(&b);
+  return st;
+}
+
+nvl_status nvl_dequantize_on_device(nvl_tensor *out, nvl_qtensor *q) {
+  if (!q->data.storage) return nvl_error(NVL_ESTATE, "dequantize: quantized tensor has been freed");
+  if (q->data.device == NVL_CPU) return nvl_dequantize(out, q);
+  NVL_TRY(nvl_qtensor_resolve_amax(q)); /* the global factor, on the host */
+  const nvl_backend *be;
+  NVL_PICK(be, &q->data, formats[q->format].dequantize, "dequantize");
+  int64_t shape2[2] = {q->rows, q->K};
+  nvl_tensor b = nvl_tensor_null();
+  NVL_TRY(nvl_tensor_empty(&b, NVL_F32, q->data.device, 2, shape2));
+  nvl_qview v = qview_of(q);
+  nvl_status st = NVL_CALL(be, &b, formats[q->format].dequantize, nvl_tensor_data(&b), &v, 0, q->rows, 0);
+  if (st == NVL_OK) st = from_blocked_on(out, &b, q, q->K, q->data.device);
   nvl_tensor_release(&b);
   return st;
 }

@@ -291,3 +291,28 @@ T.case("plan says what MoR may choose; bad options get clear errors", function()
   local ids, tg = batch()
   T.raises(function() m2:forward_backward(ids, tg) end, "fprop operand x: its reduction dim (64) is not a multiple of block 128")
 end)
+
+T.case("core.block_sqerr: per-group sums of squares in double, the reference kernel's bits; its errors", function()
+  local core = nv.core
+  nv.manual_seed(9)
+  local a, b = nv.randn(6, 96), nv.randn(6, 96)
+  local got = core.block_sqerr(a, b, 32):totable()
+  local ta, tb = a:totable(), b:totable()
+  for i = 1, 6 do
+    for g = 1, 3 do
+      local s = 0
+      for k = (g - 1) * 32 + 1, g * 32 do
+        local d = string.unpack("<f", string.pack("<f", ta[i][k] - tb[i][k])) -- the f32 difference
+        s = s + d * d
+      end
+      T.eq(got[i][g], string.unpack("<f", string.pack("<f", s)), string.format("group %d,%d", i, g))
+    end
+  end
+  T.with(nv.use_reference, true, function()
+    T.eq(core.block_sqerr(a, b, 32):totable(), got, "the reference kernel")
+    T.eq(core.block_sqerr(a, nil, 96):totable(), core.block_sqerr(a, nv.zeros(6, 96), 96):totable())
+  end)
+  T.raises(function() core.block_sqerr(a, b, 40) end, "block 40 must divide the last dim (96)")
+  T.raises(function() core.block_sqerr(a, nv.randn(6, 32), 32) end, "b must be an f32 tensor of a's shape")
+  T.raises(function() core.block_sqerr(a:to("bf16"), nil, 32) end, "a must be a 2-D f32 tensor")
+end)

@@ -479,6 +479,23 @@ static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype 
   return NVL_OK;
 }
 
+/* the reference's loop (layers_ref.c), the groups in parallel: each group's sum in its own order */
+static nvl_status block_sqerr(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows, int64_t K,
+                              int64_t block) {
+  (void)ctx;
+  const int64_t ng = rows * (K / block);
+#pragma omp parallel for schedule(static) if (rows * K > NVL_LAYERS_OMP_MIN)
+  for (int64_t g = 0; g < ng; g++) {
+    double s = 0.0;
+    for (int64_t k = g * block; k < (g + 1) * block; k++) {
+      double d = (double)(b ? a[k] - b[k] : a[k]);
+      s = s + d * d;
+    }
+    out[g] = (float)s;
+  }
+  return NVL_OK;
+}
+
 static nvl_status amax_history(nvl_kctx *ctx, float *sel, float *hist, int64_t len, int64_t count, int64_t pos,
                                const float *cur) {
   (void)ctx;
@@ -530,6 +547,7 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .cross_entropy = cross_entropy,
   .adamw_step = adamw_step,
   .sumsq = sumsq,
+  .block_sqerr = block_sqerr,
   .amax_history = amax_history,
   .attention_forward = nvl_attention_forward_cpu,
   .attention_backward = nvl_attention_backward_cpu,

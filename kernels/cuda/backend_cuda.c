@@ -122,6 +122,7 @@ static const nvl_layer_kernels layers = { /* rope_tables: computed on the host *
   .cross_entropy = nvl_cuda_cross_entropy,
   .adamw_step = nvl_cuda_adamw_step,
   .sumsq = nvl_cuda_sumsq,
+  .block_sqerr = nvl_cuda_block_sqerr,
   .amax_history = nvl_cuda_amax_history,
   .rmsnorm_forward_bf16_amax = nvl_cuda_rmsnorm_forward_bf16_amax,
   .swiglu_forward_bf16_amax = nvl_cuda_swiglu_forward_bf16_amax,
@@ -131,7 +132,7 @@ static const nvl_layer_kernels layers = { /* rope_tables: computed on the host *
   .grad_norm_multi = nvl_cuda_grad_norm_multi,
 };
 
-#define ROW {nvl_cuda_quantize, NULL, nvl_cuda_qgemm} /* dequantize: core decodes a host copy */
+#define ROW {nvl_cuda_quantize, nvl_cuda_dequantize, nvl_cuda_qgemm}
 
 const nvl_backend nvl_backend_cuda = {
   .name = "cuda",

@@ -126,6 +126,24 @@ NVL_HD float f_div(float a, float b) {
   return a / b;
 #endif
 }
+NVL_HD double d_add(double a, double b) {
+#ifdef __CUDA_ARCH__
+  double r;
+  asm("add.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b));
+  return r;
+#else
+  return a + b;
+#endif
+}
+NVL_HD double d_mul(double a, double b) {
+#ifdef __CUDA_ARCH__
+  double r;
+  asm("mul.rn.f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b));
+  return r;
+#else
+  return a * b;
+#endif
+}
 #ifdef __CUDA_ARCH__
 NVL_HD uint32_t f2u(float f) { return __float_as_uint(f); }
 NVL_HD float u2f(uint32_t u) { return __uint_as_float(u); }

@@ -136,6 +136,7 @@ typedef struct {
 nvl_gemm_path nvl_cuda_gemm_path(nvl_dtype format_a, nvl_dtype format_b, int dev, char *detail, size_t n);
 /* The qgemm entry: out = alpha_a alpha_b A B^T through cuBLASLt, natively or by exact emulation. */
 nvl_status nvl_cuda_qgemm(nvl_kctx *ctx, const nvl_gemm_desc *g);
+nvl_status nvl_cuda_dequantize(nvl_kctx *ctx, float *y, const nvl_qview *q, int64_t r0, int64_t nr, int unscaled);
 
 /* ---- layers and attention (kernels/cuda/layers.cu, attention.cu) ------------------------------ *
  * The entries of core/backend.h with those signatures: device pointers, contiguous f32 unless said;
@@ -184,6 +185,8 @@ nvl_status nvl_cuda_amax_history(nvl_kctx *ctx, float *sel, float *hist, int64_t
 nvl_status nvl_cuda_adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                                const nvl_adamw_opts *o);
 nvl_status nvl_cuda_sumsq(nvl_kctx *ctx, double *out, const void *x, nvl_dtype x_dtype, int64_t n);
+nvl_status nvl_cuda_block_sqerr(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows, int64_t K,
+                                int64_t block);
 /* multi_tensor.cu: the optimizer over many tensors (core/optim.h), one launch per 512 tensors */
 nvl_status nvl_cuda_adamw_multi(nvl_kctx *ctx, const nvl_adamw_chunk *t, int64_t count, const nvl_adamw_opts *o,
                                 const int64_t *state);

@@ -360,6 +360,31 @@ __global__ void __launch_bounds__(256) dequant_f32_kernel(float *__restrict__ y,
   }
 }
 
+/* y[i] = element i decoded with its global factor, as the CPU's dequantize computes it (value(q) *
+ * block scale, then the factor: nvfp4 (value * sd) * s_dec, fp8 value / scale, mx value * e8m0, bf16
+ * widened, f32 copied); cls as dequant_f32_kernel's, 4: f32. */
+__global__ void __launch_bounds__(256) dequant_scaled_kernel(float *__restrict__ y, const uint8_t *__restrict__ codes,
+                                                             const uint8_t *__restrict__ scales, int64_t n, int cls,
+                                                             int elem, float g) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float v;
+    if (cls == 0) {
+      v = f_mul(f_mul(e2m1_decode((codes[i >> 1] >> (4 * (i & 1))) & 15u), e4m3_decode(scales[i >> 4] & 0x7Fu)), g);
+    } else if (cls == 1) {
+      uint32_t c = elem == 2 ? (codes[i >> 1] >> (4 * (i & 1))) & 15u : codes[i];
+      v = f_mul(elem_decode(elem, c), e8m0_decode(scales[i >> 5]));
+    } else if (cls == 2) {
+      v = f_div(elem_decode(elem, codes[i]), g);
+    } else if (cls == 3) {
+      v = bf16_bits_to_f32(reinterpret_cast<const uint16_t *>(codes)[i]);
+    } else {
+      v = reinterpret_cast<const float *>(codes)[i];
+    }
+    y[i] = v;
+  }
+}
+
 /* bits (8 words) |= the bit of the smallest byte of x (mx block scales; bf16 == 0) or of the smallest
  * exponent field of the nonzero bf16 x (bf16 == 1), as nvl_u8_min_cpu / nvl_bf16_exp_min_cpu; the
  * lowest set bit is the minimum (255 or none: no finite nonzero value). */
@@ -662,6 +687,31 @@ extern "C" nvl_gemm_path nvl_cuda_gemm_path(nvl_dtype fa, nvl_dtype fb, int dev,
   if (detail && n) snprintf(detail, n, "%s", buf);
   if (path == NVL_GEMM_UNSUPPORTED) nvl_error(NVL_EUNSUPPORTED, "qmatmul on cuda:%d: %s", dev, buf);
   return path;
+}
+
+/* The dequantize entry of the CUDA table: y (nr, K) on the device = rows [r0, r0 + nr) of q decoded
+ * (core/quant.c nvl_dequantize), bit for bit the CPU's values; unscaled: without the global factor.
+ * The global factor is q's host amax/scale (core resolves a pending device amax first). */
+extern "C" nvl_status nvl_cuda_dequantize(nvl_kctx *ctx, float *y, const nvl_qview *q, int64_t r0, int64_t nr,
+                                          int unscaled) {
+  const int64_t n = nr * q->K;
+  if (n == 0) return NVL_OK;
+  const Cls c = cls_of(q->format);
+  const int block = nvl_dtypes[q->format].block;
+  const uint8_t *codes = static_cast<const uint8_t *>(q->codes) + nvl_code_bytes(q->format, r0 * q->K);
+  const uint8_t *scales = q->scales && block > 0 ? q->scales + r0 * (q->K / block) : NULL;
+  int cls;
+  float g = 1.0f;
+  switch (c) {
+    case CLS_NVFP4: cls = 0; g = unscaled ? 1.0f : q->alpha; break; /* nvl_nvfp4_dec_scale_ref(amax) */
+    case CLS_MX: cls = 1; break;
+    case CLS_FP8: cls = 2; g = unscaled ? 1.0f : q->scale; break;
+    case CLS_F32: cls = 4; break;
+    default: cls = 3; break; /* bf16 */
+  }
+  NVL_LAUNCH(nvl_cuda_grid(n, 256, ctx->dev), 256, 0, 0, dequant_scaled_kernel)(y, codes, scales, n, cls,
+                                                                                elem_of(q->format), g);
+  return nvl_cuda_check_launch(ctx->dev, "nvl_cuda_dequantize", "dequant_scaled_kernel");
 }
 
 extern "C" nvl_status nvl_cuda_qgemm(nvl_kctx *ctx, const nvl_gemm_desc *g) {

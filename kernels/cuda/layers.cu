@@ -557,6 +557,32 @@ __global__ void sumsq_kernel(double *__restrict__ partial, const X *__restrict__
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+/* out[g] = sum over group g's elements of f32(a - b)^2 in double, in index order (one thread per
+ * group: the CPU's loop, the same bits; explicit .rn operations, no contraction). */
+__global__ void block_sqerr_kernel(float *__restrict__ out, const float *__restrict__ a, const float *__restrict__ b,
+                                   int64_t ng, int64_t block) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += stride) {
+    double s = 0.0;
+    for (int64_t k = g * block; k < (g + 1) * block; k++) {
+      double d = (double)(b ? f_sub(a[k], b[k]) : a[k]);
+      s = d_add(s, d_mul(d, d));
+    }
+    out[g] = (float)s;
+  }
+}
+
+extern "C" nvl_status nvl_cuda_block_sqerr(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows,
+                                           int64_t K, int64_t block) {
+  const int dev = ctx->dev;
+  const int64_t ng = rows * (K / block);
+  if (ng == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  (void)cudaGetLastError();
+  NVL_LAUNCH(nvl_cuda_grid(ng, kThreads, dev), kThreads, 0, 0, block_sqerr_kernel)(out, a, b, ng, block);
+  return launched(dev, __func__, "block_sqerr_kernel", rows * K, 1);
+}
+
 extern "C" nvl_status nvl_cuda_sumsq(nvl_kctx *ctx, double *out, const void *x, nvl_dtype x_dtype, int64_t n) {
   const int dev = ctx->dev;
   const bool bf16 = x_dtype == NVL_BF16;

@@ -260,6 +260,16 @@ static int l_amax_history_step(lua_State *L) {
   return 1;
 }
 
+/* core.block_sqerr(a, b | nil, block) -> f32 [rows, K / block]: sum of (a - b)^2 per 1 x block group */
+static int l_block_sqerr(lua_State *L) {
+  nvl_tensor *a = nvl_lua_check_tensor(L, 1, "block_sqerr");
+  nvl_tensor *b = lua_isnoneornil(L, 2) ? NULL : nvl_lua_check_tensor(L, 2, "block_sqerr");
+  lua_Integer block = luaL_checkinteger(L, 3);
+  nvl_tensor *r = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_block_sqerr(r, a, b, (int64_t)block));
+  return 1;
+}
+
 static int l_sumsq(lua_State *L) {
   nvl_tensor *t = nvl_lua_check_tensor(L, 1, "sumsq");
   double s;
@@ -326,7 +336,7 @@ static const luaL_Reg layer_funcs[] = {
   {"rmsnorm_forward", l_rmsnorm_forward}, {"rmsnorm_backward", l_rmsnorm_backward},
   {"rope_tables", l_rope_tables}, {"rope_forward", l_rope_forward}, {"rope_backward", l_rope_backward},
   {"swiglu_forward", l_swiglu_forward}, {"swiglu_backward", l_swiglu_backward},
-  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq}, {"amax_history_step", l_amax_history_step},
+  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq}, {"block_sqerr", l_block_sqerr}, {"amax_history_step", l_amax_history_step},
   {"adamw_multi", l_adamw_multi}, {"grad_norm_multi", l_grad_norm_multi}, {NULL, NULL}};
 
 void nvl_lua_open_layers(lua_State *L) { luaL_setfuncs(L, layer_funcs, 0); }

@@ -182,10 +182,25 @@ static int l_quantize_rowcol(lua_State *L) {
   return 2;
 }
 
+/* q:dequantize([{on_device = false}]) -> f32 tensor: on the CPU, or with on_device on q's device */
 static int q_dequantize(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
+  int on_device = 0;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+      lua_pop(L, 1);
+      if (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "on_device") != 0)
+        return luaL_error(L, "dequantize: unknown option '%s' (valid: on_device)", luaL_tolstring(L, -1, NULL));
+    }
+    lua_getfield(L, 2, "on_device");
+    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1)) return luaL_error(L, "dequantize: on_device must be true or false");
+    on_device = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
   nvl_tensor *r = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_dequantize(r, q));
+  CHECK(L, on_device ? nvl_dequantize_on_device(r, q) : nvl_dequantize(r, q));
   return 1;
 }
 

@@ -163,7 +163,16 @@ local function norm_factor(a)
   return pow2(math.max(-126, math.min(126, -e)))
 end
 
-local function sq(v) return v * v end
+-- per 1 x B group of the rows of a (and b): sum (a - b)^2, in double in index order, rounded to f32
+-- once: the same bits on every backend (core.block_sqerr)
+local function sqerr(a, b, B) return core.block_sqerr(a, b, B) end
+
+-- the sum of a [rows, 1] tensor's values, in double on the host in row order
+local function host_sum(t)
+  local s = 0
+  for _, r in ipairs(t:cpu():totable()) do s = s + r[1] end
+  return s
+end
 
 -- The amax giving a per-tensor-scaled format a power-of-two scale: the largest range * 2^-k >= a
 -- (no element above range after scaling) with range / amax = 2^k exact in fp32. nil (the format's
@@ -194,6 +203,7 @@ local TINY = 2.0 ^ -126
 -- Run the decision, check what it returned, count each format's units. -> choice, counts
 function Mor:_decide(d, what)
   local choice = self.decide(d)
+  if type(choice) == "userdata" and choice.numel and choice:device() ~= "cpu" then choice = choice:cpu() end
   if not (type(choice) == "userdata" and choice.numel) then
     error(string.format("recipe mor: %s: decide must return a tensor of format indices, got %s", what, type(choice)), 0)
   end
@@ -253,13 +263,14 @@ function Mor:_per_tensor(rec, ctx, role, operand, t, axis, split)
   end
   local tf = t:dtype() == "f32" and t or t:to("f32")
   local c = norm_factor(core.quant_amax(t):cpu():totable()[1])
-  local n2 = sq(c == 1 and tf or tf * c):sum()
+  local cols = tf:size(2)
+  local xs = c == 1 and tf or tf * c
+  local n2 = host_sum(sqerr(xs, nil, cols))
   local qs, errs = {}, {}
   for i, f in ipairs(self.candidates) do
     local q = quant.quantize(t, f, self:_opts(rec, f, operand, axis))
-    local diff = q:dequantize() - tf
-    if c ~= 1 then diff = diff * c end
-    local e2 = sq(diff):sum()
+    local deq = q:dequantize({on_device = true})
+    local e2 = host_sum(sqerr(c == 1 and deq or deq * c, xs, cols))
     qs[i] = q
     errs[i] = core.tensor({{math.sqrt(e2 / math.max(n2, TINY))}})
   end
@@ -288,18 +299,18 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis)
   local nb = K // B
   local a = core.quant_amax(L):cpu():totable()[1]
   local c = norm_factor(a)
-  local function per_block(v) return sq(v):reshape(rows, nb, B):sum(3) end
-  local n2 = per_block(c == 1 and L or L * c):maximum(TINY)
+  local Ls = c == 1 and L or L * c
+  -- the per-block sums on t's device; the errors, the decision and the counts on the host (rows x
+  -- blocks numbers)
+  local n2 = sqerr(Ls, nil, B):cpu():maximum(TINY)
   local deqs, errs = {}, {}
   for i, f in ipairs(self.candidates) do
     local ft = formats.traits[f]
     local o = self:_opts(rec, f, operand, 2)
     if ft.global_amax then o.amax = pow2_amax(ft.range, a) end
-    local deq = quant.quantize(L, f, o):dequantize()
-    local diff = deq - L
-    if c ~= 1 then diff = diff * c end
+    local deq = quant.quantize(L, f, o):dequantize({on_device = true})
     deqs[i] = deq
-    errs[i] = (per_block(diff) / n2):sqrt()
+    errs[i] = (sqerr(c == 1 and deq or deq * c, Ls, B):cpu() / n2):sqrt()
   end
   local d = {errs = errs, thresholds = self.threshold, formats = self.formats, granularity = "block", block = B,
     ctx = {name = ctx.name, block = ctx.block, step = ctx.step, role = role, operand = operand}}
@@ -309,7 +320,8 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis)
   local mixed
   for i = 1, #self.formats do
     if counts[i] > 0 then
-      local m = choice:eq(i):to("f32"):reshape(rows, nb, 1):expand(rows, nb, B):reshape(rows, K)
+      local m = choice:eq(i):to("f32"):to(L:device()):reshape(rows, nb, 1):expand(rows, nb, B):contiguous()
+      m = m:reshape(rows, K)
       local part = deqs[i] * m -- a value where chosen, else 0 (a NaN stays only where x had one)
       mixed = mixed and mixed + part or part
     end

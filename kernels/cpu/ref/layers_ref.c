@@ -267,6 +267,20 @@ static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *co
 
 /* ---- the reference table's layer kernels ----------------------------------------------------- */
 
+static nvl_status block_sqerr(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows, int64_t K,
+                              int64_t block) {
+  (void)ctx;
+  for (int64_t g = 0; g < rows * (K / block); g++) {
+    double s = 0.0;
+    for (int64_t k = g * block; k < (g + 1) * block; k++) {
+      double d = (double)(b ? a[k] - b[k] : a[k]);
+      s = s + d * d;
+    }
+    out[g] = (float)s;
+  }
+  return NVL_OK;
+}
+
 const nvl_layer_kernels nvl_layers_ref = {
   .embedding_forward = embedding_forward,
   .embedding_backward = embedding_backward,
@@ -280,6 +294,7 @@ const nvl_layer_kernels nvl_layers_ref = {
   .cross_entropy = cross_entropy,
   .adamw_step = adamw_step,
   .sumsq = sumsq,
+  .block_sqerr = block_sqerr,
   .attention_forward = nvl_attention_forward_ref,
   .attention_backward = nvl_attention_backward_ref,
   .adamw_multi = adamw_multi,
