@@ -256,19 +256,27 @@ function Mor:_per_tensor(rec, ctx, role, operand, t, axis, split)
   if prev and ctx.step and prev.step and ctx.step >= prev.step and ctx.step - prev.step < self.every then
     local i = 0
     for j, f in ipairs(self.formats) do if f == prev.format then i = j end end
+    if i == 0 then prev = nil end -- a choice this recipe does not offer (another run's state): decide
+  end
+  if prev and ctx.step and prev.step and ctx.step >= prev.step and ctx.step - prev.step < self.every then
+    local i = 0
+    for j, f in ipairs(self.formats) do if f == prev.format then i = j end end
     local counts = {[i] = 1}
     self:_count(ctx, role, operand, counts, numel, "tensor")
     if prev.format == "bf16" then return quant.quantize(t, "bf16", {axis = axis, view = split or nil}), "bf16" end
     return quant.quantize(t, prev.format, self:_opts(rec, prev.format, operand, axis)), prev.format
   end
   local tf = t:dtype() == "f32" and t or t:to("f32")
-  local c = norm_factor(core.quant_amax(t):cpu():totable()[1])
   local cols = tf:size(2)
-  local xs = c == 1 and tf or tf * c
-  local n2 = host_sum(sqerr(xs, nil, cols))
+  local c, xs, n2
   local qs, errs = {}, {}
   for i, f in ipairs(self.candidates) do
     local q = quant.quantize(t, f, self:_opts(rec, f, operand, axis))
+    if not c then -- the first quantization's amax: max |t|, NaN ignored (per tensor: no RHT)
+      c = norm_factor(q.amax)
+      xs = c == 1 and tf or tf * c
+      n2 = host_sum(sqerr(xs, nil, cols))
+    end
     local deq = q:dequantize({on_device = true})
     local e2 = host_sum(sqerr(c == 1 and deq or deq * c, xs, cols))
     qs[i] = q
