@@ -80,6 +80,8 @@ for _, r in ipairs(chosen) do
     if s.mor_low then -- MoR: the shares of low-precision elements and units (tensors or blocks), mean of seeds
       res.low = (res.low or 0) + s.mor_low / c.seeds
       res.units_low = (res.units_low or 0) + s.mor_units_low / c.seeds
+      res.formats = res.formats or {}
+      for f, v in pairs(s.mor_formats) do res.formats[f] = (res.formats[f] or 0) + v / c.seeds end
     end
     print(string.format("val loss %.4f  %6.0f tok/s  %5.0f s", s.final_val_loss or 0 / 0, s.tokens_per_s, nv.clock() - t0))
     for _, p in ipairs(s.val) do
@@ -108,12 +110,17 @@ local function stats(l)
   return m, #l > 1 and math.sqrt(ss / (#l - 1)) or 0
 end
 
--- MoR runs: the share of GEMM-operand elements (and of tensors, or of blocks) they kept in a
--- low-precision format, averaged over the logged steps; the paper reports 98.38% of tensors in FP8
+-- MoR runs: the share of tensors (or blocks) they kept in a low-precision format, and each format's
+-- share of the GEMM-operand elements, averaged over the steps; the paper reports 98.38% of tensors
+-- in FP8
 local function low(r)
   if not r.low then return "-" end
-  return string.format("%.2f%% of elements, %.2f%% of %s", 100 * r.low, 100 * r.units_low,
-    r.name:find("block") and "blocks" or "tensors")
+  local fs, parts = {}, {}
+  for f in pairs(r.formats) do fs[#fs + 1] = f end
+  table.sort(fs)
+  for _, f in ipairs(fs) do parts[#parts + 1] = string.format("%s %.2f%%", f, 100 * r.formats[f]) end
+  return string.format("%.2f%% of %s (elements: %s)", 100 * r.units_low, r.name:find("block") and "blocks" or "tensors",
+    table.concat(parts, ", "))
 end
 
 local base

@@ -203,7 +203,12 @@ T.case("resume is bit-exact under MoR with choices reused across the checkpoint 
   for _, v in pairs(st) do n = n + 1; T.eq(v.step, 5, "decided at step 5") end
   T.eq(n, 2 * 7 * 6, "a choice per operand of every MoR linear")
   for _, r in ipairs(m0) do
-    if r.loss then T.ok(r.mor_low > 0.9 and r.mor_low <= 1, "the log's low-precision share at step " .. r.step) end
+    if r.loss then
+      T.ok(r.mor_low > 0.9 and r.mor_low <= 1, "the log's low-precision share at step " .. r.step)
+      for _, k in ipairs({"mor_low_fprop", "mor_low_dgrad", "mor_low_wgrad", "mor_low_b0", "mor_low_b1", "mor_e4m3"}) do
+        T.ok(type(r[k]) == "number" and r[k] >= 0 and r[k] <= 1, k .. " at step " .. r.step)
+      end
+    end
   end
 end)
 

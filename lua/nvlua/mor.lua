@@ -375,15 +375,18 @@ function Mor:take_step()
 end
 
 --- M.summary(counts) -> {low = share of elements not in bf16, by_format = {[format] = element share},
--- units_low = share of units (tensors or blocks) not in bf16, blocks = {[block index] = low share}}
--- (nil when counts holds nothing)
+-- units_low = share of units (tensors or blocks) not in bf16, blocks = {[block index] = low share},
+-- roles = {[fprop|dgrad|wgrad] = low share}} (nil when counts holds nothing)
 function M.summary(counts)
-  local tot, low, utot, ulow, byf, blk = 0, 0, 0, 0, {}, {}
+  local tot, low, utot, ulow, byf, blk, rl = 0, 0, 0, 0, {}, {}, {}
   for _, s in pairs(counts) do
     for f, n in pairs(s.elems) do
       tot = tot + n
       byf[f] = (byf[f] or 0) + n
       if f ~= "bf16" then low = low + n end
+      rl[s.role] = rl[s.role] or {0, 0}
+      rl[s.role][1] = rl[s.role][1] + n
+      if f ~= "bf16" then rl[s.role][2] = rl[s.role][2] + n end
       local b = s.block ~= nil and tostring(s.block) or tostring(s.name)
       blk[b] = blk[b] or {0, 0}
       blk[b][1] = blk[b][1] + n
@@ -396,9 +399,10 @@ function M.summary(counts)
   end
   if tot == 0 then return nil end
   for f, n in pairs(byf) do byf[f] = n / tot end
-  local blocks = {}
+  local blocks, roles = {}, {}
   for b, v in pairs(blk) do blocks[b] = v[2] / v[1] end
-  return {low = low / tot, by_format = byf, units_low = ulow / utot, blocks = blocks}
+  for r, v in pairs(rl) do roles[r] = v[2] / v[1] end
+  return {low = low / tot, by_format = byf, units_low = ulow / utot, blocks = blocks, roles = roles}
 end
 
 -- ---- the linear layer -------------------------------------------------------------------------

@@ -685,7 +685,7 @@ end
 -- MoR (recipe.mor): the step's representation counts in its metrics record — mor_low, the share of
 -- GEMM-operand elements in a low-precision format (not bf16); mor_units_low, that share of the
 -- tensors (or blocks); mor_<format>, each format's element share; mor_low_b<i>, the low share of
--- transformer block i — kept for the plot. -> the summary (nil for other recipes)
+-- transformer block i (kept for the plot); mor_low_fprop / _dgrad / _wgrad, per GEMM role. -> the summary (nil for other recipes)
 local function mor_record(r, step, line)
   local m = r.rec and r.rec.mor
   if not m then return nil end
@@ -694,6 +694,7 @@ local function mor_record(r, step, line)
   line.mor_low, line.mor_units_low = sm.low, sm.units_low
   for f, v in pairs(sm.by_format) do line["mor_" .. f] = v end
   for b, v in pairs(sm.blocks) do line["mor_low_b" .. b] = v end
+  for role, v in pairs(sm.roles) do line["mor_low_" .. role] = v end
   r.mor_points[#r.mor_points + 1] = {step, sm}
   return sm
 end
@@ -844,9 +845,13 @@ end
 
 -- the run's mean low-precision share of elements (MoR), over its logged steps
 local function mean_mor_low(r)
-  local t, u = 0, 0
-  for _, p in ipairs(r.mor_points) do t, u = t + p[2].low, u + p[2].units_low end
-  return t / #r.mor_points, u / #r.mor_points
+  local t, u, f = 0, 0, {}
+  local n = #r.mor_points
+  for _, p in ipairs(r.mor_points) do
+    t, u = t + p[2].low, u + p[2].units_low
+    for k, v in pairs(p[2].by_format) do f[k] = (f[k] or 0) + v / n end
+  end
+  return t / n, u / n, f
 end
 
 -- mor.png (MoR runs): the share of each transformer block's GEMM-operand elements in a low-precision
@@ -905,7 +910,7 @@ local function finish_run(r, ok, err)
     summary.sample, summary.sample_prompt = sample_text(r)
   end
   if c.plot and r.main then summary.plot, summary.mor_plot = plot_losses(r), plot_mor(r) end
-  if #r.mor_points > 0 then summary.mor_low, summary.mor_units_low = mean_mor_low(r) end
+  if #r.mor_points > 0 then summary.mor_low, summary.mor_units_low, summary.mor_formats = mean_mor_low(r) end
   return summary
 end
 
