@@ -409,6 +409,13 @@ end
 
 local function label(fa, fb) return fa == fb and fa or (fa .. " x " .. fb) end
 
+-- what recipe:trace's callback sees of a MoR GEMM: {role, a = {format}, b = {format}, out, label, mor}
+-- (format "mor": a per-block operand, a bf16 QTensor of mixed values)
+local function gemm_of(role, fa, fb)
+  return {role = role, a = {format = fa}, b = {format = fb}, out = role == "wgrad" and "f32" or "bf16",
+    label = label(fa, fb), mor = true}
+end
+
 local function gemm_out(y, act)
   if act == "bf16" then return y end
   return y:to("f32")
@@ -419,7 +426,7 @@ end
 function Mor:forward(rec, ctx, x2, w)
   local qx, fx = self:operand(rec, ctx, "fprop", "x", x2, 2, true)
   local qw, fw = self:operand(rec, ctx, "fprop", "w", w, 2)
-  if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "fprop", a = qx, b = qw, mor = {fx, fw}}) end
+  if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "fprop", gemm = gemm_of("fprop", fx, fw), a = qx, b = qw}) end
   local y = gemm_out(quant.qmatmul(qx, qw, {out = "bf16"}), rec.act_dtype)
   stats.count("fprop", label(fx, fw))
   return y
@@ -431,7 +438,7 @@ function Mor:backward(rec, ctx, dy2, x2, w, dw)
   local dx = core.scope(function()
     local qdy, fdy = self:operand(rec, ctx, "dgrad", "dy", dy2, 2, true)
     local qw, fw = self:operand(rec, ctx, "dgrad", "w", w, 1)
-    if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "dgrad", a = qdy, b = qw, mor = {fdy, fw}}) end
+    if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "dgrad", gemm = gemm_of("dgrad", fdy, fw), a = qdy, b = qw}) end
     stats.count("dgrad", label(fdy, fw))
     return gemm_out(quant.qmatmul(qdy, qw, {out = "bf16"}), rec.act_dtype)
   end)
@@ -439,7 +446,7 @@ function Mor:backward(rec, ctx, dy2, x2, w, dw)
     core.scope(function()
       local qdy, fdy = self:operand(rec, ctx, "wgrad", "dy", dy2, 1, true)
       local qx, fx = self:operand(rec, ctx, "wgrad", "x", x2, 1, true)
-      if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "wgrad", a = qdy, b = qx, mor = {fdy, fx}}) end
+      if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "wgrad", gemm = gemm_of("wgrad", fdy, fx), a = qdy, b = qx}) end
       quant.qmatmul(qdy, qx, {accumulate = dw})
       stats.count("wgrad", label(fdy, fx))
     end)

@@ -1084,9 +1084,25 @@ M.register("mxfp4", function(s) -- w2d does not apply: MX blocks are 1x32
     switch_at = s.switch_at})
 end)
 
-M.register("mor", function(s) return M.mor({seed = s.seed}) end)
-M.register("mor_block", function(s) return M.mor({granularity = "block", seed = s.seed}) end)
-M.register("mor_nvfp4", function(s) return M.mor({candidates = {"nvfp4", "e4m3"}, seed = s.seed}) end)
+-- MoR from a config: seed, and sr / w2d for an nvfp4 candidate; the settings of fixed tables
+-- (switch_at, bf16_first, bf16_last) do not apply and are refused rather than ignored (rht, which
+-- every config carries, is not used: MoR's candidates take no RHT).
+local function mor_from(name, o)
+  return function(s)
+    for _, k in ipairs({"switch_at", "bf16_first", "bf16_last"}) do
+      if s[k] ~= nil then
+        error(string.format("recipe %s: %s does not apply (MoR chooses each operand's format as it runs)", name,
+          k == "switch_at" and "switch_step" or k), 0)
+      end
+    end
+    local t = {seed = s.seed, sr = s.sr, w2d = s.w2d}
+    for k, v in pairs(o) do t[k] = v end
+    return M.mor(t)
+  end
+end
+M.register("mor", mor_from("mor", {}))
+M.register("mor_block", mor_from("mor_block", {granularity = "block"}))
+M.register("mor_nvfp4", mor_from("mor_nvfp4", {candidates = {"nvfp4", "e4m3"}}))
 
 M.formats = formats.names
 M.Recipe = Recipe
