@@ -5,7 +5,7 @@ A check for a machine with PyTorch and transformers (CI can run it; the Lua suit
     python3 scripts/check_hf_roundtrip.py [--nvlua build/nvlua] [--max-shard-size 20KB] [--keep DIR]
 
 For each case (RoPE default with theta 1e4 and 5e5, llama3 scaling, tied + llama3, linear, dynamic,
-head_dim != hidden / heads):
+head_dim != hidden / heads, a model width-pruned by nvlua.prune):
 1. nvlua makes a tiny Llama (initializer_range 0.5, so that attention is far from uniform),
    computes its logits on fixed ids and hf.save_pretrained's it with max_shard_size (sharded:
    model-0000k-of-0000N.safetensors + model.safetensors.index.json);
@@ -43,6 +43,9 @@ CASES = {
     "linear": dict(rope_theta=10000.0, rope_scaling=dict(rope_type="linear", factor=4.0)),
     "dynamic": dict(rope_theta=10000.0, rope_scaling=dict(rope_type="dynamic", factor=2.0)),
     "head_dim": dict(rope_theta=500000.0, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    # nvlua.prune.width's output: 32 -> 24 channels, 4 -> 2 heads in 1 KV group, 64 -> 40 neurons
+    "pruned": dict(rope_theta=500000.0, num_attention_heads=4, num_key_value_heads=2,
+                   _prune=dict(ffn=40, heads=2, kv_heads=1, hidden=24)),
 }
 
 LUA_DRIVER = r"""
@@ -55,7 +58,14 @@ local cjson = require "cjson"
 local mode, dir, ids_path, out_path = arg[1], arg[2], arg[3], arg[4]
 local model
 if mode == "make" then
-  model = llama.Llama(cjson.decode(arg[5]), {seed = tonumber(arg[6])})
+  local cfg = cjson.decode(arg[5])
+  local pr = cfg._prune -- a width-pruned model (nvlua.prune), importance from the case's ids
+  cfg._prune = nil
+  model = llama.Llama(cfg, {seed = tonumber(arg[6])})
+  if pr then
+    local prune = require "nvlua.prune"
+    model = prune.width(model, prune.importance(model, assert(st.load(ids_path)).input_ids), pr)
+  end
 else
   model = hf.from_pretrained(dir)
 end

@@ -333,6 +333,7 @@ nv.AmaxHistory = quant.AmaxHistory
 nv.recipe = require "nvlua.recipe"
 nv.stats = require "nvlua.stats"
 nv.mor = require "nvlua.mor"
+nv.prune = require "nvlua.prune"
 
 -- ---- help -----------------------------------------------------------------------------------
 
