@@ -19,7 +19,6 @@
 -- The activations are read through recipe:trace under an f32 recipe (the model's own recipe is put
 -- back afterwards), on the CPU.
 -- Not here: training the pruned model (train.lua, distillation), saving (hf.lua).
-local nv = require "nvlua"
 local core = require "nvlua.core"
 local recipe = require "nvlua.recipe"
 
@@ -43,7 +42,7 @@ end
 
 -- acc[key] += v (tensors), v taken
 local function add(acc, key, v)
-  if acc[key] then acc[key] = nv.unscope(acc[key] + v) else acc[key] = nv.unscope(v:clone()) end
+  if acc[key] then acc[key] = core.unscope(acc[key] + v) else acc[key] = core.unscope(v:clone()) end
 end
 
 --- prune.importance(model, batches) -> imp = {ffn = {[block] = f32 [F]}, heads = {[block] = [Hq]},
@@ -67,7 +66,7 @@ function M.importance(model, batches)
     local a = e.a:device() == "cpu" and e.a or e.a:cpu()
     local b, kind = parse(e.ctx.name)
     local B, T = acc._B, acc._T
-    nv.scope(function()
+    core.scope(function()
       if kind == "down_proj" then add(acc, "ffn" .. b, aggregate(a, B, T))
       elseif kind == "o_proj" then
         local n = a:reshape(B * T, Hq, D)
@@ -97,7 +96,7 @@ function M.importance(model, batches)
       g[k] = 0
       for j = (k - 1) * (Hq // Hkv) + 1, k * (Hq // Hkv) do g[k] = g[k] + h[j] end
     end
-    imp.kv[i] = nv.unscope(nv.tensor(g))
+    imp.kv[i] = core.unscope(core.tensor(g))
   end
   return imp
 end
@@ -105,7 +104,7 @@ end
 -- One forward of the model on ids, as Llama:forward runs it (the trace sees every linear's input),
 -- and acc["bi" .. i] += 1 - the mean over the tokens of cos(x_in, x_out) of block i.
 function M._pass(model, ids, acc)
-  nv.scope(function()
+  core.scope(function()
     local C = model.config.hidden_size
     local x = model.embed_tokens:forward(ids)
     for i = 1, model.layers.n do
@@ -136,10 +135,10 @@ end
 -- dst's slices along dim d = src's slices at the indices rows (1-based) along d; every other dim copied
 -- through the index list other (along the other dim of a 2-D weight) when given
 local function gather(dst, src, d, rows, od, others)
-  nv.scope(function()
+  core.scope(function()
     local tmp = src
     if od and others then
-      tmp = nv.empty(od == 1 and {#others, src:size(2)} or {src:size(1), #others}, src:dtype())
+      tmp = core.empty(od == 1 and {#others, src:size(2)} or {src:size(1), #others}, src:dtype())
       for j, i in ipairs(others) do tmp:narrow(od, j, 1):copy_(src:narrow(od, i, 1)) end
     end
     if d and rows then
