@@ -333,6 +333,14 @@ typedef struct nvl_layer_kernels {
    * same bits on every backend (MoR's error metric, lua/nvlua/mor.lua). */
   nvl_status (*block_sqerr)(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows, int64_t K,
                             int64_t block);
+  /* Knowledge distillation (core/layers.h nvl_distill_loss): per row of the student's and the
+   * teacher's logits s, t (N, V; f32 or bf16), with targets (host, i64): kl += KL(softmax(t/T) ||
+   * softmax(s/T)), ce += the cross-entropy of s, over the rows whose target is not ignore_index;
+   * dlogits (or NULL) = grad_scale * (alpha * T * (softmax(s/T) - softmax(t/T)) + (1 - alpha) *
+   * (softmax(s) - onehot)), zero rows for ignored targets. Sums and softmaxes in double. */
+  nvl_status (*distill)(nvl_kctx *ctx, double *kl, double *ce, float *dlogits, const void *s, nvl_dtype s_dtype,
+                        const void *t, nvl_dtype t_dtype, const int64_t *targets, int64_t N, int64_t V,
+                        int64_t ignore_index, double T, double alpha, double grad_scale);
 } nvl_layer_kernels;
 
 /* ---- the table -------------------------------------------------------------------------------- */

@@ -796,6 +796,54 @@ nvl_status nvl_amax_history_step(nvl_tensor *sel_out, nvl_tensor *hist, int64_t 
   return st;
 }
 
+nvl_status nvl_distill_loss(double *kl, double *ce, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *s,
+                            const nvl_tensor *t, const nvl_tensor *targets_in, int64_t ignore_index, double T, double alpha,
+                            double dscale, int64_t of_count) {
+  const char *op = "distill_loss";
+  char s1[160], s2[160];
+  const nvl_backend *be;
+  if (!kl || !ce || !count) return nvl_error(NVL_EINVAL, "%s: kl, ce and count must not be NULL", op);
+  if (dlogits) NVL_TRY(need_out_null(op, "dlogits", dlogits));
+  NVL_TRY(check_tensor(op, "student logits", s, s && s->storage && s->dtype == NVL_BF16 ? NVL_BF16 : NVL_F32));
+  NVL_TRY(check_tensor(op, "teacher logits", t, t && t->storage && t->dtype == NVL_BF16 ? NVL_BF16 : NVL_F32));
+  if (s->ndim != 2 || t->ndim != 2 || s->shape[0] != t->shape[0] || s->shape[1] != t->shape[1] || s->device != t->device)
+    return nvl_error(NVL_EINVAL, "%s: the student's and the teacher's logits must be (N, V) of one shape on one device: "
+                     "%s, %s", op, DESC(s, s1), DESC(t, s2));
+  if (!(T > 0.0) || !isfinite(T)) return nvl_error(NVL_EINVAL, "%s: the temperature must be > 0, got %g", op, T);
+  if (!(alpha >= 0.0 && alpha <= 1.0)) return nvl_error(NVL_EINVAL, "%s: alpha must be in [0, 1], got %g", op, alpha);
+  if (!isfinite(dscale)) return nvl_error(NVL_EINVAL, "%s: the gradient scale must be finite, got %g", op, dscale);
+  if (of_count < 0) return nvl_error(NVL_EINVAL, "%s: of_count must be >= 0, got %lld", op, (long long)of_count);
+  NVL_PICK(be, s, layers->distill, op);
+  nvl_tensor targets = nvl_tensor_null(), tgd = nvl_tensor_null(), d = nvl_tensor_null();
+  NVL_TRY(ids_on(op, "targets", targets_in, s, &targets, &tgd));
+  const int64_t N = s->shape[0], V = s->shape[1];
+  const int64_t *tg = nvl_tensor_data(&targets);
+  nvl_status st = NVL_OK;
+  if (nvl_tensor_numel(&targets) != N)
+    st = mismatch(op, "logits", s, "targets", &targets, "N targets for the logits' N rows");
+  if (st == NVL_OK) st = check_ids(op, "target", tg, N, V, 1, ignore_index);
+  int64_t cnt = 0;
+  for (int64_t n = 0; st == NVL_OK && n < N; n++) cnt += tg[n] != ignore_index;
+  const int64_t denom = of_count ? of_count : cnt;
+  double klsum = 0.0, cesum = 0.0;
+  if (st == NVL_OK && dlogits) st = nvl_tensor_empty(&d, NVL_F32, s->device, 2, s->shape);
+  if (st == NVL_OK)
+    st = NVL_CALL(be, s, layers->distill, &klsum, &cesum, dlogits ? nvl_tensor_data(&d) : NULL, nvl_tensor_data(s),
+                  s->dtype, nvl_tensor_data(t), t->dtype, nvl_tensor_data(&tgd), N, V, ignore_index, T, alpha,
+                  denom ? dscale / (double)denom : 0.0);
+  if (st == NVL_OK) {
+    *kl = denom ? klsum / (double)denom : 0.0;
+    *ce = denom ? cesum / (double)denom : 0.0;
+    *count = cnt;
+    if (dlogits) *dlogits = d;
+  } else {
+    nvl_tensor_release(&d);
+  }
+  nvl_tensor_release(&targets);
+  nvl_tensor_release(&tgd);
+  return st;
+}
+
 nvl_status nvl_block_sqerr(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b, int64_t block) {
   const char *op = "block_sqerr";
   char s1[160], s2[160];

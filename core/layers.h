@@ -116,6 +116,14 @@ nvl_status nvl_sumsq(double *out, const nvl_tensor *t);
  * a and b (same shape and device; b NULL: zeros): sum of (a - b)^2, accumulated in double in index
  * order and rounded once: bit for bit the same on every backend. */
 nvl_status nvl_block_sqerr(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b, int64_t block);
+/* Knowledge distillation on the student's logits s and the teacher's t (both (N, V), f32 or bf16, one
+ * device) with targets (N, i64, 0-based, ignore_index skipped): *kl = the mean over the counted
+ * rows of KL(softmax(t/T) || softmax(s/T)), *ce = the mean cross-entropy of s (denominator of_count
+ * when > 0, else this call's count), *count = the counted rows; dlogits (new f32 (N, V), or NULL: no
+ * gradient) = the gradient of dscale * (alpha * T^2 * kl + (1 - alpha) * ce). T > 0, alpha in [0, 1]. */
+nvl_status nvl_distill_loss(double *kl, double *ce, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *s,
+                            const nvl_tensor *t, const nvl_tensor *targets, int64_t ignore_index, double T, double alpha,
+                            double dscale, int64_t of_count);
 /* Delayed scaling's history step on hist's device (backend.h amax_history): hist f32 (len + 1),
  * the history and, last, the last usable amax (0: none); cur a one-element f32 tensor (this
  * step's amax); 0 <= count <= len values in the window, pos in [0, len) the slot cur goes to.

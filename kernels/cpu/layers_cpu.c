@@ -548,6 +548,7 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .adamw_step = adamw_step,
   .sumsq = sumsq,
   .block_sqerr = block_sqerr,
+  .distill = nvl_distill_ref, /* the reference's loop (one pass per row; the teacher runs anyway) */
   .amax_history = amax_history,
   .attention_forward = nvl_attention_forward_cpu,
   .attention_backward = nvl_attention_backward_cpu,

@@ -219,6 +219,40 @@ static int l_cross_entropy(lua_State *L) {
   return 3;
 }
 
+static const char *const distill_keys[] = {"temperature", "alpha", "ignore_index", "grad", "scale", "of_count", NULL};
+
+/* core.distill_loss(student_logits, teacher_logits, targets [, {temperature = 1, alpha = 0.5, ignore_index = -100,
+ * grad = true, scale = 1, of_count}]) -> kl, ce, count, dlogits | nil (core/layers.h nvl_distill_loss) */
+static int l_distill_loss(lua_State *L) {
+  const char *op = "distill_loss";
+  nvl_tensor *s = nvl_lua_check_tensor(L, 1, op), *t = nvl_lua_check_tensor(L, 2, op);
+  nvl_tensor *targets = nvl_lua_check_tensor(L, 3, op);
+  int64_t ignore_index = -100, of_count = 0;
+  double T = 1.0, alpha = 0.5, scale = 1.0;
+  int grad = 1;
+  if (!lua_isnoneornil(L, 4)) {
+    luaL_checktype(L, 4, LUA_TTABLE);
+    nvl_lua_check_keys(L, 4, op, distill_keys);
+    nvl_lua_opt_number(L, 4, op, "temperature", &T, 0);
+    nvl_lua_opt_number(L, 4, op, "alpha", &alpha, 0);
+    nvl_lua_opt_integer(L, 4, op, "ignore_index", &ignore_index, 0);
+    nvl_lua_opt_boolean(L, 4, op, "grad", &grad);
+    nvl_lua_opt_number(L, 4, op, "scale", &scale, 0);
+    nvl_lua_opt_integer(L, 4, op, "of_count", &of_count, 0);
+  }
+  lua_settop(L, 4);
+  nvl_tensor *d = grad ? nvl_lua_push_tensor(L) : NULL; /* index 5 */
+  double kl, ce;
+  int64_t count;
+  CHECK(L, nvl_distill_loss(&kl, &ce, &count, d, s, t, targets, ignore_index, T, alpha, scale, of_count));
+  lua_pushnumber(L, kl);
+  lua_pushnumber(L, ce);
+  lua_pushinteger(L, (lua_Integer)count);
+  if (grad) lua_pushvalue(L, 5);
+  else lua_pushnil(L);
+  return 4;
+}
+
 /* ---- optimizer and norms ---------------------------------------------------------------------- */
 
 static const char *const adamw_keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay", "step", NULL};
@@ -336,7 +370,7 @@ static const luaL_Reg layer_funcs[] = {
   {"rmsnorm_forward", l_rmsnorm_forward}, {"rmsnorm_backward", l_rmsnorm_backward},
   {"rope_tables", l_rope_tables}, {"rope_forward", l_rope_forward}, {"rope_backward", l_rope_backward},
   {"swiglu_forward", l_swiglu_forward}, {"swiglu_backward", l_swiglu_backward},
-  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq}, {"block_sqerr", l_block_sqerr}, {"amax_history_step", l_amax_history_step},
+  {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq}, {"block_sqerr", l_block_sqerr}, {"distill_loss", l_distill_loss}, {"amax_history_step", l_amax_history_step},
   {"adamw_multi", l_adamw_multi}, {"grad_norm_multi", l_grad_norm_multi}, {NULL, NULL}};
 
 void nvl_lua_open_layers(lua_State *L) { luaL_setfuncs(L, layer_funcs, 0); }

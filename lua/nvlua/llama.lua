@@ -318,6 +318,49 @@ function Llama:_chunked_loss(ids, targets, opts, chunk)
   return sums, count
 end
 
+-- Knowledge distillation (forward_backward's distill = {teacher, temperature, alpha}): the teacher's
+-- trunk runs in eval mode (no gradients, nothing saved), then the LM heads of both and the loss
+-- (core.distill_loss: alpha * T^2 * KL(teacher_T || student_T) + (1 - alpha) * CE) run over chunks
+-- of the tokens, so that neither model's (tokens x vocab) logits exist whole (one chunk where the
+-- student's head cannot be chunked). -> {loss, kl =, ce =} (host numbers), count
+function Llama:_distill(ids, targets, opts, chunk)
+  local o = opts.distill
+  local teacher, T, alpha = o.teacher, o.temperature or 1, o.alpha or 0.5
+  if type(teacher) ~= "table" or not teacher._hidden or teacher.config.vocab_size ~= self.config.vocab_size then
+    error("Llama:forward_backward: distill.teacher must be an nn.Llama with the student's vocabulary", 3)
+  end
+  local N = ids:numel()
+  if chunk == 0 or not self:_head_chunkable() then chunk = N end
+  local ignore = opts.ignore_index or -100
+  local tg = targets:reshape(N)
+  local th_ = tg:device() == "cpu" and tg or tg:cpu()
+  local count = th_:ne(ignore):sum()
+  local was = teacher.training
+  teacher:eval()
+  local ok, ht = pcall(teacher._hidden, teacher, ids)          -- (N, C_teacher), nothing saved
+  teacher:train(was)
+  if not ok then error(ht, 0) end
+  local h = self:_hidden(ids)                                  -- (N, C) (saved for the backward)
+  local dh = nv.empty(N, h:size(2), {dtype = h:dtype(), device = h:device()})
+  local kl, ce = 0, 0
+  for r0 = 0, N - 1, chunk do
+    local n = math.min(chunk, N - r0)
+    nv.scope(function() -- this chunk's logits, the teacher's and the gradient die here
+      local sl = self.lm_head:forward(h:narrow(1, r0 + 1, n))
+      local tl = teacher.lm_head:forward(ht:narrow(1, r0 + 1, n))
+      local k, c, _, d = core.distill_loss(sl, tl, th_:narrow(1, r0 + 1, n), {temperature = T, alpha = alpha,
+        ignore_index = ignore, scale = opts.scale or 1, of_count = count > 0 and count or nil})
+      kl, ce = kl + k, ce + c
+      if sl:dtype() == "bf16" then d = d:to("bf16") end
+      dh:narrow(1, r0 + 1, n):copy_(self.lm_head:backward(d))
+    end)
+  end
+  ht:free()
+  h:free()
+  self:_hidden_backward(function() return dh end)
+  return {alpha * T * T * kl + (1 - alpha) * ce, kl = kl, ce = ce}, count
+end
+
 --- llama.loss_value(d) -> the mean loss a forward_backward{defer_loss = true} returned as d (read
 -- back from the device now: the first read waits for the step's work)
 function llama.loss_value(d)
@@ -331,8 +374,11 @@ function llama.loss_value(d)
   return d.count > 0 and total / d.count or 0
 end
 
---- model:forward_backward(ids, targets [, {ignore_index = -100, z_loss = 0, scale = 1, loss_chunk}]) -> loss, count
+--- model:forward_backward(ids, targets [, {ignore_index = -100, z_loss = 0, scale = 1, loss_chunk, distill}]) -> loss, count
 -- loss: mean cross-entropy over the counted tokens (targets ~= ignore_index), z-loss included;
+-- with distill = {teacher = an nn.Llama, temperature = 1, alpha = 0.5}: alpha * T^2 * KL(teacher ||
+-- student at temperature T) + (1 - alpha) * cross-entropy, returned as a number (model.distill_parts
+-- = {kl, ce}, the means), whatever defer_loss says;
 -- every parameter gradient += scale * d(loss)/d(param). targets i64 [B, T], 0-based.
 -- loss_chunk: tokens per chunk of the LM head and loss (default model.loss_chunk, else 2^27 /
 -- vocab; 0: the whole batch at once); see _head_chunkable for when chunks apply. The loss is read
@@ -340,8 +386,8 @@ end
 -- d of device tensors for llama.loss_value(d) to read later (the training loop reads it after the
 -- step's last micro-batch): no host synchronisation inside forward_backward.
 function Llama:forward_backward(ids, targets, opts)
-  opts = check_opts(opts, {ignore_index = true, z_loss = true, scale = true, loss_chunk = true, defer_loss = true},
-    "Llama:forward_backward")
+  opts = check_opts(opts, {ignore_index = true, z_loss = true, scale = true, loss_chunk = true, defer_loss = true,
+    distill = true}, "Llama:forward_backward")
   check_ids(targets, "targets", "Llama:forward_backward")
   if not same_shape(ids:size(), targets:size()) then
     error(string.format("Llama:forward_backward: targets %s do not match ids %s", shape_str(targets), shape_str(ids)), 2)
@@ -356,6 +402,12 @@ function Llama:forward_backward(ids, targets, opts)
   -- one quantization of each weight for the forward and the backward (recipe.weight_cache; the
   -- training loop opens one around all the micro-batches of a step)
   local sums, count
+  if opts.distill then
+    if opts.z_loss and opts.z_loss ~= 0 then error("Llama:forward_backward: z_loss does not combine with distill", 2) end
+    local d, n = recipes.weight_cache(nv.scope, self._distill, self, ids, targets, opts, chunk)
+    self.distill_parts = {kl = d.kl, ce = d.ce} -- the last call's loss parts (the training log shows them)
+    return d[1], n
+  end
   if chunk > 0 and chunk < N and self:_head_chunkable() then
     sums, count = recipes.weight_cache(nv.scope, self._chunked_loss, self, ids, targets, opts, chunk)
   else

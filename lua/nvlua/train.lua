@@ -145,6 +145,12 @@ train.schema = config.schema({
   -- the recipe's own (bf16 for the low-precision recipes, f32 for recipe=f32)
   act_dtype = str("recipe", {one_of = {"recipe", "bf16", "f32"},
     doc = "recipe (the recipe's own: bf16, f32 for recipe=f32) | bf16 | f32"}),
+  -- knowledge distillation: teacher = a Hugging Face model directory (an nvlua checkpoint's model/
+  -- too), frozen, run under teacher_recipe on every batch; loss = distill_alpha * T^2 * KL(teacher ||
+  -- student at temperature T = distill_temperature) + (1 - distill_alpha) * cross-entropy
+  teacher = str("", {doc = "a Hugging Face model directory: distil from it (empty: no teacher)"}),
+  teacher_recipe = str("bf16", {one_of = function() return nv.recipe.names() end}),
+  distill_alpha = num(0.5, {min = 0, max = 1}), distill_temperature = num(1.0, {above = 0}),
   -- bookkeeping (eval_every, ckpt_every 0: never; keep 0: every checkpoint; resume: none | auto | a directory)
   out = str("runs/run", {nonempty = true}), resume = str("none", {nonempty = true}),
   eval_every = int(100, {min = 0}), eval_batches = int(8, {min = 1}), log_every = int(10, {min = 1}),
@@ -260,6 +266,22 @@ local function check_data_fits(c, ds, world)
   if c.eval_every > 0 then fits(ds.val, "validation") end
 end
 
+--- train.teacher(c, vocab) -> the frozen teacher of c.teacher (nil without one): loaded with
+-- hf.from_pretrained under c.teacher_recipe, on c.device, in eval mode; its vocabulary must be the
+-- student's.
+function train.teacher(c, vocab)
+  if c.teacher == "" then return nil end
+  local hf = require "nvlua.hf"
+  local t = hf.from_pretrained(c.teacher, {recipe = nv.recipe.make(c.teacher_recipe)})
+  if t.config.vocab_size ~= vocab then
+    error(string.format("config: teacher=%s has a vocabulary of %d tokens, the student %d", c.teacher,
+      t.config.vocab_size, vocab), 0)
+  end
+  if c.device ~= "cpu" then t:to(c.device) end
+  t:eval()
+  return t
+end
+
 --- Build everything a run needs from a resolved config. With c.dist the process group is
 -- started here (parts.dist, parts.rank, parts.world). c.recipe is a registered name or a recipe
 -- value (train.recipe); either way, with more than one rank, it gets the data-parallel hooks.
@@ -290,7 +312,7 @@ function train.build(c)
     decay = c.decay})
   local loader = data.Loader(ds.train, {batch = c.batch, seq = c.seq, seed = c.data_seed, rank = rank, world = world})
   return {dataset = ds, model = model, recipe = rec, optimizer = opt, schedule = sched, loader = loader, dist = dist,
-    rank = rank, world = world}
+    rank = rank, world = world, teacher = train.teacher(c, vocab)}
 end
 
 -- ---- measuring ------------------------------------------------------------------------------
@@ -706,7 +728,7 @@ local function step_once(r, step)
     local lr = r.p.schedule(step)
     opt:set_lr(lr)
     local t0 = nv.clock()
-    local losses, n_tok = {}, 0
+    local losses, n_tok, parts = {}, 0, {kl = 0, ce = 0}
     -- bucketed all-reduce: during the last micro-batch's backward, each stage's gradients (the
     -- head, block L .. 1, the embedding) start reducing as soon as they are complete. CPU
     -- gradients only for now: on CUDA the buckets (NCCL on its own stream) and the backward's GEMMs
@@ -724,8 +746,13 @@ local function step_once(r, step)
         end
         local ok, d, cnt = pcall(nv.scope, function()
           local x, y = r.loader:next()
-          return model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum, defer_loss = true})
+          return model:forward_backward(x, y, {z_loss = c.z_loss, scale = 1 / c.grad_accum, defer_loss = true,
+            distill = r.p.teacher and {teacher = r.p.teacher, temperature = c.distill_temperature,
+              alpha = c.distill_alpha} or nil})
         end)
+        if r.p.teacher then -- the loss's parts, means over the micro-batches
+          parts.kl, parts.ce = parts.kl + model.distill_parts.kl / c.grad_accum, parts.ce + model.distill_parts.ce / c.grad_accum
+        end
         model.grad_hook = nil
         if not ok then error(d, 0) end
         losses[i], n_tok = d, n_tok + cnt
@@ -752,6 +779,7 @@ local function step_once(r, step)
       opt:step()
       r.bad_in_row = 0
       rec_line = {step = step, loss = loss, lr = lr, grad_norm = gnorm}
+      if r.p.teacher then rec_line.kl, rec_line.ce = parts.kl, parts.ce end
       r.losses[#r.losses + 1] = {step, loss}
       r.last_loss = loss
     else
@@ -774,7 +802,8 @@ local function step_once(r, step)
     local ms = mor_record(r, step, rec_line)
     r.mf:write(config.encode(rec_line), "\n")
     if stop then error(stop, 0) end -- after logging the step that made it
-    return {lr = lr, loss = loss, gnorm = gnorm, dt = dt, mfu = rec_line.mfu, mor = ms}
+    return {lr = lr, loss = loss, gnorm = gnorm, dt = dt, mfu = rec_line.mfu, mor = ms,
+      distill = r.p.teacher and parts or nil}
   end)
 end
 
@@ -786,7 +815,8 @@ local function report_step(r, step, s)
     if r.tty then out:write("\r\27[K") end
     out:write(string.format("step %5d/%d | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | %6.0f ms | mfu %4.1f%%%s\n",
       step, c.steps, s.loss, s.lr, s.gnorm, r.tokens_per_step / s.dt, s.dt * 1000, 100 * s.mfu,
-      s.mor and string.format(" | low-p %5.1f%%", 100 * s.mor.low) or ""))
+      (s.mor and string.format(" | low-p %5.1f%%", 100 * s.mor.low) or "") ..
+      (s.distill and string.format(" | kl %.4f ce %.4f", s.distill.kl, s.distill.ce) or "")))
   elseif r.tty then
     local frac = (step - r.start_step) / (c.steps - r.start_step)
     local eta = r.t_run / (step - r.start_step) * (c.steps - step)

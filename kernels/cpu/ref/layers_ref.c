@@ -202,6 +202,49 @@ static nvl_status cross_entropy(nvl_kctx *ctx, double *total_out, int total_on_d
   return NVL_OK;
 }
 
+/* ---- knowledge distillation ----------------------------------------------------------------- */
+
+/* lse of x / T over V values, in double */
+static double lse_over(const float *x, int64_t V, double T) {
+  double m = -INFINITY;
+  for (int64_t i = 0; i < V; i++) m = (double)x[i] / T > m ? (double)x[i] / T : m;
+  double s = 0.0;
+  for (int64_t i = 0; i < V; i++) s += exp((double)x[i] / T - m);
+  return m + log(s);
+}
+
+nvl_status nvl_distill_ref(nvl_kctx *ctx, double *kl_out, double *ce_out, float *dlogits, const void *s_in,
+                           nvl_dtype s_dtype, const void *t_in, nvl_dtype t_dtype, const int64_t *targets, int64_t N,
+                           int64_t V, int64_t ignore_index, double T, double alpha, double grad_scale) {
+  const float *s, *t;
+  NVL_TRY(nvl_widen_f32(ctx, &s, s_in, s_dtype, N * V));
+  NVL_TRY(nvl_widen_f32(ctx, &t, t_in, t_dtype, N * V));
+  double kl = 0.0, ce = 0.0;
+  for (int64_t n = 0; n < N; n++) {
+    const float *x = s + n * V, *y = t + n * V;
+    float *d = dlogits ? dlogits + n * V : NULL;
+    if (targets[n] == ignore_index) {
+      if (d) memset(d, 0, (size_t)V * sizeof(float));
+      continue;
+    }
+    double lse1 = lse_over(x, V, 1.0), lse_s = lse_over(x, V, T), lse_t = lse_over(y, V, T);
+    ce += lse1 - (double)x[targets[n]];
+    double k = 0.0;
+    for (int64_t i = 0; i < V; i++) {
+      double lpt = (double)y[i] / T - lse_t, lps = (double)x[i] / T - lse_s, pt = exp(lpt);
+      k += pt * (lpt - lps);
+      if (d) {
+        double g = alpha * T * (exp(lps) - pt) + (1.0 - alpha) * (exp((double)x[i] - lse1) - (i == targets[n]));
+        d[i] = (float)(grad_scale * g);
+      }
+    }
+    kl += k;
+  }
+  *kl_out = kl;
+  *ce_out = ce;
+  return NVL_OK;
+}
+
 /* ---- AdamW ------------------------------------------------------------------------------------ */
 
 nvl_adamw_coefs nvl_adamw_coefs_of(const nvl_adamw_opts *o) {
@@ -295,6 +338,7 @@ const nvl_layer_kernels nvl_layers_ref = {
   .adamw_step = adamw_step,
   .sumsq = sumsq,
   .block_sqerr = block_sqerr,
+  .distill = nvl_distill_ref,
   .attention_forward = nvl_attention_forward_ref,
   .attention_backward = nvl_attention_backward_ref,
   .adamw_multi = adamw_multi,

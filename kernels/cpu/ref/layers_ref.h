@@ -24,6 +24,10 @@ extern "C" {
 
 /* The reference table's layer kernels (attention from attention_ref.c). */
 extern const nvl_layer_kernels nvl_layers_ref;
+/* the distillation loss of the layer table (core/backend.h distill): the fast CPU table's too */
+nvl_status nvl_distill_ref(nvl_kctx *ctx, double *kl_out, double *ce_out, float *dlogits, const void *s_in,
+                           nvl_dtype s_dtype, const void *t_in, nvl_dtype t_dtype, const int64_t *targets, int64_t N,
+                           int64_t V, int64_t ignore_index, double T, double alpha, double grad_scale);
 
 /* *out = x (n f32 or bf16 elements) as f32: x itself, or a widened copy (exact) in c's scratch. */
 nvl_status nvl_widen_f32(nvl_kctx *ctx, const float **out, const void *x, nvl_dtype dt, int64_t n);
