@@ -16,6 +16,10 @@
 --   * eval (val loss and perplexity in metrics.jsonl), the end-of-run sample, loss.png; evaluating
 --     does not change training (fp8_delayed: eval forwards would push amaxes into the histories).
 --   * throughput fields: ms, tokens/s and MFU, and the FLOP count they use.
+--   * MoR with every=2: choices reused across the checkpoint resume bit for bit (recipe state);
+--     the log's mor_* shares.
+--   * knowledge distillation (teacher= a Hugging Face directory): kl and ce logged, the loss their
+--     mix; a teacher of another vocabulary is refused by name.
 -- Every run writes under one scratch directory (os.tmpname), removed by the last case.
 local T = require "nvlua.test"
 local train = require "nvlua.train"
@@ -526,6 +530,33 @@ T.case("throughput: ms, tokens/s and MFU per step, consistent with the FLOP coun
   end
   T.eq(n, 3)
   T.ok(s.tokens_per_s > 0)
+end)
+
+T.case("knowledge distillation: teacher= (a Hugging Face directory) logs kl and ce; a vocabulary mismatch is named", function()
+  local llama = require "nvlua.llama"
+  local hf = require "nvlua.hf"
+  local function teacher_dir(name, vocab)
+    local dir = ROOT .. "/" .. name
+    lfs.mkdir(dir)
+    hf.save_pretrained(llama.Llama({vocab_size = vocab, hidden_size = 48, intermediate_size = 96, num_hidden_layers = 1,
+      num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16}, {seed = 1}), dir)
+    return dir
+  end
+  local c = cfg("distill", {"teacher=" .. teacher_dir("teacher", 256), "distill_alpha=0.7", "distill_temperature=2",
+    "steps=3", "eval_every=0"})
+  local s = run(c)
+  T.eq(s.steps, 3)
+  local n = 0
+  for _, r in ipairs(read_metrics(c.out)) do
+    if r.loss then
+      n = n + 1
+      T.ok(is_finite(r.kl) and r.kl >= 0 and is_finite(r.ce) and r.ce > 0, "kl and ce at step " .. r.step)
+      T.near(r.loss, 0.7 * 4 * r.kl + 0.3 * r.ce, 1e-12 * r.loss, "loss = alpha T^2 kl + (1 - alpha) ce")
+    end
+  end
+  T.eq(n, 3)
+  local bad = cfg("distill_bad", {"teacher=" .. teacher_dir("teacher100", 100)})
+  T.raises(function() train.build(bad) end, "has a vocabulary of 100 tokens, the student 256")
 end)
 
 T.case("cleanup: the scratch directory is removed", function()
