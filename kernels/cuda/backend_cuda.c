@@ -123,6 +123,7 @@ static const nvl_layer_kernels layers = { /* rope_tables: computed on the host *
   .adamw_step = nvl_cuda_adamw_step,
   .sumsq = nvl_cuda_sumsq,
   .block_sqerr = nvl_cuda_block_sqerr,
+  .distill = nvl_cuda_distill,
   .amax_history = nvl_cuda_amax_history,
   .rmsnorm_forward_bf16_amax = nvl_cuda_rmsnorm_forward_bf16_amax,
   .swiglu_forward_bf16_amax = nvl_cuda_swiglu_forward_bf16_amax,

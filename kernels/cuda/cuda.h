@@ -185,6 +185,9 @@ nvl_status nvl_cuda_amax_history(nvl_kctx *ctx, float *sel, float *hist, int64_t
 nvl_status nvl_cuda_adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                                const nvl_adamw_opts *o);
 nvl_status nvl_cuda_sumsq(nvl_kctx *ctx, double *out, const void *x, nvl_dtype x_dtype, int64_t n);
+nvl_status nvl_cuda_distill(nvl_kctx *ctx, double *kl, double *ce, float *dlogits, const void *s, nvl_dtype s_dtype,
+                            const void *t, nvl_dtype t_dtype, const int64_t *targets, int64_t N, int64_t V,
+                            int64_t ignore_index, double T, double alpha, double grad_scale);
 nvl_status nvl_cuda_block_sqerr(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows, int64_t K,
                                 int64_t block);
 /* multi_tensor.cu: the optimizer over many tensors (core/optim.h), one launch per 512 tensors */

@@ -462,6 +462,97 @@ static nvl_status sum_to_host(nvl_kctx *ctx, double *host, const double *in, int
   return nvl_cuda_memcpy(host, d, sizeof(double), 1, dev);
 }
 
+/* The maximum over the block of v; every thread gets it (block_sum's pattern). */
+__device__ double block_max(double v) {
+  NVL_SHARED(double, part, [32]);
+  NVL_SHARED(double, total, );
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    double s = lane < nw ? part[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) s = fmax(s, __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  double r = total;
+  __syncthreads();
+  return r;
+}
+
+/* lse of x / T over the row, in double (every thread gets it) */
+template <typename X>
+__device__ double row_lse(const X *x, int64_t V, double T) {
+  double m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmax(m, (double)load_f(x, i) / T);
+  m = block_max(m);
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) s += exp((double)load_f(x, i) / T - m);
+  return m + log(block_sum(s));
+}
+
+/* One block per row: row_kl[n], row_ce[n] and the row's gradient (core/backend.h distill). */
+template <typename S, typename X>
+__global__ void distill_kernel(double *__restrict__ row_kl, double *__restrict__ row_ce, float *__restrict__ dlogits,
+                               const S *__restrict__ s, const X *__restrict__ t, const int64_t *__restrict__ targets,
+                               int64_t N, int64_t V, int64_t ignore_index, double T, double alpha, double grad_scale) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const S *x = s + n * V;
+    const X *y = t + n * V;
+    const int64_t tg = targets[n];
+    float *d = dlogits ? dlogits + n * V : NULL;
+    if (tg == ignore_index) {
+      if (d)
+        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) d[i] = 0.0f;
+      if (threadIdx.x == 0) row_kl[n] = row_ce[n] = 0.0;
+      continue;
+    }
+    const double lse1 = row_lse(x, V, 1.0), lse_s = row_lse(x, V, T), lse_t = row_lse(y, V, T);
+    double k = 0.0;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+      const double xs = (double)load_f(x, i), lpt = (double)load_f(y, i) / T - lse_t, lps = xs / T - lse_s;
+      const double pt = exp(lpt);
+      k += pt * (lpt - lps);
+      if (d) {
+        const double g = alpha * T * (exp(lps) - pt) + (1.0 - alpha) * (exp(xs - lse1) - (i == tg ? 1.0 : 0.0));
+        d[i] = (float)(grad_scale * g);
+      }
+    }
+    k = block_sum(k);
+    if (threadIdx.x == 0) {
+      row_kl[n] = k;
+      row_ce[n] = lse1 - (double)load_f(x, tg);
+    }
+  }
+}
+
+extern "C" nvl_status nvl_cuda_distill(nvl_kctx *ctx, double *kl, double *ce, float *dlogits, const void *s,
+                                       nvl_dtype s_dtype, const void *t, nvl_dtype t_dtype, const int64_t *targets,
+                                       int64_t N, int64_t V, int64_t ignore_index, double T, double alpha,
+                                       double grad_scale) {
+  const int dev = ctx->dev;
+  *kl = *ce = 0.0;
+  if (N == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  double *rows = NULL; /* (2N): the rows' KL, then their CE, device */
+  NVL_TRY(ctx->scratch(ctx, (size_t)(2 * N) * sizeof(double), (void **)&rows));
+  const int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16), threads = 256;
+  const bool sb = s_dtype == NVL_BF16, tb = t_dtype == NVL_BF16;
+  (void)cudaGetLastError();
+#define NVL_DISTILL(S, X)                                                                                      \
+  NVL_LAUNCH(blocks, threads, 0, 0, distill_kernel<S, X>)(rows, rows + N, dlogits, (const S *)s, (const X *)t, \
+                                                          targets, N, V, ignore_index, T, alpha, grad_scale)
+  if (sb && tb) NVL_DISTILL(uint16_t, uint16_t);
+  else if (sb) NVL_DISTILL(uint16_t, float);
+  else if (tb) NVL_DISTILL(float, uint16_t);
+  else NVL_DISTILL(float, float);
+#undef NVL_DISTILL
+  NVL_TRY(launched(dev, __func__, "distill_kernel", N, V));
+  NVL_TRY(sum_to_host(ctx, kl, rows, N, __func__));
+  return sum_to_host(ctx, ce, rows + N, N, __func__);
+}
+
 extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, int total_on_device, float *dlogits,
                                              const void *logits,
                                              nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
