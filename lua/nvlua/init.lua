@@ -358,6 +358,8 @@ Quantize    q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true, seed=1})
             nv.quant.report(x, {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4"})  nv.quant.show(q, {block=1})
 MoR         r = nv.mor.choose(x, {granularity="block", candidates={"nvfp4","e4m3"}}) -> r.choice r.errs
             r.q r.counts (core/NUMERICS.md §12; the recipe: nv.recipe.mor{...})
+Pruning     imp = nv.prune.importance(model, ids)  -> imp.ffn[b] imp.heads[b] imp.kv[b] imp.hidden imp.blocks
+            small = nv.prune.width(model, imp, {ffn=, heads=, kv_heads=, hidden=})  nv.prune.depth(model, imp, {layers=})
 Devices     nv.cuda.available() nv.cuda.devices() t:cuda() t:cpu()
 Memory      t:free()   local t <close> = nv.zeros(n)   nv.memory()
             nv.scope(function() ... return y end)  frees every tensor made inside but y (the arena);
