@@ -9,7 +9,8 @@
 --   * alpha = 0 is the cross-entropy's gradient bit for bit; the chunked LM head equals the whole one
 --     (gradients bit for bit but the head's weight's, within fp32 reordering; the loss to 1e-13: the
 --     chunks' means add in another grouping);
---     the teacher is left untouched; a run with teacher= logs both parts.
+--     the teacher is left untouched; a student head that cannot be chunked runs whole while the
+--     teacher's logits still come in chunks, with the same result.
 local T = require "nvlua.test"
 local nv = require "nvlua"
 local core = nv.core
@@ -147,4 +148,25 @@ T.case("Llama:forward_backward with a teacher: chunked = whole, the teacher unto
   T.raises(function() s:forward_backward(ids, tg, {distill = {teacher = other}}) end, "the student's vocabulary")
   T.raises(function() s:forward_backward(ids, tg, {distill = {teacher = teacher}, z_loss = 1e-4}) end,
     "z_loss does not combine with distill")
+end)
+
+T.case("a student head that cannot be chunked: whole logits, the teacher's in chunks, the same result", function()
+  local teacher = llama.Llama(CFG, {seed = 1, recipe = nv.recipe.bf16()})
+  nv.manual_seed(4)
+  local ids, tg = (nv.rand(2, 16) * 39):to("i64"), (nv.rand(2, 16) * 39):to("i64")
+  local function run(chunk)
+    -- an e4m3 LM head (one amax over all the tokens: not chunkable), bf16 elsewhere
+    local rec = nv.recipe.custom(function(c) return c.high_precision and "e4m3" or "bf16" end, {act_dtype = "bf16"})
+    local s = llama.Llama(CFG, {seed = 3, recipe = rec})
+    T.ok(not s:_head_chunkable())
+    local loss = s:forward_backward(ids, tg, {distill = {teacher = teacher, temperature = 1.5, alpha = 0.4},
+      loss_chunk = chunk})
+    local g = {}
+    for _, e in ipairs(s:named_parameters()) do g[e.name] = e.grad:bytes() end
+    return loss, g
+  end
+  local l0, g0 = run(0)
+  local l1, g1 = run(5)
+  T.near(l1, l0, 1e-13 * l0, "the loss")
+  for k, v in pairs(g0) do T.ok(g1[k] == v, "gradient of " .. k .. " bit for bit (one student head pass)") end
 end)

@@ -321,8 +321,9 @@ end
 -- Knowledge distillation (forward_backward's distill = {teacher, temperature, alpha}): the teacher's
 -- trunk runs in eval mode (no gradients, nothing saved), then the LM heads of both and the loss
 -- (core.distill_loss: alpha * T^2 * KL(teacher_T || student_T) + (1 - alpha) * CE) run over chunks
--- of the tokens, so that neither model's (tokens x vocab) logits exist whole (one chunk where the
--- student's head cannot be chunked). -> {loss, kl =, ce =} (host numbers), count
+-- of the tokens, so that neither model's (tokens x vocab) logits exist whole; where the student's
+-- head cannot be chunked (_head_chunkable) its logits and their gradient are whole, the teacher's
+-- still come in chunks. -> {loss, kl =, ce =} (host numbers), count
 function Llama:_distill(ids, targets, opts, chunk)
   local o = opts.distill
   local teacher, T, alpha = o.teacher, o.temperature or 1, o.alpha or 0.5
@@ -330,7 +331,8 @@ function Llama:_distill(ids, targets, opts, chunk)
     error("Llama:forward_backward: distill.teacher must be an nn.Llama with the student's vocabulary", 3)
   end
   local N = ids:numel()
-  if chunk == 0 or not self:_head_chunkable() then chunk = N end
+  if chunk == 0 then chunk = N end
+  local whole = not self:_head_chunkable() -- the student's head over all the tokens at once
   local ignore = opts.ignore_index or -100
   local tg = targets:reshape(N)
   local th_ = tg:device() == "cpu" and tg or tg:cpu()
@@ -341,21 +343,29 @@ function Llama:_distill(ids, targets, opts, chunk)
   teacher:train(was)
   if not ok then error(ht, 0) end
   local h = self:_hidden(ids)                                  -- (N, C) (saved for the backward)
-  local dh = nv.empty(N, h:size(2), {dtype = h:dtype(), device = h:device()})
+  local dh = whole and nil or nv.empty(N, h:size(2), {dtype = h:dtype(), device = h:device()})
+  local sl_all = whole and self.lm_head:forward(h) or nil      -- (N, V) only where the head needs it
+  local dl_all = whole and nv.empty(N, self.config.vocab_size, {dtype = sl_all:dtype(), device = h:device()}) or nil
   local kl, ce = 0, 0
   for r0 = 0, N - 1, chunk do
     local n = math.min(chunk, N - r0)
     nv.scope(function() -- this chunk's logits, the teacher's and the gradient die here
-      local sl = self.lm_head:forward(h:narrow(1, r0 + 1, n))
+      local sl = whole and sl_all:narrow(1, r0 + 1, n) or self.lm_head:forward(h:narrow(1, r0 + 1, n))
       local tl = teacher.lm_head:forward(ht:narrow(1, r0 + 1, n))
       local k, c, _, d = core.distill_loss(sl, tl, th_:narrow(1, r0 + 1, n), {temperature = T, alpha = alpha,
         ignore_index = ignore, scale = opts.scale or 1, of_count = count > 0 and count or nil})
       kl, ce = kl + k, ce + c
       if sl:dtype() == "bf16" then d = d:to("bf16") end
-      dh:narrow(1, r0 + 1, n):copy_(self.lm_head:backward(d))
+      if whole then dl_all:narrow(1, r0 + 1, n):copy_(d)
+      else dh:narrow(1, r0 + 1, n):copy_(self.lm_head:backward(d)) end
     end)
   end
   ht:free()
+  if whole then
+    sl_all:free()
+    dh = self.lm_head:backward(dl_all)
+    dl_all:free()
+  end
   h:free()
   self:_hidden_backward(function() return dh end)
   return {alpha * T * T * kl + (1 - alpha) * ce, kl = kl, ce = ce}, count

@@ -187,7 +187,10 @@ end
 -- largest kv score, their k/v rows) and, within each kept group, heads / kv_heads query heads (q
 -- rows, o_proj columns; GQA stays consistent); hidden channels (the embedding's columns, every
 -- norm's weight, every projection's input columns and output rows, the LM head's columns; a tied
--- LM head stays tied). Kept units keep their order. A size left out stays as it is.
+-- LM head stays tied). Kept units keep their order. A size left out stays as it is. Pruning FFN
+-- neurons, heads or KV groups gives exactly the original model with those units' output weights
+-- zeroed (up to summation order); pruning hidden channels does not: RMSNorm then averages over fewer
+-- channels (Minitron retrains after pruning for this and the rest).
 function M.width(model, imp, o)
   local llama = require "nvlua.llama"
   o = o or {}
