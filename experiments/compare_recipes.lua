@@ -101,14 +101,7 @@ for _, r in ipairs(chosen) do
   results[#results + 1] = res
 end
 
--- mean and sample standard deviation (0 for one value)
-local function stats(l)
-  local m = 0
-  for _, v in ipairs(l) do m = m + v / #l end
-  local ss = 0
-  for _, v in ipairs(l) do ss = ss + (v - m) ^ 2 end
-  return m, #l > 1 and math.sqrt(ss / (#l - 1)) or 0
-end
+local stats = require("nvlua.util").mean_sd -- mean and sample standard deviation
 
 -- MoR runs: the share of tensors (or blocks) they kept in a low-precision format, and each format's
 -- share of the GEMM-operand elements, averaged over the steps; the paper reports 98.38% of tensors
@@ -155,12 +148,4 @@ for _, r in ipairs(results) do
       bm and string.format("%+.2f%%", 100 * (m - bm) / bm) or "-", r.tps, low(r))
   end
 end
-print("")
-for _, l in ipairs(lines) do print(l) end
-local f = assert(io.open(c.out .. "/results.md", "w"))
-f:write(table.concat(lines, "\n"), "\n")
-f:close()
-local png = c.out .. "/compare.png"
-local ok, err = plot.lines(png, series, {title = "validation loss by recipe", ylabel = "val loss"})
-print(ok and ("\nplot: " .. png) or ("\nplot: " .. tostring(err)))
-print("table: " .. c.out .. "/results.md")
+plot.results(c.out, lines, "compare.png", series, {title = "validation loss by recipe", ylabel = "val loss"})

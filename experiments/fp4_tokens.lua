@@ -47,14 +47,7 @@ data.mkdir_p(c.out)
 
 local mults = parse_mults(c.mults)
 
-local function mean_sd(xs)
-  local s = 0
-  for _, x in ipairs(xs) do s = s + x end
-  local m = s / #xs
-  local v = 0
-  for _, x in ipairs(xs) do v = v + (x - m) ^ 2 end
-  return m, #xs > 1 and math.sqrt(v / (#xs - 1)) or 0
-end
+local mean_sd = require("nvlua.util").mean_sd
 
 -- One run; returns its final validation loss and its validation curve (tokens, loss).
 local runs = {}
@@ -129,11 +122,6 @@ elseif how == "at or below" then
 else
   lines[#lines + 1] = string.format("mxfp4 does not reach nvfp4's mean final loss within %.2fx the tokens", mults[#mults])
 end
-print("")
-for _, l in ipairs(lines) do print(l) end
-local f = assert(io.open(c.out .. "/results.md", "w"))
-f:write(table.concat(lines, "\n"), "\n")
-f:close()
 
 -- mean validation curves (x: tokens) per configuration
 local series, by = {}, {}
@@ -158,7 +146,5 @@ for _, label in ipairs(labels) do
   end
   series[#series + 1] = {title = label .. " (mean val)", x = xs, y = ys}
 end
-local png = c.out .. "/fp4_tokens.png"
-local ok, err = plot.lines(png, series, {title = "validation loss, mean over seeds", xlabel = "tokens", ylabel = "val loss"})
-print(ok and ("\nplot: " .. png) or ("\nplot: " .. tostring(err)))
-print("table: " .. c.out .. "/results.md")
+plot.results(c.out, lines, "fp4_tokens.png", series, {title = "validation loss, mean over seeds", xlabel = "tokens",
+  ylabel = "val loss"})

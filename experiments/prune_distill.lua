@@ -17,7 +17,7 @@ local config = require "nvlua.config"
 local plot = require "nvlua.plot"
 local data = require "nvlua.data"
 local prune = require "nvlua.prune"
-local hf = require "nvlua.hf"
+local mean_sd = require("nvlua.util").mean_sd
 
 local c = config.parse(train.schema, arg, {
   out = "runs/prune_distill", data = "kjv", layers = 4, hidden = 256, heads = 4, kv_heads = 2, ffn = 768,
@@ -84,14 +84,6 @@ local function student(arch, variant, seed)
   return train.run(rc, p)
 end
 
-local function mean_sd(l)
-  local m = 0
-  for _, v in ipairs(l) do m = m + v / #l end
-  local ss = 0
-  for _, v in ipairs(l) do ss = ss + (v - m) ^ 2 end
-  return m, #l > 1 and math.sqrt(ss / (#l - 1)) or 0
-end
-
 for _, arch in ipairs(archs) do
   arch.model:set_recipe(nv.recipe.make(c.recipe))
   local vl = train.evaluate(arch.model, tp.dataset, c)
@@ -140,12 +132,5 @@ for _, r in ipairs(rows) do
   lines[#lines + 1] = string.format("| %s | %s | %.2fM | %.4f | %s |", r.arch, r.variant, r.params / 1e6, m,
     #r.vals > 1 and string.format("%.4f", sd) or "-")
 end
-print("")
-for _, l in ipairs(lines) do print(l) end
-local f = assert(io.open(c.out .. "/results.md", "w"))
-f:write(table.concat(lines, "\n"), "\n")
-f:close()
-local png = c.out .. "/prune_distill.png"
-local ok, err = plot.lines(png, series, {title = "students: validation loss (mean of the seeds)", ylabel = "val loss"})
-print(ok and ("\nplot: " .. png) or ("\nplot: " .. tostring(err)))
-print("table: " .. c.out .. "/results.md")
+plot.results(c.out, lines, "prune_distill.png", series, {title = "students: validation loss (mean of the seeds)",
+  ylabel = "val loss"})

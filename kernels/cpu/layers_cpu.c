@@ -479,20 +479,13 @@ static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype 
   return NVL_OK;
 }
 
-/* the reference's loop (layers_ref.c), the groups in parallel: each group's sum in its own order */
+/* the reference's groups (layers_ref.h nvl_group_sqerr), in parallel: each group's sum in its own order */
 static nvl_status block_sqerr(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows, int64_t K,
                               int64_t block) {
   (void)ctx;
   const int64_t ng = rows * (K / block);
 #pragma omp parallel for schedule(static) if (rows * K > NVL_LAYERS_OMP_MIN)
-  for (int64_t g = 0; g < ng; g++) {
-    double s = 0.0;
-    for (int64_t k = g * block; k < (g + 1) * block; k++) {
-      double d = (double)(b ? a[k] - b[k] : a[k]);
-      s = s + d * d;
-    }
-    out[g] = (float)s;
-  }
+  for (int64_t g = 0; g < ng; g++) out[g] = nvl_group_sqerr(a, b, g * block, (g + 1) * block);
   return NVL_OK;
 }
 

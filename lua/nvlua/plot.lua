@@ -38,4 +38,18 @@ function plot.lines(path, series, o)
   return true
 end
 
+--- plot.results(dir, lines, png_name, series, opts): an experiment's ending — lines printed and
+-- written to dir/results.md, series drawn to dir/png_name (plot.lines' opts), both paths printed
+function plot.results(dir, lines, png_name, series, o)
+  print("")
+  for _, l in ipairs(lines) do print(l) end
+  local f = assert(io.open(dir .. "/results.md", "w"))
+  f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+  local png = dir .. "/" .. png_name
+  local ok, err = plot.lines(png, series, o)
+  print(ok and ("\nplot: " .. png) or ("\nplot: " .. tostring(err)))
+  print("table: " .. dir .. "/results.md")
+end
+
 return plot

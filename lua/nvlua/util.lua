@@ -94,4 +94,13 @@ function util.atomic_write(path, contents, opts)
   return true
 end
 
+--- util.mean_sd(list) -> the mean and the sample standard deviation (0 for one value) of numbers
+function util.mean_sd(l)
+  local m = 0
+  for _, v in ipairs(l) do m = m + v / #l end
+  local ss = 0
+  for _, v in ipairs(l) do ss = ss + (v - m) ^ 2 end
+  return m, #l > 1 and math.sqrt(ss / (#l - 1)) or 0
+end
+
 return util

@@ -313,14 +313,7 @@ static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *co
 static nvl_status block_sqerr(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows, int64_t K,
                               int64_t block) {
   (void)ctx;
-  for (int64_t g = 0; g < rows * (K / block); g++) {
-    double s = 0.0;
-    for (int64_t k = g * block; k < (g + 1) * block; k++) {
-      double d = (double)(b ? a[k] - b[k] : a[k]);
-      s = s + d * d;
-    }
-    out[g] = (float)s;
-  }
+  for (int64_t g = 0; g < rows * (K / block); g++) out[g] = nvl_group_sqerr(a, b, g * block, (g + 1) * block);
   return NVL_OK;
 }
 

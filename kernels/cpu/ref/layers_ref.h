@@ -24,6 +24,17 @@ extern "C" {
 
 /* The reference table's layer kernels (attention from attention_ref.c). */
 extern const nvl_layer_kernels nvl_layers_ref;
+/* sum over [k0, k1) of f32(a - b)^2 (b NULL: a^2) in double, in index order, rounded to f32 once:
+ * one group of block_sqerr (core/backend.h), the reference's and the fast CPU table's */
+static inline float nvl_group_sqerr(const float *a, const float *b, int64_t k0, int64_t k1) {
+  double s = 0.0;
+  for (int64_t k = k0; k < k1; k++) {
+    double d = (double)(b ? a[k] - b[k] : a[k]);
+    s = s + d * d;
+  }
+  return (float)s;
+}
+
 /* the distillation loss of the layer table (core/backend.h distill): the fast CPU table's too */
 nvl_status nvl_distill_ref(nvl_kctx *ctx, double *kl_out, double *ce_out, float *dlogits, const void *s_in,
                            nvl_dtype s_dtype, const void *t_in, nvl_dtype t_dtype, const int64_t *targets, int64_t N,
