@@ -559,6 +559,36 @@ T.case("knowledge distillation: teacher= (a Hugging Face directory) logs kl and 
   T.raises(function() train.build(bad) end, "has a vocabulary of 100 tokens, the student 256")
 end)
 
+T.case("ckpt_every=auto: the Young/Daly interval, from the measured save cost, step time and mtbf", function()
+  -- the rule for injected costs: a 2 s save, 0.5 s steps, one failure per hour: tau = sqrt(2 * 2 * 3600)
+  -- = 120 s = 240 steps; saving costs 2 / 120 of the time, failures lose 120 / (2 * 3600) of it
+  local n, info = train.auto_interval(2, 0.5, 1)
+  T.eq(n, 240)
+  T.eq(info.tau_s, 120)
+  T.near(info.overhead, 2 / 120, 1e-15)
+  T.near(info.lost, 120 / 7200, 1e-15)
+  T.eq((train.auto_interval(0, 0.5, 1)), 1, "a free save: every step")
+  T.eq((train.auto_interval(8, 0.25, 24)), math.floor(math.sqrt(2 * 8 * 24 * 3600) / 0.25 + 0.5))
+  T.raises(function() train.auto_interval(-1, 1, 1) end, "expects finite non-negative numbers")
+  -- a run: the first save at step 10, then each at the interval its record logged, computed by the rule
+  local c = cfg("auto", {"recipe=bf16", "steps=24", "ckpt_every=auto", "mtbf=0.00001", "keep=0", "eval_every=0"})
+  run(c)
+  local saves, expect = {}, 10
+  for _, r in ipairs(read_metrics(c.out)) do
+    if r.ckpt_every then
+      T.eq(r.step, expect, "a save where the previous one said")
+      T.eq(r.ckpt_every, (train.auto_interval(r.ckpt_cost_s, r.ckpt_step_s, 0.00001)), "the logged interval is the rule's")
+      saves[#saves + 1] = r.step
+      expect = r.step + r.ckpt_every
+    end
+  end
+  T.ok(#saves >= 1)
+  for _, st in ipairs(saves) do
+    T.ok(lfs.attributes(string.format("%s/checkpoints/step-%06d", c.out, st), "mode") == "directory", "checkpoint " .. st)
+  end
+  T.raises(function() train.check(cfg("bad", {"ckpt_every=often"})) end, "ckpt_every: must be a non-negative integer or auto")
+end)
+
 T.case("cleanup: the scratch directory is removed", function()
   ckpt.rm_rf(ROOT)
   T.eq(lfs.attributes(ROOT), nil)

@@ -80,6 +80,12 @@ local function check_tokenizer(v)
   end
 end
 
+-- ckpt_every: "auto" or a non-negative integer (as text from the command line)
+local function check_ckpt_every(v)
+  if v == "auto" or (type(v) == "string" and v:match("^%d+$")) then return nil end
+  return "must be a non-negative integer or auto"
+end
+
 local function check_device(v)
   if v ~= "cpu" and v ~= "cuda" then return string.format("invalid device '%s' (valid: cpu, cuda)", v) end
   if v == "cuda" and not nv.cuda.available() then
@@ -151,10 +157,15 @@ train.schema = config.schema({
   teacher = str("", {doc = "a Hugging Face model directory: distil from it (empty: no teacher)"}),
   teacher_recipe = str("bf16", {one_of = function() return nv.recipe.names() end}),
   distill_alpha = num(0.5, {min = 0, max = 1}), distill_temperature = num(1.0, {above = 0}),
-  -- bookkeeping (eval_every, ckpt_every 0: never; keep 0: every checkpoint; resume: none | auto | a directory)
+  -- bookkeeping (eval_every, ckpt_every 0: never, auto: the Young/Daly interval for the measured save
+  -- cost and mtbf, the expected hours between failures of the job; keep 0: every checkpoint; resume:
+  -- none | auto | a directory)
   out = str("runs/run", {nonempty = true}), resume = str("none", {nonempty = true}),
   eval_every = int(100, {min = 0}), eval_batches = int(8, {min = 1}), log_every = int(10, {min = 1}),
-  ckpt_every = int(0, {min = 0}), keep = int(2, {min = 0}), sample_tokens = int(200, {min = 0}),
+  ckpt_every = str("0", {check = check_ckpt_every, accept = function(v) return math.type(v) == "integer" and v >= 0 end,
+    accept_what = "a non-negative integer", doc = "steps between checkpoints, 0 (never) or auto"}),
+  mtbf = num(24.0, {above = 0, doc = "expected hours between failures of the job (ckpt_every=auto)"}),
+  keep = int(2, {min = 0}), sample_tokens = int(200, {min = 0}),
   temperature = num(0.8, {min = 0}), top_k = int(40, {min = 1}), max_bad_steps = int(5, {min = 0}),
   plot = bool(true), quiet = bool(false), save = bool(true),
   -- resume=none on an out= that holds a run: refused, unless overwrite=true (its checkpoints and
@@ -944,6 +955,62 @@ local function finish_run(r, ok, err)
   return summary
 end
 
+--- train.auto_interval(cost_s, step_s, mtbf_h) -> steps, info: the checkpoint interval that minimizes
+-- the expected time lost to saving and to failures (Young/Daly: every tau = sqrt(2 C M) seconds for a
+-- blocking save of C seconds and M seconds between failures), in steps of step_s seconds (at least 1);
+-- info = {tau_s, overhead (C / interval: the share of time spent saving), lost (interval / 2M: the
+-- expected share lost to failures, work since the last save), waste = overhead + lost}.
+function train.auto_interval(cost_s, step_s, mtbf_h)
+  for _, v in ipairs({cost_s, step_s, mtbf_h}) do
+    if type(v) ~= "number" or v ~= v or v < 0 or v == math.huge then
+      error("train.auto_interval: expects finite non-negative numbers (cost, step seconds, MTBF hours)", 2)
+    end
+  end
+  local M = mtbf_h * 3600
+  local tau = math.sqrt(2 * cost_s * M)
+  local steps = math.max(1, math.floor(tau / math.max(step_s, 1e-9) + 0.5))
+  local interval = steps * step_s
+  local overhead = interval > 0 and cost_s / interval or 0
+  local lost = M > 0 and interval / (2 * M) or 0
+  return steps, {tau_s = tau, overhead = overhead, lost = lost, waste = overhead + lost}
+end
+
+-- ckpt_every as the loop uses it: "auto" or an integer
+local function ckpt_every(c)
+  if c.ckpt_every == "auto" then return "auto" end
+  return math.tointeger(tonumber(c.ckpt_every)) or 0
+end
+
+-- ckpt_every=auto: the first save after AUTO_FIRST steps measures its blocking cost; each save then
+-- sets the next from the measured cost (the latest) and the mean step time so far
+local AUTO_FIRST = 10
+
+local function ckpt_due(r, step)
+  local e = ckpt_every(r.c)
+  if step >= r.c.steps then return false end
+  if e == "auto" then
+    r.ckpt_next = r.ckpt_next or (r.start_step + AUTO_FIRST)
+    return step >= r.ckpt_next
+  end
+  return e > 0 and step % e == 0
+end
+
+local function save_due(r, step)
+  local t0 = nv.clock()
+  save_checkpoint(r, step)
+  if ckpt_every(r.c) ~= "auto" then return end
+  local cost, step_s = nv.clock() - t0, r.t_run / math.max(1, step - r.start_step)
+  local n, info = train.auto_interval(cost, step_s, r.c.mtbf)
+  r.ckpt_next = step + n
+  r.mf:write(config.encode({step = step, ckpt_cost_s = cost, ckpt_step_s = step_s, ckpt_every = n,
+    ckpt_overhead = info.overhead, ckpt_lost = info.lost}), "\n")
+  if not r.c.quiet and r.main then
+    if r.tty then r.out:write("\r\27[K") end
+    r.out:write(string.format("checkpoint %5d | save %.2f s, step %.3f s, MTBF %g h -> every %d steps (saving %.2f%%, " ..
+      "expected loss to failures %.2f%%)\n", step, cost, step_s, r.c.mtbf, n, 100 * info.overhead, 100 * info.lost))
+  end
+end
+
 --- train.run(c, parts) -> summary {final_val_loss, val_ppl, tokens_per_s, steps, skipped, run_dir,
 -- plot, checkpoint, sample (the text after sample_prompt), sample_prompt, interrupted, losses = {...}}
 function train.run(c, p)
@@ -955,7 +1022,7 @@ function train.run(c, p)
       report_step(r, step, step_once(r, step))
       if c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps) then eval_and_log(r, step) end
       r.mf:flush()
-      if c.ckpt_every > 0 and step % c.ckpt_every == 0 and step < c.steps then save_checkpoint(r, step) end
+      if ckpt_due(r, step) then save_due(r, step) end
       if interrupt_requested(r) then
         r.interrupted = true
         break
