@@ -11,6 +11,9 @@
 --   * a diverged run (NaN loss from step 3 on) exits non-zero; resume=auto continues its
 --     skipped-step count and stops at the same step; with a lower max_bad_steps resume refuses the
 --     checkpoint, naming the last healthy one.
+--   * background saves (ckpt_background=true): the same files as blocking ones; killed in the writer
+--     thread at every point of a fresh run's save and pruning, the previous checkpoints stay intact
+--     and resume=auto finishes like the reference.
 -- and in this process (train.run):
 --   * resume=auto of a finished run with keep=1, and Ctrl-C right after a periodic checkpoint:
 --     nothing is written again, metrics.jsonl is unchanged.
@@ -298,6 +301,23 @@ for _, keep in ipairs({1, 2}) do
       end
     end)
 end
+
+-- ---- background saves (ckpt_background=true: the writer thread runs the protocol's durable steps) ---
+
+T.case("background saves: the files of blocking saves; killed in the writer at every point, the previous checkpoint stays and resume=auto finishes like the reference", function()
+  reference()
+  local out, dir = must_finish("bg", {"keep=0", "ckpt_background=true"})
+  T.eq(out:match("last loss (%S+)"), REF.loss, "the final loss")
+  T.eq(metrics(dir), REF.metrics, "metrics.jsonl")
+  for _, step in ipairs({2, 4, 6}) do intact(ckpt_dir(dir, step), "background save of step " .. step) end
+  for _, c in ipairs(FRESH) do
+    local name = "bg-k1-" .. c[1]:gsub("[^%w]", "_")
+    local what = "background, keep=1 " .. c[1]
+    local d = must_be_killed(name, {"keep=1", "ckpt_background=true"}, c[1])
+    after_kill(d, c[2][1], c[2][2], what)
+    resume_after(name, 1, nil, c[2][1] < 6, what)
+  end
+end)
 
 -- ---- a diverged run ---------------------------------------------------------------------------
 

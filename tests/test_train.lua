@@ -20,6 +20,9 @@
 --     the log's mor_* shares.
 --   * knowledge distillation (teacher= a Hugging Face directory): kl and ce logged, the loss their
 --     mix; a teacher of another vocabulary is refused by name.
+--   * ckpt_every=auto (the Young/Daly rule for injected costs, and a run's logged choices); the
+--     background writer's operations and the surfacing of its errors (test_crash.lua: its files and
+--     its kills).
 -- Every run writes under one scratch directory (os.tmpname), removed by the last case.
 local T = require "nvlua.test"
 local train = require "nvlua.train"
@@ -587,6 +590,37 @@ T.case("ckpt_every=auto: the Young/Daly interval, from the measured save cost, s
     T.ok(lfs.attributes(string.format("%s/checkpoints/step-%06d", c.out, st), "mode") == "directory", "checkpoint " .. st)
   end
   T.raises(function() train.check(cfg("bad", {"ckpt_every=often"})) end, "ckpt_every: must be a non-negative integer or auto")
+end)
+
+T.case("the background writer: its operations in order, stopping at the first failure; the error surfaces at the next step", function()
+  local core = require "nvlua.core"
+  local d = ROOT .. "/bgops"
+  lfs.mkdir(d)
+  core.bg_submit({{"write", d .. "/a.txt", "hello"}, {"rename", d .. "/a.txt", d .. "/b.txt"}, {"fsync", d .. "/b.txt", false},
+    {"fsync", d, true}})
+  ckpt.wait()
+  T.eq(T.read_file(d .. "/b.txt"), "hello")
+  T.eq(lfs.attributes(d .. "/a.txt"), nil)
+  core.bg_submit({{"rename", d .. "/nope", d .. "/x"}, {"write", d .. "/never", "x"}})
+  T.raises(ckpt.wait, "background checkpoint writer: cannot rename " .. d .. "/nope")
+  T.eq(lfs.attributes(d .. "/never"), nil, "nothing after the failure ran")
+  T.raises(function() core.bg_submit({{"copy", d}}) end, "invalid option 'copy'")
+  -- in a run: a failure of the writer (injected at step 3) stops the run at the start of step 4
+  local c = cfg("bgfail", {"recipe=bf16", "ckpt_every=2", "ckpt_background=true", "eval_every=0"})
+  local ok, err = pcall(run, c, function(p)
+    local base = p.schedule
+    p.schedule = function(step)
+      if step == 3 then
+        ckpt.wait()
+        core.bg_submit({{"rename", d .. "/missing", d .. "/y"}})
+      end
+      return base(step)
+    end
+  end)
+  T.ok(not ok and tostring(err):find("checkpoint: background checkpoint writer: cannot rename", 1, true),
+    "the run stopped with the writer's error: " .. tostring(err))
+  local recs = read_metrics(c.out)
+  T.eq(recs[#recs].step, 3, "after step 3, before step 4")
 end)
 
 T.case("cleanup: the scratch directory is removed", function()

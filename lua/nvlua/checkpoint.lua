@@ -99,11 +99,19 @@ end
 
 -- Reached a fault point: the process kills itself (SIGKILL, as kill -9 would) when NVLUA_FAULT names
 -- this point and this is its nth time. The shell os.execute starts is a child of this process.
+-- A save in the background (ckpt.save{background = true}) records its durable steps in bgops, for
+-- the writer thread (core.bg_submit) to run in order after the main thread has written the files.
+local bgops -- nil: every operation runs now
+
 local function fault(point)
   if fault_point == nil then parse_fault() end
   if point ~= fault_point then return end
   fault_seen = fault_seen + 1
   if fault_seen ~= fault_nth then return end
+  if bgops then -- the writer thread kills the process when it gets there
+    bgops[#bgops + 1] = {"kill", point}
+    return
+  end
   io.stdout:flush()
   io.stderr:write(string.format("NVLUA_FAULT: killing this process at %s (time %d)\n", point, fault_seen))
   io.stderr:flush()
@@ -134,11 +142,13 @@ local function complete(dir) return dir ~= nil and lfs.attributes(dir .. "/" .. 
 ckpt.complete = complete
 
 local function sync_dir(dir)
+  if bgops then bgops[#bgops + 1] = {"fsync", dir, true}; return end
   local ok, err = core.fsync(dir, true)
   if not ok then error("checkpoint: cannot sync the directory " .. dir .. ": " .. tostring(err), 0) end
 end
 
 local function rename(from, to)
+  if bgops then bgops[#bgops + 1] = {"rename", from, to}; return end
   local ok, err = os.rename(from, to)
   if not ok then error(string.format("checkpoint: cannot rename %s to %s: %s", from, to, tostring(err)), 0) end
 end
@@ -147,6 +157,29 @@ end
 -- points (what .. ".marker", what .. ".half").
 local function remove_checkpoint(dir, what)
   local marker = dir .. "/" .. MARKER
+  if bgops then -- the same steps, for the writer thread
+    if not lfs.attributes(dir) then -- step-N.old, made by a rename the writer has not run yet: all of it
+      bgops[#bgops + 1] = {"unlink", marker}
+      sync_dir(dir)
+      fault(what .. ".marker")
+      bgops[#bgops + 1] = {"rmtree", dir}
+      return
+    end
+    if lfs.attributes(marker) then
+      bgops[#bgops + 1] = {"unlink", marker}
+      sync_dir(dir)
+    end
+    fault(what .. ".marker")
+    local names = {}
+    for n in lfs.dir(dir) do if n ~= "." and n ~= ".." and n ~= MARKER then names[#names + 1] = n end end
+    table.sort(names)
+    for i, n in ipairs(names) do
+      bgops[#bgops + 1] = {"rmtree", dir .. "/" .. n}
+      if i == 1 then fault(what .. ".half") end
+    end
+    bgops[#bgops + 1] = {"rmdir", dir}
+    return
+  end
   if lfs.attributes(marker) then
     local ok, err = os.remove(marker)
     if not ok then error("checkpoint: cannot remove " .. marker .. ": " .. tostring(err), 0) end
@@ -210,6 +243,7 @@ local function int_to_text(v) return math.type(v) == "integer" and string.format
 -- config.encode: numbers read back bit for bit (cjson keeps 14 digits); a non-finite number
 -- (an amax pushed by a step that went NaN) is written as a string and mapped back on load.
 local function write_json(path, t)
+  if bgops then bgops[#bgops + 1] = {"write", path, config.encode(t) .. "\n"}; return end
   local ok, err = util.atomic_write(path, config.encode(t) .. "\n")
   if not ok then error("checkpoint: " .. path .. ": " .. err, 0) end
 end
@@ -310,6 +344,12 @@ local function write_checkpoint(dir, o, seq)
     for name, size in pairs(tokenizer.export(tok, mdir, {model_max_length = max_len})) do model_files[name] = size end
   end
   for name, size in pairs(model_files) do files[MODEL .. "/" .. name] = size end
+  if bgops then -- the writer makes the files durable first (the main thread wrote them unsynced)
+    local names = {}
+    for name in pairs(files) do names[#names + 1] = name end
+    table.sort(names)
+    for _, name in ipairs(names) do bgops[#bgops + 1] = {"fsync", dir .. "/" .. name, false} end
+  end
   sync_dir(mdir)
   local trainer = {step = o.step, config = o.config, metrics = o.metrics, seq = seq, files = files,
     bad_steps_in_row = o.bad_in_row or 0, skipped_steps = o.skipped or 0}
@@ -319,6 +359,7 @@ local function write_checkpoint(dir, o, seq)
     for k, t in pairs(s.m) do tensors["m." .. k] = t end
     for k, t in pairs(s.v) do tensors["v." .. k] = t end
     written("trainer.safetensors", st.save(dir .. "/trainer.safetensors", tensors, {}))
+    if bgops then bgops[#bgops + 1] = {"fsync", dir .. "/trainer.safetensors", false} end
     trainer.optimizer_step = s.step
   end
   if o.recipe then
@@ -365,11 +406,51 @@ local function prune(run_dir, just, o)
   end
 end
 
+--- ckpt.wait(): wait for a background save (ckpt.save{background = true}) to finish; raises its error.
+function ckpt.wait()
+  local err = core.bg_wait()
+  if err then error("checkpoint: " .. err, 0) end
+end
+
+--- ckpt.poll(): raises the error of a background save that has finished with one (nothing while
+-- one still runs, or after a clean one)
+function ckpt.poll()
+  if not core.bg_busy() then ckpt.wait() end
+end
+
+-- what the files are written with while a background save's main-thread part runs: no fsync (the
+-- writer thread makes each file durable, in the protocol's order)
+local function no_fsync() return true end
+
 --- ckpt.save(run_dir, {model=, optimizer=, recipe=, loader=, step=, config=, metrics=, keep=3 (0: all),
--- protect=<dir never pruned>, bad_in_row=0, skipped=0, tokenizer=}) -> the checkpoint directory.
--- tokenizer (data.ByteTokenizer or a tokenizer.load one): its files go into model/ (nvlua.tokenizer).
--- Replaces an existing checkpoint of the same step. Raises on an I/O failure.
+-- protect=<dir never pruned>, bad_in_row=0, skipped=0, tokenizer=, background=false}) -> the
+-- checkpoint directory. tokenizer (data.ByteTokenizer or a tokenizer.load one): its files go into
+-- model/ (nvlua.tokenizer). Replaces an existing checkpoint of the same step. Raises on an I/O failure.
+-- background: the calling thread writes the files into step-N.partial without syncing them (into the
+-- page cache: the state is copied out, training may go on) and returns; a writer thread then runs the
+-- rest of the protocol in the same order — every file fsync'd, the directories, trainer.json last,
+-- the renames, the removals and the pruning. At most one runs: a save first waits for the previous
+-- one; ckpt.poll() raises a finished one's error, ckpt.wait() waits for it.
 function ckpt.save(run_dir, o)
+  if o.background then
+    ckpt.wait()
+    data.mkdir_p(run_dir .. "/checkpoints")
+    ckpt.recover(run_dir) -- now, as a blocking save does (it settles what a crash left)
+    bgops = {}
+    local fs, hook = core.fsync, st.fsync_hook
+    core.fsync, st.fsync_hook = no_fsync, no_fsync
+    local ok, res = pcall(ckpt._save, run_dir, o, true)
+    core.fsync, st.fsync_hook = fs, hook
+    local ops = bgops
+    bgops = nil
+    if not ok then error(res, 0) end
+    core.bg_submit(ops)
+    return res
+  end
+  return ckpt._save(run_dir, o)
+end
+
+function ckpt._save(run_dir, o, recovered)
   if not nonneg_int(o.step) or math.type(o.step) ~= "integer" then
     error("checkpoint.save: step must be an integer >= 0, got " .. tostring(o.step), 2)
   end
@@ -378,7 +459,7 @@ function ckpt.save(run_dir, o)
   end
   local root = run_dir .. "/checkpoints"
   data.mkdir_p(root)
-  ckpt.recover(run_dir)
+  if not recovered then ckpt.recover(run_dir) end
   local seq = 1
   for _, e in ipairs(entries(run_dir)) do
     if e.seq ~= math.huge and e.seq >= seq then seq = e.seq + 1 end

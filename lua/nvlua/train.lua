@@ -165,6 +165,9 @@ train.schema = config.schema({
   ckpt_every = str("0", {check = check_ckpt_every, accept = function(v) return math.type(v) == "integer" and v >= 0 end,
     accept_what = "a non-negative integer", doc = "steps between checkpoints, 0 (never) or auto"}),
   mtbf = num(24.0, {above = 0, doc = "expected hours between failures of the job (ckpt_every=auto)"}),
+  -- periodic checkpoints written in the background: the step writes the files unsynced and goes on; a
+  -- writer thread fsyncs them and commits the checkpoint (nvlua.checkpoint save{background = true})
+  ckpt_background = bool(false),
   keep = int(2, {min = 0}), sample_tokens = int(200, {min = 0}),
   temperature = num(0.8, {min = 0}), top_k = int(40, {min = 1}), max_bad_steps = int(5, {min = 0}),
   plot = bool(true), quiet = bool(false), save = bool(true),
@@ -504,7 +507,7 @@ local SILENT = {write = function() end, flush = function() end, close = function
 -- moments (full-size copies) once written. It records the skipped-step counters; pruning never
 -- removes the checkpoint this run resumed from, nor the newest one written outside a streak of
 -- skipped steps (nvlua.checkpoint).
-local function save_checkpoint(r, step)
+local function save_checkpoint(r, step, background)
   local path = nv.scope(function()
     local opt = r.opt
     local optv = opt
@@ -516,7 +519,7 @@ local function save_checkpoint(r, step)
     if r.main then
       path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
         config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = r.bad_in_row, skipped = r.skipped,
-        tokenizer = r.ds.tokenizer})
+        tokenizer = r.ds.tokenizer, background = background or nil})
     end
     if r.world > 1 then r.dist.barrier() end
     return path
@@ -926,9 +929,12 @@ local function finish_run(r, ok, err)
   local c = r.c
   if r.signal_ok then r.signal.defer(false) end
   r.mf:close()
+  -- a background save still writing is waited for (its error raised, unless the run failed already)
+  local wok, werr = pcall(ckpt.wait)
   if not ok then
     if tostring(err):find("interrupted!", 1, true) then r.interrupted = true else error(err, 0) end
   end
+  if not wok then error(werr, 0) end
   local summary = {steps = r.step, skipped = r.skipped, run_dir = r.run_dir, interrupted = r.interrupted,
     losses = r.losses, val = r.val_points, tokens_per_s = r.t_run > 0 and r.tok_run / r.t_run or 0,
     last_loss = r.last_loss}
@@ -997,7 +1003,7 @@ end
 
 local function save_due(r, step)
   local t0 = nv.clock()
-  save_checkpoint(r, step)
+  save_checkpoint(r, step, r.c.ckpt_background)
   if ckpt_every(r.c) ~= "auto" then return end
   local cost, step_s = nv.clock() - t0, r.t_run / math.max(1, step - r.start_step)
   local n, info = train.auto_interval(cost, step_s, r.c.mtbf)
@@ -1017,6 +1023,7 @@ function train.run(c, p)
   local r = start_run(c, p)
   local ok, err = pcall(function()
     while r.step < c.steps do
+      if c.ckpt_background then ckpt.poll() end -- a background save's error surfaces here
       r.step = r.step + 1
       local step = r.step
       report_step(r, step, step_once(r, step))
