@@ -14,13 +14,8 @@
 -- multiples of 2^-8 below 64, and a sum of 256 of them is exact in fp32 in any order.
 local M = {}
 
-local function lcg(seed)
-  local s = seed
-  return function(lo, hi)
-    s = (s * 1103515245 + 12345) % 2147483648
-    return lo + (s >> 8) % (hi - lo + 1)
-  end
-end
+local G = dofile("tests/gemm_exact.lua")
+local lcg = G.rng -- a deterministic integer generator, r(lo, hi)
 
 M.K, M.B = 256, 128
 
@@ -84,6 +79,6 @@ function M.mixed(x, choice)
 end
 
 -- a . b^T in double (exact here): tests/gemm_exact.lua's
-M.product = dofile("tests/gemm_exact.lua").exact_product
+M.product = G.exact_product
 
 return M
