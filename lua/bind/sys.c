@@ -202,41 +202,65 @@ static int l_bg_busy(lua_State *L) {
   return 1;
 }
 
+/* a malloc'd copy of the string at idx (checked already), or NULL */
 static char *dupl(lua_State *L, int idx, size_t *len) {
   size_t n;
-  const char *s = luaL_checklstring(L, idx, &n);
+  const char *s = lua_tolstring(L, idx, &n);
   char *d = malloc(n + 1);
-  if (!d) luaL_error(L, "bg_submit: out of memory");
+  if (!d) return NULL;
   memcpy(d, s, n);
   d[n] = 0;
   if (len) *len = n;
   return d;
 }
 
+static const char *const bg_kinds[] = {"fsync", "write", "rename", "unlink", "rmtree", "rmdir", "kill", NULL};
+
+/* Check every op of the list at 1 (raising on a bad one) before anything is allocated. */
+static void bg_check(lua_State *L, int n) {
+  for (int i = 1; i <= n; i++) {
+    lua_geti(L, 1, i);
+    int t = lua_gettop(L);
+    if (!lua_istable(L, t)) luaL_error(L, "bg_submit: op %d must be a table {kind, path, ...}", i);
+    lua_geti(L, t, 1);
+    int k = luaL_checkoption(L, -1, NULL, bg_kinds);
+    lua_geti(L, t, 2);
+    if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "bg_submit: op %d (%s) needs a path string", i, bg_kinds[k]);
+    lua_geti(L, t, 3);
+    if ((k == BG_WRITE || k == BG_RENAME) && lua_type(L, -1) != LUA_TSTRING)
+      luaL_error(L, "bg_submit: op %d (%s) needs a second string", i, bg_kinds[k]);
+    lua_settop(L, t - 1);
+  }
+}
+
 /* core.bg_submit(ops): start the thread on ops (see above); an error while one still runs */
 static int l_bg_submit(lua_State *L) {
-  static const char *const kinds[] = {"fsync", "write", "rename", "unlink", "rmtree", "rmdir", "kill", NULL};
   luaL_checktype(L, 1, LUA_TTABLE);
   if (bg.running && !bg.done) return luaL_error(L, "bg_submit: the previous list is still running (core.bg_wait first)");
   if (bg.running) { pthread_join(bg.thread, NULL); bg.running = 0; bg_free(); }
   if (bg.err[0]) return luaL_error(L, "bg_submit: the previous list failed and nobody asked: %s", bg.err);
   int n = (int)luaL_len(L, 1);
+  bg_check(L, n); /* raises before any allocation */
   bg.ops = calloc((size_t)(n > 0 ? n : 1), sizeof(bg_op));
-  if (!bg.ops) return luaL_error(L, "bg_submit: out of memory");
-  for (int i = 1; i <= n; i++) {
+  int oom = bg.ops == NULL;
+  for (int i = 1; i <= n && !oom; i++) {
     lua_geti(L, 1, i);
     int t = lua_gettop(L);
-    luaL_checktype(L, t, LUA_TTABLE);
     lua_geti(L, t, 1);
-    int k = luaL_checkoption(L, -1, NULL, kinds);
+    int k = luaL_checkoption(L, -1, NULL, bg_kinds); /* checked above: cannot raise */
     bg_op *o = &bg.ops[bg.n++];
     o->kind = k;
     lua_geti(L, t, 2);
     o->a = dupl(L, -1, NULL);
+    oom = o->a == NULL;
     lua_geti(L, t, 3);
     if (k == BG_FSYNC) o->flag = lua_toboolean(L, -1);
-    else if (k == BG_WRITE || k == BG_RENAME) o->b = dupl(L, -1, &o->blen);
+    else if (k == BG_WRITE || k == BG_RENAME) oom = oom || (o->b = dupl(L, -1, &o->blen)) == NULL;
     lua_settop(L, t - 1);
+  }
+  if (oom) {
+    bg_free();
+    return luaL_error(L, "bg_submit: out of memory");
   }
   bg.done = 0;
   if (pthread_create(&bg.thread, NULL, bg_main, NULL) != 0) {
