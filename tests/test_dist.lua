@@ -41,6 +41,8 @@ local cjson = require "cjson"
 local lfs = require "lfs"
 local st = require "nvlua.safetensors"
 local ckpt = require "nvlua.checkpoint"
+local train = require "nvlua.train"
+local config = require "nvlua.config"
 
 local ROOT = T.tmpdir()
 
@@ -274,7 +276,8 @@ local CORPUS = T.write_corpus(ROOT .. "/corpus.txt", {seed = 12345, lines = 500,
 
 -- the training script every rank runs: key=value config, plus the test's own keys:
 -- stop_at=N (stop after step N, keeping the steps=6 schedule), control=noshard|noreduce (drop
--- the SR offsets / the amax reduction), fault=kill|exit|hang (rank 1, at step 3)
+-- the SR offsets / the amax reduction), fault=kill|exit|hang (rank 1, at step 3), avg_ref=1 (every
+-- parameter averaged over the ranks after each optimizer step: sync=shadow's reference)
 local TRAIN = [=[
 local train = require "nvlua.train"
 local config = require "nvlua.config"
@@ -282,7 +285,7 @@ local dist = require "nvlua.dist"
 local args, extra = {}, {}
 for _, a in ipairs(arg) do
   local k, v = a:match("^([%w_]+)=(.*)$")
-  if k == "stop_at" or k == "control" or k == "fault" then extra[k] = v else args[#args + 1] = a end
+  if k == "stop_at" or k == "control" or k == "fault" or k == "avg_ref" then extra[k] = v else args[#args + 1] = a end
 end
 local c = config.parse(train.defaults, args)
 local p = train.build(c)
@@ -290,6 +293,13 @@ p.peak = 1e9
 if extra.control == "noshard" then p.recipe:set_shard(0, 1) end
 if extra.control == "noreduce" then p.recipe:set_amax_reducer(nil) end
 if extra.stop_at then c.steps = tonumber(extra.stop_at) end
+if extra.avg_ref then -- the reference for sync=shadow: after every optimizer step, each parameter averaged
+  local step = p.optimizer.step -- over the ranks by a blocking all-reduce of its own
+  p.optimizer.step = function(self, ...)
+    step(self, ...)
+    for _, e in ipairs(p.model:named_parameters()) do dist.all_reduce(e.param, "avg") end
+  end
+end
 if extra.fault then
   local base = p.schedule
   p.schedule = function(step)
@@ -549,6 +559,31 @@ T.case("a rank that hangs: the others time out (NVLUA_DIST_TIMEOUT=2) with a mes
   need_mpi()
   local secs = fault_case("hang", "rank 0 of 2: [%w_ ]+ %b() did not complete within %d+ s", "NVLUA_DIST_TIMEOUT=2")
   T.ok(secs < 30, "within the timeout plus start-up: " .. secs)
+end)
+
+T.case("sync=shadow: k=1 without overlap = synchronous parameter averaging, bit for bit; overlapped and k=3 train", function()
+  need_mpi()
+  -- shadow (k = 1, applied at once) against each rank stepping on its own gradients and then averaging
+  -- every parameter with a blocking all-reduce (sync=shadow with an averaging that never comes, plus
+  -- the reference's own averaging in the optimizer step)
+  local a = run2("shadow_k1", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow", "shadow_every=1",
+    "shadow_overlap=false"})
+  local b = run2("shadow_ref", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow", "shadow_every=1000000", "avg_ref=1"})
+  T.eq(weight_diff(a, b), 0, "the final weights, bit for bit")
+  local ma, mb = metrics(a), metrics(b)
+  for s = 1, 6 do T.eq(ma[s].loss, mb[s].loss, "step " .. s .. "'s loss") end
+  -- without averaging the ranks drift apart: the comparison sees the averaging
+  local out = mpirun(2, SCRIPT, train_args("shadow_none", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow",
+    "shadow_every=1000000"}))
+  T.ok(out:find("rank 1: steps 6, weights same as rank 0: false", 1, true), "no averaging: the ranks differ:\n" .. out)
+  -- overlapped, every 3 steps: trains; the ranks hold their own weights between averagings
+  local out3 = mpirun(2, SCRIPT, train_args("shadow_k3", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow",
+    "shadow_every=3"}))
+  T.ok(out3:find("rank 0: steps 6", 1, true) and out3:find("rank 1: steps 6", 1, true), out3)
+  local m3 = metrics(ROOT .. "/shadow_k3")
+  T.ok(m3[6].loss < m3[1].loss, "the loss goes down")
+  T.raises(function() train.check(config.parse(train.defaults, {"sync=shadow", "shard_optimizer=true"})) end,
+    "sync=shadow averages whole parameters")
 end)
 
 T.case("cleanup: the scratch directory is removed", function()

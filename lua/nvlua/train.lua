@@ -110,6 +110,9 @@ local function relations(c)
   if c.max_positions > 0 and c.max_positions < c.seq then
     return string.format("max_positions (%d) must be 0 (= seq) or at least seq (%d)", c.max_positions, c.seq)
   end
+  if c.sync == "shadow" and c.shard_optimizer then
+    return "sync=shadow averages whole parameters in the background; it does not go with shard_optimizer=true"
+  end
   if c.tokenizer ~= "" and not (c.data:match("^shards:") or c.data:match("^megatron:")) then
     return string.format("tokenizer=%s goes with data=shards:... or megatron:...; data=%s is byte tokens", c.tokenizer,
       c.data)
@@ -178,6 +181,12 @@ train.schema = config.schema({
   -- bucket_grads: without ZeRO-1, each block's gradients start their all-reduce as the last
   -- micro-batch's backward completes them (overlapped with the rest of the backward; CPU gradients)
   dist = bool(false), shard_optimizer = bool(false), bucket_grads = bool(true),
+  -- sync=shadow (ShadowSync): no gradient all-reduce; each rank steps on its own gradients and every
+  -- shadow_every steps the parameters are averaged over the ranks by a nonblocking all-reduce of a
+  -- snapshot, applied as the change it brings (p += avg - snapshot) at the next averaging
+  -- (shadow_overlap=false: applied at once, p = avg: synchronous parameter averaging)
+  sync = str("allreduce", {one_of = {"allreduce", "shadow"}}), shadow_every = int(1, {min = 1}),
+  shadow_overlap = bool(true),
   -- where the model, its gradients and the optimizer state live: cpu | cuda
   device = str("cpu", {check = check_device}),
 }, {relations})
@@ -735,6 +744,50 @@ local function mor_record(r, step, line)
   return sm
 end
 
+-- ShadowSync (sync=shadow): the parameters averaged over the ranks off the step's critical path.
+-- Each averaging completes the previous one (its all-reduce has run under the steps since) and
+-- applies it as a change, p += avg - snapshot, so the local steps taken meanwhile are kept; then
+-- snapshots the parameters into a flat buffer and starts its nonblocking all-reduce. With
+-- shadow_overlap=false it waits at once and sets p = avg.
+local function shadow_apply(s, exact)
+  for _, e in ipairs(s.entries) do
+    local a, sn = s.avg:narrow(1, e.off + 1, e.n):view(e.param:size()), s.snap:narrow(1, e.off + 1, e.n):view(e.param:size())
+    if exact then e.param:copy_(a) else e.param:add_(a - sn) end
+  end
+end
+
+local function shadow_average(r)
+  local dist, c = r.dist, r.c
+  local s = r.shadow
+  if not s then
+    s = {entries = {}, n = 0}
+    for _, e in ipairs(r.model:named_parameters()) do
+      s.entries[#s.entries + 1] = {param = e.param, off = s.n, n = e.param:numel()}
+      s.n = s.n + e.param:numel()
+    end
+    s.avg, s.snap = nv.unscope(nv.zeros(s.n)), nv.unscope(nv.zeros(s.n))
+    r.shadow = s
+  end
+  nv.scope(function()
+    if s.pending then
+      dist.wait_all()
+      shadow_apply(s, false)
+      s.pending = false
+    end
+    for _, e in ipairs(s.entries) do
+      s.avg:narrow(1, e.off + 1, e.n):copy_(e.param:reshape(e.n))
+      s.snap:narrow(1, e.off + 1, e.n):copy_(e.param:reshape(e.n))
+    end
+    dist.all_reduce_start(s.avg, "avg")
+    s.pending = true
+    if not c.shadow_overlap then
+      dist.wait_all()
+      shadow_apply(s, true)
+      s.pending = false
+    end
+  end)
+end
+
 local function step_once(r, step)
   return nv.scope(function()
     local c, model, opt, world, dist = r.c, r.model, r.opt, r.world, r.dist
@@ -748,7 +801,8 @@ local function step_once(r, step)
     -- gradients only for now: on CUDA the buckets (NCCL on its own stream) and the backward's GEMMs
     -- touch disjoint ranges of one gradient allocation at once, which CUDA allows but the
     -- emulator, checking stream order per allocation, cannot tell from a race, so it is unverified
-    local buckets = world > 1 and not opt.sharded and c.bucket_grads and model.grad_buffer:device() == "cpu" and
+    local shadow = world > 1 and c.sync == "shadow"
+    local buckets = world > 1 and not shadow and not opt.sharded and c.bucket_grads and model.grad_buffer:device() == "cpu" and
       model.grad_buckets and model:grad_buckets()
     nv.recipe.weight_cache(function() -- each weight quantized once for all the micro-batches
       for i = 1, c.grad_accum do
@@ -773,11 +827,14 @@ local function step_once(r, step)
       end
     end)
     local gnorm
+    local t_sync = nv.clock() -- then: the seconds this step waits on synchronisation (data parallel)
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
       gnorm = opt:reduce_clip(c.clip)
+      t_sync = nv.clock() - t_sync
     else
       if buckets then dist.wait_all()
-      elseif world > 1 then dist.all_reduce(model.grad_buffer, "avg") end
+      elseif world > 1 and not shadow then dist.all_reduce(model.grad_buffer, "avg") end
+      t_sync = nv.clock() - t_sync
       -- the norm and the clip factor on the grads' device (one launch); AdamW applies the factor.
       -- The norm is read back every step: a non-finite one skips the step.
       gnorm = opt:clip_grad_norm(c.clip):value()
@@ -791,6 +848,11 @@ local function step_once(r, step)
     local rec_line, stop
     if finite(loss) and finite(gnorm) then
       opt:step()
+      if shadow and step % c.shadow_every == 0 then
+        local t0 = nv.clock()
+        shadow_average(r)
+        t_sync = t_sync + (nv.clock() - t0)
+      end
       r.bad_in_row = 0
       rec_line = {step = step, loss = loss, lr = lr, grad_norm = gnorm}
       if r.p.teacher then rec_line.kl, rec_line.ce = parts.kl, parts.ce end
@@ -813,6 +875,7 @@ local function step_once(r, step)
     rec_line.ms = dt * 1000
     rec_line.tokens_per_s = r.tokens_per_step / dt
     rec_line.mfu = r.flops_tok * r.tokens_per_step / dt / (r.peak * world)
+    if world > 1 then rec_line.sync_ms = t_sync * 1000 end -- waiting on the ranks (not in a 1-rank record)
     local ms = mor_record(r, step, rec_line)
     r.mf:write(config.encode(rec_line), "\n")
     if stop then error(stop, 0) end -- after logging the step that made it
@@ -929,8 +992,14 @@ local function finish_run(r, ok, err)
   local c = r.c
   if r.signal_ok then r.signal.defer(false) end
   r.mf:close()
-  -- a background save still writing is waited for (its error raised, unless the run failed already)
+  -- a background save still writing is waited for (its error raised, unless the run failed already);
+  -- a parameter averaging still running (sync=shadow) is completed and applied
   local wok, werr = pcall(ckpt.wait)
+  if ok and r.shadow and r.shadow.pending then
+    r.dist.wait_all()
+    shadow_apply(r.shadow, false)
+    r.shadow.pending = false
+  end
   if not ok then
     if tostring(err):find("interrupted!", 1, true) then r.interrupted = true else error(err, 0) end
   end
