@@ -81,4 +81,19 @@ end
 -- a . b^T in double (exact here): tests/gemm_exact.lua's
 M.product = G.exact_product
 
+-- got and want (nested tables of numbers) equal element by element (NaN equals NaN), else an error
+-- naming the element
+function M.same_values(got, want, what)
+  for i = 1, #want do
+    for j = 1, #want[i] do
+      if got[i][j] ~= want[i][j] and not (got[i][j] ~= got[i][j] and want[i][j] ~= want[i][j]) then
+        error(string.format("%s: [%d,%d] %.9g, want %.9g", what, i, j, got[i][j], want[i][j]), 2)
+      end
+    end
+  end
+end
+
+-- a tensor's values on the host, as nested tables
+function M.tbl(t) return t:cpu():totable() end
+
 return M

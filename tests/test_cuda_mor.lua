@@ -18,17 +18,7 @@ local llama = require "nvlua.llama"
 
 local C = dofile("tests/mor_cases.lua")
 
-local function same_values(got, want, what)
-  for i = 1, #want do
-    for j = 1, #want[i] do
-      if got[i][j] ~= want[i][j] and not (got[i][j] ~= got[i][j] and want[i][j] ~= want[i][j]) then
-        error(string.format("%s: [%d,%d] %.9g, want %.9g", what, i, j, got[i][j], want[i][j]), 2)
-      end
-    end
-  end
-end
-
-local function tbl(t) return t:cpu():totable() end
+local same_values, tbl = C.same_values, C.tbl
 
 T.case("dequantize on the device equals the CPU's, every format", function()
   T.need_gpu()

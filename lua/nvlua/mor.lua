@@ -164,8 +164,8 @@ local function norm_factor(a)
 end
 
 -- per 1 x B group of the rows of a (and b): sum (a - b)^2, in double in index order, rounded to f32
--- once: the same bits on every backend (core.block_sqerr)
-local function sqerr(a, b, B) return core.block_sqerr(a, b, B) end
+-- once: the same bits on every backend
+local sqerr = core.block_sqerr
 
 -- the sum of a [rows, 1] tensor's values, in double on the host in row order
 local function host_sum(t)
@@ -253,18 +253,15 @@ function Mor:_per_tensor(rec, ctx, role, operand, t, axis, split)
   local key = tostring(ctx.name) .. "|" .. operand .. "|" .. role
   local prev = self.sticky[key]
   local numel = t:numel()
+  local function as_bf16() return quant.quantize(t, "bf16", {axis = axis, view = split or nil}) end
   if prev and ctx.step and prev.step and ctx.step >= prev.step and ctx.step - prev.step < self.every then
     local i = 0
     for j, f in ipairs(self.formats) do if f == prev.format then i = j end end
-    if i == 0 then prev = nil end -- a choice this recipe does not offer (another run's state): decide
-  end
-  if prev and ctx.step and prev.step and ctx.step >= prev.step and ctx.step - prev.step < self.every then
-    local i = 0
-    for j, f in ipairs(self.formats) do if f == prev.format then i = j end end
-    local counts = {[i] = 1}
-    self:_count(ctx, role, operand, counts, numel, "tensor")
-    if prev.format == "bf16" then return quant.quantize(t, "bf16", {axis = axis, view = split or nil}), "bf16" end
-    return quant.quantize(t, prev.format, self:_opts(rec, prev.format, operand, axis)), prev.format
+    if i > 0 then -- (a choice this recipe does not offer, another run's state, is decided again)
+      self:_count(ctx, role, operand, {[i] = 1}, numel, "tensor")
+      if prev.format == "bf16" then return as_bf16(), "bf16" end
+      return quant.quantize(t, prev.format, self:_opts(rec, prev.format, operand, axis)), prev.format
+    end
   end
   local tf = t:dtype() == "f32" and t or t:to("f32")
   local cols = tf:size(2)
@@ -289,7 +286,7 @@ function Mor:_per_tensor(rec, ctx, role, operand, t, axis, split)
   self:_count(ctx, role, operand, counts, numel, "tensor")
   local f = self.formats[i]
   if self.every > 1 then self.sticky[key] = {format = f, step = ctx.step} end
-  if f == "bf16" then return quant.quantize(t, "bf16", {axis = axis, view = split or nil}), "bf16", choice, errs end
+  if f == "bf16" then return as_bf16(), "bf16", choice, errs end
   return qs[i], f, choice, errs
 end
 
