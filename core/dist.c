@@ -26,10 +26,12 @@ const char *const nvl_dist_op_names[NVL_DIST_OP_COUNT] = {"sum", "avg", "max", "
 static struct {
   int init, finalized, use_mpi;
   int rank, world, local_rank, local_size;
-} S = {0, 0, 0, 0, 1, 0, 1};
+  int multiple; /* MPI_THREAD_MULTIPLE was granted */
+} S = {0, 0, 0, 0, 1, 0, 1, 0};
 
 #ifdef NVLUA_HAVE_MPI
 static MPI_Comm comm = MPI_COMM_NULL; /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
+static MPI_Comm comm_bg = MPI_COMM_NULL; /* another, for the background all-reduce's thread */
 #endif
 
 /* ---- the watchdog --------------------------------------------------------------------------- */
@@ -37,6 +39,8 @@ static MPI_Comm comm = MPI_COMM_NULL; /* a duplicate of MPI_COMM_WORLD with MPI_
 static _Atomic long long op_start_ns;        /* when the collective in flight began; 0: none */
 static _Atomic long long timeout_ms = -1;    /* -1: not read from the environment yet */
 static char op_desc[192];                    /* the collective in flight, for the message */
+static _Atomic long long bg_start_ns;        /* the same for the background all-reduce's thread */
+static char bg_desc[192];
 static pthread_t watchdog;
 static atomic_int watchdog_stop, watchdog_running;
 
@@ -71,25 +75,28 @@ static void op_begin(const char *fmt, ...) {
 static __attribute__((unused)) void op_end(void) { atomic_store(&op_start_ns, 0); }
 
 /* Wakes every 100 ms; ends the process when a collective has run past the timeout, or when NCCL
- * reports an asynchronous error (its communicator is aborted first). Calls no MPI function (MPI
- * runs in MPI_THREAD_FUNNELED mode), only write and _exit, so it is safe next to any MPI call. */
+ * reports an asynchronous error (its communicator is aborted first). Calls no MPI function, only
+ * write and _exit, so it is safe next to any MPI call. */
 static void *watchdog_main(void *arg) {
   (void)arg;
   while (!atomic_load(&watchdog_stop)) {
     struct timespec ts = {0, 100 * 1000 * 1000};
     nanosleep(&ts, NULL);
     long long t0 = atomic_load(&op_start_ns), ms = atomic_load(&timeout_ms);
+    const char *desc = op_desc;
+    long long tb = atomic_load(&bg_start_ns); /* the background thread's, when it has waited longer */
+    if (tb && (!t0 || tb < t0)) t0 = tb, desc = bg_desc;
     const char *nccl_err = nvl_nccl_watch(t0 != 0);
     double waited = t0 ? (double)(now_ns() - t0) / 1e9 : 0.0;
     if (nccl_err || (t0 && ms > 0 && waited * 1000.0 > (double)ms)) {
       char msg[512];
       if (nccl_err)
         snprintf(msg, sizeof msg, "nvlua dist: rank %d of %d: NCCL failed during %s: %s; communicator aborted, "
-                 "ending this process\n", S.rank, S.world, t0 ? op_desc : "(no collective)", nccl_err);
+                 "ending this process\n", S.rank, S.world, t0 ? desc : "(no collective)", nccl_err);
       else
         snprintf(msg, sizeof msg, "nvlua dist: rank %d of %d: %s did not complete within %.0f s (timeout "
                  "NVLUA_DIST_TIMEOUT=%g): a peer rank is dead or hung; ending this process\n", S.rank, S.world,
-                 op_desc, waited, (double)ms / 1000.0);
+                 desc, waited, (double)ms / 1000.0);
       if (!nccl_err) nvl_nccl_abort();
       fflush(stdout);
       ssize_t w = write(2, msg, strlen(msg));
@@ -164,7 +171,9 @@ static void pick_gpu_before_mpi(void) {
 }
 #endif
 
-nvl_status nvl_dist_init(void) {
+nvl_status nvl_dist_init(void) { return nvl_dist_init_threads(0); }
+
+nvl_status nvl_dist_init_threads(int multiple) {
   if (S.init) return NVL_OK;
 #ifdef NVLUA_HAVE_MPI
   if (launched()) {
@@ -173,8 +182,11 @@ nvl_status nvl_dist_init(void) {
 #ifdef NVLUA_HAVE_CUDA
     if (!flag) pick_gpu_before_mpi();
 #endif
-    if (!flag && MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    if (!flag && MPI_Init_thread(NULL, NULL, multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided) !=
+                     MPI_SUCCESS)
       return nvl_error(NVL_EDEVICE, "dist.init: MPI_Init_thread failed");
+    if (flag) MPI_Query_thread(&provided);
+    S.multiple = provided >= MPI_THREAD_MULTIPLE;
     MPI_Comm local;
     MPI_TRY("dist.init", MPI_Comm_dup(MPI_COMM_WORLD, &comm));
     MPI_TRY("dist.init", MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
@@ -184,6 +196,10 @@ nvl_status nvl_dist_init(void) {
     MPI_TRY("dist.init", MPI_Comm_rank(local, &S.local_rank));
     MPI_TRY("dist.init", MPI_Comm_size(local, &S.local_size));
     MPI_Comm_free(&local);
+    if (S.multiple) {
+      MPI_TRY("dist.init", MPI_Comm_dup(comm, &comm_bg));
+      MPI_TRY("dist.init", MPI_Comm_set_errhandler(comm_bg, MPI_ERRORS_RETURN));
+    }
     S.use_mpi = 1;
 #ifdef NVLUA_HAVE_CUDA
     /* a launcher that exports no node-local rank: MPI's, which a CUDA-aware MPI may have been too
@@ -236,6 +252,8 @@ void nvl_dist_finalize(void) {
   nvl_nccl_shutdown();
 #ifdef NVLUA_HAVE_MPI
   if (S.use_mpi) {
+    nvl_dist_bg_wait(); /* a background all-reduce still running: every rank completes it */
+    if (comm_bg != MPI_COMM_NULL) MPI_Comm_free(&comm_bg);
     MPI_Comm_free(&comm);
     MPI_Finalize();
   }
@@ -469,6 +487,133 @@ nvl_status nvl_dist_wait_all(void) {
     npending = 0;
   }
 #endif
+  return st;
+}
+
+/* ---- background all-reduce (ShadowSync) -------------------------------------------------------- */
+
+static struct {
+  nvl_tensor t;    /* a share of the output; null: none pending */
+  nvl_tensor src;  /* a share of the source when it is not t */
+  nvl_dist_op op;
+  int delta;       /* then t -= src */
+  int threaded;    /* run by the thread below (else req) */
+  pthread_t thread;
+  int rc;          /* the thread's MPI return code */
+  atomic_int running; /* the thread has not finished */
+#ifdef NVLUA_HAVE_MPI
+  MPI_Request req;
+#endif
+} BG;
+
+int nvl_dist_bg_pending(void) { return BG.t.storage != NULL; }
+int nvl_dist_bg_busy(void) { return BG.t.storage != NULL && (!BG.threaded || atomic_load(&BG.running)); }
+int nvl_dist_bg_threaded(void) { return S.use_mpi && S.multiple; }
+
+/* After the sum: avg's division, then delta's subtraction (t = avg - src), element by element in f32. */
+static void bg_finish(void) {
+  float *t = nvl_tensor_data(&BG.t);
+  const float *src = BG.src.storage ? nvl_tensor_data(&BG.src) : t;
+  int64_t n = nvl_tensor_numel(&BG.t);
+  float w = (float)S.world;
+  if (BG.op == NVL_DIST_AVG)
+    for (int64_t i = 0; i < n; i++) t[i] = t[i] / w;
+  if (BG.delta)
+    for (int64_t i = 0; i < n; i++) t[i] = t[i] - src[i];
+}
+
+static void bg_release(void) {
+  nvl_tensor_release(&BG.t);
+  nvl_tensor_release(&BG.src);
+}
+
+#ifdef NVLUA_HAVE_MPI
+static void *bg_allreduce_main(void *arg) {
+  (void)arg;
+  char d[160];
+  snprintf(bg_desc, sizeof bg_desc, "background all_reduce (%s, %s)", nvl_tensor_desc(&BG.t, d, sizeof d),
+           nvl_dist_op_names[BG.op]);
+  atomic_store(&bg_start_ns, now_ns());
+  BG.rc = MPI_Allreduce(BG.src.storage ? nvl_tensor_data(&BG.src) : MPI_IN_PLACE, nvl_tensor_data(&BG.t),
+                        (int)nvl_tensor_numel(&BG.t), MPI_FLOAT, MPI_SUM, comm_bg);
+  atomic_store(&bg_start_ns, 0);
+  if (BG.rc == MPI_SUCCESS) bg_finish();
+  atomic_store(&BG.running, 0);
+  return NULL;
+}
+#endif
+
+nvl_status nvl_dist_all_reduce_bg(nvl_tensor *t, const nvl_tensor *src, nvl_dist_op op, int delta) {
+  char d[160], d2[160];
+  NVL_TRY(check_tensor("all_reduce_bg", t));
+  NVL_TRY(check_op("all_reduce_bg", op, t));
+  if (op != NVL_DIST_SUM && op != NVL_DIST_AVG)
+    return nvl_error(NVL_EINVAL, "all_reduce_bg: op must be sum or avg, got %s", nvl_dist_op_names[op]);
+  if (t->dtype != NVL_F32 || !nvl_tensor_is_contiguous(t) || t->device != NVL_CPU)
+    return nvl_error(NVL_EINVAL, "all_reduce_bg: expects a contiguous f32 CPU tensor, got %s", nvl_tensor_desc(t, d, sizeof d));
+  if (src) {
+    NVL_TRY(check_tensor("all_reduce_bg", src));
+    if (src->dtype != NVL_F32 || !nvl_tensor_is_contiguous(src) || src->device != NVL_CPU ||
+        nvl_tensor_numel(src) != nvl_tensor_numel(t))
+      return nvl_error(NVL_EINVAL, "all_reduce_bg: src must be a contiguous f32 CPU tensor of t's %lld elements, got %s",
+                       (long long)nvl_tensor_numel(t), nvl_tensor_desc(src, d2, sizeof d2));
+    if (nvl_tensor_data(src) == nvl_tensor_data(t)) src = NULL; /* the same memory: in place */
+  }
+  if (delta && !src) return nvl_error(NVL_EINVAL, "all_reduce_bg: delta (t = reduced - src) needs a src other than t");
+  if (BG.t.storage) return nvl_error(NVL_ESTATE, "all_reduce_bg: one is already running (bg_wait first)");
+  int64_t n = nvl_tensor_numel(t);
+#ifdef NVLUA_HAVE_MPI
+  NVL_TRY(check_count("all_reduce_bg", n));
+#endif
+  nvl_tensor_share(&BG.t, t);
+  if (src) nvl_tensor_share(&BG.src, src);
+  BG.op = op;
+  BG.delta = delta;
+  BG.threaded = 0;
+  if (!S.use_mpi) { /* a world of one: the reduction is the source itself */
+    if (src) memcpy(nvl_tensor_data(t), nvl_tensor_data(src), (size_t)n * sizeof(float));
+    BG.op = NVL_DIST_SUM;
+    bg_finish();
+    bg_release();
+    return NVL_OK;
+  }
+#ifdef NVLUA_HAVE_MPI
+  BG.threaded = S.multiple;
+  if (BG.threaded) {
+    atomic_store(&BG.running, 1);
+    if (pthread_create(&BG.thread, NULL, bg_allreduce_main, NULL) != 0) {
+      atomic_store(&BG.running, 0);
+      bg_release();
+      return nvl_error(NVL_EDEVICE, "all_reduce_bg: cannot start its thread");
+    }
+    return NVL_OK;
+  }
+  int rc = MPI_Iallreduce(src ? nvl_tensor_data(src) : MPI_IN_PLACE, nvl_tensor_data(t), (int)n, MPI_FLOAT, MPI_SUM,
+                          comm, &BG.req);
+  if (rc != MPI_SUCCESS) {
+    bg_release();
+    return mpi_fail("all_reduce_bg", "MPI_Iallreduce", rc);
+  }
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_bg_wait(void) {
+  if (!BG.t.storage) return NVL_OK;
+  nvl_status st = NVL_OK;
+#ifdef NVLUA_HAVE_MPI
+  if (BG.threaded) {
+    pthread_join(BG.thread, NULL); /* the watchdog times the thread's MPI_Allreduce */
+    if (BG.rc != MPI_SUCCESS) st = mpi_fail("bg_wait", "MPI_Allreduce (background)", BG.rc);
+  } else {
+    op_begin("all_reduce (started by all_reduce_bg)");
+    int rc = MPI_Wait(&BG.req, MPI_STATUS_IGNORE);
+    op_end();
+    if (rc != MPI_SUCCESS) st = mpi_fail("bg_wait", "MPI_Wait", rc);
+    else bg_finish();
+  }
+#endif
+  bg_release();
   return st;
 }
 

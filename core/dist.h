@@ -29,8 +29,11 @@ typedef enum { NVL_DIST_SUM = 0, NVL_DIST_AVG = 1, NVL_DIST_MAX = 2, NVL_DIST_MI
 extern const char *const nvl_dist_op_names[NVL_DIST_OP_COUNT];
 
 /* Start (idempotent): MPI_Init_thread when nvlua has MPI and the process was started by a
- * launcher (mpirun, srun; NVLUA_DIST_MPI=1 forces it, 0 forbids it); otherwise a world of one. */
+ * launcher (mpirun, srun; NVLUA_DIST_MPI=1 forces it, 0 forbids it); otherwise a world of one.
+ * MPI_THREAD_FUNNELED, or with nvl_dist_init_threads(1) MPI_THREAD_MULTIPLE (what the background
+ * all-reduce below needs; a later call changes nothing once MPI is started). */
 nvl_status nvl_dist_init(void);
+nvl_status nvl_dist_init_threads(int multiple);
 /* 1 after nvl_dist_init. */
 int nvl_dist_initialized(void);
 /* This process's rank, the number of ranks, its rank among the ranks on its node and their
@@ -60,6 +63,25 @@ nvl_status nvl_dist_all_reduce_start(nvl_tensor *t, nvl_dist_op op);
 nvl_status nvl_dist_wait_all(void);
 /* The number of started, not yet completed all-reduces. */
 int nvl_dist_pending(void);
+/* Background all-reduce (ShadowSync's parameter averaging): start t = op (sum or avg) over the
+ * ranks of src (NULL or t itself: of t, in place) and return; delta: then t -= src, the change the
+ * reduction brings to src (f32 element by element: (sum / world) - src). f32, contiguous, CPU; one at
+ * a time. With MPI_THREAD_MULTIPLE a thread of its own runs it all (MPI_Allreduce on a communicator
+ * of its own, the division, the subtraction), so it advances while the caller computes; Open MPI
+ * has no progress thread, so without one a nonblocking all-reduce advances only inside the caller's
+ * MPI calls. Without MPI_THREAD_MULTIPLE it is an MPI_Iallreduce (that weaker overlap; the division
+ * and subtraction at the wait). t and src must not be written, nor t read, until nvl_dist_bg_wait
+ * returns. Every rank starts the same tensors in the same order. A world of one: done at once. */
+nvl_status nvl_dist_all_reduce_bg(nvl_tensor *t, const nvl_tensor *src, nvl_dist_op op, int delta);
+/* Complete the background all-reduce (nothing when none is pending). */
+nvl_status nvl_dist_bg_wait(void);
+/* 1 while one is started and not waited for. */
+int nvl_dist_bg_pending(void);
+/* 1 while one is started and not known to be complete (its thread still runs; without the thread:
+ * until it is waited for). Makes no MPI call. */
+int nvl_dist_bg_busy(void);
+/* 1 when background all-reduces run in a thread of their own (MPI_THREAD_MULTIPLE granted). */
+int nvl_dist_bg_threaded(void);
 /* *x (a double on every rank) = op over the ranks (for losses, norms, flags). */
 nvl_status nvl_dist_all_reduce_f64(double *x, nvl_dist_op op);
 /* t = root's t on every rank. */

@@ -5,8 +5,13 @@
 --   shadow k=1       each rank steps on its own gradients; the parameters averaged in the background
 --                    every step (applied at the next one),
 --   shadow k=4       the same every 4 steps,
--- on 2 and 4 ranks (equal tokens per variant). Reported: the final validation loss and the share of the
--- step time spent waiting on synchronization (sync_ms / ms in metrics.jsonl, mean over steps 2..).
+--   shadow k=4 +m    and the AdamW moments averaged with the parameters (shadow_moments=true),
+-- on 2 and 4 ranks (equal tokens per variant). The averaging's all-reduce runs in a thread of its own
+-- (MPI_THREAD_MULTIPLE, dist.all_reduce_bg), started after one step and completed at the next
+-- averaging. Reported: the final validation loss, the step time, the time the step spends on
+-- synchronization (sync_ms in metrics.jsonl: the gradient all-reduce's wait, or for shadow the
+-- snapshot copy, the wait and applying the average) and of it the time blocked waiting on the other
+-- ranks' communication (sync_wait_ms), means over steps 2..; the share is the waiting's.
 -- On this machine the ranks share 2 cores (oversubscribed with 4), so the waits include the ranks'
 -- scheduling; a GPU cluster's network is another matter. Writes <out>/results.md.
 --   nvlua experiments/shadow_sync.lua [steps=100] [batch=4] [ranks=2,4] [out=runs/shadow_sync]
@@ -39,14 +44,15 @@ local VARIANTS = {
   {"allreduce", {"sync=allreduce"}},
   {"shadow k=1", {"sync=shadow", "shadow_every=1"}},
   {"shadow k=4", {"sync=shadow", "shadow_every=4"}},
+  {"shadow k=4 +m", {"sync=shadow", "shadow_every=4", "shadow_moments=true"}},
 }
 
 local lines = {
   string.format("%s, %d steps of %d x 128 tokens per rank, the comparison's model (3.3M parameters), bf16, CPU ranks " ..
     "(OMP_NUM_THREADS=1) on this machine's cores", os.date("!%Y-%m-%d"), o.steps, o.batch),
   "",
-  "| ranks | sync | final val loss | step time | waiting on sync | share of the step |",
-  "|---:|---|---:|---:|---:|---:|",
+  "| ranks | sync | final val loss | step time | synchronization | of it waiting | waiting's share of the step |",
+  "|---:|---|---:|---:|---:|---:|---:|",
 }
 for n in o.ranks:gmatch("%d+") do
   for _, v in ipairs(VARIANTS) do
@@ -55,21 +61,21 @@ for n in o.ranks:gmatch("%d+") do
       "kv_heads=2", "ffn=768", "steps=" .. o.steps, "batch=" .. o.batch, "warmup=10", "eval_every=" .. o.steps,
       "eval_batches=4", "log_every=" .. o.steps, "sample_tokens=0", "plot=false", "save=false", "quiet=true",
       "overwrite=true", "out=" .. dir, table.unpack(v[2])}
-    io.write(string.format("%s ranks, %-11s ... ", n, v[1]))
+    io.write(string.format("%s ranks, %-13s ... ", n, v[1]))
     io.flush()
     local out, code = sh(string.format("env OMP_NUM_THREADS=1 %s --allow-run-as-root --oversubscribe --bind-to none " ..
       "-np %s %s %s", mpirun, n, nvlua, table.concat(args, " ")))
     if code ~= 0 then error("shadow_sync: the run failed:\n" .. out, 0) end
-    local ms, sync, val = {}, {}, nil
+    local ms, sync, wait, val = {}, {}, {}, nil
     for line in io.lines(dir .. "/metrics.jsonl") do
       local r = cjson.decode(line)
-      if r.loss and r.step > 1 then ms[#ms + 1], sync[#sync + 1] = r.ms, r.sync_ms or 0 end
+      if r.loss and r.step > 1 then ms[#ms + 1], sync[#sync + 1], wait[#wait + 1] = r.ms, r.sync_ms, r.sync_wait_ms end
       if r.val_loss then val = r.val_loss end
     end
-    local mms, msync = util.mean_sd(ms), util.mean_sd(sync)
-    print(string.format("val loss %.4f, step %.0f ms, sync %.1f ms", val, mms, msync))
-    lines[#lines + 1] = string.format("| %s | %s | %.4f | %.0f ms | %.1f ms | %.1f%% |", n, v[1], val, mms, msync,
-      100 * msync / mms)
+    local mms, msync, mwait = util.mean_sd(ms), util.mean_sd(sync), util.mean_sd(wait)
+    print(string.format("val loss %.4f, step %.0f ms, sync %.1f ms, waiting %.1f ms", val, mms, msync, mwait))
+    lines[#lines + 1] = string.format("| %s | %s | %.4f | %.0f ms | %.1f ms | %.1f ms | %.1f%% |", n, v[1], val, mms,
+      msync, mwait, 100 * mwait / mms)
   end
 end
 print("")

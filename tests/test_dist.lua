@@ -31,6 +31,12 @@
 --     under nvfp4 moves the weights by far more than the tolerance, so the comparison sees them.
 --   * resume: a 2-rank nvfp4 ZeRO-1 run of 3 steps + resume=auto for 3 more equals the 6 straight
 --     steps bit for bit (metrics and weights).
+--   * the background all-reduce (sync=shadow's averaging) on 2 and 3 ranks: run by a thread of its
+--     own beside blocking collectives of the main thread, it completes while the main thread makes
+--     no MPI call; exact sums and averages.
+--   * sync=shadow: k=1 without overlap equals a blocking average of every parameter (and, with
+--     shadow_moments, of the AdamW moments) after each step, bit for bit; overlapped every 3 steps
+--     equals a reference that averages at once and applies the change at the next averaging.
 --   * faults: rank 1 killed with SIGKILL at step 3, rank 1 calling os.exit(3), and rank 1 hanging
 --     (NVLUA_DIST_TIMEOUT=2): mpirun exits non-zero within seconds with a message naming rank 1
 --     (or, for the hang, the rank that timed out waiting); checkpoint step 2 is complete and loads.
@@ -118,6 +124,23 @@ T.case("without a launcher dist is a world of one: collectives are identities", 
   T.raises(function() dist.all_reduce_start(t, "max") end, "all_reduce_start: op must be sum or avg, got max")
   T.raises(function() dist.all_reduce_start(t:to("bf16")) end, "all_reduce_start: expects a contiguous f32 tensor")
   T.raises(function() dist.all_reduce_start(nv.zeros(2, 2):transpose(1, 2)) end, "expects a contiguous f32 tensor")
+  -- background all-reduce (sync=shadow's): an identity too, nothing left pending; bad input named
+  dist.all_reduce_bg(t, "avg")
+  T.eq({dist.bg_pending(), dist.bg_busy(), dist.bg_threaded()}, {false, false, false}, "a world of one: nothing runs")
+  dist.bg_wait()
+  T.eq(t:totable(), {1.5, -2, 3}, "all_reduce_bg + bg_wait")
+  T.raises(function() dist.all_reduce_bg(t, "min") end, "all_reduce_bg: op must be sum or avg, got min")
+  T.raises(function() dist.all_reduce_bg(t:to("bf16")) end, "all_reduce_bg: expects a contiguous f32 CPU tensor, got")
+  T.raises(function() dist.all_reduce_bg(nv.zeros(2, 2):transpose(1, 2)) end, "expects a contiguous f32 CPU tensor")
+  local out = nv.full({3}, 9)
+  T.eq(dist.all_reduce_bg(out, "avg", {src = t}):totable(), {1.5, -2, 3}, "from src: src itself")
+  dist.all_reduce_bg(out, "sum", {src = t, delta = true})
+  T.eq(out:totable(), {0, 0, 0}, "delta: the reduction minus src")
+  T.raises(function() dist.all_reduce_bg(t, "sum", {delta = true}) end, "delta (t = reduced - src) needs a src other than t")
+  T.raises(function() dist.all_reduce_bg(t, "sum", {src = t, delta = true}) end, "needs a src other than t")
+  T.raises(function() dist.all_reduce_bg(t, "sum", {src = nv.zeros(4)}) end, "src must be a contiguous f32 CPU tensor of t's 3 elements")
+  T.raises(function() dist.all_reduce_bg(t, "sum", {source = t}) end, "unknown option 'source'")
+  T.raises(function() dist.init({threads = "serialized"}) end, 'threads must be "funneled" or "multiple"')
   local info = dist.info()
   T.eq(type(info.mpi), "boolean")
   if info.nccl then T.ok(info.nccl_loads, "built with NCCL: the library loads and resolves: " .. info.nccl_why) end
@@ -266,6 +289,70 @@ T.case("collectives on 2 and 3 ranks equal a serial reference (every op, 5 dtype
   end
 end)
 
+-- The background all-reduce (dist.all_reduce_bg, sync=shadow's averaging) on every rank: a thread
+-- of its own under MPI_THREAD_MULTIPLE. Its 1M-element all-reduce is started, the main thread runs
+-- blocking collectives on the main communicator meanwhile (the two threads in MPI at once), then waits
+-- for it with no MPI call of its own (dist.bg_busy() polled, a 60 s guard): it must complete without
+-- the main thread driving it, which a nonblocking MPI_Iallreduce in Open MPI (no progress thread)
+-- does not. Then avg, and avg - src out of place (delta). Small integers: every result exact,
+-- compared bit for bit. With threads=funneled (no
+-- MPI_THREAD_MULTIPLE) the fallback, an MPI_Iallreduce completed by bg_wait, gives the same results.
+local BGRED = [=[
+local nv = require "nvlua"
+local dist = require "nvlua.dist"
+local threads = arg[1] or "multiple" -- "funneled": the MPI_Iallreduce fallback, completed by bg_wait
+local rank, world = dist.init({threads = threads})
+assert(dist.bg_threaded() == (threads == "multiple"), "bg_threaded() under threads=" .. threads)
+local N = 1 << 20
+local function data(r) -- element i (0-based): world (i + r); every sum over 3 ranks < 2^24: exact in f32
+  return ((nv.arange(N) + r) * world):to("f32")
+end
+local t, sum = data(rank), nv.zeros(N)
+for r = 0, world - 1 do sum = sum + data(r) end
+dist.all_reduce_bg(t, "sum")
+assert(dist.bg_pending())
+local ok, err = pcall(dist.all_reduce_bg, nv.zeros(4))
+assert(not ok and tostring(err):find("one is already running", 1, true), tostring(err))
+local u = nv.tensor({rank + 1, 2 * rank})
+dist.all_reduce(u, "sum") -- the main communicator while the thread is in MPI_Allreduce
+assert(dist.all_reduce_number(rank, "max") == world - 1)
+local t0 = nv.clock()
+while dist.bg_busy() and threads == "multiple" do
+  if nv.clock() - t0 > 60 then error("rank " .. rank .. ": the background all-reduce did not complete on its own") end
+end
+assert(dist.bg_busy() == (threads ~= "multiple"), "without the thread it is busy until waited for")
+dist.bg_wait()
+assert(not dist.bg_pending())
+local function same(a, b) return a:contiguous():bytes() == b:contiguous():bytes() end
+assert(same(t, sum), "sum")
+assert(same(u, nv.tensor({world * (world + 1) / 2, world * (world - 1)})), "the main thread's all_reduce")
+local a = data(rank)
+dist.all_reduce_bg(a, "avg")
+dist.bg_wait()
+local avg = (nv.arange(N) * world + world * (world - 1) / 2):to("f32") -- sum / world, an integer
+assert(same(a, avg), "avg")
+local src, d = data(rank), nv.zeros(N) -- out of place, and the change the average brings to src
+dist.all_reduce_bg(d, "avg", {src = src, delta = true})
+dist.bg_wait()
+assert(same(d, avg - src), "delta")
+assert(same(src, data(rank)), "src unchanged")
+print(string.format("rank %d of %d: background all-reduce ok (%s)", rank, world, threads))
+]=]
+
+T.case("background all-reduce on 2 and 3 ranks: its own thread, completes with no MPI call of the main thread, exact; the MPI_Iallreduce fallback", function()
+  need_mpi()
+  local script = ROOT .. "/bgred.lua"
+  T.write_file(script, BGRED)
+  for _, c in ipairs({{2, "multiple"}, {3, "multiple"}, {2, "funneled"}}) do
+    local n = c[1]
+    local out, code = mpirun(n, script, {c[2]})
+    T.eq(code, 0, "mpirun -np " .. n .. " " .. c[2] .. ": exit status; output:\n" .. out)
+    local seen = 0
+    for _ in out:gmatch("rank %d+ of " .. n .. ": background all%-reduce ok %(" .. c[2] .. "%)") do seen = seen + 1 end
+    T.eq(seen, n, "every rank reported:\n" .. out)
+  end
+end)
+
 -- ---- training --------------------------------------------------------------------------------------
 
 -- a deterministic corpus (as tests/test_train.lua's)
@@ -277,7 +364,8 @@ local CORPUS = T.write_corpus(ROOT .. "/corpus.txt", {seed = 12345, lines = 500,
 -- the training script every rank runs: key=value config, plus the test's own keys:
 -- stop_at=N (stop after step N, keeping the steps=6 schedule), control=noshard|noreduce (drop
 -- the SR offsets / the amax reduction), fault=kill|exit|hang (rank 1, at step 3), avg_ref=1 (every
--- parameter averaged over the ranks after each optimizer step: sync=shadow's reference)
+-- parameter averaged over the ranks after each optimizer step: sync=shadow's reference; avg_ref=moments:
+-- the AdamW moments too, shadow_moments=true's; avg_ref=delayed:k: overlapped sync=shadow's, every k steps)
 local TRAIN = [=[
 local train = require "nvlua.train"
 local config = require "nvlua.config"
@@ -293,11 +381,47 @@ p.peak = 1e9
 if extra.control == "noshard" then p.recipe:set_shard(0, 1) end
 if extra.control == "noreduce" then p.recipe:set_amax_reducer(nil) end
 if extra.stop_at then c.steps = tonumber(extra.stop_at) end
-if extra.avg_ref then -- the reference for sync=shadow: after every optimizer step, each parameter averaged
+local nv = require "nvlua"
+local delayed = extra.avg_ref and tonumber(extra.avg_ref:match("^delayed:(%d+)$"))
+if delayed then -- the reference for overlapped sync=shadow, every k steps: after the optimizer step the
+  -- previous averaging's change is applied (p += avg - snapshot), then the snapshot is averaged over
+  -- the ranks at once by a blocking all-reduce, its change kept for the next averaging (or, after the
+  -- last step, applied at once, as the end of a run completes a pending averaging)
+  local step, n, pending = p.optimizer.step, 0, nil
+  p.optimizer.step = function(self, ...)
+    step(self, ...)
+    n = n + 1
+    if n % delayed ~= 0 then return end
+    local ps = p.model:named_parameters()
+    local function apply()
+      for i, e in ipairs(ps) do
+        e.param:add_(pending[i])
+        pending[i]:free()
+      end
+    end
+    if pending then apply() end
+    pending = {}
+    for i, e in ipairs(ps) do -- kept beyond the step's scope (nv.unscope) until applied
+      local snap = e.param:clone()
+      local avg = dist.all_reduce(snap:clone(), "avg")
+      pending[i] = nv.unscope(avg - snap)
+    end
+    if n == c.steps then
+      apply()
+      pending = nil
+    end
+  end
+elseif extra.avg_ref then -- the reference for sync=shadow: after every optimizer step, each parameter averaged
   local step = p.optimizer.step -- over the ranks by a blocking all-reduce of its own
   p.optimizer.step = function(self, ...)
     step(self, ...)
-    for _, e in ipairs(p.model:named_parameters()) do dist.all_reduce(e.param, "avg") end
+    for _, e in ipairs(p.model:named_parameters()) do
+      dist.all_reduce(e.param, "avg")
+      if extra.avg_ref == "moments" then
+        dist.all_reduce(self.m[e.name], "avg")
+        dist.all_reduce(self.v[e.name], "avg")
+      end
+    end
   end
 end
 if extra.fault then
@@ -340,14 +464,15 @@ end
 local SCRIPT = ROOT .. "/train.lua"
 T.write_file(SCRIPT, TRAIN)
 
--- 2 ranks: the run must succeed and leave both ranks' weights identical
-local function run2(name, extra, env)
+-- 2 ranks: the run must succeed and leave both ranks' weights identical, unless may_differ
+-- (overlapped sync=shadow: each rank applies the average as a change to its own weights)
+local function run2(name, extra, env, may_differ)
   local out, code = mpirun(2, SCRIPT, train_args(name, extra), env)
   T.eq(code, 0, name .. ": mpirun exit status; output:\n" .. out)
   local n = 0
   for r, same in out:gmatch("rank (%d): steps %d+, weights same as rank 0: (%a+)") do
     n = n + 1
-    T.eq(same, "true", name .. ": rank " .. r .. "'s weights equal rank 0's")
+    if not may_differ then T.eq(same, "true", name .. ": rank " .. r .. "'s weights equal rank 0's") end
   end
   T.eq(n, 2, name .. ": both ranks finished:\n" .. out)
   return ROOT .. "/" .. name
@@ -385,6 +510,20 @@ local function weight_diff(da, db, nparams)
     for i = 1, #a do m = math.max(m, math.abs(a[i] - b[i])) end
   end
   T.eq(n, nparams or 21, "parameters compared")
+  return m
+end
+
+-- the largest difference between two runs' final AdamW moments (their trainer.safetensors)
+local function moment_diff(da, db)
+  local ta = st.load(ckpt.latest(da) .. "/trainer.safetensors")
+  local tb = st.load(ckpt.latest(db) .. "/trainer.safetensors")
+  local m, n = 0, 0
+  for k, a in pairs(ta) do
+    n = n + 1
+    local x, y = a:reshape(-1):totable(), assert(tb[k], "missing " .. k):reshape(-1):totable()
+    for i = 1, #x do m = math.max(m, math.abs(x[i] - y[i])) end
+  end
+  T.eq(n, 42, "moments compared (m and v of 21 parameters)")
   return m
 end
 
@@ -561,7 +700,7 @@ T.case("a rank that hangs: the others time out (NVLUA_DIST_TIMEOUT=2) with a mes
   T.ok(secs < 30, "within the timeout plus start-up: " .. secs)
 end)
 
-T.case("sync=shadow: k=1 without overlap = synchronous parameter averaging, bit for bit; overlapped and k=3 train", function()
+T.case("sync=shadow: k=1 without overlap = synchronous parameter averaging, bit for bit; overlapped k=3 = its delayed reference, bit for bit", function()
   need_mpi()
   -- shadow (k = 1, applied at once) against each rank stepping on its own gradients and then averaging
   -- every parameter with a blocking all-reduce (sync=shadow with an averaging that never comes, plus
@@ -576,14 +715,32 @@ T.case("sync=shadow: k=1 without overlap = synchronous parameter averaging, bit 
   local out = mpirun(2, SCRIPT, train_args("shadow_none", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow",
     "shadow_every=1000000"}))
   T.ok(out:find("rank 1: steps 6, weights same as rank 0: false", 1, true), "no averaging: the ranks differ:\n" .. out)
-  -- overlapped, every 3 steps: trains; the ranks hold their own weights between averagings
-  local out3 = mpirun(2, SCRIPT, train_args("shadow_k3", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow",
-    "shadow_every=3"}))
-  T.ok(out3:find("rank 0: steps 6", 1, true) and out3:find("rank 1: steps 6", 1, true), out3)
-  local m3 = metrics(ROOT .. "/shadow_k3")
+  -- overlapped, every 3 steps (the averaging started after step 3 is applied as a change after step 6,
+  -- the one started then at the end of the run) = the delayed reference, bit for bit (rank 0's final
+  -- weights, every logged loss); and it trains
+  local a3 = run2("shadow_k3", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow", "shadow_every=3"}, nil, true)
+  local b3 = run2("shadow_k3_ref", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow", "shadow_every=1000000",
+    "avg_ref=delayed:3"}, nil, true)
+  T.eq(weight_diff(a3, b3), 0, "overlapped k=3: the final weights, bit for bit")
+  local m3, r3 = metrics(a3), metrics(b3)
+  for s = 1, 6 do T.eq(m3[s].loss, r3[s].loss, "overlapped k=3: step " .. s .. "'s loss") end
+  T.ok(weight_diff(a3, a) > 0, "overlapped differs from averaging at once (the comparison can see the delay)")
   T.ok(m3[6].loss < m3[1].loss, "the loss goes down")
+  T.ok(m3[3].sync_wait_ms <= m3[3].sync_ms, "sync_wait_ms is part of sync_ms")
+  T.eq({m3[1].sync_wait_ms, m3[2].sync_wait_ms}, {0, 0}, "no waiting on the ranks at a step without averaging")
   T.raises(function() train.check(config.parse(train.defaults, {"sync=shadow", "shard_optimizer=true"})) end,
     "sync=shadow averages whole parameters")
+  -- shadow_moments: the AdamW moments averaged with the parameters; k=1 without overlap = the blocking
+  -- average of parameters, m and v after each step, bit for bit (rank 0's final checkpoint)
+  local am = run2("shadow_k1m", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow", "shadow_every=1",
+    "shadow_overlap=false", "shadow_moments=true"})
+  local bm = run2("shadow_refm", {"recipe=bf16", "batch=2", "dist=true", "sync=shadow", "shadow_every=1000000",
+    "avg_ref=moments"})
+  T.eq(weight_diff(am, bm), 0, "shadow_moments: the final weights, bit for bit")
+  T.eq(moment_diff(am, bm), 0, "shadow_moments: the final moments, bit for bit")
+  T.ok(moment_diff(a, bm) > 0, "without shadow_moments each rank keeps its own moments")
+  T.raises(function() train.check(config.parse(train.defaults, {"shadow_moments=true"})) end,
+    "shadow_moments=true averages the optimizer moments under sync=shadow")
 end)
 
 T.case("cleanup: the scratch directory is removed", function()

@@ -605,6 +605,61 @@ T.case("the background writer: its operations in order, stopping at the first fa
   T.raises(ckpt.wait, "background checkpoint writer: cannot rename " .. d .. "/nope")
   T.eq(lfs.attributes(d .. "/never"), nil, "nothing after the failure ran")
   T.raises(function() core.bg_submit({{"copy", d}}) end, "invalid option 'copy'")
+  -- a write of strings and tensors: their bytes, copied when submitted (the tensor changed at once
+  -- after the submit, as the next training step would change a parameter, does not reach the file)
+  local t = require("nvlua").tensor({{1.5, -2, 3}, {4, 5, 6}})
+  local tt = t:transpose(1, 2) -- a view: written row-major like t:bytes() gives it
+  local want = "head" .. t:bytes() .. tt:contiguous():bytes() .. "tail"
+  core.bg_submit({{"write", d .. "/t.bin", {"head", t, tt, "tail"}}})
+  t:fill_(0)
+  ckpt.wait()
+  T.eq(T.read_file(d .. "/t.bin"), want, "the staged bytes")
+  T.eq(lfs.attributes(d .. "/t.bin.tmp"), nil, "the temp file renamed")
+  -- a file of more than a page: written directly (O_DIRECT) in whole pages, the tail through the page
+  -- cache; on tmpfs (/dev/shm) too, which may refuse O_DIRECT (then all of it buffered)
+  local big = require("nvlua").randn(3001) -- any values: the file is compared with big:bytes()
+  local dirs = {d}
+  if lfs.attributes("/dev/shm", "mode") == "directory" then dirs[2] = "/dev/shm" end
+  for _, dd in ipairs(dirs) do
+    local path = dd .. "/nvlua_bg_" .. ROOT:gsub("^.*/", "") .. ".bin" -- ROOT's name is unique
+    core.bg_submit({{"write", path, {"hdr", big}}, {"write", d .. "/small.txt", "x"}})
+    ckpt.wait()
+    T.eq(T.read_file(path), "hdr" .. big:bytes(), "a 12007-byte file in " .. dd)
+    os.remove(path)
+  end
+  core.bg_submit({{"write", d .. "/empty.bin", {}}})
+  ckpt.wait()
+  T.eq(T.read_file(d .. "/empty.bin"), "", "no pieces: an empty file")
+  local dead = require("nvlua").tensor({1, 2})
+  dead:free()
+  T.raises(function() core.bg_submit({{"write", d .. "/x", {"a", dead}}}) end,
+    "op 1 (write): piece 2 is a userdata, not a string or a live tensor")
+  T.raises(function() core.bg_submit({{"fsync", d, true}, {"write", d .. "/x", 7}}) end,
+    "op 2 (write) needs its contents: a string or an array of strings and tensors")
+  T.eq(lfs.attributes(d .. "/x"), nil, "a refused list runs nothing")
+  ckpt.release()
+  core.bg_submit({{"write", d .. "/again.bin", {t}}}) -- after release: allocated again
+  ckpt.wait()
+  T.eq(#T.read_file(d .. "/again.bin"), 24)
+  -- deferred copies (bg_submit(ops, true), what train.run's background saves use): the writer thread
+  -- copies the tensors and strings itself; core.bg_snapshot_wait() returns once it has, and a change
+  -- made after it does not reach the file. What the list holds stays readable until then: a tensor
+  -- freed and a string no longer referenced (collected) right after the submit are written as they
+  -- were (4 MB each, so that the thread is most likely still copying when they are let go; under the
+  -- sanitizers a read of freed memory would be reported either way)
+  local nvm = require "nvlua"
+  local a, b = nvm.randn(1 << 20), nvm.randn(1 << 20)
+  local long = string.rep("ab", 1 << 21) .. tostring(a:numel()) -- made at run time: collectable
+  local want_d = "head" .. a:bytes() .. long .. b:bytes()
+  core.bg_submit({{"write", d .. "/deferred.bin", {"head", a, long, b}}}, true)
+  long = nil ---@diagnostic disable-line: cast-local-type
+  b:free()
+  collectgarbage("collect")
+  T.ok(core.bg_snapshot_wait() >= 0, "snapshot_wait returns the seconds waited")
+  a:fill_(0)
+  ckpt.wait()
+  T.eq(T.read_file(d .. "/deferred.bin") == want_d, true, "the deferred copies: the bytes at the submit")
+  T.eq(core.bg_snapshot_wait(), 0, "nothing pending: returns at once") -- no clock read when none is pending
   -- in a run: a failure of the writer (injected at step 3) stops the run at the start of step 4
   local c = cfg("bgfail", {"recipe=bf16", "ckpt_every=2", "ckpt_background=true", "eval_every=0"})
   local ok, err = pcall(run, c, function(p)

@@ -1,6 +1,7 @@
 /* dist.c: the Lua binding of core/dist.h — the table nvlua.core.dist, which lua/nvlua/dist.lua
  * (require "nvlua.dist") presents. Ranks are 0-based, as MPI numbers them; ops are "sum", "avg",
  * "max", "min". Collectives return their output tensor; core's errors become Lua errors. */
+#include <string.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include "bind.h"
@@ -10,8 +11,9 @@ static nvl_dist_op check_op(lua_State *L, int i) {
   return (nvl_dist_op)luaL_checkoption(L, i, "sum", nvl_dist_op_names);
 }
 
+/* init([multiple]) -> rank, world; multiple: ask MPI for MPI_THREAD_MULTIPLE (all_reduce_bg's thread) */
 static int l_init(lua_State *L) {
-  CHECK(L, nvl_dist_init());
+  CHECK(L, nvl_dist_init_threads(lua_toboolean(L, 1)));
   lua_pushinteger(L, nvl_dist_rank());
   lua_pushinteger(L, nvl_dist_world_size());
   return 2;
@@ -56,6 +58,40 @@ static int l_all_reduce_start(lua_State *L) {
   lua_settop(L, 1);
   return 1;
 }
+
+/* all_reduce_bg(t [, op = "sum" [, {src = tensor, delta = false}]]) -> t: started in the background
+ * (core/dist.h) */
+static int l_all_reduce_bg(lua_State *L) {
+  nvl_tensor *t = nvl_lua_check_tensor(L, 1, "all_reduce_bg");
+  nvl_dist_op op = check_op(L, 2);
+  const nvl_tensor *src = NULL;
+  int delta = 0;
+  if (!lua_isnoneornil(L, 3)) {
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_pushnil(L);
+    while (lua_next(L, 3)) { /* every key known: a misspelt option is an error, not ignored */
+      const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
+      if (strcmp(k, "src") && strcmp(k, "delta")) return luaL_error(L, "all_reduce_bg: unknown option '%s' (src, delta)", k);
+      lua_pop(L, 1);
+    }
+    lua_getfield(L, 3, "src");
+    if (!lua_isnil(L, -1)) src = nvl_lua_check_tensor(L, -1, "all_reduce_bg (src)");
+    lua_getfield(L, 3, "delta");
+    delta = lua_toboolean(L, -1);
+  }
+  CHECK(L, nvl_dist_all_reduce_bg(t, src, op, delta));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_bg_wait(lua_State *L) {
+  CHECK(L, nvl_dist_bg_wait());
+  return 0;
+}
+
+static int l_bg_pending(lua_State *L) { lua_pushboolean(L, nvl_dist_bg_pending()); return 1; }
+static int l_bg_busy(lua_State *L) { lua_pushboolean(L, nvl_dist_bg_busy()); return 1; }
+static int l_bg_threaded(lua_State *L) { lua_pushboolean(L, nvl_dist_bg_threaded()); return 1; }
 
 /* wait_all(): complete the started all-reduces */
 static int l_wait_all(lua_State *L) {
@@ -128,7 +164,9 @@ static int l_abort(lua_State *L) {
 static const luaL_Reg dist_funcs[] = {
   {"init", l_init}, {"initialized", l_initialized}, {"rank", l_rank}, {"world_size", l_world_size},
   {"local_rank", l_local_rank}, {"local_size", l_local_size}, {"backend", l_backend}, {"info", l_info},
-  {"barrier", l_barrier}, {"all_reduce", l_all_reduce}, {"all_reduce_start", l_all_reduce_start}, {"wait_all", l_wait_all}, {"pending", l_pending}, {"all_reduce_number", l_all_reduce_number},
+  {"barrier", l_barrier}, {"all_reduce", l_all_reduce}, {"all_reduce_start", l_all_reduce_start}, {"wait_all", l_wait_all}, {"pending", l_pending},
+  {"all_reduce_bg", l_all_reduce_bg}, {"bg_wait", l_bg_wait}, {"bg_pending", l_bg_pending},
+  {"bg_busy", l_bg_busy}, {"bg_threaded", l_bg_threaded}, {"all_reduce_number", l_all_reduce_number},
   {"broadcast", l_broadcast}, {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
   {"set_timeout", l_set_timeout}, {"timeout", l_timeout}, {"finalize", l_finalize}, {"abort", l_abort},
   {NULL, NULL}};

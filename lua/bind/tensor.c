@@ -225,6 +225,12 @@ static int l_stride(lua_State *L) {
 
 static int l_dim(lua_State *L) { lua_pushinteger(L, check_tensor(L, 1)->ndim); return 1; }
 static int l_numel(lua_State *L) { lua_pushinteger(L, nvl_tensor_numel(check_tensor(L, 1))); return 1; }
+/* t:nbytes() -> numel * the element size: the bytes of t's data (what t:bytes() returns) */
+static int l_nbytes(lua_State *L) {
+  nvl_tensor *t = check_tensor(L, 1);
+  lua_pushinteger(L, nvl_tensor_numel(t) * nvl_dtypes[t->dtype].elem_size);
+  return 1;
+}
 static int l_dtype(lua_State *L) { lua_pushstring(L, nvl_dtypes[check_tensor(L, 1)->dtype].name); return 1; }
 static int l_device(lua_State *L) { lua_pushstring(L, check_tensor(L, 1)->device == NVL_CPU ? "cpu" : "cuda"); return 1; }
 static int l_is_contiguous(lua_State *L) { lua_pushboolean(L, nvl_tensor_is_contiguous(check_tensor(L, 1))); return 1; }
@@ -897,7 +903,7 @@ static int l_gemm_paths(lua_State *L) {
 }
 
 static const luaL_Reg tensor_methods[] = {
-  {"size", l_size}, {"stride", l_stride}, {"dim", l_dim}, {"numel", l_numel}, {"dtype", l_dtype},
+  {"size", l_size}, {"stride", l_stride}, {"dim", l_dim}, {"numel", l_numel}, {"nbytes", l_nbytes}, {"dtype", l_dtype},
   {"device", l_device}, {"is_contiguous", l_is_contiguous}, {"is_freed", l_is_freed},
   {"storage_offset", l_storage_offset}, {"is_view_of", l_is_view_of}, {"free", l_free},
   {"view", l_view}, {"reshape", l_reshape}, {"expand", l_expand}, {"transpose", l_transpose},

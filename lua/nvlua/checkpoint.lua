@@ -26,6 +26,13 @@
 --           between the two renames) is renamed back to step-N; a step-N.old beside step-N is removed.
 -- list()/latest() see the same effective checkpoints without changing anything.
 --
+-- Background saves (save{background = true}) run the same protocol in the same order: the caller
+-- settles what a crash left (recover), creates step-N.partial and lists every step — each file's
+-- contents (strings and tensors, collected from util.atomic_write), the syncs, renames, removals
+-- and pruning; core.bg_submit copies the contents into a host staging buffer and a C writer thread
+-- (lua/bind/sys.c) does the rest while training goes on (defer_copy: the writer makes the copy too,
+-- and the caller waits for it with snapshot_wait before changing the state).
+--
 -- Bookkeeping in trainer.json: seq, the order in which the run's checkpoints were written (pruning
 -- and latest() go by it, not by step number: a run resumed from an older checkpoint writes newer
 -- ones with smaller step numbers); bad_steps_in_row and skipped_steps, the trainer's counters of
@@ -99,8 +106,9 @@ end
 
 -- Reached a fault point: the process kills itself (SIGKILL, as kill -9 would) when NVLUA_FAULT names
 -- this point and this is its nth time. The shell os.execute starts is a child of this process.
--- A save in the background (ckpt.save{background = true}) records its durable steps in bgops, for
--- the writer thread (core.bg_submit) to run in order after the main thread has written the files.
+-- A save in the background (ckpt.save{background = true}) records its steps in bgops instead of
+-- running them — the files' writes (util.with_write_sink), the syncs, renames and removals — for the
+-- writer thread (core.bg_submit) to run in the same order.
 local bgops -- nil: every operation runs now
 
 local function fault(point)
@@ -243,7 +251,6 @@ local function int_to_text(v) return math.type(v) == "integer" and string.format
 -- config.encode: numbers read back bit for bit (cjson keeps 14 digits); a non-finite number
 -- (an amax pushed by a step that went NaN) is written as a string and mapped back on load.
 local function write_json(path, t)
-  if bgops then bgops[#bgops + 1] = {"write", path, config.encode(t) .. "\n"}; return end
   local ok, err = util.atomic_write(path, config.encode(t) .. "\n")
   if not ok then error("checkpoint: " .. path .. ": " .. err, 0) end
 end
@@ -330,9 +337,9 @@ local function write_checkpoint(dir, o, seq)
     if not ok then error("checkpoint: cannot create " .. d .. ": " .. tostring(err), 0) end
   end
   local files = {}
-  local function written(name, wok, werr)
+  local function written(name, wok, werr) -- werr: the bytes written when wok
     if not wok then error("checkpoint: " .. dir .. "/" .. name .. ": " .. tostring(werr), 0) end
-    files[name] = lfs.attributes(dir .. "/" .. name, "size")
+    files[name] = werr
   end
   local tok, mdir = o.tokenizer, dir .. "/" .. MODEL
   -- one model.safetensors whatever the size (load and the bookkeeping read that one file; safetensors
@@ -344,12 +351,6 @@ local function write_checkpoint(dir, o, seq)
     for name, size in pairs(tokenizer.export(tok, mdir, {model_max_length = max_len})) do model_files[name] = size end
   end
   for name, size in pairs(model_files) do files[MODEL .. "/" .. name] = size end
-  if bgops then -- the writer makes the files durable first (the main thread wrote them unsynced)
-    local names = {}
-    for name in pairs(files) do names[#names + 1] = name end
-    table.sort(names)
-    for _, name in ipairs(names) do bgops[#bgops + 1] = {"fsync", dir .. "/" .. name, false} end
-  end
   sync_dir(mdir)
   local trainer = {step = o.step, config = o.config, metrics = o.metrics, seq = seq, files = files,
     bad_steps_in_row = o.bad_in_row or 0, skipped_steps = o.skipped or 0}
@@ -359,7 +360,6 @@ local function write_checkpoint(dir, o, seq)
     for k, t in pairs(s.m) do tensors["m." .. k] = t end
     for k, t in pairs(s.v) do tensors["v." .. k] = t end
     written("trainer.safetensors", st.save(dir .. "/trainer.safetensors", tensors, {}))
-    if bgops then bgops[#bgops + 1] = {"fsync", dir .. "/trainer.safetensors", false} end
     trainer.optimizer_step = s.step
   end
   if o.recipe then
@@ -412,39 +412,60 @@ function ckpt.wait()
   if err then error("checkpoint: " .. err, 0) end
 end
 
+--- ckpt.release(): frees the host staging buffer of background saves (none may be writing: ckpt.wait
+-- first); the next background save allocates it again
+function ckpt.release() core.bg_release() end
+
+--- ckpt.reserve({model =, tokenizer =}): the host staging buffer of background saves made ahead
+-- (core.bg_reserve: the writer thread faults its pages in), as large as the model's checkpoint will
+-- need: the parameters and the two AdamW moments (f32), the tokenizer's text and 1 MiB for the
+-- headers and JSON files. A save that needs more makes a larger one itself.
+function ckpt.reserve(o)
+  local bytes = (1 << 20) + (o.tokenizer and type(o.tokenizer.text) == "string" and #o.tokenizer.text or 0)
+  for _, e in ipairs(o.model:named_parameters()) do bytes = bytes + e.param:nbytes() + 8 * e.param:numel() end
+  ckpt.wait()
+  core.bg_reserve(bytes)
+end
+
+--- ckpt.snapshot_wait() -> seconds waited: returns once a background save made with defer_copy = true
+-- has its copy of the state (at once when none is pending). Call it before changing any tensor the
+-- save wrote (train.run: before the optimizer step).
+function ckpt.snapshot_wait() return core.bg_snapshot_wait() end
+
 --- ckpt.poll(): raises the error of a background save that has finished with one (nothing while
 -- one still runs, or after a clean one)
 function ckpt.poll()
   if not core.bg_busy() then ckpt.wait() end
 end
 
--- what the files are written with while a background save's main-thread part runs: no fsync (the
--- writer thread makes each file durable, in the protocol's order)
-local function no_fsync() return true end
+-- a background save's files, as the writer's ops (util.with_write_sink)
+local function collect_write(path, pieces) bgops[#bgops + 1] = {"write", path, pieces} end
 
 --- ckpt.save(run_dir, {model=, optimizer=, recipe=, loader=, step=, config=, metrics=, keep=3 (0: all),
--- protect=<dir never pruned>, bad_in_row=0, skipped=0, tokenizer=, background=false}) -> the
+-- protect=<dir never pruned>, bad_in_row=0, skipped=0, tokenizer=, background=false, defer_copy=false}) -> the
 -- checkpoint directory. tokenizer (data.ByteTokenizer or a tokenizer.load one): its files go into
 -- model/ (nvlua.tokenizer). Replaces an existing checkpoint of the same step. Raises on an I/O failure.
--- background: the calling thread writes the files into step-N.partial without syncing them (into the
--- page cache: the state is copied out, training may go on) and returns; a writer thread then runs the
--- rest of the protocol in the same order — every file fsync'd, the directories, trainer.json last,
--- the renames, the removals and the pruning. At most one runs: a save first waits for the previous
--- one; ckpt.poll() raises a finished one's error, ckpt.wait() waits for it.
+-- background: the calling thread settles what a crash left (recover), creates step-N.partial and
+-- lists the protocol's steps — each file's contents (headers, JSON, the tensors), the syncs, the
+-- renames, the removals and the pruning, in the order a blocking save runs them; core.bg_submit
+-- copies the contents into a host staging buffer (the step's part: one copy of the state) and a
+-- writer thread (C) writes and syncs each file and runs the rest while training goes on. At most one
+-- runs: a save first waits for the previous one; ckpt.poll() raises a finished one's error,
+-- ckpt.wait() waits for it. defer_copy (with background): save returns before the CPU tensors are
+-- copied; the writer thread copies them first, overlapping what the caller does next, which must
+-- call ckpt.snapshot_wait() before it changes any of them (they are held meanwhile: freeing one is
+-- safe). CUDA tensors are copied to the host before save returns either way.
 function ckpt.save(run_dir, o)
   if o.background then
     ckpt.wait()
     data.mkdir_p(run_dir .. "/checkpoints")
     ckpt.recover(run_dir) -- now, as a blocking save does (it settles what a crash left)
     bgops = {}
-    local fs, hook = core.fsync, st.fsync_hook
-    core.fsync, st.fsync_hook = no_fsync, no_fsync
-    local ok, res = pcall(ckpt._save, run_dir, o, true)
-    core.fsync, st.fsync_hook = fs, hook
+    local ok, res = pcall(util.with_write_sink, collect_write, ckpt._save, run_dir, o, true)
     local ops = bgops
     bgops = nil
     if not ok then error(res, 0) end
-    core.bg_submit(ops)
+    core.bg_submit(ops, o.defer_copy or false)
     return res
   end
   return ckpt._save(run_dir, o)

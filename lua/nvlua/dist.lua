@@ -25,9 +25,15 @@ local dist = {}
 
 local raw_exit
 
---- dist.init() -> rank, world: start the process group (idempotent).
-function dist.init()
-  local rank, world = C.init()
+--- dist.init([{threads = "funneled"|"multiple"}]) -> rank, world: start the process group
+-- (idempotent: the first call decides). threads = "multiple" asks MPI for MPI_THREAD_MULTIPLE, which
+-- all_reduce_bg needs to run in a thread of its own (sync=shadow asks for it).
+function dist.init(o)
+  local threads = o and o.threads or "funneled"
+  if threads ~= "funneled" and threads ~= "multiple" then
+    error("dist.init: threads must be \"funneled\" or \"multiple\", got " .. tostring(threads), 2)
+  end
+  local rank, world = C.init(threads == "multiple")
   if not raw_exit then
     -- os.exit leaves without returning to the driver, which would finalize or abort: do it here
     raw_exit = os.exit
@@ -68,6 +74,18 @@ dist.all_reduce_number = C.all_reduce_number
 dist.all_reduce_start = C.all_reduce_start
 dist.wait_all = C.wait_all
 dist.pending = C.pending
+--- dist.all_reduce_bg(t [, op = "sum"|"avg"]): start reducing t (f32, contiguous, CPU) in place in the
+-- background, one at a time; dist.bg_wait() completes it. With MPI_THREAD_MULTIPLE (dist.init{threads
+-- = "multiple"}; dist.bg_threaded() says) a thread of its own runs it, so it advances while the
+-- caller computes; otherwise it is an MPI_Iallreduce, which Open MPI advances only inside MPI calls.
+-- t must not be touched until bg_wait returns. ShadowSync's parameter averaging (sync=shadow).
+-- dist.bg_pending(): one is started and not waited for; dist.bg_busy(): and not known to be complete
+-- (its thread still runs; without the thread, until bg_wait), a check that makes no MPI call.
+dist.all_reduce_bg = C.all_reduce_bg
+dist.bg_wait = C.bg_wait
+dist.bg_pending = C.bg_pending
+dist.bg_busy = C.bg_busy
+dist.bg_threaded = C.bg_threaded
 dist.broadcast = C.broadcast
 dist.reduce_scatter = C.reduce_scatter
 dist.all_gather = C.all_gather

@@ -103,9 +103,10 @@ local function encode(v, indent, level)
   return open .. "\n" .. inner .. table.concat(items, ",\n" .. inner) .. "\n" .. pad .. close
 end
 
-local function write_json(path, t, indent, fname)
+local function write_json(path, t, indent, fname) -- -> the bytes written
   local ok, err = util.atomic_write(path, encode(t, indent) .. "\n")
   if not ok then error(fname .. ": " .. path .. ": " .. err, 0) end
+  return err
 end
 
 -- ---- config.json ----------------------------------------------------------------------------------
@@ -527,7 +528,7 @@ function hf.save_pretrained(model, dir, o)
   local function save(name, tensors)
     local ok, err = st.save(dir .. "/" .. name, tensors, {})
     if not ok then error("save_pretrained: " .. dir .. "/" .. name .. ": " .. tostring(err), 0) end
-    files[name], written[name] = lfs.attributes(dir .. "/" .. name, "size"), true
+    files[name], written[name] = err, true
   end
   if #shards == 1 then
     save(SINGLE, sd)
@@ -538,14 +539,13 @@ function hf.save_pretrained(model, dir, o)
       for _, n in ipairs(shard) do ts[n], map[n] = sd[n], name end
       save(name, ts)
     end
-    write_json(dir .. "/" .. INDEX, {metadata = {total_parameters = model:num_parameters(), total_size = total},
-      weight_map = map}, 2, "save_pretrained")
-    files[INDEX], written[INDEX] = lfs.attributes(dir .. "/" .. INDEX, "size"), true
+    files[INDEX] = write_json(dir .. "/" .. INDEX, {metadata = {total_parameters = model:num_parameters(),
+      total_size = total}, weight_map = map}, 2, "save_pretrained")
+    written[INDEX] = true
   end
   remove_stale(dir, written)
   if o.after_weights then o.after_weights() end
-  write_json(dir .. "/config.json", hf.config(model.config, o), nil, "save_pretrained")
-  files["config.json"] = lfs.attributes(dir .. "/config.json", "size")
+  files["config.json"] = write_json(dir .. "/config.json", hf.config(model.config, o), nil, "save_pretrained")
   return files
 end
 

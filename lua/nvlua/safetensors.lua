@@ -155,21 +155,11 @@ local function header_json(path, list, metadata)
   return h .. string.rep(" ", (8 - #h % 8) % 8)
 end
 
-local function tensor_bytes(e)
-  local t = e.t
-  if t:device() ~= "cpu" then
-    local c = t:cpu()
-    local b = c:bytes()
-    c:free()
-    return b
-  end
-  return t:bytes()
-end
-
---- st.save(path, tensors, metadata) -> true | nil, msg
---- Writes {name = tensor} and metadata (string → string; "format" defaults to "pt") atomically.
---- An I/O failure (directory missing, disk full) returns nil, msg; a bad argument raises. Either
---- way the temp file is removed and an existing file at path is left as it was.
+--- st.save(path, tensors, metadata) -> true, bytes | nil, msg
+--- Writes {name = tensor} and metadata (string → string; "format" defaults to "pt") atomically; the
+--- tensors' bytes go from their memory to the file (core.write_tensor; a CUDA tensor's through a host
+--- copy). An I/O failure (directory missing, disk full) returns nil, msg; a bad argument raises.
+--- Either way the temp file is removed and an existing file at path is left as it was.
 function st.save(path, tensors, metadata)
   if type(path) ~= "string" then error("safetensors: save: path must be a string, got " .. type(path), 2) end
   local list = plan_save(path, tensors)
@@ -178,18 +168,15 @@ function st.save(path, tensors, metadata)
     put(string.pack("<I8", #header))
     put(header)
     for _, e in ipairs(list) do
-      local ok2, b = pcall(tensor_bytes, e)
+      local ok2, err2 = pcall(put, e.t)
       if not ok2 then
-        error(string.format("safetensors: %s: save: tensor '%s': %s", path, e.name, tostring(b)), 0)
+        if type(err2) == "table" then error(err2, 0) end -- an I/O failure: atomic_write reports it
+        error(string.format("safetensors: %s: save: tensor '%s': %s", path, e.name, tostring(err2)), 0)
       end
-      if #b ~= e.nbytes then
-        error(string.format("safetensors: %s: save: tensor '%s' gave %d bytes, expected %d", path, e.name, #b, e.nbytes), 0)
-      end
-      put(b)
     end
   end, {tmp = path .. ".tmp", fsync = st.fsync_hook})
   if not ok then return nil, string.format("safetensors: %s: %s", path, err) end
-  return true
+  return true, err
 end
 
 -- ---- reading ------------------------------------------------------------------------------------

@@ -113,6 +113,13 @@ local function relations(c)
   if c.sync == "shadow" and c.shard_optimizer then
     return "sync=shadow averages whole parameters in the background; it does not go with shard_optimizer=true"
   end
+  if c.ckpt_overlap and not c.ckpt_background then
+    return "ckpt_overlap=true is how background saves copy the state; it needs ckpt_background=true"
+  end
+  if c.shadow_moments and c.sync ~= "shadow" then
+    return "shadow_moments=true averages the optimizer moments under sync=shadow; with sync=" .. c.sync ..
+      " every rank already holds the same ones"
+  end
   if c.tokenizer ~= "" and not (c.data:match("^shards:") or c.data:match("^megatron:")) then
     return string.format("tokenizer=%s goes with data=shards:... or megatron:...; data=%s is byte tokens", c.tokenizer,
       c.data)
@@ -168,9 +175,13 @@ train.schema = config.schema({
   ckpt_every = str("0", {check = check_ckpt_every, accept = function(v) return math.type(v) == "integer" and v >= 0 end,
     accept_what = "a non-negative integer", doc = "steps between checkpoints, 0 (never) or auto"}),
   mtbf = num(24.0, {above = 0, doc = "expected hours between failures of the job (ckpt_every=auto)"}),
-  -- periodic checkpoints written in the background: the step writes the files unsynced and goes on; a
-  -- writer thread fsyncs them and commits the checkpoint (nvlua.checkpoint save{background = true})
-  ckpt_background = bool(false),
+  -- periodic checkpoints written in the background: the step copies the state into a host staging
+  -- buffer and goes on; a C writer thread writes, syncs and commits the checkpoint (nvlua.checkpoint
+  -- save{background = true}); host memory: one checkpoint's size, held until the run ends.
+  -- ckpt_overlap: the writer thread makes that copy itself while the next step's forward and backward
+  -- run (its optimizer step waits for it; save{defer_copy = true}): a gain where the step leaves
+  -- cores idle, a loss where it does not (experiments/bench/ckpt_cpu.md)
+  ckpt_background = bool(false), ckpt_overlap = bool(false),
   keep = int(2, {min = 0}), sample_tokens = int(200, {min = 0}),
   temperature = num(0.8, {min = 0}), top_k = int(40, {min = 1}), max_bad_steps = int(5, {min = 0}),
   plot = bool(true), quiet = bool(false), save = bool(true),
@@ -182,11 +193,12 @@ train.schema = config.schema({
   -- micro-batch's backward completes them (overlapped with the rest of the backward; CPU gradients)
   dist = bool(false), shard_optimizer = bool(false), bucket_grads = bool(true),
   -- sync=shadow (ShadowSync): no gradient all-reduce; each rank steps on its own gradients and every
-  -- shadow_every steps the parameters are averaged over the ranks by a nonblocking all-reduce of a
-  -- snapshot, applied as the change it brings (p += avg - snapshot) at the next averaging
-  -- (shadow_overlap=false: applied at once, p = avg: synchronous parameter averaging)
+  -- shadow_every steps the parameters are averaged over the ranks by an all-reduce of a snapshot in
+  -- a background thread, applied as the change it brings (p += avg - snapshot) at the next averaging
+  -- (shadow_overlap=false: applied at once, p = avg: synchronous parameter averaging);
+  -- shadow_moments: the AdamW moments (m, v) averaged the same way, with the parameters
   sync = str("allreduce", {one_of = {"allreduce", "shadow"}}), shadow_every = int(1, {min = 1}),
-  shadow_overlap = bool(true),
+  shadow_overlap = bool(true), shadow_moments = bool(false),
   -- where the model, its gradients and the optimizer state live: cpu | cuda
   device = str("cpu", {check = check_device}),
 }, {relations})
@@ -314,7 +326,8 @@ function train.build(c)
   local dist, rank, world
   if c.dist or c.shard_optimizer then
     dist = require "nvlua.dist"
-    if c.dist then dist.init() end
+    -- sync=shadow averages in a thread of its own, which needs MPI_THREAD_MULTIPLE
+    if c.dist then dist.init({threads = c.sync == "shadow" and "multiple" or "funneled"}) end
   end
   rank, world = dist and dist.rank() or 0, dist and dist.world_size() or 1
   local ds = train.dataset(c)
@@ -528,7 +541,8 @@ local function save_checkpoint(r, step, background)
     if r.main then
       path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
         config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = r.bad_in_row, skipped = r.skipped,
-        tokenizer = r.ds.tokenizer, background = background or nil})
+        tokenizer = r.ds.tokenizer, background = background or nil,
+        defer_copy = background and r.c.ckpt_overlap or nil})
     end
     if r.world > 1 then r.dist.barrier() end
     return path
@@ -670,6 +684,12 @@ local function open_metrics(r, start_step)
   return assert(io.open(mpath, start_step > 0 and "a" or "w"))
 end
 
+-- ckpt_every as the loop uses it: "auto" or an integer
+local function ckpt_every(c)
+  if c.ckpt_every == "auto" then return "auto" end
+  return math.tointeger(tonumber(c.ckpt_every)) or 0
+end
+
 -- Everything before the first step: config.json, the resume, metrics.jsonl, the throughput
 -- references, the header lines, deferred Ctrl-C. -> the run table r
 local function start_run(c, p)
@@ -686,6 +706,11 @@ local function start_run(c, p)
     f:close()
   end
   r.mf = open_metrics(r, r.start_step)
+  -- background saves: their staging buffer made now, its pages faulted in by the writer thread while
+  -- the first steps run, so that the first save pays no allocation
+  if c.ckpt_background and r.main and ckpt_every(c) ~= 0 then
+    ckpt.reserve({model = r.model, tokenizer = r.ds and r.ds.tokenizer})
+  end
 
   local out, model, world = r.out, r.model, r.world
   r.tokens_per_step = c.batch * c.seq * c.grad_accum * world -- the global batch
@@ -709,6 +734,12 @@ local function start_run(c, p)
   if r.dist and r.dist.initialized() then
     out:write(string.format("data parallel: %d rank%s (%s), %d x %d sequences per step\n", world, world > 1 and "s" or "",
       r.dist.backend(), world, c.batch * c.grad_accum))
+    if c.sync == "shadow" and world > 1 then
+      out:write(string.format("sync=shadow: parameters%s averaged every %d step%s, %s\n",
+        c.shadow_moments and " and AdamW moments" or "", c.shadow_every, c.shadow_every > 1 and "s" or "",
+        r.dist.bg_threaded() and "by an all-reduce in a thread of its own" or
+        "by a nonblocking all-reduce (no MPI_THREAD_MULTIPLE: it advances inside MPI calls only)"))
+    end
   end
   if r.opt.describe then out:write(r.opt:describe(), "\n") end
 
@@ -746,13 +777,22 @@ end
 
 -- ShadowSync (sync=shadow): the parameters averaged over the ranks off the step's critical path.
 -- Each averaging completes the previous one (its all-reduce has run under the steps since) and
--- applies it as a change, p += avg - snapshot, so the local steps taken meanwhile are kept; then
--- snapshots the parameters into a flat buffer and starts its nonblocking all-reduce. With
--- shadow_overlap=false it waits at once and sets p = avg.
+-- applies it as the change it brings, p += avg - snapshot, so the local steps taken meanwhile are
+-- kept; then snapshots the parameters (and with shadow_moments the AdamW moments m and v, averaged
+-- the same way) into a flat buffer and starts its all-reduce in the background (dist.all_reduce_bg:
+-- a thread of its own under MPI_THREAD_MULTIPLE, which also computes the change avg - snapshot).
+-- With shadow_overlap=false it waits at once and sets p = avg.
+-- A second moment v plus its change could go below zero (v decays between the snapshot and the
+-- apply while its average may be small): it is clamped at 0, which AdamW's sqrt needs.
+-- -> the seconds it waited for the all-reduce
 local function shadow_apply(s, exact)
   for _, e in ipairs(s.entries) do
-    local a, sn = s.avg:narrow(1, e.off + 1, e.n):view(e.param:size()), s.snap:narrow(1, e.off + 1, e.n):view(e.param:size())
-    if exact then e.param:copy_(a) else e.param:add_(a - sn) end
+    local a = s.avg:narrow(1, e.off + 1, e.n):view(e.param:size())
+    if exact then e.param:copy_(a)
+    else
+      e.param:add_(a) -- a holds avg - snapshot
+      if e.second_moment then e.param:copy_(e.param:maximum(0)) end
+    end
   end
 end
 
@@ -761,31 +801,41 @@ local function shadow_average(r)
   local s = r.shadow
   if not s then
     s = {entries = {}, n = 0}
+    local function add(t, second_moment)
+      s.entries[#s.entries + 1] = {param = t, off = s.n, n = t:numel(), second_moment = second_moment}
+      s.n = s.n + t:numel()
+    end
     for _, e in ipairs(r.model:named_parameters()) do
-      s.entries[#s.entries + 1] = {param = e.param, off = s.n, n = e.param:numel()}
-      s.n = s.n + e.param:numel()
+      add(e.param)
+      if c.shadow_moments then -- AdamW's, made when it was built (shard_optimizer is refused)
+        add(assert(r.opt.m[e.name], "shadow_moments: no AdamW moment for " .. e.name))
+        add(r.opt.v[e.name], true)
+      end
     end
     s.avg, s.snap = nv.unscope(nv.zeros(s.n)), nv.unscope(nv.zeros(s.n))
     r.shadow = s
   end
+  local waited = 0
   nv.scope(function()
     if s.pending then
-      dist.wait_all()
+      local t0 = nv.clock()
+      dist.bg_wait()
+      waited = nv.clock() - t0
       shadow_apply(s, false)
       s.pending = false
     end
-    for _, e in ipairs(s.entries) do
-      s.avg:narrow(1, e.off + 1, e.n):copy_(e.param:reshape(e.n))
-      s.snap:narrow(1, e.off + 1, e.n):copy_(e.param:reshape(e.n))
-    end
-    dist.all_reduce_start(s.avg, "avg")
+    for _, e in ipairs(s.entries) do s.snap:narrow(1, e.off + 1, e.n):copy_(e.param:reshape(e.n)) end
+    dist.all_reduce_bg(s.avg, "avg", {src = s.snap, delta = c.shadow_overlap})
     s.pending = true
     if not c.shadow_overlap then
-      dist.wait_all()
+      local t0 = nv.clock()
+      dist.bg_wait()
+      waited = waited + (nv.clock() - t0)
       shadow_apply(s, true)
       s.pending = false
     end
   end)
+  return waited
 end
 
 local function step_once(r, step)
@@ -827,7 +877,9 @@ local function step_once(r, step)
       end
     end)
     local gnorm
-    local t_sync = nv.clock() -- then: the seconds this step waits on synchronisation (data parallel)
+    -- the seconds this step spends on synchronisation (data parallel), and of them waiting for the
+    -- ranks' communication (sync=shadow: the rest is copying the snapshot and applying the average)
+    local t_sync, t_wait = nv.clock(), 0
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
       gnorm = opt:reduce_clip(c.clip)
       t_sync = nv.clock() - t_sync
@@ -847,10 +899,13 @@ local function step_once(r, step)
     if world > 1 then loss = dist.all_reduce_number(loss, "avg") end
     local rec_line, stop
     if finite(loss) and finite(gnorm) then
+      -- a background checkpoint copies the state while this step's forward and backward ran; the
+      -- optimizer changes it, so the copy must be complete first (at once, in the usual case)
+      if c.ckpt_background and c.ckpt_overlap then ckpt.snapshot_wait() end
       opt:step()
       if shadow and step % c.shadow_every == 0 then
         local t0 = nv.clock()
-        shadow_average(r)
+        t_wait = shadow_average(r)
         t_sync = t_sync + (nv.clock() - t0)
       end
       r.bad_in_row = 0
@@ -875,7 +930,9 @@ local function step_once(r, step)
     rec_line.ms = dt * 1000
     rec_line.tokens_per_s = r.tokens_per_step / dt
     rec_line.mfu = r.flops_tok * r.tokens_per_step / dt / (r.peak * world)
-    if world > 1 then rec_line.sync_ms = t_sync * 1000 end -- waiting on the ranks (not in a 1-rank record)
+    if world > 1 then -- not in a 1-rank record
+      rec_line.sync_ms, rec_line.sync_wait_ms = t_sync * 1000, (shadow and t_wait or t_sync) * 1000
+    end
     local ms = mor_record(r, step, rec_line)
     r.mf:write(config.encode(rec_line), "\n")
     if stop then error(stop, 0) end -- after logging the step that made it
@@ -995,8 +1052,9 @@ local function finish_run(r, ok, err)
   -- a background save still writing is waited for (its error raised, unless the run failed already);
   -- a parameter averaging still running (sync=shadow) is completed and applied
   local wok, werr = pcall(ckpt.wait)
+  if wok then ckpt.release() end -- its staging buffer: the final save below is a blocking one
   if ok and r.shadow and r.shadow.pending then
-    r.dist.wait_all()
+    r.dist.bg_wait()
     shadow_apply(r.shadow, false)
     r.shadow.pending = false
   end
@@ -1048,12 +1106,6 @@ function train.auto_interval(cost_s, step_s, mtbf_h)
   local overhead = interval > 0 and cost_s / interval or 0
   local lost = M > 0 and interval / (2 * M) or 0
   return steps, {tau_s = tau, overhead = overhead, lost = lost, waste = overhead + lost}
-end
-
--- ckpt_every as the loop uses it: "auto" or an integer
-local function ckpt_every(c)
-  if c.ckpt_every == "auto" then return "auto" end
-  return math.tointeger(tonumber(c.ckpt_every)) or 0
 end
 
 -- ckpt_every=auto: the first save after AUTO_FIRST steps measures its blocking cost; each save then

@@ -44,29 +44,68 @@ end
 local IO_FAIL = {}
 local function io_fail(msg) error(setmetatable({msg = msg}, IO_FAIL), 0) end
 
--- the contents (a string, or a function calling put(s) for each piece) into the open file f
+local function is_string(s) return type(s) == "string" end
+
+-- the contents (a string, or a function calling put(piece) for each piece: a string or a tensor)
+-- into the open file f -> the bytes written
 local function write_contents(f, contents)
+  local n = 0
   local function put(s)
-    local ok, err = f:write(s)
+    local ok, err
+    if is_string(s) then
+      ok, err = f:write(s)
+      n = n + #s
+    else
+      ok, err = core.write_tensor(f, s)
+      n = n + s:nbytes()
+    end
     if not ok then io_fail(err) end
   end
-  if type(contents) == "string" then put(contents) else contents(put) end
+  if is_string(contents) then put(contents) else contents(put) end
   local ok, err = f:flush()
   if not ok then io_fail(err) end
+  return n
 end
 
---- util.atomic_write(path, contents [, {tmp =, fsync =}]) -> true | nil, msg
--- Writes contents (a string, or a function(put) that calls put(s) for each piece) to a temp file
--- beside path, flushes and fsyncs it, renames it over path and fsyncs the directory: a crash
--- leaves the old file or the new one, never a mix. opts.tmp names the temp file (default
--- "<path>.tmp.<random>", so writers racing on one path do not share it); opts.fsync(path, is_dir)
--- -> true | nil, msg makes a file or directory durable (core.fsync by default). An I/O failure
--- returns nil and a message saying what failed ("cannot write the temp file: ...", "write failed:
--- ...", "cannot sync the temp file: ...", "cannot rename the temp file over it: ...", "written, but
--- syncing its directory failed: ..."); an error raised by a contents function is raised again.
--- Except after the rename, the temp file is removed and a file already at path is left as it was.
+-- util.with_write_sink's sink while it runs: atomic_write hands it the writes instead of doing them
+local sink
+
+--- util.with_write_sink(fn_sink, fn, ...) -> fn(...)'s results: runs fn with every util.atomic_write
+-- handed to fn_sink(path, pieces) instead of written (pieces: the strings and tensors of the file, in
+-- order; atomic_write then returns true and their size). A background checkpoint collects its files
+-- this way, for a writer thread to write and sync (checkpoint.lua). Not reentrant.
+function util.with_write_sink(fn_sink, fn, ...)
+  if sink then error("with_write_sink: already collecting writes", 2) end
+  sink = fn_sink
+  local res = table.pack(pcall(fn, ...))
+  sink = nil
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+
+--- util.atomic_write(path, contents [, {tmp =, fsync =}]) -> true, bytes | nil, msg
+-- Writes contents (a string, or a function(put) that calls put(piece) for each piece: a string, or an
+-- nvlua tensor whose raw bytes are written, core.write_tensor) to a temp file beside path, flushes and
+-- fsyncs it, renames it over path and fsyncs the directory: a crash leaves the old file or the new
+-- one, never a mix. opts.tmp names the temp file (default "<path>.tmp.<random>", so writers racing on
+-- one path do not share it); opts.fsync(path, is_dir) -> true | nil, msg makes a file or directory
+-- durable (core.fsync by default). An I/O failure returns nil and a message saying what failed
+-- ("cannot write the temp file: ...", "write failed: ...", "cannot sync the temp file: ...", "cannot
+-- rename the temp file over it: ...", "written, but syncing its directory failed: ..."); an error
+-- raised by a contents function is raised again. Except after the rename, the temp file is removed
+-- and a file already at path is left as it was. Inside util.with_write_sink the write goes to the sink.
 function util.atomic_write(path, contents, opts)
   opts = util.check_opts(opts, {tmp = true, fsync = true}, "atomic_write")
+  if sink then
+    local pieces, n = {}, 0
+    local function put(s)
+      pieces[#pieces + 1] = s
+      n = n + (is_string(s) and #s or s:nbytes())
+    end
+    if is_string(contents) then put(contents) else contents(put) end
+    sink(path, pieces)
+    return true, n
+  end
   local fsync = opts.fsync or core.fsync
   local tmp = opts.tmp or string.format("%s.tmp.%d", path, math.random(1 << 30))
   local f, oerr = io.open(tmp, "wb")
@@ -79,6 +118,7 @@ function util.atomic_write(path, contents, opts)
     if getmetatable(err) == IO_FAIL then return nil, "write failed: " .. tostring(err.msg) end
     error(err, 0)
   end
+  local size = err
   local _, ferr = fsync(tmp, false)
   if ferr ~= nil then
     os.remove(tmp)
@@ -91,7 +131,7 @@ function util.atomic_write(path, contents, opts)
   end
   _, ferr = fsync(path:match("^(.*)/[^/]*$") or ".", true)
   if ferr ~= nil then return nil, "written, but syncing its directory failed: " .. tostring(ferr) end
-  return true
+  return true, size
 end
 
 --- util.mean_sd(list) -> the mean and the sample standard deviation (0 for one value) of numbers
