@@ -26,8 +26,9 @@ const char *const nvl_dist_op_names[NVL_DIST_OP_COUNT] = {"sum", "avg", "max", "
 static struct {
   int init, finalized, use_mpi;
   int rank, world, local_rank, local_size;
-  int multiple; /* MPI_THREAD_MULTIPLE was granted */
-} S = {0, 0, 0, 0, 1, 0, 1, 0};
+  int multiple;       /* MPI_THREAD_MULTIPLE was granted */
+  int asked_multiple; /* and asked for (MPI may grant less) */
+} S = {0, 0, 0, 0, 1, 0, 1, 0, 0};
 
 #ifdef NVLUA_HAVE_MPI
 static MPI_Comm comm = MPI_COMM_NULL; /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
@@ -174,7 +175,13 @@ static void pick_gpu_before_mpi(void) {
 nvl_status nvl_dist_init(void) { return nvl_dist_init_threads(0); }
 
 nvl_status nvl_dist_init_threads(int multiple) {
-  if (S.init) return NVL_OK;
+  if (S.init) {
+    if (multiple && S.use_mpi && !S.asked_multiple)
+      return nvl_error(NVL_ESTATE, "dist.init: MPI was started without MPI_THREAD_MULTIPLE by an earlier dist.init(); "
+                       "the first call must ask for threads = \"multiple\"");
+    return NVL_OK;
+  }
+  S.asked_multiple = multiple;
 #ifdef NVLUA_HAVE_MPI
   if (launched()) {
     int provided, flag = 0;
@@ -248,11 +255,12 @@ int nvl_dist_nccl_compiled(void) { return nvl_nccl_compiled(); }
 
 void nvl_dist_finalize(void) {
   if (!S.init || S.finalized) return;
+  /* a background all-reduce still running: every rank completes it (the watchdog still times it) */
+  if (S.use_mpi) nvl_dist_bg_wait();
   watchdog_join();
   nvl_nccl_shutdown();
 #ifdef NVLUA_HAVE_MPI
   if (S.use_mpi) {
-    nvl_dist_bg_wait(); /* a background all-reduce still running: every rank completes it */
     if (comm_bg != MPI_COMM_NULL) MPI_Comm_free(&comm_bg);
     MPI_Comm_free(&comm);
     MPI_Finalize();
@@ -302,6 +310,12 @@ static nvl_status check_tensor(const char *name, const nvl_tensor *t) {
   return NVL_OK;
 }
 
+/* x (n) /= world, the avg of a sum. */
+static void divide(nvl_tensor *w, int world) {
+  float *p = nvl_tensor_data(w);
+  for (int64_t i = 0, n = nvl_tensor_numel(w); i < n; i++) p[i] = p[i] / (float)world;
+}
+
 #ifdef NVLUA_HAVE_MPI
 static MPI_Datatype mpi_type(nvl_dtype dt) {
   switch (dt) {
@@ -338,11 +352,6 @@ static nvl_status work_copy(nvl_tensor *w, const nvl_tensor *t, int *shared) {
   return NVL_OK;
 }
 
-/* x (n) /= world, the avg of a sum. */
-static void divide(nvl_tensor *w, int world) {
-  float *p = nvl_tensor_data(w);
-  for (int64_t i = 0, n = nvl_tensor_numel(w); i < n; i++) p[i] = p[i] / (float)world;
-}
 
 /* For dist_nccl.c: buf (bytes) = root's buf on every rank (the NCCL unique id). */
 nvl_status nvl_dist_bcast_bytes(void *buf, int bytes, int root) {
@@ -515,9 +524,7 @@ static void bg_finish(void) {
   float *t = nvl_tensor_data(&BG.t);
   const float *src = BG.src.storage ? nvl_tensor_data(&BG.src) : t;
   int64_t n = nvl_tensor_numel(&BG.t);
-  float w = (float)S.world;
-  if (BG.op == NVL_DIST_AVG)
-    for (int64_t i = 0; i < n; i++) t[i] = t[i] / w;
+  if (BG.op == NVL_DIST_AVG) divide(&BG.t, S.world);
   if (BG.delta)
     for (int64_t i = 0; i < n; i++) t[i] = t[i] - src[i];
 }

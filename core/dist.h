@@ -31,7 +31,8 @@ extern const char *const nvl_dist_op_names[NVL_DIST_OP_COUNT];
 /* Start (idempotent): MPI_Init_thread when nvlua has MPI and the process was started by a
  * launcher (mpirun, srun; NVLUA_DIST_MPI=1 forces it, 0 forbids it); otherwise a world of one.
  * MPI_THREAD_FUNNELED, or with nvl_dist_init_threads(1) MPI_THREAD_MULTIPLE (what the background
- * all-reduce below needs; a later call changes nothing once MPI is started). */
+ * all-reduce below needs). The call that starts MPI decides: asking for MULTIPLE after MPI was
+ * started without it is an error (NVL_ESTATE); otherwise a later call changes nothing. */
 nvl_status nvl_dist_init(void);
 nvl_status nvl_dist_init_threads(int multiple);
 /* 1 after nvl_dist_init. */

@@ -11,7 +11,8 @@
 --   * a diverged run (NaN loss from step 3 on) exits non-zero; resume=auto continues its
 --     skipped-step count and stops at the same step; with a lower max_bad_steps resume refuses the
 --     checkpoint, naming the last healthy one.
---   * background saves (ckpt_background=true): the same files as blocking ones; killed in the writer
+--   * background saves (ckpt_background=true, also with ckpt_overlap=true): the same files as blocking
+--     ones; killed in the writer
 --     thread at every point of a fresh run's save and pruning, the previous checkpoints stay intact
 --     and resume=auto finishes like the reference.
 -- and in this process (train.run):
@@ -310,6 +311,11 @@ T.case("background saves: the files of blocking saves; killed in the writer at e
   T.eq(out:match("last loss (%S+)"), REF.loss, "the final loss")
   T.eq(metrics(dir), REF.metrics, "metrics.jsonl")
   for _, step in ipairs({2, 4, 6}) do intact(ckpt_dir(dir, step), "background save of step " .. step) end
+  -- ckpt_overlap: the writer thread copies the state during the next step; the same files and run
+  local out2, dir2 = must_finish("bg_overlap", {"keep=0", "ckpt_background=true", "ckpt_overlap=true"})
+  T.eq(out2:match("last loss (%S+)"), REF.loss, "ckpt_overlap: the final loss")
+  T.eq(metrics(dir2), REF.metrics, "ckpt_overlap: metrics.jsonl")
+  for _, step in ipairs({2, 4, 6}) do intact(ckpt_dir(dir2, step), "ckpt_overlap: the save of step " .. step) end
   for _, c in ipairs(FRESH) do
     local name = "bg-k1-" .. c[1]:gsub("[^%w]", "_")
     local what = "background, keep=1 " .. c[1]

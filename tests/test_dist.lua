@@ -303,6 +303,9 @@ local dist = require "nvlua.dist"
 local threads = arg[1] or "multiple" -- "funneled": the MPI_Iallreduce fallback, completed by bg_wait
 local rank, world = dist.init({threads = threads})
 assert(dist.bg_threaded() == (threads == "multiple"), "bg_threaded() under threads=" .. threads)
+local ok0, err0 = pcall(dist.init, {threads = "multiple"}) -- MPI is started: too late to ask for more
+assert(ok0 == (threads == "multiple"), tostring(err0))
+assert(ok0 or tostring(err0):find("MPI was started without MPI_THREAD_MULTIPLE", 1, true), tostring(err0))
 local N = 1 << 20
 local function data(r) -- element i (0-based): world (i + r); every sum over 3 ranks < 2^24: exact in f32
   return ((nv.arange(N) + r) * world):to("f32")
@@ -463,6 +466,8 @@ end
 
 local SCRIPT = ROOT .. "/train.lua"
 T.write_file(SCRIPT, TRAIN)
+-- train.main, as an experiment script calls it (it starts dist itself)
+T.write_file(ROOT .. "/main.lua", 'require("nvlua.train").main({}, arg)\n')
 
 -- 2 ranks: the run must succeed and leave both ranks' weights identical, unless may_differ
 -- (overlapped sync=shadow: each rank applies the average as a change to its own weights)
@@ -726,8 +731,14 @@ T.case("sync=shadow: k=1 without overlap = synchronous parameter averaging, bit 
   for s = 1, 6 do T.eq(m3[s].loss, r3[s].loss, "overlapped k=3: step " .. s .. "'s loss") end
   T.ok(weight_diff(a3, a) > 0, "overlapped differs from averaging at once (the comparison can see the delay)")
   T.ok(m3[6].loss < m3[1].loss, "the loss goes down")
-  T.ok(m3[3].sync_wait_ms <= m3[3].sync_ms, "sync_wait_ms is part of sync_ms")
-  T.eq({m3[1].sync_wait_ms, m3[2].sync_wait_ms}, {0, 0}, "no waiting on the ranks at a step without averaging")
+  for _, st_ in ipairs({3, 6}) do T.ok(m3[st_].sync_wait_ms <= m3[st_].sync_ms, "sync_wait_ms is part of sync_ms") end
+  T.eq({m3[1].sync_wait_ms, m3[2].sync_wait_ms, m3[4].sync_wait_ms, m3[5].sync_wait_ms}, {0, 0, 0, 0},
+    "no waiting on the ranks at a step without averaging")
+  -- through train.main (as experiments run): MPI started with MPI_THREAD_MULTIPLE, the thread used
+  local outm = mpirun(2, ROOT .. "/main.lua", train_args("shadow_main", {"recipe=bf16", "batch=2", "dist=true",
+    "sync=shadow", "shadow_every=3", "quiet=false"}))
+  T.ok(outm:find("sync=shadow: parameters averaged every 3 steps, by an all-reduce in a thread of its own", 1, true),
+    "train.main: the averaging thread:\n" .. outm)
   T.raises(function() train.check(config.parse(train.defaults, {"sync=shadow", "shard_optimizer=true"})) end,
     "sync=shadow averages whole parameters")
   -- shadow_moments: the AdamW moments averaged with the parameters; k=1 without overlap = the blocking

@@ -660,6 +660,20 @@ T.case("the background writer: its operations in order, stopping at the first fa
   ckpt.wait()
   T.eq(T.read_file(d .. "/deferred.bin") == want_d, true, "the deferred copies: the bytes at the submit")
   T.eq(core.bg_snapshot_wait(), 0, "nothing pending: returns at once") -- no clock read when none is pending
+  -- a script that ends while a list still runs: the end of the Lua state waits for it (a deferred one
+  -- still holds its tensors and strings then), and a failure is printed
+  local script = T.write_file(d .. "/ends.lua", string.format([[
+local core = require "nvlua.core"
+local nv = require "nvlua"
+core.bg_submit({{"write", %q, {nv.full({1 << 22}, 2), string.rep("z", 1000)}}}, true)
+]], d .. "/at_close.bin"))
+  local r1 = T.run_nvlua(T.shq(script))
+  T.eq(r1.code, 0, "exit status: " .. r1.err)
+  T.eq(T.read_file(d .. "/at_close.bin") == require("nvlua").full({1 << 22}, 2):bytes() .. string.rep("z", 1000), true,
+    "the file written in full before the process ended")
+  T.write_file(script, string.format("require('nvlua.core').bg_submit({{'rename', %q, %q}})\n", d .. "/absent", d .. "/x"))
+  local r2 = T.run_nvlua(T.shq(script))
+  T.ok(r2.err:find("nvlua: background checkpoint writer: cannot rename " .. d .. "/absent", 1, true), r2.err)
   -- in a run: a failure of the writer (injected at step 3) stops the run at the start of step 4
   local c = cfg("bgfail", {"recipe=bf16", "ckpt_every=2", "ckpt_background=true", "eval_every=0"})
   local ok, err = pcall(run, c, function(p)

@@ -146,6 +146,12 @@ static struct {
   char err[512];
 } bg = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .ref = LUA_NOREF};
 
+/* The copies into the staging buffer being listed by core.bg_submit (see copy_add). */
+static struct {
+  bg_copy *c;
+  size_t n, cap;
+} copies;
+
 /* A share of t's storage held until the deferred copies are made; -> 0, or -1 out of memory. */
 static int hold(const nvl_tensor *t) {
   if (bg.nheld == bg.cap_held) {
@@ -310,14 +316,16 @@ static void bg_free(void) { /* the ops; the staging buffer stays */
   bg.n = 0;
 }
 
-/* Join a thread that was started (waiting for it to end), free its ops and let go of what it held. */
+/* Join a thread that was started (waiting for it to end), free the ops (also those of a submit
+ * that raised before its thread started) and let go of what the list held. */
 static void bg_join(lua_State *L) {
   if (bg.running) {
     pthread_join(bg.thread, NULL);
     bg.running = 0;
-    bg_free();
   }
+  bg_free();
   let_go(L);
+  copies.n = 0;
 }
 
 /* Raise when a list still runs (what: the caller's name); else join the finished one. */
@@ -408,10 +416,6 @@ static size_t contents_size(lua_State *L, int idx, int i) {
  * with streaming stores once every op is listed: by the OpenMP threads together (126 MB took 9-12
  * ms with memcpy, 6.5-7.5 ms streamed, on the 2-core CI VM), or by the writer thread for a deferred
  * list (bg.dc). */
-static struct {
-  bg_copy *c;
-  size_t n, cap;
-} copies;
 
 /* Add the copy of n bytes, in pieces; -> 0, or -1 out of memory. */
 static int copy_add(char *dst, const char *src, size_t n) {
@@ -505,6 +509,9 @@ static int stage_alloc(size_t total) {
 #ifdef MADV_HUGEPAGE
   (void)madvise(p, len, MADV_HUGEPAGE); /* best effort */
 #endif
+#ifdef MADV_DONTFORK
+  (void)madvise(p, len, MADV_DONTFORK); /* a child (os.execute, io.popen) neither copies nor maps it */
+#endif
   bg.stage = p;
   bg.stage_cap = len;
   return 0;
@@ -560,6 +567,12 @@ static int l_bg_submit(lua_State *L) {
   if (bg.err[0]) return luaL_error(L, "bg_submit: the previous list failed and nobody asked: %s", bg.err);
   int n = (int)luaL_len(L, 1);
   size_t total = bg_check(L, n); /* raises before any allocation */
+  /* a deferred list is held from here (its tensors' storage by shares, as they are listed): should
+   * anything below raise, the next submit, wait or release lets go of it and of the listed ops */
+  if (defer) {
+    lua_pushvalue(L, 1);
+    bg.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   if (total > bg.stage_cap) {
     stage_free();
     if (stage_alloc(total) != 0) bg.stage = NULL;
@@ -585,15 +598,13 @@ static int l_bg_submit(lua_State *L) {
     else if (k == BG_WRITE) {
       o->off = off;
       o->blen = contents_size(L, t + 3, i);
-      copied = contents_copy(L, t + 3, bg.stage + off, defer);
+      copied = contents_copy(L, t + 3, o->blen ? bg.stage + off : NULL, defer);
       off += (o->blen + BG_ALIGN - 1) / BG_ALIGN * BG_ALIGN;
     }
     lua_settop(L, t - 1);
   }
   if (oom || copied != NVL_OK) {
-    copies.n = 0;
-    bg_free();
-    let_go(L);
+    bg_join(L);
     if (copied != NVL_OK && copied != NVL_ENOMEM) return nvl_lua_raise(L);
     return luaL_error(L, "bg_submit: out of memory");
   }
@@ -602,14 +613,11 @@ static int l_bg_submit(lua_State *L) {
     bg.ndc = copies.n;
     copies.c = NULL;
     copies.n = copies.cap = 0;
-    lua_pushvalue(L, 1);
-    bg.ref = luaL_ref(L, LUA_REGISTRYINDEX);
   } else {
     copy_run();
   }
   if (bg_start() != 0) {
-    bg_free();
-    let_go(L);
+    bg_join(L);
     return luaL_error(L, "bg_submit: cannot start the writer thread");
   }
   return 0;
@@ -658,16 +666,28 @@ static int l_write_tensor(lua_State *L) {
     CHECK(L, nvl_tensor_clone_to(&c, t, t->dtype, NVL_CPU));
     src = &c;
   }
+  errno = 0;
   size_t w = n ? fwrite(nvl_tensor_data(src), 1, n, f->f) : 0;
   int e = errno;
   nvl_tensor_release(&c);
   if (w != n) {
     luaL_pushfail(L);
-    lua_pushstring(L, strerror(e));
+    lua_pushstring(L, e ? strerror(e) : "short write");
     return 2;
   }
   lua_pushboolean(L, 1);
   return 1;
+}
+
+/* The writer's sentinel: when the Lua state closes (the end of a script), a list still running is
+ * waited for, before the strings and tensors a deferred one holds are freed; its error is printed. */
+static int l_bg_at_close(lua_State *L) {
+  bg_join(L);
+  if (bg.err[0]) {
+    fprintf(stderr, "nvlua: %s\n", bg.err);
+    bg.err[0] = 0;
+  }
+  return 0;
 }
 
 static const luaL_Reg sys_funcs[] = {{"fsync", l_fsync}, {"isatty", l_isatty}, {"peak_rss", l_peak_rss},
@@ -676,4 +696,13 @@ static const luaL_Reg sys_funcs[] = {{"fsync", l_fsync}, {"isatty", l_isatty}, {
                                      {"bg_snapshot_wait", l_bg_snapshot_wait}, {"bg_release", l_bg_release},
                                      {"bg_reserve", l_bg_reserve}, {"write_tensor", l_write_tensor}, {NULL, NULL}};
 
-void nvl_lua_open_sys(lua_State *L) { luaL_setfuncs(L, sys_funcs, 0); }
+void nvl_lua_open_sys(lua_State *L) {
+  luaL_setfuncs(L, sys_funcs, 0);
+  /* the sentinel: a userdata in the registry whose __gc runs at lua_close */
+  lua_newuserdatauv(L, 1, 0);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, l_bg_at_close);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, "nvlua.bg_sentinel");
+}

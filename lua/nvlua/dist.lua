@@ -26,8 +26,9 @@ local dist = {}
 local raw_exit
 
 --- dist.init([{threads = "funneled"|"multiple"}]) -> rank, world: start the process group
--- (idempotent: the first call decides). threads = "multiple" asks MPI for MPI_THREAD_MULTIPLE, which
--- all_reduce_bg needs to run in a thread of its own (sync=shadow asks for it).
+-- (idempotent). threads = "multiple" asks MPI for MPI_THREAD_MULTIPLE, which all_reduce_bg needs to
+-- run in a thread of its own (sync=shadow asks for it); the first call that starts MPI decides, so a
+-- later call asking for "multiple" after MPI was started without it raises.
 function dist.init(o)
   local threads = o and o.threads or "funneled"
   if threads ~= "funneled" and threads ~= "multiple" then

@@ -320,14 +320,17 @@ end
 --- Build everything a run needs from a resolved config. With c.dist the process group is
 -- started here (parts.dist, parts.rank, parts.world). c.recipe is a registered name or a recipe
 -- value (train.recipe); either way, with more than one rank, it gets the data-parallel hooks.
+-- the MPI thread level a run asks for: sync=shadow averages in a thread of its own, which needs
+-- MPI_THREAD_MULTIPLE
+local function dist_threads(c) return c.sync == "shadow" and "multiple" or "funneled" end
+
 function train.build(c)
   train.check(c)
   train.check_out(c)
   local dist, rank, world
   if c.dist or c.shard_optimizer then
     dist = require "nvlua.dist"
-    -- sync=shadow averages in a thread of its own, which needs MPI_THREAD_MULTIPLE
-    if c.dist then dist.init({threads = c.sync == "shadow" and "multiple" or "funneled"}) end
+    if c.dist then dist.init({threads = dist_threads(c)}) end
   end
   rank, world = dist and dist.rank() or 0, dist and dist.world_size() or 1
   local ds = train.dataset(c)
@@ -784,7 +787,7 @@ end
 -- With shadow_overlap=false it waits at once and sets p = avg.
 -- A second moment v plus its change could go below zero (v decays between the snapshot and the
 -- apply while its average may be small): it is clamped at 0, which AdamW's sqrt needs.
--- -> the seconds it waited for the all-reduce
+-- shadow_average -> the seconds it waited for the all-reduce.
 local function shadow_apply(s, exact)
   for _, e in ipairs(s.entries) do
     local a = s.avg:narrow(1, e.off + 1, e.n):view(e.param:size())
@@ -794,6 +797,17 @@ local function shadow_apply(s, exact)
       if e.second_moment then e.param:copy_(e.param:maximum(0)) end
     end
   end
+end
+
+-- The pending averaging completed and applied (exact: p = avg, else p += avg - snapshot). -> the
+-- seconds waited for its all-reduce
+local function shadow_complete(dist, s, exact)
+  local t0 = nv.clock()
+  dist.bg_wait()
+  local waited = nv.clock() - t0
+  shadow_apply(s, exact)
+  s.pending = false
+  return waited
 end
 
 local function shadow_average(r)
@@ -817,23 +831,11 @@ local function shadow_average(r)
   end
   local waited = 0
   nv.scope(function()
-    if s.pending then
-      local t0 = nv.clock()
-      dist.bg_wait()
-      waited = nv.clock() - t0
-      shadow_apply(s, false)
-      s.pending = false
-    end
+    if s.pending then waited = shadow_complete(dist, s, false) end
     for _, e in ipairs(s.entries) do s.snap:narrow(1, e.off + 1, e.n):copy_(e.param:reshape(e.n)) end
     dist.all_reduce_bg(s.avg, "avg", {src = s.snap, delta = c.shadow_overlap})
     s.pending = true
-    if not c.shadow_overlap then
-      local t0 = nv.clock()
-      dist.bg_wait()
-      waited = waited + (nv.clock() - t0)
-      shadow_apply(s, true)
-      s.pending = false
-    end
+    if not c.shadow_overlap then waited = waited + shadow_complete(dist, s, true) end
   end)
   return waited
 end
@@ -1053,11 +1055,7 @@ local function finish_run(r, ok, err)
   -- a parameter averaging still running (sync=shadow) is completed and applied
   local wok, werr = pcall(ckpt.wait)
   if wok then ckpt.release() end -- its staging buffer: the final save below is a blocking one
-  if ok and r.shadow and r.shadow.pending then
-    r.dist.bg_wait()
-    shadow_apply(r.shadow, false)
-    r.shadow.pending = false
-  end
+  if ok and r.shadow and r.shadow.pending then shadow_complete(r.dist, r.shadow, false) end
   if not ok then
     if tostring(err):find("interrupted!", 1, true) then r.interrupted = true else error(err, 0) end
   end
@@ -1166,7 +1164,7 @@ end
 function train.main(defaults, args)
   local c = config.parse(train.schema, args, defaults)
   local main = true
-  if c.dist then main = require("nvlua.dist").init() == 0 end
+  if c.dist then main = require("nvlua.dist").init({threads = dist_threads(c)}) == 0 end
   if not c.quiet and main then
     print("config:")
     config.print(c)
