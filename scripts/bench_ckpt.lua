@@ -9,8 +9,11 @@
 --   within a run (the one the table's verdict uses): per save, the seconds the training loop stood in
 --     ckpt.save (timed around it) plus the steps it slowed: the step after it, and in the background
 --     every later step that started with the writer still busy, each counted by how much longer it
---     took than the run's median step outside such stretches; overhead = that per-save cost / (N x the median step). The
---     steps of one run are compared with each other, so the machine's drift between runs cancels.
+--     took than the run's median step outside such stretches, less what the same steps took over the
+--     median in the run without checkpoints (the control: steps that are slower anyway, and the
+--     skew of step times above their median); overhead = that per-save cost / (N x the median
+--     step). The steps of one run are compared with each other, so the machine's drift between runs
+--     cancels.
 --   across runs: the wall time of the same steps with saves against a run without checkpoints, minus
 --     one (medians over `repeat` runs, back to back). On this shared 2-core VM two identical runs
 --     differ by up to 5-10%, so this column bounds nothing at the 1% level; it is printed as a check
@@ -61,8 +64,8 @@ ckpt.poll = function()
   return poll0()
 end
 
--- one run; -> {wall, per_save (within-run, seconds), step (median step seconds), save (seconds in
--- ckpt.save per save), slowed (extra step seconds per save)}
+-- one run; -> {wall, step (median step seconds), save (seconds in ckpt.save per save), extra (the
+-- slowed steps' seconds over the median, all saves), saves, ms (per step), slowed (the set of steps)}
 -- mode: nil (blocking saves), "bg" (ckpt_background) or "overlap" (and ckpt_overlap)
 local function run(every, k, mode)
   saves, busy_at = {}, {}
@@ -98,8 +101,15 @@ local function run(every, k, mode)
   local n = #saves
   local save = 0
   for _, s in ipairs(saves) do save = save + s end
-  return {wall = wall, step = step, save = n > 0 and save / n or 0, slowed = n > 0 and extra / n or 0,
-    per_save = n > 0 and (save + extra) / n or 0, saves = n}
+  return {wall = wall, step = step, save = n > 0 and save / n or 0, extra = extra, saves = n, ms = ms, slowed = slowed}
+end
+
+-- the same steps' excess over the median in the run without checkpoints (the control): what those
+-- steps take longer anyway (the data, the allocator, the collector, a median below the mean)
+local function control(none, slowed)
+  local extra = 0
+  for j in pairs(slowed) do if none.ms[j] then extra = extra + (none.ms[j] - none.step) end end
+  return extra
 end
 
 print(string.format("bench_ckpt: %d steps of the main job (nvfp4, 9.6M parameters; a checkpoint holds 115 MB), " ..
@@ -116,9 +126,11 @@ for _, every in ipairs(everys) do
     for i, m in ipairs(MODES) do
       local r = run(every, k, m[1])
       saves_n = r.saves
+      local slowed = (r.extra - control(none, r.slowed)) / r.saves
+      local per_save = r.save + slowed
       local a = acc[i]
-      a.step[k], a.save[k], a.slowed[k], a.per[k] = r.step, r.save, r.slowed, r.per_save
-      a.ovh[k], a.wall[k] = r.per_save / (every * r.step), r.wall / none.wall - 1
+      a.step[k], a.save[k], a.slowed[k], a.per[k] = r.step, r.save, slowed, per_save
+      a.ovh[k], a.wall[k] = per_save / (every * r.step), r.wall / none.wall - 1
     end
   end
   for i, m in ipairs(MODES) do
