@@ -682,6 +682,10 @@ core.bg_submit({{"write", %q, {nv.full({1 << 22}, 2), string.rep("z", 1000)}}}, 
       if step == 3 then
         ckpt.wait()
         core.bg_submit({{"rename", d .. "/missing", d .. "/y"}})
+        -- the failure has happened before step 4 starts (the writer runs at nice +10 beside the
+        -- training's threads and could otherwise finish only during step 4): deterministic
+        local t0 = require("nvlua").clock()
+        while core.bg_busy() do assert(require("nvlua").clock() - t0 < 30, "the writer did not finish") end
       end
       return base(step)
     end

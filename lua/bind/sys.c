@@ -152,15 +152,21 @@ static struct {
   size_t n, cap;
 } copies;
 
+/* The growing array p (n used of *cap, elem bytes each; doubled, from first) with room for one more:
+ * p itself, or where realloc moved it; NULL out of memory (p unchanged, still valid). */
+static void *grow(void *p, size_t n, size_t *cap, size_t elem, size_t first) {
+  if (n < *cap) return p;
+  size_t c = *cap ? 2 * *cap : first;
+  void *q = realloc(p, c * elem);
+  if (q) *cap = c;
+  return q;
+}
+
 /* A share of t's storage held until the deferred copies are made; -> 0, or -1 out of memory. */
 static int hold(const nvl_tensor *t) {
-  if (bg.nheld == bg.cap_held) {
-    size_t cap = bg.cap_held ? 2 * bg.cap_held : 64;
-    nvl_tensor *h = realloc(bg.held, cap * sizeof *h);
-    if (!h) return -1;
-    bg.held = h;
-    bg.cap_held = cap;
-  }
+  nvl_tensor *h = grow(bg.held, bg.nheld, &bg.cap_held, sizeof *h, 64);
+  if (!h) return -1;
+  bg.held = h;
   bg.held[bg.nheld] = nvl_tensor_null();
   nvl_tensor_share(&bg.held[bg.nheld++], t);
   return 0;
@@ -421,13 +427,9 @@ static size_t contents_size(lua_State *L, int idx, int i) {
 static int copy_add(char *dst, const char *src, size_t n) {
   const size_t piece = (size_t)1 << 20;
   for (size_t at = 0; at < n; at += piece) {
-    if (copies.n == copies.cap) {
-      size_t cap = copies.cap ? 2 * copies.cap : 256;
-      bg_copy *c = realloc(copies.c, cap * sizeof *c);
-      if (!c) return -1;
-      copies.c = c;
-      copies.cap = cap;
-    }
+    bg_copy *c = grow(copies.c, copies.n, &copies.cap, sizeof *c, 256);
+    if (!c) return -1;
+    copies.c = c;
     copies.c[copies.n++] = (bg_copy){dst + at, src + at, n - at < piece ? n - at : piece};
   }
   return 0;
