@@ -352,7 +352,6 @@ static nvl_status work_copy(nvl_tensor *w, const nvl_tensor *t, int *shared) {
   return NVL_OK;
 }
 
-
 /* For dist_nccl.c: buf (bytes) = root's buf on every rank (the NCCL unique id). */
 nvl_status nvl_dist_bcast_bytes(void *buf, int bytes, int root) {
   if (!S.use_mpi) return NVL_OK;
@@ -579,7 +578,6 @@ nvl_status nvl_dist_all_reduce_bg(nvl_tensor *t, const nvl_tensor *src, nvl_dist
   BG.threaded = 0;
   if (!S.use_mpi) { /* a world of one: the reduction is the source itself */
     if (src) memcpy(nvl_tensor_data(t), nvl_tensor_data(src), (size_t)n * sizeof(float));
-    BG.op = NVL_DIST_SUM;
     bg_finish();
     bg_release();
     return NVL_OK;
@@ -632,7 +630,7 @@ nvl_status nvl_dist_broadcast(nvl_tensor *t, int root) {
   if (!S.use_mpi) return NVL_OK;
 #ifdef NVLUA_HAVE_MPI
   char d[160];
-  int64_t bytes = nvl_tensor_numel(t) * nvl_dtypes[t->dtype].elem_size;
+  int64_t bytes = (int64_t)nvl_tensor_nbytes(t);
   NVL_TRY(check_count("broadcast", bytes));
   nvl_tensor w = nvl_tensor_null();
   NVL_TRY(nvl_tensor_contiguous(&w, t));
@@ -690,7 +688,7 @@ nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t) {
       out->shape[0] != t->shape[0] * S.world)
     return nvl_error(NVL_EINVAL, "all_gather: out holds the %d ranks' t along dim 1: got out %s, t %s", S.world,
                      nvl_tensor_desc(out, d1, sizeof d1), nvl_tensor_desc(t, d2, sizeof d2));
-  size_t chunk = (size_t)nvl_tensor_numel(t) * (size_t)nvl_dtypes[t->dtype].elem_size;
+  size_t chunk = nvl_tensor_nbytes(t);
   int in_place = t->storage == out->storage && nvl_tensor_is_contiguous(out) && nvl_tensor_is_contiguous(t) &&
                  (char *)nvl_tensor_data(t) == (char *)nvl_tensor_data(out) + (size_t)S.rank * chunk;
   if (t->device == NVL_CUDA) return nvl_nccl_all_gather(out, t, in_place, S.rank, S.world);

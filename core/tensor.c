@@ -243,6 +243,10 @@ int64_t nvl_tensor_numel(const nvl_tensor *t) {
   return n;
 }
 
+size_t nvl_tensor_nbytes(const nvl_tensor *t) {
+  return (size_t)nvl_tensor_numel(t) * (size_t)nvl_dtypes[t->dtype].elem_size;
+}
+
 int nvl_tensor_is_contiguous(const nvl_tensor *t) {
   int64_t st = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {

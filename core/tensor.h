@@ -64,6 +64,8 @@ nvl_status nvl_tensor_check_live(const nvl_tensor *t, const char *op);
 int nvl_tensor_same_device(const nvl_tensor *a, const nvl_tensor *b);
 
 int64_t nvl_tensor_numel(const nvl_tensor *t);
+/* numel * the element size: the bytes of t's elements (contiguous), never overflowing (see above). */
+size_t nvl_tensor_nbytes(const nvl_tensor *t);
 int nvl_tensor_is_contiguous(const nvl_tensor *t);
 /* Address of element 0 of the view. */
 void *nvl_tensor_data(const nvl_tensor *t);

@@ -1,7 +1,6 @@
 /* dist.c: the Lua binding of core/dist.h — the table nvlua.core.dist, which lua/nvlua/dist.lua
  * (require "nvlua.dist") presents. Ranks are 0-based, as MPI numbers them; ops are "sum", "avg",
  * "max", "min". Collectives return their output tensor; core's errors become Lua errors. */
-#include <string.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include "bind.h"
@@ -67,17 +66,12 @@ static int l_all_reduce_bg(lua_State *L) {
   const nvl_tensor *src = NULL;
   int delta = 0;
   if (!lua_isnoneornil(L, 3)) {
+    static const char *const keys[] = {"src", "delta", NULL};
     luaL_checktype(L, 3, LUA_TTABLE);
-    lua_pushnil(L);
-    while (lua_next(L, 3)) { /* every key known: a misspelt option is an error, not ignored */
-      const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
-      if (strcmp(k, "src") && strcmp(k, "delta")) return luaL_error(L, "all_reduce_bg: unknown option '%s' (src, delta)", k);
-      lua_pop(L, 1);
-    }
+    nvl_lua_check_keys(L, 3, "all_reduce_bg", keys);
+    nvl_lua_opt_boolean(L, 3, "all_reduce_bg", "delta", &delta);
     lua_getfield(L, 3, "src");
-    if (!lua_isnil(L, -1)) src = nvl_lua_check_tensor(L, -1, "all_reduce_bg (src)");
-    lua_getfield(L, 3, "delta");
-    delta = lua_toboolean(L, -1);
+    if (!lua_isnil(L, -1)) src = nvl_lua_check_tensor(L, lua_gettop(L), "all_reduce_bg (src)");
   }
   CHECK(L, nvl_dist_all_reduce_bg(t, src, op, delta));
   lua_settop(L, 1);

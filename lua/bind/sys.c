@@ -409,7 +409,7 @@ static size_t contents_size(lua_State *L, int idx, int i) {
     size_t len = 0;
     nvl_tensor *t;
     if (lua_type(L, -1) == LUA_TSTRING) len = luaL_len(L, -1);
-    else if ((t = as_tensor(L, -1)) != NULL) len = (size_t)nvl_tensor_numel(t) * nvl_dtypes[t->dtype].elem_size;
+    else if ((t = as_tensor(L, -1)) != NULL) len = nvl_tensor_nbytes(t);
     else luaL_error(L, "bg_submit: op %d (write): piece %I is a %s, not a string or a live tensor", i, j, luaL_typename(L, -1));
     if (len > SIZE_MAX - total) luaL_error(L, "bg_submit: op %d (write): contents too large", i);
     total += len;
@@ -482,11 +482,10 @@ static nvl_status contents_copy(lua_State *L, int idx, char *dst, int defer) {
   for (lua_Integer j = 1; j <= n && st == NVL_OK; j++) {
     lua_geti(L, idx, j);
     nvl_tensor *t = as_tensor(L, -1);
+    if (t) len = nvl_tensor_nbytes(t);
     if (t && t->device == NVL_CPU && nvl_tensor_is_contiguous(t)) {
-      len = (size_t)nvl_tensor_numel(t) * nvl_dtypes[t->dtype].elem_size;
       if (copy_add(dst, nvl_tensor_data(t), len) || (defer && hold(t))) st = NVL_ENOMEM;
     } else if (t) {
-      len = (size_t)nvl_tensor_numel(t) * nvl_dtypes[t->dtype].elem_size;
       nvl_tensor c = nvl_tensor_null();
       st = nvl_tensor_clone_to(&c, t, t->dtype, NVL_CPU);
       if (st == NVL_OK) memcpy(dst, nvl_tensor_data(&c), len);
@@ -523,6 +522,15 @@ static void stage_free(void) {
   if (bg.stage) munmap(bg.stage, bg.stage_cap);
   bg.stage = NULL;
   bg.stage_cap = 0;
+}
+
+/* A staging buffer of at least bytes (a larger one is kept; a smaller one replaced): raises, naming
+ * op, when it cannot be allocated. -> 1 when it was made now, else 0. */
+static int stage_ensure(lua_State *L, const char *op, size_t bytes) {
+  if (bytes <= bg.stage_cap) return 0;
+  stage_free();
+  if (stage_alloc(bytes) != 0) luaL_error(L, "%s: cannot allocate a staging buffer of %I bytes", op, (lua_Integer)bytes);
+  return 1;
 }
 
 /* Check every op of the list at 1 (raising on a bad one) before anything is allocated; -> the
@@ -575,11 +583,7 @@ static int l_bg_submit(lua_State *L) {
     lua_pushvalue(L, 1);
     bg.ref = luaL_ref(L, LUA_REGISTRYINDEX);
   }
-  if (total > bg.stage_cap) {
-    stage_free();
-    if (stage_alloc(total) != 0) bg.stage = NULL;
-    if (!bg.stage) return luaL_error(L, "bg_submit: cannot allocate a staging buffer of %I bytes", (lua_Integer)total);
-  }
+  stage_ensure(L, "bg_submit", total);
   bg.ops = calloc((size_t)(n > 0 ? n : 1), sizeof(bg_op));
   int oom = bg.ops == NULL;
   nvl_status copied = NVL_OK;
@@ -633,10 +637,7 @@ static int l_bg_reserve(lua_State *L) {
   luaL_argcheck(L, want >= 0, 1, "bytes must be >= 0");
   bg_settle(L, "bg_reserve");
   if (bg.err[0]) return luaL_error(L, "bg_reserve: the previous list failed and nobody asked: %s", bg.err);
-  if ((size_t)want <= bg.stage_cap) return 0;
-  stage_free();
-  if (stage_alloc((size_t)want) != 0)
-    return luaL_error(L, "bg_reserve: cannot allocate a staging buffer of %I bytes", want);
+  if (!stage_ensure(L, "bg_reserve", (size_t)want)) return 0;
   bg.ops = calloc(1, sizeof(bg_op));
   if (!bg.ops) return luaL_error(L, "bg_reserve: out of memory");
   bg.ops[0].kind = BG_TOUCH;
@@ -661,7 +662,7 @@ static int l_write_tensor(lua_State *L) {
   luaL_Stream *f = luaL_checkudata(L, 1, LUA_FILEHANDLE);
   if (f->closef == NULL) return luaL_error(L, "write_tensor: the file is closed");
   nvl_tensor *t = nvl_lua_check_tensor(L, 2, "write_tensor");
-  size_t n = (size_t)nvl_tensor_numel(t) * nvl_dtypes[t->dtype].elem_size;
+  size_t n = nvl_tensor_nbytes(t);
   nvl_tensor c = nvl_tensor_null();
   const nvl_tensor *src = t;
   if (t->device != NVL_CPU || !nvl_tensor_is_contiguous(t)) {

@@ -228,7 +228,7 @@ static int l_numel(lua_State *L) { lua_pushinteger(L, nvl_tensor_numel(check_ten
 /* t:nbytes() -> numel * the element size: the bytes of t's data (what t:bytes() returns) */
 static int l_nbytes(lua_State *L) {
   nvl_tensor *t = check_tensor(L, 1);
-  lua_pushinteger(L, nvl_tensor_numel(t) * nvl_dtypes[t->dtype].elem_size);
+  lua_pushinteger(L, (lua_Integer)nvl_tensor_nbytes(t));
   return 1;
 }
 static int l_dtype(lua_State *L) { lua_pushstring(L, nvl_dtypes[check_tensor(L, 1)->dtype].name); return 1; }
@@ -622,7 +622,7 @@ static int l_bytes(lua_State *L) {
   if (t->device != NVL_CPU) return luaL_error(L, "bytes: tensor is on cuda; call :cpu() first");
   nvl_tensor c = nvl_tensor_null();
   CHECK(L, nvl_tensor_contiguous(&c, t));
-  lua_pushlstring(L, nvl_tensor_data(&c), (size_t)nvl_tensor_numel(&c) * nvl_dtypes[c.dtype].elem_size);
+  lua_pushlstring(L, nvl_tensor_data(&c), nvl_tensor_nbytes(&c));
   nvl_tensor_release(&c);
   return 1;
 }

@@ -75,10 +75,12 @@ dist.all_reduce_number = C.all_reduce_number
 dist.all_reduce_start = C.all_reduce_start
 dist.wait_all = C.wait_all
 dist.pending = C.pending
---- dist.all_reduce_bg(t [, op = "sum"|"avg"]): start reducing t (f32, contiguous, CPU) in place in the
--- background, one at a time; dist.bg_wait() completes it. With MPI_THREAD_MULTIPLE (dist.init{threads
--- = "multiple"}; dist.bg_threaded() says) a thread of its own runs it, so it advances while the
--- caller computes; otherwise it is an MPI_Iallreduce, which Open MPI advances only inside MPI calls.
+--- dist.all_reduce_bg(t [, op = "sum"|"avg" [, {src = tensor, delta = false}]]): start reducing t (f32,
+-- contiguous, CPU) in place in the background — or with src, t = the reduction of src (out of place)
+-- and with delta then t -= src — one at a time; dist.bg_wait() completes it. With
+-- MPI_THREAD_MULTIPLE (dist.init{threads = "multiple"}; dist.bg_threaded() says) a thread of its own
+-- runs it, so it advances while the caller computes; otherwise it is an MPI_Iallreduce, which Open
+-- MPI advances only inside MPI calls.
 -- t must not be touched until bg_wait returns. ShadowSync's parameter averaging (sync=shadow).
 -- dist.bg_pending(): one is started and not waited for; dist.bg_busy(): and not known to be complete
 -- (its thread still runs; without the thread, until bg_wait), a check that makes no MPI call.

@@ -317,13 +317,13 @@ function train.teacher(c, vocab)
   return t
 end
 
---- Build everything a run needs from a resolved config. With c.dist the process group is
--- started here (parts.dist, parts.rank, parts.world). c.recipe is a registered name or a recipe
--- value (train.recipe); either way, with more than one rank, it gets the data-parallel hooks.
 -- the MPI thread level a run asks for: sync=shadow averages in a thread of its own, which needs
 -- MPI_THREAD_MULTIPLE
 local function dist_threads(c) return c.sync == "shadow" and "multiple" or "funneled" end
 
+--- Build everything a run needs from a resolved config. With c.dist the process group is
+-- started here (parts.dist, parts.rank, parts.world). c.recipe is a registered name or a recipe
+-- value (train.recipe); either way, with more than one rank, it gets the data-parallel hooks.
 function train.build(c)
   train.check(c)
   train.check_out(c)

@@ -45,6 +45,8 @@ local IO_FAIL = {}
 local function io_fail(msg) error(setmetatable({msg = msg}, IO_FAIL), 0) end
 
 local function is_string(s) return type(s) == "string" end
+-- the bytes of a piece of a file's contents: a string, or a tensor's raw bytes
+local function piece_size(s) return is_string(s) and #s or s:nbytes() end
 
 -- the contents (a string, or a function calling put(piece) for each piece: a string or a tensor)
 -- into the open file f -> the bytes written
@@ -52,14 +54,9 @@ local function write_contents(f, contents)
   local n = 0
   local function put(s)
     local ok, err
-    if is_string(s) then
-      ok, err = f:write(s)
-      n = n + #s
-    else
-      ok, err = core.write_tensor(f, s)
-      n = n + s:nbytes()
-    end
+    if is_string(s) then ok, err = f:write(s) else ok, err = core.write_tensor(f, s) end
     if not ok then io_fail(err) end
+    n = n + piece_size(s)
   end
   if is_string(contents) then put(contents) else contents(put) end
   local ok, err = f:flush()
@@ -100,7 +97,7 @@ function util.atomic_write(path, contents, opts)
     local pieces, n = {}, 0
     local function put(s)
       pieces[#pieces + 1] = s
-      n = n + (is_string(s) and #s or s:nbytes())
+      n = n + piece_size(s)
     end
     if is_string(contents) then put(contents) else contents(put) end
     sink(path, pieces)
