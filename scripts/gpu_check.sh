@@ -18,7 +18,10 @@
 #   scripts/gpu_check.sh build|test|bench   # one phase (each needs the build; a 10-minute limit fits each)
 # Options through the environment: GPU_CHECK_BENCH_ARGS (extra key=value for both benchmarks, e.g.
 # "torch=false"), GPU_CHECK_JOBS (build parallelism, default nproc), GPU_CHECK_USE_DEBS=1 (build against
-# .deps/debs even where the system has the packages: how this script is tested on a machine without a GPU).
+# .deps/debs even where the system has the packages: how this script is tested on a machine without a GPU),
+# GPU_CHECK_TESTS (names for tests/run.lua, e.g. "cuda cuda_quant": a subset; default every file),
+# GPU_CHECK_TIMEOUT (seconds for each test or benchmark program, default none: under a lease's per-call
+# limit a program that runs over is stopped, the report still written and the stop named in it).
 # Exit status: 0 when the build and every test passed (benchmarks only report), 1 otherwise.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -56,6 +59,15 @@ gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | hea
 slug() { echo "$1" | tr 'A-Z' 'a-z' | sed -E 's/nvidia //; s/[^a-z0-9]+/_/g; s/^_|_$//g' | cut -d_ -f1; }
 
 depsroot=""
+# run "$@" under GPU_CHECK_TIMEOUT when set; a stop by it is named in the log (the first argument) and returns 124
+bounded() {
+  local log=$1; shift
+  local rc=0
+  if [ -n "${GPU_CHECK_TIMEOUT:-}" ]; then timeout "$GPU_CHECK_TIMEOUT" "$@" || rc=$?; else "$@" || rc=$?; fi
+  [ $rc -eq 124 ] && echo "TIMEOUT: stopped after ${GPU_CHECK_TIMEOUT}s (GPU_CHECK_TIMEOUT)" >>"$log"
+  return $rc
+}
+
 env_for_run() {
   if [ -n "$depsroot" ]; then
     export LD_LIBRARY_PATH="$depsroot/usr/lib/x86_64-linux-gnu:$depsroot/usr/lib/x86_64-linux-gnu/openblas-openmp\
@@ -81,10 +93,11 @@ do_test() {
   env_for_run
   local rc=0
   echo "gpu_check: C unit tests"
-  "$build/nvlua_unit" >"$build/unit.log" 2>&1 || rc=1
+  bounded "$build/unit.log" "$build/nvlua_unit" >"$build/unit.log" 2>&1 || rc=1
   tail -1 "$build/unit.log"
   echo "gpu_check: Lua suite (CUDA files on the GPU)"
-  "$build/nvlua" tests/run.lua >"$build/lua.log" 2>&1 || rc=1
+  # shellcheck disable=SC2086
+  bounded "$build/lua.log" "$build/nvlua" tests/run.lua ${GPU_CHECK_TESTS:-} >"$build/lua.log" 2>&1 || rc=1
   tail -1 "$build/lua.log"
   return $rc
 }
@@ -93,10 +106,12 @@ do_bench() {
   [ -x "$build/nvlua" ] || die "no $build/nvlua: run the build phase first"
   env_for_run
   # shellcheck disable=SC2086
-  "$build/nvlua" scripts/bench_cuda.lua ${GPU_CHECK_BENCH_ARGS:-} >"$build/bench_cuda.md" 2>"$build/bench_cuda.err"
+  bounded "$build/bench_cuda.err" "$build/nvlua" scripts/bench_cuda.lua ${GPU_CHECK_BENCH_ARGS:-} \
+    >"$build/bench_cuda.md" 2>"$build/bench_cuda.err"
   echo "gpu_check: bench_cuda exit $?"
   # shellcheck disable=SC2086
-  "$build/nvlua" scripts/bench_blocks.lua ${GPU_CHECK_BENCH_ARGS:-} >"$build/bench_blocks.md" 2>"$build/bench_blocks.err"
+  bounded "$build/bench_blocks.err" "$build/nvlua" scripts/bench_blocks.lua ${GPU_CHECK_BENCH_ARGS:-} \
+    >"$build/bench_blocks.md" 2>"$build/bench_blocks.err"
   echo "gpu_check: bench_blocks exit $?"
 }
 
@@ -124,6 +139,7 @@ report() {
       echo '```'
       grep -A4 "^FAIL" "$build/$log.log" | head -80
       grep "^skip" "$build/$log.log" | head -60
+      grep "^TIMEOUT" "$build/$log.log"
       echo '```'
       echo
     done
@@ -161,6 +177,7 @@ if [ "$phase" = build ] || [ "$phase" = all ]; then
   if do_build; then built="OK"; else built="FAILED (build-gpu/build.log)"; status=1; fi
 fi
 if [ $status -eq 0 ] && { [ "$phase" = test ] || [ "$phase" = all ]; }; then do_test || status=1; fi
-if [ $status -eq 0 ] && { [ "$phase" = bench ] || [ "$phase" = all ]; }; then do_bench; fi
+# the benchmarks run after failing tests too (a first run on a new GPU wants both); not after a failed build
+if [ "${built#FAILED}" = "$built" ] && { [ "$phase" = bench ] || [ "$phase" = all ]; }; then do_bench; fi
 report "$built"
 exit $status
