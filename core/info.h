@@ -2,6 +2,9 @@
 #ifndef NVL_INFO_H
 #define NVL_INFO_H
 #include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
 /* The BLAS library in use and its configuration. */
 const char *nvl_blas_info(void);
 /* oneDNN: whether the CPU's emulated GEMMs use the bf16 units through it, on which ISA and
@@ -13,4 +16,18 @@ const char *nvl_dnnl_info(void);
 int nvl_cpu_gemm_bf16_switch(int on);
 int nvl_cpu_gemm_bf16_ready(void);
 void nvl_cpu_gemm_paths(int64_t *bf16, int64_t *sgemm);
+/* IEEE subnormals on this thread: clears x86's MXCSR flush-to-zero (bit 15) and denormals-are-zero
+ * (bit 6), or AArch64's FPCR.FZ (bit 24), when something in the process set them, and returns which
+ * were set (NVL_FP_FTZ | NVL_FP_DAZ; 0: none). nvlua's CPU numerics (the formats' scales, the
+ * references) are IEEE fp32 with subnormals, bit for bit: a library that turns on FTZ/DAZ (its
+ * load-time constructor, or its first call) silently changes them. Called at the start of main()
+ * (threads created later inherit the state) and after the CUDA runtime and cuBLASLt initialise. The
+ * first non-zero return is remembered for nv.info().fp_env. */
+enum { NVL_FP_FTZ = 1, NVL_FP_DAZ = 2 };
+int nvl_fp_env_ieee(const char *where);
+/* "ieee" or what was found set and where, e.g. "FTZ+DAZ found set at start-up (cleared)". */
+const char *nvl_fp_env_info(void);
+#ifdef __cplusplus
+}
+#endif
 #endif

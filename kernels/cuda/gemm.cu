@@ -36,6 +36,7 @@
 
 #include "common.cuh"
 #include "dtype.h"
+#include "info.h"
 
 #define NVL_MAX_GPUS 16
 
@@ -65,6 +66,7 @@ nvl_status get_lt(int dev, Lt **out) {
       return nvl_error(NVL_EDEVICE, "%s: cublasLtCreate on cuda:%d failed: %s (%s)", fn, dev,
                        cublasLtGetStatusString(st), cublasLtGetStatusName(st));
     }
+    nvl_fp_env_ieee("after cublasLtCreate"); /* info.h */
   }
   pthread_mutex_unlock(&lt_mu);
   *out = l;
@@ -230,8 +232,16 @@ nvl_status get_plan(Lt *l, const Spec &s, Plan **out, void *placeholder) {
   return NVL_OK;
 }
 
+/* The device floats a GEMM reads through pointers (A/B_SCALE_POINTER; alpha and beta in
+ * CUBLASLT_POINTER_MODE_DEVICE), each 16 bytes from the next: cuBLASLt's fp8 GEMM on an H200
+ * (cuBLASLt 13.1, 2026-11-28) answered CUBLAS_STATUS_NOT_SUPPORTED at cublasLtMatmul when the B scale
+ * lay 4 bytes after the A scale, though the heuristic (given 256-byte-aligned placeholders) had found
+ * an algorithm. The emulator (kernels/cuda/emu) enforces the 16-byte rule. */
+enum { SC_A = 0, SC_B = 4, SC_ALPHA = 8, SC_BETA = 12, SC_FLOATS = 16 };
+
 /* Run one planned matmul: d (m x n col-major) = alpha * op(A) op(B) (+ d when accumulating); the
- * cuBLASLt workspace is call scratch. alpha_dev: NULL, or device floats {alpha, beta} (computed on
+ * cuBLASLt workspace is call scratch. alpha_dev: NULL, or the device floats alpha (alpha_dev[0]) and
+ * beta (alpha_dev[SC_BETA - SC_ALPHA]) (computed on
  * the device from amaxes that live there), which replace the host alpha and beta. */
 nvl_status run_matmul(nvl_kctx *ctx, const Spec &spec, const void *A, const void *B, void *D, float alpha,
                       const void *scale_a, const void *scale_b, const float *alpha_dev = NULL) {
@@ -262,7 +272,7 @@ nvl_status run_matmul(nvl_kctx *ctx, const Spec &spec, const void *A, const void
   if (st == NVL_OK && r == CUBLAS_STATUS_SUCCESS) {
     call = "cublasLtMatmul";
     const void *pa = alpha_dev ? (const void *)alpha_dev : (const void *)&alpha;
-    const void *pb = alpha_dev ? (const void *)(alpha_dev + 1) : (const void *)&beta;
+    const void *pb = alpha_dev ? (const void *)(alpha_dev + (SC_BETA - SC_ALPHA)) : (const void *)&beta;
     r = cublasLtMatmul(l->h, p->op, pa, A, p->a, B, p->b, pb, D, p->c, D, p->c, &p->algo, ws, WORKSPACE, 0);
   }
   pthread_mutex_unlock(&lt_mu);
@@ -404,10 +414,11 @@ __global__ void range_bits_kernel(uint32_t *bits, const void *x, int64_t n, int 
   if (m < 255) atomicOr(&bits[m >> 5], 1u << (m & 31));
 }
 
-/* sc[0..1] = the per-tensor decode scales of an fp8 GEMM's operands (cuBLASLt reads them on the device). */
+/* sc[SC_A], sc[SC_B] = the per-tensor decode scales of an fp8 GEMM's operands (cuBLASLt reads them
+ * on the device). */
 __global__ void set_scales_kernel(float *sc, float s0, float s1) {
-  sc[0] = s0;
-  sc[1] = s1;
+  sc[SC_A] = s0;
+  sc[SC_B] = s1;
 }
 
 /* The per-tensor decode factor of an operand whose amax is on the device (kind 1: fp8 with element
@@ -418,15 +429,16 @@ __device__ float dec_factor(int kind, float emax, const uint32_t *amax, float ho
   return host;
 }
 
-/* sc = {b's decode factor, a's, alpha = a's * b's (the CPU's alpha_a * alpha_b), beta}: what an
- * fp8 GEMM reads through A/B_SCALE_POINTER, or alpha and beta in CUBLASLT_POINTER_MODE_DEVICE. */
+/* sc[SC_A, SC_B, SC_ALPHA, SC_BETA] = {b's decode factor, a's, alpha = a's * b's (the CPU's
+ * alpha_a * alpha_b), beta}: what an fp8 GEMM reads through A/B_SCALE_POINTER, or alpha and beta in
+ * CUBLASLT_POINTER_MODE_DEVICE. */
 __global__ void gemm_scales_kernel(float *sc, int ka, float ea, const uint32_t *amax_a, float host_a, int kb, float eb,
                                    const uint32_t *amax_b, float host_b, float beta) {
   const float da = dec_factor(ka, ea, amax_a, host_a), db = dec_factor(kb, eb, amax_b, host_b);
-  sc[0] = db;
-  sc[1] = da;
-  sc[2] = f_mul(da, db);
-  sc[3] = beta;
+  sc[SC_A] = db;
+  sc[SC_B] = da;
+  sc[SC_ALPHA] = f_mul(da, db);
+  sc[SC_BETA] = beta;
 }
 
 /* The GEMM class of a format, from its traits row. */
@@ -502,11 +514,11 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
       s.ta = s.tb = CUDA_R_16BF;
       return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, NULL, NULL);
     case CLS_FP8: {
-      /* decode scales on the device: [0] for cuBLASLt's A (our b), [1] for its B (our a); from
-       * gemm_scales_kernel when an amax is on the device */
+      /* decode scales on the device: [SC_A] for cuBLASLt's A (our b), [SC_B] for its B (our a);
+       * from gemm_scales_kernel when an amax is on the device */
       float *sc = const_cast<float *>(dsc);
       if (!sc) {
-        NVL_TRY(ctx->scratch(ctx, 2 * sizeof(float), (void **)&sc));
+        NVL_TRY(ctx->scratch(ctx, SC_FLOATS * sizeof(float), (void **)&sc));
         /* written by a kernel that takes them as arguments: a copy from a pageable host array would
          * synchronise the host with the device at every GEMM (issue 15 D7) */
         NVL_LAUNCH(1, 1, 0, 0, set_scales_kernel)(sc, b->alpha, a->alpha);
@@ -515,7 +527,7 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
       s.ta = fp8_type(b->format);
       s.tb = fp8_type(a->format);
       s.per_tensor_scales = 1;
-      return run_matmul(ctx, s, b->codes, a->codes, g->out, 1.0f, sc, sc + 1);
+      return run_matmul(ctx, s, b->codes, a->codes, g->out, 1.0f, sc + SC_A, sc + SC_B);
     }
     case CLS_NVFP4:
     case CLS_MX:
@@ -530,7 +542,7 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
         s.tb = fp8_type(a->format);
         s.scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
       }
-      return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, b->scales_swz, a->scales_swz, dsc ? dsc + 2 : NULL);
+      return run_matmul(ctx, s, b->codes, a->codes, g->out, alpha, b->scales_swz, a->scales_swz, dsc ? dsc + SC_ALPHA : NULL);
     default:
       return nvl_error(NVL_EINVAL, "%s: internal error: no native path for %s", fn, fmt_name(a->format));
   }
@@ -598,7 +610,7 @@ nvl_status emulated_f32_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, flo
     NVL_TRY(nvl_cuda_check_launch(ctx->dev, "nvl_cuda_qgemm", "dequant_f32_kernel"));
   }
   s.ta = s.tb = CUDA_R_32F;
-  const float *ad = dsc ? dsc + 2 : NULL;
+  const float *ad = dsc ? dsc + SC_ALPHA : NULL;
   if (s.tc != CUDA_R_16BF) return run_matmul(ctx, s, y[1], y[0], g->out, alpha, NULL, NULL, ad);
   const int64_t mn = s.m * s.n, one = 1; /* cuBLASLt's f32 GEMM writes f32 only: into scratch, then RNE */
   float *d = NULL;
@@ -636,7 +648,7 @@ nvl_status emulated_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float a
     NVL_TRY(dequant_bf16(static_cast<uint16_t *>(p), ops[i], NULL, dev));
   }
   s.ta = s.tb = CUDA_R_16BF;
-  return run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL, dsc ? dsc + 2 : NULL);
+  return run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL, dsc ? dsc + SC_ALPHA : NULL);
 }
 
 } /* namespace */
@@ -754,7 +766,7 @@ extern "C" nvl_status nvl_cuda_qgemm(nvl_kctx *ctx, const nvl_gemm_desc *g) {
       kind[i] = !o[i]->amax_dev ? 0 : c == CLS_FP8 ? 1 : 2;
       emax[i] = is_e5(o[i]->format) ? 57344.0f : 448.0f;
     }
-    NVL_TRY(ctx->scratch(ctx, 4 * sizeof(float), (void **)&dsc));
+    NVL_TRY(ctx->scratch(ctx, SC_FLOATS * sizeof(float), (void **)&dsc));
     NVL_LAUNCH(1, 1, 0, 0, gemm_scales_kernel)(dsc, kind[0], emax[0], reinterpret_cast<const uint32_t *>(g->a->amax_dev),
         g->a->alpha, kind[1], emax[1], reinterpret_cast<const uint32_t *>(g->b->amax_dev), g->b->alpha,
         accumulate ? 1.0f : 0.0f);

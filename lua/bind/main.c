@@ -507,6 +507,7 @@ static int pmain(lua_State *L) {
 
 int main(int argc, char **argv) {
   int status, ok;
+  nvl_fp_env_ieee("at start-up"); /* IEEE subnormals, whatever a library's constructor set (info.h) */
   lua_State *L = luaL_newstate();
   if (L == NULL) {
     nvl_main_message(NVL_PROGNAME, "cannot create state: not enough memory");

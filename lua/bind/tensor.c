@@ -811,6 +811,7 @@ static int l_build_info(lua_State *L) {
   lua_pushinteger(L, nvl_device_runtime_version(NVL_CUDA)); lua_setfield(L, -2, "cuda_runtime");
   lua_pushinteger(L, (lua_Integer)nvl_device_blas_version(NVL_CUDA)); lua_setfield(L, -2, "cublaslt");
   lua_pushstring(L, nvl_device_unavailable_reason(NVL_CUDA)); lua_setfield(L, -2, "cuda_unavailable_reason");
+  lua_pushstring(L, nvl_fp_env_info()); lua_setfield(L, -2, "fp_env");
   return 1;
 }
 

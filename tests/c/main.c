@@ -1,6 +1,7 @@
 /* main.c: runs every NVL_TEST registered by the files in tests/c/. */
 #include <stdlib.h>
 #include <string.h>
+#include "info.h"
 #include "unit.h"
 
 #define NVL_UNIT_MAX 512
@@ -18,6 +19,7 @@ static int by_name(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   int passed = 0, failed = 0;
+  nvl_fp_env_ieee("at start-up"); /* IEEE subnormals, whatever a library's constructor set (info.h) */
   qsort(tests, ntests, sizeof tests[0], by_name);
   for (int i = 0; i < ntests; i++) {
     if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
