@@ -1,4 +1,5 @@
 /* main.c: runs every NVL_TEST registered by the files in tests/c/. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "info.h"
@@ -25,6 +26,14 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
     int f = 0;
     tests[i].fn(&f);
+    /* a test (or a library it calls) that leaves flush-to-zero or denormals-are-zero on would change
+     * every later test's subnormal arithmetic: a failure of its own, and the state is cleared */
+    const int env = nvl_fp_env_ieee(NULL);
+    if (env) {
+      printf("  %s left %s%s%s set\n", tests[i].name, env & NVL_FP_FTZ ? "FTZ" : "", env == (NVL_FP_FTZ | NVL_FP_DAZ) ? "+" : "",
+             env & NVL_FP_DAZ ? "DAZ" : "");
+      f = 1;
+    }
     printf("%s %s\n", f ? "FAIL" : "ok  ", tests[i].name);
     fflush(stdout);
     if (f) failed++; else passed++;
