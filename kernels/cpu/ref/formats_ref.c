@@ -210,7 +210,12 @@ float nvl_nvfp4_enc_scale_ref(float amax) {
 }
 
 float nvl_nvfp4_dec_scale_ref(float amax) {
-  if (!(amax > 0.0f) || isinf(amax) || 2688.0f / amax > FLT_MAX) return 1.0f / nvl_nvfp4_enc_scale_ref(amax);
+  if (!(amax > 0.0f) || isinf(amax)) return 1.0f; /* = 1 / enc_scale */
+  /* enc_scale clamped to FLT_MAX: its reciprocal as a constant. Written as 1 / enc_scale(amax) after
+   * the test 2688 / amax > FLT_MAX, GCC 13.3 -O3 (Ubuntu 24.04) returned 1.0 here: its float range
+   * propagation seems to take an infinite quotient for amax == 0 (overflow ignored) and fold the
+   * call's "amax > 0" test; GCC 12 does not. Seen on the H200 machine, 2026-11-28. */
+  if (2688.0f / amax > FLT_MAX) return 1.0f / FLT_MAX;
   return amax / 2688.0f;
 }
 
