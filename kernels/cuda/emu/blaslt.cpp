@@ -531,6 +531,13 @@ static cublasStatus_t matmul(const Problem &p, const cublasLtMatmulAlgo_t *algo,
   const void *scales[2] = {p.op->scale_a, p.op->scale_b};
   for (int i = 0; i < 2; i++) {
     if (!scales[i]) continue;
+    /* seen on an H200 (cuBLASLt 13.1, 2026-11-28): an fp8 GEMM whose B scale lay 4 bytes after its A
+     * scale was refused here with NOT_SUPPORTED, after the heuristic had found an algorithm for
+     * 256-byte-aligned placeholders; at 16-byte offsets it ran. The exact rule is not documented:
+     * 16 bytes is what was seen to work. */
+    if (alignment(scales[i]) < 16)
+      return lt_refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s (%p) is %u-byte aligned: scale pointers are taken at 16-byte "
+                       "alignment", i ? "B_SCALE_POINTER" : "A_SCALE_POINTER", scales[i], alignment(scales[i]));
     Alloc *x = operand(scales[i], scale_bytes(p, i), i ? "B_SCALE_POINTER" : "A_SCALE_POINTER");
     if (!x) return CUBLAS_STATUS_INVALID_VALUE;
     acc[n++] = Access{x, ACC_READ, i ? "the B scales" : "the A scales"};
