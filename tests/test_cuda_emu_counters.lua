@@ -54,8 +54,12 @@ T.case("emulator bytes: axpy, fill, copy and cast read and write what their defi
   T.eq(k.bytes_read, 4 * 96 * 128, "copy bytes read")
   T.eq(k.bytes_written, 4 * 96 * 128, "copy bytes written")
   T.eq(c.memcpy_d2d_bytes, 0, "no device copy besides the kernel")
-  -- f32 -> bf16: reads 4 bytes, writes 2 per element
-  k = only_kernel(spent(function() m:to("bf16"):free() end), "copy_strided_kernel<short unsigned int, float>")
+  -- a dense copy: one device-to-device memcpy of the bytes, no kernel
+  c = spent(function() m:clone():free() end)
+  T.eq(c.memcpy_d2d_bytes, 4 * 96 * 128, "a dense clone is one device copy")
+  T.eq(next(c.kernels), nil, "a dense clone launches no kernel")
+  -- f32 -> bf16 (dense): reads 4 bytes, writes 2 per element, no index arithmetic
+  k = only_kernel(spent(function() m:to("bf16"):free() end), "cast_dense_kernel<short unsigned int, float>")
   T.eq(k.bytes_read, 4 * 96 * 128, "cast bytes read")
   T.eq(k.bytes_written, 2 * 96 * 128, "cast bytes written")
   -- a small tensor: its 512-byte allocation (the caching allocator's rounding) is what a page clips to

@@ -56,6 +56,24 @@ static void launch_copy(void *dst, const void *src, const strided_desc &d, int64
   NVL_LAUNCH(blocks, kThreads, 0, 0, copy_strided_kernel<D, S>)((D *)dst, (const S *)src, d, n);
 }
 
+/* dst[i] = src[i] converted: a cast between two dense row-major tensors, no index arithmetic. */
+template <typename D, typename S>
+__global__ void cast_dense_kernel(D *__restrict__ dst, const S *__restrict__ src, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] = convert<D, S>(src[i]);
+}
+
+/* Whether strides (elements) are the dense row-major ones of shape (dims of length 1 skipped). */
+static bool dense_strides(const int64_t *strides, const int64_t *shape, int ndim) {
+  int64_t want = 1;
+  for (int k = ndim - 1; k >= 0; k--) {
+    if (shape[k] == 1) continue;
+    if (strides[k] != want) return false;
+    want *= shape[k];
+  }
+  return true;
+}
+
 extern "C" nvl_status nvl_cuda_copy_strided(void *dst, int dst_dtype, const int64_t *dst_strides, const void *src,
                                             int src_dtype, const int64_t *src_strides, int ndim,
                                             const int64_t *shape, int dev) {
@@ -74,6 +92,27 @@ extern "C" nvl_status nvl_cuda_copy_strided(void *dst, int dst_dtype, const int6
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   const int blocks = nvl_cuda_grid(n, kThreads, dev);
   (void)cudaGetLastError();
+  const bool dense = dense_strides(dst_strides, shape, ndim) && dense_strides(src_strides, shape, ndim);
+  if (dense && dst_dtype == src_dtype) {
+    /* a dense copy is the copy engine's (or the driver's copy kernel's) work at full bandwidth, in
+     * stream order on the legacy default stream, no host synchronisation (device to device) */
+    const size_t bytes = (size_t)n * (size_t)nvl_dtypes[dst_dtype].elem_size;
+    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nvl_error(NVL_EDEVICE, "%s: cudaMemcpyAsync(%zu bytes, device to device) on cuda:%d failed: %s (%s)",
+                       __func__, bytes, dev, cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    return NVL_OK;
+  }
+  if (dense && dst_dtype == NVL_BF16 && src_dtype == NVL_F32) {
+    NVL_LAUNCH(blocks, kThreads, 0, 0, cast_dense_kernel<uint16_t, float>)((uint16_t *)dst, (const float *)src, n);
+    return nvl_cuda_check_launch(dev, __func__, "cast_dense_kernel<bf16 <- f32>");
+  }
+  if (dense && dst_dtype == NVL_F32 && src_dtype == NVL_BF16) {
+    NVL_LAUNCH(blocks, kThreads, 0, 0, cast_dense_kernel<float, uint16_t>)((float *)dst, (const uint16_t *)src, n);
+    return nvl_cuda_check_launch(dev, __func__, "cast_dense_kernel<f32 <- bf16>");
+  }
   if (dst_dtype == src_dtype) {
     switch (nvl_dtypes[dst_dtype].elem_size) {
       case 1: launch_copy<uint8_t, uint8_t>(dst, src, d, n, blocks); break;
