@@ -20,9 +20,11 @@ void nvl_cpu_gemm_paths(int64_t *bf16, int64_t *sgemm);
  * (bit 6), or AArch64's FPCR.FZ (bit 24), when something in the process set them, and returns which
  * were set (NVL_FP_FTZ | NVL_FP_DAZ; 0: none). nvlua's CPU numerics (the formats' scales, the
  * references) are IEEE fp32 with subnormals, bit for bit: a library that turns on FTZ/DAZ (its
- * load-time constructor, or its first call) silently changes them. Called at the start of main()
- * (threads created later inherit the state) and after the CUDA runtime and cuBLASLt initialise. The
- * first non-zero return is remembered for nv.info().fp_env. */
+ * load-time constructor, say, when built with -ffast-math) silently changes them. Called at the
+ * start of main() (threads created later inherit the state) and by the C unit runner after each
+ * test. On the H200 machine (2026-11-28) none of the libraries nvlua links set them, at load or
+ * after cudaMalloc, cublasLtCreate or an sgemm. The first non-zero return is remembered for
+ * nv.info().fp_env. */
 enum { NVL_FP_FTZ = 1, NVL_FP_DAZ = 2 };
 int nvl_fp_env_ieee(const char *where);
 /* "ieee" or what was found set and where, e.g. "FTZ+DAZ found set at start-up (cleared)". */

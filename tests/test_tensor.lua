@@ -988,3 +988,13 @@ T.case("use after free raises 'freed'", function()
   T.raises(function() return t:matmul(nv.ones(3, 3)) end, "freed")
   T.eq(keep:sum(), 3, "other tensors are unaffected")
 end)
+
+T.case("IEEE subnormals in this process: nv.info().fp_env, and f32 arithmetic keeps them", function()
+  -- a library that turns on flush-to-zero / denormals-are-zero would change the formats' scales
+  -- (nvfp4's clamped decode scale is 1/FLT_MAX, a subnormal); nvlua clears them (core/info.h)
+  T.eq(nv.info().fp_env, "ieee", "no FTZ/DAZ found at start-up")
+  local tiny = 2.0 ^ -140 -- subnormal in f32 (the smallest normal is 2^-126)
+  local t = nv.tensor({ 2.0 ^ -120 }, "f32"):mul(2.0 ^ -20)
+  T.eq(t:totable()[1], tiny, "2^-120 * 2^-20 = 2^-140, not flushed")
+  T.eq((nv.tensor({ tiny }, "f32") + nv.tensor({ tiny }, "f32")):totable()[1], 2 * tiny, "subnormal inputs not zeroed")
+end)

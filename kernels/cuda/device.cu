@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "common.cuh"
-#include "info.h"
 
 #define NVL_MAX_GPUS 16
 
@@ -82,7 +81,6 @@ nvl_status nvl_cuda_use_device(int dev, const char *fn) {
     return nvl_error(NVL_EDEVICE, "%s: cudaSetDevice(%d) failed: %s (%s)", fn, dev,
                      cudaGetErrorString(e), cudaGetErrorName(e));
   }
-  nvl_fp_env_ieee("after the CUDA runtime's initialisation"); /* info.h */
   return NVL_OK;
 }
 

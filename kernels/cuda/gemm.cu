@@ -36,7 +36,6 @@
 
 #include "common.cuh"
 #include "dtype.h"
-#include "info.h"
 
 #define NVL_MAX_GPUS 16
 
@@ -66,7 +65,6 @@ nvl_status get_lt(int dev, Lt **out) {
       return nvl_error(NVL_EDEVICE, "%s: cublasLtCreate on cuda:%d failed: %s (%s)", fn, dev,
                        cublasLtGetStatusString(st), cublasLtGetStatusName(st));
     }
-    nvl_fp_env_ieee("after cublasLtCreate"); /* info.h */
   }
   pthread_mutex_unlock(&lt_mu);
   *out = l;
