@@ -725,7 +725,8 @@ static nvl_status cross_entropy_impl(double *loss, nvl_tensor *sum_out, int64_t 
   nvl_tensor sum = nvl_tensor_null();
   int64_t one = 1;
   if (st == NVL_OK && sum_out) st = nvl_tensor_empty(&sum, NVL_I64, logits->device, 1, &one);
-  double *tp = sum_out ? (double *)nvl_tensor_data(&sum) : &total;
+  /* sum's data only once it exists: a failed check above leaves it a null tensor (no storage) */
+  double *tp = st == NVL_OK && sum_out ? (double *)nvl_tensor_data(&sum) : &total;
   if (st == NVL_OK) /* bf16 logits are read as they are (the CPU widens them exactly first) */
     st = NVL_CALL(be, logits, layers->cross_entropy, tp, sum_out != NULL, dlogits ? nvl_tensor_data(&d) : NULL,
                   nvl_tensor_data(logits), logits->dtype, nvl_tensor_data(&tgd), N, V, ignore_index, z_loss, gscale);

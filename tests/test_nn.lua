@@ -757,3 +757,21 @@ T.case("grad_buckets: the stages cover the gradient buffer; each is final when g
     end
   end
 end)
+
+T.case("forward_backward with a target outside the vocabulary: a clear error, no crash (every chunking)", function()
+  -- regression: the id check failed, then the loss's sum tensor (never allocated) was read
+  local m = llama.Llama(tiny_config(), {seed = 1, recipe = F32})
+  local ids = ids_tensor(IDS)
+  local bad = TARGETS
+  for _, t in ipairs({50, -2, 1000}) do
+    local tg = {}
+    for i, row in ipairs(bad) do tg[i] = {table.unpack(row)} end
+    tg[1][5] = t
+    for _, opts in ipairs({{}, {loss_chunk = 4}}) do
+      T.raises(function() m:forward_backward(ids, ids_tensor(tg), opts) end, "target " .. t .. " out of range for V = 50")
+      T.raises(function() m:loss(ids, ids_tensor(tg)) end, "out of range")
+    end
+  end
+  local loss = m:forward_backward(ids, ids_tensor(bad))
+  T.ok(loss == loss, "the model still trains after the errors")
+end)
