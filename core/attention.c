@@ -169,6 +169,9 @@ int nvl_attention_flash(int on) {
 
 /* the tensor-core flash attention takes these: bf16 on cuda, head dim 64 or 128, contiguous, 16-byte aligned */
 static int flash_route(const nvl_tensor *const *acts, int n) {
+  /* a missing or freed tensor takes the widened path, whose checks name it */
+  for (int i = 0; i < n; i++)
+    if (!acts[i] || !acts[i]->storage) return 0;
   if (!atomic_load(&flash_on) || acts[0]->device != NVL_CUDA) return 0;
   int64_t D = acts[0]->shape[3];
   if (acts[0]->ndim != 4 || (D != 64 && D != 128)) return 0;

@@ -436,6 +436,10 @@ static struct {
   MPI_Request req;
 #endif
 } pending[MAX_PENDING];
+/* CUDA tensors an NCCL all-reduce started on still reads and writes: held (a share each) until
+ * wait_all has put stream 0 after the collectives, so a tensor freed meanwhile keeps its block out of
+ * the caching allocator's reach */
+static nvl_tensor pending_cuda[MAX_PENDING];
 static int npending, npending_cuda;
 
 int nvl_dist_pending(void) { return npending + npending_cuda; }
@@ -450,8 +454,10 @@ nvl_status nvl_dist_all_reduce_start(nvl_tensor *t, nvl_dist_op op) {
     return nvl_error(NVL_EINVAL, "all_reduce_start: expects a contiguous f32 tensor, got %s", nvl_tensor_desc(t, d, sizeof d));
   if (t->device == NVL_CUDA) {
     if (S.world == 1 && !S.use_mpi) return NVL_OK;
+    if (npending_cuda == MAX_PENDING)
+      return nvl_error(NVL_EINVAL, "all_reduce_start: more than %d all-reduces pending; call wait_all", MAX_PENDING);
     NVL_TRY(nvl_nccl_all_reduce_start(t, op, S.rank, S.world));
-    npending_cuda++;
+    nvl_tensor_share(&pending_cuda[npending_cuda++], t);
     return NVL_OK;
   }
   if (!S.use_mpi) return NVL_OK; /* a world of one */
@@ -477,8 +483,9 @@ nvl_status nvl_dist_all_reduce_start(nvl_tensor *t, nvl_dist_op op) {
 nvl_status nvl_dist_wait_all(void) {
   nvl_status st = NVL_OK;
   if (npending_cuda) {
-    npending_cuda = 0;
     st = nvl_nccl_wait_all();
+    for (int i = 0; i < npending_cuda; i++) nvl_tensor_release(&pending_cuda[i]);
+    npending_cuda = 0;
   }
 #ifdef NVLUA_HAVE_MPI
   if (npending) {

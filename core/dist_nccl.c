@@ -164,11 +164,25 @@ static nvl_status ensure_comm(const char *op, const nvl_tensor *t, int rank, int
     comm = NULL;
     return nccl_fail(op, "ncclCommInitRank", r);
   }
+  /* comm is the "set up" mark: on a failure below everything is undone, so the next collective
+   * tries again instead of using a NULL stream or event */
+  const char *call = "cudaStreamCreateWithFlags";
   e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  if (e != cudaSuccess) return cuda_fail(op, "cudaStreamCreateWithFlags", e);
-  if ((e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming)) != cudaSuccess ||
-      (e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) != cudaSuccess)
-    return cuda_fail(op, "cudaEventCreateWithFlags", e);
+  if (e == cudaSuccess) {
+    call = "cudaEventCreateWithFlags";
+    if ((e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming)) == cudaSuccess)
+      e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  }
+  if (e != cudaSuccess) {
+    nvl_status st = cuda_fail(op, call, e);
+    if (ready) (void)cudaEventDestroy(ready);
+    if (stream) (void)cudaStreamDestroy(stream);
+    ready = NULL;
+    stream = NULL;
+    (void)N.CommDestroy(comm);
+    comm = NULL;
+    return st;
+  }
   return NVL_OK;
 }
 

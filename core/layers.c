@@ -275,7 +275,7 @@ static nvl_status rmsnorm_forward_as(nvl_tensor *out, nvl_tensor *rstd, const nv
   nvl_status st = nvl_tensor_empty(&o, dt, x->device, x->ndim, x->shape);
   if (st == NVL_OK) st = nvl_tensor_empty(&r, NVL_F32, x->device, x->ndim - 1, x->shape);
   if (st == NVL_OK && amax) st = nvl_tensor_empty(&a, NVL_F32, x->device, 1, &one);
-  void *od = nvl_tensor_data(&o);
+  void *od = st == NVL_OK ? nvl_tensor_data(&o) : NULL; /* o stays null when its allocation failed */
   const void *xd = nvl_tensor_data(x);
   if (st == NVL_OK && amax)
     st = NVL_CALL(be, x, layers->rmsnorm_forward_bf16_amax, od, nvl_tensor_data(&r), xd, nvl_tensor_data(weight), N, C,

@@ -258,8 +258,13 @@ nvl_status nvl_add_(nvl_tensor *t, const nvl_tensor *src, double alpha) {
     /* bf16 += bf16: p = src exactly, and the f32 sum rounded to bf16 is the exact sum rounded
      * once, which is what the bf16 ADD of the binary entry computes (CPU and CUDA tables); in
      * place, one pass */
-    NVL_PICK(be, t, binary, "add_");
-    st = NVL_CALL(be, t, binary, NVL_OP_ADD, t, t, &e);
+    const nvl_backend *bb = nvl_backend_for(t->device, "add_"); /* NVL_PICK's choice, without its return */
+    if (bb && !bb->binary && bb->fallback) bb = bb->fallback;
+    if (!bb || !bb->binary) { /* every table has it today; were one not to, e must not leak */
+      nvl_tensor_release(&e);
+      NVL_PICK(be, t, binary, "add_");
+    }
+    st = NVL_CALL(bb, t, binary, NVL_OP_ADD, t, t, &e);
     nvl_tensor_release(&e);
     return st;
   }

@@ -217,6 +217,34 @@ print(string.format("rank %d: pending %d, host syncs %d, same %s, left %d", r, p
   end
 end)
 
+T.case("a CUDA tensor freed while its all_reduce_start is in flight stays alive until wait_all (2 ranks)", function()
+  need_emu()
+  -- the caching allocator reuses a freed block at once (stream order); NCCL reads and writes on its
+  -- own stream, so a bucket freed before wait_all must not hand its block to the next allocation
+  local out, code = mpirun2([[
+local nv = require "nvlua"
+local core = nv.core
+local r = nv.dist.init()
+core.cuda_set_sync(false)
+local a = nv.full({4096}, r + 1):cuda()
+nv.dist.all_reduce_start(a, "sum")
+a:free() -- the caller drops the bucket
+local b = nv.full({4096}, 7):cuda() -- the same size: the freed block, if it were free
+nv.dist.wait_all()
+local bv = b:cpu()
+local ok = bv:eq(7):sum() == 4096
+local ar = nv.full({4096}, r + 1):cuda() -- and a bucket kept alive gets the sum (1 + 2)
+nv.dist.all_reduce_start(ar, "sum")
+nv.dist.wait_all()
+print(string.format("rank %d: b intact %s, sum %s", r, tostring(ok), tostring(ar:cpu():eq(3):sum() == 4096)))
+]])
+  T.eq(code, 0, "mpirun exit status; output:\n" .. out)
+  for rank = 0, 1 do
+    T.ok(out:find(string.format("rank %d: b intact true, sum true", rank), 1, true) ~= nil,
+      "rank " .. rank .. ": the tensor allocated after the free keeps its values; output:\n" .. out)
+  end
+end)
+
 -- ZeRO-1 with device=cuda: the shards, the moments and the flat parameter space on the GPU, the
 -- reduce-scatter and all-gather through (emulated) NCCL; 2 ranks train as plain data parallelism
 -- does, up to the order the gradient norm is summed in (README "Data parallel").

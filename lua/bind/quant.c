@@ -270,12 +270,11 @@ static int q_cpu(lua_State *L) {
  * ones; nil for a q without them (cpu, per-tensor) */
 static int q_swizzled_scales(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
-  nvl_tensor t = nvl_tensor_null();
-  if (nvl_qtensor_swizzled_scales(&t, q) != NVL_OK) {
+  nvl_tensor *t = nvl_lua_push_tensor(L); /* pushed first: filling it cannot leak */
+  if (nvl_qtensor_swizzled_scales(t, q) != NVL_OK) {
+    lua_pop(L, 1);
     lua_pushnil(L);
-    return 1;
   }
-  *nvl_lua_push_tensor(L) = t;
   return 1;
 }
 

@@ -620,10 +620,12 @@ static int l_mul_(lua_State *L) {
 static int l_bytes(lua_State *L) {
   nvl_tensor *t = check_live(L, 1, "bytes");
   if (t->device != NVL_CPU) return luaL_error(L, "bytes: tensor is on cuda; call :cpu() first");
-  nvl_tensor c = nvl_tensor_null();
-  CHECK(L, nvl_tensor_contiguous(&c, t));
-  lua_pushlstring(L, nvl_tensor_data(&c), nvl_tensor_nbytes(&c));
-  nvl_tensor_release(&c);
+  /* the contiguous copy lives in a userdata: if pushing the string raises (out of memory), the
+   * collector frees it */
+  nvl_tensor *c = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_tensor_contiguous(c, t));
+  lua_pushlstring(L, nvl_tensor_data(c), nvl_tensor_nbytes(c));
+  nvl_tensor_release(c);
   return 1;
 }
 
