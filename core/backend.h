@@ -102,7 +102,17 @@ typedef struct {
 enum { NVL_NORM_SUMSQ = 0, /* double: the sum of squares of every grad */
        NVL_NORM_CLIP = 1,  /* double: the clip factor max_norm / (norm + 1e-6), or exactly 1 */
        NVL_NORM_COUNT = 2, /* u32: blocks done (a kernel's own; 0 between calls) */
+       NVL_NORM_NONFINITE = 3, /* u32: the device's non-finite flags, taken (read and cleared) by this norm */
        NVL_NORM_STATE = 4 };
+
+/* The non-finite flags of a device (one word per device, the host's too): a kernel sets them as it
+ * reads its data, without a pass of its own, and grad_norm_multi (or nonfinite_take) takes them.
+ * - NVL_NONFINITE_INPUT: a quantization into a quantized format (fp8, mx, nvfp4; not bf16/f32
+ *   values), or its amax pass, read a NaN or an infinity. Their codes cannot carry it (e2m1 has no
+ *   NaN, every format saturates infinities) and amaxes ignore NaN (NUMERICS), so without the flag
+ *   a NaN weight or activation would vanish into finite codes.
+ * - NVL_NONFINITE_PARAM: AdamW read or wrote a non-finite parameter. */
+enum { NVL_NONFINITE_INPUT = 1, NVL_NONFINITE_PARAM = 2 };
 
 /* ---- the call context ----------------------------------------------------------------------- */
 
@@ -322,12 +332,17 @@ typedef struct nvl_layer_kernels {
    * device's): adamw_multi scales each grad by its clip factor first when state is not NULL (as
    * grad:mul_(factor) rounds: one f32 product when the factor is exact in f32, else the double
    * product rounded), and leaves the grads as they are; grad_norm_multi writes its sum of squares
-   * (fp64, every tensor) and the clip factor for max_norm (1 when the norm is <= max_norm or not
-   * finite). Neither reads anything back to the host. */
+   * (fp64, every tensor), the clip factor for max_norm (1 when the norm is <= max_norm or not
+   * finite) and, when take_nonfinite, the device's non-finite flags, which it clears (else that slot
+   * is 0 and the flags stay). Neither reads anything back to the host. */
   nvl_status (*adamw_multi)(nvl_kctx *ctx, const nvl_adamw_chunk *t, int64_t count, const nvl_adamw_opts *o,
                             const int64_t *state);
   nvl_status (*grad_norm_multi)(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n, int64_t count,
-                                double max_norm);
+                                double max_norm, int take_nonfinite);
+  /* *flags (host) = the device's non-finite flags (NVL_NONFINITE_*), which are cleared; on a GPU a
+   * copy to the host (it waits for the queued work). grad_norm_multi takes them too, into its
+   * state's NVL_NORM_NONFINITE, with nothing read back. */
+  nvl_status (*nonfinite_take)(nvl_kctx *ctx, uint32_t *flags);
   /* out (rows, K / block) = per 1 x block group of a and b (rows, K) f32: sum of f32(a - b)^2 (b NULL:
    * a^2), each square and the sum in double in index order, the total rounded to f32 once: the
    * same bits on every backend (MoR's error metric, lua/nvlua/mor.lua). */

@@ -110,7 +110,8 @@ nvl_status nvl_adamw_multi(nvl_tensor *const *params, nvl_tensor *const *grads, 
   return st;
 }
 
-nvl_status nvl_grad_norm_multi(nvl_tensor *state, nvl_tensor *const *grads, int64_t count, double max_norm) {
+nvl_status nvl_grad_norm_multi(nvl_tensor *state, nvl_tensor *const *grads, int64_t count, double max_norm,
+                               int take_nonfinite) {
   const char *op = "grad_norm_multi";
   const nvl_backend *be;
   if (!state) return nvl_error(NVL_EINVAL, "%s: the norm state is missing (NULL)", op);
@@ -133,8 +134,19 @@ nvl_status nvl_grad_norm_multi(nvl_tensor *state, nvl_tensor *const *grads, int6
     x[k] = nvl_tensor_data(grads[j]);
     n[k++] = nj;
   }
-  nvl_status st = NVL_CALL(be, state, layers->grad_norm_multi, nvl_tensor_data(state), x, n, k, max_norm);
+  nvl_status st = NVL_CALL(be, state, layers->grad_norm_multi, nvl_tensor_data(state), x, n, k, max_norm,
+                           take_nonfinite);
   free(x);
   free(n);
   return st;
+}
+
+nvl_status nvl_nonfinite_take(const nvl_tensor *like, uint32_t *flags) {
+  const char *op = "nonfinite_take";
+  const nvl_backend *be;
+  if (!like || !flags) return nvl_error(NVL_EINVAL, "%s: like and flags must not be NULL", op);
+  NVL_TRY(nvl_tensor_check_live(like, op));
+  NVL_PICK(be, like, layers->nonfinite_take, op);
+  *flags = 0;
+  return NVL_CALL(be, like, layers->nonfinite_take, flags);
 }

@@ -32,7 +32,12 @@ nvl_status nvl_adamw_multi(nvl_tensor *const *params, nvl_tensor *const *grads, 
  * core.sumsq per tensor, in order) and the clip factor for max_norm (> 0): max_norm / (norm + 1e-6)
  * when norm = sqrt(sum) > max_norm and finite, else 1. Slots: backend.h NVL_NORM_*. Nothing is
  * read back: the caller copies state to the host only when it wants the norm. */
-nvl_status nvl_grad_norm_multi(nvl_tensor *state, nvl_tensor *const *grads, int64_t count, double max_norm);
+nvl_status nvl_grad_norm_multi(nvl_tensor *state, nvl_tensor *const *grads, int64_t count, double max_norm,
+                               int take_nonfinite);
+/* *flags = the non-finite flags (backend.h NVL_NONFINITE_*) of like's device, which are cleared:
+ * what the quantizers, their amax passes and AdamW saw since the last take (grad_norm_multi takes
+ * them too). A copy to the host on a GPU. */
+nvl_status nvl_nonfinite_take(const nvl_tensor *like, uint32_t *flags);
 
 #ifdef __cplusplus
 }

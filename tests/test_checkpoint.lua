@@ -377,7 +377,7 @@ local CORRUPT = {
     edit_json(d .. "/trainer.json", function(t) t.bad_steps_in_row = 6 end)
     return {max_bad_steps = 5}
   end, "trainer.json: the run had diverged: this checkpoint was written after 6 consecutive skipped steps " ..
-    "(non-finite loss or gradient), more than max_bad_steps=5"},
+    "(non-finite loss, gradient, weight or activation), more than max_bad_steps=5"},
   {"an unexpected moment", function(d)
     local t = st.load(d .. "/trainer.safetensors")
     t["w.extra"] = nv.zeros(2)

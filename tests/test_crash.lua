@@ -330,7 +330,7 @@ end)
 T.case("a diverged run exits non-zero; resume=auto keeps its skipped-step count; a lower max_bad_steps refuses it",
   function()
     local extra = {"steps=10", "keep=1", "max_bad_steps=3", "nan_from=3"}
-    local stop = "training stopped at step 6: 4 consecutive steps with a non-finite loss or gradient (max_bad_steps=3)"
+    local stop = "training stopped at step 6: 4 consecutive steps with a non-finite loss, gradient, weight or activation (max_bad_steps=3)"
     local out, code, dir = child("diverged", extra)
     T.eq(code, 1, "exit status; output:\n" .. out)
     T.ok(out:find(stop, 1, true), out)
@@ -347,7 +347,7 @@ T.case("a diverged run exits non-zero; resume=auto keeps its skipped-step count;
     out, code = child("diverged", {"steps=10", "keep=1", "max_bad_steps=1", "resume=auto"})
     T.eq(code, 1, "refused: exit status; output:\n" .. out)
     T.ok(out:find(ckpt_dir(dir, 4) .. "/trainer.json: the run had diverged: this checkpoint was written after 2 " ..
-      "consecutive skipped steps (non-finite loss or gradient), more than max_bad_steps=1; the newest checkpoint " ..
+      "consecutive skipped steps (non-finite loss, gradient, weight or activation), more than max_bad_steps=1; the newest checkpoint " ..
       "of the run written before such a streak is " .. ckpt_dir(dir, 2), 1, true), out)
     T.eq(metrics(dir), before, "metrics.jsonl untouched by the refused resume")
   end)

@@ -482,3 +482,13 @@ T.case("caching allocator: blocks are reused, per-device statistics in nv.memory
   core.cuda_empty_cache()
   T.eq(core.cuda_memory()[1].cached, 0, "empty_cache gives the cache back")
 end)
+
+-- ---- non-finite inputs (tests/nonfinite_flags.lua) ----------------------------------------------
+
+T.case("on cuda: a NaN or an infinity in a quantization's input sets the device's flag; AdamW's parameters too", function()
+  need_gpu()
+  local FLAGS = dofile("tests/nonfinite_flags.lua")
+  local dev = function(t) return t:cuda() end
+  FLAGS.quantize_cases(dev, "cuda")
+  FLAGS.optim_cases(dev, "cuda")
+end)

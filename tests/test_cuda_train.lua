@@ -121,3 +121,14 @@ end
 
 T.case("a 2-layer model trained 50 steps on cuda follows the cpu loss curve under bf16", function() follows("bf16") end)
 T.case("a 2-layer model trained 50 steps on cuda follows the cpu loss curve under nvfp4", function() follows("nvfp4") end)
+
+-- ---- NaN and infinity injection on cuda, every recipe (tests/nonfinite_cases.lua) --------------
+
+local NONFINITE = dofile("tests/nonfinite_cases.lua")
+for _, name in ipairs(require("nvlua.recipe").names()) do
+  T.case("on cuda: a NaN weight, activation or loss and an Inf gradient are caught in their step under " .. name ..
+    "; a kept NaN weight stops the run and the last healthy checkpoint survives", function()
+    need_gpu()
+    NONFINITE.run(name, "cuda")
+  end)
+end

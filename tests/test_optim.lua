@@ -76,3 +76,9 @@ T.case("adamw_multi and grad_norm_multi: bad arguments are clear errors", functi
   T.raises(function() core.grad_norm_multi(nv.zeros(4, { dtype = "i64" }), { gone }, 1) end, "has been freed")
   T.raises(function() core.adamw_multi({ p }, { g }, { m }, { v }, { lr = 1 }) end, "adamw_multi")
 end)
+
+T.case("AdamW flags a non-finite parameter; grad_norm_multi takes the flags into its state when asked", function()
+  local FLAGS = dofile("tests/nonfinite_flags.lua")
+  FLAGS.optim_cases(function(t) return t end, "cpu")
+  T.with(nv.use_reference, true, FLAGS.optim_cases, function(t) return t end, "reference")
+end)

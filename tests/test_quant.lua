@@ -493,3 +493,12 @@ T.case("quantize view=true: to x's own dtype along its contiguous last dim the r
   T.ok(not nv.quantize(x, "nvfp4", {view = true}):data():is_view_of(x), "nvfp4: codes are never a view")
   T.raises(function() return nv.quantize(x, "bf16", {view = 1}) end, "view must be a boolean")
 end)
+
+-- ---- non-finite inputs (tests/nonfinite_flags.lua) ----------------------------------------------
+
+local FLAGS = dofile(here .. "/nonfinite_flags.lua")
+T.case("a NaN or an infinity in a quantization's input sets the host's non-finite flag (fast and reference)", function()
+  local host = function(t) return t end
+  FLAGS.quantize_cases(host, "fast")
+  T.with(nv.use_reference, true, FLAGS.quantize_cases, host, "reference")
+end)

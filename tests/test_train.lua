@@ -309,7 +309,7 @@ T.case("more than max_bad_steps non-finite steps in a row stop the run with a cl
   local bad = {}
   for i = 2, 8 do bad[i] = true end
   T.raises(function() run(c, function(p) inject(p, bad, {}) end) end,
-    "training stopped at step 4: 3 consecutive steps with a non-finite loss or gradient (max_bad_steps=2)")
+    "training stopped at step 4: 3 consecutive steps with a non-finite loss, gradient, weight or activation (max_bad_steps=2)")
   local recs = read_metrics(c.out)
   T.eq(#recs, 4, "metrics.jsonl holds the steps up to the stop")
   T.eq({recs[1].skipped, recs[2].skipped, recs[3].skipped, recs[4].skipped}, {nil, true, true, true})
@@ -700,3 +700,13 @@ T.case("cleanup: the scratch directory is removed", function()
   ckpt.rm_rf(ROOT)
   T.eq(lfs.attributes(ROOT), nil)
 end)
+
+-- ---- NaN and infinity injection, every recipe (tests/nonfinite_cases.lua) ----------------------
+
+local NONFINITE = dofile("tests/nonfinite_cases.lua")
+for _, name in ipairs(require("nvlua.recipe").names()) do
+  T.case("a NaN weight, activation or loss and an Inf gradient are caught in their step under " .. name ..
+    "; a kept NaN weight stops the run and the last healthy checkpoint survives", function()
+    NONFINITE.run(name, "cpu")
+  end)
+end

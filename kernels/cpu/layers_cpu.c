@@ -11,6 +11,7 @@
 #include "cpu/layers_cpu.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/simd_cpu.h"
+#include "cpu/ref/formats_ref.h"
 
 #include <math.h>
 #include <omp.h>
@@ -407,11 +408,30 @@ static nvl_status cross_entropy(nvl_kctx *ctx, double *total_out, int total_on_d
 
 /* One chunk. Vectorises where sqrtf need not set errno (-fno-math-errno); as built, gcc keeps
  * it scalar, which costs little: the step is bound by memory traffic (7 floats per element). */
+/* The bits of |f| with NaN kept: >= 0x7F800000 exactly for a NaN or an infinity. */
+static inline int32_t raw_bits_f(float f) {
+  int32_t b;
+  memcpy(&b, &f, 4);
+  return b & 0x7FFFFFFF;
+}
+
+/* The host's NVL_NONFINITE_PARAM when a chunk's updated parameters' raw bits reach a non-finite
+ * value (a NaN or an infinity read or made): folded into the update loop, no pass of its own. */
+static inline void flag_params(int32_t raw) {
+  if (raw >= 0x7F800000) nvl_host_nonfinite_set(NVL_NONFINITE_PARAM);
+}
+
 static void adamw_span(float *restrict p, const float *restrict g, float *restrict m, float *restrict v, int64_t n,
                        const nvl_adamw_coefs *k) {
   nvl_adamw_coefs kk = *k;
-#pragma omp simd
-  for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&p[i], g[i], &m[i], &v[i], &kk);
+  int32_t raw = 0;
+#pragma omp simd reduction(max : raw)
+  for (int64_t i = 0; i < n; i++) {
+    nvl_adamw_elem(&p[i], g[i], &m[i], &v[i], &kk);
+    int32_t r = raw_bits_f(p[i]);
+    raw = r > raw ? r : raw;
+  }
+  flag_params(raw);
 }
 
 static nvl_status adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
@@ -431,7 +451,13 @@ static nvl_status adamw_step(nvl_kctx *ctx, float *param, const float *grad, flo
 static void adamw_span_clip(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
                             int64_t n, const nvl_adamw_coefs *k, double c) {
   nvl_adamw_coefs kk = *k;
-  for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&p[i], nvl_clip_scale(g[i], c), &m[i], &v[i], &kk);
+  int32_t raw = 0;
+  for (int64_t i = 0; i < n; i++) {
+    nvl_adamw_elem(&p[i], nvl_clip_scale(g[i], c), &m[i], &v[i], &kk);
+    int32_t r = raw_bits_f(p[i]);
+    raw = r > raw ? r : raw;
+  }
+  flag_params(raw);
 }
 
 /* Each tensor as adamw_step (the same chunks; a tensor's weight decay 0 when no_decay). */
@@ -505,7 +531,7 @@ static nvl_status amax_history(nvl_kctx *ctx, float *sel, float *hist, int64_t l
 /* Each tensor's sumsq as core.sumsq computes it, added in order in double (optim.grad_norm's sum,
  * bit for bit). */
 static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n,
-                                  int64_t count, double max_norm) {
+                                  int64_t count, double max_norm, int take_nonfinite) {
   double ss = 0.0;
   for (int64_t j = 0; j < count; j++) {
     double s = 0.0;
@@ -514,10 +540,18 @@ static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *co
   }
   nvl_norm_state_set(state, NVL_NORM_SUMSQ, ss);
   nvl_norm_state_set(state, NVL_NORM_CLIP, nvl_clip_factor(ss, max_norm));
+  state[NVL_NORM_NONFINITE] = take_nonfinite ? nvl_host_nonfinite_take() : 0;
   return NVL_OK;
 }
 
 /* ---- the CPU table's layer kernels (rope_tables: the reference's, through the fallback) -------- */
+
+/* the host's flags (formats_ref.h), shared by the CPU tables */
+static nvl_status nonfinite_take(nvl_kctx *ctx, uint32_t *flags) {
+  (void)ctx;
+  *flags = nvl_host_nonfinite_take();
+  return NVL_OK;
+}
 
 const nvl_layer_kernels nvl_layers_cpu = {
   .embedding_forward = embedding_forward,
@@ -547,4 +581,5 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .attention_backward = nvl_attention_backward_cpu,
   .adamw_multi = adamw_multi,
   .grad_norm_multi = grad_norm_multi,
+  .nonfinite_take = nonfinite_take,
 };

@@ -29,6 +29,7 @@
 #endif
 
 #include "cpu/quant_cpu.h"
+#include "backend.h"
 
 #include <float.h>
 #include <math.h>
@@ -79,24 +80,54 @@ static inline int32_t abs_bits(const float *p) {
 }
 static inline int32_t max32(int32_t a, int32_t b) { return a > b ? a : b; }
 
-/* m[l] = bits of max |x| over block l of the nb consecutive blocks of len elements at x. */
-static inline void block_maxima(int32_t *restrict m, const float *restrict x, int nb, int len) {
+/* The bits of |x| with NaN kept: at least RAW_NONFINITE exactly for an infinity or a NaN. Each pass
+ * below that reads x also folds these into a max of its own, and sets the host's non-finite flag
+ * (backend.h NVL_NONFINITE_INPUT) when it reaches RAW_NONFINITE: one more integer max per element,
+ * no pass of its own. */
+#define RAW_NONFINITE 0x7F800000
+static inline int32_t raw_bits(const float *p) {
+  int32_t b;
+  memcpy(&b, p, 4);
+  return b & 0x7FFFFFFF;
+}
+static inline void flag_raw(int32_t raw) {
+  if (raw >= RAW_NONFINITE) nvl_host_nonfinite_set(NVL_NONFINITE_INPUT);
+}
+
+/* m[l] = bits of max |x| over block l of the nb consecutive blocks of len elements at x;
+ * *raw = max(*raw, every element's raw_bits). */
+static inline void block_maxima(int32_t *restrict m, const float *restrict x, int nb, int len, int32_t *raw) {
+  int32_t w = *raw;
   for (int l = 0; l < nb; l++) {
     int32_t r = 0;
 #pragma GCC unroll 1
-    for (int j = 0; j < len; j++) r = max32(r, abs_bits(x + len * l + j));
+    for (int j = 0; j < len; j++) {
+      r = max32(r, abs_bits(x + len * l + j));
+      w = max32(w, raw_bits(x + len * l + j));
+    }
     m[l] = r;
   }
+  *raw = w;
 }
 
 NVL_WORKER float absmax_span(const float *x, int64_t n) {
-  int32_t acc[16] = {0};
+  int32_t acc[16] = {0}, raw[16] = {0};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; j++) acc[j] = max32(acc[j], abs_bits(x + i + j));
-  int32_t m = 0;
-  for (; i < n; i++) m = max32(m, abs_bits(x + i));
-  for (int j = 0; j < 16; j++) m = max32(m, acc[j]);
+    for (int j = 0; j < 16; j++) {
+      acc[j] = max32(acc[j], abs_bits(x + i + j));
+      raw[j] = max32(raw[j], raw_bits(x + i + j));
+    }
+  int32_t m = 0, r = 0;
+  for (; i < n; i++) {
+    m = max32(m, abs_bits(x + i));
+    r = max32(r, raw_bits(x + i));
+  }
+  for (int j = 0; j < 16; j++) {
+    m = max32(m, acc[j]);
+    r = max32(r, raw[j]);
+  }
+  flag_raw(r);
   return u2f((uint32_t)m);
 }
 
@@ -121,12 +152,14 @@ static float absmax_cpu(const float *x, int64_t n) {
 /* max |x| over n bf16 values, NaN ignored (absmax_cpu's rule): on the bits, |x| is bits & 0x7fff and
  * orders like |x|; a NaN's is above 0x7f80 and is left out */
 NVL_WORKER uint16_t absmax_bf16_span(const uint16_t *x, int64_t n) {
-  int32_t m = 0; /* int32 lanes: the loop vectorises */
+  int32_t m = 0, r = 0; /* int32 lanes: the loop vectorises; r: NaN kept (raw_bits) */
   for (int64_t i = 0; i < n; i++) {
     int32_t v = x[i] & 0x7fff;
+    r = v > r ? v : r;
     v = v > 0x7f80 ? 0 : v;
     m = v > m ? v : m;
   }
+  flag_raw(r << 16);
   return (uint16_t)m;
 }
 
@@ -356,8 +389,10 @@ NVL_WORKER void nvfp4_1d_range(uint8_t *packed, uint8_t *scales, const float *x,
       for (int i = 0; i < 16 * nl; i++) wide[i] = u2f((uint32_t)xb[16 * gl + i] << 16);
       xg = wide;
     }
-    if (nl == NVL_LANES) block_maxima(bmax, xg, NVL_LANES, 16); /* constant trip counts */
-    else block_maxima(bmax, xg, nl, 16);
+    int32_t raw = 0;
+    if (nl == NVL_LANES) block_maxima(bmax, xg, NVL_LANES, 16, &raw); /* constant trip counts */
+    else block_maxima(bmax, xg, nl, 16, &raw);
+    flag_raw(raw);
     for (int l = 0; l < NVL_LANES; l++) sd[l] = nvfp4_scale(u2f((uint32_t)bmax[l]), c->s_enc6);
     if (o->sr) {
       uint64_t gs[NVL_LANES];
@@ -383,10 +418,17 @@ NVL_WORKER void nvfp4_2d_range(uint8_t *packed, uint8_t *scales, const float *x,
   for (int64_t t = t0; t < t1; t++) {
     int64_t r0 = 16 * (t / nb), tc = t % nb;
     const float *xt = x + r0 * K + 16 * tc;
-    int32_t acc[16] = {0}, tmax = 0;
+    int32_t acc[16] = {0}, raw[16] = {0}, tmax = 0, traw = 0;
     for (int i = 0; i < 16; i++)
-      for (int j = 0; j < 16; j++) acc[j] = max32(acc[j], abs_bits(xt + i * K + j));
-    for (int j = 0; j < 16; j++) tmax = max32(tmax, acc[j]);
+      for (int j = 0; j < 16; j++) {
+        acc[j] = max32(acc[j], abs_bits(xt + i * K + j));
+        raw[j] = max32(raw[j], raw_bits(xt + i * K + j));
+      }
+    for (int j = 0; j < 16; j++) {
+      tmax = max32(tmax, acc[j]);
+      traw = max32(traw, raw[j]);
+    }
+    flag_raw(traw);
     uint32_t sd = nvfp4_scale(u2f((uint32_t)tmax), c->s_enc6);
     float se = c->se[sd];
     uint32_t w[NVL_LANES][4];
@@ -561,8 +603,10 @@ NVL_WORKER void mx_range(uint8_t *restrict codes, uint8_t *restrict scales, cons
     int nl = (int)min64(NVL_LANES / 2, g1 - gl);
     int32_t bmax[NVL_LANES / 2];
     uint32_t w[NVL_LANES][4];
-    if (nl == NVL_LANES / 2) block_maxima(bmax, x + 32 * gl, NVL_LANES / 2, 32); /* constant trip counts */
-    else block_maxima(bmax, x + 32 * gl, nl, 32);
+    int32_t raw = 0;
+    if (nl == NVL_LANES / 2) block_maxima(bmax, x + 32 * gl, NVL_LANES / 2, 32, &raw); /* constant trip counts */
+    else block_maxima(bmax, x + 32 * gl, nl, 32, &raw);
+    flag_raw(raw);
     if (o->sr) {
       uint64_t gs[NVL_LANES];
       for (int l = 0; l < NVL_LANES; l++) {
@@ -602,15 +646,30 @@ nvl_status nvl_mx_quantize_cpu(uint8_t *codes, uint8_t *scales, const float *x, 
 NVL_WORKER void fp8_range(uint8_t *restrict codes, const float *restrict x, float s, int64_t i0, int64_t i1,
                           nvl_elem elem) {
   int64_t i = i0;
+  int32_t raw[32] = {0}, r = 0; /* the elements' raw_bits: an amax given skips absmax_span's test */
   if (elem == NVL_ELEM_E5M2) {
     for (; i + 32 <= i1; i += 32)
-      for (int j = 0; j < 32; j++) codes[i + j] = (uint8_t)e5m2_encode(x[i + j] * s);
-    for (; i < i1; i++) codes[i] = (uint8_t)e5m2_encode(x[i] * s);
+      for (int j = 0; j < 32; j++) {
+        codes[i + j] = (uint8_t)e5m2_encode(x[i + j] * s);
+        raw[j] = max32(raw[j], raw_bits(x + i + j));
+      }
+    for (; i < i1; i++) {
+      codes[i] = (uint8_t)e5m2_encode(x[i] * s);
+      r = max32(r, raw_bits(x + i));
+    }
   } else {
     for (; i + 32 <= i1; i += 32)
-      for (int j = 0; j < 32; j++) codes[i + j] = (uint8_t)e4m3_encode(x[i + j] * s);
-    for (; i < i1; i++) codes[i] = (uint8_t)e4m3_encode(x[i] * s);
+      for (int j = 0; j < 32; j++) {
+        codes[i + j] = (uint8_t)e4m3_encode(x[i + j] * s);
+        raw[j] = max32(raw[j], raw_bits(x + i + j));
+      }
+    for (; i < i1; i++) {
+      codes[i] = (uint8_t)e4m3_encode(x[i] * s);
+      r = max32(r, raw_bits(x + i));
+    }
   }
+  for (int j = 0; j < 32; j++) r = max32(r, raw[j]);
+  flag_raw(r);
 }
 
 nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *codes, float *scale, float *amax, const float *x, int64_t n,

@@ -131,6 +131,7 @@ static const nvl_layer_kernels layers = { /* rope_tables: computed on the host *
   .attention_backward = nvl_cuda_attention_backward,
   .adamw_multi = nvl_cuda_adamw_multi,
   .grad_norm_multi = nvl_cuda_grad_norm_multi,
+  .nonfinite_take = nvl_cuda_nonfinite_take,
 };
 
 #define ROW {nvl_cuda_quantize, nvl_cuda_dequantize, nvl_cuda_qgemm}

@@ -74,6 +74,10 @@ int nvl_cuda_cc(int dev);
 /* A blocks-per-grid count for n work items at `threads` per block, capped at a few waves
  * (grid-stride loops cover the rest). */
 int nvl_cuda_grid(int64_t n, int threads, int dev);
+/* dev's non-finite flag word (backend.h NVL_NONFINITE_*): 4 bytes of device memory made (zeroed) at
+ * the first call, outside the caching allocator, for the process's life; NULL if that failed (the
+ * kernels then skip the flag). dev must be current. */
+uint32_t *nvl_cuda_nonfinite_word(int dev);
 
 /* Evaluate a CUDA runtime call; on failure clear the (non-sticky) error so a later
  * cudaGetLastError does not report it again, and return NVL_EDEVICE naming the call. */
@@ -173,6 +177,18 @@ NVL_HD uint32_t abs_bits(float x) {
   int32_t b = (int32_t)(f2u(x) & 0x7FFFFFFFu);
   return (uint32_t)(b & ~((0x7F800000 - b) >> 31));
 }
+
+/* ---- non-finite flags (backend.h NVL_NONFINITE_*) -------------------------------------------- *
+ * raw_bits: |x|'s bits with NaN kept, >= 0x7F800000 exactly for a NaN or an infinity. A kernel keeps
+ * the max of its elements' raw bits beside its own work and calls flag_nonfinite once at its end,
+ * where every lane of every warp arrives: one vote per warp, one atomicOr per warp that saw one. */
+NVL_HD uint32_t raw_bits(float x) { return f2u(x) & 0x7FFFFFFFu; }
+#ifdef NVL_CUDA_SOURCE
+__device__ __forceinline__ void flag_nonfinite(uint32_t raw, uint32_t *flags, uint32_t bit) {
+  const bool any = __any_sync(0xFFFFFFFFu, raw >= 0x7F800000u);
+  if (any && (threadIdx.x & 31) == 0 && flags) atomicOr(flags, bit);
+}
+#endif
 
 /* ---- fp8 encoders (quant_cpu.c fp8_encode) -------------------------------------------------- *
  * RNE, satfinite, NaN -> 0x7F | sign. M mantissa bits, bias B, largest finite maxv (code maxcode). */

@@ -194,7 +194,9 @@ nvl_status nvl_cuda_block_sqerr(nvl_kctx *ctx, float *out, const float *a, const
 nvl_status nvl_cuda_adamw_multi(nvl_kctx *ctx, const nvl_adamw_chunk *t, int64_t count, const nvl_adamw_opts *o,
                                 const int64_t *state);
 nvl_status nvl_cuda_grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n,
-                                    int64_t count, double max_norm);
+                                    int64_t count, double max_norm, int take_nonfinite);
+/* backend.h nonfinite_take: the device's flag word to the host, cleared (multi_tensor.cu) */
+nvl_status nvl_cuda_nonfinite_take(nvl_kctx *ctx, uint32_t *flags);
 nvl_status nvl_cuda_attention_forward(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
                                       const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
                                       double scale);

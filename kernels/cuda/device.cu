@@ -141,6 +141,27 @@ int nvl_cuda_grid(int64_t n, int threads, int dev) {
   return blocks < 1 ? 1 : (int)blocks;
 }
 
+/* ---- non-finite flags (backend.h NVL_NONFINITE_*) -------------------------------------------- */
+
+static uint32_t *nonfinite_words[NVL_MAX_GPUS];
+static pthread_mutex_t nonfinite_mu = PTHREAD_MUTEX_INITIALIZER;
+
+uint32_t *nvl_cuda_nonfinite_word(int dev) {
+  if (dev < 0 || dev >= NVL_MAX_GPUS) return NULL;
+  pthread_mutex_lock(&nonfinite_mu);
+  uint32_t *w = nonfinite_words[dev];
+  if (!w) {
+    void *p = NULL;
+    if (cudaMalloc(&p, sizeof(uint32_t)) == cudaSuccess) {
+      if (cudaMemsetAsync(p, 0, sizeof(uint32_t), 0) == cudaSuccess) w = nonfinite_words[dev] = (uint32_t *)p;
+      else (void)cudaFree(p);
+    }
+    (void)cudaGetLastError();
+  }
+  pthread_mutex_unlock(&nonfinite_mu);
+  return w;
+}
+
 /* ---- sync mode ------------------------------------------------------------------------------ */
 
 static int sync_mode = -1; /* -1: not read from the environment yet */

@@ -606,8 +606,9 @@ extern "C" nvl_status nvl_cuda_amax_history(nvl_kctx *ctx, float *sel, float *hi
 /* ---- AdamW ------------------------------------------------------------------------------------ *
  * layers_ref.h nvl_adamw_elem, operation for operation, each rounding pinned (bit-exact). */
 __global__ void adamw_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
-                             float *__restrict__ v, int64_t n, nvl_adamw_coefs k) {
+                             float *__restrict__ v, int64_t n, nvl_adamw_coefs k, uint32_t *nonfinite) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  uint32_t raw = 0; /* the updated parameters' raw_bits: NVL_NONFINITE_PARAM (common.cuh) */
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     float gi = g[i], pp = f_mul(p[i], k.decay), mm = m[i], vv = v[i];
     mm = fabsf(k.w1) < 0.5f ? f_add(mm, f_mul(k.w1, f_sub(gi, mm)))
@@ -619,7 +620,9 @@ __global__ void adamw_kernel(float *__restrict__ p, const float *__restrict__ g,
     p[i] = pp;
     m[i] = mm;
     v[i] = vv;
+    raw = max(raw, raw_bits(pp));
   }
+  flag_nonfinite(raw, nonfinite, NVL_NONFINITE_PARAM);
 }
 
 extern "C" nvl_status nvl_cuda_adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v,
@@ -629,7 +632,8 @@ extern "C" nvl_status nvl_cuda_adamw_step(nvl_kctx *ctx, float *param, const flo
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
   (void)cudaGetLastError();
-  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, adamw_kernel)(param, grad, m, v, n, k);
+  NVL_LAUNCH(nvl_cuda_grid(n, kThreads, dev), kThreads, 0, 0, adamw_kernel)(param, grad, m, v, n, k,
+                                                                             nvl_cuda_nonfinite_word(dev));
   return launched(dev, __func__, "adamw_kernel", n, 1);
 }
 

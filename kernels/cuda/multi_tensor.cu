@@ -68,18 +68,23 @@ __device__ __forceinline__ void adamw_elem(float *p, float gi, float *m, float *
 
 /* Every row of t: AdamW with kd (k0 for a no_decay row), each grad scaled by *clip first when
  * clip is not NULL. */
-__global__ void adamw_multi_kernel(AdamwTable t, nvl_adamw_coefs kd, nvl_adamw_coefs k0, const double *clip) {
+__global__ void adamw_multi_kernel(AdamwTable t, nvl_adamw_coefs kd, nvl_adamw_coefs k0, const double *clip,
+                                   uint32_t *nonfinite) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x, i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const double c = clip ? *clip : 1.0;
   const float cf = (float)c;
   const bool exact = (double)cf == c;
+  uint32_t raw = 0; /* the updated parameters' raw_bits: NVL_NONFINITE_PARAM (common.cuh) */
   for (int64_t r = 0; r < t.count; r++) {
     const nvl_adamw_coefs &k = t.no_decay[r] ? k0 : kd;
     float *p = t.p[r], *m = t.m[r], *v = t.v[r];
     const float *g = t.g[r];
-    for (int64_t i = i0; i < t.n[r]; i += stride)
+    for (int64_t i = i0; i < t.n[r]; i += stride) {
       adamw_elem(&p[i], clip ? clip_scale(g[i], c, cf, exact) : g[i], &m[i], &v[i], k);
+      raw = max(raw, raw_bits(p[i]));
+    }
   }
+  flag_nonfinite(raw, nonfinite, NVL_NONFINITE_PARAM);
 }
 
 extern "C" nvl_status nvl_cuda_adamw_multi(nvl_kctx *ctx, const nvl_adamw_chunk *rows, int64_t count,
@@ -103,7 +108,8 @@ extern "C" nvl_status nvl_cuda_adamw_multi(nvl_kctx *ctx, const nvl_adamw_chunk 
       total += e->n;
     }
     (void)cudaGetLastError();
-    NVL_LAUNCH(nvl_cuda_grid(total, kThreads, dev), kThreads, 0, 0, adamw_multi_kernel)(t, kd, k0, clip);
+    NVL_LAUNCH(nvl_cuda_grid(total, kThreads, dev), kThreads, 0, 0, adamw_multi_kernel)(t, kd, k0, clip,
+                                                                                    nvl_cuda_nonfinite_word(dev));
     char what[96];
     snprintf(what, sizeof what, "adamw_multi_kernel (%lld tensors, %lld elements)", (long long)t.count,
              (long long)total);
@@ -137,7 +143,7 @@ __device__ double block_sum_d(double v) {
  * blocks (this launch's and earlier ones') adds partial[0 .. all_blocks) in order and writes the
  * state: sum of squares, clip factor for max_norm; then zeroes the count. */
 __global__ void grad_norm_kernel(NormTable t, double *partial, int64_t part0, unsigned all_blocks, int64_t *state,
-                                 double max_norm) {
+                                 double max_norm, uint32_t *nonfinite) {
   NVL_SHARED(int, last, );
   const int64_t stride = (int64_t)gridDim.x * blockDim.x, i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   double acc = 0.0;
@@ -168,11 +174,14 @@ __global__ void grad_norm_kernel(NormTable t, double *partial, int64_t part0, un
     d[NVL_NORM_SUMSQ] = s;
     d[NVL_NORM_CLIP] = norm > max_norm && norm < INFINITY ? max_norm / (norm + 1e-6) : 1.0;
     *count = 0u;
+    /* the device's non-finite flags, taken: every kernel that set them ran before (stream order) */
+    state[NVL_NORM_NONFINITE] = nonfinite ? (int64_t)*nonfinite : 0;
+    if (nonfinite) *nonfinite = 0u;
   }
 }
 
 extern "C" nvl_status nvl_cuda_grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n,
-                                               int64_t count, double max_norm) {
+                                               int64_t count, double max_norm, int take_nonfinite) {
   const int dev = ctx->dev;
   NVL_TRY(nvl_cuda_use_device(dev, __func__));
   static thread_local NormTable t;
@@ -190,10 +199,22 @@ extern "C" nvl_status nvl_cuda_grad_norm_multi(nvl_kctx *ctx, int64_t *state, co
     for (int64_t r = 0; r < t.count; r++) t.x[r] = x[r0 + r], t.n[r] = n[r0 + r];
     (void)cudaGetLastError();
     NVL_LAUNCH(blocks, kThreads, 0, 0, grad_norm_kernel)(t, partial, l * blocks, (unsigned)(launches * blocks), state,
-                                                       max_norm);
+                                                       max_norm, take_nonfinite ? nvl_cuda_nonfinite_word(dev) : NULL);
     char what[96];
     snprintf(what, sizeof what, "grad_norm_kernel (%lld tensors, %lld elements)", (long long)t.count, (long long)total);
     NVL_TRY(nvl_cuda_check_launch(dev, __func__, what));
   }
+  return NVL_OK;
+}
+
+/* ---- the device's non-finite flags, to the host ------------------------------------------------ */
+
+extern "C" nvl_status nvl_cuda_nonfinite_take(nvl_kctx *ctx, uint32_t *flags) {
+  const int dev = ctx->dev;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  uint32_t *w = nvl_cuda_nonfinite_word(dev);
+  if (!w) return nvl_error(NVL_EDEVICE, "%s: cuda:%d has no non-finite flag word (its allocation failed)", __func__, dev);
+  NVL_CUDA_CHECK(cudaMemcpy(flags, w, sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  NVL_CUDA_CHECK(cudaMemsetAsync(w, 0, sizeof(uint32_t), 0));
   return NVL_OK;
 }

@@ -46,6 +46,7 @@ struct QParams {
   int64_t sr_row_off, sr_nbt, sr_kb_off; /* SR group of 16 elements: g = (sr_row_off + r) * sr_nbt + sr_kb_off + j */
   float amax_given;        /* used when amax_bits is NULL */
   const uint32_t *amax_bits;
+  uint32_t *nonfinite;     /* the device's flag word (common.cuh flag_nonfinite), or NULL */
 };
 
 template <typename T> __device__ __forceinline__ float load_elem(const T *p);
@@ -254,6 +255,7 @@ __global__ void __launch_bounds__(256) quant_unit_kernel(QParams p) {
   float fp8_s = 1.0f;
   if (KIND == KIND_NVFP4) nk = nvfp4_consts(amax);
   if (KIND == KIND_FP8) fp8_s = fp8_tensor_scale(amax, p.elem == 1 ? 57344.0f : 448.0f);
+  uint32_t raw = 0; /* the inputs' raw_bits (common.cuh): a quantized format's non-finite flag */
   /* warp-uniform trip count: the 2D tile max shuffles across 16 lanes */
   for (int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; w - lane < total; w += stride) {
     const bool active = w < total;
@@ -262,6 +264,8 @@ __global__ void __launch_bounds__(256) quant_unit_kernel(QParams p) {
     if (active) {
       unit_of(p, w, r, kb);
       load_unit<T, L>(v, p, r, kb * L);
+#pragma unroll
+      for (int j = 0; j < L; j++) raw = max(raw, raw_bits(v[j]));
       if (p.rht) {
         rht16_as<T>(v, p.signs);
         if (L == 32) rht16_as<T>(v + 16, p.signs);
@@ -282,6 +286,7 @@ __global__ void __launch_bounds__(256) quant_unit_kernel(QParams p) {
       else values_unit(p, v, r, kb);
     }
   }
+  if (KIND != KIND_VALUES) flag_nonfinite(raw, p.nonfinite, NVL_NONFINITE_INPUT);
 }
 
 /* ---- per-element kernel: fp8 per-tensor and values without the RHT, any K ------------------- */
@@ -293,6 +298,7 @@ __global__ void __launch_bounds__(256) quant_elem_kernel(QParams p) {
   const T *x = static_cast<const T *>(p.x);
   float s = 1.0f;
   if (KIND == KIND_FP8) s = fp8_tensor_scale(param_amax(p), p.elem == 1 ? 57344.0f : 448.0f);
+  uint32_t raw = 0; /* the inputs' raw_bits: fp8's non-finite flag */
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t src = i;
     if (p.C != 1) {
@@ -301,6 +307,7 @@ __global__ void __launch_bounds__(256) quant_elem_kernel(QParams p) {
       src = (b * p.K + k) * p.C + c;
     }
     float v = load_elem<T>(x + src);
+    raw = max(raw, raw_bits(v));
     if (KIND == KIND_FP8) {
       float y = f_mul(v, s);
       static_cast<uint8_t *>(p.codes)[i] = (uint8_t)(p.elem == 1 ? e5m2_encode(y) : e4m3_encode(y));
@@ -310,6 +317,7 @@ __global__ void __launch_bounds__(256) quant_elem_kernel(QParams p) {
       static_cast<float *>(p.codes)[i] = v;
     }
   }
+  if (KIND == KIND_FP8) flag_nonfinite(raw, p.nonfinite, NVL_NONFINITE_INPUT);
 }
 
 /* ---- amax ----------------------------------------------------------------------------------- */
@@ -331,10 +339,11 @@ __device__ __forceinline__ void block_max_to(uint32_t m, uint32_t *out) {
 
 /* max |x| over n contiguous elements, NaN ignored. */
 template <typename T>
-__global__ void __launch_bounds__(256) amax_kernel(const T *__restrict__ x, int64_t n, int vec, uint32_t *out) {
+__global__ void __launch_bounds__(256) amax_kernel(const T *__restrict__ x, int64_t n, int vec, uint32_t *out,
+                                                   uint32_t *nonfinite) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  uint32_t m = 0;
+  uint32_t m = 0, raw = 0;
   int64_t start = 0;
   if (vec) {
     /* 16 bytes per load: 4 f32 or 8 bf16 */
@@ -348,15 +357,22 @@ __global__ void __launch_bounds__(256) amax_kernel(const T *__restrict__ x, int6
       for (int q = 0; q < 4; q++) {
         if (sizeof(T) == 4) {
           m = max(m, abs_bits(u2f(w[q])));
+          raw = max(raw, raw_bits(u2f(w[q])));
         } else {
           m = max(m, abs_bits(u2f(w[q] << 16)));
           m = max(m, abs_bits(u2f(w[q] & 0xFFFF0000u)));
+          raw = max(raw, max(raw_bits(u2f(w[q] << 16)), raw_bits(u2f(w[q] & 0xFFFF0000u))));
         }
       }
     }
     start = n16 * PER;
   }
-  for (int64_t i = start + tid; i < n; i += stride) m = max(m, abs_bits(load_elem<T>(x + i)));
+  for (int64_t i = start + tid; i < n; i += stride) {
+    const float v = load_elem<T>(x + i);
+    m = max(m, abs_bits(v));
+    raw = max(raw, raw_bits(v));
+  }
+  flag_nonfinite(raw, nonfinite, NVL_NONFINITE_INPUT);
   block_max_to(m, out);
 }
 
@@ -365,16 +381,19 @@ template <typename T>
 __global__ void __launch_bounds__(256) amax_rht_kernel(QParams p, uint32_t *out) {
   const int64_t total = p.rows * p.nb; /* p.nb = K / 16 here */
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  uint32_t m = 0;
+  uint32_t m = 0, raw = 0;
   for (int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; w < total; w += stride) {
     int64_t r, kb;
     unit_of(p, w, r, kb);
     float v[16];
     load_unit<T, 16>(v, p, r, kb * 16);
+#pragma unroll
+    for (int j = 0; j < 16; j++) raw = max(raw, raw_bits(v[j]));
     rht16_as<T>(v, p.signs);
 #pragma unroll
     for (int j = 0; j < 16; j++) m = max(m, abs_bits(v[j]));
   }
+  flag_nonfinite(raw, p.nonfinite, NVL_NONFINITE_INPUT);
   block_max_to(m, out);
 }
 
@@ -397,8 +416,9 @@ __global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc,
   const int t = threadIdx.x;
   const T *x = static_cast<const T *>(pr.x);
 
-  /* load: 16-byte pieces (4 f32 or 8 bf16), zero outside x */
+  /* load: 16-byte pieces (4 f32 or 8 bf16), zero outside x; raw: their raw_bits (common.cuh) */
   constexpr int PER = 16 / sizeof(T), PIECES_PER_ROW = TILE / PER;
+  uint32_t raw = 0;
 #pragma unroll
   for (int pass = 0; pass < TILE * PIECES_PER_ROW / 256; pass++) {
     int idx = pass * 256 + t, row = idx / PIECES_PER_ROW, col = (idx % PIECES_PER_ROW) * PER;
@@ -421,8 +441,12 @@ __global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc,
       for (int q = 0; q < PER; q++) v[q] = 0.0f;
     }
 #pragma unroll
-    for (int q = 0; q < PER; q++) tile[row][col + q] = v[q];
+    for (int q = 0; q < PER; q++) {
+      tile[row][col + q] = v[q];
+      raw = max(raw, raw_bits(v[q]));
+    }
   }
+  flag_nonfinite(raw, pr.nonfinite, NVL_NONFINITE_INPUT);
   __syncthreads();
 
 #pragma unroll
@@ -536,6 +560,9 @@ QParams make_params(const nvl_cuda_quant_desc *d) {
   p.sr_kb_off = d->sr_k_offset / 16;
   p.amax_given = d->amax;
   p.amax_bits = NULL;
+  int dev = 0;
+  p.nonfinite = cudaGetDevice(&dev) == cudaSuccess ? nvl_cuda_nonfinite_word(dev) : NULL;
+  (void)cudaGetLastError();
   return p;
 }
 
@@ -550,8 +577,10 @@ nvl_status launch_amax(const nvl_cuda_quant_desc *d, uint32_t *bits, int dev) {
     const int vec = ((uintptr_t)d->x & 15) == 0;
     const int blocks = nvl_cuda_grid(vec ? n / (d->x_bf16 ? 8 : 4) + 1 : n, threads, dev);
     if (d->x_bf16)
-      NVL_LAUNCH(blocks, threads, 0, 0, amax_kernel<uint16_t>)(static_cast<const uint16_t *>(d->x), n, vec, bits);
-    else NVL_LAUNCH(blocks, threads, 0, 0, amax_kernel<float>)(static_cast<const float *>(d->x), n, vec, bits);
+      NVL_LAUNCH(blocks, threads, 0, 0, amax_kernel<uint16_t>)(static_cast<const uint16_t *>(d->x), n, vec, bits,
+                                                                nvl_cuda_nonfinite_word(dev));
+    else NVL_LAUNCH(blocks, threads, 0, 0, amax_kernel<float>)(static_cast<const float *>(d->x), n, vec, bits,
+                                                               nvl_cuda_nonfinite_word(dev));
     snprintf(what, sizeof what, "amax_kernel<%s> (n=%lld)", d->x_bf16 ? "bf16" : "f32", (long long)n);
   } else {
     nvl_cuda_quant_desc dd = *d;

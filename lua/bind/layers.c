@@ -352,17 +352,28 @@ static int l_adamw_multi(lua_State *L) {
   return 0;
 }
 
-/* grad_norm_multi(state, grads, max_norm): state (i64, 4 elements, on the grads' device) gets the
- * sum of squares and the clip factor; nothing is read back */
+/* grad_norm_multi(state, grads, max_norm [, take_nonfinite = false]): state (i64, 4 elements, on the
+ * grads' device) gets the sum of squares and the clip factor, and with take_nonfinite the device's
+ * non-finite flags (slot 4), which are cleared; nothing is read back */
 static int l_grad_norm_multi(lua_State *L) {
   const char *op = "grad_norm_multi";
-  lua_settop(L, 3);
+  lua_settop(L, 4);
+  const int take = lua_toboolean(L, 4);
   nvl_tensor *state = nvl_lua_check_tensor(L, 1, op);
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_Integer n = luaL_len(L, 2);
   nvl_tensor **g = tensor_list(L, 2, op, "grads", n);
-  CHECK(L, nvl_grad_norm_multi(state, g, (int64_t)n, luaL_checknumber(L, 3)));
+  CHECK(L, nvl_grad_norm_multi(state, g, (int64_t)n, luaL_checknumber(L, 3), take));
   return 0;
+}
+
+/* nonfinite_take(t) -> flags: the non-finite flags of t's device (backend.h NVL_NONFINITE_*: 1 a
+ * quantizer's input, 2 a parameter AdamW read or wrote), cleared; a copy to the host on a GPU */
+static int l_nonfinite_take(lua_State *L) {
+  uint32_t flags = 0;
+  CHECK(L, nvl_nonfinite_take(nvl_lua_check_tensor(L, 1, "nonfinite_take"), &flags));
+  lua_pushinteger(L, (lua_Integer)flags);
+  return 1;
 }
 
 static const luaL_Reg layer_funcs[] = {
@@ -371,6 +382,7 @@ static const luaL_Reg layer_funcs[] = {
   {"rope_tables", l_rope_tables}, {"rope_forward", l_rope_forward}, {"rope_backward", l_rope_backward},
   {"swiglu_forward", l_swiglu_forward}, {"swiglu_backward", l_swiglu_backward},
   {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq}, {"block_sqerr", l_block_sqerr}, {"distill_loss", l_distill_loss}, {"amax_history_step", l_amax_history_step},
-  {"adamw_multi", l_adamw_multi}, {"grad_norm_multi", l_grad_norm_multi}, {NULL, NULL}};
+  {"adamw_multi", l_adamw_multi}, {"grad_norm_multi", l_grad_norm_multi}, {"nonfinite_take", l_nonfinite_take},
+  {NULL, NULL}};
 
 void nvl_lua_open_layers(lua_State *L) { luaL_setfuncs(L, layer_funcs, 0); }

@@ -734,7 +734,7 @@ local function check_diverged(dir, tr, tensors, max_bad, weights)
     healthy .. " (resume=" .. healthy .. ")" or ""
   if max_bad and tr.bad_steps_in_row > max_bad then
     fail(dir, MARKER, "the run had diverged: this checkpoint was written after %d consecutive skipped steps " ..
-      "(non-finite loss or gradient), more than max_bad_steps=%d%s", tr.bad_steps_in_row, max_bad, hint)
+      "(non-finite loss, gradient, weight or activation), more than max_bad_steps=%d%s", tr.bad_steps_in_row, max_bad, hint)
   end
   local names = {}
   for name in pairs(tensors) do names[#names + 1] = name end

@@ -117,19 +117,34 @@ function AdamW:step()
   end
 end
 
--- The sum of squares a norm state holds (one copy to the host).
-local function state_sumsq(state)
-  return (string.unpack("<d", string.pack("<i8", state:cpu():totable()[1])))
+-- The sum of squares and the non-finite flags a norm state holds (one copy to the host; slots:
+-- core/backend.h NVL_NORM_*).
+local function state_read(state)
+  local t = state:cpu():totable()
+  return (string.unpack("<d", string.pack("<i8", t[1]))), t[4]
 end
 
 local GradNorm = {}
 GradNorm.__index = GradNorm
-function GradNorm:value()
+function GradNorm:_read(what)
   if self.opt.norm_gen ~= self.gen then
-    error("norm:value(): the optimizer has computed a newer norm since; read it before the next clip_grad_norm", 2)
+    error(what .. ": the optimizer has computed a newer norm since; read it before the next clip_grad_norm", 3)
   end
-  if not self.v then self.v = math.sqrt(state_sumsq(self.opt.norm_state)) end
+  if not self.v then
+    local ss, flags = state_read(self.opt.norm_state)
+    self.v, self.flags = math.sqrt(ss), flags
+  end
+end
+function GradNorm:value()
+  self:_read("norm:value()")
   return self.v
+end
+--- norm:nonfinite() -> flags: the non-finite flags the grads' device had when the norm was computed
+-- (core.nonfinite_take's: 1 a quantizer read a NaN or an infinity, 2 AdamW a non-finite parameter;
+-- 0 none), read with the norm in the same copy; the device's flags are cleared by clip_grad_norm.
+function GradNorm:nonfinite()
+  self:_read("norm:nonfinite()")
+  return self.flags
 end
 GradNorm.__tostring = function(self) return "GradNorm(" .. tostring(self:value()) .. ")" end
 
@@ -147,7 +162,7 @@ function AdamW:clip_grad_norm(max_norm)
   if not self.norm_state or self.norm_state:device() ~= dev then
     self.norm_state = nv.unscope(nv.zeros(4, {dtype = "i64", device = dev}))
   end
-  core.grad_norm_multi(self.norm_state, gs, max_norm)
+  core.grad_norm_multi(self.norm_state, gs, max_norm, true) -- and takes the device's non-finite flags
   self.clip_armed, self.norm_gen = true, self.norm_gen + 1
   return setmetatable({opt = self, gen = self.norm_gen}, GradNorm)
 end
@@ -397,7 +412,7 @@ function optim.grad_norm(params)
   if multi then
     local state = nv.zeros(4, {dtype = "i64", device = gs[1]:device()})
     core.grad_norm_multi(state, gs, 1.0)
-    local ss = state_sumsq(state)
+    local ss = state_read(state) -- (the device's non-finite flags stay for the training step)
     state:free()
     return math.sqrt(ss)
   end

@@ -11,9 +11,9 @@
 -- the LR schedule; a console line every `log_every` steps (and a progress bar on a terminal),
 -- metrics.jsonl (one JSON object per step and per eval), eval every `eval_every` steps on the
 -- validation split, checkpoints every `ckpt_every` steps and at the end, a text sample and a
--- loss-curve PNG at the end. A non-finite loss or gradient norm skips the step (counted and
--- logged); more than `max_bad_steps` in a row stop the run with an error (the count is saved in
--- each checkpoint and restored on resume). Ctrl-C finishes the current step, writes a checkpoint
+-- loss-curve PNG at the end. A non-finite loss, gradient norm, weight or activation skips the
+-- step (counted and logged); more than `max_bad_steps` in a row stop the run with an error (the
+-- count is saved in each checkpoint and restored on resume). Ctrl-C finishes the current step, writes a checkpoint
 -- and returns. resume=auto continues from the checkpoint written last; an out= that holds a run is
 -- never started over (resume=none refuses it).
 --
@@ -701,6 +701,9 @@ local function start_run(c, p)
   r.out = (c.quiet or not r.main) and SILENT or io.stdout
   r.params = r.model:named_parameters()
   r.bad_in_row, r.skipped, r.interrupted = 0, 0, false
+  -- the device's non-finite flags (core.nonfinite_take) start clean: what earlier work in this
+  -- process set (a test, an evaluation before the run) is not this run's first step's
+  if r.params[1] then core.nonfinite_take(r.params[1].param) end
   r.start_step = resume(r) -- first: it refuses to start an existing run over (and may restore the counters)
   if r.main then
     data.mkdir_p(c.out)
@@ -840,6 +843,15 @@ local function shadow_average(r)
   return waited
 end
 
+-- What a step's non-finite flags (core.nonfinite_take; 0: another rank's) say, for the log.
+local function nonfinite_what(flags)
+  local parts = {}
+  if flags & 1 ~= 0 then parts[#parts + 1] = "a NaN or an infinity entered a quantizer (a weight or an activation)" end
+  if flags & 2 ~= 0 then parts[#parts + 1] = "AdamW met a non-finite parameter" end
+  if #parts == 0 then parts[1] = "another rank saw a non-finite value" end
+  return table.concat(parts, "; ")
+end
+
 local function step_once(r, step)
   return nv.scope(function()
     local c, model, opt, world, dist = r.c, r.model, r.opt, r.world, r.dist
@@ -878,29 +890,39 @@ local function step_once(r, step)
         losses[i], n_tok = d, n_tok + cnt
       end
     end)
-    local gnorm
+    local gnorm, flags
     -- the seconds this step spends on synchronisation (data parallel), and of them waiting for the
     -- ranks' communication (sync=shadow: the rest is copying the snapshot and applying the average)
     local t_sync, t_wait = nv.clock(), 0
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
       gnorm = opt:reduce_clip(c.clip)
       t_sync = nv.clock() - t_sync
+      flags = core.nonfinite_take(model.grad_buffer) -- (a copy after the norm's: nothing left queued)
     else
       if buckets then dist.wait_all()
       elseif world > 1 and not shadow then dist.all_reduce(model.grad_buffer, "avg") end
       t_sync = nv.clock() - t_sync
       -- the norm and the clip factor on the grads' device (one launch); AdamW applies the factor.
-      -- The norm is read back every step: a non-finite one skips the step.
-      gnorm = opt:clip_grad_norm(c.clip):value()
+      -- The norm is read back every step, with the device's non-finite flags in the same copy: a
+      -- NaN or an infinity that a quantizer read (a weight or an activation: its codes cannot carry
+      -- it) or AdamW met in a parameter, or a non-finite norm or loss, skips the step.
+      local norm = opt:clip_grad_norm(c.clip)
+      gnorm, flags = norm:value(), norm:nonfinite()
     end
     local loss_sum = 0
     for _, d in ipairs(losses) do -- a model (or a wrapper of it) may also return the loss itself
       loss_sum = loss_sum + (type(d) == "number" and d or llama.loss_value(d))
     end
     local loss = loss_sum / c.grad_accum
-    if world > 1 then loss = dist.all_reduce_number(loss, "avg") end
+    local flagged = flags ~= 0
+    if world > 1 then
+      -- one rank's flag skips the step on every rank: its loss enters the average as NaN
+      local avg = dist.all_reduce_number(flagged and 0 / 0 or loss, "avg")
+      if not flagged and not finite(avg) and finite(loss) then flagged = true end -- another rank's
+      loss = flagged and loss or avg
+    end
     local rec_line, stop
-    if finite(loss) and finite(gnorm) then
+    if finite(loss) and finite(gnorm) and not flagged then
       -- a background checkpoint copies the state while this step's forward and backward ran; the
       -- optimizer changes it, so the copy must be complete first (at once, in the usual case)
       if c.ckpt_background and c.ckpt_overlap then ckpt.snapshot_wait() end
@@ -919,11 +941,16 @@ local function step_once(r, step)
       r.skipped, r.bad_in_row = r.skipped + 1, r.bad_in_row + 1
       rec_line = {step = step, skipped = true, loss = finite(loss) and loss or tostring(loss),
         grad_norm = finite(gnorm) and gnorm or tostring(gnorm)}
-      r.out:write(string.format("step %d: skipped (loss %s, grad norm %s), %d in a row\n", step, tostring(loss),
-        tostring(gnorm), r.bad_in_row))
+      local why = ""
+      if flagged then
+        rec_line.nonfinite = nonfinite_what(flags)
+        why = "; " .. rec_line.nonfinite
+      end
+      r.out:write(string.format("step %d: skipped (loss %s, grad norm %s%s), %d in a row\n", step, tostring(loss),
+        tostring(gnorm), why, r.bad_in_row))
       if r.bad_in_row > c.max_bad_steps then
-        stop = string.format("training stopped at step %d: %d consecutive steps with a non-finite loss or gradient " ..
-          "(max_bad_steps=%d); lower lr or check the data", step, r.bad_in_row, c.max_bad_steps)
+        stop = string.format("training stopped at step %d: %d consecutive steps with a non-finite loss, gradient, " ..
+          "weight or activation (max_bad_steps=%d); lower lr or check the data", step, r.bad_in_row, c.max_bad_steps)
       end
     end
     model:zero_grad()

@@ -6,6 +6,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "philox.h"
@@ -194,6 +195,20 @@ nvl_status nvl_rht16_rows_ref(float *y, const float *x, int64_t rows, int64_t K,
                      (long long)K, (long long)rows);
   for (int64_t i = 0; i < rows * K; i += 16) nvl_rht16_ref(y + i, x + i, signs);
   return NVL_OK;
+}
+
+/* ---- non-finite flags ----------------------------------------------------------------------- */
+
+static _Atomic uint32_t host_nonfinite;
+
+void nvl_host_nonfinite_set(uint32_t bits) { atomic_fetch_or_explicit(&host_nonfinite, bits, memory_order_relaxed); }
+
+uint32_t nvl_host_nonfinite_take(void) { return atomic_exchange_explicit(&host_nonfinite, 0u, memory_order_relaxed); }
+
+int nvl_has_nonfinite_ref(const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 1;
+  return 0;
 }
 
 /* ---- NVFP4 ---------------------------------------------------------------------------------- */

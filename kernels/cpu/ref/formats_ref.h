@@ -112,6 +112,14 @@ static inline uint64_t nvl_sr_group(const nvl_quant_ref_opts *o, int64_t K, int6
          (uint64_t)j;
 }
 
+/* The host's non-finite flags (core/backend.h NVL_NONFINITE_*), one word for every CPU table:
+ * set ORs bits in (relaxed atomics, from any thread), take reads and clears them. */
+void nvl_host_nonfinite_set(uint32_t bits);
+uint32_t nvl_host_nonfinite_take(void);
+/* 1 when x (n f32) holds a NaN or an infinity: the reference quantize entries' own scan (the fast
+ * kernels fold the test into the passes they make anyway). */
+int nvl_has_nonfinite_ref(const float *x, int64_t n);
+
 /* Global encode scale s_enc = 2688 / amax with the §2 guards (FLT_MAX cap, 1 for 0/inf/nan). */
 float nvl_nvfp4_enc_scale_ref(float amax);
 /* Global decode scale used by dequantization: amax / 2688 (§2); where the encoder fell back

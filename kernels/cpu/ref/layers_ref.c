@@ -2,6 +2,7 @@
  * read next to the formulas in layers.h; speed is layers_cpu.c's business. */
 #include "cpu/ref/layers_ref.h"
 #include "cpu/ref/attention_ref.h"
+#include "cpu/ref/formats_ref.h"
 
 #include <math.h>
 #include <string.h>
@@ -264,7 +265,12 @@ nvl_adamw_coefs nvl_adamw_coefs_of(const nvl_adamw_opts *o) {
 static nvl_status adamw_step(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                              const nvl_adamw_opts *o) {
   nvl_adamw_coefs k = nvl_adamw_coefs_of(o);
-  for (int64_t i = 0; i < n; i++) nvl_adamw_elem(&param[i], grad[i], &m[i], &v[i], &k);
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    nvl_adamw_elem(&param[i], grad[i], &m[i], &v[i], &k);
+    bad |= !isfinite(param[i]);
+  }
+  if (bad) nvl_host_nonfinite_set(NVL_NONFINITE_PARAM); /* backend.h */
   return NVL_OK;
 }
 
@@ -276,10 +282,13 @@ static nvl_status adamw_multi(nvl_kctx *ctx, const nvl_adamw_chunk *t, int64_t c
   const double c = state ? nvl_norm_state_get(state, NVL_NORM_CLIP) : 1.0;
   for (int64_t j = 0; j < count; j++) {
     const nvl_adamw_coefs *k = t[j].no_decay ? &k0 : &kd;
+    int bad = 0;
     for (int64_t i = 0; i < t[j].n; i++) {
       float g = state ? nvl_clip_scale(t[j].grad[i], c) : t[j].grad[i];
       nvl_adamw_elem(&t[j].param[i], g, &t[j].m[i], &t[j].v[i], k);
+      bad |= !isfinite(t[j].param[i]);
     }
+    if (bad) nvl_host_nonfinite_set(NVL_NONFINITE_PARAM); /* backend.h */
   }
   return NVL_OK;
 }
@@ -296,7 +305,7 @@ static nvl_status sumsq(nvl_kctx *ctx, double *out, const void *x_in, nvl_dtype 
 }
 
 static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n,
-                                  int64_t count, double max_norm) {
+                                  int64_t count, double max_norm, int take_nonfinite) {
   double ss = 0.0;
   for (int64_t j = 0; j < count; j++) {
     double s = 0.0;
@@ -305,6 +314,7 @@ static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *co
   }
   nvl_norm_state_set(state, NVL_NORM_SUMSQ, ss);
   nvl_norm_state_set(state, NVL_NORM_CLIP, nvl_clip_factor(ss, max_norm));
+  state[NVL_NORM_NONFINITE] = take_nonfinite ? nvl_host_nonfinite_take() : 0;
   return NVL_OK;
 }
 
@@ -314,6 +324,13 @@ static nvl_status block_sqerr(nvl_kctx *ctx, float *out, const float *a, const f
                               int64_t block) {
   (void)ctx;
   for (int64_t g = 0; g < rows * (K / block); g++) out[g] = nvl_group_sqerr(a, b, g * block, (g + 1) * block);
+  return NVL_OK;
+}
+
+/* the host's flags (formats_ref.h), shared by the CPU tables */
+static nvl_status nonfinite_take(nvl_kctx *ctx, uint32_t *flags) {
+  (void)ctx;
+  *flags = nvl_host_nonfinite_take();
   return NVL_OK;
 }
 
@@ -336,4 +353,5 @@ const nvl_layer_kernels nvl_layers_ref = {
   .attention_backward = nvl_attention_backward_ref,
   .adamw_multi = adamw_multi,
   .grad_norm_multi = grad_norm_multi,
+  .nonfinite_take = nonfinite_take,
 };

@@ -83,9 +83,15 @@ nvl_status nvl_quantize_values_ref(nvl_kctx *ctx, const nvl_qdesc *d) {
   return NVL_OK;
 }
 
+/* The non-finite flag of a quantization into a quantized format (backend.h NVL_NONFINITE_INPUT). */
+static void flag_input(const float *x, int64_t n) {
+  if (nvl_has_nonfinite_ref(x, n)) nvl_host_nonfinite_set(NVL_NONFINITE_INPUT);
+}
+
 nvl_status nvl_quantize_tensor_ref(nvl_kctx *ctx, const nvl_qdesc *d) {
   const float *x;
   NVL_TRY(blocked_input(ctx, d, &x));
+  flag_input(x, d->B * d->C * d->K);
   float scale, given = d->amax;
   return nvl_fp8_quantize_tensor_ref(d->codes, &scale, d->amax_out, x, d->B * d->C * d->K,
                                      (nvl_elem)nvl_dtypes[d->format].elem, d->has_amax ? &given : NULL);
@@ -96,6 +102,7 @@ nvl_status nvl_quantize_mx_ref(nvl_kctx *ctx, const nvl_qdesc *d) {
   uint8_t *codes;
   int64_t rows = d->B * d->C, n = rows * d->K;
   NVL_TRY(blocked_input(ctx, d, &x));
+  flag_input(x, n);
   NVL_TRY(unpacked_codes(ctx, d, &codes, n));
   nvl_quant_ref_opts o = ref_opts(d);
   NVL_TRY(nvl_mx_quantize_ref(codes, d->scales, x, rows, d->K, (nvl_elem)nvl_dtypes[d->format].elem, d->rule, &o));
@@ -109,6 +116,7 @@ nvl_status nvl_quantize_nvfp4_ref(nvl_kctx *ctx, const nvl_qdesc *d) {
   uint8_t *codes;
   int64_t rows = d->B * d->C, n = rows * d->K;
   NVL_TRY(blocked_input(ctx, d, &x));
+  flag_input(x, n);
   NVL_TRY(unpacked_codes(ctx, d, &codes, n));
   nvl_quant_ref_opts o = ref_opts(d);
   NVL_TRY((d->block2d ? nvl_nvfp4_quantize_2d_ref : nvl_nvfp4_quantize_1d_ref)(codes, d->scales, d->amax_out, x, rows,
