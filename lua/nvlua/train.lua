@@ -218,7 +218,7 @@ function train.dataset(c)
   local shards, prefix = c.data:match("^shards:(.*)$"), c.data:match("^megatron:(.*)$")
   if shards or prefix then
     -- the vocabulary: the manifest's or the tokenizer's (vocab= may only be larger: check_data_fits)
-    local o = {tokenizer = c.tokenizer ~= "" and c.tokenizer or nil}
+    local o = {tokenizer = c.tokenizer ~= "" and c.tokenizer or nil, cache = cache}
     local ds = shards and data.shards(shards, o) or data.megatron(prefix, o)
     if not ds.vocab_size and c.vocab == 0 then
       error(string.format("config: data=%s needs vocab=<vocabulary size> or tokenizer=<tokenizer.json>: %s has no " ..
@@ -280,11 +280,15 @@ local function dist_hooks(rec, dist, rank, world)
   end
 end
 
--- The data against the config, before the model is built: the vocabulary, and enough tokens in
--- each split for one global batch (the validation split only when the run evaluates).
+-- The data against the config, before the model is built: the vocabulary (the data's, and every
+-- token id of scanned files: data.token_ranges, done when the dataset was opened), and enough tokens
+-- in each split for one global batch (the validation split only when the run evaluates).
 local function check_data_fits(c, ds, world)
   if c.vocab > 0 and ds.vocab_size and c.vocab < ds.vocab_size then
     error(string.format("config: vocab=%d is smaller than the data's vocabulary (%d tokens)", c.vocab, ds.vocab_size), 0)
+  end
+  if c.vocab > 0 then
+    for _, split in ipairs({ds.train, ds.val}) do data.check_vocab(split, c.vocab, "vocab=" .. c.vocab) end
   end
   local need = c.batch * world
   local function fits(split, name)
