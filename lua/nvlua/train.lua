@@ -548,7 +548,7 @@ local function save_checkpoint(r, step, background)
     if r.main then
       path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
         config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = r.bad_in_row, skipped = r.skipped,
-        tokenizer = r.ds.tokenizer, background = background or nil,
+        tokenizer = r.ds.tokenizer, max_batches_per_step = r.max_batches, background = background or nil,
         defer_copy = background and r.c.ckpt_overlap or nil})
     end
     if r.world > 1 then r.dist.barrier() end
@@ -594,10 +594,28 @@ function train.check_out(c)
   if held then refuse_held(c.out, held) end
 end
 
+-- resume=auto's checkpoint: the newest intact one (ckpt.verify). Each newer one that is damaged (a
+-- trainer.json that cannot be read or belongs elsewhere, a missing or truncated file, ...) is set
+-- aside as <dir>.corrupt (ckpt.set_aside: kept, never pruned nor overwritten when its step is saved
+-- again) and reported, on stderr and in r.skipped_checkpoints, with the reason. -> dir or nil
+local function newest_intact(r)
+  local all = ckpt.list(r.run_dir)
+  for i = #all, 1, -1 do
+    local problem = ckpt.verify(all[i], {optimizer = true})
+    if not problem then return all[i] end
+    local aside = ckpt.set_aside(all[i])
+    r.skipped_checkpoints[#r.skipped_checkpoints + 1] = {dir = all[i], reason = problem, moved_to = aside}
+    io.stderr:write(string.format("resume=auto: skipped the checkpoint %s, it is damaged: %s; moved it to %s " ..
+      "(kept for inspection); trying the one before it\n", all[i], problem, aside))
+    io.stderr:flush()
+  end
+  return nil
+end
+
 -- Rank 0's choice of the checkpoint to resume from (nil: start fresh). An existing run is never
 -- started over unasked: resume=none refuses an out= that holds one unless overwrite=true (then it is
 -- removed), and resume=auto refuses when it finds no complete checkpoint there (after ckpt.recover
--- has settled what a crash left).
+-- has settled what a crash left), or only damaged ones (newest_intact set them aside).
 local function pick_checkpoint(r)
   local c = r.c
   if c.resume == "none" then
@@ -612,8 +630,15 @@ local function pick_checkpoint(r)
   end
   if c.resume ~= "auto" then return c.resume end
   ckpt.recover(r.run_dir)
-  local dir = ckpt.latest(r.run_dir)
+  local dir = newest_intact(r)
   if dir then return dir end
+  if #r.skipped_checkpoints > 0 then
+    local moved = {}
+    for i, e in ipairs(r.skipped_checkpoints) do moved[i] = e.moved_to end
+    error(string.format("resume=auto: every checkpoint in %s/checkpoints is damaged (set aside: %s; the reasons are " ..
+      "printed above); refusing to start the run over: repair one and give resume=<its dir>, or remove %s to start " ..
+      "fresh", r.run_dir, table.concat(moved, ", "), r.run_dir), 0)
+  end
   local held = held_run(r.run_dir)
   if held then
     error(string.format("resume=auto: no complete checkpoint in %s/checkpoints, but out=%s holds a run (%s); " ..
@@ -661,6 +686,9 @@ local function resume(r)
   local tr = ckpt.load(dir, {model = r.model, optimizer = r.opt, recipe = r.rec, loader = r.loader,
     max_bad_steps = c.max_bad_steps})
   r.bad_in_row, r.skipped = tr.bad_steps_in_row, tr.skipped_steps
+  -- the most batches a step of this run has drawn (bounds the data cursor of its checkpoints), unknown
+  -- when the checkpoint does not say
+  r.max_batches = tr.max_batches_per_step and math.max(tr.max_batches_per_step, c.grad_accum) or nil
   r.resumed_from = dir
   if own_checkpoint(r, dir, tr.step) then r.last_ckpt = {step = tr.step, dir = dir} end
   r.out:write(string.format("resumed from %s at step %d\n", dir, tr.step))
@@ -705,6 +733,7 @@ local function start_run(c, p)
   r.out = (c.quiet or not r.main) and SILENT or io.stdout
   r.params = r.model:named_parameters()
   r.bad_in_row, r.skipped, r.interrupted = 0, 0, false
+  r.max_batches, r.skipped_checkpoints = c.grad_accum, {}
   r.start_step = resume(r) -- first: it refuses to start an existing run over (and may restore the counters)
   if r.main then
     data.mkdir_p(c.out)
@@ -1066,7 +1095,7 @@ local function finish_run(r, ok, err)
   if not wok then error(werr, 0) end
   local summary = {steps = r.step, skipped = r.skipped, run_dir = r.run_dir, interrupted = r.interrupted,
     losses = r.losses, val = r.val_points, tokens_per_s = r.t_run > 0 and r.tok_run / r.t_run or 0,
-    last_loss = r.last_loss}
+    last_loss = r.last_loss, skipped_checkpoints = r.skipped_checkpoints}
   if c.save or r.interrupted then
     -- a checkpoint of this step already written (a periodic one before a Ctrl-C) or resumed from
     -- (a finished run resumed) holds this very state: it is not written again
@@ -1141,7 +1170,8 @@ local function save_due(r, step)
 end
 
 --- train.run(c, parts) -> summary {final_val_loss, val_ppl, tokens_per_s, steps, skipped, run_dir,
--- plot, checkpoint, sample (the text after sample_prompt), sample_prompt, interrupted, losses = {...}}
+-- plot, checkpoint, sample (the text after sample_prompt), sample_prompt, interrupted, losses = {...},
+-- skipped_checkpoints = {{dir, reason, moved_to}, ...} (resume=auto passed over them as damaged)}
 function train.run(c, p)
   local r = start_run(c, p)
   local ok, err = pcall(function()
