@@ -39,7 +39,7 @@ local util = require "nvlua.util"
 local ckpt = require "nvlua.checkpoint"
 local plot = require "nvlua.plot"
 local mor = require "nvlua.mor"
-local lfs = require "lfs"
+local plan = require "nvlua.plan"
 
 local train = {}
 
@@ -201,6 +201,9 @@ train.schema = config.schema({
   shadow_overlap = bool(true), shadow_moments = bool(false),
   -- where the model, its gradients and the optimizer state live: cpu | cuda
   device = str("cpu", {check = check_device}),
+  -- refuse, before anything is built, a run whose memory plan (nvlua.plan) exceeds the machine's
+  -- memory (train.check_memory); false builds it anyway (the plan is an estimate)
+  check_memory = bool(true),
 }, {relations})
 
 --- The defaults of train.schema's keys (a plain table).
@@ -305,6 +308,85 @@ local function check_data_fits(c, ds, world)
   if c.eval_every > 0 then fits(ds.val, "validation") end
 end
 
+-- ---- will it fit? ------------------------------------------------------------------------------
+
+local GiB = 2 ^ 30
+
+-- a number of bytes from a file holding one integer (a cgroup limit), or nil
+local function read_int_file(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local v = f:read("l")
+  f:close()
+  return v and math.tointeger(tonumber(v:match("^%s*(%d+)%s*$")))
+end
+
+--- train.machine_memory(device) -> bytes, a phrase saying whose they are; nil when unknown. "cpu":
+-- the RAM (/proc/meminfo MemTotal), or the process's cgroup limit (v2 memory.max, v1
+-- memory.limit_in_bytes) when smaller; "cuda": the smallest GPU's total memory. Tests replace it.
+function train.machine_memory(device)
+  if device == "cuda" then
+    local least
+    for _, d in ipairs(nv.cuda.memory()) do
+      if type(d) == "table" and (d.total or 0) > 0 then least = math.min(least or math.huge, d.total) end
+    end
+    return least, "of GPU memory"
+  end
+  local f = io.open("/proc/meminfo", "r")
+  local total = nil
+  if f then
+    for line in f:lines() do
+      local kb = line:match("^MemTotal:%s*(%d+)%s*kB")
+      if kb then total = math.tointeger(tonumber(kb)) * 1024; break end
+    end
+    f:close()
+  end
+  local what = "of RAM on this machine"
+  for _, p in ipairs({"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) do
+    local limit = read_int_file(p)
+    if limit and (not total or limit < total) then total, what = limit, "this process may use (its cgroup's limit, " .. p .. ")" end
+  end
+  return total, what
+end
+
+--- train.check_memory(c, recipe, model_config, world): refuses ("config: ...", before anything is
+-- allocated) a run that cannot fit the machine's memory (train.machine_memory, per process: times
+-- the ranks on this node, OMPI_COMM_WORLD_LOCAL_SIZE, on the CPU). First a bound that costs nothing
+-- whatever the size: the weights, gradients and AdamW states (16 bytes per parameter; ZeRO-1 shards
+-- AdamW's 8) plus the bf16 activations a step saves; then the memory plan itself (nvlua.plan.memory,
+-- within 20% of the measured peak: tests/test_plan.lua). Not counted: a distillation teacher.
+function train.check_memory(c, rec, mc, world)
+  if not c.check_memory then return end
+  local have, whose = train.machine_memory(c.device)
+  if not have then return end
+  local per_node = c.device == "cpu" and (math.tointeger(tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_SIZE") or "")) or 1)
+    or 1
+  local ranks = per_node > 1 and string.format(" (x %d ranks on this node)", per_node) or ""
+  local p = plan.params(mc)
+  local hd = mc.head_dim or mc.hidden_size // mc.num_attention_heads
+  local C, F, L, N = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, c.batch * c.seq
+  local state = (8 + (c.shard_optimizer and 8 / world or 8)) * p.total
+  local acts = 2 * N * L * (6 * C + 2 * hd * mc.num_key_value_heads + 3 * F)
+  local fix = "lower layers, hidden, ffn, batch or seq (grad_accum keeps the tokens per step), or give " ..
+    "check_memory=false to build it anyway"
+  if (state + acts) * per_node > have then
+    error(string.format("config: this run cannot fit: it needs at least %.1f GiB%s (%.3fB parameters x %g bytes for " ..
+      "the weights, gradients and AdamW states: %.1f GiB; the activations of batch=%d x seq=%d over %d layers: " ..
+      "%.1f GiB), more than the %.1f GiB %s; %s", (state + acts) / GiB, ranks, p.total / 1e9, state / p.total,
+      state / GiB, c.batch, c.seq, L, acts / GiB, have / GiB, whose, fix), 0)
+  end
+  local ok, m = pcall(plan.memory, mc, rec, c.batch, c.seq)
+  if not ok then return end -- a recipe the plan cannot read: the bound above is all there is
+  local total = m.total - (c.shard_optimizer and m.optimizer * (1 - 1 / world) or 0)
+  if total * per_node > have then
+    error(string.format("config: this run needs about %.2f GiB%s by its memory plan (nvlua.plan: weights %.2f, " ..
+      "gradients %.2f, AdamW %.2f, activations of batch=%d x seq=%d %.2f, weight copies %.2f, scratch %.2f GiB), more " ..
+      "than the %.2f GiB %s; %s", total / GiB, ranks, m.weights / GiB, m.grads / GiB,
+      (total - m.weights - m.grads - m.activations - m.weight_copies - m.transient) / GiB, c.batch, c.seq,
+      m.activations / GiB, m.weight_copies / GiB, m.transient / GiB, have / GiB, whose, fix), 0)
+  end
+end
+
 --- train.teacher(c, vocab) -> the frozen teacher of c.teacher (nil without one): loaded with
 -- hf.from_pretrained under c.teacher_recipe, on c.device, in eval mode; its vocabulary must be the
 -- student's.
@@ -341,6 +423,7 @@ function train.build(c)
   check_data_fits(c, ds, world)
   local vocab = c.vocab > 0 and c.vocab or ds.vocab_size
   local rec = train.recipe(c)
+  train.check_memory(c, rec, train.model_config(c, vocab), world)
   local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
   if world > 1 then
     -- the same weights everywhere (they are by construction, from the seed; this makes it so)
