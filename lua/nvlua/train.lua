@@ -344,7 +344,9 @@ function train.machine_memory(device)
   local what = "of RAM on this machine"
   for _, p in ipairs({"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) do
     local limit = read_int_file(p)
-    if limit and (not total or limit < total) then total, what = limit, "this process may use (its cgroup's limit, " .. p .. ")" end
+    if limit and (not total or limit < total) then
+      total, what = limit, "this process may use (its cgroup's limit, " .. p .. ")"
+    end
   end
   return total, what
 end
@@ -380,8 +382,8 @@ function train.check_memory(c, rec, mc, world)
   local total = m.total - (c.shard_optimizer and m.optimizer * (1 - 1 / world) or 0)
   if total * per_node > have then
     error(string.format("config: this run needs about %.2f GiB%s by its memory plan (nvlua.plan: weights %.2f, " ..
-      "gradients %.2f, AdamW %.2f, activations of batch=%d x seq=%d %.2f, weight copies %.2f, scratch %.2f GiB), more " ..
-      "than the %.2f GiB %s; %s", total / GiB, ranks, m.weights / GiB, m.grads / GiB,
+      "gradients %.2f, AdamW %.2f, activations of batch=%d x seq=%d %.2f, weight copies %.2f, scratch %.2f " ..
+      "GiB), more than the %.2f GiB %s; %s", total / GiB, ranks, m.weights / GiB, m.grads / GiB,
       (total - m.weights - m.grads - m.activations - m.weight_copies - m.transient) / GiB, c.batch, c.seq,
       m.activations / GiB, m.weight_copies / GiB, m.transient / GiB, have / GiB, whose, fix), 0)
   end
