@@ -13,10 +13,15 @@
 --   * a checkpoint of the layout before model/ (model files beside trainer.json, built here from a
 --     current one) resumes bit for bit; from_pretrained (checkpoint's and nvlua.hf's) takes it, a
 --     current step directory and its model/.
+--   * a trainer.json that cannot be its directory's (no seq, {}, [], another step, garbage) sorts as
+--     the newest, so latest() does not pass over it; ckpt.verify names it; set_aside renames it to
+--     step-N.corrupt, which listing, pruning, saving step N again and recover() leave alone.
 --   * a corrupt checkpoint (every file missing, empty, truncated or garbage; every trainer.json
---     field of a wrong type; another model shape or recipe; a diverged run) fails to load with
---     "checkpoint <dir>/<file>: <what>", changing nothing; a checkpoint without the bookkeeping
---     fields (written before they existed) loads.
+--     field of a wrong type; a step against the directory's name; a data cursor outside
+--     [step, step x max_batches_per_step]; another model shape or recipe; a diverged run) fails to
+--     load with "checkpoint <dir>/<file>: <what>", changing nothing; ckpt.verify reports the same
+--     damage (not the mismatches); a checkpoint without the bookkeeping fields (written before they
+--     existed) loads.
 --   * the Hugging Face layout: config.json has every LlamaConfig key, model.safetensors has
 --     __metadata__ {"format": "pt"} and HF names/shapes (tied and untied, rope_scaling kept);
 --     from_pretrained gives the same logits bit for bit.
@@ -288,6 +293,51 @@ T.case("a crash's leftovers: list() sees the effective checkpoints, recover() se
   T.eq(ls(root), {"step-000004", "step-000006", "step-000008"}, "recover() again: nothing to do")
 end)
 
+-- {name, edit of the newest checkpoint's trainer.json (its text), what ckpt.verify then says after
+-- "checkpoint <dir>/trainer.json: "}: each sorted as the oldest before issue 28 (no seq: 0), so
+-- latest() and resume=auto passed over it to an older checkpoint without a word
+local NOT_ITS_OWN = {
+  {"seq removed", function(t) return (t:gsub('"seq":%d+,?', "")) end, "field seq is missing"},
+  {"an empty object", function() return "{}" end, "field step is missing"},
+  {"an array", function() return "[4, 2]" end, "expected a JSON object, got a JSON array"},
+  {"another checkpoint's (step 2)", function(t) return (t:gsub('"step":4', '"step":2')) end,
+    "field step is 2, but the directory's name says step 4"},
+  {"garbage", function() return "\0garbage" end, "not valid JSON"},
+}
+
+T.case("latest() looks first at a trainer.json that cannot be its directory's; verify names it; set_aside", function()
+  local m = llama.Llama(tiny(), {seed = 1})
+  for i, c in ipairs(NOT_ITS_OWN) do
+    local run = fresh("own")
+    local root = run .. "/checkpoints"
+    ckpt.save(run, {model = m, step = 2, keep = 0})
+    ckpt.save(run, {model = m, step = 4, keep = 0})
+    local d4 = root .. "/step-000004"
+    local text = assert(T.read_file(d4 .. "/trainer.json"))
+    T.ok(text:find('"seq":2', 1, true) and text:find('"step":4', 1, true), "the fields edited below")
+    T.write_file(d4 .. "/trainer.json", c[2](text))
+    T.eq(ckpt.latest(run), d4, c[1] .. ": the newest, not passed over")
+    local want = "checkpoint " .. d4 .. "/trainer.json: " .. c[3]
+    local problem = ckpt.verify(d4)
+    T.ok(problem and problem:sub(1, #want) == want, c[1] .. ":\n  expected " .. want .. "\n  got      " ..
+      tostring(problem))
+    T.eq(ckpt.verify(root .. "/step-000002"), nil, c[1] .. ": step 2 is intact")
+    if i == 1 then -- set aside: no longer listed, kept whole; a second one of the same step gets its own name
+      local before = ls(d4)
+      T.eq(ckpt.set_aside(d4), d4 .. ".corrupt")
+      T.eq(ckpt.list(run), {root .. "/step-000002"})
+      T.eq(ls(d4 .. ".corrupt"), before, "kept as it was")
+      ckpt.save(run, {model = m, step = 4, keep = 1})
+      T.eq(ckpt.list(run), {d4}, "step 4 saved again, step 2 pruned")
+      T.eq(ls(d4 .. ".corrupt"), before, "neither pruned nor replaced")
+      T.eq(ckpt.set_aside(d4), d4 .. ".corrupt-2")
+      T.eq(ls(root), {"step-000004.corrupt", "step-000004.corrupt-2"})
+      ckpt.recover(run)
+      T.eq(ls(root), {"step-000004.corrupt", "step-000004.corrupt-2"}, "recover() leaves them")
+    end
+  end
+end)
+
 -- ---- corrupt checkpoints -------------------------------------------------------------------------
 
 local function edit_json(path, fn)
@@ -298,8 +348,9 @@ end
 
 local function size(path) return lfs.attributes(path, "size") end
 
--- {name, edit(dir), the expected message after "checkpoint <dir>/"}; edit may return other load
--- options (a model, a recipe, max_bad_steps)
+-- {name, edit(dir), the expected message after "checkpoint <dir>/" [, the directory's name (default
+-- case-NN)]}; edit may return other load options (a model, a recipe, max_bad_steps). The good
+-- checkpoint is of step 2, its data cursor 2, written with max_batches_per_step = 1.
 local CORRUPT = {
   {"no trainer.json", function(d) os.remove(d .. "/trainer.json") end,
     "trainer.json: missing: not a complete checkpoint"},
@@ -378,6 +429,26 @@ local CORRUPT = {
     return {max_bad_steps = 5}
   end, "trainer.json: the run had diverged: this checkpoint was written after 6 consecutive skipped steps " ..
     "(non-finite loss, gradient, weight or activation), more than max_bad_steps=5"},
+  {"step against the directory's name", function() end, "trainer.json: field step is 2, but the directory's name " ..
+    "says step 7: trainer.json belongs to another checkpoint or was edited", "step-000007"},
+  {"step against a .old name", function() end, "trainer.json: field step is 2, but the directory's name says step 3",
+    "step-000003.old"},
+  {"seq removed", function(d) edit_json(d .. "/trainer.json", function(t) t.seq = nil end) end,
+    "trainer.json: field seq is missing"},
+  {"cursor past step x max_batches_per_step", function(d)
+    edit_json(d .. "/trainer.json", function(t) t.loader.cursor = "1000000000000000" end)
+  end, "trainer.json: field loader.cursor is 1000000000000000, impossible at step 2: every step draws 1 to 1 batches " ..
+    "(grad_accum), so the data cursor lies in [2, 2]"},
+  {"cursor below the step", function(d) edit_json(d .. "/trainer.json", function(t) t.loader.cursor = "1" end) end,
+    "trainer.json: field loader.cursor is 1, impossible at step 2: every step draws 1 to 1 batches (grad_accum)"},
+  {"cursor below the step, grad_accum known only from the config", function(d)
+    edit_json(d .. "/trainer.json", function(t)
+      t.max_batches_per_step, t.config, t.loader.cursor = nil, {grad_accum = 4}, "0"
+    end)
+  end, "trainer.json: field loader.cursor is 0, impossible at step 2: every step draws at least one batch, so the " ..
+    "data cursor lies in [2, ...]"},
+  {"max_batches_per_step 0", function(d) edit_json(d .. "/trainer.json", function(t) t.max_batches_per_step = 0 end) end,
+    "trainer.json: field max_batches_per_step must be an integer >= 1, got 0"},
   {"an unexpected moment", function(d)
     local t = st.load(d .. "/trainer.safetensors")
     t["w.extra"] = nv.zeros(2)
@@ -393,11 +464,11 @@ T.case("a corrupt checkpoint fails to load naming the file and the problem, and 
   for i = 1, 2 do step(a, i) end
   local run = fresh("corrupt")
   local good = ckpt.save(run, {model = a.model, optimizer = a.optimizer, recipe = a.recipe, loader = a.loader,
-    step = 2, tokenizer = data.ByteTokenizer})
+    step = 2, tokenizer = data.ByteTokenizer, max_batches_per_step = 1})
   local b = setup(22, recipe.nvfp4({seed = 5}))
   local before, rs = bytes_of(b.model), b.recipe:state()
   for i, c in ipairs(CORRUPT) do
-    local dir = string.format("%s/case-%02d", run, i)
+    local dir = string.format("%s/%s", run, c[4] or string.format("case-%02d", i))
     sh(string.format("cp -r '%s' '%s'", good, dir))
     local o = c[2](dir) or {}
     local ok, err = pcall(ckpt.load, dir, {model = o.model or b.model, optimizer = b.optimizer,
@@ -406,7 +477,17 @@ T.case("a corrupt checkpoint fails to load naming the file and the problem, and 
     local want = "checkpoint " .. dir .. "/" .. c[3]
     T.ok(tostring(err):sub(1, #want) == want, c[1] .. ":\n  expected " .. want .. "\n  got      " .. tostring(err))
     T.ok(not tostring(err):find("attempt to", 1, true) and not tostring(err):find("bad argument", 1, true), c[1])
+    -- ckpt.verify finds the same damage, without a model; what is not damage it leaves to load
+    local mismatch = c[1] == "another model" or c[1] == "another recipe" or c[1]:find("diverged", 1, true) or
+      c[1] == "an unexpected moment" or c[1] == "non-finite weights"
+    local problem = ckpt.verify(dir, {optimizer = true})
+    if mismatch then
+      T.eq(problem, nil, c[1] .. ": verify")
+    else
+      T.ok(problem and problem:sub(1, #want) == want, c[1] .. ": verify says\n  " .. tostring(problem))
+    end
   end
+  T.eq(ckpt.verify(good, {optimizer = true}), nil, "the good one is intact")
   T.eq(bytes_of(b.model), before, "the model is as it was")
   T.eq(b.optimizer.t, 0, "the optimizer too")
   T.eq(b.recipe:state(), rs, "and the recipe")
@@ -452,6 +533,7 @@ T.case("a checkpoint of the layout before model/ (model files beside trainer.jso
   T.eq(ls(dir .. "/model"), {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
   local old = run .. "/checkpoints/step-000004"
   old_layout(dir, old)
+  edit_json(old .. "/trainer.json", function(t) t.step = 4 end) -- the step its directory's name says
   T.eq(ls(old), {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "trainer.json",
     "trainer.safetensors"})
   T.eq(ckpt.model_dir(old), old)
@@ -460,7 +542,7 @@ T.case("a checkpoint of the layout before model/ (model files beside trainer.jso
   local saved = bytes_of(a.model)
   local b = setup(22, recipe.nvfp4({seed = 5}))
   local tr = ckpt.load(old, b)
-  T.eq(tr.step, 2)
+  T.eq(tr.step, 4)
   T.eq(bytes_of(b.model), saved)
   local la, lb = step(a, 3), step(b, 3)
   T.eq(string.pack("<d", lb), string.pack("<d", la), "training goes on identically")

@@ -23,7 +23,10 @@
 --   * resuming from an older checkpoint: the new checkpoints are not pruned (pruning goes by the
 --     order of writing); the checkpoint resumed from is kept.
 --   * an existing run is never started over: resume=none refuses an out= that holds one, and so
---     does resume=auto when no complete checkpoint is left; a corrupt newest checkpoint raises.
+--     does resume=auto when no complete checkpoint is left, or only damaged ones. A damaged newest
+--     checkpoint is skipped by resume=auto, which says which and why (stderr), sets it aside as
+--     step-N.corrupt and resumes from the newest intact one; trainer.json records the data cursor
+--     and max_batches_per_step that bound it.
 -- Every run writes under one scratch directory (os.tmpname), removed by the last case.
 local T = require "nvlua.test"
 local train = require "nvlua.train"
@@ -457,7 +460,7 @@ T.case("resumed from an older checkpoint: its new checkpoints are not pruned; th
   T.eq({seq_of(ckpt_dir(k.out, 4)), seq_of(ckpt_dir(k.out, 6))}, {4, 5}, "4 and 6 written again")
 end)
 
-T.case("an existing run is never started over; a corrupt newest checkpoint raises", function()
+T.case("an existing run is never started over; a damaged newest checkpoint is skipped, said and set aside", function()
   local c = cfg("exists", {"keep=2", "steps=4"})
   run(c)
   local m = T.read_file(c.out .. "/metrics.jsonl")
@@ -466,10 +469,41 @@ T.case("an existing run is never started over; a corrupt newest checkpoint raise
     "resume=none: out=" .. c.out .. " already holds a run (metrics.jsonl with 4 records up to step 4 and the " ..
     "checkpoint " .. ckpt_dir(c.out, 4) .. "); resume=auto continues it")
   T.eq(T.read_file(c.out .. "/config.json"), cj, "config.json untouched")
-  -- the newest checkpoint lost its model: resume=auto says so (it does not fall back, nor start over)
-  os.remove(ckpt_dir(c.out, 4) .. "/model/model.safetensors")
-  T.raises(function() run(cfg("exists", {"keep=2", "steps=6", "resume=auto"})) end,
-    "checkpoint " .. ckpt_dir(c.out, 4) .. "/model/model.safetensors: missing")
+  -- what train.lua records for the data cursor's check: the step's batches, the most per step
+  local tj = cjson.decode(T.read_file(ckpt_dir(c.out, 4) .. "/trainer.json"))
+  T.eq({tj.loader.cursor, tj.max_batches_per_step}, {"4", 1})
+  -- the newest checkpoint lost its model: resume=auto says which one it skipped and why, sets it aside
+  -- (kept, never pruned or overwritten) and continues from the one before it (a child process: the
+  -- notice is on stderr, quiet=true or not)
+  local d2, d4, d6 = ckpt_dir(c.out, 2), ckpt_dir(c.out, 4), ckpt_dir(c.out, 6)
+  os.remove(d4 .. "/model/model.safetensors")
+  local out = must_finish("exists", {"keep=2", "steps=6", "resume=auto"})
+  T.ok(out:find("resume=auto: skipped the checkpoint " .. d4 .. ", it is damaged: checkpoint " .. d4 ..
+    "/model/model.safetensors: missing (a checkpoint has model/config.json, model/model.safetensors, " ..
+    "trainer.safetensors and trainer.json); moved it to " .. d4 .. ".corrupt (kept for inspection)", 1, true), out)
+  T.ok(out:find("finished: step 6", 1, true), out)
+  T.eq(ckpt.list(c.out), {d2, d4, d6}, "resumed from step 2 (kept), steps 4 and 6 written again")
+  T.eq(lfs.attributes(d4 .. ".corrupt/trainer.json", "mode"), "file", "the damaged one kept whole")
+  T.eq(lfs.attributes(d4 .. ".corrupt/model/model.safetensors"), nil)
+  -- every checkpoint damaged: refused, each set aside
+  for _, d in ipairs({d2, d4, d6}) do T.write_file(d .. "/trainer.json", "{\"step\": ") end
+  local m6 = T.read_file(c.out .. "/metrics.jsonl")
+  T.raises(function() run(cfg("exists", {"keep=2", "steps=8", "resume=auto"})) end,
+    "resume=auto: every checkpoint in " .. c.out .. "/checkpoints is damaged (set aside: " .. d6 .. ".corrupt, " ..
+    d4 .. ".corrupt-2, " .. d2 .. ".corrupt; the reasons are printed above); refusing to start the run over")
+  T.eq(T.read_file(c.out .. "/metrics.jsonl"), m6, "metrics.jsonl untouched")
+  T.eq(ckpt.list(c.out), {})
+  -- in this process, the summary says what was skipped: a run of 4 steps started over, its step 4 damaged
+  run(cfg("exists", {"keep=0", "steps=4", "overwrite=true"}))
+  m = T.read_file(c.out .. "/metrics.jsonl")
+  local records = metrics(c.out)
+  T.write_file(d4 .. "/trainer.json", "garbage")
+  local s4 = run(cfg("exists", {"keep=0", "steps=4", "resume=auto"}))
+  T.eq(s4.skipped_checkpoints, {{dir = d4, moved_to = d4 .. ".corrupt", reason = "checkpoint " .. d4 ..
+    "/trainer.json: not valid JSON (truncated or overwritten?): Expected value but found invalid token at character 1"}})
+  T.eq({s4.steps, s4.losses[1][1]}, {4, 3}, "resumed from step 2")
+  T.eq(metrics(c.out), records, "steps 3 and 4 ran again as they had")
+  m = T.read_file(c.out .. "/metrics.jsonl")
   -- no complete checkpoint left, but the run's metrics: resume=auto refuses to start over
   ckpt.rm_rf(c.out .. "/checkpoints")
   T.raises(function() run(cfg("exists", {"keep=2", "steps=6", "resume=auto"})) end,

@@ -3,6 +3,11 @@
 --   * NVLTOK shards: the header byte for byte, u16 and u32 widths, read_tokens ranges, write
 --     errors, and one case per malformed file (bad magic, short, wrong version, bad width, size
 --     not matching the header's count, counts whose count * width wraps), each naming the file;
+--   * token ids against the vocabulary when shards are opened: one case per way an id can fall outside
+--     (= vocab, u16 and u32 maxima, in a validation shard, the manifest's and a tokenizer's
+--     vocabulary), each naming the file, the token's index and the id; the ranges cached in
+--     nvlua_token_ranges.json (a reopen scans nothing, a rewritten file is scanned again, a damaged
+--     cache is rewritten, an unwritable one falls back to the user cache);
 --   * data.text: a directory is walked recursively in sorted order, split at a line break;
 --   * the Loader, on shards whose token i is i (so a batch shows which windows it took):
 --     deterministic per seed, other seeds differ, each epoch visits every window once, targets
@@ -139,6 +144,105 @@ T.case("shards: malformed files raise a message naming the file", function()
   T.write_file(d .. "/train_002.bin", "junk")
   T.raises(function() data.shards(d) end, d .. "/train_002.bin")
   T.raises(function() data.shards(ROOT .. "/nowhere") end, "shards: no such directory")
+end)
+
+-- ---- token ids against the vocabulary, when a dataset is opened -------------------------------------
+
+-- a directory of shards: files = {name = {ids, width}}, and manifest (a table) when given
+local function shard_dir(name, files, manifest)
+  local d = ROOT .. "/" .. name
+  assert(lfs.mkdir(d))
+  for n, f in pairs(files) do data.write_shard(d .. "/" .. n, f[1], f[2] or 2) end
+  if manifest then T.write_file(d .. "/" .. "manifest.json", require("cjson").encode(manifest)) end
+  return d
+end
+
+local function with_id(ids, i, v) -- a copy of ids with ids[i] = v
+  local out = {table.unpack(ids)}
+  out[i] = v
+  return out
+end
+
+local IDS = range(0, 99)
+-- {name, files, data.shards options, manifest or nil, the message after "data <dir>/"}
+local OUT_OF_VOCAB = {
+  {"id = vocab in a second train shard", {["train_000.bin"] = {IDS}, ["train_001.bin"] = {with_id(IDS, 43, 150)},
+    ["val_000.bin"] = {{1, 2}}}, {vocab_size = 150}, nil,
+    "train_001.bin: token 42 is 150, outside the vocabulary of 150 ids (0..149, vocab_size 150 given); its ids run " ..
+    "from 0 to 150: was it made with another tokenizer?"},
+  {"the validation shard, first token", {["train_000.bin"] = {IDS}, ["val_000.bin"] = {{65535, 1}}},
+    {vocab_size = 1000}, nil, "val_000.bin: token 0 is 65535, outside the vocabulary of 1000 ids (0..999"},
+  {"u32 ids: the largest one", {["train_000.bin"] = {with_id(IDS, 100, 4294967295), 4}, ["val_000.bin"] = {{1}, 4}},
+    {vocab_size = 70000}, nil, "train_000.bin: token 99 is 4294967295, outside the vocabulary of 70000 ids"},
+  {"the manifest's vocabulary", {["train_000.bin"] = {with_id(IDS, 8, 256)}, ["val_000.bin"] = {{1}}}, {},
+    {format = "nvlua-data", version = 1, tokenizer = "bytes", vocab_size = 256},
+    "train_000.bin: token 7 is 256, outside the vocabulary of 256 ids (0..255, vocab_size of " .. ROOT ..
+    "/oov-4/manifest.json)"},
+  {"a tokenizer given", {["train_000.bin"] = {IDS}, ["val_000.bin"] = {{3, 300}}},
+    {tokenizer = data.ByteTokenizer}, nil,
+    "val_000.bin: token 1 is 300, outside the vocabulary of 256 ids (0..255, the tokenizer bytes)"},
+}
+
+T.case("token ids: each shard is checked against the vocabulary when opened; the error names file, token, id", function()
+  for i, c in ipairs(OUT_OF_VOCAB) do
+    local d = shard_dir("oov-" .. i, c[2], c[4])
+    local want = "data " .. d .. "/" .. c[5]
+    local ok, err = pcall(data.shards, d, c[3])
+    T.eq(ok, false, c[1] .. ": opens")
+    T.ok(tostring(err):sub(1, #want) == want, c[1] .. ":\n  expected " .. want .. "\n  got      " .. tostring(err))
+  end
+  -- the largest id in the vocabulary is fine, and the table form of data.shards is checked too
+  local d = shard_dir("oov-edge", {["train_000.bin"] = {with_id(IDS, 43, 150)}, ["val_000.bin"] = {{150}}})
+  T.eq(#data.shards(d, {vocab_size = 151}).train, 1)
+  T.eq(data.shards(d, {vocab_size = 151}).train[1].max_id, 150)
+  T.raises(function()
+    data.shards({train = {d .. "/train_000.bin"}, val = {d .. "/val_000.bin"}}, {vocab_size = 100})
+  end, "data " .. d .. "/train_000.bin: token 42 is 150, outside the vocabulary of 100 ids")
+end)
+
+T.case("token ids: the scan is cached beside the shards; a rewritten file is scanned again", function()
+  local cjson = require "cjson"
+  local d = shard_dir("scan", {["train_000.bin"] = {IDS}, ["train_001.bin"] = {range(5, 54)},
+    ["val_000.bin"] = {{7, 9, 8}}})
+  local st = data.scan_stats
+  local function counts() return {st.scanned, st.cached} end
+  local base = counts()
+  local function since() return {st.scanned - base[1], st.cached - base[2]} end
+  local ds = data.shards(d, {vocab_size = 100})
+  T.eq(since(), {3, 0}, "first open: each file scanned once")
+  T.eq({ds.train[1].min_id, ds.train[1].max_id, ds.train[2].min_id, ds.train[2].max_id, ds.val[1].min_id,
+    ds.val[1].max_id}, {0, 99, 5, 54, 7, 9})
+  local cache = cjson.decode(assert(T.read_file(d .. "/nvlua_token_ranges.json")))
+  T.eq({cache.format, cache.version}, {"nvlua-token-ranges", 1})
+  T.eq(cache.files["train_001.bin"].ranges, {["24+50x2u"] = {"5", "54"}}, "offset 24 (the header), 50 u16 ids")
+  base = counts()
+  ds = data.shards(d, {vocab_size = 100})
+  T.eq(since(), {0, 3}, "a reopen reads the cache, not the files")
+  T.eq({ds.train[2].min_id, ds.train[2].max_id}, {5, 54})
+  -- the same size, rewritten at once (within the same second): its stamp differs, it is scanned again
+  data.write_shard(d .. "/train_001.bin", with_id(range(5, 54), 50, 100), 2)
+  base = counts()
+  T.raises(function() data.shards(d, {vocab_size = 100}) end,
+    "data " .. d .. "/train_001.bin: token 49 is 100, outside the vocabulary of 100 ids")
+  T.eq(since(), {1, 2}, "only the rewritten file")
+  data.write_shard(d .. "/train_001.bin", range(5, 54), 2)
+  -- a damaged cache is ignored and written again
+  T.write_file(d .. "/nvlua_token_ranges.json", "{garbage")
+  base = counts()
+  T.eq(data.shards(d, {vocab_size = 100}).train[2].max_id, 54)
+  T.eq(since(), {3, 0})
+  T.eq(cjson.decode(assert(T.read_file(d .. "/nvlua_token_ranges.json"))).files["val_000.bin"].ranges,
+    {["24+3x2u"] = {"7", "9"}})
+  -- a directory where the cache cannot be written (here: its name taken by a directory): the user cache
+  local ro = shard_dir("scan-ro", {["train_000.bin"] = {IDS}, ["val_000.bin"] = {{1}}})
+  assert(lfs.mkdir(ro .. "/nvlua_token_ranges.json"))
+  base = counts()
+  data.shards(ro, {vocab_size = 100, cache = ROOT .. "/usercache"})
+  data.shards(ro, {vocab_size = 100, cache = ROOT .. "/usercache"})
+  T.eq(since(), {2, 2}, "scanned once, then read from <cache>/token_ranges/")
+  local names = {}
+  for n in lfs.dir(ROOT .. "/usercache/token_ranges") do if n:match("%.json$") then names[#names + 1] = n end end
+  T.eq(#names, 1)
 end)
 
 -- ---- text corpora ------------------------------------------------------------------------------

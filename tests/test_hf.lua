@@ -9,7 +9,9 @@
 --     logits by far more than the tolerance;
 --   * save_pretrained: transformers' shard layout byte for byte, sizes, stale files, the hook;
 --   * strict and non-strict loading, ignored buffers, tied models and a stored lm_head, F16
---     decoding (all 65536 values), dtype = "bf16", pytorch_model.bin, bad arguments, config keys.
+--     decoding (all 65536 values), dtype = "bf16", pytorch_model.bin, bad arguments, config keys;
+--   * non-finite values are refused by name: NaN or Inf in a weight (F32, BF16, in one shard of six,
+--     a tied model's stored head) and a NaN or infinite rms_norm_eps, rope_theta, initializer_range.
 --
 -- Tolerance. transformers' own float32 logits differ from its float64 ones by at most S relative
 -- to max |logit| (S = the largest spread over the cases, measured from the data here: 4.2e-7
@@ -429,6 +431,80 @@ T.case("weights: dtype = \"bf16\" rounds every weight as transformers' bfloat16 
   end
   T.eq(n, 20)
   T.ok(f["model.norm.weight"]:bytes() ~= a["model.norm.weight"]:bytes(), "f32 is not rounded")
+end)
+
+-- {name, a directory made here, the expected message after "from_pretrained: <dir>: "}: each loaded
+-- silently before issue 28 (resume= refused the same values in a checkpoint)
+local function with_config_text(case, edit, name) -- config.json with JSON's NaN / Infinity spliced in
+  local c = case_config(case)
+  edit(c)
+  local text = cjson.encode(c):gsub('"@(.-)@"', "%1")
+  return with_config(case, text, name)
+end
+local function set_shard(case, file, name, edit, dir_name) -- a copy of case with one tensor of one file edited
+  local d = with_config(case, assert(T.read_file(DATA .. "/" .. case .. "/config.json")), dir_name)
+  local ts = assert(st.load(d .. "/" .. file, {f16 = "f32"}))
+  ts[name] = edit(ts[name])
+  assert(st.save(d .. "/" .. file, ts, {format = "pt"}))
+  return d
+end
+local function poke(i, j, v) return function(t) t:set(i, j, v); return t end end
+local NONFINITE = {
+  {"NaN in a norm weight", function()
+    return with_tensors("llama2", function(ts) ts["model.norm.weight"]:set(3, 0 / 0) end, "nan_norm")
+  end, "model.safetensors: tensor model.norm.weight holds NaN values"},
+  {"+Inf in an MLP weight", function()
+    return set_shard("llama2", "model.safetensors", "model.layers.1.mlp.down_proj.weight", poke(2, 5, math.huge),
+      "inf_mlp")
+  end, "model.safetensors: tensor model.layers.1.mlp.down_proj.weight holds infinite values"},
+  {"-Inf in a BF16 weight", function()
+    return set_shard("llama32_bf16", "model.safetensors", "model.layers.0.self_attn.k_proj.weight",
+      function(t) t:set(1, 1, -math.huge); return t end, "inf_bf16")
+  end, "model.safetensors: tensor model.layers.0.self_attn.k_proj.weight holds infinite values"},
+  {"NaN in one shard of six", function()
+    local idx = read_json(DATA .. "/llama31/model.safetensors.index.json")
+    local file = idx.weight_map["model.layers.1.self_attn.o_proj.weight"]
+    return set_shard("llama31", file, "model.layers.1.self_attn.o_proj.weight", poke(4, 4, 0 / 0), "nan_shard"), file
+  end, "%s: tensor model.layers.1.self_attn.o_proj.weight holds NaN values"},
+  {"NaN in a tied model's stored lm_head", function()
+    return with_tensors("llama32", function(ts)
+      local h = ts["model.embed_tokens.weight"]:clone()
+      h:set(7, 2, 0 / 0)
+      ts["lm_head.weight"] = h
+    end, "nan_tied")
+  end, "model.safetensors: tensor lm_head.weight holds NaN values"},
+  {"rms_norm_eps NaN", function()
+    return with_config_text("llama2", function(c) c.rms_norm_eps = "@NaN@" end, "eps_nan")
+  end, "config.json: llama_config: rms_norm_eps must be a finite number > 0, got "},
+  {"rms_norm_eps 1e999", function()
+    return with_config_text("llama2", function(c) c.rms_norm_eps = "@1e999@" end, "eps_inf")
+  end, "config.json: llama_config: rms_norm_eps must be a finite number > 0, got inf"},
+  {"rope_theta Infinity (both forms)", function()
+    return with_config_text("llama2", function(c)
+      c.rope_theta = "@Infinity@"; c.rope_parameters.rope_theta = "@Infinity@"
+    end, "theta_inf")
+  end, "config.json: llama_config: rope_theta must be a finite number > 0, got inf"},
+  {"rope_theta NaN (rope_parameters)", function()
+    return with_config_text("llama31", function(c) c.rope_parameters.rope_theta = "@NaN@" end, "theta_nan")
+  end, "config.json: llama_config: rope_theta must be a finite number > 0, got "},
+  {"initializer_range NaN", function()
+    return with_config_text("llama2", function(c) c.initializer_range = "@NaN@" end, "init_nan")
+  end, "config.json: llama_config: initializer_range must be a finite number > 0, got "},
+}
+
+T.case("non-finite weights and config numbers (NaN, Inf) are refused, naming the tensor or key", function()
+  for _, c in ipairs(NONFINITE) do
+    local dir, file = c[2]()
+    local want = "from_pretrained: " .. dir .. ": " .. c[3]:format(file)
+    local ok, err = pcall(hf.from_pretrained, dir)
+    T.eq(ok, false, c[1] .. ": loads")
+    T.ok(tostring(err):sub(1, #want) == want, c[1] .. ":\n  expected " .. want .. "\n  got      " .. tostring(err))
+  end
+  -- the same directories with the values made finite again load (the check is of the values alone)
+  local d = with_config_text("llama2", function(c) c.rms_norm_eps = "@1e-05@" end, "eps_ok")
+  check_logits(hf.from_pretrained(d), "llama2", "rms_norm_eps spliced back")
+  d = set_shard("llama2", "model.safetensors", "model.layers.1.mlp.down_proj.weight", function(t) return t end, "same")
+  check_logits(hf.from_pretrained(d), "llama2", "rewritten unchanged")
 end)
 
 -- ---- F16 --------------------------------------------------------------------------------------------

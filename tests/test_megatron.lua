@@ -13,6 +13,9 @@
 --     that are no token type and unknown ones), counts that do not fit the file (wrapping ones
 --     too), a multimodal index, document indices that do not rise from 0 to S, negative lengths,
 --     pointers that are not contiguous, a .bin of another size; too few documents to split.
+--   * token ids outside the vocabulary (= vocab, in the validation split only, negative int32, int64
+--     past 2^40, past a tokenizer's vocabulary) are refused when the pair is opened, naming the
+--     .bin, the token's index in it and the id; train refuses vocab= below the largest id.
 --   * training: data=megatron:<prefix> with tokenizer= runs, evaluates and exports the tokenizer.
 -- tests/test_fuzz.lua mutates such pairs.
 local T = require "nvlua.test"
@@ -172,6 +175,48 @@ T.case("malformed pairs: every field's error names the file and the problem", fu
   T.raises(function() data.open_megatron(prefix) end, "megatron: cannot open " .. prefix .. ".bin")
   T.raises(function() config.parse(train.schema, {"data=megatron:" .. prefix}) end,
     "megatron:" .. prefix .. ": no file " .. prefix .. ".bin (a Megatron-LM indexed dataset is <prefix>.bin and")
+end)
+
+-- ---- token ids against the vocabulary -----------------------------------------------------------
+
+-- {name, dtype code, documents, options, the message after "data <prefix>.bin: "}; tokens are
+-- counted from the start of the .bin
+local OUT_OF_VOCAB = {
+  {"uint16, id = vocab in the training split", 8, docs_for(9), {vocab_size = 9, val_fraction = 0.4},
+    "token 3 is 9, outside the vocabulary of 9 ids (0..8, vocab_size 9 given); its ids run from 0 to 9"},
+  {"uint16, only in the validation split (its tokens counted from the file's start)", 8,
+    {{{1, 2}}, {{3}}, {{4, 10}}}, {vocab_size = 10, val_fraction = 0.5},
+    "token 4 is 10, outside the vocabulary of 10 ids (0..9, vocab_size 10 given); its ids run from 3 to 10"},
+  {"int32, a negative id", 4, {{{1, -1}}, {{2}}, {{3}}}, {vocab_size = 512},
+    "token 1 is -1, outside the vocabulary of 512 ids (0..511, vocab_size 512 given); its ids run from -1 to 2"},
+  {"int64, an id past 2^40", 5, {{{1, 2}}, {{(1 << 40) + 3, 0}}, {{3}}}, {vocab_size = 128256},
+    "token 2 is 1099511627779, outside the vocabulary of 128256 ids"},
+  {"past the tokenizer's vocabulary", 8, {{{1, 600}}, {{3}}, {{4}}}, {tokenizer = KJV},
+    "token 1 is 600, outside the vocabulary of 512 ids (0..511, the tokenizer " .. KJV .. "/tokenizer.json)"},
+}
+
+T.case("token ids outside the vocabulary are found when the pair is opened, in either split", function()
+  for _, c in ipairs(OUT_OF_VOCAB) do
+    local prefix = write_pair(pair_bytes(c[2], c[3]))
+    local want = "data " .. prefix .. ".bin: " .. c[5]
+    local ok, err = pcall(data.megatron, prefix, c[4])
+    T.eq(ok, false, c[1] .. ": opens")
+    T.ok(tostring(err):sub(1, #want) == want, c[1] .. ":\n  expected " .. want .. "\n  got      " .. tostring(err))
+  end
+  -- uint8 ids up to 255 fit a vocabulary of 256 (the check is not the file's dtype range)
+  local prefix = write_pair(pair_bytes(1, {{{200, 255}}, {{3}}, {{4}}}))
+  T.eq(data.megatron(prefix, {vocab_size = 256}).megatron.train.max_id, 255)
+  -- the committed pair: every id of Genesis is below the KJV tokenizer's 512; a reopen reads the cache
+  local before = data.scan_stats.scanned
+  local ds = data.megatron(GENESIS, {tokenizer = KJV})
+  T.ok(ds.train[1].max_id < 512 and ds.val[1].max_id < 512, "Genesis fits its tokenizer")
+  data.megatron(GENESIS, {tokenizer = KJV})
+  T.ok(data.scan_stats.scanned - before <= 2, "at most the two splits scanned, once")
+  -- training with vocab= and no tokenizer: refused before the model is built
+  prefix = write_pair(pair_bytes(8, {{{1, 2, 3, 40}}, {{5, 6}}, {{7, 8}}}))
+  local c = config.parse(train.defaults, {"data=megatron:" .. prefix, "vocab=32", "out=" .. ROOT .. "/oov"})
+  T.raises(function() train.build(c) end, "data " .. prefix .. ".bin: token 3 is 40, outside the vocabulary of 32 ids " ..
+    "(0..31, vocab=32)")
 end)
 
 -- ---- training ----------------------------------------------------------------------------------

@@ -17,7 +17,8 @@
 --     special_tokens_map.json, generation_config.json, config.json's bos/eos ids and max_positions;
 --     trainer.json records them; the sample starts at the manifest's prompt ids and is their decoding;
 --     a run on a text file exports the byte tokenizer (bos/eos null, no generation_config.json).
---   * scripts/make_shards.lua's byte shards carry a manifest: data=shards: needs no vocab=.
+--   * scripts/make_shards.lua's byte shards carry a manifest: data=shards: needs no vocab=; a vocab= below
+--     the largest id of shards without one is refused, naming the first token past it.
 -- scripts/check_hf_e2e.py loads such exports with transformers (CI runs it when it can install it).
 -- tests/data/kjv_bpe/ and tests/data/megatron/ are made (byte for byte again) by
 --   python3 scripts/train_tokenizer.py tests/data/kjv_bpe --vocab 512
@@ -267,6 +268,14 @@ T.case("shards without a manifest: vocab= or tokenizer= is needed; tokenizer= gi
   T.eq(lfs.attributes(s2.checkpoint .. "/model/tokenizer.json"), nil, "no tokenizer known: none exported")
   T.raises(function() run("plain3", {"data=shards:" .. KJV, "vocab=500"}) end,
     "config: vocab=500 is smaller than the data's vocabulary (512 tokens)")
+  -- vocab= below the largest id of shards without a manifest: refused before the model is built,
+  -- naming the first token past it (found here by reading the shard's ids in Lua)
+  local shard = data.open_shard(d .. "/train_000.bin")
+  local ids, first = data.read_tokens(shard, 0, shard.count):totable(), nil
+  for i, v in ipairs(ids) do if v >= 300 then first = {i - 1, v}; break end end
+  T.ok(first, "the KJV shard has ids >= 300")
+  T.raises(function() run("plain4", {"data=shards:" .. d, "vocab=300"}) end, string.format("data %s/train_000.bin: " ..
+    "token %d is %d, outside the vocabulary of 300 ids (0..299, vocab=300)", d, first[1], first[2]))
 end)
 
 T.case("scripts/make_shards.lua: byte shards with a manifest; data=shards: takes vocab 256 from it", function()

@@ -1,8 +1,9 @@
 /* sys.c: the few operating-system calls the Lua library needs and Lua lacks — fsync of a file
  * and of a directory (atomic checkpoint writes), a background writer thread that runs a list of
  * file operations in order (checkpoints that do not block training), a monotonic clock, whether
- * stdout is a terminal, the process's peak resident memory — and token decoding from raw bytes
- * (u16/u32 little-endian shard files) into i64 tensors. */
+ * stdout is a terminal, the process's peak resident memory, a file's identity stamp (caches keyed
+ * by it) — and token decoding from raw bytes (u16/u32 little-endian shard files) into i64 tensors,
+ * and the scans of token files (core/tokens.h). */
 #define _GNU_SOURCE /* O_DIRECT; nftw */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +27,7 @@
 #include <emmintrin.h>
 #endif
 #include "bind.h"
+#include "tokens.h"
 
 /* core.fsync(path [, is_dir]) -> true | nil, msg: flush a file's (or directory's) data to disk */
 static int l_fsync(lua_State *L) {
@@ -88,6 +90,67 @@ static int l_tokens_from_bytes(lua_State *L) {
     p[i] = v;
   }
   return 1;
+}
+
+/* core.file_stamp(path) -> "dev:ino:size:mtime_ns:ctime_ns" | nil, msg: what changes when the file
+ * is rewritten, replaced or touched (nanosecond times: a rewrite within the same second counts) */
+static int l_file_stamp(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  struct stat sb;
+  if (stat(path, &sb) != 0) {
+    luaL_pushfail(L);
+    lua_pushfstring(L, "%s: %s", path, strerror(errno));
+    return 2;
+  }
+  char s[160];
+  snprintf(s, sizeof s, "%llu:%llu:%lld:%lld.%09ld:%lld.%09ld", (unsigned long long)sb.st_dev,
+           (unsigned long long)sb.st_ino, (long long)sb.st_size, (long long)sb.st_mtim.tv_sec, (long)sb.st_mtim.tv_nsec,
+           (long long)sb.st_ctim.tv_sec, (long)sb.st_ctim.tv_nsec);
+  lua_pushstring(L, s);
+  return 1;
+}
+
+/* the arguments path, offset, width, signed, count of the token scans */
+static void token_args(lua_State *L, const char **path, int64_t *offset, int *width, int *is_signed, int64_t *count) {
+  *path = luaL_checkstring(L, 1);
+  lua_Integer off = luaL_checkinteger(L, 2), w = luaL_checkinteger(L, 3), n = luaL_checkinteger(L, 5);
+  luaL_argcheck(L, off >= 0, 2, "offset must be >= 0");
+  *is_signed = lua_toboolean(L, 4);
+  luaL_argcheck(L, w == 1 || w == 2 || w == 4 || (w == 8 && *is_signed), 3,
+                "width must be 1, 2 or 4 bytes, or 8 (signed)");
+  luaL_argcheck(L, n >= 0, 5, "count must be >= 0");
+  *offset = off, *width = (int)w, *count = n;
+}
+
+/* core.token_range(path, offset, width, signed, count) -> min, max: the smallest and largest of
+ * count little-endian ids from byte offset on (core/tokens.h: one read of the range); 0, 0 for none */
+static int l_token_range(lua_State *L) {
+  const char *path;
+  int64_t offset, count, lo, hi;
+  int width, is_signed;
+  token_args(L, &path, &offset, &width, &is_signed, &count);
+  CHECK(L, nvl_token_range(path, offset, width, is_signed, count, &lo, &hi));
+  lua_pushinteger(L, (lua_Integer)lo);
+  lua_pushinteger(L, (lua_Integer)hi);
+  return 2;
+}
+
+/* core.token_find_outside(path, offset, width, signed, count, lo, hi) -> index (0-based), id of the
+ * first id outside [lo, hi]; nil when there is none */
+static int l_token_find_outside(lua_State *L) {
+  const char *path;
+  int64_t offset, count, index, value;
+  int width, is_signed;
+  token_args(L, &path, &offset, &width, &is_signed, &count);
+  lua_Integer lo = luaL_checkinteger(L, 6), hi = luaL_checkinteger(L, 7);
+  CHECK(L, nvl_token_find_outside(path, offset, width, is_signed, count, lo, hi, &index, &value));
+  if (index < 0) {
+    luaL_pushfail(L);
+    return 1;
+  }
+  lua_pushinteger(L, (lua_Integer)index);
+  lua_pushinteger(L, (lua_Integer)value);
+  return 2;
 }
 
 /* ---- the background writer ----------------------------------------------------------------------
@@ -697,7 +760,9 @@ static const luaL_Reg sys_funcs[] = {{"fsync", l_fsync}, {"isatty", l_isatty}, {
                                      {"tokens_from_bytes", l_tokens_from_bytes}, {"bg_submit", l_bg_submit},
                                      {"bg_wait", l_bg_wait}, {"bg_busy", l_bg_busy},
                                      {"bg_snapshot_wait", l_bg_snapshot_wait}, {"bg_release", l_bg_release},
-                                     {"bg_reserve", l_bg_reserve}, {"write_tensor", l_write_tensor}, {NULL, NULL}};
+                                     {"bg_reserve", l_bg_reserve}, {"write_tensor", l_write_tensor},
+                                     {"file_stamp", l_file_stamp}, {"token_range", l_token_range},
+                                     {"token_find_outside", l_token_find_outside}, {NULL, NULL}};
 
 void nvl_lua_open_sys(lua_State *L) {
   luaL_setfuncs(L, sys_funcs, 0);

@@ -25,6 +25,9 @@
 --           directory without trainer.json, are removed; a step-N.old with no step-N (a crash
 --           between the two renames) is renamed back to step-N; a step-N.old beside step-N is removed.
 -- list()/latest() see the same effective checkpoints without changing anything.
+--   set aside (resume=auto, train.lua) a damaged checkpoint (ckpt.verify) is renamed to step-N.corrupt
+--           (.corrupt-2, ... when taken): no longer a checkpoint to list, prune or replace, kept for
+--           a person to inspect (overwrite=true's remove_all removes it with the rest).
 --
 -- Background saves (save{background = true}) run the same protocol in the same order: the caller
 -- settles what a crash left (recover), creates step-N.partial and lists every step — each file's
@@ -36,10 +39,12 @@
 -- Bookkeeping in trainer.json: seq, the order in which the run's checkpoints were written (pruning
 -- and latest() go by it, not by step number: a run resumed from an older checkpoint writes newer
 -- ones with smaller step numbers); bad_steps_in_row and skipped_steps, the trainer's counters of
--- steps skipped for a non-finite loss or gradient (a checkpoint written during such a streak is
+-- steps skipped for a non-finite loss, gradient, weight or activation (a checkpoint written during such a streak is
 -- "unhealthy": pruning always keeps the newest healthy one, and load refuses a checkpoint whose
 -- streak already exceeds max_bad_steps); files, the byte size of every other file, by its path in
--- the checkpoint ("model/config.json", "trainer.safetensors").
+-- the checkpoint ("model/config.json", "trainer.safetensors"); max_batches_per_step (train.lua: the
+-- largest grad_accum the run has used since it started, absent when that is unknown), which bounds
+-- the data cursor: at step S it lies in [S, S * max_batches_per_step].
 --
 -- Fault injection for the crash tests: NVLUA_FAULT=<point>[:<nth>] kills the process with SIGKILL
 -- the nth time (default 1) it reaches that point of the protocol (ckpt.FAULT_POINTS).
@@ -275,11 +280,23 @@ local function nonneg_int(v)
   return i and i >= 0 and i or nil
 end
 
--- The bookkeeping of a complete checkpoint directory: {seq, healthy}. An unreadable trainer.json
--- sorts as the newest (seq = huge), so that resuming reports it instead of passing over it.
+-- the step a checkpoint directory's name gives (step-N, step-N.old, step-N.partial), or nil
+local function step_of_name(dir)
+  local n = dir:match("([^/]+)/*$") or ""
+  local s = n:match("^step%-(%d+)$") or n:match("^step%-(%d+)%.old$") or n:match("^step%-(%d+)%.partial$")
+  return s and math.tointeger(tonumber(s))
+end
+
+-- The bookkeeping of a complete checkpoint directory: {seq, healthy}. A trainer.json that cannot be
+-- this directory's (unreadable, not an object, no step or another step than the name's, written with
+-- the bookkeeping but without seq) sorts as the newest (seq = huge), so that resuming looks at it
+-- first and reports it instead of passing over it to an older one.
 local function read_info(dir)
   local ok, t = pcall(read_json, dir .. "/" .. MARKER)
-  if not ok or type(t) ~= "table" then return {seq = math.huge, healthy = false} end
+  local bad_marker = {seq = math.huge, healthy = false}
+  if not ok or type(t) ~= "table" then return bad_marker end
+  local step, named = nonneg_int(t.step), step_of_name(dir)
+  if step == nil or (named and step ~= named) or (t.seq == nil and t.files ~= nil) then return bad_marker end
   local seq = t.seq == nil and 0 or nonneg_int(t.seq) or math.huge
   local bad = t.bad_steps_in_row == nil and 0 or nonneg_int(t.bad_steps_in_row)
   return {seq = seq, healthy = bad == 0}
@@ -353,7 +370,7 @@ local function write_checkpoint(dir, o, seq)
   for name, size in pairs(model_files) do files[MODEL .. "/" .. name] = size end
   sync_dir(mdir)
   local trainer = {step = o.step, config = o.config, metrics = o.metrics, seq = seq, files = files,
-    bad_steps_in_row = o.bad_in_row or 0, skipped_steps = o.skipped or 0}
+    bad_steps_in_row = o.bad_in_row or 0, skipped_steps = o.skipped or 0, max_batches_per_step = o.max_batches_per_step}
   if o.optimizer then
     local s = o.optimizer:state()
     local tensors = {}
@@ -442,8 +459,8 @@ end
 local function collect_write(path, pieces) bgops[#bgops + 1] = {"write", path, pieces} end
 
 --- ckpt.save(run_dir, {model=, optimizer=, recipe=, loader=, step=, config=, metrics=, keep=3 (0: all),
--- protect=<dir never pruned>, bad_in_row=0, skipped=0, tokenizer=, background=false, defer_copy=false}) -> the
--- checkpoint directory. tokenizer (data.ByteTokenizer or a tokenizer.load one): its files go into
+-- protect=<dir never pruned>, bad_in_row=0, skipped=0, tokenizer=, max_batches_per_step=, background=false,
+-- defer_copy=false}) -> the checkpoint directory. tokenizer (data.ByteTokenizer or a tokenizer.load one): its files go into
 -- model/ (nvlua.tokenizer). Replaces an existing checkpoint of the same step. Raises on an I/O failure.
 -- background: the calling thread settles what a crash left (recover), creates step-N.partial and
 -- lists the protocol's steps — each file's contents (headers, JSON, the tensors), the syncs, the
@@ -477,6 +494,10 @@ function ckpt._save(run_dir, o, recovered)
   end
   if o.keep ~= nil and math.type(o.keep) ~= "integer" then
     error("checkpoint.save: keep must be an integer (0: keep all), got " .. tostring(o.keep), 2)
+  end
+  if o.max_batches_per_step ~= nil and (math.type(o.max_batches_per_step) ~= "integer" or o.max_batches_per_step < 1)
+  then
+    error("checkpoint.save: max_batches_per_step must be an integer >= 1, got " .. tostring(o.max_batches_per_step), 2)
   end
   local root = run_dir .. "/checkpoints"
   data.mkdir_p(root)
@@ -526,6 +547,19 @@ function ckpt.latest_healthy(run_dir)
   local all = entries(run_dir)
   for i = #all, 1, -1 do if all[i].healthy then return all[i].dir end end
   return nil
+end
+
+--- ckpt.set_aside(dir) -> the new path: a damaged checkpoint renamed to <dir>.corrupt (or .corrupt-2,
+-- ...; synced), which no listing, pruning or save counts as a checkpoint; kept for inspection.
+function ckpt.set_aside(dir)
+  local to, k = dir .. ".corrupt", 1
+  while lfs.attributes(to) do
+    k = k + 1
+    to = dir .. ".corrupt-" .. k
+  end
+  rename(dir, to)
+  sync_dir(dir:match("^(.*)/[^/]+$") or ".")
+  return to
 end
 
 --- ckpt.read_config(dir), ckpt.from_pretrained(dir [, {recipe =}]): nvlua.hf's, for a checkpoint
@@ -626,7 +660,12 @@ end
 local function read_trainer(dir, o)
   local t = read_object(dir, MARKER)
   t.step = field(dir, t, "step", "step", nonneg_int, NONNEG)
-  t.seq = field(dir, t, "seq", "seq", nonneg_int, NONNEG, true)
+  local named = step_of_name(dir)
+  if named and named ~= t.step then
+    fail(dir, MARKER, "field step is %d, but the directory's name says step %d: trainer.json belongs to another " ..
+      "checkpoint or was edited", t.step, named)
+  end
+  t.seq = field(dir, t, "seq", "seq", nonneg_int, NONNEG, t.files == nil) -- optional before the bookkeeping
   t.bad_steps_in_row = field(dir, t, "bad_steps_in_row", "bad_steps_in_row", nonneg_int, NONNEG, true) or 0
   t.skipped_steps = field(dir, t, "skipped_steps", "skipped_steps", nonneg_int, NONNEG, true) or 0
   local files = field(dir, t, "files", "files", a_table, "an object {name = size}", true) or {}
@@ -637,10 +676,24 @@ local function read_trainer(dir, o)
   if o.optimizer then
     t.optimizer_step = field(dir, t, "optimizer_step", "optimizer_step", nonneg_int, NONNEG)
   end
+  t.max_batches_per_step = field(dir, t, "max_batches_per_step", "max_batches_per_step", function(v)
+    local i = nonneg_int(v)
+    return i and i >= 1 and i or nil
+  end, "an integer >= 1", true)
   local l = field(dir, t, "loader", "loader", a_table, "an object {cursor, seed}", true)
   if l then
     l.cursor = field(dir, l, "loader.cursor", "cursor", nonneg_int, NONNEG)
     l.seed = field(dir, l, "loader.seed", "seed", any_int, INT)
+    -- a training run draws at least one batch per step, and at most the largest grad_accum it used
+    local m = t.max_batches_per_step
+    local ga = type(t.config) == "table" and t.config.grad_accum
+    local by_train = m or (type(ga) == "number" and math.tointeger(ga) ~= nil) -- a train.lua run wrote it
+    local most = m and (t.step > math.maxinteger // m and math.maxinteger or t.step * m)
+    if by_train and (l.cursor < t.step or (most and l.cursor > most)) then
+      fail(dir, MARKER, "field loader.cursor is %d, impossible at step %d: every step draws %s, so the data " ..
+        "cursor lies in [%d, %s]", l.cursor, t.step, m and string.format("1 to %d batches (grad_accum)", m) or
+        "at least one batch", t.step, most and string.format("%d", most) or "...")
+    end
   end
   local g = field(dir, t, "default_generator", "default_generator", a_table, "an object {seed, offset}", true)
   if g then
@@ -756,6 +809,35 @@ local function optimizer_state(dir, tr, ts)
     else fail(dir, "trainer.safetensors", "unexpected tensor %q (expected m.<name> and v.<name>)", k) end
   end
   return {step = tr.optimizer_step, m = m, v = v}
+end
+
+--- ckpt.verify(dir [, {optimizer = true}]) -> nil when dir is an intact checkpoint, else the problem
+-- ("checkpoint <dir>/<file>: ..."): what load checks of the files themselves (trainer.json and its
+-- fields, the step against the directory's name, the data cursor against the step, every file present
+-- with the size recorded, the safetensors headers readable), without a model to compare with. A
+-- checkpoint that passes can still be refused by load for another model, recipe or data seed, or as
+-- diverged: those are not damage.
+function ckpt.verify(dir, o)
+  o = o or {}
+  local ok, err = pcall(function()
+    local tr = read_trainer(dir, o)
+    check_files(dir, tr, o)
+    read_object(dir, model_prefix(dir, tr) .. "config.json")
+    local names = {model_prefix(dir, tr) .. "model.safetensors"}
+    if o.optimizer then names[2] = "trainer.safetensors" end
+    for _, name in ipairs(names) do
+      local hok, h, herr = pcall(st.read_header, dir .. "/" .. name)
+      if not hok then h, herr = nil, h end
+      if not h then
+        local msg = tostring(herr)
+        local pre = "safetensors: " .. dir .. "/" .. name .. ": "
+        if msg:sub(1, #pre) == pre then msg = msg:sub(#pre + 1) end
+        fail(dir, name, "unreadable: %s", msg)
+      end
+    end
+  end)
+  if ok then return nil end
+  return tostring(err)
 end
 
 --- ckpt.load(dir, {model=, optimizer=, recipe=, loader=, max_bad_steps=}) -> trainer table (step,

@@ -18,6 +18,8 @@
 --                Known non-parameter buffers (rotary_emb.inv_freq, masked_bias) are ignored.
 --                A tied model (tie_word_embeddings) that also stores lm_head.weight loads when it
 --                equals model.embed_tokens.weight bit for bit after conversion, else it is refused.
+--                A weight holding NaN or an infinity is refused, naming it (resume= refuses them too);
+--                so are a non-finite rms_norm_eps or rope_theta in config.json (nn.llama_config).
 --                pytorch_model.bin is not read (it is a pickle): the error says how to convert it.
 -- Writing follows transformers 5's save_pretrained: config.json with rope_parameters and, for
 -- transformers 4.x, the same RoPE as rope_theta/rope_scaling; the weights (f32) in one
@@ -28,6 +30,7 @@
 -- a fresh one). Not written: generation_config.json (transformers derives it from config.json).
 local lfs = require "lfs"
 local cjson = require "cjson"
+local core = require "nvlua.core"
 local st = require "nvlua.safetensors"
 local nn = require "nvlua.nn"
 local util = require "nvlua.util"
@@ -342,12 +345,34 @@ local function f32_bytes(t)
   return b
 end
 
--- Copy the planned tensors of every file into the model, one file at a time.
+-- Refuse a weight holding NaN or an infinity (a diverged or damaged model, which would train or
+-- evaluate as garbage without a word): one reduction per tensor (core.sumsq, summed in double: no
+-- finite f32 or bf16 value overflows it), a pass over the weights as they are loaded.
+local function check_finite(dir, file, name, t)
+  local ss = core.sumsq(t)
+  if ss ~= ss or ss == math.huge then
+    return string.format("from_pretrained: %s: %s: tensor %s holds %s values; the weights are damaged or come " ..
+      "from a diverged run", dir, file, name, ss ~= ss and "NaN" or "infinite")
+  end
+end
+
+-- Copy the planned tensors of every file into the model, one file at a time; every tensor loaded
+-- is checked to be finite first (nothing is copied from a file that holds a non-finite one).
 local function load_files(dir, model, files, p, dtype)
   local head_bytes
   for _, file in ipairs(files) do
     local ts, err = st.load(dir .. "/" .. file, {f16 = "f32"})
     if not ts then fail(dir, "%s", tostring(err)) end
+    local names = {}
+    for name in pairs(ts) do if p.load[name] or name == p.tied_head then names[#names + 1] = name end end
+    table.sort(names)
+    for _, name in ipairs(names) do
+      local bad = check_finite(dir, file, name, ts[name])
+      if bad then
+        for _, t in pairs(ts) do t:free() end
+        error(bad, 0)
+      end
+    end
     local sub = {}
     for name, t in pairs(ts) do
       if p.load[name] then

@@ -768,8 +768,10 @@ function nn.llama_config(cfg)
     resolve_rope(c)
   end)
   if not ok then error(err, 2) end
-  for _, k in ipairs({"rope_theta", "rms_norm_eps", "initializer_range"}) do
-    if type(c[k]) ~= "number" or c[k] <= 0 then error("llama_config: " .. k .. " must be a positive number", 2) end
+  for _, k in ipairs({"rope_theta", "rms_norm_eps", "initializer_range"}) do -- NaN and inf too (JSON's NaN, 1e999)
+    if type(c[k]) ~= "number" or not (c[k] > 0 and c[k] < math.huge) then
+      error(string.format("llama_config: %s must be a finite number > 0, got %s", k, tostring(c[k])), 2)
+    end
   end
   if type(c.tie_word_embeddings) ~= "boolean" then error("llama_config: tie_word_embeddings must be a boolean", 2) end
   c._checked = true

@@ -39,7 +39,7 @@ local util = require "nvlua.util"
 local ckpt = require "nvlua.checkpoint"
 local plot = require "nvlua.plot"
 local mor = require "nvlua.mor"
-local lfs = require "lfs"
+local plan = require "nvlua.plan"
 
 local train = {}
 
@@ -201,6 +201,9 @@ train.schema = config.schema({
   shadow_overlap = bool(true), shadow_moments = bool(false),
   -- where the model, its gradients and the optimizer state live: cpu | cuda
   device = str("cpu", {check = check_device}),
+  -- refuse, before anything is built, a run whose memory plan (nvlua.plan) exceeds the machine's
+  -- memory (train.check_memory); false builds it anyway (the plan is an estimate)
+  check_memory = bool(true),
 }, {relations})
 
 --- The defaults of train.schema's keys (a plain table).
@@ -218,7 +221,7 @@ function train.dataset(c)
   local shards, prefix = c.data:match("^shards:(.*)$"), c.data:match("^megatron:(.*)$")
   if shards or prefix then
     -- the vocabulary: the manifest's or the tokenizer's (vocab= may only be larger: check_data_fits)
-    local o = {tokenizer = c.tokenizer ~= "" and c.tokenizer or nil}
+    local o = {tokenizer = c.tokenizer ~= "" and c.tokenizer or nil, cache = cache}
     local ds = shards and data.shards(shards, o) or data.megatron(prefix, o)
     if not ds.vocab_size and c.vocab == 0 then
       error(string.format("config: data=%s needs vocab=<vocabulary size> or tokenizer=<tokenizer.json>: %s has no " ..
@@ -280,11 +283,15 @@ local function dist_hooks(rec, dist, rank, world)
   end
 end
 
--- The data against the config, before the model is built: the vocabulary, and enough tokens in
--- each split for one global batch (the validation split only when the run evaluates).
+-- The data against the config, before the model is built: the vocabulary (the data's, and every
+-- token id of scanned files: data.token_ranges, done when the dataset was opened), and enough tokens
+-- in each split for one global batch (the validation split only when the run evaluates).
 local function check_data_fits(c, ds, world)
   if c.vocab > 0 and ds.vocab_size and c.vocab < ds.vocab_size then
     error(string.format("config: vocab=%d is smaller than the data's vocabulary (%d tokens)", c.vocab, ds.vocab_size), 0)
+  end
+  if c.vocab > 0 then
+    for _, split in ipairs({ds.train, ds.val}) do data.check_vocab(split, c.vocab, "vocab=" .. c.vocab) end
   end
   local need = c.batch * world
   local function fits(split, name)
@@ -299,6 +306,87 @@ local function check_data_fits(c, ds, world)
   end
   fits(ds.train, "training")
   if c.eval_every > 0 then fits(ds.val, "validation") end
+end
+
+-- ---- will it fit? ------------------------------------------------------------------------------
+
+local GiB = 2 ^ 30
+
+-- a number of bytes from a file holding one integer (a cgroup limit), or nil
+local function read_int_file(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local v = f:read("l")
+  f:close()
+  return v and math.tointeger(tonumber(v:match("^%s*(%d+)%s*$")))
+end
+
+--- train.machine_memory(device) -> bytes, a phrase saying whose they are; nil when unknown. "cpu":
+-- the RAM (/proc/meminfo MemTotal), or the process's cgroup limit (v2 memory.max, v1
+-- memory.limit_in_bytes) when smaller; "cuda": the smallest GPU's total memory. Tests replace it.
+function train.machine_memory(device)
+  if device == "cuda" then
+    local least
+    for _, d in ipairs(nv.cuda.memory()) do
+      if type(d) == "table" and (d.total or 0) > 0 then least = math.min(least or math.huge, d.total) end
+    end
+    return least, "of GPU memory"
+  end
+  local f = io.open("/proc/meminfo", "r")
+  local total = nil
+  if f then
+    for line in f:lines() do
+      local kb = line:match("^MemTotal:%s*(%d+)%s*kB")
+      if kb then total = math.tointeger(tonumber(kb)) * 1024; break end
+    end
+    f:close()
+  end
+  local what = "of RAM on this machine"
+  for _, p in ipairs({"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) do
+    local limit = read_int_file(p)
+    if limit and (not total or limit < total) then
+      total, what = limit, "this process may use (its cgroup's limit, " .. p .. ")"
+    end
+  end
+  return total, what
+end
+
+--- train.check_memory(c, recipe, model_config, world): refuses ("config: ...", before anything is
+-- allocated) a run that cannot fit the machine's memory (train.machine_memory, per process: times
+-- the ranks on this node, OMPI_COMM_WORLD_LOCAL_SIZE, on the CPU). First a bound that costs nothing
+-- whatever the size: the weights, gradients and AdamW states (16 bytes per parameter; ZeRO-1 shards
+-- AdamW's 8) plus the bf16 activations a step saves; then the memory plan itself (nvlua.plan.memory,
+-- within 20% of the measured peak: tests/test_plan.lua). Not counted: a distillation teacher.
+function train.check_memory(c, rec, mc, world)
+  if not c.check_memory then return end
+  local have, whose = train.machine_memory(c.device)
+  if not have then return end
+  local per_node = c.device == "cpu" and (math.tointeger(tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_SIZE") or "")) or 1)
+    or 1
+  local ranks = per_node > 1 and string.format(" (x %d ranks on this node)", per_node) or ""
+  local p = plan.params(mc)
+  local hd = mc.head_dim or mc.hidden_size // mc.num_attention_heads
+  local C, F, L, N = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, c.batch * c.seq
+  local state = (8 + (c.shard_optimizer and 8 / world or 8)) * p.total
+  local acts = 2 * N * L * (6 * C + 2 * hd * mc.num_key_value_heads + 3 * F)
+  local fix = "lower layers, hidden, ffn, batch or seq (grad_accum keeps the tokens per step), or give " ..
+    "check_memory=false to build it anyway"
+  if (state + acts) * per_node > have then
+    error(string.format("config: this run cannot fit: it needs at least %.1f GiB%s (%.3fB parameters x %g bytes for " ..
+      "the weights, gradients and AdamW states: %.1f GiB; the activations of batch=%d x seq=%d over %d layers: " ..
+      "%.1f GiB), more than the %.1f GiB %s; %s", (state + acts) / GiB, ranks, p.total / 1e9, state / p.total,
+      state / GiB, c.batch, c.seq, L, acts / GiB, have / GiB, whose, fix), 0)
+  end
+  local ok, m = pcall(plan.memory, mc, rec, c.batch, c.seq)
+  if not ok then return end -- a recipe the plan cannot read: the bound above is all there is
+  local total = m.total - (c.shard_optimizer and m.optimizer * (1 - 1 / world) or 0)
+  if total * per_node > have then
+    error(string.format("config: this run needs about %.2f GiB%s by its memory plan (nvlua.plan: weights %.2f, " ..
+      "gradients %.2f, AdamW %.2f, activations of batch=%d x seq=%d %.2f, weight copies %.2f, scratch %.2f " ..
+      "GiB), more than the %.2f GiB %s; %s", total / GiB, ranks, m.weights / GiB, m.grads / GiB,
+      (total - m.weights - m.grads - m.activations - m.weight_copies - m.transient) / GiB, c.batch, c.seq,
+      m.activations / GiB, m.weight_copies / GiB, m.transient / GiB, have / GiB, whose, fix), 0)
+  end
 end
 
 --- train.teacher(c, vocab) -> the frozen teacher of c.teacher (nil without one): loaded with
@@ -337,6 +425,7 @@ function train.build(c)
   check_data_fits(c, ds, world)
   local vocab = c.vocab > 0 and c.vocab or ds.vocab_size
   local rec = train.recipe(c)
+  train.check_memory(c, rec, train.model_config(c, vocab), world)
   local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
   if world > 1 then
     -- the same weights everywhere (they are by construction, from the seed; this makes it so)
@@ -544,7 +633,7 @@ local function save_checkpoint(r, step, background)
     if r.main then
       path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
         config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = r.bad_in_row, skipped = r.skipped,
-        tokenizer = r.ds.tokenizer, background = background or nil,
+        tokenizer = r.ds.tokenizer, max_batches_per_step = r.max_batches, background = background or nil,
         defer_copy = background and r.c.ckpt_overlap or nil})
     end
     if r.world > 1 then r.dist.barrier() end
@@ -590,10 +679,28 @@ function train.check_out(c)
   if held then refuse_held(c.out, held) end
 end
 
+-- resume=auto's checkpoint: the newest intact one (ckpt.verify). Each newer one that is damaged (a
+-- trainer.json that cannot be read or belongs elsewhere, a missing or truncated file, ...) is set
+-- aside as <dir>.corrupt (ckpt.set_aside: kept, never pruned nor overwritten when its step is saved
+-- again) and reported, on stderr and in r.skipped_checkpoints, with the reason. -> dir or nil
+local function newest_intact(r)
+  local all = ckpt.list(r.run_dir)
+  for i = #all, 1, -1 do
+    local problem = ckpt.verify(all[i], {optimizer = true})
+    if not problem then return all[i] end
+    local aside = ckpt.set_aside(all[i])
+    r.skipped_checkpoints[#r.skipped_checkpoints + 1] = {dir = all[i], reason = problem, moved_to = aside}
+    io.stderr:write(string.format("resume=auto: skipped the checkpoint %s, it is damaged: %s; moved it to %s " ..
+      "(kept for inspection); trying the one before it\n", all[i], problem, aside))
+    io.stderr:flush()
+  end
+  return nil
+end
+
 -- Rank 0's choice of the checkpoint to resume from (nil: start fresh). An existing run is never
 -- started over unasked: resume=none refuses an out= that holds one unless overwrite=true (then it is
 -- removed), and resume=auto refuses when it finds no complete checkpoint there (after ckpt.recover
--- has settled what a crash left).
+-- has settled what a crash left), or only damaged ones (newest_intact set them aside).
 local function pick_checkpoint(r)
   local c = r.c
   if c.resume == "none" then
@@ -608,8 +715,15 @@ local function pick_checkpoint(r)
   end
   if c.resume ~= "auto" then return c.resume end
   ckpt.recover(r.run_dir)
-  local dir = ckpt.latest(r.run_dir)
+  local dir = newest_intact(r)
   if dir then return dir end
+  if #r.skipped_checkpoints > 0 then
+    local moved = {}
+    for i, e in ipairs(r.skipped_checkpoints) do moved[i] = e.moved_to end
+    error(string.format("resume=auto: every checkpoint in %s/checkpoints is damaged (set aside: %s; the reasons are " ..
+      "printed above); refusing to start the run over: repair one and give resume=<its dir>, or remove %s to start " ..
+      "fresh", r.run_dir, table.concat(moved, ", "), r.run_dir), 0)
+  end
   local held = held_run(r.run_dir)
   if held then
     error(string.format("resume=auto: no complete checkpoint in %s/checkpoints, but out=%s holds a run (%s); " ..
@@ -657,6 +771,9 @@ local function resume(r)
   local tr = ckpt.load(dir, {model = r.model, optimizer = r.opt, recipe = r.rec, loader = r.loader,
     max_bad_steps = c.max_bad_steps})
   r.bad_in_row, r.skipped = tr.bad_steps_in_row, tr.skipped_steps
+  -- the most batches a step of this run has drawn (bounds the data cursor of its checkpoints), unknown
+  -- when the checkpoint does not say
+  r.max_batches = tr.max_batches_per_step and math.max(tr.max_batches_per_step, c.grad_accum) or nil
   r.resumed_from = dir
   if own_checkpoint(r, dir, tr.step) then r.last_ckpt = {step = tr.step, dir = dir} end
   r.out:write(string.format("resumed from %s at step %d\n", dir, tr.step))
@@ -701,6 +818,7 @@ local function start_run(c, p)
   r.out = (c.quiet or not r.main) and SILENT or io.stdout
   r.params = r.model:named_parameters()
   r.bad_in_row, r.skipped, r.interrupted = 0, 0, false
+  r.max_batches, r.skipped_checkpoints = c.grad_accum, {}
   -- the device's non-finite flags (core.nonfinite_take) start clean: what earlier work in this
   -- process set (a test, an evaluation before the run) is not this run's first step's
   if r.params[1] then core.nonfinite_take(r.params[1].param) end
@@ -1089,7 +1207,7 @@ local function finish_run(r, ok, err)
   if not wok then error(werr, 0) end
   local summary = {steps = r.step, skipped = r.skipped, run_dir = r.run_dir, interrupted = r.interrupted,
     losses = r.losses, val = r.val_points, tokens_per_s = r.t_run > 0 and r.tok_run / r.t_run or 0,
-    last_loss = r.last_loss}
+    last_loss = r.last_loss, skipped_checkpoints = r.skipped_checkpoints}
   if c.save or r.interrupted then
     -- a checkpoint of this step already written (a periodic one before a Ctrl-C) or resumed from
     -- (a finished run resumed) holds this very state: it is not written again
@@ -1164,7 +1282,8 @@ local function save_due(r, step)
 end
 
 --- train.run(c, parts) -> summary {final_val_loss, val_ppl, tokens_per_s, steps, skipped, run_dir,
--- plot, checkpoint, sample (the text after sample_prompt), sample_prompt, interrupted, losses = {...}}
+-- plot, checkpoint, sample (the text after sample_prompt), sample_prompt, interrupted, losses = {...},
+-- skipped_checkpoints = {{dir, reason, moved_to}, ...} (resume=auto passed over them as damaged)}
 function train.run(c, p)
   local r = start_run(c, p)
   local ok, err = pcall(function()
