@@ -388,17 +388,19 @@ nvl_status nvl_dist_barrier(void) {
   return NVL_OK;
 }
 
-nvl_status nvl_dist_all_reduce_f64(double *x, nvl_dist_op op) {
+nvl_status nvl_dist_all_reduce_f64(double *x, int n, nvl_dist_op op) {
   NVL_TRY(check_op("all_reduce", op, NULL));
+  if (n < 0) return nvl_error(NVL_EINVAL, "all_reduce: %d numbers", n);
 #ifdef NVLUA_HAVE_MPI
-  if (S.use_mpi) {
-    op_begin("all_reduce (a number, %s)", nvl_dist_op_names[op]);
-    int rc = MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_DOUBLE, mpi_op(op), comm);
+  if (S.use_mpi && n > 0) {
+    op_begin("all_reduce (%d number%s, %s)", n, n == 1 ? "" : "s", nvl_dist_op_names[op]);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, mpi_op(op), comm);
     op_end();
     if (rc != MPI_SUCCESS) return mpi_fail("all_reduce", "MPI_Allreduce", rc);
   }
 #endif
-  if (op == NVL_DIST_AVG) *x /= S.world;
+  if (op == NVL_DIST_AVG)
+    for (int i = 0; i < n; i++) x[i] /= S.world;
   return NVL_OK;
 }
 

@@ -83,8 +83,9 @@ int nvl_dist_bg_pending(void);
 int nvl_dist_bg_busy(void);
 /* 1 when background all-reduces run in a thread of their own (MPI_THREAD_MULTIPLE granted). */
 int nvl_dist_bg_threaded(void);
-/* *x (a double on every rank) = op over the ranks (for losses, norms, flags). */
-nvl_status nvl_dist_all_reduce_f64(double *x, nvl_dist_op op);
+/* x (n doubles on every rank) = op over the ranks, element by element, in one collective (for
+ * losses, norms, flags). */
+nvl_status nvl_dist_all_reduce_f64(double *x, int n, nvl_dist_op op);
 /* t = root's t on every rank. */
 nvl_status nvl_dist_broadcast(nvl_tensor *t, int root);
 /* t (world * n, ...) is cut along dim 0 into world equal chunks; out (n, ...) on rank r = op over

@@ -75,6 +75,7 @@ for _, r in ipairs(chosen) do
     io.flush()
     local t0 = nv.clock()
     local s = train.run(rc, train.build(rc))
+    if s.interrupted then os.exit(require("nvlua.signal").EXIT_INTERRUPTED, true) end -- a stop signal ends the sweep
     res.vals[#res.vals + 1] = s.final_val_loss or 0 / 0
     res.tps = res.tps + s.tokens_per_s / c.seeds
     if s.mor_low then -- MoR: the shares of low-precision elements and units (tensors or blocks), mean of seeds

@@ -61,6 +61,7 @@ local function run(recipe_name, steps, seed, label)
   io.flush()
   local t0 = nv.clock()
   local s = train.run(rc, train.build(rc))
+  if s.interrupted then os.exit(require("nvlua.signal").EXIT_INTERRUPTED, true) end -- a stop signal ends the sweep
   print(string.format("val loss %.4f  (%.0f s)", s.final_val_loss, nv.clock() - t0))
   runs[#runs + 1] = {label = label, seed = seed, val = s.val}
   return s.final_val_loss

@@ -49,6 +49,7 @@ io.write(string.format("teacher: %d steps under %s ... ", tc.steps, tc.recipe))
 io.flush()
 local tp = train.build(tc)
 local ts = train.run(tc, tp)
+if ts.interrupted then os.exit(require("nvlua.signal").EXIT_INTERRUPTED, true) end -- a stop signal ends the sweep
 local teacher = tp.model
 local teacher_dir = ts.checkpoint .. "/model"
 print(string.format("val loss %.4f, %.2fM parameters", ts.final_val_loss, teacher:num_parameters() / 1e6))
@@ -100,6 +101,7 @@ for _, arch in ipairs(archs) do
       io.flush()
       local t0 = nv.clock()
       local s = student(arch, v[1], k)
+      if s.interrupted then os.exit(require("nvlua.signal").EXIT_INTERRUPTED, true) end -- a stop signal ends the sweep
       r.vals[#r.vals + 1] = s.final_val_loss
       print(string.format("val loss %.4f  %4.0f s", s.final_val_loss, nv.clock() - t0))
       for _, pt in ipairs(s.val) do

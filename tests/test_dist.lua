@@ -5,7 +5,7 @@
 --   * in this process (no launcher): dist is a world of one; collectives are identities; and
 --     quantize's SR slab options (sr_row_offset, sr_k_offset, sr_k_total) reproduce a slice of
 --     the whole tensor's quantization (the C tests check every kernel; this, the binding).
---   * every collective (all_reduce sum/avg/max/min, all_reduce_number, broadcast, reduce_scatter,
+--   * every collective (all_reduce sum/avg/max/min, all_reduce_number(s), broadcast, reduce_scatter,
 --     all_gather, in place too, non-contiguous tensors, barrier) on f32, bf16, i32, i64, u8 and
 --     several shapes, against a serial reference each rank computes from every rank's data, on
 --     2 and 3 ranks. The data are small integers (times the world size), so every result is
@@ -104,6 +104,8 @@ T.case("without a launcher dist is a world of one: collectives are identities", 
   local t = nv.tensor({1.5, -2, 3})
   for _, op in ipairs({"sum", "avg", "max", "min"}) do T.eq(dist.all_reduce(t, op):totable(), {1.5, -2, 3}) end
   T.eq(dist.all_reduce_number(2.5, "avg"), 2.5)
+  T.eq(dist.all_reduce_numbers({2.5, 1, -3}, "avg"), {2.5, 1, -3})
+  T.raises(function() dist.all_reduce_numbers({1, "x"}, "sum") end, "element 2 is a string, not a number")
   T.eq(dist.broadcast(t, 0):totable(), {1.5, -2, 3})
   local out = nv.zeros(3)
   T.eq(dist.reduce_scatter(out, t, "sum"):totable(), {1.5, -2, 3})
@@ -255,7 +257,16 @@ for _, c in ipairs({{"max", world - 1 + 1 / 3}, {"min", 1 / 3}, {"avg", (world -
   n = n + 1
   local v = dist.all_reduce_number(rank + 1 / 3, c[1])
   if math.abs(v - c[2]) > 1e-15 then bad[#bad + 1] = "all_reduce_number " .. c[1] .. ": " .. v end
+  -- several numbers in one collective: each as all_reduce_number reduces it alone, bit for bit
+  n = n + 1
+  local vs = dist.all_reduce_numbers({rank + 1 / 3, rank == 1 and 1 or 0, -rank}, c[1])
+  local want = {v, dist.all_reduce_number(rank == 1 and 1 or 0, c[1]), dist.all_reduce_number(-rank, c[1])}
+  if #vs ~= 3 or vs[1] ~= want[1] or vs[2] ~= want[2] or vs[3] ~= want[3] then
+    bad[#bad + 1] = string.format("all_reduce_numbers %s: %s, %s, %s", c[1], tostring(vs[1]), tostring(vs[2]), tostring(vs[3]))
+  end
 end
+n = n + 1
+if #dist.all_reduce_numbers({}, "sum") ~= 0 then bad[#bad + 1] = "all_reduce_numbers of none" end
 dist.barrier()
 -- argument errors are local checks: every rank raises the same, nobody hangs
 local ok, err = pcall(dist.reduce_scatter, nv.zeros(2), nv.zeros(world * 2 + 1))

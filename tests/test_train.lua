@@ -20,7 +20,8 @@
 --     the log's mor_* shares.
 --   * knowledge distillation (teacher= a Hugging Face directory): kl and ce logged, the loss their
 --     mix; a teacher of another vocabulary is refused by name.
---   * ckpt_every=auto (the Young/Daly rule for injected costs, and a run's logged choices); the
+--   * ckpt_every=auto (the Young/Daly rule for injected costs, and a run's logged choices; as the
+--     default, its 300 s floor before the first save keeps a short run to its final checkpoint); the
 --     background writer's operations and the surfacing of its errors (test_crash.lua: its files and
 --     its kills).
 -- Every run writes under one scratch directory (os.tmpname), removed by the last case.
@@ -573,8 +574,10 @@ T.case("ckpt_every=auto: the Young/Daly interval, from the measured save cost, s
   T.eq((train.auto_interval(0, 0.5, 1)), 1, "a free save: every step")
   T.eq((train.auto_interval(8, 0.25, 24)), math.floor(math.sqrt(2 * 8 * 24 * 3600) / 0.25 + 0.5))
   T.raises(function() train.auto_interval(-1, 1, 1) end, "expects finite non-negative numbers")
-  -- a run: the first save at step 10, then each at the interval its record logged, computed by the rule
-  local c = cfg("auto", {"recipe=bf16", "steps=24", "ckpt_every=auto", "mtbf=0.00001", "keep=0", "eval_every=0"})
+  -- a run (ckpt_first_s=0: no floor of training time before the first save): the first save at step
+  -- 10, then each at the interval its record logged, computed by the rule
+  local c = cfg("auto", {"recipe=bf16", "steps=24", "ckpt_every=auto", "ckpt_first_s=0", "mtbf=0.00001", "keep=0",
+    "eval_every=0"})
   run(c)
   local saves, expect = {}, 10
   for _, r in ipairs(read_metrics(c.out)) do
@@ -590,6 +593,14 @@ T.case("ckpt_every=auto: the Young/Daly interval, from the measured save cost, s
     T.ok(lfs.attributes(string.format("%s/checkpoints/step-%06d", c.out, st), "mode") == "directory", "checkpoint " .. st)
   end
   T.raises(function() train.check(cfg("bad", {"ckpt_every=often"})) end, "ckpt_every: must be a non-negative integer or auto")
+  -- the default is auto with a 300 s floor: a run of seconds writes only its final checkpoint
+  local d = cfg("auto_default", {"recipe=bf16", "steps=12", "keep=0", "eval_every=0", "mtbf=0.00001"})
+  T.eq({d.ckpt_every, d.ckpt_first_s}, {"auto", 300})
+  run(d)
+  for _, r in ipairs(read_metrics(d.out)) do T.eq(r.ckpt_every, nil, "no periodic save in a short run") end
+  local names = {}
+  for n in lfs.dir(d.out .. "/checkpoints") do if n:match("^step") then names[#names + 1] = n end end
+  T.eq(names, {"step-000012"}, "the final checkpoint alone")
 end)
 
 T.case("the background writer: its operations in order, stopping at the first failure; the error surfaces at the next step", function()

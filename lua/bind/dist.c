@@ -101,8 +101,32 @@ static int l_pending(lua_State *L) {
 /* all_reduce_number(x [, op]) -> number, reduced in double precision */
 static int l_all_reduce_number(lua_State *L) {
   double x = luaL_checknumber(L, 1);
-  CHECK(L, nvl_dist_all_reduce_f64(&x, check_op(L, 2)));
+  CHECK(L, nvl_dist_all_reduce_f64(&x, 1, check_op(L, 2)));
   lua_pushnumber(L, x);
+  return 1;
+}
+
+/* all_reduce_numbers({x1, x2, ...} [, op]) -> a new table: each number reduced in double
+ * precision, all in one collective (e.g. a loss and a flag) */
+static int l_all_reduce_numbers(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  nvl_dist_op op = check_op(L, 2);
+  lua_Integer n = luaL_len(L, 1);
+  luaL_argcheck(L, n <= 4096, 1, "at most 4096 numbers");
+  double *x = lua_newuserdatauv(L, (size_t)(n > 0 ? n : 1) * sizeof(double), 0); /* freed by the GC */
+  for (lua_Integer i = 0; i < n; i++) {
+    if (lua_rawgeti(L, 1, i + 1) != LUA_TNUMBER)
+      luaL_error(L, "bad argument #1 to 'all_reduce_numbers' (element %d is a %s, not a number)", (int)(i + 1),
+                 luaL_typename(L, -1));
+    x[i] = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+  }
+  CHECK(L, nvl_dist_all_reduce_f64(x, (int)n, op));
+  lua_createtable(L, (int)n, 0);
+  for (lua_Integer i = 0; i < n; i++) {
+    lua_pushnumber(L, x[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
   return 1;
 }
 
@@ -161,6 +185,7 @@ static const luaL_Reg dist_funcs[] = {
   {"barrier", l_barrier}, {"all_reduce", l_all_reduce}, {"all_reduce_start", l_all_reduce_start}, {"wait_all", l_wait_all}, {"pending", l_pending},
   {"all_reduce_bg", l_all_reduce_bg}, {"bg_wait", l_bg_wait}, {"bg_pending", l_bg_pending},
   {"bg_busy", l_bg_busy}, {"bg_threaded", l_bg_threaded}, {"all_reduce_number", l_all_reduce_number},
+  {"all_reduce_numbers", l_all_reduce_numbers},
   {"broadcast", l_broadcast}, {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
   {"set_timeout", l_set_timeout}, {"timeout", l_timeout}, {"finalize", l_finalize}, {"abort", l_abort},
   {NULL, NULL}};

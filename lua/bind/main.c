@@ -11,7 +11,8 @@
  *   - the REPL (repl.c, nvl_repl_run) defines `nv` and `help` first, has readline editing,
  *     history and completion, and survives Ctrl-C at the prompt; this file runs its statements
  *     (nvl_main_docall) and keeps the Ctrl-C handling of running code;
- *   - nvlua.signal: Ctrl-C deferred to polling, for the training loop's clean stop.
+ *   - nvlua.signal: SIGINT, SIGTERM and SIGUSR1 deferred to polling, for the training loop's clean
+ *     stop (finish the step, checkpoint, exit with status 75, EX_TEMPFAIL: "interrupted, resumable").
  * Not here: the REPL's line reading, history and completion (repl.c), any tensor code (lua/bind/
  * bindings, core/). Nothing here calls exit(); main returns the status (os.exit still ends the
  * process with its own status).
@@ -121,25 +122,44 @@ static void print_version(void) {
   fflush(stdout);
 }
 
-/* ---- Ctrl-C ------------------------------------------------------------------------------ */
+/* ---- Ctrl-C and the stop signals ----------------------------------------------------------- */
 
 /* The state whose running code a Ctrl-C interrupts. */
 static lua_State *globalL;
 /* What SIGINT does while no Lua code runs: default (end the process), or, at an interactive
  * REPL prompt, the REPL's handler (nvl_main_set_idle_sigint). */
 static void (*idle_sigint)(int) = SIG_DFL;
-/* Deferred mode (nvlua.signal.defer(true), used by the training loop): a first Ctrl-C only sets
- * interrupt_pending, which the loop polls between steps to checkpoint and stop cleanly; a second
- * one interrupts as usual. */
-static volatile sig_atomic_t defer_interrupts, interrupt_pending;
+/* Deferred mode (nvlua.signal.defer(true), used by the training loop): the first SIGINT, SIGTERM
+ * or SIGUSR1 only records its number in stop_signal, which the loop polls at step boundaries to
+ * finish the step, checkpoint and stop. Then a second SIGINT (Ctrl-C again) interrupts the running
+ * code at once (and a third, code stuck in C, ends the process); a repeated SIGTERM or SIGUSR1 is
+ * ignored, because senders repeat them: `timeout` signals its child and then its process group,
+ * and schedulers escalate to SIGKILL themselves. SIGTERM is what `timeout`, Slurm's time limit and
+ * preemption send, and what mpirun turns its own SIGINT/SIGTERM into for the ranks; SIGUSR1 is
+ * Slurm's --signal and mpirun forwards it to every rank. Outside deferred mode SIGTERM and SIGUSR1
+ * keep their default action (end the process). The handler only sets sig_atomic_t flags (and, to
+ * interrupt, calls lua_sethook and sigaction, which are safe there). */
+static volatile sig_atomic_t defer_stops, stop_signal;
+/* The status main returns when the script ends without error (nvlua.signal.set_exit_status). */
+static int script_exit_status = EXIT_SUCCESS;
 
-static void set_sigint(void (*handler)(int)) {
+enum { NVL_EXIT_INTERRUPTED = 75 }; /* EX_TEMPFAIL (sysexits.h): stopped, state saved, run again */
+
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGUSR1};
+static const char *const stop_signal_names[] = {"SIGINT", "SIGTERM", "SIGUSR1", NULL};
+
+/* restart: SA_RESTART, for the deferred mode (a signal that only sets a flag must not make a
+ * checkpoint's write or an MPI wait fail with EINTR); without it (Ctrl-C of running code, as
+ * lua.c) a blocked read returns EINTR, so the interrupt is seen. */
+static void set_handler(int sig, void (*handler)(int), int restart) {
   struct sigaction sa;
   sa.sa_handler = handler;
-  sa.sa_flags = 0; /* no SA_RESTART: a blocked read returns EINTR */
+  sa.sa_flags = restart ? SA_RESTART : 0;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
+  sigaction(sig, &sa, NULL);
 }
+
+static void set_sigint(void (*handler)(int)) { set_handler(SIGINT, handler, 0); }
 
 /* Hook set by laction: the next Lua instruction raises the error. */
 static void lstop(lua_State *L, lua_Debug *ar) {
@@ -148,15 +168,18 @@ static void lstop(lua_State *L, lua_Debug *ar) {
   luaL_error(L, "interrupted!");
 }
 
-/* SIGINT while Lua code runs. A second Ctrl-C before the hook fires (code stuck in C) takes the
- * default action and ends the process. lua_sethook is safe to call from a signal handler. */
+/* SIGINT while Lua code runs; SIGTERM and SIGUSR1 too in deferred mode. Deferred, the first one is
+ * recorded and a repeated SIGTERM or SIGUSR1 ignored; otherwise (SIGINT outside deferred mode, a
+ * second SIGINT in it) the running code is interrupted, and SIGINT's default action restored, so
+ * that another Ctrl-C before the hook fires (code stuck in C) ends the process. lua_sethook is safe
+ * to call from a signal handler. */
 static void laction(int sig) {
   int mask = LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT;
-  (void)sig;
-  if (defer_interrupts && !interrupt_pending) {
-    interrupt_pending = 1;
+  if (defer_stops && !stop_signal) {
+    stop_signal = sig;
     return;
   }
+  if (sig != SIGINT) return;
   set_sigint(SIG_DFL);
   lua_sethook(globalL, lstop, mask, 1);
 }
@@ -166,30 +189,59 @@ void nvl_main_set_idle_sigint(void (*handler)(int)) {
   set_sigint(idle_sigint);
 }
 
-/* nvlua.signal.defer(on): defer Ctrl-C to polling (see defer_interrupts). */
+/* nvlua.signal.defer(on): defer SIGINT, SIGTERM and SIGUSR1 to polling (see defer_stops); off
+ * forgets a pending one and gives SIGTERM and SIGUSR1 their default action back. */
 static int l_signal_defer(lua_State *L) {
-  defer_interrupts = lua_toboolean(L, 1);
-  if (!defer_interrupts) interrupt_pending = 0;
+  if (lua_toboolean(L, 1)) {
+    defer_stops = 1;
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++) set_handler(stop_signals[i], laction, 1);
+  } else {
+    set_handler(SIGTERM, SIG_DFL, 0);
+    set_handler(SIGUSR1, SIG_DFL, 0);
+    set_sigint(laction); /* as nvl_main_docall has it while code runs */
+    defer_stops = 0;
+    stop_signal = 0;
+  }
   return 0;
 }
 
-/* nvlua.signal.pending() -> true once a deferred Ctrl-C came (the flag stays set). */
+/* nvlua.signal.pending() -> the name of the first deferred signal ("SIGINT", "SIGTERM",
+ * "SIGUSR1") once one came (it stays until defer(false)), else false. */
 static int l_signal_pending(lua_State *L) {
-  lua_pushboolean(L, interrupt_pending);
+  int sig = stop_signal;
+  for (size_t i = 0; sig && i < sizeof stop_signals / sizeof stop_signals[0]; i++) {
+    if (stop_signals[i] == sig) {
+      lua_pushstring(L, stop_signal_names[i]);
+      return 1;
+    }
+  }
+  lua_pushboolean(L, 0);
   return 1;
 }
 
-/* nvlua.signal.raise(): deliver SIGINT to this process (for tests of the deferred path). */
+/* nvlua.signal.raise([name = "SIGINT"]): deliver that stop signal to this process (tests). */
 static int l_signal_raise(lua_State *L) {
-  (void)L;
-  raise(SIGINT);
+  int i = luaL_checkoption(L, 1, "SIGINT", stop_signal_names);
+  raise(stop_signals[i]);
+  return 0;
+}
+
+/* nvlua.signal.set_exit_status(n): the status nvlua exits with when its script ends without error
+ * (0 unless set; the training loop sets EXIT_INTERRUPTED when a signal stopped it). os.exit still
+ * ends the process with its own status. */
+static int l_signal_set_exit_status(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, n >= 0 && n <= 255, 1, "an exit status is 0..255");
+  script_exit_status = (int)n;
   return 0;
 }
 
 static int luaopen_nvlua_signal(lua_State *L) {
   static const luaL_Reg f[] = {{"defer", l_signal_defer}, {"pending", l_signal_pending}, {"raise", l_signal_raise},
-                               {NULL, NULL}};
+                               {"set_exit_status", l_signal_set_exit_status}, {NULL, NULL}};
   luaL_newlib(L, f);
+  lua_pushinteger(L, NVL_EXIT_INTERRUPTED);
+  lua_setfield(L, -2, "EXIT_INTERRUPTED");
   return 1;
 }
 
@@ -525,5 +577,5 @@ int main(int argc, char **argv) {
   /* data parallelism (nvlua.dist): finalize MPI, or, when the script failed on this rank, end the
    * whole job instead of leaving the other ranks waiting in their next collective */
   nvl_dist_shutdown(ok && status == LUA_OK);
-  return ok && status == LUA_OK ? EXIT_SUCCESS : EXIT_FAILURE;
+  return ok && status == LUA_OK ? script_exit_status : EXIT_FAILURE;
 }

@@ -9,6 +9,7 @@
 -- without MPI, or started without a launcher, is a world of one: every collective is an identity.
 --
 -- Collectives: barrier(), all_reduce(t, op), all_reduce_number(x, op) (in double precision),
+-- all_reduce_numbers({x1, ...}, op) (several numbers, one collective; -> a new table),
 -- broadcast(t, root), reduce_scatter(out, t, op) (t cut along dim 1 into world equal chunks;
 -- out gets this rank's, reduced), all_gather(out, t) (out = the ranks' t along dim 1; t may be
 -- out's own chunk, gathered in place). Each returns its output.
@@ -69,6 +70,7 @@ dist.info = C.info
 dist.barrier = C.barrier
 dist.all_reduce = C.all_reduce
 dist.all_reduce_number = C.all_reduce_number
+dist.all_reduce_numbers = C.all_reduce_numbers
 --- dist.all_reduce_start(t [, op = "sum"|"avg"]): start reducing t (f32, contiguous) in place without
 -- waiting (MPI_Iallreduce; NCCL on its own stream); dist.wait_all() completes every started one
 -- (then t holds the result); dist.pending() counts them. Bucketed gradient reduction.

@@ -13,9 +13,11 @@
 -- validation split, checkpoints every `ckpt_every` steps and at the end, a text sample and a
 -- loss-curve PNG at the end. A non-finite loss, gradient norm, weight or activation skips the
 -- step (counted and logged); more than `max_bad_steps` in a row stop the run with an error (the
--- count is saved in each checkpoint and restored on resume). Ctrl-C finishes the current step, writes a checkpoint
--- and returns. resume=auto continues from the checkpoint written last; an out= that holds a run is
--- never started over (resume=none refuses it).
+-- count is saved in each checkpoint and restored on resume). Ctrl-C, SIGTERM or SIGUSR1 (to any
+-- rank) finishes the current step, writes a checkpoint and returns summary.interrupted, with the
+-- process's exit status set to 75 (nvlua.signal.EXIT_INTERRUPTED); a second Ctrl-C stops at once,
+-- saving nothing of the step. resume=auto continues from the checkpoint written last; an out= that
+-- holds a run is never started over (resume=none refuses it).
 --
 -- Data parallelism (dist=true, under `mpirun -np N` or srun; README "Data parallel"): each rank
 -- reads its own windows of every global batch (the loader's rank/world), the gradient buffer is
@@ -167,14 +169,17 @@ train.schema = config.schema({
   teacher = str("", {doc = "a Hugging Face model directory: distil from it (empty: no teacher)"}),
   teacher_recipe = str("bf16", {one_of = function() return nv.recipe.names() end}),
   distill_alpha = num(0.5, {min = 0, max = 1}), distill_temperature = num(1.0, {above = 0}),
-  -- bookkeeping (eval_every, ckpt_every 0: never, auto: the Young/Daly interval for the measured save
-  -- cost and mtbf, the expected hours between failures of the job; keep 0: every checkpoint; resume:
-  -- none | auto | a directory)
+  -- bookkeeping (eval_every, ckpt_every 0: never, auto (the default): the Young/Daly interval for the
+  -- measured save cost and mtbf, the expected hours between failures of the job, the first save (it
+  -- measures the cost) after 10 steps and ckpt_first_s seconds of training, so a run of a few
+  -- minutes writes only its final checkpoint; keep 0: every checkpoint; resume: none | auto | a
+  -- directory)
   out = str("runs/run", {nonempty = true}), resume = str("none", {nonempty = true}),
   eval_every = int(100, {min = 0}), eval_batches = int(8, {min = 1}), log_every = int(10, {min = 1}),
-  ckpt_every = str("0", {check = check_ckpt_every, accept = function(v) return math.type(v) == "integer" and v >= 0 end,
+  ckpt_every = str("auto", {check = check_ckpt_every, accept = function(v) return math.type(v) == "integer" and v >= 0 end,
     accept_what = "a non-negative integer", doc = "steps between checkpoints, 0 (never) or auto"}),
   mtbf = num(24.0, {above = 0, doc = "expected hours between failures of the job (ckpt_every=auto)"}),
+  ckpt_first_s = num(300, {min = 0, doc = "ckpt_every=auto: seconds of training before the first checkpoint"}),
   -- periodic checkpoints written in the background: the step copies the state into a host staging
   -- buffer and goes on; a C writer thread writes, syncs and commits the checkpoint (nvlua.checkpoint
   -- save{background = true}); host memory: one checkpoint's size, held until the run ends.
@@ -811,7 +816,7 @@ local function ckpt_every(c)
 end
 
 -- Everything before the first step: config.json, the resume, metrics.jsonl, the throughput
--- references, the header lines, deferred Ctrl-C. -> the run table r
+-- references, the header lines, deferred stop signals (Ctrl-C, SIGTERM, SIGUSR1). -> the run table r
 local function start_run(c, p)
   local r = {c = c, p = p, dist = p.dist, world = p.world or 1, main = (p.rank or 0) == 0, -- rank 0 prints and writes
     model = p.model, opt = p.optimizer, rec = p.recipe, loader = p.loader, ds = p.dataset, run_dir = c.out}
@@ -1034,10 +1039,13 @@ local function step_once(r, step)
     local loss = loss_sum / c.grad_accum
     local flagged = flags ~= 0
     if world > 1 then
-      -- one rank's flag skips the step on every rank: its loss enters the average as NaN
-      local avg = dist.all_reduce_number(flagged and 0 / 0 or loss, "avg")
-      if not flagged and not finite(avg) and finite(loss) then flagged = true end -- another rank's
-      loss = flagged and loss or avg
+      -- the ranks' mean loss and, in the same collective, whether a stop signal came to any rank
+      -- (interrupt_requested: every rank then stops after this step) and whether any rank's
+      -- non-finite flags are set (every rank then skips this step). avg is the sum / world.
+      local v = dist.all_reduce_numbers({loss, r.signal_ok and r.signal.pending() and 1 or 0, flagged and 1 or 0},
+        "sum")
+      loss, r.stop_agreed = v[1] / world, v[2] > 0
+      flagged = v[3] > 0 -- this rank's flags, or another's (nonfinite_what says which)
     end
     local rec_line, stop
     if finite(loss) and finite(gnorm) and not flagged then
@@ -1122,11 +1130,13 @@ local function eval_and_log(r, step)
   r.out:write(string.format("eval  %5d | val loss %.4f | val ppl %.2f\n", step, vl, ppl))
 end
 
--- A Ctrl-C came (deferred by start_run) on any rank: every rank stops after this step.
+-- A stop signal came (SIGINT, SIGTERM or SIGUSR1, deferred by start_run) to any rank: every rank
+-- stops after this step. On several ranks the step's loss all-reduce carried the ranks' flags
+-- (step_once), so they agree without a collective of its own; a signal that comes after it is seen
+-- at the next step's.
 local function interrupt_requested(r)
-  local pending = r.signal_ok and r.signal.pending()
-  if r.world > 1 then pending = r.dist.all_reduce_number(pending and 1 or 0, "max") > 0 end -- stop together
-  return pending
+  if r.world > 1 then return r.stop_agreed == true end
+  return r.signal_ok and r.signal.pending() and true or false
 end
 
 -- The end-of-run text sample (rank 0 alone: no collective may run in its forwards).
@@ -1190,20 +1200,32 @@ local function plot_mor(r)
   return ok and png or nil
 end
 
--- After the loop (ok, err: its pcall's results): Ctrl-C handling restored, metrics.jsonl closed,
--- the final checkpoint, then (unless interrupted) the sample and the plot. -> the summary
+-- The run failed with err (at where): stop signals' default actions back, and err raised again; an
+-- interrupted! (a second Ctrl-C, which interrupts the code wherever it is) is told as such.
+local function failed(r, err, where)
+  if r.signal_ok then r.signal.defer(false) end
+  if not tostring(err):find("interrupted!", 1, true) then error(err, 0) end
+  local lok, last = pcall(ckpt.latest, r.run_dir)
+  error(string.format("interrupted! a second Ctrl-C stopped the run at once, %s: nothing of that step is saved; %s",
+    where, lok and last and ("the newest complete checkpoint is " .. last .. " (resume=auto continues from it)") or
+    "there is no complete checkpoint"), 0)
+end
+
+-- After the loop (ok, err: its pcall's results): metrics.jsonl closed, a background save waited
+-- for, the final checkpoint, then (unless interrupted) the sample and the plot. -> the summary
+-- Stop signals stay deferred until the final checkpoint is written: one that comes during it (the
+-- run complete) still stops the process (no sample or plot; interrupted, the exit status 75). A
+-- second Ctrl-C (interrupted! raised wherever the code was, mid-step perhaps) stops at once and
+-- writes nothing: the state is not that of a whole step.
 local function finish_run(r, ok, err)
   local c = r.c
-  if r.signal_ok then r.signal.defer(false) end
   r.mf:close()
   -- a background save still writing is waited for (its error raised, unless the run failed already);
   -- a parameter averaging still running (sync=shadow) is completed and applied
   local wok, werr = pcall(ckpt.wait)
   if wok then ckpt.release() end -- its staging buffer: the final save below is a blocking one
   if ok and r.shadow and r.shadow.pending then shadow_complete(r.dist, r.shadow, false) end
-  if not ok then
-    if tostring(err):find("interrupted!", 1, true) then r.interrupted = true else error(err, 0) end
-  end
+  if not ok then failed(r, err, string.format("during step %d", r.step)) end
   if not wok then error(werr, 0) end
   local summary = {steps = r.step, skipped = r.skipped, run_dir = r.run_dir, interrupted = r.interrupted,
     losses = r.losses, val = r.val_points, tokens_per_s = r.t_run > 0 and r.tok_run / r.t_run or 0,
@@ -1212,11 +1234,25 @@ local function finish_run(r, ok, err)
     -- a checkpoint of this step already written (a periodic one before a Ctrl-C) or resumed from
     -- (a finished run resumed) holds this very state: it is not written again
     local last = r.last_ckpt
-    summary.checkpoint = last and last.step == r.step and last.dir or save_checkpoint(r, r.step)
+    local sok, path = pcall(function() return last and last.step == r.step and last.dir or save_checkpoint(r, r.step) end)
+    if not sok then failed(r, path, string.format("while the checkpoint of step %d was written", r.step)) end
+    summary.checkpoint = path
   end
-  if r.interrupted then
-    r.out:write(string.format("\ninterrupted at step %d: checkpoint saved in %s (resume with resume=auto)\n", r.step,
-      summary.checkpoint))
+  local sig = r.signal_ok and r.signal.pending()
+  local late = not r.interrupted and sig and true or false -- came in the last step or after it
+  if not r.interrupted and r.world > 1 then late = r.dist.all_reduce_number(late and 1 or 0, "max") > 0 end
+  if r.signal_ok then r.signal.defer(false) end
+  if r.interrupted or late then
+    summary.interrupted = true
+    if r.signal_ok then r.signal.set_exit_status(r.signal.EXIT_INTERRUPTED) end
+    local what = sig or "a signal on another rank"
+    if r.interrupted then
+      r.out:write(string.format("\ninterrupted (%s) at step %d: checkpoint saved in %s (resume with resume=auto)\n",
+        what, r.step, summary.checkpoint))
+    else
+      r.out:write(string.format("\nstopped (%s) after the last step, %d: the run is complete%s\n", what, r.step,
+        summary.checkpoint and (", checkpoint " .. summary.checkpoint) or ""))
+    end
     return summary
   end
   if #r.val_points > 0 then
@@ -1251,8 +1287,11 @@ function train.auto_interval(cost_s, step_s, mtbf_h)
   return steps, {tau_s = tau, overhead = overhead, lost = lost, waste = overhead + lost}
 end
 
--- ckpt_every=auto: the first save after AUTO_FIRST steps measures its blocking cost; each save then
--- sets the next from the measured cost (the latest) and the mean step time so far
+-- ckpt_every=auto: the first save, after AUTO_FIRST steps and ckpt_first_s seconds of training (the
+-- steps' time, in this process), measures its blocking cost; each save then sets the next from the
+-- measured cost (the latest) and the mean step time so far. The floor keeps short runs (tests, small
+-- experiments) to their final checkpoint; what it can cost a long run is the work of its first
+-- ckpt_first_s seconds, once: 300 s / (2 x 24 h) = 0.17% of the expected loss to failures at most.
 local AUTO_FIRST = 10
 
 local function ckpt_due(r, step)
@@ -1260,7 +1299,7 @@ local function ckpt_due(r, step)
   if step >= r.c.steps then return false end
   if e == "auto" then
     r.ckpt_next = r.ckpt_next or (r.start_step + AUTO_FIRST)
-    return step >= r.ckpt_next
+    return step >= r.ckpt_next and r.t_run >= r.c.ckpt_first_s
   end
   return e > 0 and step % e == 0
 end
@@ -1295,7 +1334,8 @@ function train.run(c, p)
       if c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps) then eval_and_log(r, step) end
       r.mf:flush()
       if ckpt_due(r, step) then save_due(r, step) end
-      if interrupt_requested(r) then
+      -- (after the last step a signal only skips the sample and the plot: finish_run)
+      if step < c.steps and interrupt_requested(r) then
         r.interrupted = true
         break
       end
