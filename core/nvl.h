@@ -66,6 +66,8 @@ static inline int nvl_cmp_i64_f64(int64_t x, double y) {
 nvl_status nvl_error(nvl_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The last message recorded on this thread ("" if none). */
 const char *nvl_last_error(void);
+/* The status recorded with it (NVL_OK if none). */
+nvl_status nvl_last_status(void);
 
 /* Propagate a non-OK status. */
 #define NVL_TRY(expr)                  \

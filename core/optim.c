@@ -115,7 +115,8 @@ nvl_status nvl_grad_norm_multi(nvl_tensor *state, nvl_tensor *const *grads, int6
   const char *op = "grad_norm_multi";
   const nvl_backend *be;
   if (!state) return nvl_error(NVL_EINVAL, "%s: the norm state is missing (NULL)", op);
-  if (!(max_norm > 0.0)) return nvl_error(NVL_EINVAL, "%s: max_norm must be a number > 0, got %g", op, max_norm);
+  if (!(max_norm > 0.0) || !isfinite(max_norm))
+    return nvl_error(NVL_EINVAL, "%s: max_norm must be a finite number > 0, got %g", op, max_norm);
   if (count < 0) return nvl_error(NVL_EINVAL, "%s: count must be >= 0, got %lld", op, (long long)count);
   for (int64_t j = 0; j < count; j++) NVL_TRY(check_one(op, "grad", j, grads[j], j ? grads[0] : NULL, NULL));
   NVL_TRY(check_state(op, state, count ? grads[0] : NULL));

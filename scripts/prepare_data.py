@@ -148,20 +148,48 @@ def pick_special(vocab, added, given, config_value, names):
     return None
 
 
-def hf_tokenizer(path, bos_token, eos_token):
-    from tokenizers import Tokenizer
+def read_json_file(path, what):
+    """The text and the parsed JSON object of the file at path; dies naming the file (what: the option)."""
+    try:
+        with open(path, encoding="utf-8") as h:
+            text = h.read()
+    except (OSError, UnicodeDecodeError) as e:
+        die("%s %s: cannot read it: %s" % (what, path, e.strerror if isinstance(e, OSError) else e))
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        die("%s %s: not valid JSON: %s" % (what, path, e))
+    if not isinstance(obj, dict):
+        die("%s %s: expected a JSON object, got a %s" % (what, path, type(obj).__name__))
+    return text, obj
+
+
+def tokenizer_path(path):
+    """--tokenizer's file (a tokenizer.json, or the one in a directory), checked to exist and be readable."""
     if os.path.isdir(path):
         path = os.path.join(path, "tokenizer.json")
-    tk = Tokenizer.from_file(path)
-    with open(path, encoding="utf-8") as h:
-        text = h.read()
+    if not os.path.exists(path):
+        die("--tokenizer %s: no such file (give a tokenizer.json, a directory holding one, or 'bytes')" % path)
+    if not os.path.isfile(path):
+        die("--tokenizer %s: not a file" % path)
+    return path
+
+
+def hf_tokenizer(path, bos_token, eos_token):
+    text, _ = read_json_file(path, "--tokenizer")
+    from tokenizers import Tokenizer
+    try:
+        tk = Tokenizer.from_str(text)
+    except Exception as e:  # the tokenizers library raises its own exception type for a malformed file
+        die("--tokenizer %s: the tokenizers library cannot read it: %s" % (path, e))
     vocab = tk.get_vocab(with_added_tokens=True)
+    if not vocab:
+        die("--tokenizer %s: the vocabulary is empty" % path)
     added = {a.content for a in tk.get_added_tokens_decoder().values()}
     cfg = {}
     cpath = os.path.join(os.path.dirname(path), "tokenizer_config.json")
     if os.path.isfile(cpath):
-        with open(cpath, encoding="utf-8") as h:
-            cfg = json.load(h)
+        _, cfg = read_json_file(cpath, "the tokenizer's config")
     t = Tok()
     t.encode_batch = lambda texts: [e.ids for e in tk.encode_batch(texts, add_special_tokens=False)]
     t.vocab_size = max(vocab.values()) + 1
@@ -324,9 +352,13 @@ def parse_args():
     ap.add_argument("--overwrite", action="store_true", help="replace the shards OUT_DIR holds")
     a = ap.parse_args()
     if not 0 < a.val_fraction < 1:
-        die("--val-fraction must be in (0, 1)")
+        die("--val-fraction must be a number in (0, 1), got %r" % a.val_fraction)
     if a.shard_tokens < 1:
-        die("--shard-tokens must be >= 1")
+        die("--shard-tokens must be an integer >= 1, got %d" % a.shard_tokens)
+    if a.batch < 1:
+        die("--batch must be an integer >= 1 (documents tokenized at a time), got %d" % a.batch)
+    if a.tokenizer is not None and a.tokenizer != "bytes":
+        a.tokenizer = tokenizer_path(a.tokenizer)
     return a
 
 
@@ -336,7 +368,11 @@ def make_tokenizer(a):
             import tiktoken
         except ImportError:
             die("--tiktoken needs the tiktoken package (pip install tiktoken)")
-        tok = tiktoken_tokenizer(tiktoken.get_encoding(a.tiktoken), a.bos_token, a.eos_token)
+        try:
+            enc = tiktoken.get_encoding(a.tiktoken)
+        except ValueError as e:
+            die("--tiktoken %s: %s" % (a.tiktoken, e))
+        tok = tiktoken_tokenizer(enc, a.bos_token, a.eos_token)
     elif a.tokenizer == "bytes":
         tok = byte_tokenizer()
     else:

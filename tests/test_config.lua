@@ -42,6 +42,9 @@ T.case("every key's type and range: the message names the key, what it accepts a
     {"lr=0", "config: lr must be a finite number > 0, got 0.0"},
     {"lr=1e999", "config: lr must be a finite number > 0, got inf"},
     {"lr=nan", "config: lr must be a number, got 'nan'"},
+    {"lr=0x10", "config: lr must be a number written in decimal (such as 3e-4 or 0.0003), got '0x10'"},
+    {"steps=0x10", "config: steps must be an integer written in decimal, got '0x10'"},
+    {"steps=1.5", "config: steps must be an integer, got '1.5'"},
     {"beta2=1", "config: beta2 must be a finite number in [0, 1), got 1.0"},
     {"decay=1.5", "config: decay must be a finite number in [0, 1], got 1.5"},
     {"layers=0", "config: layers must be an integer >= 1, got 0"},
@@ -109,9 +112,9 @@ T.case("the data against the config: the vocabulary and one batch per split, bef
 end)
 
 T.case("nn.Llama never guesses the sizes (Hugging Face's defaults are a 6.7B model)", function()
-  T.raises(function() nn.Llama({}) end, "Llama: the config must give vocab_size, hidden_size, intermediate_size, " ..
-    "num_hidden_layers, num_attention_heads; missing: vocab_size, hidden_size, intermediate_size, num_hidden_layers, " ..
-    "num_attention_heads")
+  T.raises(function() nn.Llama({}) end, "llama_config: the config must give the model's sizes vocab_size, hidden_size, " ..
+    "intermediate_size, num_hidden_layers, num_attention_heads; missing: vocab_size, hidden_size, intermediate_size, " ..
+    "num_hidden_layers, num_attention_heads")
   T.raises(function() nn.Llama({vocab_size = 16, hidden_size = 16, num_hidden_layers = 1, num_attention_heads = 2}) end,
     "missing: intermediate_size")
   local m = nn.Llama({vocab_size = 16, hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1,

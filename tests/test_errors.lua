@@ -1,10 +1,14 @@
--- test_errors.lua: bad input to the tensor layer raises a Lua error whose message names the op
--- and what was wrong (shapes, dims, dtypes), the way Lua's own argument errors read. Each case
--- asserts the message text. That the file runs to its last case is itself the check that none
--- of these inputs crashes the process.
+-- test_errors.lua: bad input raises a Lua error whose message names what was wrong. The tensor
+-- layer's errors name the op, the shapes, dims and dtypes, the way Lua's own argument errors read;
+-- the bad-input table (BAD) has one line per option or input that cannot work (input -> message
+-- fragments), each a user error (lua/bind/errors.c) that the nvlua program prints as one line
+-- without a stack traceback, which the last cases check by running the binary. Each case asserts
+-- the message text. That the file runs to its last case is itself the check that none of these
+-- inputs crashes the process.
 -- Not here: numerical results (test_tensor, test_matmul, test_bf16, test_random).
 local T = require "nvlua.test"
 local nv = require "nvlua"
+local core = require "nvlua.core"
 
 -- fn must raise, and the message must contain every one of the plain substrings.
 local function raises_all(fn, ...)
@@ -251,4 +255,286 @@ T.case("odd but legal inputs do not crash", function()
   end
   T.eq(nv.zeros(5):narrow(1, 6, 0):numel(), 0, "an empty narrow at the end is legal")
   T.eq(nv.tensor(2):expand(3, 4):sum(), 24)
+end)
+
+-- ---- the bad-input table: options and inputs that cannot work --------------------------------------
+
+local hf = require "nvlua.hf"
+local nn = require "nvlua.nn"
+local llama = require "nvlua.llama"
+local optim = require "nvlua.optim"
+local prune = require "nvlua.prune"
+local recipe = require "nvlua.recipe"
+local config = require "nvlua.config"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
+local HF = here .. "/data/hf/llama31"
+local NAN, INF = 0 / 0, math.huge
+
+local SIZES = {vocab_size = 16, hidden_size = 16, intermediate_size = 32, num_hidden_layers = 2,
+  num_attention_heads = 4, num_key_value_heads = 2}
+local function sizes(extra)
+  local c = {}
+  for k, v in pairs(SIZES) do c[k] = v end
+  for k, v in pairs(extra or {}) do c[k] = v end
+  return c
+end
+local function model() return llama.Llama(sizes(), {seed = 1}) end
+local function params() return nn.Linear(2, 2):named_parameters() end
+-- prune.importance's table for model() with every score 1, then edited by fn(imp)
+local function importance(fn)
+  local imp = {ffn = {}, heads = {}, kv = {}, hidden = nv.ones(16), blocks = {}}
+  for b = 0, 1 do imp.ffn[b], imp.heads[b], imp.kv[b], imp.blocks[b] = nv.ones(32), nv.ones(4), nv.ones(2), 1.0 end
+  if fn then fn(imp) end
+  return imp
+end
+local function parse(defaults, a) return config.parse(defaults, {a}) end
+
+-- {input, fn raising the error, fragments of its message...}; internal = true: a programming error,
+-- which keeps its traceback (the rest are user errors).
+local BAD = {
+  {"from_pretrained recipe='unknown'", function() hf.from_pretrained(HF, {recipe = "unknown"}) end,
+    "from_pretrained: option recipe must be a recipe value or the name of one (f32, bf16", "got unknown"},
+  {"from_pretrained recipe={}", function() hf.from_pretrained(HF, {recipe = {}}) end, "option recipe must be"},
+  {"set_recipe('nvfp5')", function() model():set_recipe("nvfp5") end, "set_recipe: unknown recipe 'nvfp5' (valid: f32"},
+  {"Llama recipe=42", function() llama.Llama(sizes(), {recipe = 42}) end,
+    "set_recipe: the recipe must be a recipe value (nvlua.recipe) or the name of one, got 42"},
+  {"mor threshold=-1", function() recipe.mor({threshold = -1}) end,
+    "recipe.mor: threshold for e4m3 must be a number >= 0 (a relative error; math.huge: always within), got -1"},
+  {"mor threshold=NaN", function() recipe.mor({threshold = NAN}) end,
+    "threshold for e4m3 must be a number >= 0", "got " .. tostring(NAN)},
+  {"mor threshold={nvfp4=-inf}", function() recipe.mor({candidates = {"nvfp4"}, threshold = {nvfp4 = -INF}}) end,
+    "threshold for nvfp4 must be a number >= 0", "got -inf"},
+  {"mor candidates with a hole", function() recipe.mor({candidates = {"e4m3", nil, "nvfp4"}}) end,
+    "recipe.mor: candidates has a hole: candidates[2] is nil (of 3)"},
+  {"mor candidates={[2]=e4m3}", function() recipe.mor({candidates = {[2] = "e4m3"}}) end,
+    "candidates has a hole: candidates[1] is nil (of 2)"},
+  {"prune.width imp={}", function() prune.width(model(), {}, {ffn = 16}) end,
+    "prune: width: importance.hidden must be a 1-D tensor of 16 scores (the model's hidden_size), got nil"},
+  {"prune.width ffn[1] of 8 scores", function() prune.width(model(), importance(function(i) i.ffn[1] = nv.ones(8) end)) end,
+    "prune: width: importance.ffn[1] must be a 1-D tensor of 32 scores (the model's intermediate_size), got [8]"},
+  {"prune.width heads[0] holding a NaN",
+    function() prune.width(model(), importance(function(i) i.heads[0][3] = NAN end), {heads = 2}) end,
+    "prune: width: importance.heads[0][3] is " .. tostring(NAN) .. ", not a finite score"},
+  {"prune.width kv missing", function() prune.width(model(), importance(function(i) i.kv = nil end)) end,
+    "prune: width: importance.kv must be a table {[block] = scores}, got nil"},
+  {"prune.depth blocks[1]=nil", function() prune.depth(model(), importance(function(i) i.blocks[1] = nil end), {layers = 1}) end,
+    "prune: depth: importance.blocks[1] must be a finite number (block 1's score), got nil"},
+  {"prune.depth imp='x'", function() prune.depth(model(), "x", {layers = 1}) end, "prune: depth: imp must be the table"},
+  {"config lr=0x10", function() parse({lr = 0.1}, "lr=0x10") end,
+    "config: lr must be a number written in decimal (such as 3e-4 or 0.0003), got '0x10'"},
+  {"config lr=0x1p4", function() parse({lr = 0.1}, "lr=0x1p4") end, "config: lr must be a number written in decimal"},
+  {"config lr=' 1'", function() parse({lr = 0.1}, "lr= 1") end, "config: lr must be a number written in decimal"},
+  {"config steps=0x10", function() parse({steps = 1}, "steps=0x10") end,
+    "config: steps must be an integer written in decimal, got '0x10'"},
+  {"config steps=2.5", function() parse({steps = 1}, "steps=2.5") end, "config: steps must be an integer, got '2.5'"},
+  {"AdamW lr=-1", function() optim.AdamW(params(), {lr = -1}) end, "AdamW: option lr must be a finite number >= 0, got -1"},
+  {"AdamW lr=NaN", function() optim.AdamW(params(), {lr = NAN}) end, "AdamW: option lr must be a finite number >= 0"},
+  {"AdamW eps=inf", function() optim.AdamW(params(), {eps = INF}) end, "AdamW: option eps must be a finite number >= 0, got inf"},
+  {"AdamW weight_decay=-0.1", function() optim.AdamW(params(), {weight_decay = -0.1}) end,
+    "AdamW: option weight_decay must be a finite number >= 0, got -0.1"},
+  {"AdamW betas={0.9, 1}", function() optim.AdamW(params(), {betas = {0.9, 1}}) end,
+    "AdamW: option betas must be {beta1, beta2}, each a number in [0, 1), got {0.9, 1}"},
+  {"AdamW group lr_scale=-1", function() optim.AdamW({{params = params(), lr_scale = -1}}) end,
+    "AdamW group #1: option lr_scale must be a finite number >= 0, got -1"},
+  {"ShardedAdamW lr=-1", function() optim.ShardedAdamW(model(), {lr = -1}, {}) end,
+    "ShardedAdamW: option lr must be a finite number >= 0, got -1"},
+  {"opt:set_lr(NaN)", function() optim.AdamW(params()):set_lr(NAN) end, "set_lr: lr must be a finite number >= 0"},
+  {"opt:set_lr(inf)", function() optim.AdamW(params()):set_lr(INF) end, "set_lr: lr must be a finite number >= 0, got inf"},
+  {"clip_grad_norm(NaN)", function() optim.clip_grad_norm(params(), NAN) end,
+    "clip_grad_norm: max_norm must be a finite number > 0, got " .. tostring(NAN)},
+  {"opt:clip_grad_norm(inf)", function() optim.AdamW(params()):clip_grad_norm(INF) end,
+    "clip_grad_norm: max_norm must be a finite number > 0, got inf"},
+  {"opt:clip_grad_norm(-1)", function() optim.AdamW(params()):clip_grad_norm(-1) end,
+    "clip_grad_norm: max_norm must be a finite number > 0, got -1"},
+  {"core.grad_norm_multi max_norm=inf",
+    function() core.grad_norm_multi(nv.zeros(4, {dtype = "i64"}), {nv.zeros(3)}, INF) end,
+    "grad_norm_multi: max_norm must be a finite number > 0, got inf"},
+  {"core.adamw_step lr=-1", function()
+    local p = nv.zeros(2)
+    core.adamw_step(p, nv.zeros(2), nv.zeros(2), nv.zeros(2),
+      {lr = -1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0, step = 1})
+  end, "adamw_step: lr must be a finite number >= 0, got -1"},
+  {"llama_config initializer_range=NaN", function() nn.llama_config(sizes({initializer_range = NAN})) end,
+    "llama_config: initializer_range must be a finite number > 0, got " .. tostring(NAN)},
+  {"llama_config rms_norm_eps=-1", function() nn.llama_config(sizes({rms_norm_eps = -1})) end,
+    "llama_config: rms_norm_eps must be a finite number > 0, got -1"},
+  {"llama_config rope_theta=inf", function() nn.llama_config(sizes({rope_theta = INF})) end,
+    "llama_config: rope_theta must be a finite number > 0, got inf"},
+  {"llama_config({})", function() nn.llama_config({}) end,
+    "llama_config: the config must give the model's sizes vocab_size, hidden_size, intermediate_size, " ..
+    "num_hidden_layers, num_attention_heads; missing: vocab_size, hidden_size, intermediate_size, num_hidden_layers, " ..
+    "num_attention_heads"},
+  {"nn.Llama without intermediate_size", function() nn.Llama(sizes({intermediate_size = false})) end,
+    "llama_config: intermediate_size must be an integer >= 1, got false"},
+  {"Linear std=NaN", function() nn.Linear(2, 2, {std = NAN}) end, "Linear: option std must be a finite number >= 0"},
+  {"Embedding std=-1", function() nn.Embedding(4, 2, {std = -1}) end,
+    "Embedding: option std must be a finite number >= 0, got -1"},
+  {"RMSNorm eps=0", function() nn.RMSNorm(4, {eps = 0}) end, "RMSNorm: option eps must be a finite number > 0, got 0"},
+  {"save_pretrained max_shard_size='0x10GB'", function() hf.parse_size("0x10GB") end,
+    "save_pretrained: max_shard_size must be an integer >= 1 (bytes) or a size such as \"5GB\""},
+  {"shapes that do not broadcast", function() return nv.zeros(2, 3) + nv.zeros(4) end,
+    "add: shapes [2,3] f32 and [4] f32 cannot be broadcast"},
+  {"coroutine.yield inside nv.scope", function()
+    local co = coroutine.create(function() nv.scope(function() coroutine.yield(1) end) end)
+    local ok, err = coroutine.resume(co)
+    assert(not ok)
+    error(err, 0)
+  end, "coroutine.yield inside nv.scope (1 open in this coroutine): a scope closes when its function returns",
+    internal = true},
+  {"coroutine.yield inside nv.unscoped", function()
+    local co = coroutine.wrap(function() nv.unscoped(function() coroutine.yield(1) end) end)
+    co()
+  end, "coroutine.yield inside nv.unscoped: its function cannot yield", internal = true},
+}
+
+T.case("the bad-input table: each input raises its message, a user error unless marked internal", function()
+  for _, row in ipairs(BAD) do
+    local ok, err = pcall(row[2])
+    T.ok(not ok, row[1] .. ": expected an error")
+    err = tostring(err)
+    for i = 3, #row do
+      if not err:find(row[i], 1, true) then
+        error(string.format("%s: message %q does not contain %q", row[1], err, row[i]))
+      end
+    end
+    T.eq(core.is_user_error(err), not row.internal, row[1] .. ": a user error? " .. err)
+  end
+end)
+
+T.case("the options that were refused still take their good values", function()
+  T.ok(recipe.is_recipe(hf.from_pretrained(HF, {recipe = "bf16"}).lm_head.recipe), "a recipe by name")
+  T.eq(recipe.mor({threshold = 0}).mor.threshold, {0})
+  T.eq(recipe.mor({threshold = INF}).mor.threshold, {INF}, "+inf: every finite error is within")
+  T.eq(parse({lr = 0.1}, "lr=3e-4").lr, 3e-4)
+  T.eq(parse({lr = 0.1}, "lr=.5").lr, 0.5)
+  T.eq(parse({lr = 0.1}, "lr=-2").lr, -2.0)
+  T.eq(parse({steps = 1}, "steps=1e3").steps, 1000)
+  T.eq(parse({steps = 1}, "steps=+7").steps, 7)
+  local opt = optim.AdamW(params(), {lr = 0, betas = {0, 0.999}, eps = 0, weight_decay = 0})
+  opt:set_lr(0)
+  T.eq(opt:get_lr(), 0)
+  T.eq(optim.clip_grad_norm(params(), 1e-30), 0.0)
+  T.eq(nn.llama_config(sizes()).initializer_range, 0.02)
+  T.eq(nn.Linear(2, 2, {std = 0}).weight_entry.param:abs():sum(), 0)
+  local small = prune.depth(model(), importance(), {layers = 1})
+  T.eq(small.config.num_hidden_layers, 1)
+  -- a coroutine still yields outside a scope, and from a scope opened outside it
+  local co = coroutine.wrap(function(a) local b = coroutine.yield(a + 1); return b * 2 end)
+  T.eq(co(1), 2)
+  T.eq(co(5), 10)
+  T.eq(nv.scope(function()
+    local c2 = coroutine.wrap(function() coroutine.yield(nv.scope_depth()) end)
+    return c2()
+  end), 0, "the coroutine has no scope of its own open")
+  -- the scope the refused yield was in was closed as the error unwound
+  local t
+  local c3 = coroutine.create(function()
+    pcall(nv.scope, function() t = nv.zeros(2); coroutine.yield() end)
+    return nv.scope_depth()
+  end)
+  local ok, depth = coroutine.resume(c3)
+  T.ok(ok)
+  T.eq(depth, 0)
+  T.raises(function() return t:sum() end, "has been freed")
+end)
+
+-- ---- scripts/prepare_data.py: its arguments and its tokenizer file ---------------------------------
+
+local function prepare_data(args)
+  if not os.execute("command -v python3 >/dev/null 2>&1") then T.skip("no python3") end
+  local err = os.tmpname()
+  local script = here .. "/../scripts/prepare_data.py"
+  local _, how, code = os.execute(string.format("python3 %s %s >/dev/null 2>%s", T.shq(script), args, T.shq(err)))
+  local text = assert(T.read_file(err))
+  os.remove(err)
+  return how == "exit" and code or -1, text
+end
+
+T.case("prepare_data.py: bad arguments and unreadable tokenizers are refused, naming the option and the file", function()
+  local lfs = require "lfs"
+  local dir = T.tmpdir()
+  assert(lfs.mkdir(dir .. "/tok"))
+  assert(lfs.mkdir(dir .. "/badcfg"))
+  local out, doc = dir .. "/out", T.write_file(dir .. "/doc.txt", string.rep("In the beginning. ", 100))
+  local bad_json = T.write_file(dir .. "/tok/tokenizer.json", "{not json")
+  local array = T.write_file(dir .. "/arr.json", "[1, 2]")
+  T.write_file(dir .. "/badcfg/tokenizer.json", "{}")
+  T.write_file(dir .. "/badcfg/tokenizer_config.json", "{oops")
+  local PY_BAD = { -- arguments -> a fragment of the one-line message
+    {"--tokenizer bytes --batch 0", "prepare_data: --batch must be an integer >= 1 (documents tokenized at a time), got 0"},
+    {"--tokenizer bytes --batch -3", "--batch must be an integer >= 1 (documents tokenized at a time), got -3"},
+    {"--tokenizer bytes --shard-tokens 0", "--shard-tokens must be an integer >= 1, got 0"},
+    {"--tokenizer bytes --val-fraction nan", "--val-fraction must be a number in (0, 1), got nan"},
+    {"--tokenizer " .. dir .. "/none.json", "--tokenizer " .. dir .. "/none.json: no such file"},
+    {"--tokenizer " .. dir, "--tokenizer " .. dir .. "/tokenizer.json: no such file"},
+    {"--tokenizer " .. dir .. "/tok", "--tokenizer " .. bad_json .. ": not valid JSON"},
+    {"--tokenizer " .. array, "--tokenizer " .. array .. ": expected a JSON object, got a list"},
+    {"--tokenizer " .. dir .. "/badcfg", dir .. "/badcfg/tokenizer_config.json: not valid JSON", needs = "tokenizers"},
+  }
+  local has_tokenizers = os.execute("python3 -c 'import tokenizers' >/dev/null 2>&1")
+  for _, row in ipairs(PY_BAD) do
+    if not row.needs or has_tokenizers then
+      local code, err = prepare_data(T.shq(out) .. " " .. T.shq(doc) .. " " .. row[1])
+      T.eq(code, 2, row[1] .. ": exit status")
+      T.ok(err:find(row[2], 1, true), string.format("%s: stderr %q should contain %q", row[1], err, row[2]))
+      T.eq(err:find("Traceback", 1, true), nil, row[1] .. ": no Python traceback: " .. err)
+    end
+  end
+  T.eq(lfs.attributes(out), nil, "nothing was written")
+  T.rm_tree(dir)
+end)
+
+-- ---- messages for people: the nvlua program prints a user error as one line -------------------------
+
+T.case("nvlua: a user error prints its one line without a traceback; NVLUA_TRACEBACK=1 brings it back", function()
+  local dir = T.tmpdir()
+  local script = T.write_file(dir .. "/cfg.lua",
+    "local c = require('nvlua.config').parse({lr = 0.1, steps = 10}, arg)\nprint(c.lr)\n")
+  local msg = "nvlua: config: lr must be a number written in decimal (such as 3e-4 or 0.0003), got '0x10'\n"
+  local r = T.run_nvlua(T.shq(script) .. " lr=0x10")
+  T.eq(r.code, 1)
+  T.eq(r.out, "")
+  T.eq(r.err, msg, "the message alone")
+  r = T.run_nvlua(T.shq(script) .. " lr=0x10", {env = {NVLUA_TRACEBACK = "1"}})
+  T.eq(r.code, 1)
+  T.ok(r.err:sub(1, #msg) == msg and r.err:find("\nstack traceback:\n", 1, true), "the traceback is back: " .. r.err)
+  T.ok(r.err:find("cfg.lua:1: in main chunk", 1, true), "it shows the script's line: " .. r.err)
+  r = T.run_nvlua(T.shq(script) .. " lr=3e-4")
+  T.eq(r.code, 0)
+  T.eq(r.out, "0.0003\n")
+  -- user errors raised by C (a core status, an options table) and by the library
+  for _, case in ipairs({
+    {"local nv = require 'nvlua'; local x = nv.zeros(2, 3) + nv.zeros(4)", "add: shapes [2,3] f32 and [4] f32"},
+    {"local z = require('nvlua').zeros(2); require('nvlua.core').adamw_step(z, z, z, z, {lr = 1, bogus = 2})",
+      "adamw_step: unknown option 'bogus'"},
+    {"require('nvlua.optim').AdamW(require('nvlua.nn').Linear(2, 2), {lr = -1})",
+      "AdamW: option lr must be a finite number >= 0, got -1"},
+    {"require('nvlua.hf').from_pretrained('/nonexistent/model')", "from_pretrained: /nonexistent/model: no such directory"},
+    {"require('nvlua.nn').llama_config({})", "llama_config: the config must give the model's sizes"},
+  }) do
+    r = T.run_nvlua("-e " .. T.shq(case[1]))
+    T.eq(r.code, 1, case[1])
+    T.ok(r.err:find(case[2], 1, true), case[1] .. ": " .. r.err)
+    T.eq(select(2, r.err:gsub("\n", "")), 1, case[1] .. ": one line: " .. r.err)
+  end
+  T.rm_tree(dir)
+end)
+
+T.case("nvlua: an internal error (a script calling nil, an error() of its own) keeps its traceback", function()
+  local dir = T.tmpdir()
+  local script = T.write_file(dir .. "/bug.lua", "local function f() local g = nil; g() end\nf()\n")
+  local r = T.run_nvlua(T.shq(script))
+  T.eq(r.code, 1)
+  T.ok(r.err:find("nvlua: " .. script .. ":1: attempt to call a nil value (local 'g')\nstack traceback:\n", 1, true), r.err)
+  T.ok(r.err:find(script .. ":2: in main chunk", 1, true), r.err)
+  -- a script's own error, and a user error's message raised again as a new string, are internal
+  r = T.run_nvlua("-e " .. T.shq("error('mine')"))
+  T.ok(r.err:find("mine\nstack traceback:", 1, true), r.err)
+  r = T.run_nvlua("-e " .. T.shq("local ok, e = pcall(require('nvlua.nn').llama_config, {}); error('wrapped: ' .. e)"))
+  T.ok(r.err:find("wrapped: llama_config", 1, true) and r.err:find("stack traceback:", 1, true), r.err)
+  -- caught and raised again unchanged, it is still a user error
+  r = T.run_nvlua("-e " .. T.shq("local ok, e = pcall(require('nvlua.nn').llama_config, {}); error(e, 0)"))
+  T.eq(select(2, r.err:gsub("\n", "")), 1, "one line: " .. r.err)
+  T.rm_tree(dir)
 end)

@@ -673,7 +673,7 @@ T.case("from_pretrained: bad arguments and broken directories raise named errors
   local c = case_config("llama2")
   c.hidden_size = nil; c.head_dim = nil
   T.raises(function() hf.from_pretrained(with_config("llama2", c, "nosize")) end,
-    "config.json: Llama: the config must give vocab_size, hidden_size")
+    "config.json: llama_config: the config must give the model's sizes vocab_size, hidden_size")
   -- sharded: the index must agree with its shards
   local function index(edit)
     local d = with_config("llama31", assert(T.read_file(DATA .. "/llama31/config.json")), "index")

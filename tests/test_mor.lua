@@ -6,7 +6,7 @@
 --   * an injected block of tiny values falls back exactly where the error, computed here in double
 --     from the quantizer's own output at the power-of-two scale worked out here, exceeds the threshold;
 --   * the tiered candidates (nvfp4, then e4m3, then bf16), decide replaced, its bad results;
---   * end to end: threshold +inf trains bit for bit as fp8_cs (e4m3), -1 as bf16; the counters
+--   * end to end: threshold +inf trains bit for bit as fp8_cs (e4m3), a decide choosing bf16 as bf16; the counters
 --     (nv.stats, the training log) and the plan; bad options.
 -- Resume with MoR state: tests/test_train.lua.
 local T = require "nvlua.test"
@@ -215,7 +215,10 @@ local function same_step(a, b, what)
   T.ok(n > 10, what .. ": gradients compared")
 end
 
-T.case("threshold +inf is fp8_cs (e4m3) bit for bit; -1 is bf16; the counters and the log agree", function()
+-- a decision that sends every unit to bf16 (the last format)
+local function all_bf16(d) return nv.full(d.errs[1]:size(), #d.formats) end
+
+T.case("threshold +inf is fp8_cs (e4m3) bit for bit; all bf16 is bf16; the counters and the log agree", function()
   stats.reset()
   same_step(recipe.mor({threshold = math.huge}), recipe.fp8_cs({format = "e4m3"}), "mor +inf vs fp8_cs")
   local reps = stats.representations()
@@ -227,8 +230,9 @@ T.case("threshold +inf is fp8_cs (e4m3) bit for bit; -1 is bf16; the counters an
   local buf = {}
   stats.report({write = function(_, ...) for _, s in ipairs({...}) do buf[#buf + 1] = s end end})
   T.ok(table.concat(buf):find("model.layers.0.mlp.down_proj wgrad  dy  e4m3 100.00%% %(1 tensors%)"), "stats.report")
-  same_step(recipe.mor({threshold = -1}), recipe.bf16(), "mor -1 vs bf16")
-  same_step(recipe.mor({granularity = "block", block = 32, threshold = -1}), recipe.bf16(), "mor block -1 vs bf16")
+  same_step(recipe.mor({decide = all_bf16}), recipe.bf16(), "mor all bf16 vs bf16")
+  same_step(recipe.mor({granularity = "block", block = 32, decide = all_bf16}), recipe.bf16(), "mor block all bf16 vs bf16")
+  T.raises(function() recipe.mor({threshold = -1}) end, "threshold for e4m3 must be a number >= 0")
 end)
 
 T.case("every = N reuses a tensor's choice, as recipe state", function()
@@ -315,7 +319,7 @@ T.case("recipe=mor from a config: sr and w2d taken, the fixed-table settings ref
   T.raises(function() recipe.make("mor", {switch_at = {step = 5}}) end, "recipe mor: switch_step does not apply")
   T.raises(function() recipe.make("mor_block", {bf16_first = 1}) end, "recipe mor_block: bf16_first does not apply")
   local seen = {}
-  local rec = recipe.mor({granularity = "block", block = 32, threshold = -1})
+  local rec = recipe.mor({granularity = "block", block = 32, decide = all_bf16})
   rec:trace(function(e) seen[#seen + 1] = e.role .. " " .. e.gemm.label .. " " .. e.a:format() end)
   local m = llama.Llama(CFG, {recipe = rec, seed = 4})
   m:forward_backward(batch())

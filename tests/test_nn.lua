@@ -224,24 +224,34 @@ T.case("nn.Llama and nn.Block are llama.lua's classes (the names nn kept when th
   T.ok(nn.is_instance(nn.Llama(tiny_config(), {seed = 1}), nn.Module), "a Llama is an nn.Module")
 end)
 
-T.case("config: Hugging Face defaults, head_dim, unknown keys and bad values", function()
-  local c = nn.llama_config({hidden_size = 64, num_attention_heads = 8})
+T.case("config: Hugging Face defaults (not for the sizes), head_dim, unknown keys and bad values", function()
+  local sizes = {vocab_size = 50, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 1,
+    num_attention_heads = 8}
+  local function with_sizes(t)
+    for k, v in pairs(sizes) do if t[k] == nil then t[k] = v end end
+    return t
+  end
+  local c = nn.llama_config(with_sizes({}))
   T.eq(c.num_key_value_heads, 8)
   T.eq(c.head_dim, 8)
   T.eq(c.rope_theta, 10000.0)
   T.eq(c.rms_norm_eps, 1e-6)
   T.eq(c.tie_word_embeddings, false)
-  T.eq(c.vocab_size, 32000)
+  T.eq(c.max_position_embeddings, 2048)
+  T.raises(function() nn.llama_config({hidden_size = 64, num_attention_heads = 8}) end,
+    "missing: vocab_size, intermediate_size, num_hidden_layers")
   local err = T.raises(function() llama.Llama(tiny_config({hidden_layers = 2})) end, "unknown key 'hidden_layers'")
   T.ok(err:find("num_hidden_layers", 1, true) and err:find("rope_scaling", 1, true), "lists the valid keys: " .. err)
-  T.raises(function() nn.llama_config({num_attention_heads = 4, num_key_value_heads = 3}) end, "multiple of")
-  T.raises(function() nn.llama_config({hidden_act = "gelu"}) end, "hidden_act = gelu is not supported")
-  T.raises(function() nn.llama_config({rope_scaling = {rope_type = "yarn", factor = 4}}) end, "rope_type 'yarn'")
-  T.raises(function() nn.llama_config({rope_scaling = {rope_type = "llama3", fctor = 4}}) end, "unknown rope_scaling key")
+  T.raises(function() nn.llama_config(with_sizes({num_attention_heads = 4, num_key_value_heads = 3})) end, "multiple of")
+  T.raises(function() nn.llama_config(with_sizes({hidden_act = "gelu"})) end, "hidden_act = gelu is not supported")
+  T.raises(function() nn.llama_config(with_sizes({rope_scaling = {rope_type = "yarn", factor = 4}})) end,
+    "rope_type 'yarn'")
+  T.raises(function() nn.llama_config(with_sizes({rope_scaling = {rope_type = "llama3", fctor = 4}})) end,
+    "unknown rope_scaling key")
   T.raises(function() llama.Llama(tiny_config(), {sed = 1}) end, "unknown option 'sed'")
   -- a config.json's bookkeeping keys are accepted
-  nn.llama_config({architectures = {"LlamaForCausalLM"}, model_type = "llama", torch_dtype = "bfloat16",
-    bos_token_id = 128000, eos_token_id = 128001, hidden_act = "silu", attention_bias = false})
+  nn.llama_config(with_sizes({architectures = {"LlamaForCausalLM"}, model_type = "llama", torch_dtype = "bfloat16",
+    bos_token_id = 128000, eos_token_id = 128001, hidden_act = "silu", attention_bias = false}))
   -- explicit head_dim: projections are [H*D, C]
   local m = llama.Llama(tiny_config({head_dim = 16}), {seed = 1, recipe = F32})
   local sd = m:state_dict()

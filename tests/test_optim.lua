@@ -57,7 +57,7 @@ T.case("opt:clip_grad_norm + step = optim.clip_grad_norm + step, bit for bit, ov
   local n1 = oc:clip_grad_norm(1.0)
   oc:clip_grad_norm(1.0)
   T.raises(function() n1:value() end, "newer norm")
-  T.raises(function() oc:clip_grad_norm(0) end, "max_norm must be a positive number")
+  T.raises(function() oc:clip_grad_norm(0) end, "max_norm must be a finite number > 0, got 0")
 end)
 
 T.case("adamw_multi and grad_norm_multi: bad arguments are clear errors", function()

@@ -35,8 +35,20 @@ nvl_tensor *nvl_lua_push_tensor(lua_State *L);
 void nvl_lua_scope_record(lua_State *L, int idx);
 /* Argument i as a live tensor (raises a Lua error naming op otherwise). */
 nvl_tensor *nvl_lua_check_tensor(lua_State *L, int i, const char *op);
-/* Raise the last core error as a Lua error. */
+/* Raise the last core error as a Lua error: a user error (errors.c) for NVL_EINVAL, NVL_EUNSUPPORTED,
+ * NVL_EIO and NVL_ENOMEM, an ordinary one otherwise. */
 int nvl_lua_raise(lua_State *L);
+
+/* ---- user errors (errors.c): printed as one line, without a traceback, by the program ---- */
+
+/* luaL_error's twin: raise "<position>: <message>" marked as a user error. */
+int nvl_lua_user_error(lua_State *L, const char *fmt, ...);
+/* Mark the string at idx as the message of a user error (it is raised after, as it is). */
+void nvl_lua_mark_user_error(lua_State *L, int idx);
+/* Is the value at idx the message of a user error? */
+int nvl_lua_is_user_error(lua_State *L, int idx);
+/* Add user_error and is_user_error to the module table on top. */
+void nvl_lua_open_errors(lua_State *L);
 
 /* ---- options tables (opts.c): errors read "op: unknown option 'k' (valid: a, b)" ---- */
 

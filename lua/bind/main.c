@@ -12,7 +12,9 @@
  *     history and completion, and survives Ctrl-C at the prompt; this file runs its statements
  *     (nvl_main_docall) and keeps the Ctrl-C handling of running code;
  *   - nvlua.signal: SIGINT, SIGTERM and SIGUSR1 deferred to polling, for the training loop's clean
- *     stop (finish the step, checkpoint, exit with status 75, EX_TEMPFAIL: "interrupted, resumable").
+ *     stop (finish the step, checkpoint, exit with status 75, EX_TEMPFAIL: "interrupted, resumable");
+ *   - a user error (a bad option, file or shape: lua/bind/errors.c) is printed as its one line,
+ *     without the stack traceback other errors get (msghandler; NVLUA_TRACEBACK=1 restores it).
  * Not here: the REPL's line reading, history and completion (repl.c), any tensor code (lua/bind/
  * bindings, core/). Nothing here calls exit(); main returns the status (os.exit still ends the
  * process with its own status).
@@ -247,9 +249,24 @@ static int luaopen_nvlua_signal(lua_State *L) {
 
 /* ---- running code ------------------------------------------------------------------------ */
 
-/* Message handler: adds a traceback to the error message. */
+/* Whether every error gets its traceback: NVLUA_TRACEBACK set to anything but "" or "0". */
+static int traceback_always(void) {
+  const char *e = getenv("NVLUA_TRACEBACK");
+  return e != NULL && e[0] != '\0' && strcmp(e, "0") != 0;
+}
+
+/* Message handler: adds a traceback to the error message, as lua.c's does — except to a user
+ * error. How errors reach people: a user error (lua/bind/errors.c: a bad option or config value, a
+ * missing or malformed file, a shape or size that does not fit; raised in C by nvl_lua_user_error,
+ * by opts.c's checks and for core's NVL_EINVAL, NVL_EUNSUPPORTED, NVL_EIO and NVL_ENOMEM statuses
+ * (nvl_lua_raise), in Lua by core.user_error, which util.user_error, util.check_opts and
+ * nvlua.config use) is printed as its one-line message, "nvlua: config: lr must be ...". Any other
+ * error — a Lua runtime error, a script's own error(), a failed CUDA call — is an internal one and
+ * keeps its stack traceback. NVLUA_TRACEBACK=1 gives every error its traceback. The exit status is
+ * 1 on any error. The REPL's statements (nvl_main_docall) go through the same handler. */
 static int msghandler(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
+  if (msg != NULL && nvl_lua_is_user_error(L, 1) && !traceback_always()) return 1;
   if (msg == NULL) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
     msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));

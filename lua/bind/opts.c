@@ -1,5 +1,5 @@
 /* opts.c: checking options tables passed to the bindings (see bind.h): unknown keys, wrong types
- * and missing required keys raise Lua errors naming the op, the key and the valid keys. */
+ * and missing required keys raise user errors (errors.c) naming the op, the key and the valid keys. */
 #include <lauxlib.h>
 #include <lua.h>
 #include <string.h>
@@ -23,7 +23,7 @@ void nvl_lua_check_keys(lua_State *L, int idx, const char *op, const char *const
         luaL_addstring(&b, *k);
       }
       luaL_pushresult(&b);
-      luaL_error(L, "%s: unknown option '%s' (valid: %s)", op, key, lua_tostring(L, -1));
+      nvl_lua_user_error(L, "%s: unknown option '%s' (valid: %s)", op, key, lua_tostring(L, -1));
     }
   }
 }
@@ -32,9 +32,9 @@ void nvl_lua_check_keys(lua_State *L, int idx, const char *op, const char *const
 void nvl_lua_opt_number(lua_State *L, int idx, const char *op, const char *key, double *v, int required) {
   int t = lua_getfield(L, idx, key);
   if (t == LUA_TNIL) {
-    if (required) luaL_error(L, "%s: option '%s' is required", op, key);
+    if (required) nvl_lua_user_error(L, "%s: option '%s' is required", op, key);
   } else if (t != LUA_TNUMBER) {
-    luaL_error(L, "%s: option '%s' must be a number, got %s", op, key, luaL_typename(L, -1));
+    nvl_lua_user_error(L, "%s: option '%s' must be a number, got %s", op, key, luaL_typename(L, -1));
   } else {
     *v = lua_tonumber(L, -1);
   }
@@ -44,12 +44,12 @@ void nvl_lua_opt_number(lua_State *L, int idx, const char *op, const char *key, 
 void nvl_lua_opt_integer(lua_State *L, int idx, const char *op, const char *key, int64_t *v, int required) {
   int t = lua_getfield(L, idx, key);
   if (t == LUA_TNIL) {
-    if (required) luaL_error(L, "%s: option '%s' is required", op, key);
+    if (required) nvl_lua_user_error(L, "%s: option '%s' is required", op, key);
   } else {
     int ok;
     lua_Integer i = lua_tointegerx(L, -1, &ok);
     if (t != LUA_TNUMBER || !ok)
-      luaL_error(L, "%s: option '%s' must be an integer, got %s", op, key,
+      nvl_lua_user_error(L, "%s: option '%s' must be an integer, got %s", op, key,
                  t == LUA_TNUMBER ? lua_pushfstring(L, "%f", lua_tonumber(L, -1)) : luaL_typename(L, -1));
     *v = (int64_t)i;
   }
@@ -59,6 +59,7 @@ void nvl_lua_opt_integer(lua_State *L, int idx, const char *op, const char *key,
 void nvl_lua_opt_boolean(lua_State *L, int idx, const char *op, const char *key, int *v) {
   int t = lua_getfield(L, idx, key);
   if (t == LUA_TBOOLEAN) *v = lua_toboolean(L, -1);
-  else if (t != LUA_TNIL) luaL_error(L, "%s: option '%s' must be a boolean, got %s", op, key, luaL_typename(L, -1));
+  else if (t != LUA_TNIL)
+    nvl_lua_user_error(L, "%s: option '%s' must be a boolean, got %s", op, key, luaL_typename(L, -1));
   lua_pop(L, 1);
 }

@@ -11,9 +11,15 @@
  * as it unwinds (a to-be-closed slot), leaving the error and its traceback untouched.
  * Not here: the tensors (tensor.c, quant.c), memory accounting (core/).
  *
+ * A coroutine cannot yield from inside nv.scope or nv.unscoped: their function runs under a C call
+ * (lua_call), and the scope must close when it returns. Lua's own refusal, "attempt to yield across
+ * a C-call boundary", names neither, so loading this module replaces coroutine.yield with a
+ * function that raises a message saying so when the running coroutine has a scope open (or runs
+ * under nv.unscoped), and otherwise yields exactly as Lua's does.
+ *
  * Layout: registry[&SCOPES] = {[coroutine] = stack} with weak keys (a dead coroutine's scopes go
  * with it); stack[d] = scope d, 1 outermost; scope[i] = the i-th userdata recorded (false once
- * it left), scope[userdata] = i. */
+ * it left), scope[userdata] = i; stack.unscoped = true for the stack nv.unscoped puts in place. */
 #include <lauxlib.h>
 #include <lua.h>
 #include "bind.h"
@@ -245,6 +251,8 @@ static int l_unscoped(lua_State *L) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &SCOPES);
   lua_pushthread(L);
   lua_newtable(L);
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, "unscoped"); /* for l_yield */
   lua_rawset(L, -3);
   lua_pop(L, 1);
   lua_insert(L, 1); /* guard, fn, args... */
@@ -324,6 +332,22 @@ static int l_scope_depth(lua_State *L) {
   return 1;
 }
 
+/* coroutine.yield(...), as Lua's, except inside nv.scope or nv.unscoped (see the header) */
+static int l_yield(lua_State *L) {
+  int n = lua_gettop(L);
+  if (push_stack(L, 0)) {
+    lua_Integer d = (lua_Integer)lua_rawlen(L, -1);
+    int unscoped = lua_getfield(L, -1, "unscoped") != LUA_TNIL;
+    if (d > 0)
+      return luaL_error(L, "coroutine.yield inside nv.scope (%d open in this coroutine): a scope closes when its "
+                        "function returns, so its function cannot yield; yield outside nv.scope", (int)d);
+    if (unscoped)
+      return luaL_error(L, "coroutine.yield inside nv.unscoped: its function cannot yield; yield outside it");
+    lua_settop(L, n);
+  }
+  return lua_yield(L, n);
+}
+
 static const luaL_Reg scope_funcs[] = {
   {"scope", l_scope}, {"keep", l_keep}, {"unscope", l_unscope}, {"adopt", l_adopt}, {"unscoped", l_unscoped},
   {"scope_depth", l_scope_depth}, {NULL, NULL}};
@@ -338,4 +362,9 @@ void nvl_lua_open_scope(lua_State *L) {
   lua_setfield(L, -2, "__close");
   lua_pop(L, 1);
   luaL_setfuncs(L, scope_funcs, 0);
+  if (lua_getglobal(L, "coroutine") == LUA_TTABLE) {
+    lua_pushcfunction(L, l_yield);
+    lua_setfield(L, -2, "yield");
+  }
+  lua_pop(L, 1);
 }

@@ -31,7 +31,6 @@ static nvl_tensor *push_tensor(lua_State *L) {
 }
 
 nvl_tensor *nvl_lua_push_tensor(lua_State *L) { return push_tensor(L); }
-int nvl_lua_raise(lua_State *L) { return luaL_error(L, "%s", nvl_last_error()); }
 
 /* A Lua number as a scalar operand, integers kept exact. */
 static nvl_scalar to_scalar(lua_State *L, int i) {
@@ -955,6 +954,7 @@ int luaopen_nvlua_core(lua_State *L) {
   lua_setfield(L, -2, "Tensor");
   luaL_getmetatable(L, NVL_GENERATOR_MT);
   lua_setfield(L, -2, "Generator_mt");
+  nvl_lua_open_errors(L);
   nvl_lua_open_scope(L);
   nvl_lua_open_quant(L);
   nvl_lua_open_layers(L);

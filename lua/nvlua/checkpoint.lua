@@ -57,6 +57,7 @@ local hf = require "nvlua.hf"
 local data = require "nvlua.data"
 local config = require "nvlua.config"
 local util = require "nvlua.util"
+local user_error = util.user_error
 local tokenizer = require "nvlua.tokenizer"
 
 local ckpt = {}
@@ -105,7 +106,7 @@ local function parse_fault()
       return
     end
   end
-  error(string.format("NVLUA_FAULT=%s: expected <point>[:<nth>], nth >= 1, point one of %s", spec,
+  user_error(string.format("NVLUA_FAULT=%s: expected <point>[:<nth>], nth >= 1, point one of %s", spec,
     table.concat(ckpt.FAULT_POINTS, ", ")), 0)
 end
 
@@ -157,13 +158,13 @@ ckpt.complete = complete
 local function sync_dir(dir)
   if bgops then bgops[#bgops + 1] = {"fsync", dir, true}; return end
   local ok, err = core.fsync(dir, true)
-  if not ok then error("checkpoint: cannot sync the directory " .. dir .. ": " .. tostring(err), 0) end
+  if not ok then user_error("checkpoint: cannot sync the directory " .. dir .. ": " .. tostring(err), 0) end
 end
 
 local function rename(from, to)
   if bgops then bgops[#bgops + 1] = {"rename", from, to}; return end
   local ok, err = os.rename(from, to)
-  if not ok then error(string.format("checkpoint: cannot rename %s to %s: %s", from, to, tostring(err)), 0) end
+  if not ok then user_error(string.format("checkpoint: cannot rename %s to %s: %s", from, to, tostring(err)), 0) end
 end
 
 -- Remove a checkpoint directory: its marker first (synced), then the rest. what names its fault
@@ -195,7 +196,7 @@ local function remove_checkpoint(dir, what)
   end
   if lfs.attributes(marker) then
     local ok, err = os.remove(marker)
-    if not ok then error("checkpoint: cannot remove " .. marker .. ": " .. tostring(err), 0) end
+    if not ok then user_error("checkpoint: cannot remove " .. marker .. ": " .. tostring(err), 0) end
     sync_dir(dir)
   end
   fault(what .. ".marker")
@@ -207,7 +208,7 @@ local function remove_checkpoint(dir, what)
     if i == 1 then fault(what .. ".half") end
   end
   local ok, err = lfs.rmdir(dir)
-  if not ok then error("checkpoint: cannot remove the directory " .. dir .. ": " .. tostring(err), 0) end
+  if not ok then user_error("checkpoint: cannot remove the directory " .. dir .. ": " .. tostring(err), 0) end
 end
 
 --- ckpt.remove_all(run_dir): every checkpoint under run_dir/checkpoints removed, each one's marker
@@ -223,7 +224,7 @@ function ckpt.remove_all(run_dir)
     if is_dir(p) then remove_checkpoint(p, "overwrite") else rm_rf(p) end
   end
   local ok, err = lfs.rmdir(root)
-  if not ok then error("checkpoint: cannot remove the directory " .. root .. ": " .. tostring(err), 0) end
+  if not ok then user_error("checkpoint: cannot remove the directory " .. root .. ": " .. tostring(err), 0) end
 end
 
 local function step_name(step) return string.format("step-%06d", step) end
@@ -257,7 +258,7 @@ local function int_to_text(v) return math.type(v) == "integer" and string.format
 -- (an amax pushed by a step that went NaN) is written as a string and mapped back on load.
 local function write_json(path, t)
   local ok, err = util.atomic_write(path, config.encode(t) .. "\n")
-  if not ok then error("checkpoint: " .. path .. ": " .. err, 0) end
+  if not ok then user_error("checkpoint: " .. path .. ": " .. err, 0) end
 end
 local NONFINITE = {inf = math.huge, ["-inf"] = -math.huge, nan = 0 / 0, ["-nan"] = 0 / 0}
 local function text_to_number(v) if type(v) == "string" then return NONFINITE[v] or tonumber(v) end return v end
@@ -268,7 +269,7 @@ local function read_json(path)
   local s = f:read("a")
   f:close()
   local ok, v = pcall(cjson.decode, s or "")
-  if not ok then error("checkpoint: " .. path .. ": bad JSON: " .. tostring(v), 2) end
+  if not ok then user_error("checkpoint: " .. path .. ": bad JSON: " .. tostring(v), 2) end
   return v
 end
 
@@ -351,11 +352,11 @@ end
 local function write_checkpoint(dir, o, seq)
   for _, d in ipairs({dir, dir .. "/" .. MODEL}) do
     local ok, err = lfs.mkdir(d)
-    if not ok then error("checkpoint: cannot create " .. d .. ": " .. tostring(err), 0) end
+    if not ok then user_error("checkpoint: cannot create " .. d .. ": " .. tostring(err), 0) end
   end
   local files = {}
   local function written(name, wok, werr) -- werr: the bytes written when wok
-    if not wok then error("checkpoint: " .. dir .. "/" .. name .. ": " .. tostring(werr), 0) end
+    if not wok then user_error("checkpoint: " .. dir .. "/" .. name .. ": " .. tostring(werr), 0) end
     files[name] = werr
   end
   local tok, mdir = o.tokenizer, dir .. "/" .. MODEL
@@ -426,7 +427,7 @@ end
 --- ckpt.wait(): wait for a background save (ckpt.save{background = true}) to finish; raises its error.
 function ckpt.wait()
   local err = core.bg_wait()
-  if err then error("checkpoint: " .. err, 0) end
+  if err then user_error("checkpoint: " .. err, 0) end
 end
 
 --- ckpt.release(): frees the host staging buffer of background saves (none may be writing: ckpt.wait
@@ -572,7 +573,7 @@ ckpt.from_pretrained = hf.from_pretrained
 -- "checkpoint <dir>/<file>: <what is wrong>".
 
 local function fail(dir, file, fmt, ...)
-  error(string.format("checkpoint %s/%s: " .. fmt, dir, file, ...), 0)
+  user_error(string.format("checkpoint %s/%s: " .. fmt, dir, file, ...), 0)
 end
 
 -- a value as a message shows it: strings quoted, tables by kind

@@ -10,6 +10,10 @@
 -- A plain table of defaults is a schema too (each key typed by its default, no range):
 -- config.parse(defaults, args).
 local cjson = require "cjson"
+local util = require "nvlua.util"
+
+-- every error about a config value is a user error: nvlua prints it as one line (lua/bind/errors.c)
+local fail = util.user_error
 
 local config = {}
 
@@ -91,7 +95,7 @@ end
 
 -- v checked against the spec -> v (a number key's float as a float), or raises naming the key.
 function Spec:validate(key, v, c)
-  local function bad() error(string.format("config: %s must be %s, got %s", key, self:describe(), show(v)), 0) end
+  local function bad() fail(string.format("config: %s must be %s, got %s", key, self:describe(), show(v)), 0) end
   local k = self.kind
   if k == "int" then
     if math.type(v) ~= "integer" then bad() end
@@ -119,29 +123,44 @@ function Spec:validate(key, v, c)
   end
   if self.check then
     local msg = self.check(v, c)
-    if msg then error(string.format("config: %s: %s", key, msg), 0) end
+    if msg then fail(string.format("config: %s: %s", key, msg), 0) end
   end
   return v
 end
 
+-- Is text a number written in decimal: digits with an optional sign, point and exponent ("3",
+-- "-2", "3e-4", "0.5", ".5", "1.")? Lua's tonumber also reads hex ("0x10" is 16, "0x1p4" too) and
+-- surrounding spaces; on the command line those are refused rather than read as a surprise.
+local function decimal(text)
+  local m = text:match("^[+-]?(%d*%.?%d*)[eE][+-]?%d+$") or text:match("^[+-]?(%d*%.?%d*)$")
+  return m ~= nil and m:find("%d") ~= nil
+end
+
 -- Text from the command line -> a value of the spec's type (the range is checked later, by validate).
+-- Numbers are read in decimal only (see decimal).
 function Spec:parse_text(key, text)
   local k = self.kind
   if k == "int" then
-    local v = math.tointeger(tonumber(text))
-    if not v then error(string.format("config: %s must be an integer, got '%s'", key, text), 0) end
+    local v = decimal(text) and math.tointeger(tonumber(text))
+    if not v then
+      local other = not decimal(text) and tonumber(text) -- a number in another spelling: 0x10
+      fail(string.format("config: %s must be an integer%s, got '%s'", key, other and " written in decimal" or "", text), 0)
+    end
     return v
   elseif k == "num" then
-    local v = tonumber(text)
-    if not v then error(string.format("config: %s must be a number, got '%s'", key, text), 0) end
+    local v = decimal(text) and tonumber(text)
+    if not v then
+      local other = tonumber(text) and " written in decimal (such as 3e-4 or 0.0003)" or ""
+      fail(string.format("config: %s must be a number%s, got '%s'", key, other, text), 0)
+    end
     return v + 0.0 -- the key's type: "lr=1" gives 1.0
   elseif k == "bool" then
     if text == "true" or text == "1" then return true elseif text == "false" or text == "0" then return false end
-    error(string.format("config: %s must be true or false, got '%s'", key, text), 0)
+    fail(string.format("config: %s must be true or false, got '%s'", key, text), 0)
   elseif k == "str" then
     return text
   end
-  error(string.format("config: %s cannot be set from the command line", key), 0)
+  fail(string.format("config: %s cannot be set from the command line", key), 0)
 end
 
 -- ---- schemas: the specs of every key, and the checks relating keys ------------------------------
@@ -202,12 +221,12 @@ function Schema:check(c)
   for k in pairs(self.specs) do keys[#keys + 1] = k end
   table.sort(keys)
   for _, k in ipairs(keys) do
-    if c[k] == nil then error(string.format("config: %s is missing (%s)", k, self.specs[k]:describe()), 0) end
+    if c[k] == nil then fail(string.format("config: %s is missing (%s)", k, self.specs[k]:describe()), 0) end
     c[k] = self.specs[k]:validate(k, c[k], c)
   end
   for _, f in ipairs(self.checks) do
     local msg = f(c)
-    if msg then error("config: " .. msg, 0) end
+    if msg then fail("config: " .. msg, 0) end
   end
   return c
 end
@@ -218,13 +237,13 @@ function Schema:parse(args)
   local out = self:defaults()
   for _, a in ipairs(args or {}) do
     local k, v = tostring(a):match("^([%w_%.]+)=(.*)$")
-    if not k then error(string.format("config: arguments are key=value, got '%s'", tostring(a)), 0) end
+    if not k then fail(string.format("config: arguments are key=value, got '%s'", tostring(a)), 0) end
     local s = self.specs[k]
     if not s then
       local keys = {}
       for name in pairs(self.specs) do keys[#keys + 1] = name end
       table.sort(keys)
-      error(string.format("config: unknown key '%s'; valid keys: %s", k, table.concat(keys, ", ")), 0)
+      fail(string.format("config: unknown key '%s'; valid keys: %s", k, table.concat(keys, ", ")), 0)
     end
     out[k] = s:parse_text(k, v)
   end

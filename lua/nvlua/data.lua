@@ -16,6 +16,7 @@ local core = require "nvlua.core"
 local lfs = require "lfs"
 local cjson = require "cjson"
 local util = require "nvlua.util"
+local user_error = util.user_error
 local tokenizer = require "nvlua.tokenizer"
 
 local data = {}
@@ -69,7 +70,7 @@ function data.write_shard(path, tokens, width)
     parts[#parts + 1] = table.concat(chunk)
   end
   local ok, err = util.atomic_write(path, table.concat(parts))
-  if not ok then error("write_shard: " .. path .. ": " .. err, 2) end
+  if not ok then user_error("write_shard: " .. path .. ": " .. err, 2) end
 end
 
 --- Open a shard: {path, width, count}; nil, msg for a missing file; raises on a malformed one.
@@ -82,14 +83,14 @@ function data.open_shard(path)
   local size = f:seek("end")
   f:close()
   if #head < HEADER or head:sub(1, 8) ~= MAGIC or not size then
-    error(string.format("shard %s: not an NVLTOK shard (bad magic or shorter than %d bytes)", path, HEADER), 2)
+    user_error(string.format("shard %s: not an NVLTOK shard (bad magic or shorter than %d bytes)", path, HEADER), 2)
   end
   local version, width, count = string.unpack("<I4I4I8", head, 9) -- count >= 2^63 unpacks negative
-  if version ~= 1 then error(string.format("shard %s: unsupported version %d (expected 1)", path, version), 2) end
-  if width ~= 2 and width ~= 4 then error(string.format("shard %s: token width %d (expected 2 or 4)", path, width), 2) end
+  if version ~= 1 then user_error(string.format("shard %s: unsupported version %d (expected 1)", path, version), 2) end
+  if width ~= 2 and width ~= 4 then user_error(string.format("shard %s: token width %d (expected 2 or 4)", path, width), 2) end
   local data_bytes = size - HEADER
   if count < 0 or count > data_bytes // width or count * width ~= data_bytes then
-    error(string.format("shard %s: header says %s tokens of %d bytes but the file has %d data bytes", path,
+    user_error(string.format("shard %s: header says %s tokens of %d bytes but the file has %d data bytes", path,
       string.format("%u", count), width, data_bytes), 2)
   end
   return {path = path, width = width, count = count}
@@ -102,15 +103,15 @@ function data.read_tokens(shard, start, n)
   if math.type(start) ~= "integer" or math.type(n) ~= "integer" or start < 0 or n < 0 or n > shard.count - start then
     local range = (math.type(start) == "integer" and math.type(n) == "integer")
       and string.format("[%d, %d)", start, start + n) or string.format("start %s, n %s", tostring(start), tostring(n))
-    error(string.format("read_tokens: %s outside the %d tokens of %s", range, shard.count, shard.path), 2)
+    user_error(string.format("read_tokens: %s outside the %d tokens of %s", range, shard.count, shard.path), 2)
   end
   local f, err = io.open(shard.path, "rb")
-  if not f then error("read_tokens: cannot open " .. shard.path .. ": " .. tostring(err), 2) end
+  if not f then user_error("read_tokens: cannot open " .. shard.path .. ": " .. tostring(err), 2) end
   f:seek("set", (shard.offset or HEADER) + start * shard.width)
   local bytes = f:read(n * shard.width) or ""
   f:close()
   if #bytes ~= n * shard.width then
-    error(string.format("read_tokens: %s ends before token %d (was it truncated after it was opened?)", shard.path,
+    user_error(string.format("read_tokens: %s ends before token %d (was it truncated after it was opened?)", shard.path,
       start + n), 2)
   end
   if shard.width == 8 then return core.from_bytes(bytes, "i64", {n}) end
@@ -260,7 +261,7 @@ local function mkdir_p(path)
     acc = acc .. "/" .. part
     if not lfs.attributes(acc) then
       local ok, err = lfs.mkdir(acc)
-      if not ok and not lfs.attributes(acc) then error("mkdir " .. acc .. ": " .. tostring(err), 3) end
+      if not ok and not lfs.attributes(acc) then user_error("mkdir " .. acc .. ": " .. tostring(err), 3) end
     end
   end
 end
@@ -299,7 +300,7 @@ function data.kjv(opts)
   local raw = p and p:read("a") or ""
   if p then p:close() end
   if #raw < 1000000 then
-    error("kjv: the `bible` program gave no text; install Debian's bible-kjv (scripts/setup.sh does)", 2)
+    user_error("kjv: the `bible` program gave no text; install Debian's bible-kjv (scripts/setup.sh does)", 2)
   end
   local lines = {}
   for line in raw:gmatch("[^\n]+") do lines[#lines + 1] = (line:gsub("^%S+%d+:%d+ ", "")) end
@@ -311,7 +312,7 @@ function data.list_files(path)
   local files = {}
   local function walk(p)
     local a = lfs.attributes(p)
-    if not a then error("no such file or directory: " .. tostring(p), 3) end
+    if not a then user_error("no such file or directory: " .. tostring(p), 3) end
     if a.mode == "directory" then
       local names = {}
       for n in lfs.dir(p) do if n ~= "." and n ~= ".." then names[#names + 1] = n end end
@@ -330,9 +331,9 @@ end
 function data.text(path, opts)
   opts = opts or {}
   local attr = lfs.attributes(path)
-  if not attr then error("text: no such file or directory: " .. tostring(path), 2) end
+  if not attr then user_error("text: no such file or directory: " .. tostring(path), 2) end
   local files = data.list_files(path)
-  if #files == 0 then error("text: no files under " .. path, 2) end
+  if #files == 0 then user_error("text: no files under " .. path, 2) end
   local parts = {}
   for _, f in ipairs(files) do
     local h = assert(io.open(f, "rb"))
@@ -340,7 +341,7 @@ function data.text(path, opts)
     h:close()
   end
   local text = table.concat(parts, "\n")
-  if #text < 1024 then error("text: only " .. #text .. " bytes under " .. path .. "; need at least 1 KiB", 2) end
+  if #text < 1024 then user_error("text: only " .. #text .. " bytes under " .. path .. "; need at least 1 KiB", 2) end
   -- the cache key hashes every byte (8 at a time: ~0.1 s for the 4 MB KJV): a key from a sample
   -- of the bytes would hand an edited corpus of the same length the old one's shards
   local h, n8 = -3750763034362895579, #text - #text % 8 -- FNV-1a's 64-bit basis and prime
@@ -358,7 +359,7 @@ end
 --    "prompt": {"text": s, "ids": [...]} (the sample prompt, tokenized), ... (counts, sources: not read)}
 -- It gives the run its vocabulary (vocab=0) and tokenizer (exported with every checkpoint).
 
-local function manifest_fail(path, fmt, ...) error(string.format("manifest %s: " .. fmt, path, ...), 0) end
+local function manifest_fail(path, fmt, ...) user_error(string.format("manifest %s: " .. fmt, path, ...), 0) end
 
 local function opt_int(path, m, key, lo, hi)
   local v = m[key]
@@ -483,7 +484,7 @@ function data.shards(where, opts)
     for _, p in ipairs(where.train or {}) do train[#train + 1] = assert(data.open_shard(p)) end
     for _, p in ipairs(where.val or {}) do val[#val + 1] = assert(data.open_shard(p)) end
   else
-    if not lfs.attributes(where) then error("shards: no such directory: " .. tostring(where), 2) end
+    if not lfs.attributes(where) then user_error("shards: no such directory: " .. tostring(where), 2) end
     local names = {}
     for n in lfs.dir(where) do if n:match("%.bin$") then names[#names + 1] = n end end
     table.sort(names)
@@ -493,7 +494,7 @@ function data.shards(where, opts)
     end
     tok, vocab, source = tokenizer_for(where, opts)
   end
-  if #train == 0 or #val == 0 then error("shards: need train*.bin and val*.bin shards in " .. tostring(where), 2) end
+  if #train == 0 or #val == 0 then user_error("shards: need train*.bin and val*.bin shards in " .. tostring(where), 2) end
   vocab, source = check_dataset_ids({train, val}, opts, vocab, source)
   return {name = tostring(where), train = train, val = val, vocab_size = vocab, vocab_source = source,
     tokenizer = tok or (type(opts.tokenizer) == "table" and opts.tokenizer or nil)}
@@ -525,7 +526,7 @@ local MEGATRON_MAGIC = "MMIDIDX\0\0"
 local MEGATRON_DTYPES = {[1] = {"uint8", 1}, [2] = {"int8"}, [3] = {"int16"}, [4] = {"int32", 4}, [5] = {"int64", 8},
   [6] = {"float64"}, [7] = {"float32"}, [8] = {"uint16", 2}}
 
-local function mfail(path, fmt, ...) error(string.format("megatron %s: " .. fmt, path, ...), 0) end
+local function mfail(path, fmt, ...) user_error(string.format("megatron %s: " .. fmt, path, ...), 0) end
 
 -- the header of an .idx: {dtype, width, S, D}; sizes checked
 local function megatron_header(idx, f, size)
@@ -609,9 +610,9 @@ function data.open_megatron(prefix, o)
   local frac = (o and o.val_fraction) or 0.05
   local idx, bin = prefix .. ".idx", prefix .. ".bin"
   local f, err = io.open(idx, "rb")
-  if not f then error("megatron: cannot open " .. idx .. ": " .. tostring(err), 0) end
+  if not f then user_error("megatron: cannot open " .. idx .. ": " .. tostring(err), 0) end
   local bf, berr = io.open(bin, "rb")
-  if not bf then f:close(); error("megatron: cannot open " .. bin .. ": " .. tostring(berr), 0) end
+  if not bf then f:close(); user_error("megatron: cannot open " .. bin .. ": " .. tostring(berr), 0) end
   local bin_size = bf:seek("end")
   bf:close()
   local ok, r = pcall(function()
@@ -675,7 +676,7 @@ function data.Loader(shards, o)
   self.total = total
   self.windows = (total - 1) // self.T
   if self.windows < self.B * self.world then
-    error(string.format("Loader: %d tokens make only %d windows of %d+1; a batch needs %d", total, self.windows, self.T,
+    user_error(string.format("Loader: %d tokens make only %d windows of %d+1; a batch needs %d", total, self.windows, self.T,
       self.B * self.world), 2)
   end
   self.per_epoch = self.windows // (self.B * self.world) -- batches per epoch (the remainder is dropped)
@@ -749,7 +750,7 @@ end
 function Loader:state() return {cursor = self.cursor, seed = self.seed} end
 function Loader:load_state(s)
   if s.seed ~= self.seed then
-    error(string.format("Loader:load_state: the checkpoint's data seed %d differs from this run's %d", s.seed, self.seed), 2)
+    user_error(string.format("Loader:load_state: the checkpoint's data seed %d differs from this run's %d", s.seed, self.seed), 2)
   end
   self.cursor = s.cursor
 end

@@ -34,6 +34,7 @@ local core = require "nvlua.core"
 local st = require "nvlua.safetensors"
 local nn = require "nvlua.nn"
 local util = require "nvlua.util"
+local user_error = util.user_error
 
 local hf = {}
 
@@ -48,9 +49,9 @@ local function read_json(path, fname)
   local s = f:read("a")
   f:close()
   local ok, v = pcall(cjson.decode, s or "")
-  if not ok then error(string.format("%s: %s: bad JSON: %s", fname, path, tostring(v)), 0) end
+  if not ok then user_error(string.format("%s: %s: bad JSON: %s", fname, path, tostring(v)), 0) end
   if type(v) ~= "table" or v == cjson.null or (next(v) ~= nil and #v > 0) then
-    error(string.format("%s: %s: expected a JSON object", fname, path), 0)
+    user_error(string.format("%s: %s: expected a JSON object", fname, path), 0)
   end
   return v
 end
@@ -108,7 +109,7 @@ end
 
 local function write_json(path, t, indent, fname) -- -> the bytes written
   local ok, err = util.atomic_write(path, encode(t, indent) .. "\n")
-  if not ok then error(fname .. ": " .. path .. ": " .. err, 0) end
+  if not ok then user_error(fname .. ": " .. path .. ": " .. err, 0) end
   return err
 end
 
@@ -145,7 +146,7 @@ function hf.read_config(dir)
   local out, ignored = {}, {}
   for k, v in pairs(c) do
     local why = REFUSED[k] and v ~= cjson.null and REFUSED[k](v)
-    if why then error(string.format("read_config: %s/config.json: %s: %s", dir, k, why), 0) end
+    if why then user_error(string.format("read_config: %s/config.json: %s: %s", dir, k, why), 0) end
     if nn.llama_config_key(k) then
       out[k] = plain(v, INT_KEYS[k])
     elseif v ~= cjson.null then
@@ -207,7 +208,7 @@ local function is_buffer(name)
   return false
 end
 
-local function fail(dir, fmt, ...) error(string.format("from_pretrained: %s: " .. fmt, dir, ...), 0) end
+local function fail(dir, fmt, ...) user_error(string.format("from_pretrained: %s: " .. fmt, dir, ...), 0) end
 
 -- an error raised by another function, without its position
 local function strip_position(err) return (tostring(err):gsub("^[^\n]-%.lua:%d+: ", "")) end
@@ -221,7 +222,7 @@ local function no_weights(dir)
         ".save_pretrained(sys.argv[1])\" %s", n, SINGLE, INDEX, dir)
     end
   end
-  error(string.format("from_pretrained: no %s in %s, nor %s (not a Hugging Face model directory with safetensors " ..
+  user_error(string.format("from_pretrained: no %s in %s, nor %s (not a Hugging Face model directory with safetensors " ..
     "weights)", SINGLE, dir, INDEX), 0)
 end
 
@@ -397,9 +398,21 @@ end
 
 local DTYPES = {f32 = true, bf16 = true}
 
+-- from_pretrained's recipe option: a recipe value or a registered recipe's name (nn.check_recipe)
+local function is_recipe(v)
+  local recipe = require "nvlua.recipe"
+  local names = recipe.names()
+  if type(v) == "string" then
+    for _, n in ipairs(names) do if n == v then return nil end end
+  elseif type(v) == "table" and type(v.linear_forward) == "function" and type(v.linear_backward) == "function" then
+    return nil
+  end
+  return "must be a recipe value or the name of one (" .. table.concat(names, ", ") .. ")"
+end
+
 --- hf.from_pretrained(dir [, {strict = true, dtype = "f32" | "bf16", recipe =}]) -> model, info:
--- a llama.Llama with the weights of dir (a Hugging Face Llama directory, or an nvlua checkpoint).
--- info = {missing =, unexpected =, ignored =, config_ignored =} (sorted names). strict (the
+-- a llama.Llama with the weights of dir (a Hugging Face Llama directory, or an nvlua checkpoint),
+-- computing with recipe (a recipe value or a registered recipe's name; default f32). info = {missing =, unexpected =, ignored =, config_ignored =} (sorted names). strict (the
 -- default) raises when a parameter is missing or a tensor is unexpected, listing them; with
 -- strict = false they are returned in info and a missing parameter keeps its initial value
 -- (normal(0, initializer_range) from seed 0). dtype "bf16" rounds every weight to bf16 (what a
@@ -407,7 +420,7 @@ local DTYPES = {f32 = true, bf16 = true}
 -- and the stored lm_head.weight of a tied model that equals the embedding.
 function hf.from_pretrained(dir, o)
   o = util.check_opts(o, {strict = function(v) return type(v) ~= "boolean" and "must be true or false" or nil end,
-    dtype = function(v) return not DTYPES[v] and "must be \"f32\" or \"bf16\"" or nil end, recipe = true},
+    dtype = function(v) return not DTYPES[v] and "must be \"f32\" or \"bf16\"" or nil end, recipe = is_recipe},
     "from_pretrained")
   if type(dir) ~= "string" then
     error("from_pretrained: dir must be a string (a model directory), got " .. type(dir), 2)
@@ -418,11 +431,12 @@ function hf.from_pretrained(dir, o)
   if is_file(dir .. "/model/config.json") then dir = dir .. "/model" end -- an nvlua checkpoint: its model/
   if not is_file(dir .. "/config.json") then fail(dir, "no config.json (not a Hugging Face model directory)") end
   local rok, c, info = pcall(hf.read_config, dir)
-  if not rok then error("from_pretrained: " .. strip_position(c):gsub("^read_config: ", ""), 0) end
+  if not rok then user_error("from_pretrained: " .. strip_position(c):gsub("^read_config: ", ""), 0) end
   if not c then fail(dir, "config.json: %s", tostring(info)) end
   local tensors, files = scan_weights(dir)
   local llama = require "nvlua.llama"
   local ok, model = pcall(llama.Llama, c, {recipe = o.recipe, seed = 0})
+  if not ok and not util.is_user_error(model) then error(model, 0) end -- a bug, not the file's
   if not ok then fail(dir, "config.json: %s", strip_position(model)) end
   local p = plan(dir, model, tensors)
   if o.strict ~= false and (#p.missing > 0 or #p.unexpected > 0) then
@@ -445,11 +459,12 @@ local UNITS = {TB = 10 ^ 12, GB = 10 ^ 9, MB = 10 ^ 6, KB = 10 ^ 3}
 -- (powers of 10, any case), read as huggingface_hub's parse_size_to_int reads it.
 function hf.parse_size(v)
   if math.type(v) == "integer" and v >= 1 then return v end
-  local n = type(v) == "string" and tonumber((v:match("^%s*(.-)%s*$")):sub(1, -3):match("^%s*(.-)%s*$"))
+  local digits = type(v) == "string" and (v:match("^%s*(.-)%s*$")):sub(1, -3):match("^%s*(.-)%s*$")
+  local n = digits and digits:match("^%d+%.?%d*$") and tonumber(digits) -- decimal only, as huggingface_hub reads it
   local unit = type(v) == "string" and UNITS[(v:match("^%s*(.-)%s*$")):sub(-2):upper()]
   local bytes = n and unit and math.tointeger(math.floor(n * unit))
   if not bytes or bytes < 1 then
-    error(string.format("save_pretrained: max_shard_size must be an integer >= 1 (bytes) or a size such as \"5GB\" " ..
+    user_error(string.format("save_pretrained: max_shard_size must be an integer >= 1 (bytes) or a size such as \"5GB\" " ..
       "(units KB, MB, GB, TB), got %s", type(v) == "string" and string.format("%q", v) or tostring(v)), 0)
   end
   return bytes
@@ -510,7 +525,7 @@ local function remove_stale(dir, written)
     if weights and not written[n] and is_file(dir .. "/" .. n) then
       local ok, err = os.remove(dir .. "/" .. n)
       if not ok then
-        error("save_pretrained: cannot remove the stale " .. dir .. "/" .. n .. ": " .. tostring(err), 0)
+        user_error("save_pretrained: cannot remove the stale " .. dir .. "/" .. n .. ": " .. tostring(err), 0)
       end
     end
   end
@@ -540,7 +555,7 @@ function hf.save_pretrained(model, dir, o)
     error("save_pretrained: model must be an nvlua model (llama.Llama), got " .. type(model), 2)
   end
   if type(dir) ~= "string" or not is_dir(dir) then
-    error("save_pretrained: " .. tostring(dir) .. " is not a directory", 2)
+    user_error("save_pretrained: " .. tostring(dir) .. " is not a directory", 2)
   end
   local max = hf.parse_size(o.max_shard_size or "50GB")
   local sd, names, sizes = model:state_dict(), {}, {}
@@ -552,7 +567,7 @@ function hf.save_pretrained(model, dir, o)
   local files, written = {}, {}
   local function save(name, tensors)
     local ok, err = st.save(dir .. "/" .. name, tensors, {})
-    if not ok then error("save_pretrained: " .. dir .. "/" .. name .. ": " .. tostring(err), 0) end
+    if not ok then user_error("save_pretrained: " .. dir .. "/" .. name .. ": " .. tostring(err), 0) end
     files[name], written[name] = err, true
   end
   if #shards == 1 then

@@ -166,7 +166,8 @@ function nv.is_tensor(x) return getmetatable(x) == Tensor end
 -- scope. A view keeps its storage alive, so freeing its base leaves a returned view valid; freeing
 -- twice is harmless. Anything stored for later (module state, caches, optimizer state) must be
 -- taken out with nv.unscope (or nv.keep'd up to where it is stored). Scopes are per coroutine,
--- and a coroutine cannot yield from inside one.
+-- and a coroutine cannot yield from inside one: coroutine.yield there raises "coroutine.yield
+-- inside nv.scope ..." (the scope is closed as the error unwinds).
 
 --- nv.scope(fn, ...) -> fn(...)'s results, with a scope open while fn runs. An error in fn frees
 -- the scope's tensors and propagates unchanged (its traceback intact); scopes nest.

@@ -13,6 +13,7 @@
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
+local user_error = util.user_error
 local nn = require "nvlua.nn"
 local recipes = require "nvlua.recipe"
 local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
@@ -72,7 +73,7 @@ end
 -- ---- Llama --------------------------------------------------------------------------------------
 
 --- llama.Llama(config [, {recipe =, seed =, generator =}]): a Llama 3 language model (config: nn.llama_config's
--- keys; the five sizes, SIZE_KEYS, must be given) with Hugging Face
+-- keys; the five sizes, nn.LLAMA_SIZE_KEYS, must be given) with Hugging Face
 -- parameter names (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
 -- model.norm.weight, lm_head.weight unless tied). Weights: normal(0, initializer_range) from a
 -- Philox generator seeded with `seed` (else the default generator), norms ones. Gradients live in
@@ -81,21 +82,9 @@ end
 local Llama = nn.class("Llama", Module)
 llama.Llama = Llama
 
--- The sizes a model must be given: Hugging Face's LlamaConfig defaults them to a 6.7B model, which
--- nn.llama_config keeps for config.json files but a constructor never guesses.
-local SIZE_KEYS = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}
-
 function Llama:__init(config, opts)
   Module.__init(self)
-  if type(config) == "table" and not config._checked then
-    local missing = {}
-    for _, k in ipairs(SIZE_KEYS) do if config[k] == nil then missing[#missing + 1] = k end end
-    if #missing > 0 then
-      error("Llama: the config must give " .. table.concat(SIZE_KEYS, ", ") .. "; missing: " ..
-        table.concat(missing, ", "), 3)
-    end
-  end
-  local c = nn.llama_config(config)
+  local c = nn.llama_config(config) -- the sizes must be given (Hugging Face defaults them to a 6.7B model)
   opts = check_opts(opts, {recipe = true, seed = true, generator = true}, "Llama")
   self.config = c
   self.step = 0
@@ -179,11 +168,11 @@ end
 
 local function check_ids(ids, what, fname, max_pos)
   if not nv.is_tensor(ids) or ids:dtype() ~= "i64" or ids:dim() ~= 2 then
-    error(string.format("%s: %s must be an i64 [B, T] tensor, got %s", fname, what,
+    user_error(string.format("%s: %s must be an i64 [B, T] tensor, got %s", fname, what,
       nv.is_tensor(ids) and (ids:dtype() .. " " .. shape_str(ids)) or type(ids)), 3)
   end
   if max_pos and ids:size(2) > max_pos then
-    error(string.format("%s: sequence length %d exceeds max_position_embeddings %d", fname, ids:size(2), max_pos), 3)
+    user_error(string.format("%s: sequence length %d exceeds max_position_embeddings %d", fname, ids:size(2), max_pos), 3)
   end
 end
 
@@ -400,7 +389,7 @@ function Llama:forward_backward(ids, targets, opts)
     distill = true}, "Llama:forward_backward")
   check_ids(targets, "targets", "Llama:forward_backward")
   if not same_shape(ids:size(), targets:size()) then
-    error(string.format("Llama:forward_backward: targets %s do not match ids %s", shape_str(targets), shape_str(ids)), 2)
+    user_error(string.format("Llama:forward_backward: targets %s do not match ids %s", shape_str(targets), shape_str(ids)), 2)
   end
   if not self.training then error("Llama:forward_backward: the model is in eval mode (call model:train())", 2) end
   local N, V = ids:numel(), self.config.vocab_size

@@ -20,6 +20,8 @@ local core = require "nvlua.core"
 local quant = require "nvlua.quant"
 local stats = require "nvlua.stats"
 local formats = require "nvlua.formats"
+local util = require "nvlua.util"
+local user_error = util.user_error
 
 local M = {}
 
@@ -35,11 +37,22 @@ Mor.__index = Mor
 -- take an explicit threshold.
 M.DEFAULT_THRESHOLD = {e4m3 = 0.04, nvfp4 = 0.15}
 
-local function bad(fmt, ...) error(string.format("recipe.mor: " .. fmt, ...), 0) end
+local function bad(fmt, ...) util.user_error(string.format("recipe.mor: " .. fmt, ...), 0) end
 
 -- candidates: a list of quantized format names (tried in order; bf16 is the implicit last)
 local function check_candidates(c)
-  if type(c) ~= "table" or #c == 0 then bad("candidates must be a non-empty list of format names, e.g. {\"e4m3\"}") end
+  if type(c) ~= "table" or next(c) == nil then
+    bad("candidates must be a non-empty list of format names, e.g. {\"e4m3\"}, got %s", tostring(c))
+  end
+  -- a list: keys 1..n, every one present ({"e4m3", nil, "nvfp4"} has a hole at 2, whatever # says)
+  local n = 0
+  for k in pairs(c) do
+    if math.type(k) ~= "integer" or k < 1 then bad("candidates must be a list (a key %s)", tostring(k)) end
+    n = math.max(n, k)
+  end
+  for i = 1, n do
+    if c[i] == nil then bad("candidates has a hole: candidates[%d] is nil (of %d); give a list without nils", i, n) end
+  end
   local seen = {}
   for i, f in ipairs(c) do
     local ft = formats.traits[f]
@@ -51,9 +64,6 @@ local function check_candidates(c)
     end
     if seen[f] then bad("candidates lists %s twice", f) end
     seen[f] = true
-  end
-  for k in pairs(c) do
-    if math.type(k) ~= "integer" or k < 1 or k > #c then bad("candidates must be a list (a key %s)", tostring(k)) end
   end
 end
 
@@ -103,7 +113,11 @@ function M.new(o)
       v = th[f] or M.DEFAULT_THRESHOLD[f]
     else bad("threshold must be a number or a table {format = number}, got %s", type(th)) end
     if v == nil then bad("%s has no default threshold (defaults: e4m3, nvfp4): give threshold = {%s = ...}", f, f) end
-    if type(v) ~= "number" or v ~= v then bad("threshold for %s must be a number, got %s", f, tostring(v)) end
+    -- a relative error: >= 0 (a negative one would silently send every operand to bf16, a NaN too);
+    -- math.huge takes the candidate whenever its error is finite
+    if type(v) ~= "number" or not (v >= 0) then
+      bad("threshold for %s must be a number >= 0 (a relative error; math.huge: always within), got %s", f, tostring(v))
+    end
     m.threshold[#m.threshold + 1] = v
   end
   m.every = o.every or 1
@@ -298,7 +312,7 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis)
   local rows, K = L:size(1), L:size(2)
   local B = self.block
   if K % B ~= 0 then
-    error(string.format("recipe mor: %s: its reduction dim (%d) is not a multiple of block %d", where_of(ctx, role,
+    user_error(string.format("recipe mor: %s: its reduction dim (%d) is not a multiple of block %d", where_of(ctx, role,
       operand), K, B), 0)
   end
   local nb = K // B

@@ -23,6 +23,7 @@
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
+local user_error = util.user_error
 
 -- Does the forward producing an activation like x give its amax from the same pass? On a device
 -- with bf16 activations (CUDA's fused kernels); elsewhere it would be a pass of its own.
@@ -189,10 +190,10 @@ end
 -- device is "cpu", or "cuda" with a GPU present; anything else raises a message naming fname.
 local function check_device(device, fname)
   if device ~= "cpu" and device ~= "cuda" then
-    error(string.format("%s: invalid device '%s' (valid: cpu, cuda)", fname, tostring(device)), 3)
+    user_error(string.format("%s: invalid device '%s' (valid: cpu, cuda)", fname, tostring(device)), 3)
   end
   if device == "cuda" and not nv.cuda.available() then
-    error(string.format("%s: device 'cuda' is not available here (%s)", fname, nv.cuda.unavailable_reason()), 3)
+    user_error(string.format("%s: device 'cuda' is not available here (%s)", fname, nv.cuda.unavailable_reason()), 3)
   end
 end
 nn.check_device = check_device
@@ -242,10 +243,33 @@ function Module:num_parameters()
   return n
 end
 
+--- nn.check_recipe(r [, fname]) -> what set_recipe takes for r: a recipe value (nvlua.recipe, or a
+-- table with linear_forward and linear_backward methods) as it is, the name of a registered recipe
+-- (recipe.names()) as recipe.make(name), nil as nil (the default recipe). Anything else is a user
+-- error naming fname ("set_recipe") and the value, raised at the caller's caller.
+function nn.check_recipe(r, fname)
+  fname = fname or "set_recipe"
+  if r == nil then return nil end
+  local recipe = require "nvlua.recipe"
+  if type(r) == "string" then
+    local names = recipe.names()
+    for _, n in ipairs(names) do if n == r then return recipe.make(r) end end
+    util.user_error(string.format("%s: unknown recipe '%s' (valid: %s, or a recipe value)", fname, r,
+      table.concat(names, ", ")), 3)
+  end
+  if type(r) ~= "table" or type(r.linear_forward) ~= "function" or type(r.linear_backward) ~= "function" then
+    util.user_error(string.format("%s: the recipe must be a recipe value (nvlua.recipe) or the name of one, got %s",
+      fname, type(r) == "table" and "a table without linear_forward/linear_backward" or tostring(r)), 3)
+  end
+  return r
+end
+
 --- m:set_recipe(r): every Linear under m computes its GEMMs with recipe r, and every Embedding
 -- under m returns activations of r's act_dtype (NUMERICS §11); the other layers follow the
--- dtype of what they are given.
+-- dtype of what they are given. r: a recipe value or a registered recipe's name (nn.check_recipe);
+-- nil puts back the default (recipe.f32()).
 function Module:set_recipe(r)
+  r = nn.check_recipe(r, "set_recipe")
   for _, m in ipairs(self:modules()) do
     if nn.is_instance(m, nn.Linear) then m.recipe = r end
     if nn.is_instance(m, nn.Embedding) then m.recipe = r end
@@ -402,8 +426,16 @@ end
 local Linear = nn.class("Linear", Module)
 nn.Linear = Linear
 
+-- Checkers for util.check_opts: the init std is a finite number >= 0 (0: zeros), an eps finite > 0.
+local function is_std(v)
+  if type(v) ~= "number" or not (v >= 0 and v < math.huge) then return "must be a finite number >= 0" end
+end
+local function is_eps(v)
+  if type(v) ~= "number" or not (v > 0 and v < math.huge) then return "must be a finite number > 0" end
+end
+
 local LINEAR_OPTS = {name = true, block = true, num_blocks = true, high_precision = true, recipe = true,
-  generator = true, std = true, tie = true}
+  generator = true, std = is_std, tie = true}
 
 function Linear:__init(in_features, out_features, opts)
   Module.__init(self)
@@ -420,7 +452,7 @@ function Linear:__init(in_features, out_features, opts)
   if opts.tie then
     local p = opts.tie.param
     if not (nv.is_tensor(p) and same_shape(p:size(), {out_features, in_features})) then
-      error(string.format("Linear: tied weight must be [%d,%d], got %s", out_features, in_features,
+      user_error(string.format("Linear: tied weight must be [%d,%d], got %s", out_features, in_features,
         nv.is_tensor(p) and shape_str(p) or type(p)), 2)
     end
     self.weight_entry = opts.tie
@@ -452,7 +484,7 @@ function Linear:forward(x)
   local shape = x:size()
   local K = shape[#shape]
   if #shape < 2 or K ~= self.in_features then
-    error(string.format("Linear(%s): input %s %s, expected [..., %d]", self.name or "", shape_str(shape), x:dtype(),
+    user_error(string.format("Linear(%s): input %s %s, expected [..., %d]", self.name or "", shape_str(shape), x:dtype(),
       self.in_features), 2)
   end
   self:_drop()
@@ -493,7 +525,7 @@ nn.Embedding = Embedding
 
 function Embedding:__init(num, dim, opts)
   Module.__init(self)
-  opts = check_opts(opts, {generator = true, std = true, name = true, recipe = true}, "Embedding")
+  opts = check_opts(opts, {generator = true, std = is_std, name = true, recipe = true}, "Embedding")
   check_int(num, "num_embeddings", "Embedding")
   check_int(dim, "embedding_dim", "Embedding")
   self.num_embeddings, self.dim = num, dim
@@ -541,7 +573,7 @@ nn.RMSNorm = RMSNorm
 
 function RMSNorm:__init(dim, opts)
   Module.__init(self)
-  opts = check_opts(opts, {eps = true, name = true}, "RMSNorm")
+  opts = check_opts(opts, {eps = is_eps, name = true}, "RMSNorm")
   check_int(dim, "dim", "RMSNorm")
   self.dim = dim
   self.eps = opts.eps or 1e-6
@@ -554,7 +586,7 @@ function RMSNorm:extra_repr() return string.format("%d, eps=%g", self.dim, self.
 function RMSNorm:forward(x)
   local shape = x:size()
   if shape[#shape] ~= self.dim then
-    error(string.format("RMSNorm: input %s, expected [..., %d]", shape_str(shape), self.dim), 2)
+    user_error(string.format("RMSNorm: input %s, expected [..., %d]", shape_str(shape), self.dim), 2)
   end
   drop_saved(self)
   return nv.scope(function()
@@ -581,12 +613,17 @@ end
 
 -- ---- configuration (Hugging Face LlamaConfig keys and defaults) ----------------------------------
 
--- The keys nn.Llama understands, with Hugging Face's LlamaConfig defaults. head_dim defaults to
--- hidden_size / num_attention_heads and num_key_value_heads to num_attention_heads.
+-- The keys nn.Llama understands, with Hugging Face's LlamaConfig defaults — except the five sizes
+-- (SIZE_KEYS), which must be given: LlamaConfig defaults them to a 6.7B model (vocab 32000, hidden
+-- 4096, FFN 11008, 32 layers, 32 heads), which a config that forgot them would silently build.
+-- head_dim defaults to hidden_size / num_attention_heads and num_key_value_heads to
+-- num_attention_heads.
 local NONE = {} -- no default value
+local SIZE_KEYS = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}
+nn.LLAMA_SIZE_KEYS = SIZE_KEYS
 local CONFIG_DEFAULTS = {
-  vocab_size = 32000, hidden_size = 4096, intermediate_size = 11008, num_hidden_layers = 32,
-  num_attention_heads = 32, num_key_value_heads = NONE, head_dim = NONE, rope_theta = NONE,
+  vocab_size = NONE, hidden_size = NONE, intermediate_size = NONE, num_hidden_layers = NONE,
+  num_attention_heads = NONE, num_key_value_heads = NONE, head_dim = NONE, rope_theta = NONE,
   rope_scaling = NONE, rope_parameters = NONE, rms_norm_eps = 1e-6, max_position_embeddings = 2048,
   tie_word_embeddings = false, initializer_range = 0.02,
 }
@@ -638,24 +675,24 @@ end
 -- -> theta (nil: not given), the resolved scaling (nil: none) {rope_type =, the type's keys}.
 local function read_rope(what, p, mpe)
   if type(p) ~= "table" then
-    error(string.format("llama_config: %s must be a table or nil, got %s", what, type(p)), 0)
+    user_error(string.format("llama_config: %s must be a table or nil, got %s", what, type(p)), 0)
   end
   for k, v in pairs(p) do
     if not ROPE_OTHER_KEYS[k] then
       local nested = type(v) == "table" and " (rope parameters per layer type are not supported)" or ""
-      error(string.format("llama_config: unknown %s key '%s'%s (valid: rope_type, rope_theta, %s)", what, tostring(k),
+      user_error(string.format("llama_config: unknown %s key '%s'%s (valid: rope_type, rope_theta, %s)", what, tostring(k),
         nested, "factor, low_freq_factor, high_freq_factor, original_max_position_embeddings"), 0)
     end
   end
   local prf = p.partial_rotary_factor
   if prf ~= nil and prf ~= 1 then
-    error(string.format("llama_config: %s.partial_rotary_factor = %s is not supported (nvlua rotates the whole " ..
+    user_error(string.format("llama_config: %s.partial_rotary_factor = %s is not supported (nvlua rotates the whole " ..
       "head: 1)", what, tostring(prf)), 0)
   end
   local rtype = p.rope_type or p.type or "default"
   local keys = ROPE_TYPES[rtype]
   if not keys then
-    error(string.format("llama_config: %s rope_type '%s' is not supported (nvlua computes %s)", what, tostring(rtype),
+    user_error(string.format("llama_config: %s rope_type '%s' is not supported (nvlua computes %s)", what, tostring(rtype),
       ROPE_TYPE_NAMES), 0)
   end
   if rtype == "default" then return p.rope_theta, nil end
@@ -664,13 +701,13 @@ local function read_rope(what, p, mpe)
     local v = p[k]
     if v == nil and k == "original_max_position_embeddings" then v = mpe end
     if type(v) ~= "number" or not (v > 0 and v < math.huge) then
-      error(string.format("llama_config: %s.%s must be a number > 0 for rope_type '%s', got %s", what, k, rtype,
+      user_error(string.format("llama_config: %s.%s must be a number > 0 for rope_type '%s', got %s", what, k, rtype,
         tostring(v)), 0)
     end
     out[k] = k == "original_max_position_embeddings" and math.tointeger(v) or v
   end
   if rtype == "llama3" and not (out.high_freq_factor > out.low_freq_factor) then
-    error(string.format("llama_config: %s.high_freq_factor (%s) must be greater than low_freq_factor (%s)", what,
+    user_error(string.format("llama_config: %s.high_freq_factor (%s) must be greater than low_freq_factor (%s)", what,
       tostring(out.high_freq_factor), tostring(out.low_freq_factor)), 0)
   end
   return p.rope_theta, out
@@ -701,7 +738,7 @@ local function resolve_rope(c)
     local t
     t, scaling = read_rope("rope_scaling", rs, mpe)
     if t ~= nil and t ~= (theta or 10000.0) then -- transformers 5 reads rope_scaling's, 4.x the top-level one
-      error(string.format("llama_config: rope_scaling.rope_theta (%s) and rope_theta (%s) disagree; transformers 5 " ..
+      user_error(string.format("llama_config: rope_scaling.rope_theta (%s) and rope_theta (%s) disagree; transformers 5 " ..
         "and 4 would compute different models", tostring(t), tostring(theta or 10000.0)), 0)
     end
   end
@@ -709,7 +746,7 @@ local function resolve_rope(c)
     local t, s = read_rope("rope_parameters", c.rope_parameters, mpe)
     t = t or theta or 10000.0
     if (c.rope_theta ~= nil or rs ~= nil) and not same_rope(t, s, theta or 10000.0, scaling) then
-      error(string.format("llama_config: rope_parameters (%s) and the legacy rope_theta/rope_scaling (%s) disagree; " ..
+      user_error(string.format("llama_config: rope_parameters (%s) and the legacy rope_theta/rope_scaling (%s) disagree; " ..
         "transformers 5 and 4 would compute different models", rope_text(t, s), rope_text(theta or 10000.0, scaling)),
         0)
     end
@@ -726,38 +763,47 @@ local function check_sizes(c)
     if type(v) == "number" and v == math.floor(v) then c[k] = math.tointeger(v) end
     local optional = k == "num_key_value_heads" or k == "head_dim"
     if (v ~= nil or not optional) and (math.type(c[k]) ~= "integer" or c[k] < 1) then
-      error(string.format("llama_config: %s must be an integer >= 1, got %s", k, tostring(v)), 0)
+      user_error(string.format("llama_config: %s must be an integer >= 1, got %s", k, tostring(v)), 0)
     end
   end
   c.num_key_value_heads = c.num_key_value_heads or c.num_attention_heads
   if c.num_attention_heads % c.num_key_value_heads ~= 0 then
-    error(string.format("llama_config: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
+    user_error(string.format("llama_config: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
       c.num_attention_heads, c.num_key_value_heads), 0)
   end
   if not c.head_dim then
     if c.hidden_size % c.num_attention_heads ~= 0 then
-      error(string.format("llama_config: hidden_size (%d) is not divisible by num_attention_heads (%d); give head_dim",
+      user_error(string.format("llama_config: hidden_size (%d) is not divisible by num_attention_heads (%d); give head_dim",
         c.hidden_size, c.num_attention_heads), 0)
     end
     c.head_dim = c.hidden_size // c.num_attention_heads
   end
-  if c.head_dim % 2 ~= 0 then error("llama_config: head_dim must be even for RoPE, got " .. c.head_dim, 0) end
+  if c.head_dim % 2 ~= 0 then user_error("llama_config: head_dim must be even for RoPE, got " .. c.head_dim, 0) end
 end
 
 --- nn.llama_config(cfg) -> a new, complete and checked config table (defaults filled in).
+-- The sizes vocab_size, hidden_size, intermediate_size, num_hidden_layers and num_attention_heads
+-- must be given (an error names the missing ones); the rest default as in Hugging Face's LlamaConfig.
 -- Unknown keys raise an error listing the valid ones. RoPE: rope_theta and rope_scaling (nil, or
 -- {rope_type = "llama3" | "linear" | "dynamic", and that type's keys}) resolved from either form of
 -- a Hugging Face config (see resolve_rope); other rope types (yarn, longrope, ...) are refused.
 function nn.llama_config(cfg)
   if type(cfg) ~= "table" then error("llama_config: config must be a table, got " .. type(cfg), 2) end
   if cfg._checked then return cfg end
+  local missing = {}
+  for _, k in ipairs(SIZE_KEYS) do if cfg[k] == nil then missing[#missing + 1] = k end end
+  if #missing > 0 then
+    user_error(string.format("llama_config: the config must give the model's sizes %s; missing: %s (nvlua does not " ..
+      "take Hugging Face's defaults for them, a 6.7B model)", table.concat(SIZE_KEYS, ", "),
+      table.concat(missing, ", ")), 2)
+  end
   local c = {}
   for k, v in pairs(cfg) do
     if not nn.llama_config_key(k) then
-      error(string.format("llama_config: unknown key '%s' (valid: %s)", tostring(k), config_keys()), 2)
+      user_error(string.format("llama_config: unknown key '%s' (valid: %s)", tostring(k), config_keys()), 2)
     end
     if CONFIG_CHECKED[k] ~= nil and v ~= CONFIG_CHECKED[k] then
-      error(string.format("llama_config: %s = %s is not supported (nvlua computes %s = %s)", k, tostring(v), k,
+      user_error(string.format("llama_config: %s = %s is not supported (nvlua computes %s = %s)", k, tostring(v), k,
         tostring(CONFIG_CHECKED[k])), 2)
     end
     c[k] = v
@@ -767,13 +813,16 @@ function nn.llama_config(cfg)
     check_sizes(c)
     resolve_rope(c)
   end)
-  if not ok then error(err, 2) end
+  if not ok then user_error(err, 2) end
   for _, k in ipairs({"rope_theta", "rms_norm_eps", "initializer_range"}) do -- NaN and inf too (JSON's NaN, 1e999)
-    if type(c[k]) ~= "number" or not (c[k] > 0 and c[k] < math.huge) then
-      error(string.format("llama_config: %s must be a finite number > 0, got %s", k, tostring(c[k])), 2)
+    local v = c[k]
+    if type(v) ~= "number" or not (v > 0 and v < math.huge) then
+      user_error(string.format("llama_config: %s must be a finite number > 0, got %s", k, tostring(v)), 2)
     end
   end
-  if type(c.tie_word_embeddings) ~= "boolean" then error("llama_config: tie_word_embeddings must be a boolean", 2) end
+  if type(c.tie_word_embeddings) ~= "boolean" then
+    user_error("llama_config: tie_word_embeddings must be true or false, got " .. tostring(c.tie_word_embeddings), 2)
+  end
   c._checked = true
   return c
 end
@@ -868,11 +917,11 @@ end
 
 function Attention:forward(x)
   if x:dim() ~= 3 or x:size(3) ~= self.hidden then
-    error(string.format("Attention: input %s, expected [B, T, %d]", shape_str(x), self.hidden), 2)
+    user_error(string.format("Attention: input %s, expected [B, T, %d]", shape_str(x), self.hidden), 2)
   end
   local B, T = x:size(1), x:size(2)
   if T > self.max_positions then
-    error(string.format("Attention: sequence length %d exceeds max_position_embeddings %d", T, self.max_positions), 2)
+    user_error(string.format("Attention: sequence length %d exceeds max_position_embeddings %d", T, self.max_positions), 2)
   end
   local Hq, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
   drop_saved(self)
@@ -933,7 +982,7 @@ function MLP:extra_repr() return string.format("%d -> %d -> %d", self.hidden, se
 function MLP:forward(x)
   local shape = x:size()
   if shape[#shape] ~= self.hidden then
-    error(string.format("MLP: input %s, expected [..., %d]", shape_str(shape), self.hidden), 2)
+    user_error(string.format("MLP: input %s, expected [..., %d]", shape_str(shape), self.hidden), 2)
   end
   drop_saved(self)
   return nv.scope(function()

@@ -38,9 +38,21 @@ end
 local AdamW = {}
 AdamW.__index = AdamW
 
-local ADAMW_OPTS = {lr = true, betas = true, eps = true, weight_decay = true}
-local GROUP_OPTS = {params = true, lr = true, betas = true, eps = true, weight_decay = true, name = true,
-  lr_scale = true}
+-- Checkers of option values (util.check_opts): nil for a good value, else what is wrong with it.
+-- The values the update takes are finite: a NaN or infinite lr, eps or weight decay would turn
+-- every parameter into NaN at the first step.
+local function finite(v) return type(v) == "number" and v == v and v > -math.huge and v < math.huge end
+local function is_nonneg(v) if not (finite(v) and v >= 0) then return "must be a finite number >= 0" end end
+local function is_betas(v)
+  if type(v) ~= "table" or #v ~= 2 or not (finite(v[1]) and v[1] >= 0 and v[1] < 1) or
+     not (finite(v[2]) and v[2] >= 0 and v[2] < 1) then
+    return "must be {beta1, beta2}, each a number in [0, 1)"
+  end
+end
+
+local ADAMW_OPTS = {lr = is_nonneg, betas = is_betas, eps = is_nonneg, weight_decay = is_nonneg}
+local GROUP_OPTS = {params = true, lr = is_nonneg, betas = is_betas, eps = is_nonneg, weight_decay = is_nonneg,
+  name = true, lr_scale = is_nonneg}
 
 --- optim.AdamW(params, {lr = 1e-3, betas = {0.9, 0.95}, eps = 1e-8, weight_decay = 0.1})
 -- params: named parameters (entries {name, param, grad, no_decay}, or a module), split into two
@@ -52,7 +64,6 @@ function optim.AdamW(params, opts)
   opts = check_opts(opts, ADAMW_OPTS, "AdamW")
   local defaults = {lr = opts.lr or 1e-3, betas = opts.betas or {0.9, 0.95}, eps = opts.eps or 1e-8,
     weight_decay = opts.weight_decay or 0.1}
-  if type(defaults.betas) ~= "table" or #defaults.betas ~= 2 then error("AdamW: betas must be {beta1, beta2}", 2) end
   local groups, order -- order: every entry as given (the norm's summation order)
   if type(params) == "table" and type(params[1]) == "table" and params[1].params ~= nil then
     groups = {}
@@ -154,8 +165,15 @@ GradNorm.__tostring = function(self) return "GradNorm(" .. tostring(self:value()
 -- by max_norm / (norm + 1e-6) when norm > max_norm and finite (optim.clip_grad_norm's rule, rounded
 -- as grad:mul_ rounds), without writing the grads. norm:value() reads the norm (one copy to the
 -- host), until the next clip_grad_norm. A non-finite norm is not clipped: read it to skip a step.
+-- max_norm checked: a finite number > 0 (a NaN would never clip, an infinite one never either)
+local function check_max_norm(max_norm, fname)
+  if not (finite(max_norm) and max_norm > 0) then
+    util.user_error(string.format("%s: max_norm must be a finite number > 0, got %s", fname, tostring(max_norm)), 3)
+  end
+end
+
 function AdamW:clip_grad_norm(max_norm)
-  if type(max_norm) ~= "number" or max_norm <= 0 then error("clip_grad_norm: max_norm must be a positive number", 2) end
+  check_max_norm(max_norm, "clip_grad_norm")
   local gs = {}
   for i, e in ipairs(self.entries) do gs[i] = e.grad end
   local dev = gs[1] and gs[1]:device() or "cpu"
@@ -176,7 +194,9 @@ end
 
 --- opt:set_lr(lr): every group's lr = lr * its lr_scale
 function AdamW:set_lr(lr)
-  if type(lr) ~= "number" or lr < 0 then error("set_lr: lr must be a non-negative number", 2) end
+  if not (finite(lr) and lr >= 0) then
+    util.user_error("set_lr: lr must be a finite number >= 0, got " .. tostring(lr), 2)
+  end
   for _, g in ipairs(self.groups) do g.lr = lr * g.lr_scale end
 end
 
@@ -333,6 +353,7 @@ end
 -- model's gradients into this rank's shard, then scale the shard by max_norm / (norm + 1e-6)
 -- when the norm exceeds max_norm (optim.clip_grad_norm's rule; a non-finite norm leaves it).
 function ShardedAdamW:reduce_clip(max_norm)
+  if max_norm ~= nil then check_max_norm(max_norm, "reduce_clip") end
   self.dist.reduce_scatter(self.g, self.gflat, "avg")
   local total = math.sqrt(self.dist.all_reduce_number(core.sumsq(self.g), "sum"))
   if max_norm and total > max_norm and total < math.huge then self.g:mul_(max_norm / (total + 1e-6)) end
@@ -355,7 +376,9 @@ end
 function ShardedAdamW:zero_grad() self.gflat:zero_() end
 
 function ShardedAdamW:set_lr(lr)
-  if type(lr) ~= "number" or lr < 0 then error("set_lr: lr must be a non-negative number", 2) end
+  if not (finite(lr) and lr >= 0) then
+    util.user_error("set_lr: lr must be a finite number >= 0, got " .. tostring(lr), 2)
+  end
   self.lr = lr
 end
 
@@ -426,7 +449,7 @@ end
 -- max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). A non-finite norm leaves the grads
 -- untouched; the caller sees it in the return value and decides (skip the step).
 function optim.clip_grad_norm(params, max_norm)
-  if type(max_norm) ~= "number" or max_norm <= 0 then error("clip_grad_norm: max_norm must be a positive number", 2) end
+  check_max_norm(max_norm, "clip_grad_norm")
   local entries = entries_of(params, "clip_grad_norm")
   local total = optim.grad_norm(entries)
   if total > max_norm and total < math.huge then

@@ -21,10 +21,50 @@
 -- Not here: training the pruned model (train.lua, distillation), saving (hf.lua).
 local core = require "nvlua.core"
 local recipe = require "nvlua.recipe"
+local util = require "nvlua.util"
 
 local M = {}
 
-local function bad(fmt, ...) error(string.format("prune: " .. fmt, ...), 0) end
+local function bad(fmt, ...) util.user_error(string.format("prune: " .. fmt, ...), 0) end
+
+-- A score is usable for ranking when it is a finite number (a NaN breaks the sort's order).
+local function is_tensor(t) return getmetatable(t) == core.Tensor end
+local function finite(v) return type(v) == "number" and v == v and v > -math.huge and v < math.huge end
+
+-- imp[field][b] for every block b of model (0-based), or imp[field] itself (per_block false): an f32
+-- tensor of n finite scores -> its scores as a table; raises naming fname, the entry and what it holds.
+local function scores(imp, field, b, n, what, fname)
+  local t, name = imp[field], field
+  if b ~= nil then
+    if type(t) ~= "table" then
+      bad("%s: importance.%s must be a table {[block] = scores}, got %s", fname, field, type(t))
+    end
+    t, name = t[b], string.format("%s[%d]", field, b)
+  end
+  if not is_tensor(t) or t:dim() ~= 1 or t:size(1) ~= n then
+    bad("%s: importance.%s must be a 1-D tensor of %d scores (the model's %s), got %s", fname, name, n, what,
+      is_tensor(t) and ("[" .. table.concat(t:size(), ",") .. "]") or type(t))
+  end
+  local v = t:totable()
+  for i, x in ipairs(v) do
+    if not finite(x) then bad("%s: importance.%s[%d] is %s, not a finite score", fname, name, i, tostring(x)) end
+  end
+  return v
+end
+
+-- imp checked against model for prune.width: {ffn, heads, kv = {[block] = tensor}, hidden = tensor},
+-- as prune.importance returns it -> the scores as tables: {ffn = {[b] = {...}}, heads =, kv =, hidden =}.
+local function width_scores(imp, c)
+  if type(imp) ~= "table" then bad("width: imp must be the table prune.importance returns, got %s", type(imp)) end
+  local out = {ffn = {}, heads = {}, kv = {}}
+  out.hidden = scores(imp, "hidden", nil, c.hidden_size, "hidden_size", "width")
+  for b = 0, c.num_hidden_layers - 1 do
+    out.ffn[b] = scores(imp, "ffn", b, c.intermediate_size, "intermediate_size", "width")
+    out.heads[b] = scores(imp, "heads", b, c.num_attention_heads, "num_attention_heads", "width")
+    out.kv[b] = scores(imp, "kv", b, c.num_key_value_heads, "num_key_value_heads", "width")
+  end
+  return out
+end
 
 -- block index and linear kind ("q_proj", "down_proj", ...) of a linear's name
 local function parse(name)
@@ -209,22 +249,23 @@ function M.width(model, imp, o)
   if H // K > Hq // Hkv then
     bad("width: heads / kv_heads = %d query heads per KV group, more than the model's %d", H // K, Hq // Hkv)
   end
+  local sc = width_scores(imp, c)
   local nc = config_with(model, {intermediate_size = F, num_attention_heads = H, num_key_value_heads = K, hidden_size = C})
   local small = llama.Llama(nc, {seed = 1})
   local src, dst = params_of(model), params_of(small)
-  local hid = top(imp.hidden:totable(), C)
+  local hid = top(sc.hidden, C)
   local G = Hq // Hkv
   for b = 0, L - 1 do
     local p = "model.layers." .. b .. "."
-    local groups = top(imp.kv[b]:totable(), K)
-    local heads, hs = {}, imp.heads[b]:totable()
+    local groups = top(sc.kv[b], K)
+    local heads, hs = {}, sc.heads[b]
     for _, g in ipairs(groups) do
       local within = {}
       for j = 1, G do within[j] = hs[(g - 1) * G + j] end
       for _, j in ipairs(top(within, H // K)) do heads[#heads + 1] = (g - 1) * G + j end
     end
     local qrows, kvrows = range_of(heads, D), range_of(groups, D)
-    local ff = top(imp.ffn[b]:totable(), F)
+    local ff = top(sc.ffn[b], F)
     gather(dst[p .. "self_attn.q_proj.weight"], src[p .. "self_attn.q_proj.weight"], 1, qrows, 2, hid)
     gather(dst[p .. "self_attn.k_proj.weight"], src[p .. "self_attn.k_proj.weight"], 1, kvrows, 2, hid)
     gather(dst[p .. "self_attn.v_proj.weight"], src[p .. "self_attn.v_proj.weight"], 1, kvrows, 2, hid)
@@ -253,8 +294,18 @@ function M.depth(model, imp, o)
   if math.type(n) ~= "integer" or n < 1 or n > L then
     bad("depth: layers must be an integer in 1..%d (the model's blocks), got %s", L, tostring(n))
   end
+  if type(imp) ~= "table" or type(imp.blocks) ~= "table" then
+    bad("depth: imp must be the table prune.importance returns, with blocks = {[block] = score}, got %s",
+      type(imp) == "table" and ("blocks = " .. tostring(imp.blocks)) or type(imp))
+  end
   local score = {}
-  for b = 0, L - 1 do score[b + 1] = imp.blocks[b] end
+  for b = 0, L - 1 do
+    local v = imp.blocks[b]
+    if not finite(v) then
+      bad("depth: importance.blocks[%d] must be a finite number (block %d's score), got %s", b, b, tostring(v))
+    end
+    score[b + 1] = v
+  end
   local keep = top(score, n)
   local small = llama.Llama(config_with(model, {num_hidden_layers = n}), {seed = 1})
   local src, dst = params_of(model), params_of(small)

@@ -21,6 +21,7 @@
 -- linear_backward), the kernels (nv.quantize / nv.qmatmul, core/quant.c).
 local core = require "nvlua.core"
 local util = require "nvlua.util"
+local user_error = util.user_error
 local quant = require "nvlua.quant"
 local stats = require "nvlua.stats"
 local formats = require "nvlua.formats"
@@ -85,45 +86,45 @@ end
 local function normalize(r, c, s)
   if type(s) == "string" then s = {format = s} end
   if type(s) ~= "table" then
-    error(string.format("%s: the spec must be a format name or a table {format = ...}, got %s", where(r, c), type(s)), 0)
+    user_error(string.format("%s: the spec must be a format name or a table {format = ...}, got %s", where(r, c), type(s)), 0)
   end
   for k in pairs(s) do
     if not IS_SPEC_KEY[k] then
-      error(string.format("%s: unknown spec field '%s' (valid: %s)", where(r, c), tostring(k), table.concat(SPEC_KEYS, ", ")), 0)
+      user_error(string.format("%s: unknown spec field '%s' (valid: %s)", where(r, c), tostring(k), table.concat(SPEC_KEYS, ", ")), 0)
     end
   end
   local f = s.format
   local ft = formats.get(f, where(r, c))
   for _, k in ipairs({"rht", "sr", "delayed"}) do
     if s[k] ~= nil and type(s[k]) ~= "boolean" then
-      error(string.format("%s: %s must be true or false, got %s", where(r, c), k, tostring(s[k])), 0)
+      user_error(string.format("%s: %s must be true or false, got %s", where(r, c), k, tostring(s[k])), 0)
     end
   end
   local n = {format = f, rht = s.rht or false, sr = s.sr or false, delayed = s.delayed or false}
   if s.block ~= nil and s.block ~= "1d" and s.block ~= "2d" then
-    error(string.format("%s: block must be \"1d\" or \"2d\", got %s", where(r, c), tostring(s.block)), 0)
+    user_error(string.format("%s: block must be \"1d\" or \"2d\", got %s", where(r, c), tostring(s.block)), 0)
   end
   if ft.block2d then
     n.block = s.block or "1d"
     if n.block == "2d" and c.operand ~= "w" then
-      error(string.format("%s: 2d (16x16) blocks are for weights only", where(r, c)), 0)
+      user_error(string.format("%s: 2d (16x16) blocks are for weights only", where(r, c)), 0)
     end
   elseif s.block == "2d" then
-    error(string.format("%s: 2d blocks are an nvfp4 layout, not %s", where(r, c), f), 0)
+    user_error(string.format("%s: 2d blocks are an nvfp4 layout, not %s", where(r, c), f), 0)
   end
   if n.sr and not ft.sr then
-    error(string.format("%s: stochastic rounding is defined for e2m1 elements (nvfp4, mxfp4), not %s", where(r, c), f), 0)
+    user_error(string.format("%s: stochastic rounding is defined for e2m1 elements (nvfp4, mxfp4), not %s", where(r, c), f), 0)
   end
   if ft.scale == "e8m0" then
     n.scale_rule = s.scale_rule or "rceil"
     if n.scale_rule ~= "rceil" and n.scale_rule ~= "floor" then
-      error(string.format("%s: scale_rule must be \"rceil\" or \"floor\", got %s", where(r, c), tostring(s.scale_rule)), 0)
+      user_error(string.format("%s: scale_rule must be \"rceil\" or \"floor\", got %s", where(r, c), tostring(s.scale_rule)), 0)
     end
   elseif s.scale_rule ~= nil then
-    error(string.format("%s: scale_rule is an mxfp8 option, not %s's", where(r, c), f), 0)
+    user_error(string.format("%s: scale_rule is an mxfp8 option, not %s's", where(r, c), f), 0)
   end
   if n.delayed and not ft.global_amax then
-    error(string.format("%s: delayed scaling needs a format with a global amax (e4m3, e5m2, nvfp4), not %s", where(r, c), f), 0)
+    user_error(string.format("%s: delayed scaling needs a format with a global amax (e4m3, e5m2, nvfp4), not %s", where(r, c), f), 0)
   end
   return n
 end
@@ -856,7 +857,7 @@ local is_act = one_of("bf16", "f32")
 -- backward.
 function Recipe:set_act_dtype(dt)
   if not ACT_DTYPES[dt] then
-    error(string.format("recipe %s: act_dtype must be 'bf16' or 'f32', got %s", self.name,
+    user_error(string.format("recipe %s: act_dtype must be 'bf16' or 'f32', got %s", self.name,
       type(dt) == "string" and "'" .. dt .. "'" or tostring(dt)), 2)
   end
   self.act_dtype = dt
@@ -1014,10 +1015,10 @@ end
 -- weight tiles. decide(d) gets {errs, thresholds, formats, granularity, ctx} (nvlua.mor).
 function M.mor(opts)
   opts = opts or {}
-  if type(opts) ~= "table" then error("recipe.mor: options must be a table, got " .. type(opts), 2) end
+  if type(opts) ~= "table" then user_error("recipe.mor: options must be a table, got " .. type(opts), 2) end
   local mo, seed, act = {}, opts.seed, opts.act_dtype
   for k, v in pairs(opts) do if k ~= "seed" and k ~= "act_dtype" then mo[k] = v end end
-  if seed ~= nil and math.type(seed) ~= "integer" then error("recipe.mor: seed must be an integer", 2) end
+  if seed ~= nil and math.type(seed) ~= "integer" then user_error("recipe.mor: seed must be an integer", 2) end
   local m = mor.new(mo)
   local shown = {granularity = m.granularity, block = m.granularity == "block" and m.block or nil,
     candidates = table.concat(m.candidates, ">"), every = m.every > 1 and m.every or nil, seed = seed or 1234,
@@ -1059,7 +1060,7 @@ function M.names() return {table.unpack(registered)} end
 function M.make(name, settings)
   local ctor = registry[name]
   if not ctor then
-    error(string.format("recipe.make: unknown recipe '%s' (valid: %s)", tostring(name), table.concat(registered, ", ")), 2)
+    user_error(string.format("recipe.make: unknown recipe '%s' (valid: %s)", tostring(name), table.concat(registered, ", ")), 2)
   end
   settings = settings or {}
   local r = ctor(settings)
@@ -1091,7 +1092,7 @@ local function mor_from(name, o)
   return function(s)
     for _, k in ipairs({"switch_at", "bf16_first", "bf16_last"}) do
       if s[k] ~= nil then
-        error(string.format("recipe %s: %s does not apply (MoR chooses each operand's format as it runs)", name,
+        user_error(string.format("recipe %s: %s does not apply (MoR chooses each operand's format as it runs)", name,
           k == "switch_at" and "switch_step" or k), 0)
       end
     end

@@ -44,6 +44,7 @@
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
+local user_error = util.user_error
 
 local st = {}
 
@@ -110,7 +111,7 @@ local function plan_save(path, tensors)
     local dt = t:dtype()
     local sd = FROM_NV[dt]
     if not sd then
-      error(string.format("safetensors: %s: save: tensor '%s' has dtype %s, which safetensors cannot hold here (supported: f32 bf16 i32 i64 u8)", path, name, dt), 0)
+      user_error(string.format("safetensors: %s: save: tensor '%s' has dtype %s, which safetensors cannot hold here (supported: f32 bf16 i32 i64 u8)", path, name, dt), 0)
     end
     local shape = t:size()
     list[#list + 1] = {name = name, t = t, dtype = sd, shape = shape, nbytes = t:numel() * DTYPES[sd].size}
@@ -182,7 +183,7 @@ end
 -- ---- reading ------------------------------------------------------------------------------------
 
 local function bad(path, fmt, ...)
-  error(string.format("safetensors: %s: " .. fmt, path, ...), 0)
+  user_error(string.format("safetensors: %s: " .. fmt, path, ...), 0)
 end
 
 local function open_for_read(path)

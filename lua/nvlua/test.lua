@@ -235,7 +235,8 @@ function T.nvlua()
 end
 
 -- Variables that change what nvlua does; cleared for every child unless opts.env sets them.
-T.NVLUA_ENV = {"NVLUA_PATH", "LUA_INIT", "LUA_INIT_5_4", "LUA_PATH", "LUA_PATH_5_4", "LUA_CPATH", "LUA_CPATH_5_4"}
+T.NVLUA_ENV = {"NVLUA_PATH", "NVLUA_TRACEBACK", "LUA_INIT", "LUA_INIT_5_4", "LUA_PATH", "LUA_PATH_5_4", "LUA_CPATH",
+  "LUA_CPATH_5_4"}
 
 --- T.run_nvlua(args [, {stdin = text, env = {name = value}, cd = dir}]) -> {out =, err =, code =}: the
 -- binary run with args (a string, already quoted for the shell), stdin from the text (else

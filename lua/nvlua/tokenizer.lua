@@ -22,6 +22,7 @@ local lfs = require "lfs"
 local cjson = require "cjson"
 local config = require "nvlua.config"
 local util = require "nvlua.util"
+local user_error = util.user_error
 
 local tokenizer = {}
 
@@ -97,7 +98,7 @@ function DECODERS.Fuse(_, list) return {table.concat(list)} end
 function DECODERS.Replace(d, list)
   local from = type(d.pattern) == "table" and d.pattern.String
   if type(from) ~= "string" or type(d.content) ~= "string" then
-    error("tokenizer: a Replace decoder with a regex pattern is not supported (only String patterns)", 0)
+    user_error("tokenizer: a Replace decoder with a regex pattern is not supported (only String patterns)", 0)
   end
   return map(list, function(t) return plain_replace(t, from, d.content) end)
 end
@@ -128,7 +129,7 @@ function tokenizer.run_decoder(d, list)
   if d == nil or d == cjson.null then return {table.concat(list)} end
   local fn = DECODERS[d.type]
   if not fn then
-    error(string.format("tokenizer: decoder type %s is not supported (supported: ByteLevel, ByteFallback, Fuse, " ..
+    user_error(string.format("tokenizer: decoder type %s is not supported (supported: ByteLevel, ByteFallback, Fuse, " ..
       "Replace, Strip, Metaspace, Sequence)", tostring(d.type)), 0)
   end
   return fn(d, list)
@@ -157,7 +158,7 @@ local EOS_NAMES = {"<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|endoftext|>
 local function check_id(path, what, v, limit)
   local i = math.type(v) == "integer" and v or (type(v) == "number" and math.tointeger(v))
   if not i or i < 0 or i >= limit then
-    error(string.format("tokenizer %s: %s must be an integer in [0, %d), got %s", path, what, limit, tostring(v)), 0)
+    user_error(string.format("tokenizer %s: %s must be an integer in [0, %d), got %s", path, what, limit, tostring(v)), 0)
   end
   return i
 end
@@ -166,7 +167,7 @@ end
 local function vocabulary(path, t)
   local m = t.model
   if type(m) ~= "table" or type(m.vocab) ~= "table" then
-    error("tokenizer " .. path .. ": no model.vocab (not a Hugging Face tokenizer.json?)", 0)
+    user_error("tokenizer " .. path .. ": no model.vocab (not a Hugging Face tokenizer.json?)", 0)
   end
   local tokens, added, size = {}, {}, 0
   local function put(id, text, what)
@@ -185,7 +186,7 @@ local function vocabulary(path, t)
       added[put(a.id, a.content, "an added token's id")] = a
     end
   end
-  if size == 0 then error("tokenizer " .. path .. ": the vocabulary is empty", 0) end
+  if size == 0 then user_error("tokenizer " .. path .. ": the vocabulary is empty", 0) end
   return tokens, added, size
 end
 
@@ -209,7 +210,7 @@ local function specials(path, tokens, added, o)
     local name = o[role] or token_name(tc[role])
     if name then
       local id = id_of(tokens, name)
-      if not id then error(string.format("tokenizer %s: %s %q is not in its vocabulary", path, role, name), 0) end
+      if not id then user_error(string.format("tokenizer %s: %s %q is not in its vocabulary", path, role, name), 0) end
       return name, id
     end
     for _, n in ipairs(names) do
@@ -230,9 +231,9 @@ function tokenizer.load(path, o)
   o = o or {}
   if lfs.attributes(path, "mode") == "directory" then path = path .. "/tokenizer.json" end
   local text, err = read_file(path)
-  if not text then error("tokenizer: cannot read " .. path .. ": " .. tostring(err), 0) end
+  if not text then user_error("tokenizer: cannot read " .. path .. ": " .. tostring(err), 0) end
   local ok, t = pcall(cjson.decode, text)
-  if not ok or type(t) ~= "table" then error("tokenizer " .. path .. ": not valid JSON: " .. tostring(t), 0) end
+  if not ok or type(t) ~= "table" then user_error("tokenizer " .. path .. ": not valid JSON: " .. tostring(t), 0) end
   local tokens, added, size = vocabulary(path, t)
   local bos, bos_id, eos, eos_id = specials(path, tokens, added, o)
   local decoder = t.decoder
@@ -258,7 +259,7 @@ end
 
 local function write(dir, name, text, files)
   local ok, err = util.atomic_write(dir .. "/" .. name, text)
-  if not ok then error("tokenizer.export: " .. dir .. "/" .. name .. ": " .. tostring(err), 0) end
+  if not ok then user_error("tokenizer.export: " .. dir .. "/" .. name .. ": " .. tostring(err), 0) end
   files[name] = #text
 end
 

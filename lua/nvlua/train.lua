@@ -38,6 +38,7 @@ local data = require "nvlua.data"
 local schedule = require "nvlua.schedule"
 local config = require "nvlua.config"
 local util = require "nvlua.util"
+local user_error = util.user_error
 local ckpt = require "nvlua.checkpoint"
 local plot = require "nvlua.plot"
 local mor = require "nvlua.mor"
@@ -229,7 +230,7 @@ function train.dataset(c)
     local o = {tokenizer = c.tokenizer ~= "" and c.tokenizer or nil, cache = cache}
     local ds = shards and data.shards(shards, o) or data.megatron(prefix, o)
     if not ds.vocab_size and c.vocab == 0 then
-      error(string.format("config: data=%s needs vocab=<vocabulary size> or tokenizer=<tokenizer.json>: %s has no " ..
+      user_error(string.format("config: data=%s needs vocab=<vocabulary size> or tokenizer=<tokenizer.json>: %s has no " ..
         "manifest.json nor tokenizer.json (scripts/prepare_data.py writes them)", c.data,
         shards or (prefix:match("^(.*)/[^/]*$") or ".")), 0)
     end
@@ -264,7 +265,7 @@ function train.recipe(c)
   local name = c.recipe
   if r.is_recipe(name) then
     if c.act_dtype ~= "recipe" and c.act_dtype ~= name.act_dtype then
-      error(string.format("config: act_dtype=%s but the recipe value %s has act_dtype %s; give it {act_dtype = " ..
+      user_error(string.format("config: act_dtype=%s but the recipe value %s has act_dtype %s; give it {act_dtype = " ..
         "\"%s\"} when building it, or act_dtype=recipe", c.act_dtype, tostring(name), name.act_dtype, c.act_dtype), 0)
     end
     return name
@@ -273,7 +274,7 @@ function train.recipe(c)
   local known = false
   for _, n in ipairs(names) do known = known or n == name end
   if not known then
-    error(string.format("config: recipe must be a recipe value or one of %s; got %s", table.concat(names, ", "),
+    user_error(string.format("config: recipe must be a recipe value or one of %s; got %s", table.concat(names, ", "),
       type(name) == "string" and "'" .. name .. "'" or type(name)), 0)
   end
   return r.make(name, recipe_settings(c))
@@ -293,7 +294,7 @@ end
 -- in each split for one global batch (the validation split only when the run evaluates).
 local function check_data_fits(c, ds, world)
   if c.vocab > 0 and ds.vocab_size and c.vocab < ds.vocab_size then
-    error(string.format("config: vocab=%d is smaller than the data's vocabulary (%d tokens)", c.vocab, ds.vocab_size), 0)
+    user_error(string.format("config: vocab=%d is smaller than the data's vocabulary (%d tokens)", c.vocab, ds.vocab_size), 0)
   end
   if c.vocab > 0 then
     for _, split in ipairs({ds.train, ds.val}) do data.check_vocab(split, c.vocab, "vocab=" .. c.vocab) end
@@ -304,7 +305,7 @@ local function check_data_fits(c, ds, world)
     for _, s in ipairs(split) do total = total + s.count end
     local windows = math.max(total - 1, 0) // c.seq
     if windows < need then
-      error(string.format("config: the %s split of data=%s has %d tokens: %d windows of seq+1=%d tokens, but a batch of " ..
+      user_error(string.format("config: the %s split of data=%s has %d tokens: %d windows of seq+1=%d tokens, but a batch of " ..
         "batch=%d x %d rank(s) needs %d; lower seq or batch, or give more data", name, c.data, total, windows, c.seq + 1,
         c.batch, world, need), 0)
     end
@@ -402,7 +403,7 @@ function train.teacher(c, vocab)
   local hf = require "nvlua.hf"
   local t = hf.from_pretrained(c.teacher, {recipe = nv.recipe.make(c.teacher_recipe)})
   if t.config.vocab_size ~= vocab then
-    error(string.format("config: teacher=%s has a vocabulary of %d tokens, the student %d", c.teacher,
+    user_error(string.format("config: teacher=%s has a vocabulary of %d tokens, the student %d", c.teacher,
       t.config.vocab_size, vocab), 0)
   end
   if c.device ~= "cpu" then t:to(c.device) end
@@ -672,7 +673,7 @@ local function held_run(run_dir)
 end
 
 local function refuse_held(run_dir, held)
-  error(string.format("resume=none: out=%s already holds a run (%s); resume=auto continues it; to start over, " ..
+  user_error(string.format("resume=none: out=%s already holds a run (%s); resume=auto continues it; to start over, " ..
     "give overwrite=true (which removes it), remove that directory or choose another out=", run_dir, held), 0)
 end
 
@@ -731,7 +732,7 @@ local function pick_checkpoint(r)
   end
   local held = held_run(r.run_dir)
   if held then
-    error(string.format("resume=auto: no complete checkpoint in %s/checkpoints, but out=%s holds a run (%s); " ..
+    user_error(string.format("resume=auto: no complete checkpoint in %s/checkpoints, but out=%s holds a run (%s); " ..
       "refusing to start it over: resume=<checkpoint dir> picks one, or remove the directory to start fresh",
       r.run_dir, r.run_dir, held), 0)
   end
@@ -754,7 +755,7 @@ local function resume(r)
   local c = r.c
   local explicit = c.resume ~= "none" and c.resume ~= "auto"
   if explicit and not lfs.attributes(c.resume .. "/trainer.json") then
-    error("config: resume=" .. c.resume .. " is not a checkpoint directory (no trainer.json in it)", 0)
+    user_error("config: resume=" .. c.resume .. " is not a checkpoint directory (no trainer.json in it)", 0)
   end
   local dir, err
   if r.main then
@@ -766,7 +767,7 @@ local function resume(r)
     local t = nv.tensor({code}, "i64")
     r.dist.broadcast(t, 0)
     code = t:get(1)
-    if code == -2 and not r.main then error("resume: rank 0 could not resume (its message says why)", 0) end
+    if code == -2 and not r.main then user_error("resume: rank 0 could not resume (its message says why)", 0) end
     if not r.main then
       dir = code == -3 and c.resume or code >= 0 and string.format("%s/checkpoints/step-%06d", r.run_dir, code) or nil
     end
@@ -804,7 +805,7 @@ local function open_metrics(r, start_step)
       f:close()
     end
     local wok, werr = util.atomic_write(mpath, table.concat(kept))
-    if not wok then error("train: " .. mpath .. ": " .. werr, 0) end
+    if not wok then user_error("train: " .. mpath .. ": " .. werr, 0) end
   end
   return assert(io.open(mpath, start_step > 0 and "a" or "w"))
 end
@@ -1090,7 +1091,7 @@ local function step_once(r, step)
     end
     local ms = mor_record(r, step, rec_line)
     r.mf:write(config.encode(rec_line), "\n")
-    if stop then error(stop, 0) end -- after logging the step that made it
+    if stop then user_error(stop, 0) end -- after logging the step that made it
     return {lr = lr, loss = loss, gnorm = gnorm, dt = dt, mfu = rec_line.mfu, mor = ms,
       distill = r.p.teacher and parts or nil}
   end)

@@ -3,25 +3,47 @@ local core = require "nvlua.core"
 
 local util = {}
 
+--- util.user_error(msg [, level = 1]): error(msg, level), raised as a user error: a bad option, a bad
+-- file, a shape or size that does not fit — what the person running nvlua fixes from the message
+-- alone. It is an ordinary string error; the nvlua program prints it as its one line, without the
+-- stack traceback other errors get (lua/bind/errors.c says how; NVLUA_TRACEBACK=1 shows it).
+util.user_error = core.user_error
+--- util.is_user_error(v) -> true when v is the message of the last user error raised
+util.is_user_error = core.is_user_error
+
+-- A value as an error message shows it: a list of numbers or strings as {a, b}, else tostring.
+local function show(v)
+  if type(v) ~= "table" or getmetatable(v) ~= nil or next(v) == nil then return tostring(v) end
+  local parts = {}
+  for k, x in pairs(v) do
+    if math.type(k) ~= "integer" or k < 1 or k > #v or (type(x) ~= "number" and type(x) ~= "string") then
+      return tostring(v)
+    end
+    parts[k] = type(x) == "string" and string.format("%q", x) or tostring(x)
+  end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
 --- util.check_opts(opts, valid, fname) -> opts ({} for nil): the one option checker of the Lua
 -- library. valid maps each accepted key to true (any value) or to a checker function(value) that
 -- returns nil for a good value, else a phrase for "<fname>: option <k> <phrase>, got <value>"
 -- (e.g. "must be true or false"). An unknown key raises "<fname>: unknown option 'k' (valid:
--- a, b, ...)", the valid keys sorted. Errors are raised at the caller's caller (level 3).
+-- a, b, ...)", the valid keys sorted. Errors are user errors (util.user_error) raised at the
+-- caller's caller (level 3).
 function util.check_opts(opts, valid, fname)
   if opts == nil then return {} end
-  if type(opts) ~= "table" then error(fname .. ": options must be a table, got " .. type(opts), 3) end
+  if type(opts) ~= "table" then util.user_error(fname .. ": options must be a table, got " .. type(opts), 3) end
   for k, v in pairs(opts) do
     local check = valid[k]
     if not check then
       local names = {}
       for n in pairs(valid) do names[#names + 1] = n end
       table.sort(names)
-      error(string.format("%s: unknown option '%s' (valid: %s)", fname, tostring(k), table.concat(names, ", ")), 3)
+      util.user_error(string.format("%s: unknown option '%s' (valid: %s)", fname, tostring(k), table.concat(names, ", ")), 3)
     end
     if type(check) == "function" then
       local bad = check(v)
-      if bad then error(string.format("%s: option %s %s, got %s", fname, k, bad, tostring(v)), 3) end
+      if bad then util.user_error(string.format("%s: option %s %s, got %s", fname, k, bad, show(v)), 3) end
     end
   end
   return opts
