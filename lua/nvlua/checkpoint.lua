@@ -498,7 +498,7 @@ function ckpt._save(run_dir, o, recovered)
   end
   if o.max_batches_per_step ~= nil and (math.type(o.max_batches_per_step) ~= "integer" or o.max_batches_per_step < 1)
   then
-    error("checkpoint.save: max_batches_per_step must be an integer >= 1, got " .. tostring(o.max_batches_per_step), 2)
+    user_error("checkpoint.save: max_batches_per_step must be an integer >= 1, got " .. tostring(o.max_batches_per_step), 2)
   end
   local root = run_dir .. "/checkpoints"
   data.mkdir_p(root)

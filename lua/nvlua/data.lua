@@ -242,11 +242,11 @@ function data.check_vocab(shards, vocab, what)
       local offset = s.offset or HEADER
       local i, id = core.token_find_outside(s.path, offset, s.width, signed(s), s.count, 0, vocab - 1)
       if not i then -- the file changed since its range was taken
-        error(string.format("data %s: changed while it was being checked (its ids ran from %d to %d); open it again",
+        user_error(string.format("data %s: changed while it was being checked (its ids ran from %d to %d); open it again",
           s.path, s.min_id, s.max_id), 0)
       end
       local first = s.offset and s.offset // s.width or 0 -- a split's first token in the file (a Megatron .bin)
-      error(string.format("data %s: token %d is %d, outside the vocabulary of %d ids (0..%d, %s); its ids run " ..
+      user_error(string.format("data %s: token %d is %d, outside the vocabulary of %d ids (0..%d, %s); its ids run " ..
         "from %d to %d: was it made with another tokenizer?", s.path, first + i, id, vocab, vocab - 1, what, s.min_id,
         s.max_id), 0)
     end

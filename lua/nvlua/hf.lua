@@ -371,7 +371,7 @@ local function load_files(dir, model, files, p, dtype)
       local bad = check_finite(dir, file, name, ts[name])
       if bad then
         for _, t in pairs(ts) do t:free() end
-        error(bad, 0)
+        user_error(bad, 0)
       end
     end
     local sub = {}

@@ -378,7 +378,7 @@ function train.check_memory(c, rec, mc, world)
   local fix = "lower layers, hidden, ffn, batch or seq (grad_accum keeps the tokens per step), or give " ..
     "check_memory=false to build it anyway"
   if (state + acts) * per_node > have then
-    error(string.format("config: this run cannot fit: it needs at least %.1f GiB%s (%.3fB parameters x %g bytes for " ..
+    user_error(string.format("config: this run cannot fit: it needs at least %.1f GiB%s (%.3fB parameters x %g bytes for " ..
       "the weights, gradients and AdamW states: %.1f GiB; the activations of batch=%d x seq=%d over %d layers: " ..
       "%.1f GiB), more than the %.1f GiB %s; %s", (state + acts) / GiB, ranks, p.total / 1e9, state / p.total,
       state / GiB, c.batch, c.seq, L, acts / GiB, have / GiB, whose, fix), 0)
@@ -387,7 +387,7 @@ function train.check_memory(c, rec, mc, world)
   if not ok then return end -- a recipe the plan cannot read: the bound above is all there is
   local total = m.total - (c.shard_optimizer and m.optimizer * (1 - 1 / world) or 0)
   if total * per_node > have then
-    error(string.format("config: this run needs about %.2f GiB%s by its memory plan (nvlua.plan: weights %.2f, " ..
+    user_error(string.format("config: this run needs about %.2f GiB%s by its memory plan (nvlua.plan: weights %.2f, " ..
       "gradients %.2f, AdamW %.2f, activations of batch=%d x seq=%d %.2f, weight copies %.2f, scratch %.2f " ..
       "GiB), more than the %.2f GiB %s; %s", total / GiB, ranks, m.weights / GiB, m.grads / GiB,
       (total - m.weights - m.grads - m.activations - m.weight_copies - m.transient) / GiB, c.batch, c.seq,
@@ -726,7 +726,7 @@ local function pick_checkpoint(r)
   if #r.skipped_checkpoints > 0 then
     local moved = {}
     for i, e in ipairs(r.skipped_checkpoints) do moved[i] = e.moved_to end
-    error(string.format("resume=auto: every checkpoint in %s/checkpoints is damaged (set aside: %s; the reasons are " ..
+    user_error(string.format("resume=auto: every checkpoint in %s/checkpoints is damaged (set aside: %s; the reasons are " ..
       "printed above); refusing to start the run over: repair one and give resume=<its dir>, or remove %s to start " ..
       "fresh", r.run_dir, table.concat(moved, ", "), r.run_dir), 0)
   end
