@@ -330,7 +330,9 @@ local BAD = {
   {"config steps=2.5", function() parse({steps = 1}, "steps=2.5") end, "config: steps must be an integer, got '2.5'"},
   {"AdamW lr=-1", function() optim.AdamW(params(), {lr = -1}) end, "AdamW: option lr must be a finite number >= 0, got -1"},
   {"AdamW lr=NaN", function() optim.AdamW(params(), {lr = NAN}) end, "AdamW: option lr must be a finite number >= 0"},
-  {"AdamW eps=inf", function() optim.AdamW(params(), {eps = INF}) end, "AdamW: option eps must be a finite number >= 0, got inf"},
+  {"AdamW eps=inf", function() optim.AdamW(params(), {eps = INF}) end, "AdamW: option eps must be a finite number > 0, got inf"},
+  {"AdamW eps=0 (0 / 0 for moments still 0)", function() optim.AdamW(params(), {eps = 0}) end,
+    "AdamW: option eps must be a finite number > 0, got 0"},
   {"AdamW weight_decay=-0.1", function() optim.AdamW(params(), {weight_decay = -0.1}) end,
     "AdamW: option weight_decay must be a finite number >= 0, got -0.1"},
   {"AdamW betas={0.9, 1}", function() optim.AdamW(params(), {betas = {0.9, 1}}) end,
@@ -411,7 +413,7 @@ T.case("the options that were refused still take their good values", function()
   T.eq(parse({lr = 0.1}, "lr=-2").lr, -2.0)
   T.eq(parse({steps = 1}, "steps=1e3").steps, 1000)
   T.eq(parse({steps = 1}, "steps=+7").steps, 7)
-  local opt = optim.AdamW(params(), {lr = 0, betas = {0, 0.999}, eps = 0, weight_decay = 0})
+  local opt = optim.AdamW(params(), {lr = 0, betas = {0, 0.999}, eps = 1e-30, weight_decay = 0})
   opt:set_lr(0)
   T.eq(opt:get_lr(), 0)
   T.eq(optim.clip_grad_norm(params(), 1e-30), 0.0)

@@ -122,6 +122,16 @@ function()
   T.ok(whose == "of RAM on this machine" or whose:find("cgroup", 1, true), whose)
 end)
 
+T.case("train.local_ranks: the ranks on this node as Open MPI, MPICH and Slurm say it; 1 when none does", function()
+  local script = T.write_file(T.tmpdir() .. "/ranks.lua", 'io.write(require("nvlua.train").local_ranks())')
+  for _, c in ipairs({{{}, "1"}, {{OMPI_COMM_WORLD_LOCAL_SIZE = "4"}, "4"}, {{MPI_LOCALNRANKS = "3"}, "3"},
+      {{SLURM_NTASKS_PER_NODE = "8"}, "8"}, {{SLURM_TASKS_PER_NODE = "6(x2)"}, "6"},
+      {{OMPI_COMM_WORLD_LOCAL_SIZE = "2", SLURM_TASKS_PER_NODE = "8"}, "2"}}) do
+    local r = T.run_nvlua(T.shq(script), {env = c[1]})
+    T.eq(r.out, c[2], "local ranks with " .. require("cjson").encode(c[1]) .. "; stderr: " .. r.err)
+  end
+end)
+
 T.case("cleanup: the scratch directory is removed", function()
   T.rm_tree(T_ROOT)
   T.eq(require("lfs").attributes(T_ROOT), nil)

@@ -354,6 +354,28 @@ outside_case(0, "SIGTERM", "self", "SIGTERM to the process (timeout passes it on
 outside_case(2, "SIGUSR1", "mpirun", "SIGUSR1 to mpirun (forwarded to every rank)")
 outside_case(2, "SIGTERM", "rank1", "SIGTERM to rank 1's process alone")
 
+T.case("defer(true) starts with no stop pending (one a failed run left is forgotten); defer(false) gives SIGTERM " ..
+  "back the action it had (an inherited SIG_IGN stays ignored)", function()
+  local script = T.write_file(ROOT .. "/defer.lua", [[
+local signal = require "nvlua.signal"
+signal.defer(true)
+signal.raise("SIGUSR1")
+io.write("pending ", tostring(signal.pending()), "\n")
+signal.defer(true) -- a later run: what the failed one left is not its stop
+io.write("again ", tostring(signal.pending()), "\n")
+signal.defer(false)
+signal.raise("SIGTERM") -- ignored before nvlua started: still ignored
+io.write("alive\n")
+]])
+  local out = os.tmpname()
+  local _, how, code = os.execute(string.format("sh -c %s > %s 2>&1", T.shq("trap '' TERM; exec " .. T.shq(NVLUA) .. " " ..
+    T.shq(script)), T.shq(out)))
+  local text = T.read_file(out)
+  os.remove(out)
+  T.eq({how, code}, {"exit", 0}, "exit status; output:\n" .. text)
+  T.eq(text, "pending SIGUSR1\nagain false\nalive\n")
+end)
+
 T.case("cleanup: the scratch directory is removed", function()
   T.ok(T.rm_tree(ROOT))
 end)

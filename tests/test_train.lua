@@ -707,6 +707,28 @@ core.bg_submit({{"write", %q, {nv.full({1 << 22}, 2), string.rep("z", 1000)}}}, 
   T.eq(recs[#recs].step, 3, "after step 3, before step 4")
 end)
 
+T.case("a parameter AdamW makes non-finite after the step read its flags: that step's checkpoint is unhealthy, " ..
+  "the next step skipped, the last healthy checkpoint kept", function()
+  local c = cfg("adamw_nan", {"recipe=bf16", "steps=8", "max_bad_steps=1", "eval_every=0", "ckpt_every=1", "keep=1"})
+  local function hook(p)
+    local opt, step = p.optimizer, p.optimizer.step
+    opt.step = function(self)
+      if p.model.step == 4 then -- AdamW reads a NaN at step 4, after the step's flags were taken
+        local w = entry(p.model, "model.layers.1.mlp.down_proj.weight").param
+        w:set(1, 1, 0 / 0)
+      end
+      return step(self)
+    end
+  end
+  T.raises(function() run(c, hook) end, "training stopped at step 6: 2 consecutive steps")
+  local recs = read_metrics(c.out)
+  T.eq({recs[4].skipped, recs[5].skipped, recs[6].skipped}, {nil, true, true}, "step 4 ran; 5 and 6 were skipped")
+  T.ok(tostring(recs[5].nonfinite):find("AdamW met a non-finite parameter", 1, true) ~= nil,
+    "step 5 names AdamW's flag: " .. tostring(recs[5].nonfinite))
+  T.eq(ckpt.latest_healthy(c.out), c.out .. "/checkpoints/step-000003", "step 3's checkpoint is the healthy one kept")
+  T.ok(lfs.attributes(c.out .. "/checkpoints/step-000003") ~= nil, "and it exists")
+end)
+
 T.case("cleanup: the scratch directory is removed", function()
   ckpt.rm_rf(ROOT)
   T.eq(lfs.attributes(ROOT), nil)
@@ -721,3 +743,4 @@ for _, name in ipairs(require("nvlua.recipe").names()) do
     NONFINITE.run(name, "cpu")
   end)
 end
+

@@ -406,8 +406,6 @@ static nvl_status cross_entropy(nvl_kctx *ctx, double *total_out, int total_on_d
 
 /* ---- AdamW ------------------------------------------------------------------------------------ */
 
-/* One chunk. Vectorises where sqrtf need not set errno (-fno-math-errno); as built, gcc keeps
- * it scalar, which costs little: the step is bound by memory traffic (7 floats per element). */
 /* The bits of |f| with NaN kept: >= 0x7F800000 exactly for a NaN or an infinity. */
 static inline int32_t raw_bits_f(float f) {
   int32_t b;
@@ -421,6 +419,8 @@ static inline void flag_params(int32_t raw) {
   if (raw >= 0x7F800000) nvl_host_nonfinite_set(NVL_NONFINITE_PARAM);
 }
 
+/* One chunk. Vectorises where sqrtf need not set errno (-fno-math-errno); as built, gcc keeps
+ * it scalar, which costs little: the step is bound by memory traffic (7 floats per element). */
 static void adamw_span(float *restrict p, const float *restrict g, float *restrict m, float *restrict v, int64_t n,
                        const nvl_adamw_coefs *k) {
   nvl_adamw_coefs kk = *k;

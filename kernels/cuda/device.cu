@@ -144,17 +144,25 @@ int nvl_cuda_grid(int64_t n, int threads, int dev) {
 /* ---- non-finite flags (backend.h NVL_NONFINITE_*) -------------------------------------------- */
 
 static uint32_t *nonfinite_words[NVL_MAX_GPUS];
+static int nonfinite_tried[NVL_MAX_GPUS]; /* made, or failed once: no retry at every launch */
 static pthread_mutex_t nonfinite_mu = PTHREAD_MUTEX_INITIALIZER;
 
 uint32_t *nvl_cuda_nonfinite_word(int dev) {
   if (dev < 0 || dev >= NVL_MAX_GPUS) return NULL;
+  uint32_t *w = __atomic_load_n(&nonfinite_words[dev], __ATOMIC_ACQUIRE); /* every launch: no lock */
+  if (w) return w;
   pthread_mutex_lock(&nonfinite_mu);
-  uint32_t *w = nonfinite_words[dev];
-  if (!w) {
+  w = nonfinite_words[dev];
+  if (!w && !nonfinite_tried[dev]) {
+    nonfinite_tried[dev] = 1;
     void *p = NULL;
     if (cudaMalloc(&p, sizeof(uint32_t)) == cudaSuccess) {
-      if (cudaMemsetAsync(p, 0, sizeof(uint32_t), 0) == cudaSuccess) w = nonfinite_words[dev] = (uint32_t *)p;
-      else (void)cudaFree(p);
+      if (cudaMemsetAsync(p, 0, sizeof(uint32_t), 0) == cudaSuccess) {
+        w = (uint32_t *)p;
+        __atomic_store_n(&nonfinite_words[dev], w, __ATOMIC_RELEASE);
+      } else {
+        (void)cudaFree(p);
+      }
     }
     (void)cudaGetLastError();
   }

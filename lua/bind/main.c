@@ -191,15 +191,33 @@ void nvl_main_set_idle_sigint(void (*handler)(int)) {
   set_sigint(idle_sigint);
 }
 
-/* nvlua.signal.defer(on): defer SIGINT, SIGTERM and SIGUSR1 to polling (see defer_stops); off
- * forgets a pending one and gives SIGTERM and SIGUSR1 their default action back. */
+/* SIGTERM's and SIGUSR1's actions before defer(true) (an inherited SIG_IGN, a launcher's handler),
+ * put back by defer(false). */
+static struct sigaction saved_term, saved_usr1;
+static int saved_actions;
+
+/* nvlua.signal.defer(on): defer SIGINT, SIGTERM and SIGUSR1 to polling (see defer_stops), with no
+ * stop pending yet; off forgets a pending one and gives SIGTERM and SIGUSR1 back the actions they
+ * had before. */
 static int l_signal_defer(lua_State *L) {
   if (lua_toboolean(L, 1)) {
+    if (!defer_stops) {
+      sigaction(SIGTERM, NULL, &saved_term);
+      sigaction(SIGUSR1, NULL, &saved_usr1);
+      saved_actions = 1;
+    }
+    stop_signal = 0; /* a stop left by an earlier run that failed is not this run's */
     defer_stops = 1;
     for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++) set_handler(stop_signals[i], laction, 1);
   } else {
-    set_handler(SIGTERM, SIG_DFL, 0);
-    set_handler(SIGUSR1, SIG_DFL, 0);
+    if (saved_actions) {
+      sigaction(SIGTERM, &saved_term, NULL);
+      sigaction(SIGUSR1, &saved_usr1, NULL);
+      saved_actions = 0;
+    } else {
+      set_handler(SIGTERM, SIG_DFL, 0);
+      set_handler(SIGUSR1, SIG_DFL, 0);
+    }
     set_sigint(laction); /* as nvl_main_docall has it while code runs */
     defer_stops = 0;
     stop_signal = 0;

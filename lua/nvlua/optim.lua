@@ -43,6 +43,8 @@ AdamW.__index = AdamW
 -- every parameter into NaN at the first step.
 local function finite(v) return type(v) == "number" and v == v and v > -math.huge and v < math.huge end
 local function is_nonneg(v) if not (finite(v) and v >= 0) then return "must be a finite number >= 0" end end
+-- eps divides: 0 makes 0 / 0 of every element whose moments are still 0
+local function is_pos(v) if not (finite(v) and v > 0) then return "must be a finite number > 0" end end
 local function is_betas(v)
   if type(v) ~= "table" or #v ~= 2 or not (finite(v[1]) and v[1] >= 0 and v[1] < 1) or
      not (finite(v[2]) and v[2] >= 0 and v[2] < 1) then
@@ -50,8 +52,8 @@ local function is_betas(v)
   end
 end
 
-local ADAMW_OPTS = {lr = is_nonneg, betas = is_betas, eps = is_nonneg, weight_decay = is_nonneg}
-local GROUP_OPTS = {params = true, lr = is_nonneg, betas = is_betas, eps = is_nonneg, weight_decay = is_nonneg,
+local ADAMW_OPTS = {lr = is_nonneg, betas = is_betas, eps = is_pos, weight_decay = is_nonneg}
+local GROUP_OPTS = {params = true, lr = is_nonneg, betas = is_betas, eps = is_pos, weight_decay = is_nonneg,
   name = true, lr_scale = is_nonneg}
 
 --- optim.AdamW(params, {lr = 1e-3, betas = {0.9, 0.95}, eps = 1e-8, weight_decay = 0.1})

@@ -357,9 +357,20 @@ function train.machine_memory(device)
   return total, what
 end
 
+--- train.local_ranks() -> the processes of this job on this node, as the launcher says: Open MPI
+-- (OMPI_COMM_WORLD_LOCAL_SIZE), MPICH / Hydra (MPI_LOCALNRANKS), Slurm (SLURM_NTASKS_PER_NODE, or the
+-- first count of SLURM_TASKS_PER_NODE, e.g. "8(x2)"); 1 when none does.
+function train.local_ranks()
+  for _, var in ipairs({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) do
+    local n = math.tointeger(tonumber((os.getenv(var) or ""):match("^(%d+)") or ""))
+    if n and n >= 1 then return n end
+  end
+  return 1
+end
+
 --- train.check_memory(c, recipe, model_config, world): refuses ("config: ...", before anything is
 -- allocated) a run that cannot fit the machine's memory (train.machine_memory, per process: times
--- the ranks on this node, OMPI_COMM_WORLD_LOCAL_SIZE, on the CPU). First a bound that costs nothing
+-- the ranks on this node, train.local_ranks, on the CPU). First a bound that costs nothing
 -- whatever the size: the weights, gradients and AdamW states (16 bytes per parameter; ZeRO-1 shards
 -- AdamW's 8) plus the bf16 activations a step saves; then the memory plan itself (nvlua.plan.memory,
 -- within 20% of the measured peak: tests/test_plan.lua). Not counted: a distillation teacher.
@@ -367,8 +378,7 @@ function train.check_memory(c, rec, mc, world)
   if not c.check_memory then return end
   local have, whose = train.machine_memory(c.device)
   if not have then return end
-  local per_node = c.device == "cpu" and (math.tointeger(tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_SIZE") or "")) or 1)
-    or 1
+  local per_node = c.device == "cpu" and train.local_ranks() or 1
   local ranks = per_node > 1 and string.format(" (x %d ranks on this node)", per_node) or ""
   local p = plan.params(mc)
   local hd = mc.head_dim or mc.hidden_size // mc.num_attention_heads
@@ -628,6 +638,15 @@ local SILENT = {write = function() end, flush = function() end, close = function
 -- removes the checkpoint this run resumed from, nor the newest one written outside a streak of
 -- skipped steps (nvlua.checkpoint).
 local function save_checkpoint(r, step, background)
+  -- AdamW flags a non-finite parameter as it writes it, after the step has read its flags: a save
+  -- right after such a step holds the NaN. It is marked unhealthy (written within a streak), so
+  -- pruning keeps the last healthy checkpoint and resume never takes it; the flag goes on to the
+  -- next step, which is skipped. The take is a copy to the host, as the save is anyway; the ranks
+  -- agree (ZeRO-1 shards: each rank updates its own).
+  local pflags = r.params[1] and core.nonfinite_take(r.params[1].param) or 0
+  if r.world > 1 then pflags = r.dist.all_reduce_number(pflags ~= 0 and 1 or 0, "sum") > 0 and 2 or 0 end
+  r.carry_flags = (r.carry_flags or 0) | pflags
+  local bad_in_row = r.bad_in_row + (pflags ~= 0 and 1 or 0)
   local path = nv.scope(function()
     local opt = r.opt
     local optv = opt
@@ -638,7 +657,7 @@ local function save_checkpoint(r, step, background)
     local path = string.format("%s/checkpoints/step-%06d", r.run_dir, step)
     if r.main then
       path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
-        config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = r.bad_in_row, skipped = r.skipped,
+        config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = bad_in_row, skipped = r.skipped,
         tokenizer = r.ds.tokenizer, max_batches_per_step = r.max_batches, background = background or nil,
         defer_copy = background and r.c.ckpt_overlap or nil})
     end
@@ -1021,7 +1040,7 @@ local function step_once(r, step)
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
       gnorm = opt:reduce_clip(c.clip)
       t_sync = nv.clock() - t_sync
-      flags = core.nonfinite_take(model.grad_buffer) -- (a copy after the norm's: nothing left queued)
+      flags = core.nonfinite_take(model.grad_buffer) | (r.carry_flags or 0) -- (a copy after the norm's: nothing queued)
     else
       if buckets then dist.wait_all()
       elseif world > 1 and not shadow then dist.all_reduce(model.grad_buffer, "avg") end
@@ -1031,7 +1050,7 @@ local function step_once(r, step)
       -- NaN or an infinity that a quantizer read (a weight or an activation: its codes cannot carry
       -- it) or AdamW met in a parameter, or a non-finite norm or loss, skips the step.
       local norm = opt:clip_grad_norm(c.clip)
-      gnorm, flags = norm:value(), norm:nonfinite()
+      gnorm, flags = norm:value(), norm:nonfinite() | (r.carry_flags or 0)
     end
     local loss_sum = 0
     for _, d in ipairs(losses) do -- a model (or a wrapper of it) may also return the loss itself
@@ -1039,14 +1058,19 @@ local function step_once(r, step)
     end
     local loss = loss_sum / c.grad_accum
     local flagged = flags ~= 0
+    r.carry_flags = 0
     if world > 1 then
       -- the ranks' mean loss and, in the same collective, whether a stop signal came to any rank
       -- (interrupt_requested: every rank then stops after this step) and whether any rank's
       -- non-finite flags are set (every rank then skips this step). avg is the sum / world.
-      local v = dist.all_reduce_numbers({loss, r.signal_ok and r.signal.pending() and 1 or 0, flagged and 1 or 0},
-        "sum")
+      -- A rank's own non-finite gradient norm counts too: under sync=shadow each rank's norm is
+      -- its own gradients', and a step one rank skips must be skipped by all (the averaging is a
+      -- collective); elsewhere the norms are equal already.
+      local v = dist.all_reduce_numbers({loss, r.signal_ok and r.signal.pending() and 1 or 0, flagged and 1 or 0,
+        finite(gnorm) and 0 or 1}, "sum")
       loss, r.stop_agreed = v[1] / world, v[2] > 0
       flagged = v[3] > 0 -- this rank's flags, or another's (nonfinite_what says which)
+      if v[4] > 0 and finite(gnorm) then gnorm = 0 / 0 end -- another rank's norm was not finite
     end
     local rec_line, stop
     if finite(loss) and finite(gnorm) and not flagged then
@@ -1225,9 +1249,14 @@ local function finish_run(r, ok, err)
   -- a parameter averaging still running (sync=shadow) is completed and applied
   local wok, werr = pcall(ckpt.wait)
   if wok then ckpt.release() end -- its staging buffer: the final save below is a blocking one
-  if ok and r.shadow and r.shadow.pending then shadow_complete(r.dist, r.shadow, false) end
+  if ok and wok and r.shadow and r.shadow.pending then
+    wok, werr = pcall(shadow_complete, r.dist, r.shadow, false)
+  end
   if not ok then failed(r, err, string.format("during step %d", r.step)) end
-  if not wok then error(werr, 0) end
+  if not wok then -- signals are not left deferred to a loop that no longer polls them
+    if r.signal_ok then r.signal.defer(false) end
+    error(werr, 0)
+  end
   local summary = {steps = r.step, skipped = r.skipped, run_dir = r.run_dir, interrupted = r.interrupted,
     losses = r.losses, val = r.val_points, tokens_per_s = r.t_run > 0 and r.tok_run / r.t_run or 0,
     last_loss = r.last_loss, skipped_checkpoints = r.skipped_checkpoints}
