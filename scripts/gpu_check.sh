@@ -171,7 +171,7 @@ $("$cod" --list-ptx "$build/nvlua" 2>/dev/null | grep -o 'sm_[0-9a-z]*' | sed 's
       echo "## CUDA test files (NVLUA_CUDA_SYNC=1): $lua_sum"
       echo
       echo '```'
-      grep -E "^== |^TIMEOUT|^NOT RUN" "$res/lua.log" | grep -v "^== memcheck" | head -40
+      grep -E "^-- |^TIMEOUT|^NOT RUN" "$res/lua.log" | grep -v "^-- memcheck" | head -40
       grep -A4 "^FAIL" "$res/lua.log" | head -80
       grep "^skip" "$res/lua.log" | head -40
       echo '```'
@@ -180,7 +180,7 @@ $("$cod" --list-ptx "$build/nvlua" 2>/dev/null | grep -o 'sm_[0-9a-z]*' | sed 's
       echo
       if grep -q "^== memcheck" "$res/lua.log"; then
         echo '```'
-        grep -E "^== memcheck|ERROR SUMMARY|^TIMEOUT: memcheck" "$res/lua.log" | head -40
+        grep -E "^-- memcheck|^TIMEOUT: memcheck" "$res/lua.log" | head -40
         grep -E "^========= (Invalid|Uninitialized|Program hit|Address)" "$res/lua.log" | sort | uniq -c | head -20
         echo '```'
         echo
@@ -259,9 +259,12 @@ do_test() {
   for f in "${names[@]}"; do
     if [ $(($(now) + 2)) -ge "$end" ]; then echo "NOT RUN: $f (the test phase's time ran out)" >>"$res/lua.log"; rc=1; continue; fi
     echo "== $f" >>"$res/lua.log"
-    local frc=0
+    local frc=0 f0
+    f0=$(now)
     until_s "$end" env NVLUA_CUDA_SYNC=1 "$build/nvlua" tests/run.lua "$f" >"$build/one.log" 2>&1 || frc=$?
     cat "$build/one.log" >>"$res/lua.log"
+    echo "-- $f: $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$build/one.log" | tail -1) (exit $frc, $(($(now) - f0)) s)" \
+      >>"$res/lua.log"
     if [ $frc -eq 124 ]; then echo "TIMEOUT: $f stopped at its time limit (the phase's end or GPU_CHECK_TIMEOUT)" >>"$res/lua.log"; timeouts=$((timeouts + 1)); fi
     [ $frc -ne 0 ] && [ $frc -ne 77 ] && rc=1
     out=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$build/one.log" | tail -1)
@@ -286,10 +289,13 @@ do_test() {
       until_s "$end" env NVLUA_CUDA_SYNC=1 "$cs" --tool memcheck --error-exitcode 86 --print-limit 20 "$build/nvlua" \
         tests/run.lua "$f" >"$build/one.log" 2>&1 || frc=$?
       grep -E "^=========|^FAIL|passed, [0-9]+ failed" "$build/one.log" | head -200 >>"$res/lua.log"
+      echo "-- memcheck $f: $(grep -c 'ERROR SUMMARY: 0 errors' "$build/one.log") process(es) clean, $(grep -cE \
+        'ERROR SUMMARY: [1-9]' "$build/one.log") with errors (exit $frc)" >>"$res/lua.log"
       if [ $frc -eq 124 ]; then echo "TIMEOUT: memcheck $f stopped at its time limit" >>"$res/lua.log"; stopped=$((stopped + 1))
-      elif grep -q "ERROR SUMMARY: 0 errors" "$build/one.log" && [ $frc -ne 86 ]; then clean=$((clean + 1))
+      elif grep -q "ERROR SUMMARY: 0 errors" "$build/one.log" && ! grep -qE "ERROR SUMMARY: [1-9]" "$build/one.log" &&
+        [ $frc -ne 86 ]; then clean=$((clean + 1))
       else dirty=$((dirty + 1)); fi
-      san_note="$clean files clean, $dirty with errors (or failing under it), $stopped stopped, of ${#names[@]}"
+      san_note="$clean files clean, $dirty with memcheck errors (or no summary), $stopped stopped, of ${#names[@]}"
       report
     done
     msum="; memcheck: $san_note"
