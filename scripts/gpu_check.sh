@@ -233,7 +233,7 @@ memcheck_works() {
     'local nv = require "nvlua"; local x = nv.randn(4096):cuda(); assert((x + x):cpu():sum() == (x:cpu() * 2):sum())' 2>&1) ||
     rc=$?
   if [ $rc -ne 0 ] || ! grep -q "ERROR SUMMARY: 0 errors" <<<"$out"; then
-    san_note="not run: compute-sanitizer does not work on this machine (a gVisor sandbox answers 'Device not supported'); its probe exited $rc: $(grep -m2 -v '^$' <<<"$out" | tr '\n' ' ' | cut -c1-300)"
+    san_note="not run: compute-sanitizer did not run a CUDA program here (on gVisor machines it answers 'Device not supported'); its probe exited $rc: $(grep -m2 -v '^$' <<<"$out" | tr '\n' ' ' | cut -c1-300)"
     return 1
   fi
   return 0
