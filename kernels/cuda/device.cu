@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common.cuh"
-#include "flash_attn.h"
+#include "cuda/flash_attn.h"
 
 #define NVL_MAX_GPUS 16
 
