@@ -199,6 +199,7 @@ typedef struct {
   size_t total_mem;
   int major, minor;
   int multiprocessors;
+  char pci_bus_id[24]; /* "00000000:1B:00.0", as nvidia-smi prints it: the physical GPU */
 } nvl_device_props;
 
 typedef struct {

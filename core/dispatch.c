@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include "device.h"
 #include "dispatch.h"
+#include "dist.h"
 
 static _Thread_local int reference;
 
@@ -16,7 +17,10 @@ int nvl_use_reference(int on) {
 static const nvl_backend *table_of(nvl_device device) {
   if (device == NVL_CPU) return &nvl_backend_cpu;
 #ifdef NVLUA_HAVE_CUDA
-  if (device == NVL_CUDA) return &nvl_backend_cuda;
+  if (device == NVL_CUDA) {
+    nvl_dist_place_gpu(); /* before the CUDA runtime starts: each rank of a node its own GPU */
+    return &nvl_backend_cuda;
+  }
 #endif
   return NULL;
 }

@@ -149,28 +149,85 @@ static nvl_status mpi_fail(const char *op, const char *call, int rc) {
   } while (0)
 #endif
 
-#ifdef NVLUA_HAVE_CUDA
-/* One GPU per rank: core allocates on device 0, so each rank of a node sees only its own GPU
- * (unless the launcher already chose, as srun --gpus-per-task does). Set before MPI_Init, from the
- * launcher's node-local rank: a CUDA-aware MPI starts the CUDA runtime inside MPI_Init, after which
- * CUDA_VISIBLE_DEVICES is no longer read (issue 15 D8: every rank would get GPU 0). */
+#if defined(NVLUA_HAVE_CUDA) && defined(NVLUA_HAVE_MPI)
+static char gpu_placement[320]; /* what dist.init did to CUDA_VISIBLE_DEVICES, for the log ("": nothing) */
+static int gpu_placed;          /* place_gpu ran (before MPI_Init or after) */
+
+/* One GPU per rank: core allocates on device 0, so each rank of a node narrows CUDA_VISIBLE_DEVICES to
+ * its own GPU, from its node-local rank r (source: where r came from). Unset: device r. A list of n > 1
+ * entries, as containers and schedulers export "0,1,...,7" to every rank: entry r % n (indices or
+ * UUIDs, as given). One entry: the launcher already bound a GPU to this rank (srun --gpus-per-task),
+ * which is its device 0: kept. Empty (no GPU): kept. Before MPI_Init where the launcher exports r:
+ * a CUDA-aware MPI starts the CUDA runtime inside MPI_Init, after which CUDA_VISIBLE_DEVICES is no
+ * longer read (issue 15 D8: every rank got GPU 0; issue 29: so did every rank given "0,...,7"). */
+static void place_gpu(long r, const char *source) {
+  const char *v = getenv("CUDA_VISIBLE_DEVICES");
+  char list[256], pick[128];
+  gpu_placed = 1;
+  if (!v) {
+    snprintf(pick, sizeof pick, "%ld", r);
+    setenv("CUDA_VISIBLE_DEVICES", pick, 1);
+    snprintf(gpu_placement, sizeof gpu_placement, "CUDA_VISIBLE_DEVICES=%s (was unset: the device of local rank %ld, "
+             "from %s)", pick, r, source);
+    return;
+  }
+  snprintf(list, sizeof list, "%s", v);
+  long n = 0;
+  for (const char *p = list; *p; p++) n += *p == ',';
+  n += 1;
+  if (!list[0] || n == 1) {
+    snprintf(gpu_placement, sizeof gpu_placement, "CUDA_VISIBLE_DEVICES=%s (%s, kept; local rank %ld, from %s)", list,
+             list[0] ? "one entry: the launcher's choice" : "empty: no GPU", r, source);
+    return;
+  }
+  long want = r % n, i = 0;
+  const char *p = list;
+  for (; i < want; p++)
+    if (*p == ',') i++;
+  while (*p == ' ') p++;
+  size_t len = strcspn(p, ",");
+  while (len > 0 && p[len - 1] == ' ') len--;
+  snprintf(pick, sizeof pick, "%.*s", (int)len, p);
+  setenv("CUDA_VISIBLE_DEVICES", pick, 1);
+  snprintf(gpu_placement, sizeof gpu_placement, "CUDA_VISIBLE_DEVICES=%s (entry %ld of %s for local rank %ld, from %s%s)",
+           pick, want + 1, list, r, source, r >= n ? "; more ranks than GPUs: ranks share them" : "");
+}
+
+/* The node-local rank the launcher exports (Open MPI, MPICH/Intel MPI, PMI, Slurm), before MPI_Init. */
 static void pick_gpu_before_mpi(void) {
   static const char *const rank_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
                                           "SLURM_LOCALID", NULL};
-  if (getenv("CUDA_VISIBLE_DEVICES")) return;
+  if (gpu_placed) return;
   for (int i = 0; rank_vars[i]; i++) {
     const char *v = getenv(rank_vars[i]);
     char *end = NULL;
     long r = v ? strtol(v, &end, 10) : -1;
     if (v && *v && end && !*end && r >= 0 && r < 4096) {
-      char dev[16];
-      snprintf(dev, sizeof dev, "%ld", r);
-      setenv("CUDA_VISIBLE_DEVICES", dev, 1);
+      place_gpu(r, rank_vars[i]);
       return;
     }
   }
 }
+
+static void place_early(void) {
+  if (launched()) pick_gpu_before_mpi();
+}
 #endif
+
+void nvl_dist_place_gpu(void) {
+#if defined(NVLUA_HAVE_CUDA) && defined(NVLUA_HAVE_MPI)
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, place_early);
+#endif
+}
+
+const char *nvl_dist_gpu_placement(void) {
+#if defined(NVLUA_HAVE_CUDA) && defined(NVLUA_HAVE_MPI)
+  return gpu_placement;
+#else
+  return "";
+#endif
+}
 
 nvl_status nvl_dist_init(void) { return nvl_dist_init_threads(0); }
 
@@ -187,7 +244,7 @@ nvl_status nvl_dist_init_threads(int multiple) {
     int provided, flag = 0;
     MPI_Initialized(&flag);
 #ifdef NVLUA_HAVE_CUDA
-    if (!flag) pick_gpu_before_mpi();
+    if (!flag) nvl_dist_place_gpu();
 #endif
     if (!flag && MPI_Init_thread(NULL, NULL, multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided) !=
                      MPI_SUCCESS)
@@ -211,11 +268,7 @@ nvl_status nvl_dist_init_threads(int multiple) {
 #ifdef NVLUA_HAVE_CUDA
     /* a launcher that exports no node-local rank: MPI's, which a CUDA-aware MPI may have been too
      * late for (pick_gpu_before_mpi); effective otherwise, as no CUDA tensor exists before init */
-    if (S.local_size > 1 && !getenv("CUDA_VISIBLE_DEVICES")) {
-      char dev[16];
-      snprintf(dev, sizeof dev, "%d", S.local_rank);
-      setenv("CUDA_VISIBLE_DEVICES", dev, 1);
-    }
+    if (!gpu_placed && S.local_size > 1) place_gpu(S.local_rank, "MPI_COMM_TYPE_SHARED");
 #endif
     if (S.world > 1) watchdog_start();
   }

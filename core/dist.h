@@ -48,6 +48,15 @@ const char *nvl_dist_backend(void);
 /* What was compiled in: MPI (with its library version in *mpi_version, may be NULL), NCCL. */
 int nvl_dist_mpi_compiled(const char **mpi_version);
 int nvl_dist_nccl_compiled(void);
+/* What nvl_dist_init did to give this rank its GPU, for the log: CUDA_VISIBLE_DEVICES as set or kept,
+ * the entry chosen, the node-local rank and where it came from ("" when it did nothing: no launcher,
+ * one rank on the node, or a build without CUDA). */
+const char *nvl_dist_gpu_placement(void);
+/* Give a process that an MPI launcher started its GPU (CUDA_VISIBLE_DEVICES, from the launcher's
+ * node-local rank) if that was not done yet: nvl_dist_init calls it before MPI_Init, and core's
+ * dispatch before the CUDA table's first use, since the CUDA runtime reads CUDA_VISIBLE_DEVICES once
+ * when it starts (a config check of device=cuda before dist.init starts it). Idempotent, thread-safe. */
+void nvl_dist_place_gpu(void);
 
 /* Every rank waits for every other. */
 nvl_status nvl_dist_barrier(void);

@@ -7,8 +7,10 @@
 -- an LM head of a 256-token vocabulary around the blocks (negligible work), fp32 master weights.
 -- Prints a markdown table with the device and date: step ms (median), tokens/s, model TFLOP/s
 -- (train.flops_per_token: 6 x GEMM parameters + causal attention counted in full, as MFU does)
--- and peak GPU memory. Goals (issue 7): nvlua bf16 at least as fast as torch.compile; fp8_cs
--- >= 1.25x nvlua bf16 throughput; the nvfp4 step <= 1.35x the nvlua bf16 step.
+-- and peak GPU memory, one row per configuration as soon as it is measured (nvlua's in the order
+-- run, then PyTorch's), so a run stopped by a time limit keeps what finished. Goals (issue 7): nvlua
+-- bf16 at least as fast as torch.compile; fp8_cs >= 1.25x nvlua bf16 throughput; the nvfp4 step <=
+-- 1.35x the nvlua bf16 step.
 -- Each configuration runs in its own process (a clean peak-memory count; memory given back).
 --   build/nvlua scripts/bench_blocks.lua [layers=1,4] [seq=8192] [steps=3] [recipes=bf16,fp8_cs,nvfp4] [torch=true]
 -- Exits 77 without a GPU. Commit the output under experiments/bench/.
@@ -72,20 +74,43 @@ end
 
 local train = require "nvlua.train"
 local self_cmd = string.format("%q %q", arg[-1] or "build/nvlua", arg[0])
-local results = {} -- results[layers][name] = {ms, peak}
+local base = {} -- base[layers] = nvlua bf16's step ms, for the last column
 
+-- The header first and each row as soon as its configuration is measured (flushed), so a run stopped
+-- by a time limit keeps the rows that finished.
+local dev = nv.cuda.devices()[1]
+print(string.format("# Llama 3 8B blocks, one training step on the GPU\n\n%s (compute capability %s, %.0f GiB), %s; " ..
+  "sequence %d, micro-batch 1, vocabulary 256; median of %d steps after a warm-up",
+  dev.name, tostring(dev.capability), dev.memory / 2 ^ 30, os.date("!%Y-%m-%d"), cfg.seq, cfg.steps))
+print("\n| blocks | implementation | step ms | tokens/s | model TFLOP/s | peak GiB | vs nvlua bf16 step |")
+print("|---:|---|---:|---:|---:|---:|---:|")
+io.stdout:flush()
+
+local function row(side, name, layers, ms, peak)
+  local flops = train.flops_per_token(model_config(layers, cfg.seq), cfg.seq) * cfg.seq
+  if side == "nvlua" and name == "bf16" then base[layers] = ms end
+  print(string.format("| %d | %s | %.1f | %.0f | %.1f | %.2f | %s |", layers, side == "torch" and "torch " .. name or
+    "nvlua " .. name, ms, cfg.seq / (ms / 1000), flops / (ms / 1000) / 1e12, peak / 2 ^ 30,
+    base[layers] and string.format("%.2fx", ms / base[layers]) or "-"))
+  io.stdout:flush()
+end
+
+-- Run cmd, printing a row for each RESULT line as it comes; the rest of its output goes to stderr when
+-- no RESULT came.
 local function run(cmd, what)
   local p = assert(io.popen(cmd .. " 2>&1"))
-  local text = p:read("a")
-  p:close()
-  local found = false
-  for side, name, layers, ms, peak in text:gmatch("RESULT (%S+) (%S+) (%d+) (%S+) (%d+)") do
-    layers = math.tointeger(tonumber(layers))
-    results[layers] = results[layers] or {}
-    results[layers][side == "torch" and ("torch " .. name) or name] = {ms = tonumber(ms), peak = tonumber(peak)}
-    found = true
+  local rest, found = {}, false
+  for line in p:lines() do
+    local side, name, layers, ms, peak = line:match("^RESULT (%S+) (%S+) (%d+) (%S+) (%d+)")
+    if side then
+      row(side, name, math.tointeger(tonumber(layers)), tonumber(ms), tonumber(peak))
+      found = true
+    else
+      rest[#rest + 1] = line
+    end
   end
-  if not found then io.stderr:write("bench_blocks: " .. what .. " gave no result:\n" .. text .. "\n") end
+  p:close()
+  if not found then io.stderr:write("bench_blocks: " .. what .. " gave no result:\n" .. table.concat(rest, "\n") .. "\n") end
 end
 
 for _, L in ipairs(list(cfg.layers)) do
@@ -97,26 +122,7 @@ end
 if cfg.torch == "true" then
   io.stderr:write("bench_blocks: PyTorch (eager, compile) ...\n")
   local script = arg[0]:gsub("bench_blocks%.lua$", "bench_blocks_torch.py")
-  run(string.format("python3 %q --layers %s --seq %d --steps %d", script, cfg.layers, cfg.seq, cfg.steps), "PyTorch")
-end
-
-local dev = nv.cuda.devices()[1]
-print(string.format("# Llama 3 8B blocks, one training step on the GPU\n\n%s (compute capability %s, %.0f GiB), %s; " ..
-  "sequence %d, micro-batch 1, vocabulary 256; median of %d steps after a warm-up",
-  dev.name, tostring(dev.capability), dev.memory / 2 ^ 30, os.date("!%Y-%m-%d"), cfg.seq, cfg.steps))
-print("\n| blocks | implementation | step ms | tokens/s | model TFLOP/s | peak GiB | vs nvlua bf16 step |")
-print("|---:|---|---:|---:|---:|---:|---:|")
-local order = {"bf16", "fp8_cs", "nvfp4", "torch eager", "torch compile"}
-for _, L in ipairs(list(cfg.layers)) do
-  local flops = train.flops_per_token(model_config(L, cfg.seq), cfg.seq) * cfg.seq
-  local base = results[L] and results[L].bf16
-  for _, name in ipairs(order) do
-    local r = results[L] and results[L][name]
-    if r then
-      print(string.format("| %d | %s | %.1f | %.0f | %.1f | %.2f | %s |", L, name:match("^torch") and name or "nvlua " .. name,
-        r.ms, cfg.seq / (r.ms / 1000), flops / (r.ms / 1000) / 1e12, r.peak / 2 ^ 30,
-        base and string.format("%.2fx", r.ms / base.ms) or "-"))
-    end
-  end
+  run(string.format("PYTHONUNBUFFERED=1 python3 %q --layers %s --seq %d --steps %d", script, cfg.layers, cfg.seq,
+    cfg.steps), "PyTorch")
 end
 print("\nGoals: nvlua bf16 step <= torch compile's; fp8_cs tokens/s >= 1.25x nvlua bf16; nvfp4 step <= 1.35x nvlua bf16.")

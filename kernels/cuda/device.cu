@@ -3,7 +3,8 @@
  * (add/sub/mul/div): the device API of the CUDA table (kernels/cuda/backend_cuda.c), with C
  * linkage. A build without nvcc has no CUDA table at all (core/dispatch.c says so).
  * Every CUDA call's failure becomes an nvl_status with a message naming the call and the device;
- * nothing here prints, exits or aborts. With no driver or no GPU, nvl_cuda_device_count() is 0
+ * nothing here prints, exits or aborts. With no driver, no GPU, or a GPU this build cannot run on
+ * (refuse_gpu: before sm_90, or consumer Blackwell), nvl_cuda_device_count() is 0
  * and nvl_cuda_unavailable_reason() says why (cudart is linked statically, so nvlua starts on
  * machines without a driver).
  * Not here: non-default streams, CUDA graphs, multi-GPU peer access.
@@ -18,6 +19,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "cuda/flash_attn.h"
 
 #define NVL_MAX_GPUS 16
 
@@ -25,7 +27,43 @@
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 static int probe_count;        /* usable devices, 0 on any failure */
-static char probe_reason[256]; /* "" when probe_count > 0 */
+static char probe_reason[640]; /* "" when probe_count > 0 */
+
+#ifndef NVL_CUDA_TARGETS /* CMakeLists.txt names the real build's -gencode targets */
+#define NVL_CUDA_TARGETS "(emulated) sm_90a, sm_100a and sm_103a machine code and compute_90 PTX"
+#endif
+
+/* 1 (and probe_reason says why, naming the GPU) if this build cannot run on device d of n. Its machine
+ * code is for sm_90a, sm_100a and sm_103a; its compute_90 PTX, which the driver compiles at first use,
+ * runs on any later GPU (no kernel needs wgmma or tcgen05) but on none before sm_90. The flash
+ * attention's blocks take more shared memory than consumer Blackwell (sm_120, RTX 50xx; sm_121, DGX
+ * Spark) lets a block have, and the attention route does not look at the device: refused by that
+ * measure, so a GPU that allows enough passes. */
+static int refuse_gpu(int d, int n) {
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, d) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0; /* the first use of the device reports it */
+  }
+  const int cc = 10 * p.major + p.minor;
+  char name[160];
+  snprintf(name, sizeof name, "%.159s", p.name);
+  const size_t need = nvl_cuda_flash_attn_smem();
+  const char *hide = n > 1 ? " Hide it with CUDA_VISIBLE_DEVICES." : "";
+  if (cc < 90) {
+    snprintf(probe_reason, sizeof probe_reason, "GPU %d, %s, is sm_%d: not supported; this build has %s, which need "
+             "sm_90 (Hopper) or newer.%s", d, name, cc, NVL_CUDA_TARGETS, hide);
+    return 1;
+  }
+  if (p.sharedMemPerBlockOptin < need) {
+    snprintf(probe_reason, sizeof probe_reason, "GPU %d, %s, is sm_%d%s: not supported; a block may have %zu KiB of "
+             "shared memory there and nvlua's flash attention takes %zu KiB (supported: sm_90 Hopper, sm_100 and "
+             "sm_103 Blackwell).%s", d, name, cc, p.major == 12 ? " (consumer Blackwell)" : "",
+             p.sharedMemPerBlockOptin / 1024, (need + 1023) / 1024, hide);
+    return 1;
+  }
+  return 0;
+}
 
 /* cudaGetDeviceCount fails (without printing) when there is no driver or no device; the result
  * cannot change within a process (the runtime reads CUDA_VISIBLE_DEVICES once), so probe once. */
@@ -55,6 +93,11 @@ static void probe(void) {
   } else {
     probe_reason[0] = '\0';
     probe_count = n > NVL_MAX_GPUS ? NVL_MAX_GPUS : n;
+    for (int d = 0; d < probe_count; d++)
+      if (refuse_gpu(d, probe_count)) {
+        probe_count = 0;
+        break;
+      }
   }
 }
 
@@ -93,6 +136,8 @@ extern "C" nvl_status nvl_cuda_device_props(int dev, nvl_device_props *p) {
   p->major = prop.major;
   p->minor = prop.minor;
   p->multiprocessors = prop.multiProcessorCount;
+  snprintf(p->pci_bus_id, sizeof p->pci_bus_id, "%08X:%02X:%02X.0", (unsigned)prop.pciDomainID,
+           (unsigned)prop.pciBusID, (unsigned)prop.pciDeviceID);
   return NVL_OK;
 }
 

@@ -356,6 +356,15 @@ static size_t dkdv_smem(int D) {
   return (size_t)4 * FA_TILE * (D + 8) * 2 + 2 * FA_TILE * FA_LDP * 2 + 2 * FA_TILE * FA_LDS * 4 + 2 * FA_TILE * 4;
 }
 
+extern "C" size_t nvl_cuda_flash_attn_smem(void) {
+  size_t most = 0;
+  for (int D = 64; D <= 128; D += 64) {
+    const size_t s[3] = {fwd_smem(D), dq_smem(D), dkdv_smem(D)};
+    for (size_t x : s) most = x > most ? x : most;
+  }
+  return most;
+}
+
 template <typename K>
 static nvl_status set_smem(K kern, size_t smem) {
   if (smem > 48 * 1024)

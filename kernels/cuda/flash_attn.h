@@ -19,6 +19,9 @@ extern "C" {
 /* NVL_OK if the kernels take head dim D, else NVL_EUNSUPPORTED naming fn and the reason (the caller falls
  * back to the fp32 attention of attention.cu). */
 nvl_status nvl_cuda_flash_attn_supported(const char *fn, int64_t D);
+/* The most dynamic shared memory one of its blocks takes (bytes; D = 128's backward): a GPU that allows
+ * less per block cannot run it (device.cu refuses such GPUs at start-up). */
+size_t nvl_cuda_flash_attn_smem(void);
 /* out (B, T, Hq, D) bf16, lse (B, Hq, T) f32 = softmax(scale q k^T [causal mask]) v, its row logsumexp. */
 nvl_status nvl_cuda_flash_attn_fwd(nvl_kctx *ctx, uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
                                    const uint16_t *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,

@@ -24,6 +24,7 @@ static int l_world_size(lua_State *L) { lua_pushinteger(L, nvl_dist_world_size()
 static int l_local_rank(lua_State *L) { lua_pushinteger(L, nvl_dist_local_rank()); return 1; }
 static int l_local_size(lua_State *L) { lua_pushinteger(L, nvl_dist_local_size()); return 1; }
 static int l_backend(lua_State *L) { lua_pushstring(L, nvl_dist_backend()); return 1; }
+static int l_gpu_placement(lua_State *L) { lua_pushstring(L, nvl_dist_gpu_placement()); return 1; }
 
 /* info() -> {mpi = bool, mpi_version = string, nccl = bool, nccl_loads = bool, nccl_why = string} */
 static int l_info(lua_State *L) {
@@ -182,6 +183,7 @@ static int l_abort(lua_State *L) {
 static const luaL_Reg dist_funcs[] = {
   {"init", l_init}, {"initialized", l_initialized}, {"rank", l_rank}, {"world_size", l_world_size},
   {"local_rank", l_local_rank}, {"local_size", l_local_size}, {"backend", l_backend}, {"info", l_info},
+  {"gpu_placement", l_gpu_placement},
   {"barrier", l_barrier}, {"all_reduce", l_all_reduce}, {"all_reduce_start", l_all_reduce_start}, {"wait_all", l_wait_all}, {"pending", l_pending},
   {"all_reduce_bg", l_all_reduce_bg}, {"bg_wait", l_bg_wait}, {"bg_pending", l_bg_pending},
   {"bg_busy", l_bg_busy}, {"bg_threaded", l_bg_threaded}, {"all_reduce_number", l_all_reduce_number},

@@ -793,11 +793,12 @@ static int l_cuda_devices(lua_State *L) {
   for (int i = 0; i < n; i++) {
     nvl_device_props p;
     CHECK(L, nvl_device_props_of(NVL_CUDA, i, &p));
-    lua_createtable(L, 0, 4);
+    lua_createtable(L, 0, 5);
     lua_pushstring(L, p.name); lua_setfield(L, -2, "name");
     lua_pushinteger(L, (lua_Integer)p.total_mem); lua_setfield(L, -2, "memory");
     lua_pushfstring(L, "%d.%d", p.major, p.minor); lua_setfield(L, -2, "capability");
     lua_pushinteger(L, p.multiprocessors); lua_setfield(L, -2, "multiprocessors");
+    lua_pushstring(L, p.pci_bus_id); lua_setfield(L, -2, "pci_bus_id");
     lua_rawseti(L, -2, i + 1);
   }
   return 1;

@@ -67,6 +67,22 @@ dist.local_size = C.local_size
 dist.backend = C.backend
 --- dist.info() -> {mpi, mpi_version, nccl, nccl_loads, nccl_why}: what this build can do
 dist.info = C.info
+
+--- dist.gpu() -> a line for the log saying which GPU this rank uses: what dist.init did to
+-- CUDA_VISIBLE_DEVICES (each rank of a node gets its own GPU: entry local_rank % n of a list) and the
+-- device cuda:0 now is, with its PCI bus id (the physical GPU, as nvidia-smi lists it); nil without a GPU.
+-- Starts the CUDA runtime: call it after dist.init.
+function dist.gpu()
+  local nv_cuda = require("nvlua").cuda
+  if not nv_cuda.available() then return nil end
+  local d = nv_cuda.devices()[1]
+  local how = C.gpu_placement()
+  if how == "" then
+    local cvd = os.getenv("CUDA_VISIBLE_DEVICES")
+    how = cvd and ("CUDA_VISIBLE_DEVICES=" .. cvd .. " (kept)") or "CUDA_VISIBLE_DEVICES unset"
+  end
+  return string.format("cuda:0 = %s, PCI %s; %s", d.name, d.pci_bus_id, how)
+end
 dist.barrier = C.barrier
 dist.all_reduce = C.all_reduce
 dist.all_reduce_number = C.all_reduce_number

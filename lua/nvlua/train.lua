@@ -437,6 +437,11 @@ function train.build(c)
     if c.dist then dist.init({threads = dist_threads(c)}) end
   end
   rank, world = dist and dist.rank() or 0, dist and dist.world_size() or 1
+  if world > 1 and c.device == "cuda" and not c.quiet then -- which GPU each rank got, one line per rank
+    print(string.format("rank %d of %d (local %d): %s", rank, world, dist.local_rank(), dist.gpu() or
+      "no GPU: " .. require("nvlua").cuda.unavailable_reason()))
+    io.stdout:flush()
+  end
   local ds = train.dataset(c)
   check_data_fits(c, ds, world)
   local vocab = c.vocab > 0 and c.vocab or ds.vocab_size

@@ -75,7 +75,7 @@ typedef struct cudaDeviceProp {
   int maxGridSize[3];
   int major, minor;
   int multiProcessorCount;
-  int pciBusID;
+  int pciDomainID, pciBusID, pciDeviceID;
 } cudaDeviceProp;
 
 /* library_types.h */

@@ -35,7 +35,7 @@ std::recursive_mutex &big_lock();
 
 struct Config {
   int gpus;             /* NVLUA_EMU_GPUS: emulated devices in the machine (1..8, default 1) */
-  int cc;               /* NVLUA_EMU_CC: 90 (H100) or 100 (B200) */
+  int cc;               /* NVLUA_EMU_CC: 90 (H100), 100 (B200), 103 (B300), 120 (RTX 5090), 80 (A100) */
   size_t capacity;      /* NVLUA_EMU_MEMORY_MB: device memory per device */
   int order;            /* NVLUA_EMU_ORDER: 0 forward, 1 reverse, 2 shuffle (threads and blocks) */
   uint64_t seed;        /* NVLUA_EMU_ORDER=shuffle:SEED */

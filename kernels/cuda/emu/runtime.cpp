@@ -1,6 +1,7 @@
 /* runtime.cpp: the CUDA runtime API on the CPU, for the emulation build (see emu.h for the memory
- * and ordering model): devices with an H100's (NVLUA_EMU_CC=90, the default) or a B200's (100)
- * properties and limits, device memory in a reserved range the host cannot read, copies and
+ * and ordering model): devices with an H100's (NVLUA_EMU_CC=90, the default), a B200's (100), a
+ * B300's (103), an RTX 5090's (120) or an A100's (80) properties and limits (the last two: GPUs nvlua
+ * refuses, to test the refusal), device memory in a reserved range the host cannot read, copies and
  * memsets, streams and events executed in call order with cross-stream ordering checked, errors
  * with messages, counters, and the fault handler that names what a bad access touched.
  *
@@ -97,17 +98,34 @@ static void read_visible() {
   }
 }
 
+/* The devices NVLUA_EMU_CC emulates: name, SMs, and the shared memory a block may opt in to. */
+struct Model {
+  int cc;
+  const char *name, *short_name;
+  int sms, optin_kib;
+};
+static const Model models[] = {{90, "NVIDIA H100 80GB HBM3", "H100", 132, 227},
+                               {100, "NVIDIA B200", "B200", 148, 227},
+                               {103, "NVIDIA B300 SXM6 AC", "B300", 148, 227},
+                               {120, "NVIDIA GeForce RTX 5090", "RTX 5090", 170, 99},
+                               {80, "NVIDIA A100-SXM4-80GB", "A100", 108, 163}};
+
+static const Model &model() {
+  for (const Model &m : models)
+    if (m.cc == cfg.cc) return m;
+  return models[0];
+}
+
 static void fill_props() {
   dev_props.clear();
+  const Model &m = model();
   for (size_t i = 0; i < visible.size(); i++) {
     cudaDeviceProp p;
     memset(&p, 0, sizeof p);
-    const bool b200 = cfg.cc == 100;
-    snprintf(p.name, sizeof p.name, "%s (emulated on the CPU: physical GPU %d of %d)",
-             b200 ? "NVIDIA B200" : "NVIDIA H100 80GB HBM3", visible[i], cfg.gpus);
+    snprintf(p.name, sizeof p.name, "%s (emulated on the CPU: physical GPU %d of %d)", m.name, visible[i], cfg.gpus);
     p.totalGlobalMem = cfg.capacity;
     p.sharedMemPerBlock = 48 * 1024;
-    p.sharedMemPerBlockOptin = 227 * 1024;
+    p.sharedMemPerBlockOptin = (size_t)m.optin_kib * 1024;
     p.warpSize = 32;
     p.maxThreadsPerBlock = 1024;
     p.maxThreadsDim[0] = p.maxThreadsDim[1] = 1024;
@@ -116,8 +134,8 @@ static void fill_props() {
     p.maxGridSize[1] = p.maxGridSize[2] = 65535;
     p.major = cfg.cc / 10;
     p.minor = cfg.cc % 10;
-    p.multiProcessorCount = b200 ? 148 : 132;
-    p.pciBusID = visible[i];
+    p.multiProcessorCount = m.sms;
+    p.pciBusID = 0x18 + 0x10 * visible[i]; /* PCI bus per physical GPU, as a machine numbers them */
     dev_props.push_back(p);
   }
 }
@@ -131,8 +149,10 @@ void init() {
   inited = true;
   cfg.bad[0] = 0;
   cfg.gpus = (int)env_int("NVLUA_EMU_GPUS", 1, 1, 8);
-  cfg.cc = (int)env_int("NVLUA_EMU_CC", 90, 90, 100);
-  if (cfg.cc != 90 && cfg.cc != 100) snprintf(cfg.bad, sizeof cfg.bad, "NVLUA_EMU_CC must be 90 or 100");
+  cfg.cc = (int)env_int("NVLUA_EMU_CC", 90, 80, 120);
+  bool known = false;
+  for (const Model &m : models) known = known || m.cc == cfg.cc;
+  if (!known) snprintf(cfg.bad, sizeof cfg.bad, "NVLUA_EMU_CC must be 90, 100, 103, 120 or 80");
   cfg.capacity = (size_t)env_int("NVLUA_EMU_MEMORY_MB", (long)(default_capacity() >> 20), 16, 1L << 30) << 20;
   read_order();
   cfg.fatal = (int)env_int("NVLUA_EMU_FATAL", 0, 0, 1);
@@ -1036,7 +1056,7 @@ const char *nvl_emu_description(void) {
   static char d[400];
   init();
   snprintf(d, sizeof d, "emulated on the CPU (kernels/cuda/emu): %d %s device(s), sm_%d, thread order %s; "
-           "results are the CPU's, not a GPU's", cfg.gpus, cfg.cc == 100 ? "B200" : "H100", cfg.cc,
+           "results are the CPU's, not a GPU's", cfg.gpus, model().short_name, cfg.cc,
            cfg.order == 0 ? "forward" : cfg.order == 1 ? "reverse" : "shuffled");
   return d;
 }
