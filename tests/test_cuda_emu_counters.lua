@@ -47,13 +47,20 @@ T.case("emulator bytes: axpy, fill, copy and cast read and write what their defi
   k = only_kernel(spent(function() y:fill_(2) end), "fill_kernel<unsigned int>")
   T.eq(k.bytes_read, 0, "fill bytes read")
   T.eq(k.bytes_written, 4 * n, "fill bytes written")
-  -- a transpose made contiguous: reads the n f32 once, writes n f32
+  -- a transpose made contiguous: through 32x32 tiles (coalesced reads and writes), reads the n f32
+  -- once, writes n f32; a permutation that keeps the last dim is the plain strided copy
   local m = nv.randn(96, 128):cuda()
   local c = spent(function() m:t():contiguous():free() end)
-  k = only_kernel(c, "copy_strided_kernel<unsigned int, unsigned int>")
-  T.eq(k.bytes_read, 4 * 96 * 128, "copy bytes read")
-  T.eq(k.bytes_written, 4 * 96 * 128, "copy bytes written")
+  k = only_kernel(c, "transpose_kernel<unsigned int, unsigned int>")
+  T.eq(k.bytes_read, 4 * 96 * 128, "transpose bytes read")
+  T.eq(k.bytes_written, 4 * 96 * 128, "transpose bytes written")
   T.eq(c.memcpy_d2d_bytes, 0, "no device copy besides the kernel")
+  local m3 = nv.randn(8, 16, 32):cuda()
+  k = only_kernel(spent(function() m3:transpose(1, 2):contiguous():free() end), "copy_strided_kernel<unsigned int, unsigned int>")
+  T.eq({k.bytes_read, k.bytes_written}, {4 * 8 * 16 * 32, 4 * 8 * 16 * 32}, "a batch permutation: bytes read, written")
+  -- f32 -> bf16 of a transposed view (a wgrad operand's copy): read 4 bytes, write 2 per element
+  k = only_kernel(spent(function() m:t():to("bf16"):free() end), "transpose_kernel<short unsigned int, float>")
+  T.eq({k.bytes_read, k.bytes_written}, {4 * 96 * 128, 2 * 96 * 128}, "transposed cast: bytes read, written")
   -- a dense copy: one device-to-device memcpy of the bytes, no kernel
   c = spent(function() m:clone():free() end)
   T.eq(c.memcpy_d2d_bytes, 4 * 96 * 128, "a dense clone is one device copy")
