@@ -48,16 +48,16 @@ end
 
 print(string.format("one training step, emulated CUDA (counted, not measured): hidden %d, ffn %d, seq %d, vocab %d, %d blocks",
   cfg.hidden, cfg.ffn, cfg.seq, cfg.vocab, cfg.layers))
-print("| recipe | host syncs | launches | GEMMs | kernel bytes read | kernel bytes written | memcpy d2d bytes |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+print("| recipe | host syncs | kernel launches | GEMMs | memsets | copies h2d/d2d | kernel bytes read | kernel bytes written | memcpy d2d bytes |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 local all = {}
 for r in cfg.recipes:gmatch("[^,]+") do
   local c = measure(r)
   all[#all + 1] = {r, c}
   local rd, wr = 0, 0
   for _, k in pairs(c.kernels) do rd, wr = rd + k.bytes_read, wr + k.bytes_written end
-  print(string.format("| %s | %d | %d | %d | %d | %d | %d |", r, c.host_syncs, c.launches, c.gemms, rd, wr,
-    c.memcpy_d2d_bytes))
+  print(string.format("| %s | %d | %d | %d | %d | %d/%d | %d | %d | %d |", r, c.host_syncs, c.launches, c.gemms,
+    c.memsets, c.memcpy_h2d, c.memcpy_d2d, rd, wr, c.memcpy_d2d_bytes))
 end
 for _, e in ipairs(all) do
   local r, c = e[1], e[2]
