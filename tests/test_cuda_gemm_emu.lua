@@ -193,6 +193,32 @@ T.case("sm_90: exponent ranges no power-of-two scaling covers take the exact fal
   same(acc, acc0 + want, "accumulated")
   T.eq(c.syncs, 0, "accumulated: host syncs")
   T.ok(c.fallback ~= false, "accumulated: the fallback computed it")
+  -- an operand holding values past fp32's range (an infinity: its block scale is 2^127 and decodes to
+  -- inf, as on the CPU) beside a tiny block: no shift (it would need one, and may take none); the
+  -- fallback gives the CPU's infinities and NaNs, the zeroed bf16 operands add nothing (no NaN from
+  -- inf x 0 there)
+  do
+    local Ai = {}
+    for i = 1, M do Ai[i] = row(i == 3 and 2.0 ^ -127 or 1, 1, 700 + i) end
+    Ai[5][40] = 1 / 0
+    local qi = nv.quantize(nv.tensor(Ai):cuda(), fmt)
+    local qbi = quantize_exact(B, fmt, nil, "b")
+    local wanti = nv.qmatmul(nv.quantize(nv.tensor(Ai), fmt), nv.quantize(nv.tensor(B), fmt)):totable()
+    local ri, ci = spent(function() return nv.qmatmul(qi, qbi) end, M * N * 4)
+    local gi = ri:cpu():totable()
+    local bad, infs = 0, 0
+    for i = 1, M do
+      for j = 1, N do
+        local x, y = gi[i][j], wanti[i][j]
+        if not (x == y or (x ~= x and y ~= y)) then bad = bad + 1 end
+        if x ~= x or x == 1 / 0 or x == -1 / 0 then infs = infs + 1 end
+      end
+    end
+    T.eq(bad, 0, "an infinity beside a tiny block: the CPU's product (inf and NaN included)")
+    T.ok(infs > 0 and infs <= N, "only the infinity's row is not finite (" .. infs .. ")")
+    T.eq(ci.syncs, 0, "an infinity beside a tiny block: host syncs")
+    T.ok(ci.fallback ~= false, "an infinity beside a tiny block: the fallback computed it")
+  end
   -- a bf16 operand is never scaled: one with a subnormal value (here with an mx partner) falls back
   local Bb, Am = {}, {}
   for j = 1, N do

@@ -390,6 +390,9 @@ __device__ __forceinline__ float operand_mult(const uint32_t *w, const RangeInfo
   return d.fail ? 0.0f : pow2(d.s[which]);
 }
 
+/* v times mult; mult 0 (the fallback) gives +0 whatever v is (an infinity or a NaN included) */
+__device__ __forceinline__ float scaled(float v, float mult) { return mult == 0.0f ? 0.0f : f_mul(v, mult); }
+
 /* nvfp4 blocks [0, nblk): y (16 per block) = value(code) * float(sd) * mult, exact in bf16 (mult 2^s
  * from operand_mult, or 0). */
 __global__ void __launch_bounds__(256) dequant_nvfp4_kernel(uint16_t *__restrict__ y, const uint8_t *__restrict__ packed,
@@ -398,7 +401,7 @@ __global__ void __launch_bounds__(256) dequant_nvfp4_kernel(uint16_t *__restrict
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const float mult = operand_mult(range, ri, which);
   for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < nblk; g += stride) {
-    const float sd = f_mul(e4m3_decode(scales[g] & 0x7Fu), mult); /* ue4m3 x 2^s: exact (see decide) */
+    const float sd = scaled(e4m3_decode(scales[g] & 0x7Fu), mult); /* ue4m3 x 2^s: exact (see decide) */
     const uint2 p = *reinterpret_cast<const uint2 *>(packed + 8 * g);
     uint32_t w[8];
 #pragma unroll
@@ -435,7 +438,7 @@ __global__ void __launch_bounds__(256) dequant_mx_kernel(uint16_t *__restrict__ 
 #pragma unroll 4
     for (int j = 0; j < 32; j++) {
       uint32_t c = elem == 2 ? (src[j >> 1] >> (4 * (j & 1))) & 15u : src[j];
-      dst[j] = f32_to_bf16_bits(f_mul(f_mul(elem_decode(elem, c), s), mult));
+      dst[j] = f32_to_bf16_bits(scaled(f_mul(elem_decode(elem, c), s), mult));
     }
   }
 }
@@ -447,7 +450,7 @@ __global__ void __launch_bounds__(256) dequant_fp8_kernel(uint16_t *__restrict__
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const float mult = operand_mult(range, ri, which);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    y[i] = f32_to_bf16_bits(f_mul(e5 ? e5m2_decode(codes[i]) : e4m3_decode(codes[i]), mult));
+    y[i] = f32_to_bf16_bits(scaled(e5 ? e5m2_decode(codes[i]) : e4m3_decode(codes[i]), mult));
 }
 
 /* Element i of an operand, row-major (rows, K), decoded without its global factor into f32 (exact:
