@@ -294,6 +294,11 @@ typedef struct nvl_layer_kernels {
                               nvl_dtype logits_dtype,
                               const int64_t *targets, int64_t N, int64_t V, int64_t ignore_index, double z_loss,
                               double grad_scale);
+  /* optional: cross_entropy with dlogits bf16, each this table's f32 dlogit rounded once (RNE): no
+   * (N, V) f32 gradient in memory; NULL: core rounds the f32 entry's (the same bits) */
+  nvl_status (*cross_entropy_bf16grad)(nvl_kctx *ctx, double *total, int total_on_device, uint16_t *dlogits,
+                                       const void *logits, nvl_dtype logits_dtype, const int64_t *targets, int64_t N,
+                                       int64_t V, int64_t ignore_index, double z_loss, double grad_scale);
   nvl_status (*adamw_step)(nvl_kctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                            const nvl_adamw_opts *o);
   /* *out (host) = sum of x^2 over n f32 or bf16 elements, fp64 accumulation */

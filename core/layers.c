@@ -665,32 +665,33 @@ nvl_status nvl_swiglu_backward(nvl_tensor *dgate, nvl_tensor *dup, const nvl_ten
 
 nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
                              const nvl_tensor *targets, int64_t ignore_index, double z_loss, double dloss_scale) {
-  return nvl_cross_entropy_of(loss, count, dlogits, logits, targets, ignore_index, z_loss, dloss_scale, 0);
+  return nvl_cross_entropy_of(loss, count, dlogits, logits, targets, ignore_index, z_loss, dloss_scale, 0, NVL_F32);
 }
 
 static nvl_status cross_entropy_impl(double *loss, nvl_tensor *sum_out, int64_t *count, nvl_tensor *dlogits,
                                      const nvl_tensor *logits, const nvl_tensor *targets_in, int64_t ignore_index,
-                                     double z_loss, double dloss_scale, int64_t of_count);
+                                     double z_loss, double dloss_scale, int64_t of_count, nvl_dtype grad_dtype);
 
 nvl_status nvl_cross_entropy_of(double *loss, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
                                 const nvl_tensor *targets_in, int64_t ignore_index, double z_loss, double dloss_scale,
-                                int64_t of_count) {
-  return cross_entropy_impl(loss, NULL, count, dlogits, logits, targets_in, ignore_index, z_loss, dloss_scale, of_count);
+                                int64_t of_count, nvl_dtype grad_dtype) {
+  return cross_entropy_impl(loss, NULL, count, dlogits, logits, targets_in, ignore_index, z_loss, dloss_scale, of_count,
+                            grad_dtype);
 }
 
 nvl_status nvl_cross_entropy_sum(nvl_tensor *sum_out, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
                                  const nvl_tensor *targets_in, int64_t ignore_index, double z_loss, double dloss_scale,
-                                 int64_t of_count) {
+                                 int64_t of_count, nvl_dtype grad_dtype) {
   double loss;
   if (!sum_out) return nvl_error(NVL_EINVAL, "cross_entropy: sum_out must not be NULL");
   NVL_TRY(need_out_null("cross_entropy", "sum", sum_out));
   return cross_entropy_impl(&loss, sum_out, count, dlogits, logits, targets_in, ignore_index, z_loss, dloss_scale,
-                            of_count);
+                            of_count, grad_dtype);
 }
 
 static nvl_status cross_entropy_impl(double *loss, nvl_tensor *sum_out, int64_t *count, nvl_tensor *dlogits,
                                      const nvl_tensor *logits, const nvl_tensor *targets_in, int64_t ignore_index,
-                                     double z_loss, double dloss_scale, int64_t of_count) {
+                                     double z_loss, double dloss_scale, int64_t of_count, nvl_dtype grad_dtype) {
   const char *op = "cross_entropy";
   char s1[160];
   const nvl_backend *be;
@@ -705,7 +706,13 @@ static nvl_status cross_entropy_impl(double *loss, nvl_tensor *sum_out, int64_t 
   if (!isfinite(z_loss)) return nvl_error(NVL_EINVAL, "%s: z_loss must be finite, got %g", op, z_loss);
   if (!isfinite(dloss_scale))
     return nvl_error(NVL_EINVAL, "%s: the gradient scale must be finite, got %g", op, dloss_scale);
+  if (grad_dtype != NVL_F32 && grad_dtype != NVL_BF16)
+    return nvl_error(NVL_EINVAL, "%s: the gradient is f32 or bf16, got %s", op,
+                     grad_dtype >= 0 && grad_dtype < NVL_DTYPE_COUNT ? nvl_dtypes[grad_dtype].name : "?");
   NVL_PICK(be, logits, layers->cross_entropy, op);
+  /* bf16 dlogits straight from the kernel where this backend writes them (no f32 copy), else the
+   * f32 entry's rounded once below */
+  const int native16 = dlogits && grad_dtype == NVL_BF16 && be->layers->cross_entropy_bf16grad;
   nvl_tensor targets = nvl_tensor_null(), tgd = nvl_tensor_null(), d = nvl_tensor_null();
   NVL_TRY(ids_on(op, "targets", targets_in, logits, &targets, &tgd));
   int64_t V = logits->shape[logits->ndim - 1], N = nvl_tensor_numel(&targets);
@@ -721,15 +728,25 @@ static nvl_status cross_entropy_impl(double *loss, nvl_tensor *sum_out, int64_t 
                    (long long)cnt, (long long)of_count);
   const int64_t denom = of_count ? of_count : cnt;
   double gscale = denom ? dloss_scale / (double)denom : 0.0, total = 0.0;
-  if (st == NVL_OK && dlogits) st = nvl_tensor_empty(&d, NVL_F32, logits->device, logits->ndim, logits->shape);
+  if (st == NVL_OK && dlogits)
+    st = nvl_tensor_empty(&d, native16 ? NVL_BF16 : NVL_F32, logits->device, logits->ndim, logits->shape);
   nvl_tensor sum = nvl_tensor_null();
   int64_t one = 1;
   if (st == NVL_OK && sum_out) st = nvl_tensor_empty(&sum, NVL_I64, logits->device, 1, &one);
   /* sum's data only once it exists: a failed check above leaves it a null tensor (no storage) */
   double *tp = st == NVL_OK && sum_out ? (double *)nvl_tensor_data(&sum) : &total;
-  if (st == NVL_OK) /* bf16 logits are read as they are (the CPU widens them exactly first) */
+  if (st == NVL_OK && native16) /* bf16 logits are read as they are (the CPU widens them exactly first) */
+    st = NVL_CALL(be, logits, layers->cross_entropy_bf16grad, tp, sum_out != NULL, nvl_tensor_data(&d),
+                  nvl_tensor_data(logits), logits->dtype, nvl_tensor_data(&tgd), N, V, ignore_index, z_loss, gscale);
+  else if (st == NVL_OK)
     st = NVL_CALL(be, logits, layers->cross_entropy, tp, sum_out != NULL, dlogits ? nvl_tensor_data(&d) : NULL,
                   nvl_tensor_data(logits), logits->dtype, nvl_tensor_data(&tgd), N, V, ignore_index, z_loss, gscale);
+  if (st == NVL_OK && dlogits && grad_dtype == NVL_BF16 && !native16) { /* f32 -> bf16, rounded once */
+    nvl_tensor r = nvl_tensor_null();
+    st = nvl_tensor_clone_to(&r, &d, NVL_BF16, d.device);
+    nvl_tensor_release(&d);
+    d = r;
+  }
   if (st == NVL_OK) {
     *loss = sum_out ? NAN : denom ? total / (double)denom : 0.0;
     *count = cnt;

@@ -92,17 +92,18 @@ nvl_status nvl_cross_entropy(double *loss, int64_t *count, nvl_tensor *dlogits, 
 /* The same for logits that are a slice of a batch with of_count > 0 counted tokens (chunks of the
  * tokens): loss = the slice's sum / of_count, gradient dloss_scale / of_count per counted token, so
  * the slices' losses add up to the batch's mean and their gradients are the batch's; *count is
- * the slice's own. of_count 0: nvl_cross_entropy. */
+ * the slice's own. of_count 0: nvl_cross_entropy. grad_dtype: dlogits' dtype, f32, or bf16 (each
+ * f32 dlogit rounded once, RNE: where the backend can, written so, with no (N, V) f32 gradient). */
 nvl_status nvl_cross_entropy_of(double *loss, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
                                 const nvl_tensor *targets, int64_t ignore_index, double z_loss, double dloss_scale,
-                                int64_t of_count);
+                                int64_t of_count, nvl_dtype grad_dtype);
 /* nvl_cross_entropy_of with the loss left where the logits are: *sum_out (allocated: an i64 (1)
  * tensor on the logits' device) holds the bits of the double sum of the counted tokens' loss
  * terms, not divided; nothing is read back (on a device, no host synchronisation), *loss is NaN;
  * the mean is that sum / (of_count, else *count). */
 nvl_status nvl_cross_entropy_sum(nvl_tensor *sum_out, int64_t *count, nvl_tensor *dlogits, const nvl_tensor *logits,
                                  const nvl_tensor *targets, int64_t ignore_index, double z_loss, double dloss_scale,
-                                 int64_t of_count);
+                                 int64_t of_count, nvl_dtype grad_dtype);
 
 /* ---- optimizer (nvl_adamw_opts: core/backend.h) ------------------------------------------------ */
 /* In place, f32, all of one shape: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

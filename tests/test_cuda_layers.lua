@@ -166,6 +166,64 @@ T.case("cross_entropy on cuda vs the reference: f32 and bf16 logits, ignore_inde
   end
 end)
 
+-- grad_dtype = "bf16" (the LM head's dlogits under bf16 activations): the loss kernel writes each f32
+-- gradient rounded once, the same bits as the f32 gradient then :to("bf16") on the same device, with
+-- no (N, V) f32 gradient (under emulation: the kernel writes 2 bytes a logit, nothing else runs);
+-- on the CPU core rounds the f32 entry's result.
+T.case("cross_entropy grad_dtype = 'bf16': the f32 gradient rounded once, bit for bit, with no f32 copy on cuda", function()
+  need_gpu()
+  local g = nv.Generator(6)
+  for _, sh in ipairs({ { 3, 37 }, { 16, 1024 } }) do
+    local N, V = sh[1], sh[2]
+    local x = nv.randn(N, V, {generator = g}) * 4
+    local tg = {}
+    for n = 1, N do tg[n] = (n * 7919) % V end
+    tg[2] = -100
+    local targets = nv.tensor(tg, "i64")
+    for _, dt in ipairs({ "f32", "bf16" }) do
+      for _, o in ipairs({ {}, { z_loss = 1e-3, scale = 2.5, of_count = N + 3 } }) do
+        local what = string.format("(%d, %d) %s logits%s", N, V, dt, o.z_loss and ", z_loss, scale, of_count" or "")
+        for _, dev in ipairs({ "cuda", "cpu" }) do
+          local xl = x:to(dt):to(dev)
+          local o32, o16 = {}, { grad_dtype = "bf16" }
+          for k, v in pairs(o) do o32[k], o16[k] = v, v end
+          local l1, c1, d32 = core.cross_entropy(xl, targets, o32)
+          local l2, c2, d16 = core.cross_entropy(xl, targets, o16)
+          T.eq({d16:dtype(), d16:device(), c2}, {"bf16", dev, c1}, dev .. " " .. what .. ": dtype, device, count")
+          T.eq(l2, l1, dev .. " " .. what .. ": loss")
+          T.eq(d16:cpu():bytes(), d32:to("bf16"):cpu():bytes(), dev .. " " .. what .. ": dlogits bits")
+          o16.defer = true
+          local s3, _, d3 = core.cross_entropy(xl, targets, o16)
+          T.eq(d3:cpu():bytes(), d16:cpu():bytes(), dev .. " " .. what .. ": deferred loss, same dlogits")
+          s3:free()
+        end
+      end
+    end
+  end
+  T.raises(function() core.cross_entropy(nv.randn(2, 3), nv.tensor({0, 1}, "i64"), {grad_dtype = "e4m3"}) end,
+    "grad_dtype must be 'f32' or 'bf16'")
+  if core.cuda_emulated() and core.cuda_emu_counters().bytes_counted then
+    local N, V = 64, 512
+    local xl = (nv.randn(N, V, {generator = g})):to("bf16"):cuda()
+    local targets = nv.tensor((function() local t = {} for n = 1, N do t[n] = n % V end return t end)(), "i64")
+    core.cuda_synchronize()
+    core.cuda_emu_reset_counters()
+    local d = T.with(core.cuda_set_sync, false, function()
+      local _, _, dd = core.cross_entropy(xl, targets, {grad_dtype = "bf16", defer = true})
+      return dd
+    end)
+    local c = core.cuda_emu_counters()
+    local k = c.kernels["cross_entropy_kernel<short unsigned int, short unsigned int>"]
+    T.ok(k ~= nil and k.launches == 1, "the bf16-gradient kernel ran once")
+    T.eq(k.bytes_written - N * 8 >= N * V * 2 and k.bytes_written <= N * V * 2 + 4096, true,
+      "it writes the bf16 gradient (2 bytes a logit) and the row losses: " .. k.bytes_written)
+    for name in pairs(c.kernels) do
+      T.ok(name:find("cast") == nil and name:find("copy") == nil, "no cast or copy kernel: " .. name)
+    end
+    d:free()
+  end
+end)
+
 T.case("adamw_step on cuda is bit-exact with the cpu; sumsq on cuda", function()
   need_gpu()
   nv.manual_seed(6)

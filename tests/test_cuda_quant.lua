@@ -155,6 +155,95 @@ for _, dtype in ipairs({ "f32", "bf16" }) do
   end)
 end
 
+-- Quantizations blocked along a dimension that is not the last (the column-wise copies of wgrad, a
+-- weight's dgrad copy) go through quant.cu's 64x64 tiles (quant_col_kernel): coalesced reads, the
+-- transposition in shared memory. Ragged tiles: blocked lengths that are not multiples of 64,
+-- columns past a tile's edge (C = 7, 17, 130), C not a multiple of the 16-byte piece (the scalar load
+-- path), batches (3-D), unaligned views; fp8 and values (no unit along K) with K not a multiple of 16.
+local COL_SHAPES = {
+  { { 96, 130 }, 1 }, { { 160, 40 }, 1 }, { { 224, 17 }, 1 }, { { 32, 7 }, 1 }, { { 96, 48 }, 1 }, { { 160, 144 }, 1 },
+  { { 3, 96, 48 }, 2 }, { { 2, 32, 7 }, 2 }, { { 64, 2, 33 }, 1 },
+}
+local ELEM_SHAPES = { { { 37, 70 }, 1 }, { { 70, 5 }, 1 }, { { 2, 45, 66 }, 2 } }
+local ELEM_CONFIGS = { { "f32" }, { "bf16" }, { "e4m3" }, { "e5m2" }, { "e4m3", amax = 3.5 } }
+
+for _, dtype in ipairs({ "f32", "bf16" }) do
+  T.case("column-wise quantization through 64x64 tiles equals the CPU bit for bit (" .. dtype .. " inputs, ragged tiles, every format and option)", function()
+    need_gpu()
+    local n = 0
+    local function run(shapes, configs, seed0)
+      for si, sh in ipairs(shapes) do
+        local shape, axis = sh[1], sh[2]
+        local x = make_input(shape, seed0 + si, dtype)
+        local xd = x:cuda()
+        for _, cfg in ipairs(configs) do
+          local rows = 1
+          for d = 1, #shape do if d ~= axis then rows = rows * shape[d] end end
+          local ok = cfg.block ~= "2d" or (#shape == 2 and rows % 16 == 0)
+          if cfg.sr_row_offset then ok = false end
+          if ok then
+            local o = opts_of(cfg)
+            o.axis = axis
+            local what = string.format("%s %s axis %d", label(cfg), table.concat(shape, "x"), axis)
+            local qc = core.quantize(x, cfg[1], o)
+            poisoned(function(byte)
+              local q = core.quantize(xd, cfg[1], o)
+              check_same_q(q, qc, what .. string.format(" (poison 0x%02x)", byte))
+              q:free()
+            end)
+            qc:free()
+            n = n + 1
+          end
+        end
+        xd:free()
+      end
+    end
+    run(COL_SHAPES, CONFIGS, 300)
+    run(ELEM_SHAPES, ELEM_CONFIGS, 400)
+    -- an unaligned view (offset by one element): the scalar load path
+    local x = make_input({ 65, 96 }, 500, dtype)
+    local xv, xdv = x:narrow(1, 2, 64), x:cuda():narrow(1, 2, 64)
+    for _, fmt in ipairs({ "mxfp8_e4m3", "nvfp4", "e4m3", "bf16" }) do
+      local qc = core.quantize(xv, fmt, { axis = 1 })
+      local q = core.quantize(xdv, fmt, { axis = 1 })
+      check_same_q(q, qc, fmt .. " on an unaligned view, axis 1")
+      n = n + 1
+    end
+    T.ok(n > 80, "ran " .. n .. " comparisons")
+  end)
+end
+
+T.case("column-wise quantization: one tiled kernel reading the input once and writing codes and scales once (emulator bytes)", function()
+  need_gpu()
+  T.need_emu()
+  if not core.cuda_emu_counters().bytes_counted then T.skip("the emulator counts bytes on x86-64 only") end
+  -- sizes where every buffer is a whole number of 4 KiB pages (the counters' granularity)
+  local R, C = 128, 256
+  for _, dtype in ipairs({ "f32", "bf16" }) do
+    local xd = make_input({ R, C }, 600, dtype):cuda()
+    local esz = dtype == "f32" and 4 or 2
+    -- {format, code bytes per element, scale bytes per element (row-major, and again in the 128x4
+    -- swizzled layout: C = 256 rows of the blocked layout, no padding)}
+    for _, c in ipairs({ { "mxfp8_e4m3", 1, 2 / 32 }, { "nvfp4", 0.5, 2 / 16, amax = 3.0 }, { "e4m3", 1, 0, amax = 3.0 },
+                         { "bf16", 2, 0 } }) do
+      core.cuda_synchronize()
+      core.cuda_emu_reset_counters()
+      local q = T.with(core.cuda_set_sync, false, core.quantize, xd, c[1], { axis = 1, amax = c.amax })
+      local k = core.cuda_emu_counters().kernels
+      local name, kk
+      for nm, v in pairs(k) do
+        if nm:find("quant") then T.eq(name, nil, c[1] .. ": one quantization kernel"); name, kk = nm, v end
+      end
+      T.ok(name and name:find("quant_col_kernel", 1, true) ~= nil, c[1] .. " " .. dtype .. ": the tiled kernel, got " .. tostring(name))
+      T.eq(kk.launches, 1, c[1] .. ": launches")
+      T.eq(kk.bytes_read, R * C * esz, c[1] .. " " .. dtype .. ": bytes read = the input")
+      T.eq(kk.bytes_written, math.floor(R * C * (c[2] + c[3])), c[1] .. " " .. dtype .. ": bytes written = codes + scales (both layouts)")
+      q:free()
+    end
+    xd:free()
+  end
+end)
+
 T.case("SR from a generator: the same draw as the CPU, and the offset advances by one", function()
   need_gpu()
   local x = make_input({ 64, 128 }, 7, "f32")

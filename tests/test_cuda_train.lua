@@ -75,6 +75,39 @@ T.case("tensor ops on cuda equal the cpu bit for bit: strided copies, f32<->bf16
   T.ok(a ~= a, "amax propagates NaN on cuda, as on the cpu")
 end)
 
+-- ops.cu transpose_kernel: copies whose destination and source are contiguous along different dims
+-- go through 32x32 tiles (ragged edges, batch dims, casts, strided destinations, broadcast sources);
+-- the rest stays on copy_strided_kernel. Bit for bit with the CPU either way.
+T.case("tiled transposes and permutations on cuda equal the cpu bit for bit (ragged tiles, batches, casts, strided destinations)", function()
+  need_gpu()
+  local g = nv.Generator(17)
+  for _, shape in ipairs({ {1, 5}, {33, 70}, {64, 64}, {130, 7}, {5, 300} }) do
+    local x = nv.randn(shape[1], shape[2], {generator = g}) * 3
+    local dx = x:cuda()
+    local what = shape[1] .. "x" .. shape[2]
+    same_bits(dx:t():contiguous(), x:t():contiguous(), what .. ": transpose")
+    same_bits(dx:t():to("bf16"), x:t():to("bf16"), what .. ": transposed f32 -> bf16")
+    local xb, dxb = x:to("bf16"), dx:to("bf16")
+    same_bits(dxb:t():contiguous(), xb:t():contiguous(), what .. ": bf16 transpose")
+    same_bits(dxb:t():to("f32"), xb:t():to("f32"), what .. ": transposed bf16 -> f32")
+    local xi = (x * 100):to("i64")
+    same_bits(xi:cuda():t():contiguous():cpu():to("f32"), xi:t():contiguous():to("f32"), what .. ": i64 transpose")
+    -- into a transposed (strided) destination from a contiguous source
+    local d2 = nv.zeros(shape[2], shape[1]):cuda()
+    d2:t():copy_(dx)
+    same_bits(d2, x:t():contiguous(), what .. ": copy into a transposed destination")
+  end
+  local x3 = nv.randn(3, 37, 45, {generator = g})
+  local d3 = x3:cuda()
+  for _, perm in ipairs({ {1, 3, 2}, {3, 2, 1}, {2, 3, 1}, {3, 1, 2}, {2, 1, 3} }) do
+    local what = "permute(" .. table.concat(perm, ",") .. ")"
+    same_bits(d3:permute(table.unpack(perm)):contiguous(), x3:permute(table.unpack(perm)):contiguous(), what)
+  end
+  -- a broadcast source, transposed
+  local row = nv.randn(1, 40, {generator = g})
+  same_bits(row:cuda():expand(33, 40):t():contiguous(), row:expand(33, 40):t():contiguous(), "broadcast, transposed")
+end)
+
 T.case("Llama:to('cuda') and back keeps every value; the gradient buffer and optimizer state follow", function()
   need_gpu()
   local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2,

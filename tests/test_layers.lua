@@ -666,7 +666,9 @@ T.case("bad inputs: cross_entropy", function()
   T.raises(function() core.cross_entropy(x, nv.tensor({1, 2}, "i64")) end, "cross_entropy: logits is [3,7] f32 but targets is [2] i64")
   T.raises(function() core.cross_entropy(x:to("i32"), nv.tensor({1, 2, 3}, "i64")) end, "logits must be f32, got [3,7] i32")
   T.raises(function() core.cross_entropy(x, nv.tensor({1, 2, 3}, "i64"), {zloss = 1}) end,
-    "cross_entropy: unknown option 'zloss' (valid: ignore_index, z_loss, grad, scale, of_count, defer)")
+    "cross_entropy: unknown option 'zloss' (valid: ignore_index, z_loss, grad, scale, of_count, defer, grad_dtype)")
+  T.raises(function() core.cross_entropy(x, nv.tensor({1, 2, 3}, "i64"), {grad_dtype = "i32"}) end,
+    "cross_entropy: grad_dtype must be 'f32' or 'bf16', got i32")
   T.raises(function() core.cross_entropy(x, nv.tensor({1, 2, 3}, "i64"), {ignore_index = 1.5}) end,
     "option 'ignore_index' must be an integer")
   T.raises(function() core.cross_entropy(x, nv.tensor({1, 2, 3}, "i64"), {grad = 1}) end, "option 'grad' must be a boolean, got number")

@@ -120,6 +120,7 @@ static const nvl_layer_kernels layers = { /* rope_tables: computed on the host *
   .rope_backward_bf16 = nvl_cuda_rope_backward_bf16,
   .swiglu_backward_bf16 = nvl_cuda_swiglu_backward_bf16,
   .cross_entropy = nvl_cuda_cross_entropy,
+  .cross_entropy_bf16grad = nvl_cuda_cross_entropy_bf16grad,
   .adamw_step = nvl_cuda_adamw_step,
   .sumsq = nvl_cuda_sumsq,
   .block_sqerr = nvl_cuda_block_sqerr,

@@ -175,6 +175,10 @@ nvl_status nvl_cuda_rope_backward_bf16(nvl_kctx *ctx, uint16_t *dx, const uint16
 nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, int total_on_device, float *dlogits, const void *logits,
                                   nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
                                   int64_t ignore_index, double z_loss, double grad_scale);
+nvl_status nvl_cuda_cross_entropy_bf16grad(nvl_kctx *ctx, double *total, int total_on_device, uint16_t *dlogits,
+                                           const void *logits, nvl_dtype logits_dtype, const int64_t *targets,
+                                           int64_t N, int64_t V, int64_t ignore_index, double z_loss,
+                                           double grad_scale);
 /* The bf16 RMSNorm / SwiGLU forwards that also leave max |out| in *amax (device; backend.h). */
 nvl_status nvl_cuda_rmsnorm_forward_bf16_amax(nvl_kctx *ctx, uint16_t *out, float *rstd, const uint16_t *x,
                                               const float *weight, int64_t N, int64_t C, double eps, float *amax);

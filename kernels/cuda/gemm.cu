@@ -13,10 +13,11 @@
  * "Emulated" is core/NUMERICS.md §7's exact emulation: each operand dequantized to bf16 without its global
  * factor (exact: nvfp4 value * ue4m3 scale has at most 6 significant bits; fp8 values fit bf16;
  * mxfp8 value * 2^k fits bf16's normal range unless the block scale is tiny), then one bf16 x bf16
- * -> fp32 GEMM on the tensor cores with alpha = alpha_a * alpha_b. Where the CPU's rule for its bf16
- * units (qentry_cpu.c use_bf16: no subnormal value, product or partial sum) fails — an mx block
- * scale or a bf16 operand's exponents read from the device —, the operands go to fp32 and cuBLASLt's
- * fp32 GEMM instead (emulated_gemm), exact as well.
+ * -> fp32 GEMM on the tensor cores with alpha = alpha_a * alpha_b. No subnormal value, product or
+ * partial sum may reach the tensor cores (the rule of the CPU's bf16 units, qentry_cpu.c use_bf16):
+ * where an mx block scale or a bf16 operand's exponents could make one, the operands are scaled by
+ * powers of two chosen on the device and alpha by the inverse (emulated_gemm, decide); where no such
+ * scaling exists, a CUDA-core kernel computes the exact fp32 sum instead. No host synchronisation.
  * Unsupported combinations are errors that say why; nothing falls back silently:
  * nvl_cuda_gemm_path reports the path a pair of formats takes on a device.
  *
@@ -25,7 +26,7 @@
  * (a K x N column-major matrix, ld K, op T), its B is our A (K x M, ld K, op N), D is N x M with
  * ld N: the "TN" layout the fp8 and block-scaled kernels require.
  *
- * Scratch (the bf16 copies of emulated operands, the fp8 scale floats, the inexact flag, the
+ * Scratch (the bf16 copies of emulated operands, the fp8 scale floats, the range words, the
  * cuBLASLt workspace) is call scratch from the caller (nvl_kctx).
  *
  * Not here: quantization (quant.cu), the CPU emulation (kernels/cpu/qentry_cpu.c). */
@@ -284,14 +285,123 @@ nvl_status run_matmul(nvl_kctx *ctx, const Spec &spec, const void *A, const void
   return nvl_cuda_check_launch(s.dev, fn, what);
 }
 
-/* ---- dequantization to bf16 for the emulated path ------------------------------------------- */
+/* ---- the emulated path's range, decided on the device ---------------------------------------- *
+ * NUMERICS §7: the bf16 tensor cores may flush subnormal inputs, products and partial sums, so the
+ * emulated GEMM multiplies operands scaled by powers of two 2^s_a, 2^s_b (s >= 0) chosen so that no
+ * subnormal can occur, and the GEMM's alpha is alpha_a * alpha_b * 2^-(s_a + s_b) (a device float,
+ * CUBLASLT_POINTER_MODE_DEVICE). The choice is made on the device from the operands' exponent range
+ * (one scan of the mx block scales or bf16 values, no copy to the host), by every kernel that needs
+ * it (decide(): a pure function of four words). Where no such pair of shifts exists, the operands
+ * are zeroed, the cuBLASLt GEMM adds nothing, and fallback_gemm_kernel computes the exact fp32
+ * products and sums instead. */
 
-/* nvfp4 blocks [0, nblk): y (16 per block) = value(code) * float(sd), exact in bf16. */
+/* What the host knows of one operand's decoded values v (without global factors). */
+enum { RANGE_FIXED = 0, RANGE_MX = 1, RANGE_BF16 = 2 };
+struct OpRange {
+  int mode;      /* RANGE_FIXED: lo and top below; RANGE_MX: from its block scales' exponents e (v = elem *
+                  * 2^(e-127), elem a multiple of 2^lo, |elem| < 2^top); RANGE_BF16: from its values' exponents */
+  int lo, top;   /* RANGE_FIXED: every nonzero |v| is a multiple of 2^lo and >= 2^lo, and < 2^top */
+  int shiftable; /* dequantized by a kernel here (a bf16 operand is used as it is: never shifted) */
+};
+struct RangeInfo {
+  OpRange op[2];
+  int log2k;          /* ceil(log2 K): sum |a b| over K terms < 2^(top_a + top_b + log2k) */
+  float alpha_host;   /* the GEMM's alpha_a * alpha_b, */
+  const float *alpha_dev; /* or, when not NULL, the device float holding it (gemm_scales_kernel's) */
+};
+struct Decision {
+  int s[2];    /* the shifts: operand i is multiplied by 2^s[i] */
+  int fail;    /* no shifts keep every value, product and sum exact: fallback_gemm_kernel computes */
+  float alpha; /* the GEMM's alpha, alpha_a * alpha_b * 2^-(s[0] + s[1]) (exact) */
+};
+
+/* 2^e for -126 <= e <= 127 */
+__device__ __forceinline__ float pow2(int e) { return u2f((uint32_t)(127 + e) << 23); }
+
+/* range words (4, zeroed): w[2i] = max over operand i's counted exponents e of 255 - e, w[2i + 1] = max
+ * of e + 1 (0: no finite nonzero value). Counted: an mx block's scale byte, but for a NaN scale (255)
+ * and for a block of zero codes (every zero block has e = 0, the smallest scale: it would take a
+ * shift that its values, all zero, do not need); a bf16 value's exponent field, but for zeros,
+ * infinities and NaN. */
+__device__ __forceinline__ int range_min(const uint32_t *w, int i) { return 255 - (int)w[2 * i]; }
+__device__ __forceinline__ int range_max(const uint32_t *w, int i) { return (int)w[2 * i + 1] - 1; }
+
+__device__ Decision decide(const uint32_t *w, const RangeInfo &ri) {
+  const float alpha = ri.alpha_dev ? *ri.alpha_dev : ri.alpha_host;
+  Decision d = {{0, 0}, 0, alpha};
+  int lo[2], mag[2], top[2], smax[2], need[2];
+  for (int i = 0; i < 2; i++) {
+    const OpRange &o = ri.op[i];
+    if (o.mode == RANGE_FIXED) {
+      lo[i] = mag[i] = o.lo;
+      top[i] = o.top;
+    } else {
+      if (w[2 * i] == 0) return d; /* no finite nonzero value: every product is 0 (or NaN either way) */
+      const int m = range_min(w, i), M = range_max(w, i);
+      if (o.mode == RANGE_MX) {
+        lo[i] = mag[i] = m - 127 + o.lo;
+        top[i] = M - 127 + o.top;
+      } else { /* bf16: the lowest mantissa bit; a subnormal (field 0) is below 2^-126 */
+        lo[i] = m - 127 - 7;
+        mag[i] = m == 0 ? -127 : m - 127;
+        top[i] = M - 127 + 1;
+      }
+    }
+    /* shifted values stay finite in bf16: every |v| 2^s < 2^128 (v has at most 8 significant bits, so
+     * it is at most bf16's largest finite value); a value already out of range takes no shift */
+    smax[i] = !o.shiftable || top[i] >= 128 ? 0 : top[i] <= 1 ? 127 : 128 - top[i];
+    need[i] = mag[i] < -126 ? -126 - mag[i] : 0; /* every nonzero |v| 2^s >= 2^-126 */
+    if (need[i] > smax[i]) {
+      d.fail = 1;
+      return d;
+    }
+  }
+  /* every product, so every partial sum, a multiple of 2^-126 (zero or normal) */
+  int extra = -126 - (lo[0] + lo[1]) - need[0] - need[1];
+  d.s[0] = need[0];
+  d.s[1] = need[1];
+  for (int i = 0; i < 2 && extra > 0; i++) {
+    const int add = extra < smax[i] - d.s[i] ? extra : smax[i] - d.s[i];
+    d.s[i] += add;
+    extra -= add;
+  }
+  /* a shift must not make a finite sum overflow (sum |a b| 2^k < 2^127 keeps every partial sum
+   * finite), and alpha 2^-k must be exact and normal (cuBLASLt's epilogue is not documented to keep
+   * a subnormal alpha), so alpha 2^-k (2^k sum) is alpha sum rounded once, as the CPU's */
+  const int k = d.s[0] + d.s[1];
+  const bool plain = alpha == 0.0f || !(fabsf(alpha) < u2f(0x7F800000u)); /* 0, inf, NaN: scaled alike */
+  if (extra > 0 || (k > 0 && (top[0] + top[1] + ri.log2k + k > 127 ||
+                              (!plain && (k > 252 || fabsf(alpha) < pow2(k - 126)))))) {
+    d.s[0] = d.s[1] = 0;
+    d.fail = 1;
+    return d;
+  }
+  if (k > 0) { /* two steps of at most 2^-126 each: the first result is at least the final one, normal */
+    const int k1 = k < 126 ? k : 126;
+    d.alpha = f_mul(f_mul(alpha, pow2(-k1)), pow2(-(k - k1)));
+  }
+  return d;
+}
+
+/* Operand `which` of a GEMM: its multiplier 2^s (1 without a range), or 0 where the GEMM falls back. */
+__device__ __forceinline__ float operand_mult(const uint32_t *w, const RangeInfo &ri, int which) {
+  if (!w) return 1.0f;
+  const Decision d = decide(w, ri);
+  return d.fail ? 0.0f : pow2(d.s[which]);
+}
+
+/* v times mult; mult 0 (the fallback) gives +0 whatever v is (an infinity or a NaN included) */
+__device__ __forceinline__ float scaled(float v, float mult) { return mult == 0.0f ? 0.0f : f_mul(v, mult); }
+
+/* nvfp4 blocks [0, nblk): y (16 per block) = value(code) * float(sd) * mult, exact in bf16 (mult 2^s
+ * from operand_mult, or 0). */
 __global__ void __launch_bounds__(256) dequant_nvfp4_kernel(uint16_t *__restrict__ y, const uint8_t *__restrict__ packed,
-                                                            const uint8_t *__restrict__ scales, int64_t nblk) {
+                                                            const uint8_t *__restrict__ scales, int64_t nblk,
+                                                            const uint32_t *range, RangeInfo ri, int which) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const float mult = operand_mult(range, ri, which);
   for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < nblk; g += stride) {
-    const float sd = e4m3_decode(scales[g] & 0x7Fu);
+    const float sd = scaled(e4m3_decode(scales[g] & 0x7Fu), mult); /* ue4m3 x 2^s: exact (see decide) */
     const uint2 p = *reinterpret_cast<const uint2 *>(packed + 8 * g);
     uint32_t w[8];
 #pragma unroll
@@ -313,14 +423,14 @@ __device__ __forceinline__ float elem_decode(int elem, uint32_t c) {
 }
 
 /* mx blocks [0, nblk) of any element codec (e2m1 codes packed two per byte): y (32 per block) =
- * value(code) * 2^(e-127); *inexact |= 1 where the product is not a bf16 value (outside bf16's
- * exponent range). */
+ * value(code) * 2^(e-127) * mult. The first product is exact in fp32 (or infinite, as the CPU's
+ * decode), the second exact by decide's choice. */
 __global__ void __launch_bounds__(256) dequant_mx_kernel(uint16_t *__restrict__ y, const uint8_t *__restrict__ codes,
                                                          const uint8_t *__restrict__ scales, int64_t nblk, int elem,
-                                                         uint32_t *inexact) {
+                                                         const uint32_t *range, RangeInfo ri, int which) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int bpb = elem == 2 ? 16 : 32; /* code bytes per block */
-  uint32_t bad = 0;
+  const float mult = operand_mult(range, ri, which);
   for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < nblk; g += stride) {
     const float s = e8m0_decode(scales[g]);
     const uint8_t *src = codes + bpb * g;
@@ -328,88 +438,132 @@ __global__ void __launch_bounds__(256) dequant_mx_kernel(uint16_t *__restrict__ 
 #pragma unroll 4
     for (int j = 0; j < 32; j++) {
       uint32_t c = elem == 2 ? (src[j >> 1] >> (4 * (j & 1))) & 15u : src[j];
-      float v = f_mul(elem_decode(elem, c), s);
-      uint16_t b = f32_to_bf16_bits(v);
-      bad |= (v == v && bf16_bits_to_f32(b) != v);
-      dst[j] = b;
+      dst[j] = f32_to_bf16_bits(scaled(f_mul(elem_decode(elem, c), s), mult));
     }
   }
-  if (bad && inexact) atomicOr(inexact, 1u);
 }
 
-/* fp8 per-tensor codes (n) -> their values in bf16 (exact), the scale left to alpha. */
+/* fp8 per-tensor codes (n) -> their values times mult in bf16 (exact), the scale left to alpha. */
 __global__ void __launch_bounds__(256) dequant_fp8_kernel(uint16_t *__restrict__ y, const uint8_t *__restrict__ codes,
-                                                          int64_t n, int e5) {
+                                                          int64_t n, int e5, const uint32_t *range, RangeInfo ri,
+                                                          int which) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const float mult = operand_mult(range, ri, which);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    y[i] = f32_to_bf16_bits(e5 ? e5m2_decode(codes[i]) : e4m3_decode(codes[i]));
+    y[i] = f32_to_bf16_bits(scaled(e5 ? e5m2_decode(codes[i]) : e4m3_decode(codes[i]), mult));
 }
 
-/* One element of an operand, row-major (rows, K) index i, decoded without its global factor into
- * f32 (exact: NUMERICS §7), for the fp32 fallback of the emulated path. cls: 0 nvfp4, 1 mx, 2 fp8,
- * 3 bf16; elem as elem_decode. */
-__global__ void __launch_bounds__(256) dequant_f32_kernel(float *__restrict__ y, const uint8_t *__restrict__ codes,
-                                                          const uint8_t *__restrict__ scales, int64_t n, int cls,
-                                                          int elem) {
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float v;
-    if (cls == 0) {
-      v = f_mul(e2m1_decode((codes[i >> 1] >> (4 * (i & 1))) & 15u), e4m3_decode(scales[i >> 4] & 0x7Fu));
-    } else if (cls == 1) {
-      uint32_t c = elem == 2 ? (codes[i >> 1] >> (4 * (i & 1))) & 15u : codes[i];
-      v = f_mul(elem_decode(elem, c), e8m0_decode(scales[i >> 5]));
-    } else if (cls == 2) {
-      v = elem_decode(elem, codes[i]);
-    } else {
-      v = bf16_bits_to_f32(reinterpret_cast<const uint16_t *>(codes)[i]);
-    }
-    y[i] = v;
+/* Element i of an operand, row-major (rows, K), decoded without its global factor into f32 (exact:
+ * NUMERICS §7). cls: 0 nvfp4, 1 mx, 2 fp8, 3 bf16; elem as elem_decode. */
+__device__ __forceinline__ float decode_unscaled(const uint8_t *codes, const uint8_t *scales, int64_t i, int cls,
+                                                 int elem) {
+  if (cls == 0) return f_mul(e2m1_decode((codes[i >> 1] >> (4 * (i & 1))) & 15u), e4m3_decode(scales[i >> 4] & 0x7Fu));
+  if (cls == 1) {
+    uint32_t c = elem == 2 ? (codes[i >> 1] >> (4 * (i & 1))) & 15u : codes[i];
+    return f_mul(elem_decode(elem, c), e8m0_decode(scales[i >> 5]));
   }
+  if (cls == 2) return elem_decode(elem, codes[i]);
+  return bf16_bits_to_f32(reinterpret_cast<const uint16_t *>(codes)[i]);
 }
 
 /* y[i] = element i decoded with its global factor, as the CPU's dequantize computes it (value(q) *
  * block scale, then the factor: nvfp4 (value * sd) * s_dec, fp8 value / scale, mx value * e8m0, bf16
- * widened, f32 copied); cls as dequant_f32_kernel's, 4: f32. */
+ * widened, f32 copied); cls as decode_unscaled's, 4: f32. */
 __global__ void __launch_bounds__(256) dequant_scaled_kernel(float *__restrict__ y, const uint8_t *__restrict__ codes,
                                                              const uint8_t *__restrict__ scales, int64_t n, int cls,
                                                              int elem, float g) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     float v;
-    if (cls == 0) {
-      v = f_mul(f_mul(e2m1_decode((codes[i >> 1] >> (4 * (i & 1))) & 15u), e4m3_decode(scales[i >> 4] & 0x7Fu)), g);
-    } else if (cls == 1) {
-      uint32_t c = elem == 2 ? (codes[i >> 1] >> (4 * (i & 1))) & 15u : codes[i];
-      v = f_mul(elem_decode(elem, c), e8m0_decode(scales[i >> 5]));
-    } else if (cls == 2) {
-      v = f_div(elem_decode(elem, codes[i]), g);
-    } else if (cls == 3) {
-      v = bf16_bits_to_f32(reinterpret_cast<const uint16_t *>(codes)[i]);
-    } else {
-      v = reinterpret_cast<const float *>(codes)[i];
+    if (cls == 4) v = reinterpret_cast<const float *>(codes)[i];
+    else {
+      v = decode_unscaled(codes, scales, i, cls, elem);
+      if (cls == 0) v = f_mul(v, g);
+      else if (cls == 2) v = f_div(v, g);
     }
     y[i] = v;
   }
 }
 
-/* bits (8 words) |= the bit of the smallest byte of x (mx block scales; bf16 == 0) or of the smallest
- * exponent field of the nonzero bf16 x (bf16 == 1), as nvl_u8_min_cpu / nvl_bf16_exp_min_cpu; the
- * lowest set bit is the minimum (255 or none: no finite nonzero value). */
-__global__ void range_bits_kernel(uint32_t *bits, const void *x, int64_t n, int bf16) {
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  uint32_t m = 255;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    uint32_t e;
-    if (bf16) {
-      uint32_t h = static_cast<const uint16_t *>(x)[i];
-      e = (h & 0x7fffu) ? (h >> 7) & 0xffu : 255u;
-    } else {
-      e = static_cast<const uint8_t *>(x)[i];
-    }
-    m = e < m ? e : m;
+/* One operand's range scan (the words of decide): an mx operand's n block scales (codes: its codes,
+ * read only for blocks whose scale byte is 0), or a bf16 operand's n values; mode 0: nothing. */
+struct ScanOp {
+  const uint8_t *scales, *codes;
+  const uint16_t *values;
+  int64_t n;
+  int mode; /* 0, RANGE_MX or RANGE_BF16 */
+  int fp4;  /* mx: e2m1 codes, two per byte */
+};
+
+__device__ __forceinline__ uint32_t scan_exp(const ScanOp &o, int64_t i) {
+  if (o.mode == RANGE_BF16) {
+    const uint32_t h = o.values[i], e = (h >> 7) & 0xFFu;
+    return (h & 0x7FFFu) && e != 255 ? e : 255u;
   }
-  if (m < 255) atomicOr(&bits[m >> 5], 1u << (m & 31));
+  const uint32_t e = o.scales[i];
+  if (e == 0) { /* a block of zero codes (+-0) has no range; read byte by byte (views of rows need
+                 * not be 16-byte aligned), only for such blocks */
+    uint32_t any = 0;
+    const uint8_t *c = o.codes + (o.fp4 ? 16 : 32) * i;
+    for (int q = 0; q < (o.fp4 ? 16 : 32); q++) any |= c[q] & (o.fp4 ? 0x77u : 0x7Fu);
+    if (!any) return 255u;
+  }
+  return e; /* 255: a NaN scale */
+}
+
+/* w (4, zeroed) = the range words of the two operands, from one pass over both (decide). */
+__global__ void __launch_bounds__(256) range_scan_kernel(uint32_t *w, ScanOp a, ScanOp b) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  uint32_t r[4] = {0, 0, 0, 0};
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.n + b.n; i += stride) {
+    const int which = i >= a.n;
+    const uint32_t e = which ? scan_exp(b, i - a.n) : scan_exp(a, i);
+    if (e < 255) {
+      r[2 * which] = max(r[2 * which], 255u - e);
+      r[2 * which + 1] = max(r[2 * which + 1], e + 1);
+    }
+  }
+  for (int q = 0; q < 4; q++) {
+    const uint32_t m = __reduce_max_sync(0xFFFFFFFFu, r[q]);
+    if ((threadIdx.x & 31) == 0 && m) atomicMax(&w[q], m);
+  }
+}
+
+/* One operand of fallback_gemm_kernel: its codes (bf16 values for cls 3), block scales, decode_unscaled's cls and elem. */
+struct FbOp {
+  const uint8_t *codes, *scales;
+  int cls, elem;
+};
+
+/* The emulated GEMM's alpha and beta for cuBLASLt (sc[SC_ALPHA], sc[SC_BETA], read in
+ * CUBLASLT_POINTER_MODE_DEVICE) and, where decide() fails, its result: out (M, N) row-major, f32 (+=
+ * with accumulate) or bf16, = alpha * sum over k of a[m, k] b[n, k], exact fp32 products summed in
+ * fp32 in k's order, as the CPU's sgemm path (qentry_cpu.c qgemm_into: the sum times alpha unless
+ * alpha is 1, then added or rounded once). The cuBLASLt GEMM after it then has zeroed operands,
+ * alpha -0 and beta 1: out + (-0) is out. When decide() does not fail, one thread writes the two
+ * floats and every other returns at once. */
+__global__ void __launch_bounds__(256) fallback_gemm_kernel(float *sc, void *out, FbOp a, FbOp b, int64_t M, int64_t N,
+                                                            int64_t K, int accumulate, int out_bf16,
+                                                            const uint32_t *range, RangeInfo ri) {
+  const Decision d = decide(range, ri);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    sc[SC_ALPHA] = d.fail ? -0.0f : d.alpha;
+    sc[SC_BETA] = d.fail || accumulate ? 1.0f : 0.0f;
+  }
+  if (!d.fail) return;
+  const float alpha = ri.alpha_dev ? *ri.alpha_dev : ri.alpha_host;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < M * N; i += stride) {
+    const int64_t m = i / N, n = i - m * N;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++)
+      acc = f_add(acc, f_mul(decode_unscaled(a.codes, a.scales, m * K + k, a.cls, a.elem),
+                             decode_unscaled(b.codes, b.scales, n * K + k, b.cls, b.elem)));
+    const float v = alpha == 1.0f ? acc : f_mul(acc, alpha);
+    if (out_bf16) static_cast<uint16_t *>(out)[i] = f32_to_bf16_bits(v);
+    else if (accumulate) static_cast<float *>(out)[i] = f_add(static_cast<float *>(out)[i], v);
+    else static_cast<float *>(out)[i] = v;
+  }
 }
 
 /* sc[SC_A], sc[SC_B] = the per-tensor decode scales of an fp8 GEMM's operands (cuBLASLt reads them
@@ -459,8 +613,10 @@ bool is_e5(int f) { return elem_of(f) == NVL_ELEM_E5M2; }
 bool is_fp4(int f) { return elem_of(f) == NVL_ELEM_E2M1; }
 cudaDataType fp8_type(int f) { return is_e5(f) ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 
-/* y (rows, K) bf16 = the operand dequantized without its global factor; *inexact set by mx. */
-nvl_status dequant_bf16(uint16_t *y, const nvl_qview *o, uint32_t *inexact, int dev) {
+/* y (rows, K) bf16 = operand `which` of a GEMM dequantized without its global factor, times the
+ * 2^s decide() picks from range (NULL: no range, times 1), or zeros where it fails. */
+nvl_status dequant_bf16(uint16_t *y, const nvl_qview *o, const uint32_t *range, const RangeInfo &ri, int which,
+                        int dev) {
   const int64_t n = o->rows * o->K;
   if (n == 0) return NVL_OK;
   char what[120];
@@ -468,20 +624,20 @@ nvl_status dequant_bf16(uint16_t *y, const nvl_qview *o, uint32_t *inexact, int 
     case CLS_NVFP4: {
       const int64_t nblk = n / 16;
       NVL_LAUNCH(nvl_cuda_grid(nblk, 256, dev), 256, 0, 0, dequant_nvfp4_kernel)(
-          y, static_cast<const uint8_t *>(o->codes), o->scales, nblk);
+          y, static_cast<const uint8_t *>(o->codes), o->scales, nblk, range, ri, which);
       snprintf(what, sizeof what, "dequant_nvfp4_kernel (%lld blocks)", (long long)nblk);
       break;
     }
     case CLS_MX: {
       const int64_t nblk = n / 32;
       NVL_LAUNCH(nvl_cuda_grid(nblk, 256, dev), 256, 0, 0, dequant_mx_kernel)(
-          y, static_cast<const uint8_t *>(o->codes), o->scales, nblk, elem_of(o->format), inexact);
+          y, static_cast<const uint8_t *>(o->codes), o->scales, nblk, elem_of(o->format), range, ri, which);
       snprintf(what, sizeof what, "dequant_mx_kernel<%s> (%lld blocks)", fmt_name(o->format), (long long)nblk);
       break;
     }
     case CLS_FP8:
       NVL_LAUNCH(nvl_cuda_grid(n, 256, dev), 256, 0, 0, dequant_fp8_kernel)(
-          y, static_cast<const uint8_t *>(o->codes), n, is_e5(o->format));
+          y, static_cast<const uint8_t *>(o->codes), n, is_e5(o->format), range, ri, which);
       snprintf(what, sizeof what, "dequant_fp8_kernel (%lld elements)", (long long)n);
       break;
     default:
@@ -546,85 +702,30 @@ nvl_status native_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alp
   }
 }
 
-/* The exponent range of an operand's decoded values (qentry_cpu.c range_of): 2^lo the lowest bit
- * any value can hold, 2^mag the smallest nonzero magnitude; NO_VALUES: no constraint. */
-const int NO_VALUES = 1000;
-struct Range {
-  int lo, mag;
-};
-
-/* The smallest block scale (mx) or bf16 exponent field of each operand that needs a scan, one copy
- * to the host for both; fp8 and nvfp4 ranges are fixed. */
-nvl_status operand_ranges(nvl_kctx *ctx, const nvl_qview *const ops[2], Range r[2]) {
-  uint32_t *bits = NULL; /* (2, 8) device */
-  bool scan[2];
-  for (int i = 0; i < 2; i++) {
-    const int f = ops[i]->format;
-    scan[i] = cls_of(f) == CLS_MX || cls_of(f) == CLS_BF16;
-    const int fixed = f == NVL_E4M3 ? -9 : f == NVL_E5M2 ? -16 : -10; /* nvfp4: e2m1 0.5 x ue4m3 2^-9 */
-    r[i] = Range{fixed, fixed};
+/* The host's part of an operand's range (decide): fixed for fp8 and nvfp4 values (e4m3 codes 2^-9 ..
+ * 448 < 2^9, e5m2 2^-16 .. 57344 < 2^16, nvfp4 e2m1 x ue4m3 multiples of 2^-10 below 6 x 448 < 2^12),
+ * scanned on the device for the mx formats (element lowest bit and bound: e4m3 2^-9, 2^9; e5m2
+ * 2^-16, 2^16; e2m1 2^-1, 2^3) and bf16. */
+OpRange op_range(const nvl_qview *o) {
+  const int f = o->format;
+  switch (cls_of(f)) {
+    case CLS_MX: return is_fp4(f) ? OpRange{RANGE_MX, -1, 3, 1} : is_e5(f) ? OpRange{RANGE_MX, -16, 16, 1}
+                                                                        : OpRange{RANGE_MX, -9, 9, 1};
+    case CLS_BF16: return OpRange{RANGE_BF16, 0, 0, 0};
+    case CLS_NVFP4: return OpRange{RANGE_FIXED, -10, 12, 1};
+    default: return is_e5(f) ? OpRange{RANGE_FIXED, -16, 16, 1} : OpRange{RANGE_FIXED, -9, 9, 1};
   }
-  if (!scan[0] && !scan[1]) return NVL_OK;
-  NVL_TRY(ctx->scratch(ctx, 16 * sizeof(uint32_t), (void **)&bits));
-  NVL_TRY(nvl_cuda_memset(bits, 0, 16 * sizeof(uint32_t), ctx->dev));
-  for (int i = 0; i < 2; i++) {
-    if (!scan[i]) continue;
-    const bool bf = cls_of(ops[i]->format) == CLS_BF16;
-    const int64_t n = bf ? ops[i]->rows * ops[i]->K : ops[i]->rows * ops[i]->K / 32;
-    NVL_LAUNCH(nvl_cuda_grid(n, 256, ctx->dev), 256, 0, 0, range_bits_kernel)(bits + 8 * i,
-        bf ? ops[i]->codes : static_cast<const void *>(ops[i]->scales), n, bf);
-    NVL_TRY(nvl_cuda_check_launch(ctx->dev, "nvl_cuda_qgemm", "range_bits_kernel"));
-  }
-  uint32_t h[16];
-  NVL_CUDA_CHECK(cudaMemcpy(h, bits, sizeof h, cudaMemcpyDeviceToHost));
-  for (int i = 0; i < 2; i++) {
-    if (!scan[i]) continue;
-    int m = 255;
-    for (int b = 254; b >= 0; b--)
-      if (h[8 * i + (b >> 5)] >> (b & 31) & 1u) m = b;
-    const int f = ops[i]->format;
-    if (m == 255) r[i] = Range{NO_VALUES, NO_VALUES};
-    else if (cls_of(f) == CLS_BF16) r[i] = Range{m - 127 - 7, m == 0 ? -127 : m - 127};
-    else {
-      const int low = is_fp4(f) ? -1 : is_e5(f) ? -16 : -9;
-      r[i] = Range{m - 127 + low, m - 127 + low};
-    }
-  }
-  return NVL_OK;
-}
-
-/* The fp32 fallback: both operands decoded to f32 (exact), cuBLASLt's fp32 GEMM (subnormals kept),
- * a bf16 output rounded once from the f32 result. */
-nvl_status emulated_f32_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha, const float *dsc) {
-  const nvl_qview *ops[2] = {g->a, g->b};
-  void *y[2] = {NULL, NULL};
-  for (int i = 0; i < 2; i++) {
-    const int64_t n = ops[i]->rows * ops[i]->K;
-    const Cls c = cls_of(ops[i]->format);
-    NVL_TRY(ctx->scratch(ctx, (size_t)n * sizeof(float), &y[i]));
-    NVL_LAUNCH(nvl_cuda_grid(n, 256, ctx->dev), 256, 0, 0, dequant_f32_kernel)(
-        static_cast<float *>(y[i]), static_cast<const uint8_t *>(ops[i]->codes), ops[i]->scales, n,
-        c == CLS_NVFP4 ? 0 : c == CLS_MX ? 1 : c == CLS_FP8 ? 2 : 3, elem_of(ops[i]->format));
-    NVL_TRY(nvl_cuda_check_launch(ctx->dev, "nvl_cuda_qgemm", "dequant_f32_kernel"));
-  }
-  s.ta = s.tb = CUDA_R_32F;
-  const float *ad = dsc ? dsc + SC_ALPHA : NULL;
-  if (s.tc != CUDA_R_16BF) return run_matmul(ctx, s, y[1], y[0], g->out, alpha, NULL, NULL, ad);
-  const int64_t mn = s.m * s.n, one = 1; /* cuBLASLt's f32 GEMM writes f32 only: into scratch, then RNE */
-  float *d = NULL;
-  NVL_TRY(ctx->scratch(ctx, (size_t)mn * sizeof(float), (void **)&d));
-  s.tc = CUDA_R_32F;
-  NVL_TRY(run_matmul(ctx, s, y[1], y[0], d, alpha, NULL, NULL, ad));
-  return nvl_cuda_copy_strided(g->out, NVL_BF16, &one, d, NVL_F32, &one, 1, &mn, ctx->dev);
 }
 
 /* The emulated GEMM (sm_90 for nvfp4 and mx pairs; mixes everywhere): each operand dequantized
  * without its global factor into bf16 scratch, one cuBLASLt bf16 x bf16 -> fp32 GEMM, alpha =
  * alpha_a * alpha_b. bf16 holds every such value exactly, but the tensor cores may flush subnormal
- * inputs, products or partial sums (cuBLASLt does not document it), so the CPU's rule (qentry_cpu.c
- * use_bf16, NUMERICS §7) decides: every value >= 2^-126 in magnitude and the lowest bits of the two
- * operands multiplying to >= 2^-126, else the fp32 fallback. An mx or bf16 operand's range comes
- * from a scan of its scales or exponents (one copy to the host); fp8 and nvfp4 are always in range. */
+ * inputs, products or partial sums (cuBLASLt does not document it), so no subnormal may reach them
+ * (NUMERICS §7). fp8 and nvfp4 values never make one (lo_a + lo_b >= -20). An mx or bf16 operand's
+ * exponent range is scanned on the device (range_scan_kernel, one pass over the mx block scales or the
+ * bf16 values), and the kernels after it pick the power-of-two shifts from it (decide): no copy to
+ * the host, no synchronisation; fallback_gemm_kernel writes the GEMM's device alpha and beta, and
+ * where no shift exists, the exact result itself. */
 nvl_status emulated_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float alpha, const float *dsc) {
   const char *fn = "nvl_cuda_qgemm";
   const int dev = ctx->dev;
@@ -633,20 +734,58 @@ nvl_status emulated_gemm(nvl_kctx *ctx, Spec &s, const nvl_gemm_desc *g, float a
   for (int i = 0; i < 2; i++)
     if ((cls_of(ops[i]->format) == CLS_NVFP4 || cls_of(ops[i]->format) == CLS_MX) && !ops[i]->scales)
       return nvl_error(NVL_EINVAL, "%s: %s operand without block scales", fn, fmt_name(ops[i]->format));
-  Range r[2];
-  NVL_TRY(operand_ranges(ctx, ops, r));
-  if (!(r[0].mag >= -126 && r[1].mag >= -126 && r[0].lo + r[1].lo >= -126)) {
-    return emulated_f32_gemm(ctx, s, g, alpha, dsc);
+  RangeInfo ri;
+  memset(&ri, 0, sizeof ri);
+  for (int i = 0; i < 2; i++) ri.op[i] = op_range(ops[i]);
+  while (((int64_t)1 << ri.log2k) < g->a->K) ri.log2k++;
+  ri.alpha_host = alpha;
+  ri.alpha_dev = dsc ? dsc + SC_ALPHA : NULL;
+  uint32_t *range = NULL; /* (4) device: decide's words */
+  if (ri.op[0].mode != RANGE_FIXED || ri.op[1].mode != RANGE_FIXED) {
+    ScanOp so[2];
+    memset(so, 0, sizeof so);
+    for (int i = 0; i < 2; i++) {
+      const nvl_qview *o = ops[i];
+      so[i].mode = ri.op[i].mode == RANGE_FIXED ? 0 : ri.op[i].mode;
+      if (so[i].mode == RANGE_MX) {
+        so[i].scales = o->scales;
+        so[i].codes = static_cast<const uint8_t *>(o->codes);
+        so[i].n = o->rows * o->K / 32;
+        so[i].fp4 = is_fp4(o->format);
+      } else if (so[i].mode == RANGE_BF16) {
+        so[i].values = static_cast<const uint16_t *>(o->codes);
+        so[i].n = o->rows * o->K;
+      }
+    }
+    NVL_TRY(ctx->scratch(ctx, 4 * sizeof(uint32_t), (void **)&range));
+    NVL_TRY(nvl_cuda_memset(range, 0, 4 * sizeof(uint32_t), dev));
+    NVL_LAUNCH(nvl_cuda_grid(so[0].n + so[1].n, 256, dev), 256, 0, 0, range_scan_kernel)(range, so[0], so[1]);
+    NVL_TRY(nvl_cuda_check_launch(dev, fn, "range_scan_kernel"));
   }
   for (int i = 0; i < 2; i++) {
     if (cls_of(ops[i]->format) == CLS_BF16) continue;
     void *p = NULL;
     NVL_TRY(ctx->scratch(ctx, (size_t)(ops[i]->rows * ops[i]->K) * 2, &p));
     bf[i] = p;
-    NVL_TRY(dequant_bf16(static_cast<uint16_t *>(p), ops[i], NULL, dev));
+    NVL_TRY(dequant_bf16(static_cast<uint16_t *>(p), ops[i], range, ri, i, dev));
   }
   s.ta = s.tb = CUDA_R_16BF;
-  return run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL, dsc ? dsc + SC_ALPHA : NULL);
+  if (!range) return run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL, ri.alpha_dev);
+  float *sc = NULL; /* the GEMM's alpha and beta, written by fallback_gemm_kernel */
+  NVL_TRY(ctx->scratch(ctx, SC_FLOATS * sizeof(float), (void **)&sc));
+  FbOp fo[2];
+  for (int i = 0; i < 2; i++) {
+    const Cls c = cls_of(ops[i]->format);
+    fo[i] = FbOp{static_cast<const uint8_t *>(ops[i]->codes), ops[i]->scales,
+                 c == CLS_NVFP4 ? 0 : c == CLS_MX ? 1 : c == CLS_FP8 ? 2 : 3, elem_of(ops[i]->format)};
+  }
+  const int64_t M = g->a->rows, N = g->b->rows;
+  int blocks = nvl_cuda_grid(M * N, 256, dev);
+  if (blocks > 64) blocks = 64; /* one thread works unless decide fails, which real operands never make it do */
+  NVL_LAUNCH(blocks, 256, 0, 0, fallback_gemm_kernel)(sc, g->out, fo[0], fo[1], M, N, g->a->K, g->accumulate,
+                                                      g->out_dtype == NVL_BF16, range, ri);
+  NVL_TRY(nvl_cuda_check_launch(dev, fn, "fallback_gemm_kernel"));
+  return run_matmul(ctx, s, bf[1], bf[0], g->out, alpha, NULL, NULL, sc + SC_ALPHA);
 }
 
 } /* namespace */
@@ -691,7 +830,8 @@ extern "C" nvl_gemm_path nvl_cuda_gemm_path(nvl_dtype fa, nvl_dtype fb, int dev,
   } else {
     path = NVL_GEMM_EMULATED;
     snprintf(buf, sizeof buf, "exact emulation: %s and %s dequantized to bf16, cuBLASLt bf16 GEMM on the tensor cores, "
-             "global scales as alpha; fp32 GEMM when block scales leave bf16's normal range (sm_%d)", fmt_name(fa),
+             "global scales as alpha; operands scaled by powers of two chosen on the device where block scales leave "
+             "bf16's normal range (sm_%d)", fmt_name(fa),
              fmt_name(fb), cc);
   }
   if (detail && n) snprintf(detail, n, "%s", buf);

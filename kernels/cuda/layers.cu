@@ -381,10 +381,20 @@ extern "C" nvl_status nvl_cuda_swiglu_backward_bf16(nvl_kctx *ctx, uint16_t *dga
 /* ---- fused softmax cross-entropy -------------------------------------------------------------- *
  * One block per row. Pass 1: each thread keeps an online (max, sum exp) over its strided share of
  * the row, merged across the block into lse. Pass 2 (dlogits only): re-reads the row and writes
- * grad_scale * (k softmax - onehot). The logits are read in their own dtype (f32 or bf16); no
- * widened copy exists, and no fp32 row buffer beyond registers. */
-template <typename X>
-__global__ void cross_entropy_kernel(double *__restrict__ row_loss, float *__restrict__ dlogits,
+ * grad_scale * (k softmax - onehot), as f32 (G = float) or that f32 value rounded once to bf16
+ * (G = uint16_t). The logits are read in their own dtype (f32 or bf16); no widened copy exists, and
+ * no fp32 row buffer beyond registers. */
+__device__ __forceinline__ void store_grad(float *d, int64_t i, float v) { d[i] = v; }
+__device__ __forceinline__ void store_grad(uint16_t *d, int64_t i, float v) { d[i] = f32_to_bf16_bits(v); }
+
+/* One dlogit: gs (k p - onehot), p = exp(x - lse) (the same f32 operations for either output) */
+__device__ __forceinline__ float ce_grad(float x, float lse, float k, float gs, bool target) {
+  const float p = expf(x - lse);
+  return gs * (k * p - (target ? 1.0f : 0.0f));
+}
+
+template <typename X, typename G>
+__global__ void cross_entropy_kernel(double *__restrict__ row_loss, G *__restrict__ dlogits,
                                      const X *__restrict__ logits, const int64_t *__restrict__ targets, int64_t N,
                                      int64_t V, int64_t ignore_index, double z_loss, double grad_scale) {
   NVL_SHARED(float, sm, [32]);
@@ -393,10 +403,10 @@ __global__ void cross_entropy_kernel(double *__restrict__ row_loss, float *__res
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const X *x = logits + n * V;
     const int64_t tg = targets[n];
-    float *d = dlogits ? dlogits + n * V : NULL;
+    G *d = dlogits ? dlogits + n * V : NULL;
     if (tg == ignore_index) {
       if (d)
-        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) d[i] = 0.0f;
+        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) store_grad(d, i, 0.0f);
       if (threadIdx.x == 0) row_loss[n] = 0.0;
       continue;
     }
@@ -434,10 +444,7 @@ __global__ void cross_entropy_kernel(double *__restrict__ row_loss, float *__res
     const float lse = lse_sh;
     if (d) {
       const float k = (float)(1.0 + 2.0 * z_loss * (double)lse), gs = (float)grad_scale;
-      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-        float p = expf(load_f(x, i) - lse);
-        d[i] = gs * (k * p - (i == tg ? 1.0f : 0.0f));
-      }
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) store_grad(d, i, ce_grad(load_f(x, i), lse, k, gs, i == tg));
     }
     __syncthreads(); /* sm/ss/lse_sh reused by the next row */
   }
@@ -553,30 +560,48 @@ extern "C" nvl_status nvl_cuda_distill(nvl_kctx *ctx, double *kl, double *ce, fl
   return sum_to_host(ctx, ce, rows + N, N, __func__);
 }
 
-extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, int total_on_device, float *dlogits,
-                                             const void *logits,
-                                             nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
-                                             int64_t ignore_index, double z_loss, double grad_scale) {
+template <typename G>
+static nvl_status cross_entropy_cuda(nvl_kctx *ctx, double *total, int total_on_device, G *dlogits, const void *logits,
+                                     nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
+                                     int64_t ignore_index, double z_loss, double grad_scale, const char *fn) {
   const int dev = ctx->dev;
   const bool bf16 = logits_dtype == NVL_BF16;
   if (N == 0) return total_on_device ? nvl_cuda_memset(total, 0, sizeof(double), dev) : (*total = 0.0, NVL_OK);
-  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  NVL_TRY(nvl_cuda_use_device(dev, fn));
   double *rows = NULL; /* (N) per-row loss terms, device */
   NVL_TRY(ctx->scratch(ctx, (size_t)N * sizeof(double), (void **)&rows));
   int blocks = (int)(N < 65535 * 16 ? N : 65535 * 16), threads = 512;
   (void)cudaGetLastError();
   if (bf16)
-    NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<uint16_t>)(
+    NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<uint16_t, G>)(
         rows, dlogits, (const uint16_t *)logits, targets, N, V, ignore_index, z_loss, grad_scale);
   else
-    NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<float>)(rows, dlogits, (const float *)logits, targets, N, V,
-                                                     ignore_index, z_loss, grad_scale);
-  NVL_TRY(launched(dev, __func__, bf16 ? "cross_entropy_kernel<bf16>" : "cross_entropy_kernel<f32>", N, V));
+    NVL_LAUNCH(blocks, threads, 0, 0, cross_entropy_kernel<float, G>)(rows, dlogits, (const float *)logits, targets, N,
+                                                                        V, ignore_index, z_loss, grad_scale);
+  char what[64];
+  snprintf(what, sizeof what, "cross_entropy_kernel<%s, %s>", bf16 ? "bf16" : "f32", sizeof(G) == 2 ? "bf16" : "f32");
+  NVL_TRY(launched(dev, fn, what, N, V));
   if (total_on_device) { /* the sum stays on the device: read back by whoever wants the loss, later */
     NVL_LAUNCH(1, 1024, 0, 0, sum_doubles_kernel)(total, rows, N);
-    return launched(dev, __func__, "sum_doubles_kernel", N, 1);
+    return launched(dev, fn, "sum_doubles_kernel", N, 1);
   }
-  return sum_to_host(ctx, total, rows, N, __func__);
+  return sum_to_host(ctx, total, rows, N, fn);
+}
+
+extern "C" nvl_status nvl_cuda_cross_entropy(nvl_kctx *ctx, double *total, int total_on_device, float *dlogits,
+                                             const void *logits,
+                                             nvl_dtype logits_dtype, const int64_t *targets, int64_t N, int64_t V,
+                                             int64_t ignore_index, double z_loss, double grad_scale) {
+  return cross_entropy_cuda(ctx, total, total_on_device, dlogits, logits, logits_dtype, targets, N, V, ignore_index,
+                            z_loss, grad_scale, __func__);
+}
+
+extern "C" nvl_status nvl_cuda_cross_entropy_bf16grad(nvl_kctx *ctx, double *total, int total_on_device,
+                                                      uint16_t *dlogits, const void *logits, nvl_dtype logits_dtype,
+                                                      const int64_t *targets, int64_t N, int64_t V,
+                                                      int64_t ignore_index, double z_loss, double grad_scale) {
+  return cross_entropy_cuda(ctx, total, total_on_device, dlogits, logits, logits_dtype, targets, N, V, ignore_index,
+                            z_loss, grad_scale, __func__);
 }
 
 /* ---- delayed scaling's history step (backend.h amax_history; layers_cpu.c's operations) ------- */

@@ -56,6 +56,86 @@ static void launch_copy(void *dst, const void *src, const strided_desc &d, int64
   NVL_LAUNCH(blocks, kThreads, 0, 0, copy_strided_kernel<D, S>)((D *)dst, (const S *)src, d, n);
 }
 
+/* A strided copy whose destination's contiguous dim a is not its source's contiguous dim b (a
+ * transpose, or a permutation moving the last dim): 32x32 tiles of the (a, b) planes through shared
+ * memory, so both the reads (along b) and the writes (along a) are coalesced; the other dims are a
+ * batch, one CTA per tile of each plane. copy_strided_kernel would read (or write) with a stride. */
+typedef struct {
+  int nbd; /* batch dims */
+  int64_t bshape[NVL_MAX_DIMS], bdst[NVL_MAX_DIMS], bsrc[NVL_MAX_DIMS];
+  int64_t na, nb;       /* the extents of a and b */
+  int64_t dst_b, src_a; /* dst's stride of b, src's of a (dst's of a and src's of b are 1) */
+  int64_t ta, tb;       /* tiles along a and b */
+} transpose_desc;
+
+template <typename D, typename S>
+__global__ void __launch_bounds__(256) transpose_kernel(D *__restrict__ dst, const S *__restrict__ src,
+                                                        transpose_desc d) {
+  NVL_SHARED(S, tile, [32][33]);
+  const int64_t per = d.ta * d.tb;
+  int64_t bi = (int64_t)blockIdx.x / per;
+  const int64_t ti = (int64_t)blockIdx.x - bi * per, a0 = (ti / d.tb) * 32, b0 = (ti % d.tb) * 32;
+  int64_t od = 0, os = 0;
+  for (int k = d.nbd - 1; k >= 0; k--) {
+    const int64_t c = bi % d.bshape[k];
+    bi /= d.bshape[k];
+    od += c * d.bdst[k];
+    os += c * d.bsrc[k];
+  }
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  for (int j = ty; j < 32; j += 8) { /* a warp reads 32 consecutive elements of b */
+    const int64_t ia = a0 + j, ib = b0 + tx;
+    if (ia < d.na && ib < d.nb) tile[j][tx] = src[os + ia * d.src_a + ib];
+  }
+  __syncthreads();
+  for (int j = ty; j < 32; j += 8) { /* and writes 32 consecutive elements of a */
+    const int64_t ib = b0 + j, ia = a0 + tx;
+    if (ia < d.na && ib < d.nb) dst[od + ib * d.dst_b + ia] = convert<D, S>(tile[tx][j]);
+  }
+}
+
+/* The tiled plan of a copy, or false where it does not apply (both contiguous along one dim). */
+static bool transpose_plan(const strided_desc &d, transpose_desc *t) {
+  int a = -1, b = -1;
+  for (int k = 0; k < d.ndim; k++) {
+    if (d.shape[k] == 1) continue;
+    if (d.dst_strides[k] == 1) a = k;
+    if (d.src_strides[k] == 1) b = k;
+  }
+  if (a < 0 || b < 0 || a == b) return false;
+  memset(t, 0, sizeof *t);
+  int64_t batch = 1;
+  for (int k = 0; k < d.ndim; k++) {
+    if (k == a || k == b || d.shape[k] == 1) continue;
+    t->bshape[t->nbd] = d.shape[k];
+    t->bdst[t->nbd] = d.dst_strides[k];
+    t->bsrc[t->nbd] = d.src_strides[k];
+    t->nbd++;
+    batch *= d.shape[k];
+  }
+  t->na = d.shape[a];
+  t->nb = d.shape[b];
+  t->dst_b = d.dst_strides[b];
+  t->src_a = d.src_strides[a];
+  t->ta = (t->na + 31) / 32;
+  t->tb = (t->nb + 31) / 32;
+  return batch * t->ta * t->tb < ((int64_t)1 << 31);
+}
+
+template <typename D, typename S>
+static void launch_copy_or_transpose(void *dst, const void *src, const strided_desc &d, int64_t n, int blocks,
+                                     bool *tiled) {
+  transpose_desc t;
+  *tiled = transpose_plan(d, &t);
+  if (*tiled) {
+    int64_t batch = 1;
+    for (int k = 0; k < t.nbd; k++) batch *= t.bshape[k];
+    NVL_LAUNCH((unsigned)(batch * t.ta * t.tb), kThreads, 0, 0, transpose_kernel<D, S>)((D *)dst, (const S *)src, t);
+  } else {
+    launch_copy<D, S>(dst, src, d, n, blocks);
+  }
+}
+
 /* dst[i] = src[i] converted: a cast between two dense row-major tensors, no index arithmetic. */
 template <typename D, typename S>
 __global__ void cast_dense_kernel(D *__restrict__ dst, const S *__restrict__ src, int64_t n) {
@@ -113,27 +193,28 @@ extern "C" nvl_status nvl_cuda_copy_strided(void *dst, int dst_dtype, const int6
     NVL_LAUNCH(blocks, kThreads, 0, 0, cast_dense_kernel<float, uint16_t>)((float *)dst, (const uint16_t *)src, n);
     return nvl_cuda_check_launch(dev, __func__, "cast_dense_kernel<f32 <- bf16>");
   }
+  bool tiled = false;
   if (dst_dtype == src_dtype) {
     switch (nvl_dtypes[dst_dtype].elem_size) {
-      case 1: launch_copy<uint8_t, uint8_t>(dst, src, d, n, blocks); break;
-      case 2: launch_copy<uint16_t, uint16_t>(dst, src, d, n, blocks); break;
-      case 4: launch_copy<uint32_t, uint32_t>(dst, src, d, n, blocks); break;
-      case 8: launch_copy<uint64_t, uint64_t>(dst, src, d, n, blocks); break;
+      case 1: launch_copy_or_transpose<uint8_t, uint8_t>(dst, src, d, n, blocks, &tiled); break;
+      case 2: launch_copy_or_transpose<uint16_t, uint16_t>(dst, src, d, n, blocks, &tiled); break;
+      case 4: launch_copy_or_transpose<uint32_t, uint32_t>(dst, src, d, n, blocks, &tiled); break;
+      case 8: launch_copy_or_transpose<uint64_t, uint64_t>(dst, src, d, n, blocks, &tiled); break;
       default:
         return nvl_error(NVL_EUNSUPPORTED, "%s: no device copy for %s elements", __func__,
                          nvl_dtypes[dst_dtype].name);
     }
   } else if (dst_dtype == NVL_BF16 && src_dtype == NVL_F32) {
-    launch_copy<uint16_t, float>(dst, src, d, n, blocks);
+    launch_copy_or_transpose<uint16_t, float>(dst, src, d, n, blocks, &tiled);
   } else if (dst_dtype == NVL_F32 && src_dtype == NVL_BF16) {
-    launch_copy<float, uint16_t>(dst, src, d, n, blocks);
+    launch_copy_or_transpose<float, uint16_t>(dst, src, d, n, blocks, &tiled);
   } else {
     return nvl_error(NVL_EUNSUPPORTED, "copy: %s -> %s is not supported on cuda (only f32 <-> bf16 casts); cast on the cpu",
                      nvl_dtypes[src_dtype].name, nvl_dtypes[dst_dtype].name);
   }
   char what[160];
-  snprintf(what, sizeof what, "copy_strided_kernel<%s <- %s> (n=%lld, %d dims)", nvl_dtypes[dst_dtype].name,
-           nvl_dtypes[src_dtype].name, (long long)n, ndim);
+  snprintf(what, sizeof what, "%s<%s <- %s> (n=%lld, %d dims)", tiled ? "transpose_kernel" : "copy_strided_kernel",
+           nvl_dtypes[dst_dtype].name, nvl_dtypes[src_dtype].name, (long long)n, ndim);
   return nvl_cuda_check_launch(dev, __func__, what);
 }
 

@@ -4,7 +4,9 @@
  * and 16x16, the RHT fused in front of any of them, stochastic rounding from the shared Philox
  * stream, block scales written row-major and in cuBLASLt's 128x4 swizzled layout, and the fused
  * row-wise + column-wise quantization of a 2-D tensor from one read: the quantize and
- * quantize_pair entries of the CUDA table. Results are meant to be bit for bit those of the CPU
+ * quantize_pair entries of the CUDA table. A quantization blocked along a dimension that is not the
+ * last (column-wise: wgrad's copies, a weight's dgrad copy) goes through 64x64 shared-memory tiles,
+ * as the pair does, so its global reads (and fp8 / values writes) are coalesced. Results are meant to be bit for bit those of the CPU
  * quantizers (kernels/cpu/quant_cpu.c, itself tested against kernels/cpu/ref/formats_ref.c): the
  * element arithmetic is common.cuh's, the order of operations the references'.
  *
@@ -30,7 +32,8 @@ enum { KIND_VALUES = NVL_CQ_VALUES, KIND_FP8 = NVL_CQ_FP8, KIND_MX = NVL_CQ_MX, 
 enum {
   MAP_CONTIG = 0,   /* C == 1: units in memory order (r = w / nb, kb = w % nb) */
   MAP_CONTIG2D = 1, /* C == 1, 16x16 tiles: 16 consecutive w = the 16 rows of one tile column */
-  MAP_STRIDED = 2,  /* C > 1: w = (b*nb + kb)*C + c, so consecutive threads read consecutive c */
+  MAP_STRIDED = 2,  /* C > 1: w = (b*nb + kb)*C + c, so consecutive threads read consecutive c (the RHT
+                     * amax pass, and 16x16 blocks with C % 16 != 0; quantizations take the tiles) */
 };
 
 struct QParams {
@@ -397,67 +400,105 @@ __global__ void __launch_bounds__(256) amax_rht_kernel(QParams p, uint32_t *out)
   block_max_to(m, out);
 }
 
-/* ---- fused row-wise + column-wise quantization of a 2-D x (R, C) ---------------------------- *
- * One CTA per 64x64 tile: the tile is read once into shared memory (fp32), then every thread
- * quantizes one unit of the row-wise copy (along C) and one of the column-wise copy (along R).
- * Thread t takes unit ku = t / 64 of row (or column) t % 64, so a warp reads 32 consecutive rows
- * of one unit column from shared memory (the row stride of 65 words puts them in 32 banks) or 32
- * consecutive columns of one unit row, and the 16 lanes sharing a 16x16 tile are an aligned
- * half-warp (the 2D tile max is a shuffle). R and C are multiples of the unit. */
+/* ---- tiled quantizations: the fused row-wise + column-wise pair, and the column-wise one ---- *
+ * x is (B, R, C) contiguous (B = 1 for the pair): a quantization blocked along R (the "column-wise"
+ * copy: blocked row b*C + c, element k = x[b][k][c]) read through 64x64 tiles, so that every global
+ * read is coalesced (16-byte pieces, or consecutive elements where C or x's alignment does not allow
+ * them) and the transposition happens in shared memory. One CTA per tile: the tile is read once
+ * into shared memory (fp32), then
+ *   units (mx, nvfp4; fp8 and values with the RHT): every thread quantizes one unit of a column
+ *     (along R) and, for the pair, one of a row (along C). Thread t takes unit ku = t / 64 of column
+ *     (or row) t % 64, so a warp reads 32 consecutive columns of one unit row from shared memory (the
+ *     row stride of 65 words puts them in 32 banks) or 32 consecutive rows of one unit column, and
+ *     the 16 lanes sharing a 16x16 tile are an aligned half-warp (the 2D tile max is a shuffle);
+ *   elements (fp8 per tensor and values without the RHT): consecutive threads take consecutive k
+ *     of one column, so the codes are written coalesced too (any R and C).
+ * For units R is a multiple of the unit (the format's rule along the blocked axis), and for the pair
+ * C too; C is otherwise ragged: columns past C are zeros read and nothing written. */
 constexpr int TILE = 64;
 
-template <typename T, int KIND>
-__global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc, int64_t R, int64_t C) {
+template <typename T, int KIND, int DIRS>
+__device__ __forceinline__ void quant_tile(const QParams &pr, const QParams &pc, int64_t R, int64_t C, int vec) {
   constexpr int U = KIND == KIND_MX ? 32 : 16;
   constexpr int UNITS = TILE / U; /* units per tile line */
   NVL_SHARED(float, tile, [TILE][TILE + 1]);
-  const int64_t ntc = (C + TILE - 1) / TILE;
-  const int64_t r0 = (int64_t)(blockIdx.x / ntc) * TILE, c0 = (int64_t)(blockIdx.x % ntc) * TILE;
+  const int64_t ntc = (C + TILE - 1) / TILE, ntr = (R + TILE - 1) / TILE;
+  const int64_t b = (int64_t)blockIdx.x / (ntr * ntc), tb = (int64_t)blockIdx.x - b * ntr * ntc;
+  const int64_t r0 = (tb / ntc) * TILE, c0 = (tb % ntc) * TILE;
   const int t = threadIdx.x;
-  const T *x = static_cast<const T *>(pr.x);
+  const T *x = static_cast<const T *>(pc.x) + b * R * C;
 
-  /* load: 16-byte pieces (4 f32 or 8 bf16), zero outside x; raw: their raw_bits (common.cuh) */
-  constexpr int PER = 16 / sizeof(T), PIECES_PER_ROW = TILE / PER;
+  /* load, zero outside x; raw: the elements' raw_bits (common.cuh) */
   uint32_t raw = 0;
+  if (vec) { /* 16-byte pieces (4 f32 or 8 bf16): C a multiple of the piece, x 16-byte aligned */
+    constexpr int PER = 16 / sizeof(T), PIECES_PER_ROW = TILE / PER;
 #pragma unroll
-  for (int pass = 0; pass < TILE * PIECES_PER_ROW / 256; pass++) {
-    int idx = pass * 256 + t, row = idx / PIECES_PER_ROW, col = (idx % PIECES_PER_ROW) * PER;
-    int64_t gr = r0 + row, gc = c0 + col;
-    float v[PER];
-    if (gr < R && gc < C) {
-      uint4 u = *reinterpret_cast<const uint4 *>(x + gr * C + gc);
-      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    for (int pass = 0; pass < TILE * PIECES_PER_ROW / 256; pass++) {
+      int idx = pass * 256 + t, row = idx / PIECES_PER_ROW, col = (idx % PIECES_PER_ROW) * PER;
+      int64_t gr = r0 + row, gc = c0 + col;
+      float v[PER];
+      if (gr < R && gc < C) {
+        uint4 u = *reinterpret_cast<const uint4 *>(x + gr * C + gc);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-      for (int q = 0; q < 4; q++) {
-        if (sizeof(T) == 4) {
-          v[q] = u2f(w[q]);
-        } else {
-          v[2 * q] = u2f(w[q] << 16);
-          v[2 * q + 1] = u2f(w[q] & 0xFFFF0000u);
+        for (int q = 0; q < 4; q++) {
+          if (sizeof(T) == 4) {
+            v[q] = u2f(w[q]);
+          } else {
+            v[2 * q] = u2f(w[q] << 16);
+            v[2 * q + 1] = u2f(w[q] & 0xFFFF0000u);
+          }
         }
+      } else {
+#pragma unroll
+        for (int q = 0; q < PER; q++) v[q] = 0.0f;
       }
-    } else {
 #pragma unroll
-      for (int q = 0; q < PER; q++) v[q] = 0.0f;
+      for (int q = 0; q < PER; q++) {
+        tile[row][col + q] = v[q];
+        raw = max(raw, raw_bits(v[q]));
+      }
     }
-#pragma unroll
-    for (int q = 0; q < PER; q++) {
-      tile[row][col + q] = v[q];
-      raw = max(raw, raw_bits(v[q]));
+  } else { /* one element per thread per pass, consecutive threads on consecutive columns */
+    for (int pass = 0; pass < TILE * TILE / 256; pass++) {
+      int idx = pass * 256 + t, row = idx / TILE, col = idx % TILE;
+      int64_t gr = r0 + row, gc = c0 + col;
+      const float v = gr < R && gc < C ? load_elem<T>(x + gr * C + gc) : 0.0f;
+      tile[row][col] = v;
+      raw = max(raw, raw_bits(v));
     }
   }
-  flag_nonfinite(raw, pr.nonfinite, NVL_NONFINITE_INPUT);
+  if (KIND != KIND_VALUES) flag_nonfinite(raw, pc.nonfinite, NVL_NONFINITE_INPUT);
   __syncthreads();
+
+  /* the column-wise copy of fp8 and values without the RHT, element by element */
+  if ((KIND == KIND_FP8 || KIND == KIND_VALUES) && !pc.rht && (DIRS & 2)) {
+    const float s = KIND == KIND_FP8 ? fp8_tensor_scale(param_amax(pc), pc.elem == 1 ? 57344.0f : 448.0f) : 1.0f;
+    for (int pass = 0; pass < TILE * TILE / 256; pass++) {
+      const int idx = pass * 256 + t, cl = idx / TILE, kl = idx % TILE;
+      const int64_t c = c0 + cl, k = r0 + kl;
+      if (c >= C || k >= R) continue;
+      const float v = tile[kl][cl];
+      const int64_t i = (b * C + c) * R + k;
+      if (KIND == KIND_FP8) static_cast<uint8_t *>(pc.codes)[i] = (uint8_t)(pc.elem == 1 ? e5m2_encode(f_mul(v, s))
+                                                                                          : e4m3_encode(f_mul(v, s)));
+      else if (pc.values_bf16) static_cast<uint16_t *>(pc.codes)[i] = f32_to_bf16_bits(v);
+      else static_cast<float *>(pc.codes)[i] = v;
+    }
+    if (DIRS == 2) return;
+  }
 
 #pragma unroll
   for (int dir = 0; dir < 2; dir++) { /* 0: row-wise copy, 1: column-wise copy */
+    if (!(DIRS & (1 << dir))) continue;
     const QParams &p = dir == 0 ? pr : pc;
+    if (dir == 1 && (KIND == KIND_FP8 || KIND == KIND_VALUES) && !p.rht) continue; /* done above */
     const int line = t % TILE, ku = t / TILE;
     const bool in_tile = ku < UNITS;
     /* unit (r, kb) in this copy's blocked layout, and whether it lies inside x */
-    const int64_t r = dir == 0 ? r0 + line : c0 + line;
+    const int64_t r = dir == 0 ? r0 + line : b * C + c0 + line;
     const int64_t kb = (dir == 0 ? c0 : r0) / U + ku;
-    const bool active = in_tile && r < (dir == 0 ? R : C) && kb < p.nb;
+    const bool active = in_tile && (dir == 0 ? r0 + line < R : c0 + line < C) && kb < p.nb;
     float v[U];
 #pragma unroll
     for (int j = 0; j < U; j++) v[j] = dir == 0 ? tile[line][(ku % UNITS) * U + j] : tile[(ku % UNITS) * U + j][line];
@@ -476,12 +517,26 @@ __global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc,
     } else if (active) {
       if (KIND == KIND_MX) {
         mx_unit(p, v, r, kb);
-      } else {
+      } else if (KIND == KIND_FP8) {
         const float s = fp8_tensor_scale(param_amax(p), p.elem == 1 ? 57344.0f : 448.0f);
         fp8_unit(p, s, v, r, kb);
+      } else {
+        values_unit(p, v, r, kb);
       }
     }
   }
+}
+
+/* The fused pair of a 2-D x (R, C): pr blocked along C, pc along R; R and C multiples of the unit. */
+template <typename T, int KIND>
+__global__ void __launch_bounds__(256) quant_pair_kernel(QParams pr, QParams pc, int64_t R, int64_t C) {
+  quant_tile<T, KIND, 3>(pr, pc, R, C, 1);
+}
+
+/* The column-wise quantization of x (B, R, C), blocked along R (C > 1). */
+template <typename T, int KIND>
+__global__ void __launch_bounds__(256) quant_col_kernel(QParams p, int64_t R, int64_t C, int vec) {
+  quant_tile<T, KIND, 2>(p, p, R, C, vec);
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */
@@ -615,6 +670,16 @@ void launch_elem_t(int kind, int blocks, const QParams &p) {
 }
 
 template <typename T>
+void launch_col_t(int kind, int64_t tiles, const QParams &p, int64_t R, int64_t C, int vec) {
+  switch (kind) {
+    case KIND_NVFP4: NVL_LAUNCH((unsigned)tiles, 256, 0, 0, quant_col_kernel<T, KIND_NVFP4>)(p, R, C, vec); break;
+    case KIND_MX: NVL_LAUNCH((unsigned)tiles, 256, 0, 0, quant_col_kernel<T, KIND_MX>)(p, R, C, vec); break;
+    case KIND_FP8: NVL_LAUNCH((unsigned)tiles, 256, 0, 0, quant_col_kernel<T, KIND_FP8>)(p, R, C, vec); break;
+    default: NVL_LAUNCH((unsigned)tiles, 256, 0, 0, quant_col_kernel<T, KIND_VALUES>)(p, R, C, vec); break;
+  }
+}
+
+template <typename T>
 void launch_pair_t(int kind, int64_t tiles, const QParams &pr, const QParams &pc, int64_t R, int64_t C) {
   switch (kind) {
     case KIND_NVFP4: NVL_LAUNCH((unsigned)tiles, 256, 0, 0, quant_pair_kernel<T, KIND_NVFP4>)(pr, pc, R, C); break;
@@ -640,6 +705,21 @@ nvl_status launch_quant(const nvl_cuda_quant_desc *d, const uint32_t *amax_bits,
   const int threads = 256;
   char what[200];
   if (d->kind == KIND_NVFP4 || d->kind == KIND_MX) NVL_TRY(clear_swizzled(d));
+  /* blocked along a dimension that is not the last (C > 1): through 64x64 tiles, so the reads are
+   * coalesced (16x16 nvfp4 blocks need whole 16-row groups of the blocked layout per batch: C % 16) */
+  const int64_t tiles = d->B * ((d->K + TILE - 1) / TILE) * ((d->C + TILE - 1) / TILE);
+  if (d->C > 1 && !(d->block2d && d->C % 16) && tiles < ((int64_t)1 << 31)) {
+    if (tiles == 0) return NVL_OK;
+    if (U) p.nb = d->K / U;
+    else p.nb = 0;
+    const int vec = ((uintptr_t)d->x & 15) == 0 && d->C % (d->x_bf16 ? 8 : 4) == 0;
+    if (d->x_bf16) launch_col_t<uint16_t>(d->kind, tiles, p, d->K, d->C, vec);
+    else launch_col_t<float>(d->kind, tiles, p, d->K, d->C, vec);
+    snprintf(what, sizeof what, "quant_col_kernel<%s, %s> (B=%lld, K=%lld, C=%lld%s%s%s)", d->x_bf16 ? "bf16" : "f32",
+             kind_name(d->kind), (long long)d->B, (long long)d->K, (long long)d->C, d->rht ? ", rht" : "",
+             d->sr ? ", sr" : "", d->block2d ? ", 2d" : "");
+    return nvl_cuda_check_launch(dev, "nvl_cuda_quantize", what);
+  }
   if (U) {
     const int64_t units = p.rows * p.nb;
     if (units == 0) return NVL_OK;

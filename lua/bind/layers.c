@@ -176,10 +176,14 @@ static int l_swiglu_backward(lua_State *L) {
 
 /* ---- cross-entropy ---------------------------------------------------------------------------- */
 
-static const char *const ce_keys[] = {"ignore_index", "z_loss", "grad", "scale", "of_count", "defer", NULL};
+static const char *const ce_keys[] = {"ignore_index", "z_loss", "grad", "scale", "of_count", "defer", "grad_dtype",
+                                     NULL};
 
-/* cross_entropy(logits, targets [, {ignore_index = -100, z_loss = 0, grad = true, scale = 1, of_count}]):
+/* cross_entropy(logits, targets [, {ignore_index = -100, z_loss = 0, grad = true, scale = 1, of_count,
+ * grad_dtype = "f32"}]):
  * of_count (> 0): logits are a slice of a batch with that many counted tokens (core/layers.h);
+ * grad_dtype "bf16": dlogits bf16, each f32 gradient rounded once (no f32 (N, V) copy where the
+ * backend writes bf16 itself: CUDA);
  * defer = true: the first result is an i64 (1) tensor on the logits' device holding the bits of the
  * double sum of the loss terms (nvl_cross_entropy_sum: nothing read back), not the mean */
 static int l_cross_entropy(lua_State *L) {
@@ -189,9 +193,17 @@ static int l_cross_entropy(lua_State *L) {
   int64_t ignore_index = -100, of_count = 0;
   double z_loss = 0.0, scale = 1.0;
   int grad = 1, defer = 0;
+  nvl_dtype grad_dtype = NVL_F32;
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
     nvl_lua_check_keys(L, 3, op, ce_keys);
+    if (lua_getfield(L, 3, "grad_dtype") != LUA_TNIL) {
+      const char *name = lua_tostring(L, -1);
+      grad_dtype = name ? nvl_dtype_from_name(name) : NVL_DTYPE_COUNT;
+      if (grad_dtype != NVL_F32 && grad_dtype != NVL_BF16)
+        return luaL_error(L, "%s: grad_dtype must be 'f32' or 'bf16', got %s", op, name ? name : luaL_typename(L, -1));
+    }
+    lua_pop(L, 1);
     nvl_lua_opt_integer(L, 3, op, "ignore_index", &ignore_index, 0);
     nvl_lua_opt_number(L, 3, op, "z_loss", &z_loss, 0);
     nvl_lua_opt_boolean(L, 3, op, "grad", &grad);
@@ -207,10 +219,11 @@ static int l_cross_entropy(lua_State *L) {
   int64_t count;
   if (defer) {
     nvl_tensor *sum = nvl_lua_push_tensor(L);             /* index 5 (4 without grad) */
-    CHECK(L, nvl_cross_entropy_sum(sum, &count, d, logits, targets, ignore_index, z_loss, scale, of_count));
+    CHECK(L, nvl_cross_entropy_sum(sum, &count, d, logits, targets, ignore_index, z_loss, scale, of_count, grad_dtype));
     lua_pushvalue(L, -1);
   } else {
-    CHECK(L, nvl_cross_entropy_of(&loss, &count, d, logits, targets, ignore_index, z_loss, scale, of_count));
+    CHECK(L, nvl_cross_entropy_of(&loss, &count, d, logits, targets, ignore_index, z_loss, scale, of_count,
+                                  grad_dtype));
     lua_pushnumber(L, loss);
   }
   lua_pushinteger(L, (lua_Integer)count);

@@ -294,10 +294,10 @@ function Llama:_chunked_loss(ids, targets, opts, chunk)
     local n = math.min(chunk, N - r0)
     sums[#sums + 1] = nv.scope(function() -- this chunk's logits and their gradient die here
       local logits = self.lm_head:forward(h:narrow(1, r0 + 1, n)) -- (n, V)
+      -- bf16 logits: dlogits rounded once to bf16 by the loss itself, as unchunked (NUMERICS §11)
       local sum, _, d = core.cross_entropy(logits, th:narrow(1, r0 + 1, n), {ignore_index = ignore,
         z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1, of_count = count > 0 and count or nil,
-        defer = true})
-      if logits:dtype() == "bf16" then d = d:to("bf16") end -- as unchunked (NUMERICS §11)
+        defer = true, grad_dtype = logits:dtype()})
       dh:narrow(1, r0 + 1, n):copy_(self.lm_head:backward(d))
       return sum
     end)
@@ -413,10 +413,11 @@ function Llama:forward_backward(ids, targets, opts)
     sums, count = recipes.weight_cache(nv.scope, function()
       local sum, n, dlogits = nv.scope(function() -- the logits die here, their gradient lives on
         local logits = self:forward(ids)                       -- (N, V), f32 or bf16 (act_dtype)
+        -- bf16 activations: dlogits rounded once to bf16 (NUMERICS §11), by the loss kernel itself on
+        -- CUDA (no (N, V) f32 gradient: 4 bytes a logit less in memory, 8 less of traffic)
         local s, c, d = core.cross_entropy(logits, targets:reshape(targets:numel()), -- (N)
           {ignore_index = opts.ignore_index or -100, z_loss = opts.z_loss or 0, grad = true, scale = opts.scale or 1,
-            defer = true})
-        if logits:dtype() == "bf16" then d = d:to("bf16") end  -- bf16 activations: dlogits rounded once (NUMERICS §11)
+            defer = true, grad_dtype = logits:dtype()})
         return s, c, d
       end)                                                     -- dlogits (N, V)
       self:backward(dlogits)

@@ -399,14 +399,31 @@ static void compute(const Problem &p, const char *A, const char *B, const char *
   decode_rows(rb, p.b, B, p.op->mode_b, (const uint8_t *)sb, p.k);
   const bool per_tensor = p.op->mode_a == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   const float scale = per_tensor ? read_scale(sa) * read_scale(sb) : 1.0f;
+  /* bf16 x bf16: count what tensor cores may flush (subnormal inputs, products, partial sums) */
+  const bool bf16 = p.a->type == CUDA_R_16BF && p.b->type == CUDA_R_16BF;
+  auto sub = [](float v) { return v != 0.0f && fabsf(v) < 0x1p-126f; };
+  int64_t subs = 0;
+  if (bf16) {
+    for (float v : ra) subs += sub(v);
+    for (float v : rb) subs += sub(v);
+  }
   for (int64_t j = 0; j < p.n; j++)
     for (int64_t i = 0; i < p.m; i++) {
       const float *x = &ra[(size_t)(i * p.k)], *y = &rb[(size_t)(j * p.k)];
       float acc = 0.0f;
       for (int64_t k0 = 0; k0 < p.k; k0 += 32) {
         float part = 0.0f;
-        for (int64_t t = k0; t < std::min(p.k, k0 + 32); t++) part += x[t] * y[t];
+        if (bf16) {
+          for (int64_t t = k0; t < std::min(p.k, k0 + 32); t++) {
+            const float pr = x[t] * y[t];
+            part += pr;
+            subs += sub(pr) + sub(part);
+          }
+        } else {
+          for (int64_t t = k0; t < std::min(p.k, k0 + 32); t++) part += x[t] * y[t];
+        }
         acc += part;
+        subs += bf16 && sub(acc);
       }
       float v = alpha * (scale * acc);
       const int64_t at = i + j * p.d->ld;
@@ -427,6 +444,7 @@ static void compute(const Problem &p, const char *A, const char *B, const char *
         memcpy(D + 2 * at, &o, 2);
       }
     }
+  counters().gemm_subnormals += subs;
 }
 
 /* The device allocation of operand `what` (bytes from p), or NULL with the status set. */

@@ -131,6 +131,7 @@ struct Counters {
   int64_t launches, host_syncs, queries, memcpy_h2d, memcpy_d2h, memcpy_d2d, memsets, gemms, heuristics,
       collectives;
   int64_t memcpy_h2d_bytes, memcpy_d2h_bytes, memcpy_d2d_bytes, memset_bytes, gemm_flops;
+  int64_t gemm_subnormals; /* bf16 x bf16 GEMMs: subnormal inputs, products and partial sums met (blaslt.cpp) */
   std::vector<KernelCount> kernels;
   std::vector<GemmCount> gemm_shapes;
 };

@@ -14,7 +14,9 @@ const char *nvl_emu_description(void);
  * launches, host_syncs (calls after which the host has waited for device work: synchronisations,
  * blocking copies, a copy from pageable memory), queries, memcpy_h2d/d2h/d2d, memsets, gemms,
  * heuristics, collectives; memcpy_h2d/d2h/d2d_bytes and memset_bytes (bytes copied or set),
- * gemm_flops (2 m n k per cuBLASLt matmul). */
+ * gemm_flops (2 m n k per cuBLASLt matmul), gemm_subnormals (in bf16 x bf16 cuBLASLt matmuls, the
+ * subnormal inputs, products and partial sums met in the emulator's own summation order: what tensor
+ * cores may flush; the emulator keeps them, so results do not show it). */
 const char *nvl_emu_counter(int i, int64_t *value);
 /* Kernel i (in order of first launch): its name and launches, blocks and threads run so far, or NULL
  * past the last one. */
