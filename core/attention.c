@@ -286,6 +286,18 @@ const char *nvl_attention_route_of(const nvl_tensor *q, const nvl_tensor *k, con
   return impl_names[m];
 }
 
+/* Under attention=auto, cuDNN having no engine for a problem (NVL_EUNSUPPORTED: nothing ran; the refusal is
+ * remembered per problem by kernels/cuda/cudnn_attn.cu) sends the call on to the next route; any other failure,
+ * and every failure under attention=cudnn, is the call's error. */
+static int cudnn_fell_back(nvl_status st) {
+  return st == NVL_EUNSUPPORTED && atomic_load(&route) == NVL_ATTN_AUTO;
+}
+
+/* the route after cuDNN: the flash kernels where they apply, else the widened op (CUDA tensors: no CPU route) */
+static impl pick_after_cudnn(const nvl_tensor *const *acts, int n) {
+  return flash_route(acts, n) ? IMPL_FLASH : IMPL_WIDENED;
+}
+
 static nvl_status cudnn_refused(const char *op, const char *why) {
   return nvl_error(NVL_EUNSUPPORTED, "%s: attention=cudnn cannot run these activations: %s (attention=auto falls "
                    "back to the flash kernels or the reference rule)", op, why);
@@ -312,9 +324,13 @@ nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_ten
   if (m == IMPL_F32) return attention_forward_as(out, lse, q, k, v, scale, NVL_F32);
   NVL_TRY(need_null(op, "out", out));
   NVL_TRY(need_null(op, "lse", lse));
-  if (m == IMPL_CUDNN || m == IMPL_FLASH) {
+  if (m == IMPL_CUDNN) {
+    nvl_status st = nvl_cudnn_attention_forward(out, lse, q, k, v, scale, 1); /* checks shapes */
+    if (!cudnn_fell_back(st)) return st;
+    m = pick_after_cudnn(acts, 3);
+  }
+  if (m == IMPL_FLASH) {
     if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
-    if (m == IMPL_CUDNN) return nvl_cudnn_attention_forward(out, lse, q, k, v, scale, 1); /* checks shapes */
     return nvl_flash_attention_forward(out, lse, q, k, v, scale, 1); /* checks shapes and devices */
   }
   if (m == IMPL_CPU_BF16) return attention_forward_as(out, lse, q, k, v, scale, NVL_BF16);
@@ -345,10 +361,14 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
   NVL_TRY(need_null(op, "dq", dq));
   NVL_TRY(need_null(op, "dk", dk));
   NVL_TRY(need_null(op, "dv", dv));
-  if (m == IMPL_CUDNN || m == IMPL_FLASH) {
+  if (m == IMPL_CUDNN) {
+    nvl_status st = nvl_cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 1,
+                                                 atomic_load(&cudnn_det));
+    if (!cudnn_fell_back(st)) return st;
+    m = pick_after_cudnn(acts, 5);
+  }
+  if (m == IMPL_FLASH) {
     if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
-    if (m == IMPL_CUDNN)
-      return nvl_cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 1, atomic_load(&cudnn_det));
     return nvl_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 1);
   }
   if (m == IMPL_CPU_BF16) return attention_backward_as(dq, dk, dv, dout, q, k, v, out, lse, scale, NVL_BF16);

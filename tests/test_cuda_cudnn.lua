@@ -326,6 +326,33 @@ T.case("the emulator's cuDNN stand-in refuses broken wiring, naming the rule", f
   same(core.cuda_cudnn_attention_backward(d.dout, d.q, d.k, d.v, o, l, 0.125), want, "a clean call after the refusals")
 end)
 
+-- cuDNN saying it has no engine for a graph (NOT_SUPPORTED: nothing ran) sends attention=auto on to the flash
+-- kernels, and the refusal is remembered per problem; any other cuDNN failure is the call's error
+T.case("no engine for a problem: attention=auto falls back to flash (remembered), attention=cudnn raises", function()
+  need_emu()
+  nv.manual_seed(29)
+  local _, d = inputs({1, 21, 4, 2, 64}, true)
+  local fo, fl = core.cuda_flash_attention(d.q, d.k, d.v, 0.125)
+  local fq = core.cuda_flash_attention_backward(d.dout, d.q, d.k, d.v, fo, fl, 0.125)
+  T.with(core.cuda_cudnn_break, 1, function() -- a mask cuDNN has no pattern for: its heuristics refuse the graph
+    local s0 = stats()
+    local o, l = core.attention_forward(d.q, d.k, d.v, 0.125)
+    same(o, fo, "auto fell back to the flash kernels: out"); same(l, fl, "auto fell back: lse")
+    same(core.attention_backward(d.dout, d.q, d.k, d.v, o, l, 0.125), fq, "auto fell back: dq")
+    core.attention_forward(d.q, d.k, d.v, 0.125)
+    T.eq(stats().graphs_built - s0.graphs_built, 0, "no plan was built")
+    T.eq(stats().executions - s0.executions, 0, "and nothing ran")
+    T.with(core.attention_route, "cudnn", function()
+      T.raises(function() core.attention_forward(d.q, d.k, d.v, 0.125) end, "has no engine for the SDPA forward graph")
+    end)
+  end)
+  T.with(core.cuda_cudnn_break, 5, function() -- an invalid descriptor: an error, also under auto
+    T.raises(function() core.attention_forward(d.q, d.k, d.v, 0.125) end, "byte alignment 12")
+  end)
+  same(core.attention_forward(d.q, d.k, d.v, 0.125), core.cuda_cudnn_attention(d.q, d.k, d.v, 0.125),
+    "cuDNN runs again once the rule is kept")
+end)
+
 -- ---- the library: missing, or a version the route does not take --------------------------------------------
 
 -- a child nvlua with the emulator's cuDNN stand-in playing another library: the route's choice and reasons

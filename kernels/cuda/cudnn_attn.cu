@@ -33,7 +33,8 @@
  *
  * Plans: one execution plan per (device, direction, B, T, Hq, Hkv, D, causal, deterministic), built at the first
  * call (heuristics mode A, then the fallback list; the first engine config that finalises), kept with every
- * descriptor it was built from in a least-recently-used cache of NPLANS. Every call runs under one mutex (plans
+ * descriptor it was built from in a least-recently-used cache of NPLANS; a problem cuDNN has no engine for is
+ * remembered (NREFUSED) and refused at once after (NVL_EUNSUPPORTED: attention=auto then falls back). Every call runs under one mutex (plans
  * are not evicted while in use). Work goes to the legacy default stream (cudnnSetStream(h, 0)), like every
  * kernel of this backend. Not here: validation and allocation (core/flash_attention.c), the route choice
  * (core/attention.c). */
@@ -671,8 +672,20 @@ nvl_status build_plan(const char *fn, cudnnHandle_t h, const Key &k, Plan *p) {
   return NVL_OK;
 }
 
+/* Problems cuDNN had no engine for (NVL_EUNSUPPORTED from build_plan), so that a route falling back does not
+ * rebuild their graphs at every call: the last NREFUSED, with the message. */
+const int NREFUSED = 16;
+struct Refused {
+  bool used;
+  Key key;
+  char why[700];
+} refused[NREFUSED];
+int next_refused;
+
 /* The plan of key k, built if it is not cached (evicting the least recently used). mu held. */
 nvl_status get_plan(const char *fn, cudnnHandle_t h, const Key &k, Plan **out) {
+  for (int i = 0; i < NREFUSED; i++)
+    if (refused[i].used && refused[i].key == k) return nvl_error(NVL_EUNSUPPORTED, "%s", refused[i].why);
   Plan *free_slot = NULL, *lru = NULL;
   for (int i = 0; i < NPLANS; i++) {
     Plan *p = &plans[i];
@@ -692,7 +705,14 @@ nvl_status get_plan(const char *fn, cudnnHandle_t h, const Key &k, Plan **out) {
     stats.cached--;
     slot = lru;
   }
-  NVL_TRY(build_plan(fn, h, k, slot));
+  nvl_status st = build_plan(fn, h, k, slot);
+  if (st == NVL_EUNSUPPORTED) {
+    Refused &r = refused[next_refused++ % NREFUSED];
+    r.used = true;
+    r.key = k;
+    snprintf(r.why, sizeof r.why, "%s", nvl_last_error());
+  }
+  if (st != NVL_OK) return st;
   slot->last_use = ++plan_clock;
   stats.graphs_built++;
   stats.cached++;
@@ -865,6 +885,7 @@ extern "C" void nvl_cuda_cudnn_attn_clear_cache(void) {
   pthread_mutex_lock(&mu);
   for (int i = 0; i < NPLANS; i++)
     if (plans[i].used) destroy_plan(&plans[i]);
+  memset(refused, 0, sizeof refused);
   stats.cached = 0;
   pthread_mutex_unlock(&mu);
 }

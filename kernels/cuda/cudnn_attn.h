@@ -32,7 +32,9 @@ nvl_status nvl_cuda_cudnn_attn_available(const char *fn, int dev);
  * reason. */
 nvl_status nvl_cuda_cudnn_attn_supported(const char *fn, int dev, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                          int64_t D, int deterministic);
-/* out (B, T, Hq, D) bf16, lse (B, Hq, T) f32 = softmax(scale q k^T [causal mask]) v and its row logsumexp. */
+/* out (B, T, Hq, D) bf16, lse (B, Hq, T) f32 = softmax(scale q k^T [causal mask]) v and its row logsumexp.
+ * Both calls return NVL_EUNSUPPORTED (and nothing ran) when cuDNN has no engine for the problem's graph; other
+ * failures are NVL_EDEVICE. */
 nvl_status nvl_cuda_cudnn_attn_fwd(nvl_kctx *ctx, uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
                                    const uint16_t *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
                                    double scale, int causal);
