@@ -159,6 +159,8 @@ void nvl_cudnn_attention_stats(nvl_cudnn_attention_info *i) {
   nvl_cuda_cudnn_attn_stats(&s);
   i->graphs_built = s.graphs_built, i->cache_hits = s.cache_hits, i->evictions = s.evictions;
   i->executions = s.executions, i->cached = s.cached, i->last_workspace = s.last_workspace;
+  i->refusals = s.refusals;
+  snprintf(i->last_refusal, sizeof i->last_refusal, "%s", s.last_refusal);
   i->loads = nvl_cuda_cudnn_loads(i->load_error, sizeof i->load_error);
   i->version = nvl_cuda_cudnn_version();
   i->compiled_version = nvl_cuda_cudnn_compiled_version();

@@ -39,6 +39,8 @@ nvl_status nvl_cudnn_attention_available(int dev);
 /* What the cuDNN route has done in this process, and the library. */
 typedef struct {
   int64_t graphs_built, cache_hits, evictions, executions, cached;
+  int64_t refusals;        /* problems cuDNN had no engine for (attention=auto fell back on them) */
+  char last_refusal[480];  /* the last one's message */
   size_t last_workspace;   /* bytes of cuDNN workspace the last plan built asked for */
   size_t version;          /* cudnnGetVersion() of the loaded library (0: not loaded) */
   size_t compiled_version; /* CUDNN_VERSION of the headers nvlua was built with (0: built without cuDNN) */

@@ -90,7 +90,8 @@ if cfg.torch == "true" then
   for backend, fwd, bwd in text:gmatch("RESULT torch (%S+) (%S+) (%S+)") do
     found = true
     if fwd == "n/a" then
-      rows[#rows + 1] = {name = "torch " .. backend, why = (text:match("NA " .. backend:gsub("%p", "%%%0") .. " ([^\n]*)") or "")}
+      local why = text:match("NA " .. backend:gsub("%p", "%%%0") .. " ([^\n]*)")
+      rows[#rows + 1] = {name = "torch " .. backend, why = why or ""}
     else
       rows[#rows + 1] = {name = "torch " .. backend, fwd = tonumber(fwd), bwd = tonumber(bwd)}
     end

@@ -34,10 +34,10 @@
  * Plans: one execution plan per (device, direction, B, T, Hq, Hkv, D, causal, deterministic), built at the first
  * call (heuristics mode A, then the fallback list; the first engine config that finalises), kept with every
  * descriptor it was built from in a least-recently-used cache of NPLANS; a problem cuDNN has no engine for is
- * remembered (NREFUSED) and refused at once after (NVL_EUNSUPPORTED: attention=auto then falls back). Every call runs under one mutex (plans
- * are not evicted while in use). Work goes to the legacy default stream (cudnnSetStream(h, 0)), like every
- * kernel of this backend. Not here: validation and allocation (core/flash_attention.c), the route choice
- * (core/attention.c). */
+ * remembered (NREFUSED) and refused at once after (NVL_EUNSUPPORTED: attention=auto then falls back). Every call
+ * runs under one mutex (plans are not evicted while in use). Work goes to the legacy default stream
+ * (cudnnSetStream(h, 0)), like every kernel of this backend. bf16 only (the dtype is not in the key).
+ * Not here: validation and allocation (core/flash_attention.c), the route choice (core/attention.c). */
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
@@ -711,6 +711,8 @@ nvl_status get_plan(const char *fn, cudnnHandle_t h, const Key &k, Plan **out) {
     r.used = true;
     r.key = k;
     snprintf(r.why, sizeof r.why, "%s", nvl_last_error());
+    stats.refusals++;
+    snprintf(stats.last_refusal, sizeof stats.last_refusal, "%s", r.why);
   }
   if (st != NVL_OK) return st;
   slot->last_use = ++plan_clock;
@@ -745,7 +747,8 @@ nvl_status execute(const char *fn, cudnnHandle_t h, Plan *p, const int64_t *uids
   if (s != CUDNN_STATUS_SUCCESS) return cudnn_fail(fn, "creating the variant pack", s);
   const char *what = "setting the variant pack";
   s = A.SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-  if (s == CUDNN_STATUS_SUCCESS) s = A.SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
+  if (s == CUDNN_STATUS_SUCCESS)
+    s = A.SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
   if (s == CUDNN_STATUS_SUCCESS) s = A.SetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
   if (s == CUDNN_STATUS_SUCCESS) {
     what = "finalizing the variant pack";
@@ -763,8 +766,12 @@ nvl_status execute(const char *fn, cudnnHandle_t h, Plan *p, const int64_t *uids
 
 float neg_inf_value() { return A.version >= 91000 ? -INFINITY : -FLT_MAX; } /* the frontend's choice */
 
-nvl_status supported_locked(const char *fn, int dev, int64_t T, int64_t D, int deterministic) {
+nvl_status supported_locked(const char *fn, int dev, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                            int deterministic) {
   NVL_TRY(available_locked(fn, dev));
+  if (B < 1 || Hq < 1 || Hkv < 1)
+    return nvl_error(NVL_EUNSUPPORTED, "%s: the cuDNN route takes no empty problem (B %lld, Hq %lld, Hkv %lld)", fn,
+                     (long long)B, (long long)Hq, (long long)Hkv);
   if (D != 64 && D != 128)
     return nvl_error(NVL_EUNSUPPORTED, "%s: the cuDNN route takes head dim 64 or 128, got %lld", fn, (long long)D);
   if (T < 2)
@@ -792,9 +799,8 @@ extern "C" nvl_status nvl_cuda_cudnn_attn_available(const char *fn, int dev) {
 
 extern "C" nvl_status nvl_cuda_cudnn_attn_supported(const char *fn, int dev, int64_t B, int64_t T, int64_t Hq,
                                                     int64_t Hkv, int64_t D, int deterministic) {
-  (void)B, (void)Hq, (void)Hkv;
   pthread_mutex_lock(&mu);
-  nvl_status st = supported_locked(fn, dev, T, D, deterministic);
+  nvl_status st = supported_locked(fn, dev, B, T, Hq, Hkv, D, deterministic);
   pthread_mutex_unlock(&mu);
   return st;
 }
@@ -804,7 +810,7 @@ extern "C" nvl_status nvl_cuda_cudnn_attn_fwd(nvl_kctx *ctx, uint16_t *out, floa
                                               int64_t Hkv, int64_t D, double scale, int causal) {
   const char *fn = "attention_forward (cuDNN)";
   pthread_mutex_lock(&mu);
-  nvl_status st = supported_locked(fn, ctx->dev, T, D, 0);
+  nvl_status st = supported_locked(fn, ctx->dev, B, T, Hq, Hkv, D, 0);
   cudnnHandle_t h = NULL;
   Plan *p = NULL;
   if (st == NVL_OK) st = get_handle(fn, ctx->dev, &h);
@@ -829,7 +835,7 @@ extern "C" nvl_status nvl_cuda_cudnn_attn_bwd(nvl_kctx *ctx, uint16_t *dq, uint1
                                               int deterministic) {
   const char *fn = "attention_backward (cuDNN)";
   pthread_mutex_lock(&mu);
-  nvl_status st = supported_locked(fn, ctx->dev, T, D, deterministic);
+  nvl_status st = supported_locked(fn, ctx->dev, B, T, Hq, Hkv, D, deterministic);
   cudnnHandle_t h = NULL;
   Plan *p = NULL;
   if (st == NVL_OK) st = get_handle(fn, ctx->dev, &h);

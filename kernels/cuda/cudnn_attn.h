@@ -53,6 +53,8 @@ typedef struct {
   int64_t executions;    /* cudnnBackendExecute calls */
   int64_t cached;        /* plans held now */
   size_t last_workspace; /* bytes of cuDNN workspace the last plan asked for */
+  int64_t refusals;      /* problems cuDNN had no engine for (attention=auto fell back on them) */
+  char last_refusal[480]; /* the last one's message ("" if none) */
 } nvl_cudnn_attn_stats;
 void nvl_cuda_cudnn_attn_stats(nvl_cudnn_attn_stats *s);
 /* The loaded library's cudnnGetVersion() (0 if not loaded or not built), and the header's CUDNN_VERSION nvlua was

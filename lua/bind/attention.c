@@ -6,7 +6,8 @@
  *     "widened", "f32" or "error"), and why a preferred route was not taken ("" if none)
  *   core.attention_cudnn_deterministic([on]) -> the previous setting (the cuDNN backward's deterministic graph)
  *   core.attention_cudnn([device]) -> {available =, reason =, version =, compiled_version =, library_loads =,
- *     library_error =, graphs_built =, cache_hits =, evictions =, executions =, cached =, last_workspace =}
+ *     library_error =, graphs_built =, cache_hits =, evictions =, executions =, cached =, last_workspace =,
+ *     refusals =, last_refusal =}
  *     (available: on that device, 1-based, default 1; library_loads: libcudnn opened, no GPU needed)
  *   core.attention_cudnn_clear_cache()
  *   core.attention_flash([on]) -> the previous setting (false: route "reference"; true: the route before)
@@ -123,6 +124,9 @@ static int l_attention_cudnn(lua_State *L) {
   set_int(L, "executions", i.executions);
   set_int(L, "cached", i.cached);
   set_int(L, "last_workspace", (lua_Integer)i.last_workspace);
+  set_int(L, "refusals", i.refusals);
+  lua_pushstring(L, i.last_refusal);
+  lua_setfield(L, -2, "last_refusal");
   lua_pushboolean(L, i.loads);
   lua_setfield(L, -2, "library_loads");
   lua_pushstring(L, i.load_error);

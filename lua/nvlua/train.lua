@@ -182,6 +182,9 @@ train.schema = config.schema({
   -- kernels), cudnn (cuDNN or an error saying why not), reference (the widened f32 op)
   attention = str("auto", {one_of = {"auto", "flash", "cudnn", "reference"},
     doc = "auto | flash | cudnn | reference (bf16 attention's kernels)"}),
+  -- cuDNN's attention backward without fp32 dq atomics (bit-reproducible runs; Hopper only, a B*Hq*T*T*2-byte
+  -- workspace; elsewhere attention=auto falls back to the flash kernels, which are deterministic)
+  attention_deterministic = bool(false),
   -- knowledge distillation: teacher = a Hugging Face model directory (an nvlua checkpoint's model/
   -- too), frozen, run under teacher_recipe on every batch; loss = distill_alpha * T^2 * KL(teacher ||
   -- student at temperature T = distill_temperature) + (1 - distill_alpha) * cross-entropy
@@ -449,7 +452,8 @@ local function dist_threads(c) return c.sync == "shadow" and "multiple" or "funn
 function train.build(c)
   train.check(c)
   train.check_out(c)
-  core.attention_route(c.attention) -- one setting for the process (core/layers.h)
+  core.attention_route(c.attention) -- one setting for the process (core/layers.h), as the next
+  core.attention_cudnn_deterministic(c.attention_deterministic)
   local dist, rank, world
   if c.dist or c.shard_optimizer then
     dist = require "nvlua.dist"
@@ -902,7 +906,8 @@ local function start_run(c, p)
   if gpu then
     local a = core.attention_cudnn()
     local v = a.version
-    out:write(string.format("attention: %s; cuDNN %s\n", core.attention_route(), a.available and
+    out:write(string.format("attention: %s%s; cuDNN %s\n", core.attention_route(),
+      core.attention_cudnn_deterministic() and " (deterministic cuDNN backward)" or "", a.available and
       string.format("%d.%d.%d available", v // 10000, v // 100 % 100, v % 100) or "not used: " .. a.reason))
   end
   if r.dist and r.dist.initialized() then
@@ -1385,7 +1390,14 @@ function train.run(c, p)
       if c.ckpt_background then ckpt.poll() end -- a background save's error surfaces here
       r.step = r.step + 1
       local step = r.step
+      local refusals = step == r.start_step + 1 and c.device == "cuda" and core.attention_cudnn().refusals
       report_step(r, step, step_once(r, step))
+      if refusals then -- attention=auto fell back to nvlua's kernels where cuDNN had no engine: say so, once
+        local a = core.attention_cudnn()
+        if a.refusals > refusals then
+          r.out:write("attention: cuDNN refused, nvlua's kernels ran instead: ", a.last_refusal, "\n")
+        end
+      end
       if c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps) then eval_and_log(r, step) end
       r.mf:flush()
       if ckpt_due(r, step) then save_due(r, step) end

@@ -13,9 +13,10 @@
  *   and strides (positive), unique id, byte alignment (a power of two), virtual / by-value (by-value: a
  *   non-virtual [1,1,1,1] tensor read from host memory at execution). Pointwise (ADD MUL SUB DIV EXP LOG IDENTITY
  *   CMP_GE GEN_INDEX BINARY_SELECT, their ports, broadcasting, alpha1 = alpha2 = 1), reduction (ADD, MAX; an
- *   output dim is the input's, 1, or a divisor of it: groups of consecutive indices, as GQA's gradients use), matmul (batched, the second operand's head dim may divide the first's),
- *   reshape (same element count). Operation graph: unique ids name one tensor each, every virtual tensor is
- *   produced by exactly one operation and read by one, a non-virtual one written by at most one.
+ *   output dim is the input's, 1, or a divisor of it: groups of consecutive indices, as GQA's gradients use),
+ *   matmul (batched, the second operand's head dim may divide the first's), reshape (same element count).
+ *   Operation graph: unique ids name one tensor each, every virtual tensor is produced by exactly one operation
+ *   and read by one, a non-virtual one written by at most one.
  *   Heuristics (any mode) recognise exactly two patterns, the ones cudnn-frontend's composite SDPA nodes emit
  *   (scaled_dot_product_flash_attention.h: CompositeSDPANode, CompositeSDPABackwardNode): the forward and the
  *   backward of grouped-query attention, bf16 Q K V O dO dQ dK dV, fp32 intermediates and compute, by-value fp32
@@ -205,7 +206,9 @@ const char *dt_name(int t) {
   }
 }
 int dt_bytes(int t) {
-  return t == CUDNN_DATA_BFLOAT16 || t == CUDNN_DATA_HALF ? 2 : t == CUDNN_DATA_BOOLEAN ? 1 : t == CUDNN_DATA_DOUBLE || t == CUDNN_DATA_INT64 ? 8 : 4;
+  if (t == CUDNN_DATA_BFLOAT16 || t == CUDNN_DATA_HALF) return 2;
+  if (t == CUDNN_DATA_BOOLEAN) return 1;
+  return t == CUDNN_DATA_DOUBLE || t == CUDNN_DATA_INT64 ? 8 : 4;
 }
 const char *pw_name(int m) {
   switch (m) {
@@ -242,7 +245,8 @@ struct Spec {
   int ref; /* BACKEND_DESCRIPTOR: the descriptor type the elements must have (-1: any operation) */
   const char *name;
 };
-#define S_(d, a, t, lo, hi, req, ref) {CUDNN_BACKEND_##d, CUDNN_ATTR_##a, CUDNN_TYPE_##t, lo, hi, req, ref, "CUDNN_ATTR_" #a}
+#define S_(d, a, t, lo, hi, req, ref) \
+  {CUDNN_BACKEND_##d, CUDNN_ATTR_##a, CUDNN_TYPE_##t, lo, hi, req, ref, "CUDNN_ATTR_" #a}
 const Spec specs[] = {
     S_(TENSOR_DESCRIPTOR, TENSOR_DATA_TYPE, DATA_TYPE, 1, 1, true, 0),
     S_(TENSOR_DESCRIPTOR, TENSOR_DIMENSIONS, INT64, 1, 8, true, 0),
@@ -374,7 +378,8 @@ cudnnStatus_t finalize_tensor(Obj &o) {
   if (o.attrs[CUDNN_ATTR_TENSOR_STRIDES].count != nd)
     return refuse(CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH, "tensor: %lld dimensions but %lld strides", (long long)nd,
                   (long long)o.attrs[CUDNN_ATTR_TENSOR_STRIDES].count);
-  if (nd != 4) return refuse(CUDNN_STATUS_NOT_SUPPORTED, "tensor: %lld-D tensors are not modelled (4-D only)", (long long)nd);
+  if (nd != 4)
+    return refuse(CUDNN_STATUS_NOT_SUPPORTED, "tensor: %lld-D tensors are not modelled (4-D only)", (long long)nd);
   t.dt = get_enum(o, CUDNN_ATTR_TENSOR_DATA_TYPE);
   t.uid = get_i64(o, CUDNN_ATTR_TENSOR_UNIQUE_ID);
   t.align = get_i64(o, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT);
@@ -392,8 +397,8 @@ cudnnStatus_t finalize_tensor(Obj &o) {
     return refuse(CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE, "tensor uid %lld: data type %d is not modelled",
                   (long long)t.uid, t.dt);
   if (t.align < 1 || (t.align & (t.align - 1)))
-    return refuse(CUDNN_STATUS_BAD_PARAM, "tensor uid %lld: byte alignment %lld is not a power of two", (long long)t.uid,
-                  (long long)t.align);
+    return refuse(CUDNN_STATUS_BAD_PARAM, "tensor uid %lld: byte alignment %lld is not a power of two",
+                  (long long)t.uid, (long long)t.align);
   if (t.byval && (t.virt || !dims_are(t, 1, 1, 1, 1)))
     return refuse(CUDNN_STATUS_BAD_PARAM, "tensor %s: a by-value tensor is a non-virtual [1,1,1,1] scalar",
                   ten_str(t).c_str());
@@ -410,9 +415,11 @@ cudnnStatus_t finalize_pointwise_desc(Obj &o) {
     if (!has(o, CUDNN_ATTR_POINTWISE_AXIS))
       return refuse(CUDNN_STATUS_BAD_PARAM, "pointwise GEN_INDEX needs CUDNN_ATTR_POINTWISE_AXIS");
     o.axis = get_i64(o, CUDNN_ATTR_POINTWISE_AXIS);
-    if (o.axis < 0 || o.axis > 3) return refuse(CUDNN_STATUS_BAD_PARAM, "GEN_INDEX axis %lld of a 4-D tensor", (long long)o.axis);
+    if (o.axis < 0 || o.axis > 3)
+      return refuse(CUDNN_STATUS_BAD_PARAM, "GEN_INDEX axis %lld of a 4-D tensor", (long long)o.axis);
   } else if (has(o, CUDNN_ATTR_POINTWISE_AXIS)) {
-    return refuse(CUDNN_STATUS_NOT_SUPPORTED, "CUDNN_ATTR_POINTWISE_AXIS with mode %s is not modelled", pw_name(o.mode));
+    return refuse(CUDNN_STATUS_NOT_SUPPORTED, "CUDNN_ATTR_POINTWISE_AXIS with mode %s is not modelled",
+                  pw_name(o.mode));
   }
   return ok();
 }
@@ -541,7 +548,8 @@ cudnnStatus_t finalize_graph(Obj &o) {
       auto it = by_uid.find(r->ten.uid);
       if (it != by_uid.end() && it->second != r.get())
         return refuse(CUDNN_STATUS_BAD_PARAM_DUPLICATED_ENTRIES, "unique id %lld names two tensor descriptors in one "
-                      "graph (%s and %s)", (long long)r->ten.uid, ten_str(it->second->ten).c_str(), ten_str(r->ten).c_str());
+                      "graph (%s and %s)", (long long)r->ten.uid, ten_str(it->second->ten).c_str(),
+                      ten_str(r->ten).c_str());
       by_uid[r->ten.uid] = r.get();
       if (r == op->y) produced[r.get()]++;
       else read[r.get()]++;
@@ -598,15 +606,21 @@ struct Matcher {
   const Obj *made_by(const Ref &t, int type, int mode, int prec, const char *what) {
     if (!t) return (const Obj *)(fail("%s is missing", what), nullptr);
     const Obj *op = producer(t);
-    if (!op) return (const Obj *)(fail("%s (%s) is not produced by any operation", what, ten_str(t->ten).c_str()), nullptr);
+    if (!op) {
+      fail("%s (%s) is not produced by any operation", what, ten_str(t->ten).c_str());
+      return NULL;
+    }
     if (op->type != type || (type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR && op->mode != mode) ||
         (type == CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR && op->mode != mode)) {
       char found[80];
-      if (op->type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR) snprintf(found, sizeof found, "pointwise %s", pw_name(op->mode));
-      else snprintf(found, sizeof found, "%s", kind(op));
-      return (const Obj *)(fail("%s (%s) must come from %s, found %s", what, ten_str(t->ten).c_str(),
-                                type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR ? pw_name(mode) : "the expected operation",
-                                found), nullptr);
+      if (op->type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)
+        snprintf(found, sizeof found, "pointwise %s", pw_name(op->mode));
+      else
+        snprintf(found, sizeof found, "%s", kind(op));
+      const bool pwise = type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR;
+      fail("%s (%s) must come from %s, found %s", what, ten_str(t->ten).c_str(),
+           pwise ? pw_name(mode) : "the expected operation", found);
+      return NULL;
     }
     if (used.count(op)) return (const Obj *)(fail("%s: one operation matched twice", what), nullptr);
     if (type != CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR && op->prec != prec)
@@ -647,7 +661,9 @@ struct Matcher {
     if (!r) return fail("%s is missing", what);
     const Ten &t = r->ten;
     if (t.dt != dt) return fail("%s (%s) must be %s", what, ten_str(t).c_str(), dt_name(dt));
-    if (t.virt != virt || t.byval) return fail("%s (%s) must be %s", what, ten_str(t).c_str(), virt ? "virtual" : "a non-virtual tensor in device memory");
+    if (t.virt != virt || t.byval)
+      return fail("%s (%s) must be %s", what, ten_str(t).c_str(),
+                  virt ? "virtual" : "a non-virtual tensor in device memory");
     if (!dims_are(t, a, b, c, d))
       return fail("%s (%s) must be [%lld,%lld,%lld,%lld]", what, ten_str(t).c_str(), (long long)a, (long long)b,
                   (long long)c, (long long)d);
@@ -671,7 +687,8 @@ struct Matcher {
   /* the causal mask on the way to `out` from `in`: returns in (through *in); causal set if present */
   bool mask(const Ref &out, Ref *in, bool *causal, int64_t *fill_uid, int64_t B, int64_t H, int64_t T) {
     const Obj *sel = producer(out);
-    *causal = sel && sel->type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR && sel->mode == CUDNN_POINTWISE_BINARY_SELECT;
+    *causal = sel && sel->type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR &&
+              sel->mode == CUDNN_POINTWISE_BINARY_SELECT;
     if (!*causal) {
       *in = out;
       return true;
@@ -780,8 +797,8 @@ struct Matcher {
     /* softmax_sum = rowsum(dO * O) * one */
     const Obj *ss = NULL;
     for (const Ref &op : ops)
-      if (op->type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR && op->mode == CUDNN_POINTWISE_MUL && !op->y->ten.virt &&
-          op->y->ten.dt == CUDNN_DATA_FLOAT) {
+      if (op->type == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR && op->mode == CUDNN_POINTWISE_MUL &&
+          !op->y->ten.virt && op->y->ten.dt == CUDNN_DATA_FLOAT) {
         if (ss) return fail("two pointwise MULs write a non-virtual FLOAT tensor (one is softmax_sum)");
         ss = op.get();
       }
@@ -801,13 +818,15 @@ struct Matcher {
     const Ref dP = mdp->y, VT = mdp->b;
     if (!mm(dP, "dP")) return false;
     const Obj *s1 = reader(dP, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_POINTWISE_SUB);
-    if (!s1 || !pw(s1->y, CUDNN_POINTWISE_SUB, "dP - softmax_sum") || !same(s1->b, SSUM, "dP - softmax_sum's b and softmax_sum"))
+    if (!s1 || !pw(s1->y, CUDNN_POINTWISE_SUB, "dP - softmax_sum") ||
+        !same(s1->b, SSUM, "dP - softmax_sum's b and softmax_sum"))
       return fail("no dP - softmax_sum");
     const Obj *m1 = reader(s1->y, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_POINTWISE_MUL);
     if (!m1 || !pw(m1->y, CUDNN_POINTWISE_MUL, "(dP - softmax_sum) * P")) return fail("no (dP - softmax_sum) * P");
     const Ref P = m1->b;
     const Obj *m2 = reader(m1->y, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_POINTWISE_MUL);
-    if (!m2 || !pw(m2->y, CUDNN_POINTWISE_MUL, "dS") || !scalar(m2->b, "dS's scale")) return fail("no dS = ... * scale");
+    if (!m2 || !pw(m2->y, CUDNN_POINTWISE_MUL, "dS") || !scalar(m2->b, "dS's scale"))
+      return fail("no dS = ... * scale");
     const Ref dS = m2->y;
     /* P = exp(mask(Q K^T scale - Stats)) */
     const Obj *ex = pw(P, CUDNN_POINTWISE_EXP, "P (the second factor of dS)");
@@ -831,7 +850,8 @@ struct Matcher {
       const Obj *rsh = reader(srcs[i], CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, 0);
       if (!rsh || !rs(rsh->y, i ? "dS^T" : "P^T")) return fail("no reshape %s^T", i ? "dS" : "P");
       if (!transposed(rsh->y, srcs[i], i ? "dS^T" : "P^T") ||
-          !tensor(rsh->y, CUDNN_DATA_BFLOAT16, true, B, Hq, T, T, i ? "dS^T (bf16 for the tensor cores)" : "P^T (bf16)"))
+          !tensor(rsh->y, CUDNN_DATA_BFLOAT16, true, B, Hq, T, T,
+                  i ? "dS^T (bf16 for the tensor cores)" : "P^T (bf16)"))
         return false;
       const Obj *mt = reader(rsh->y, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, 0);
       if (!mt || !mm(mt->y, names[i]) || !same(mt->b, rhs[i], i ? "dK's B and Q" : "dV's B and dO")) 
@@ -860,7 +880,8 @@ struct Matcher {
       if (!tensor(dQ, CUDNN_DATA_FLOAT, false, B, Hq, T, D, "the dQ accumulator")) return false;
       p.acc = dQ->ten;
       const Obj *id = reader(dQ, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_POINTWISE_IDENTITY);
-      if (!id || !pw(id->y, CUDNN_POINTWISE_IDENTITY, "dQ")) return fail("the dQ accumulator must be copied to dQ by IDENTITY");
+      if (!id || !pw(id->y, CUDNN_POINTWISE_IDENTITY, "dQ"))
+        return fail("the dQ accumulator must be copied to dQ by IDENTITY");
       dQ = id->y;
     }
     if (!all_used()) return false;
@@ -1076,8 +1097,8 @@ size_t extent_bytes(const Ten &t) {
 cudnnStatus_t execute(nvl_emu_cudnn_handle *h, Obj &plan, Obj &vp) {
   const Problem &p = *plan.prob;
   if (plan.dev != h->dev)
-    return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendExecute: the plan was built for cuda:%d, the handle is cuda:%d's",
-                  plan.dev, h->dev);
+    return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendExecute: the plan was built for cuda:%d, the handle is "
+                  "cuda:%d's", plan.dev, h->dev);
   const std::map<int64_t, Ten> &io = plan.graph->io;
   for (int64_t uid : vp.uids)
     if (!io.count(uid))
@@ -1102,7 +1123,9 @@ cudnnStatus_t execute(nvl_emu_cudnn_handle *h, Obj &plan, Obj &vp) {
       return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendExecute: tensor %s of the graph has no pointer in the variant "
                     "pack", ten_str(t).c_str());
     void *q = vp.ptrs[i];
-    if (!q) return refuse(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "cudnnBackendExecute: tensor %s is bound to NULL", ten_str(t).c_str());
+    if (!q)
+      return refuse(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "cudnnBackendExecute: tensor %s is bound to NULL",
+                    ten_str(t).c_str());
     if (t.byval) {
       if (in_device_range(q))
         return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendExecute: by-value tensor %s points into device memory (%s); "
@@ -1225,7 +1248,8 @@ cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t type, cu
   NVL_EMU_LOCK;
   if (!d) return refuse(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "cudnnBackendCreateDescriptor: NULL descriptor pointer");
   if (!strcmp(desc_name(type), "an unmodelled descriptor type"))
-    return refuse(CUDNN_STATUS_NOT_SUPPORTED, "cudnnBackendCreateDescriptor: descriptor type %d is not modelled", (int)type);
+    return refuse(CUDNN_STATUS_NOT_SUPPORTED, "cudnnBackendCreateDescriptor: descriptor type %d is not modelled",
+                  (int)type);
   auto o = std::make_shared<Obj>();
   o->type = type;
   *d = new nvl_emu_cudnn_desc{0};
@@ -1235,7 +1259,8 @@ cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t type, cu
 
 cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t d) {
   NVL_EMU_LOCK;
-  if (!live.erase(d)) return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendDestroyDescriptor: %p is not a live descriptor", (void *)d);
+  if (!live.erase(d))
+    return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendDestroyDescriptor: %p is not a live descriptor", (void *)d);
   /* the address is not handed out again at once, so a use after destroy is seen as one */
   static std::vector<cudnnBackendDescriptor_t> quarantine;
   quarantine.push_back(d);
@@ -1334,7 +1359,8 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBa
   Ref o = lookup(d);
   if (!o) return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendGetAttribute: %p is not a live descriptor", (void *)d);
   if (!o->finalized)
-    return refuse(CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED, "cudnnBackendGetAttribute(%s): not finalized", desc_name(o->type));
+    return refuse(CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED, "cudnnBackendGetAttribute(%s): not finalized",
+                  desc_name(o->type));
   if (!count) return refuse(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "cudnnBackendGetAttribute: NULL count");
   if (o->type == CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR && name == CUDNN_ATTR_ENGINEHEUR_RESULTS) {
     if (type != CUDNN_TYPE_BACKEND_DESCRIPTOR)
@@ -1378,7 +1404,7 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
   if (!p || p->type != CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR || !p->finalized)
     return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendExecute: the plan is not a live, finalized execution plan");
   if (!v || v->type != CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR || !v->finalized)
-    return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendExecute: the variant pack is not a live, finalized variant pack");
+    return refuse(CUDNN_STATUS_BAD_PARAM, "cudnnBackendExecute: the variant pack is not a live, finalized one");
   return execute(handle, *p, *v);
 }
 
