@@ -426,6 +426,40 @@ T.case("a Llama (head dim 64) trains on cuda under attention=cudnn: step 1 as th
   T.ok(c[12] < c[1] - 0.3, string.format("it learns: %.4f -> %.4f", c[1], c[12]))
 end)
 
+T.case("a run with attention=cudnn says so and trains; one where cuDNN is missing falls back and says why", function()
+  need_emu() -- child processes with the emulator's stand-in playing a machine with and without cuDNN
+  local dir = T.tmpdir()
+  local corpus = T.write_corpus(dir .. "/corpus.txt", {seed = 5, lines = 400, words = {"alpha", "beta", "gamma",
+    "delta", "epsilon", "zeta", "eta", "theta"}})
+  -- train.build and train.run as train.main does, with the MFU peak given (measuring it runs 4096^3 GEMMs,
+  -- minutes under the emulator)
+  local script = T.write_file(dir .. "/run.lua", [[
+local train, config = require "nvlua.train", require "nvlua.config"
+local c = config.parse(train.defaults, arg)
+local p = train.build(c)
+p.peak = 1e12
+train.run(c, p)
+]])
+  local function run(route, env)
+    local out = dir .. "/run_" .. route .. (env and "_missing" or "")
+    return T.run_nvlua(table.concat({T.shq(script), "device=cuda", "attention=" .. route,
+      "recipe=bf16", "layers=1", "hidden=128", "heads=2", "kv_heads=1", "ffn=128", "seq=32", "batch=2", "steps=2",
+      "warmup=1", "eval_every=0", "log_every=1", "sample_tokens=0", "plot=false", "save=false", "ckpt_every=0",
+      "data=" .. T.shq(corpus), "cache=" .. T.shq(dir .. "/cache"), "out=" .. T.shq(out)}, " "), {env = env})
+  end
+  local r = run("cudnn")
+  T.eq(r.code, 0, "the run: " .. r.err)
+  T.ok(r.out:find("attention: cudnn; cuDNN 9.19.0 available", 1, true), r.out)
+  T.ok(r.out:find("step +2/2"), r.out)
+  r = run("auto", {NVLUA_EMU_CUDNN = "missing"})
+  T.eq(r.code, 0, "the run: " .. r.err)
+  T.ok(r.out:find("attention: auto; cuDNN not used: [^\n]*cannot load libcudnn.so.9"), r.out)
+  r = run("cudnn", {NVLUA_EMU_CUDNN = "missing"})
+  T.eq(r.code, 1, "refused before it starts")
+  T.ok(r.err:find("attention=cudnn is not available here: [^\n]*cannot load libcudnn.so.9"), r.err)
+  T.rm_tree(dir)
+end)
+
 T.case("the train keys: attention= sets the route; attention=cudnn is refused where it cannot run", function()
   need_gpu()
   local train = require "nvlua.train"
