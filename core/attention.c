@@ -1,19 +1,21 @@
-/* attention.c: causal grouped-query attention — validation, allocation and dispatch for
+/* attention.c: causal grouped-query attention — validation, allocation, the route and dispatch for
  * nvl_attention_forward / nvl_attention_backward (contract in layers.h; kernels in
  * kernels/cpu/attention_cpu.h and kernels/cpu/ref/attention_ref.h).
  * q, out, dq, dout (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); all f32,
  * contiguous, all on one device (q's) — or the activations all bf16 (lse f32): then the f32 op
  * runs on exact f32 copies and dq, dk, dv, out are rounded once (NUMERICS §11, core/act.h).
- * Backward: dq, dk, dv are activation gradients, WRITTEN (=). On CUDA, bf16 activations with head dim
- * 64 or 128 go to the tensor-core FlashAttention-2 (flash_attention.h), and on a CPU with AVX512-BF16 to the
- * CPU table's bf16 entries (kernels/cpu/attention_bf16_cpu.h), unless nvl_attention_flash(0): P and dS
- * are rounded to bf16 before their products there (NUMERICS §11), so those routes are not the widened f32 op.
+ * Backward: dq, dk, dv are activation gradients, WRITTEN (=). bf16 activations take the route of
+ * nvl_attention_route (layers.h): on CUDA cuDNN's fused attention or the tensor-core FlashAttention-2
+ * (flash_attention.h), on a CPU with AVX512-BF16 the CPU table's bf16 entries (kernels/cpu/attention_bf16_cpu.h),
+ * else the widened f32 op: P and dS are rounded to bf16 before their products in the fused routes (NUMERICS §11),
+ * so they are not the widened f32 op.
  * One entry of the device's kernel table runs (core/dispatch.h); its workspace is call scratch.
  * Not here: the arithmetic. */
 #include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include "act.h"
 #include "dispatch.h"
 #include "flash_attention.h"
@@ -157,14 +159,35 @@ static nvl_status attention_backward_as(nvl_tensor *dq, nvl_tensor *dk, nvl_tens
   return NVL_OK;
 }
 
-/* ---- bf16 activations (NUMERICS §11, act.h): widened exactly, the f32 op, one rounding ------------ */
+/* ---- the route (layers.h nvl_attention_route) ------------------------------------------------------ */
 
-static atomic_int flash_on = 1;
+const char *const nvl_attn_route_names[NVL_ATTN_ROUTE_COUNT] = {"auto", "flash", "cudnn", "reference"};
+
+static atomic_int route = NVL_ATTN_AUTO;
+static atomic_int route_before_off = NVL_ATTN_AUTO; /* what nvl_attention_flash(1) restores */
+static atomic_int cudnn_det = 0;
+
+int nvl_attention_route(int r) {
+  int prev = atomic_load(&route);
+  if (r >= 0 && r < NVL_ATTN_ROUTE_COUNT) atomic_store(&route, r);
+  return prev;
+}
+
+int nvl_attention_cudnn_deterministic(int on) {
+  int prev = atomic_load(&cudnn_det);
+  if (on >= 0) atomic_store(&cudnn_det, on ? 1 : 0);
+  return prev;
+}
 
 int nvl_attention_flash(int on) {
-  int prev = atomic_load(&flash_on);
-  if (on >= 0) atomic_store(&flash_on, on ? 1 : 0);
-  return prev;
+  int prev = atomic_load(&route);
+  if (on == 0 && prev != NVL_ATTN_REFERENCE) {
+    atomic_store(&route_before_off, prev);
+    atomic_store(&route, NVL_ATTN_REFERENCE);
+  } else if (on > 0 && prev == NVL_ATTN_REFERENCE) {
+    atomic_store(&route, atomic_load(&route_before_off));
+  }
+  return prev != NVL_ATTN_REFERENCE;
 }
 
 /* the tensor-core flash attention takes these: bf16 on cuda, head dim 64 or 128, contiguous, 16-byte aligned */
@@ -172,7 +195,7 @@ static int flash_route(const nvl_tensor *const *acts, int n) {
   /* a missing or freed tensor takes the widened path, whose checks name it */
   for (int i = 0; i < n; i++)
     if (!acts[i] || !acts[i]->storage) return 0;
-  if (!atomic_load(&flash_on) || acts[0]->device != NVL_CUDA) return 0;
+  if (acts[0]->device != NVL_CUDA) return 0;
   int64_t D = acts[0]->shape[3];
   if (acts[0]->ndim != 4 || (D != 64 && D != 128)) return 0;
   for (int i = 0; i < n; i++)
@@ -183,7 +206,8 @@ static int flash_route(const nvl_tensor *const *acts, int n) {
 /* the device's own bf16 attention (the CPU's AVX512-BF16 kernels) takes these: not cuda (its route is
  * above), the table has the entries and says this machine can run them, every tensor non-empty */
 static int native_ready(nvl_device dev) {
-  if (!atomic_load(&flash_on) || dev == NVL_CUDA) return 0;
+  int r = atomic_load(&route);
+  if ((r != NVL_ATTN_AUTO && r != NVL_ATTN_FLASH) || dev == NVL_CUDA) return 0;
   const nvl_backend *be = nvl_backend_for(dev, "attention");
   const nvl_layer_kernels *l = be ? be->layers : NULL;
   return l && l->attention_forward_bf16 && l->attention_backward_bf16 && l->attention_bf16_ready &&
@@ -199,11 +223,93 @@ static int native_route(const nvl_tensor *const *acts, int n) {
   return 1;
 }
 
+/* cuDNN's fused attention takes these (acts[qi] is q, acts[qi + 1] k): every tensor live, contiguous and 16-byte
+ * aligned (what the graph's tensors declare), and core/flash_attention.h's rules; else 0 and why */
+static int cudnn_route(const nvl_tensor *const *acts, const char *const *names, int n, int qi, char *why, size_t wn) {
+  char s[160];
+  for (int i = 0; i < n; i++) {
+    if (!acts[i] || !acts[i]->storage) {
+      snprintf(why, wn, "%s is missing or freed", names[i]);
+      return 0;
+    }
+    if (!nvl_tensor_is_contiguous(acts[i]) || (uintptr_t)nvl_tensor_data(acts[i]) % 16) {
+      snprintf(why, wn, "%s is %s%s; cuDNN's route takes contiguous, 16-byte aligned tensors", names[i],
+               nvl_tensor_is_contiguous(acts[i]) ? "not 16-byte aligned: " : "strided: ",
+               nvl_tensor_desc(acts[i], s, sizeof s));
+      return 0;
+    }
+  }
+  if (nvl_cudnn_attention_supported("cudnn", acts[qi], acts[qi + 1], atomic_load(&cudnn_det)) != NVL_OK) {
+    snprintf(why, wn, "%s", nvl_last_error());
+    return 0;
+  }
+  return 1;
+}
+
+typedef enum { IMPL_F32, IMPL_WIDENED, IMPL_CPU_BF16, IMPL_FLASH, IMPL_CUDNN, IMPL_ERROR } impl;
+static const char *const impl_names[] = {"f32", "widened", "cpu_bf16", "flash", "cudnn", "error"};
+
+/* The kernels for activations acts (q at acts[qi]) of dtype dt under the route now; why: see route_of. */
+static impl pick(const nvl_tensor *const *acts, const char *const *names, int n, int qi, nvl_dtype dt, char *why,
+                 size_t wn) {
+  const int r = atomic_load(&route);
+  why[0] = 0;
+  if (dt == NVL_F32) {
+    if (r != NVL_ATTN_CUDNN) return IMPL_F32;
+    snprintf(why, wn, "the activations are f32 and cuDNN's route takes bf16 ones (the f32 attention has no cuDNN "
+             "route; attention=auto runs it)");
+    return IMPL_ERROR;
+  }
+  if (r == NVL_ATTN_REFERENCE) return IMPL_WIDENED;
+  if (r == NVL_ATTN_AUTO || r == NVL_ATTN_CUDNN) {
+    if (cudnn_route(acts, names, n, qi, why, wn)) return IMPL_CUDNN;
+    if (r == NVL_ATTN_CUDNN) return IMPL_ERROR;
+  }
+  if (flash_route(acts, n)) return IMPL_FLASH;
+  if (native_route(acts, n)) return IMPL_CPU_BF16;
+  return IMPL_WIDENED;
+}
+
+const char *nvl_attention_route_of(const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v, char *why, size_t n) {
+  const char *names[3] = {"q", "k", "v"};
+  const nvl_tensor *acts[3] = {q, k, v};
+  char w[600];
+  nvl_dtype dt;
+  impl m;
+  if (nvl_act_dtype("attention", names, acts, 3, &dt) != NVL_OK) {
+    snprintf(w, sizeof w, "%s", nvl_last_error());
+    m = IMPL_ERROR;
+  } else {
+    m = pick(acts, names, 3, 0, dt, w, sizeof w);
+  }
+  if (why && n) snprintf(why, n, "%s", w);
+  return impl_names[m];
+}
+
+/* Under attention=auto, cuDNN having no engine for a problem (NVL_EUNSUPPORTED: nothing ran; the refusal is
+ * remembered per problem by kernels/cuda/cudnn_attn.cu) sends the call on to the next route; any other failure,
+ * and every failure under attention=cudnn, is the call's error. */
+static int cudnn_fell_back(nvl_status st) {
+  return st == NVL_EUNSUPPORTED && atomic_load(&route) == NVL_ATTN_AUTO;
+}
+
+/* the route after cuDNN: the flash kernels where they apply, else the widened op (CUDA tensors: no CPU route) */
+static impl pick_after_cudnn(const nvl_tensor *const *acts, int n) {
+  return flash_route(acts, n) ? IMPL_FLASH : IMPL_WIDENED;
+}
+
+static nvl_status cudnn_refused(const char *op, const char *why) {
+  return nvl_error(NVL_EUNSUPPORTED, "%s: attention=cudnn cannot run these activations: %s (attention=auto falls "
+                   "back to the flash kernels or the reference rule)", op, why);
+}
+
 static nvl_status need_null(const char *op, const char *name, const nvl_tensor *t) {
   if (!t) return nvl_error(NVL_EINVAL, "%s: no place for the output %s (NULL)", op, name);
   if (t->storage) return nvl_error(NVL_EINVAL, "%s: the output %s must be a null tensor", op, name);
   return NVL_OK;
 }
+
+/* ---- bf16 activations (NUMERICS §11, act.h): widened exactly, the f32 op, one rounding ------------ */
 
 nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
                                  const nvl_tensor *v, double scale) {
@@ -211,15 +317,23 @@ nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_ten
   const char *names[3] = {"q", "k", "v"};
   const nvl_tensor *acts[3] = {q, k, v};
   nvl_dtype dt;
+  char why[600];
   NVL_TRY(nvl_act_dtype(op, names, acts, 3, &dt));
-  if (dt == NVL_F32) return attention_forward_as(out, lse, q, k, v, scale, NVL_F32);
+  impl m = pick(acts, names, 3, 0, dt, why, sizeof why);
+  if (m == IMPL_ERROR) return cudnn_refused(op, why);
+  if (m == IMPL_F32) return attention_forward_as(out, lse, q, k, v, scale, NVL_F32);
   NVL_TRY(need_null(op, "out", out));
   NVL_TRY(need_null(op, "lse", lse));
-  if (flash_route(acts, 3)) {
+  if (m == IMPL_CUDNN) {
+    nvl_status st = nvl_cudnn_attention_forward(out, lse, q, k, v, scale, 1); /* checks shapes */
+    if (!cudnn_fell_back(st)) return st;
+    m = pick_after_cudnn(acts, 3);
+  }
+  if (m == IMPL_FLASH) {
     if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
     return nvl_flash_attention_forward(out, lse, q, k, v, scale, 1); /* checks shapes and devices */
   }
-  if (native_route(acts, 3)) return attention_forward_as(out, lse, q, k, v, scale, NVL_BF16);
+  if (m == IMPL_CPU_BF16) return attention_forward_as(out, lse, q, k, v, scale, NVL_BF16);
   nvl_tensor w[3], r[1] = {nvl_tensor_null()}, l = nvl_tensor_null();
   NVL_TRY(nvl_act_widen(w, acts, 3));
   nvl_status st = attention_forward_as(&r[0], &l, &w[0], &w[1], &w[2], scale, NVL_F32);
@@ -239,16 +353,25 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
   const char *names[5] = {"dout", "q", "k", "v", "out"};
   const nvl_tensor *acts[5] = {dout, q, k, v, out};
   nvl_dtype dt;
+  char why[600];
   NVL_TRY(nvl_act_dtype(op, names, acts, 5, &dt));
-  if (dt == NVL_F32) return attention_backward_as(dq, dk, dv, dout, q, k, v, out, lse, scale, NVL_F32);
+  impl m = pick(acts, names, 5, 1, dt, why, sizeof why);
+  if (m == IMPL_ERROR) return cudnn_refused(op, why);
+  if (m == IMPL_F32) return attention_backward_as(dq, dk, dv, dout, q, k, v, out, lse, scale, NVL_F32);
   NVL_TRY(need_null(op, "dq", dq));
   NVL_TRY(need_null(op, "dk", dk));
   NVL_TRY(need_null(op, "dv", dv));
-  if (flash_route(acts, 5)) {
+  if (m == IMPL_CUDNN) {
+    nvl_status st = nvl_cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 1,
+                                                 atomic_load(&cudnn_det));
+    if (!cudnn_fell_back(st)) return st;
+    m = pick_after_cudnn(acts, 5);
+  }
+  if (m == IMPL_FLASH) {
     if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
     return nvl_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, 1);
   }
-  if (native_route(acts, 5)) return attention_backward_as(dq, dk, dv, dout, q, k, v, out, lse, scale, NVL_BF16);
+  if (m == IMPL_CPU_BF16) return attention_backward_as(dq, dk, dv, dout, q, k, v, out, lse, scale, NVL_BF16);
   nvl_tensor w[5], r[3] = {nvl_tensor_null(), nvl_tensor_null(), nvl_tensor_null()};
   NVL_TRY(nvl_act_widen(w, acts, 5));
   nvl_status st = attention_backward_as(&r[0], &r[1], &r[2], &w[0], &w[1], &w[2], &w[3], &w[4], lse, scale,

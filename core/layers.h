@@ -60,12 +60,38 @@ nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_ten
 nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
                                   const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
                                   const nvl_tensor *out, const nvl_tensor *lse, double scale);
-/* Whether bf16 attention runs with FlashAttention's numerics where a device has kernels for them —
- * CUDA with head dim 64 or 128 (the tensor-core FlashAttention-2), a CPU with AVX512-BF16 — (on: the
- * default) or the widened f32 op (NUMERICS §11); on < 0 only reads. -> the previous setting. */
+/* The route of attention on bf16 activations (NUMERICS §11), one setting for the process:
+ *   AUTO (the default): cuDNN's fused attention where it runs (CUDA tensors, sm_90+, cuDNN 9 loaded, head dim 64
+ *     or 128, contiguous and 16-byte aligned, T >= 2: core/flash_attention.h), else the device's own flash kernels
+ *     (CUDA: FlashAttention-2 at head dim 64 or 128; a CPU with AVX512-BF16), else the widened f32 op;
+ *   FLASH: the device's own flash kernels where they apply, else the widened f32 op; never cuDNN;
+ *   CUDNN: cuDNN's fused attention, or an error saying why it cannot run these activations (f32 ones and CPU
+ *     tensors included): never other numerics in silence;
+ *   REFERENCE: the widened f32 op everywhere (NUMERICS §11's rule).
+ * f32 activations run the f32 op under every route but CUDNN. */
+typedef enum {
+  NVL_ATTN_AUTO = 0,
+  NVL_ATTN_FLASH = 1,
+  NVL_ATTN_CUDNN = 2,
+  NVL_ATTN_REFERENCE = 3,
+  NVL_ATTN_ROUTE_COUNT
+} nvl_attn_route;
+/* "auto", "flash", "cudnn", "reference" (the routes' names, by value) */
+extern const char *const nvl_attn_route_names[NVL_ATTN_ROUTE_COUNT];
+/* Set the route (route >= 0; < 0 only reads). -> the previous route. */
+int nvl_attention_route(int route);
+/* The kernels attention on these q, k, v takes under the route now: "cudnn", "flash" (CUDA FlashAttention-2),
+ * "cpu_bf16" (the CPU's AVX512-BF16 kernels), "widened" (bf16 through the f32 op), "f32", or "error" (the CUDNN
+ * route cannot run them). why (n bytes) gets the reason a route the setting prefers was not taken ("" if none). */
+const char *nvl_attention_route_of(const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v, char *why, size_t n);
+/* The cuDNN backward's graph: deterministic (on = 1: no fp32 dq atomics, a B*Hq*T*T*2-byte workspace, Hopper
+ * only; elsewhere the route falls back) or cuDNN's default (0, the default); on < 0 only reads. -> previous. */
+int nvl_attention_cudnn_deterministic(int on);
+/* The switch the flash route had before the routes: on = 0 sets REFERENCE, on = 1 restores the route that
+ * was set before (AUTO at first); on < 0 only reads. -> whether the route was not REFERENCE. */
 int nvl_attention_flash(int on);
 /* 1: bf16 attention on the CPU runs the CPU table's kernels with the same flash numerics (this CPU has
- * AVX512-BF16, the CPU table is in use, nvl_attention_flash is on); 0: the widened f32 op. */
+ * AVX512-BF16, the CPU table is in use, the route is AUTO or FLASH); 0: the widened f32 op (or an error). */
 int nvl_attention_flash_cpu(void);
 
 /* ---- SwiGLU ----------------------------------------------------------------------------------- */

@@ -46,6 +46,11 @@ local optim = require "nvlua.optim"
 local recipe = require "nvlua.recipe"
 local config = require "nvlua.config"
 
+-- attention runs on nvlua's own kernels here (attention=flash): the emulator counts kernels, and cuDNN's fused
+-- attention (attention=auto's choice on sm_90) is a library call it does not see as kernels; the 8B route's
+-- attention is priced from its FLOPs either way (4. above)
+core.attention_route("flash")
+
 local frac = {min = 0.01, max = 1}
 local cfg = config.schema({steps = config.int(3, {min = 2}), sizes = config.str("1,2,3", {nonempty = true}),
   recipes = config.str("bf16,fp8_cs,nvfp4,mxfp8", {nonempty = true}),

@@ -30,10 +30,11 @@ end
 
 -- the losses of n training steps of the 2-layer model on device dev under recipe rname.
 -- opts.nudge = k: multiply every initial weight by 1 + k 2^-23 (k = +-1: at most one f32 ulp each), a
--- perturbation the size of one rounding, for measuring how rounding differences grow.
+-- perturbation the size of one rounding, for measuring how rounding differences grow. opts.cfg: another
+-- model config (test_cuda_cudnn.lua: head dim 64).
 function M.losses(dev, rname, n, opts)
   opts = opts or {}
-  local cfg = {vocab_size = 64, hidden_size = 128, intermediate_size = 256, num_hidden_layers = 2,
+  local cfg = opts.cfg or {vocab_size = 64, hidden_size = 128, intermediate_size = 256, num_hidden_layers = 2,
     num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64}
   local m = llama.Llama(cfg, {seed = 7, recipe = recipe[rname]()})
   if opts.nudge then

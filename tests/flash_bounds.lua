@@ -1,7 +1,8 @@
 -- tests/flash_bounds.lua: the error bounds of attention with FlashAttention's numerics (P and dS
 -- rounded to bf16 before their products, fp32 elsewhere) against the reference attention, shared by
--- test_cuda_flash.lua (the CUDA tensor-core kernels) and test_attention_bf16.lua (the CPU's AVX512-BF16
--- kernels). Not a test file: loaded with dofile. Returns {bounds =, within =, randb =, head =}.
+-- test_cuda_flash.lua (the CUDA tensor-core kernels), test_cuda_cudnn.lua (cuDNN's fused attention) and
+-- test_attention_bf16.lua (the CPU's AVX512-BF16 kernels). Not a test file: loaded with dofile.
+-- Returns {bounds =, within =, randb =, head =, dense_ref =}.
 local T = require "nvlua.test"
 local nv = require "nvlua"
 
@@ -96,7 +97,36 @@ local function within(got, want, bound, what)
   return maxr
 end
 
+-- Non-causal attention has no reference kernel (the contract of core.attention_* is causal): the dense
+-- formulas in f32 tensor ops on the CPU (T x T matrices), per head: P = exp(scale q k^T - lse), out = P v,
+-- dP = dO v^T, dS = P (dP - rowsum(dO out)), dq = scale dS k, dk = scale sum_h dS^T q, dv = sum_h P^T dO.
+-- Scores here are O(1) (randn, scale 1/sqrt(D)): exp cannot overflow without the max shift.
+local function dense_ref(x, scale)
+  local B, Tn, Hq, D = table.unpack(x.q:size())
+  local Hkv = x.k:size()[3]
+  local out, lse, dq = nv.zeros(B, Tn, Hq, D), nv.zeros(B, Hq, Tn), nv.zeros(B, Tn, Hq, D)
+  local dk, dv = nv.zeros(B, Tn, Hkv, D), nv.zeros(B, Tn, Hkv, D)
+  for b = 1, B do
+    for h = 1, Hq do
+      local g = (h - 1) // (Hq // Hkv) + 1
+      local q, k, v, go = head(x.q, b, h), head(x.k, b, g), head(x.v, b, g), head(x.dout, b, h)
+      local S = q:matmul(k:t()) * scale
+      local l = S:exp():sum(2):log():reshape(Tn, 1)
+      local P = (S - l):exp()
+      local o = P:matmul(v)
+      out:select(1, b):select(2, h):copy_(o)
+      lse:select(1, b):select(1, h):copy_(l:reshape(Tn))
+      local dS = P * (go:matmul(v:t()) - (go * o):sum(2):reshape(Tn, 1))
+      dq:select(1, b):select(2, h):copy_(dS:matmul(k) * scale)
+      local dkb, dvb = dk:select(1, b):select(2, g), dv:select(1, b):select(2, g)
+      dkb:copy_(dkb + dS:t():matmul(q) * scale)
+      dvb:copy_(dvb + P:t():matmul(go))
+    end
+  end
+  return out, lse, dq, dk, dv
+end
+
 -- bf16-valued f32 tensors (drawn in f32, rounded to bf16, widened back)
 local function randb(...) return nv.randn(...):to("bf16"):to("f32") end
 
-return {bounds = bounds, within = within, randb = randb, head = head}
+return {bounds = bounds, within = within, randb = randb, head = head, dense_ref = dense_ref}

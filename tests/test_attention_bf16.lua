@@ -93,3 +93,57 @@ T.case("the CPU route keeps NaN where the reference has it; strided inputs go to
   local o_rule = core.attention_forward(wide(b.q), wide(b.k), wide(b.v), 0.125):to("bf16")
   T.eq(o:to("f32"):ne(o_rule:to("f32")):sum(), 0, "strided inputs: the widened op")
 end)
+
+-- The route setting on the CPU (core/layers.h nvl_attention_route): cuDNN is CUDA's, so attention=auto takes the
+-- CPU's kernels (or the widened op) and says why not cuDNN; attention=cudnn refuses CPU tensors by name;
+-- attention=reference is the widened op; attention=flash the CPU's kernels as auto. Runs on every CPU.
+T.case("attention routes on the CPU: auto and flash take the CPU's kernels, reference the rule, cudnn refuses", function()
+  nv.manual_seed(34)
+  local _, b = inputs({1, 24, 4, 2, 64})
+  local native = core.attention_flash_cpu() and "cpu_bf16" or "widened"
+  T.eq(core.attention_route(), "auto", "auto is the default")
+  local r, why = core.attention_route_of(b.q, b.k, b.v)
+  T.eq(r, native, "auto on the CPU")
+  T.ok(why:find("CUDA", 1, true), "auto says why not cuDNN: " .. why)
+  local o_auto = core.attention_forward(b.q, b.k, b.v, 0.125)
+  local o_rule = core.attention_forward(wide(b.q), wide(b.k), wide(b.v), 0.125):to("bf16")
+  T.with(core.attention_route, "flash", function()
+    T.eq(core.attention_route_of(b.q, b.k, b.v), native, "flash on the CPU")
+    T.eq(core.attention_forward(b.q, b.k, b.v, 0.125):to("f32"):ne(o_auto:to("f32")):sum(), 0, "flash = auto here")
+  end)
+  T.with(core.attention_route, "reference", function()
+    T.eq(core.attention_route_of(b.q, b.k, b.v), "widened", "reference on the CPU")
+    T.eq(core.attention_flash_cpu(), false, "the CPU's kernels are off under reference")
+    T.eq(core.attention_forward(b.q, b.k, b.v, 0.125):to("f32"):ne(o_rule:to("f32")):sum(), 0, "reference = the rule")
+  end)
+  T.with(core.attention_route, "cudnn", function()
+    T.eq(core.attention_route_of(b.q, b.k, b.v), "error", "cudnn on the CPU")
+    T.raises(function() core.attention_forward(b.q, b.k, b.v, 0.125) end, "attention=cudnn cannot run these activations")
+    T.raises(function() core.attention_forward(wide(b.q), wide(b.k), wide(b.v), 0.125) end, "f32")
+  end)
+  T.eq(core.attention_route_of(wide(b.q), wide(b.k), wide(b.v)), "f32", "f32 activations: the f32 op")
+  -- the old switch: off is the reference route, on restores the route set before it
+  T.with(core.attention_route, "flash", function()
+    T.eq(core.attention_flash(false), true, "the switch read on")
+    T.eq(core.attention_route(), "reference", "off = reference")
+    core.attention_flash(true)
+    T.eq(core.attention_route(), "flash", "on restored flash")
+  end)
+  T.raises(function() core.attention_route("fast") end, "invalid option 'fast'")
+  local info = core.attention_cudnn()
+  if not nv.cuda.available() then
+    T.eq(info.available, false, "no cuDNN route without a GPU")
+    T.ok(info.reason ~= "", "and a reason: " .. info.reason)
+  end
+  -- built with cuDNN's headers: libcudnn is opened with dlopen (no GPU needed) and has every function the route
+  -- calls, reporting a cuDNN 9 version; or the reason names the library (a machine without it)
+  if info.compiled_version > 0 then
+    if info.library_loads then
+      T.eq(info.version // 10000, 9, "the loaded library is cuDNN 9: " .. info.version)
+    else
+      T.ok(info.library_error:find("libcudnn", 1, true), "why libcudnn does not load: " .. info.library_error)
+    end
+  else
+    T.eq({info.library_loads, info.version}, {false, 0}, "built without cuDNN")
+  end
+end)

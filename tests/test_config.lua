@@ -57,6 +57,7 @@ T.case("every key's type and range: the message names the key, what it accepts a
     {"schedule=cos", "config: schedule must be one of wsd, cosine, linear, constant, got 'cos'"},
     {"recipe=nvfp5", "config: recipe must be a recipe value or one of f32, bf16, fp8_cs, fp8_delayed, mxfp8, nvfp4, mxfp4"},
     {"device=tpu", "config: device: invalid device 'tpu' (valid: cpu, cuda)"},
+    {"attention=fast", "config: attention must be one of auto, flash, cudnn, reference, got 'fast'"},
     {"data=" .. ROOT .. "/no_such_file", "config: data: '" .. ROOT .. "/no_such_file' is not a file; give kjv, shards:<dir>"},
     {"data=" .. ROOT, "config: data: '" .. ROOT .. "' is a directory; give kjv, shards:<dir> or a text file"},
     {"data=shards:" .. ROOT .. "/nowhere", "config: data: shards:" .. ROOT .. "/nowhere is not a directory"},
@@ -76,6 +77,7 @@ T.case("relations between keys are checked with the keys", function()
     {{"hidden=30", "heads=4", "kv_heads=2"}, "config: hidden (30) is not a multiple of heads (4); give head_dim"},
     {{"head_dim=5"}, "config: the head dimension (5) must be even for RoPE"},
     {{"lr=0.001", "min_lr=0.01"}, "config: min_lr (0.01) must not exceed lr (0.001)"},
+    {{"attention=cudnn"}, "config: attention=cudnn runs on a GPU; it needs device=cuda"},
   }
   for _, c in ipairs(cases) do
     T.raises(function() config.parse(train.schema, args(c[1])) end, c[2], table.concat(c[1], " "))

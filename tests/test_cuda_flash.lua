@@ -149,34 +149,7 @@ T.case("flash attention backward on cuda vs the reference (causal, GQA, D 64 and
   end
 end)
 
--- Non-causal attention has no reference kernel (the contract of core.attention_* is causal): the dense
--- formulas in f32 tensor ops on the CPU (T x T matrices), per head: P = exp(scale q k^T - lse), out = P v,
--- dP = dO v^T, dS = P (dP - rowsum(dO out)), dq = scale dS k, dk = scale sum_h dS^T q, dv = sum_h P^T dO.
--- Scores here are O(1) (randn, scale 1/sqrt(D)): exp cannot overflow without the max shift.
-local function dense_ref(x, scale)
-  local B, Tn, Hq, D = table.unpack(x.q:size())
-  local Hkv = x.k:size()[3]
-  local out, lse, dq = nv.zeros(B, Tn, Hq, D), nv.zeros(B, Hq, Tn), nv.zeros(B, Tn, Hq, D)
-  local dk, dv = nv.zeros(B, Tn, Hkv, D), nv.zeros(B, Tn, Hkv, D)
-  for b = 1, B do
-    for h = 1, Hq do
-      local g = (h - 1) // (Hq // Hkv) + 1
-      local q, k, v, go = head(x.q, b, h), head(x.k, b, g), head(x.v, b, g), head(x.dout, b, h)
-      local S = q:matmul(k:t()) * scale
-      local l = S:exp():sum(2):log():reshape(Tn, 1)
-      local P = (S - l):exp()
-      local o = P:matmul(v)
-      out:select(1, b):select(2, h):copy_(o)
-      lse:select(1, b):select(1, h):copy_(l:reshape(Tn))
-      local dS = P * (go:matmul(v:t()) - (go * o):sum(2):reshape(Tn, 1))
-      dq:select(1, b):select(2, h):copy_(dS:matmul(k) * scale)
-      local dkb, dvb = dk:select(1, b):select(2, g), dv:select(1, b):select(2, g)
-      dkb:copy_(dkb + dS:t():matmul(q) * scale)
-      dvb:copy_(dvb + P:t():matmul(go))
-    end
-  end
-  return out, lse, dq, dk, dv
-end
+local dense_ref = FB.dense_ref
 
 T.case("flash attention without the causal mask, forward and backward, vs dense f32 formulas", function()
   need_gpu()
@@ -221,40 +194,46 @@ T.case("flash attention refuses what it does not take, with the reason", functio
     "lse must be a 3-D f32")
 end)
 
--- The attention entry (core.attention_forward/backward, what nn.Attention calls) routes bf16 activations on
--- cuda with head dim 64 or 128 to the flash kernels: the same bits as calling them directly. With the route
--- off (core.attention_flash(false)), or at another head dim, it is NUMERICS §11's widened f32 op rounded once.
+-- The attention entry (core.attention_forward/backward, what nn.Attention calls) under attention=flash routes
+-- bf16 activations on cuda with head dim 64 or 128 to the flash kernels: the same bits as calling them directly.
+-- With the route off (core.attention_flash(false): attention=reference), or at another head dim, it is NUMERICS
+-- §11's widened f32 op rounded once. (attention=auto prefers cuDNN: tests/test_cuda_cudnn.lua.)
 T.case("bf16 attention on cuda: D 64/128 routed to flash (same bits), else and when off the widened f32 op", function()
   need_gpu()
   nv.manual_seed(13)
-  local function same(a, b, what) T.eq(flat(a), flat(b), what) end
-  for _, sh in ipairs({{1, 33, 4, 2, 64}, {2, 17, 2, 1, 128}, {1, 20, 4, 2, 32}}) do
-    local B, Tn, Hq, Hkv, D = table.unpack(sh)
-    local what = string.format("(B %d, T %d, Hq %d, Hkv %d, D %d)", B, Tn, Hq, Hkv, D)
-    local scale = 1 / math.sqrt(D)
-    local x, d = inputs(sh, true)
-    T.eq(core.attention_flash(), true, "the route is on by default")
-    local o, l = core.attention_forward(d.q, d.k, d.v, scale)
-    local gq, gk, gv = core.attention_backward(d.dout, d.q, d.k, d.v, o, l, scale)
-    -- the widened f32 op on cuda, rounded once (the rule with the route off)
-    local wo, wl = core.attention_forward(d.q:to("f32"), d.k:to("f32"), d.v:to("f32"), scale)
-    local wq, wk, wv = core.attention_backward(d.dout:to("f32"), d.q:to("f32"), d.k:to("f32"), d.v:to("f32"),
-      o:to("f32"), l, scale)
-    if D == 64 or D == 128 then
-      local fo, fl = core.cuda_flash_attention(d.q, d.k, d.v, scale, true)
-      same(o, fo, "routed out " .. what); same(l, fl, "routed lse " .. what)
-      local fq, fk, fv = core.cuda_flash_attention_backward(d.dout, d.q, d.k, d.v, fo, fl, scale, true)
-      same(gq, fq, "routed dq " .. what); same(gk, fk, "routed dk " .. what); same(gv, fv, "routed dv " .. what)
-    else
-      same(o, wo:to("bf16"), "D 32 is not routed: out " .. what)
-      same(gq, wq:to("bf16"), "D 32 is not routed: dq " .. what)
+  T.eq(core.attention_route(), "auto", "the route is auto by default")
+  T.with(core.attention_route, "flash", function()
+    local function same(a, b, what) T.eq(flat(a), flat(b), what) end
+    for _, sh in ipairs({{1, 33, 4, 2, 64}, {2, 17, 2, 1, 128}, {1, 20, 4, 2, 32}}) do
+      local B, Tn, Hq, Hkv, D = table.unpack(sh)
+      local what = string.format("(B %d, T %d, Hq %d, Hkv %d, D %d)", B, Tn, Hq, Hkv, D)
+      local scale = 1 / math.sqrt(D)
+      local x, d = inputs(sh, true)
+      T.eq(core.attention_flash(), true, "the flash switch reads on under attention=flash")
+      T.eq(core.attention_route_of(d.q, d.k, d.v), (D == 64 or D == 128) and "flash" or "widened", "route_of " .. what)
+      local o, l = core.attention_forward(d.q, d.k, d.v, scale)
+      local gq, gk, gv = core.attention_backward(d.dout, d.q, d.k, d.v, o, l, scale)
+      -- the widened f32 op on cuda, rounded once (the rule with the route off)
+      local wo, wl = core.attention_forward(d.q:to("f32"), d.k:to("f32"), d.v:to("f32"), scale)
+      local wq, wk, wv = core.attention_backward(d.dout:to("f32"), d.q:to("f32"), d.k:to("f32"), d.v:to("f32"),
+        o:to("f32"), l, scale)
+      if D == 64 or D == 128 then
+        local fo, fl = core.cuda_flash_attention(d.q, d.k, d.v, scale, true)
+        same(o, fo, "routed out " .. what); same(l, fl, "routed lse " .. what)
+        local fq, fk, fv = core.cuda_flash_attention_backward(d.dout, d.q, d.k, d.v, fo, fl, scale, true)
+        same(gq, fq, "routed dq " .. what); same(gk, fk, "routed dk " .. what); same(gv, fv, "routed dv " .. what)
+      else
+        same(o, wo:to("bf16"), "D 32 is not routed: out " .. what)
+        same(gq, wq:to("bf16"), "D 32 is not routed: dq " .. what)
+      end
+      T.with(core.attention_flash, false, function()
+        local ro, rl = core.attention_forward(d.q, d.k, d.v, scale)
+        same(ro, wo:to("bf16"), "route off: out " .. what); same(rl, wl, "route off: lse " .. what)
+        local rq, rk, rv = core.attention_backward(d.dout, d.q, d.k, d.v, o, l, scale)
+        same(rq, wq:to("bf16"), "route off: dq " .. what)
+        same(rk, wk:to("bf16"), "route off: dk " .. what); same(rv, wv:to("bf16"), "route off: dv " .. what)
+      end)
+      T.eq(core.attention_route(), "flash", "attention_flash(true) restored the route set before it")
     end
-    T.with(core.attention_flash, false, function()
-      local ro, rl = core.attention_forward(d.q, d.k, d.v, scale)
-      same(ro, wo:to("bf16"), "route off: out " .. what); same(rl, wl, "route off: lse " .. what)
-      local rq, rk, rv = core.attention_backward(d.dout, d.q, d.k, d.v, o, l, scale)
-      same(rq, wq:to("bf16"), "route off: dq " .. what)
-      same(rk, wk:to("bf16"), "route off: dk " .. what); same(rv, wv:to("bf16"), "route off: dv " .. what)
-    end)
-  end
+  end)
 end)

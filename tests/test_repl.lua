@@ -109,7 +109,7 @@ T.case("-e runs a statement", function()
   T.eq(r.out, "6\n", "two -e in order")
 end)
 
-T.case("-v reports Lua, nvlua, BLAS, oneDNN, CUDA and GPUs", function()
+T.case("-v reports Lua, nvlua, BLAS, oneDNN, CUDA, cuDNN and GPUs", function()
   need_nvlua()
   local r = run("-v")
   T.eq(r.code, 0)
@@ -125,11 +125,20 @@ T.case("-v reports Lua, nvlua, BLAS, oneDNN, CUDA and GPUs", function()
     lines[4] == "bf16 GEMMs: oneDNN: not compiled in (bf16 GEMMs on sgemm)", "oneDNN line: " .. lines[4])
   T.ok(lines[5] == "CUDA: not compiled in" or lines[5]:match("^CUDA: compiled in %(runtime %d+%.%d+, cuBLASLt %d+%)$"),
     "CUDA line: " .. lines[5])
-  if lines[6]:match("^GPUs: ") then
-    T.ok(lines[6]:match("^GPUs: none %(.+%)$"), "GPUs line: " .. lines[6])
-    T.eq(#lines, 6)
+  local n = 6
+  if lines[n] and lines[n]:match("^CUDA: emulated") then n = n + 1 end
+  if lines[5] ~= "CUDA: not compiled in" then -- a CUDA build says what became of cuDNN
+    T.ok(lines[n]:match("^cuDNN: not compiled in %(.+%)$") or
+      lines[n]:match("^cuDNN: headers %d+%.%d+%.%d+, library %d+%.%d+%.%d+ %(.+%)$") or
+      lines[n]:match("^cuDNN: headers %d+%.%d+%.%d+, library not loaded %(.+%)$"), "cuDNN line: " .. tostring(lines[n]))
+    n = n + 1
+  end
+  T.ok(lines[n], "a GPUs line: " .. r.out)
+  if lines[n]:match("^GPUs: ") then
+    T.ok(lines[n]:match("^GPUs: none %(.+%)$"), "GPUs line: " .. lines[n])
+    T.eq(#lines, n)
   else
-    for i = 6, #lines do
+    for i = n, #lines do
       T.ok(lines[i]:match("^GPU %d+: .+, [%d.]+ GiB, compute capability %d+%.%d+"), "GPU line: " .. lines[i])
     end
   end

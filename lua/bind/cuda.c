@@ -253,6 +253,51 @@ static int l_flash_attention_backward(lua_State *L) {
   return 3;
 }
 
+/* core.cuda_cudnn_attention(q, k, v, scale [, causal = true]) -> out (bf16), lse (f32): cuDNN's fused attention
+ * (core/flash_attention.h; bf16 cuda tensors, head dim 64 or 128, sm_90+) */
+static int l_cudnn_attention(lua_State *L) {
+  const char *fname = "cuda_cudnn_attention";
+  nvl_tensor *q = nvl_lua_check_tensor(L, 1, fname), *k = nvl_lua_check_tensor(L, 2, fname);
+  nvl_tensor *v = nvl_lua_check_tensor(L, 3, fname);
+  double scale = luaL_checknumber(L, 4);
+  int causal = opt_causal(L, 5);
+  lua_settop(L, 5);
+  nvl_tensor *out = nvl_lua_push_tensor(L), *lse = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_cudnn_attention_forward(out, lse, q, k, v, scale, causal));
+  return 2;
+}
+
+/* core.cuda_cudnn_attention_backward(dout, q, k, v, out, lse, scale [, causal = true [, deterministic = false]])
+ * -> dq, dk, dv (bf16) */
+static int l_cudnn_attention_backward(lua_State *L) {
+  const char *fname = "cuda_cudnn_attention_backward";
+  nvl_tensor *t[6];
+  for (int i = 0; i < 6; i++) t[i] = nvl_lua_check_tensor(L, i + 1, fname);
+  double scale = luaL_checknumber(L, 7);
+  int causal = opt_causal(L, 8);
+  int det = 0;
+  if (!lua_isnoneornil(L, 9)) {
+    luaL_checktype(L, 9, LUA_TBOOLEAN);
+    det = lua_toboolean(L, 9);
+  }
+  lua_settop(L, 9);
+  nvl_tensor *dq = nvl_lua_push_tensor(L), *dk = nvl_lua_push_tensor(L), *dv = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_cudnn_attention_backward(dq, dk, dv, t[0], t[1], t[2], t[3], t[4], t[5], scale, causal, det));
+  return 3;
+}
+
+/* core.cuda_cudnn_break(what) -> the previous setting (emulation builds: a cuDNN API rule broken on purpose,
+ * kernels/cuda/cudnn_attn.h NVL_CUDNN_BREAK_*; 0 restores); raises elsewhere */
+static int l_cudnn_break(lua_State *L) {
+  lua_Integer w = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, w >= 0 && w < 64, 1, "must be a small non-negative integer");
+  int prev = nvl_cudnn_attention_break((int)w);
+  if (prev < 0) return luaL_error(L, "cuda_cudnn_break: only the CUDA emulation's cuDNN stand-in can break rules "
+                                     "on purpose (or %d is not a rule it knows)", (int)w);
+  lua_pushinteger(L, prev);
+  return 1;
+}
+
 /* core.cuda_wmma_probe(a, b, c, flags) -> d = A B + C by one warp's wmma::mma_sync (tests of the CUDA
  * emulator's WMMA model; flags as kernels/cuda/flash_attn.h's NVL_WMMA_*) */
 static int l_wmma_probe(lua_State *L) {
@@ -269,6 +314,8 @@ static int l_wmma_probe(lua_State *L) {
 
 static const luaL_Reg cuda_funcs[] = {
   {"cuda_flash_attention", l_flash_attention}, {"cuda_flash_attention_backward", l_flash_attention_backward},
+  {"cuda_cudnn_attention", l_cudnn_attention}, {"cuda_cudnn_attention_backward", l_cudnn_attention_backward},
+  {"cuda_cudnn_break", l_cudnn_break},
   {"cuda_wmma_probe", l_wmma_probe},
   {"cuda_emulated", l_cuda_emulated}, {"cuda_emu_counters", l_cuda_emu_counters},
   {"cuda_emu_reset_counters", l_cuda_emu_reset_counters},

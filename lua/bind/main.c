@@ -36,6 +36,7 @@
 #include "bind.h"
 #include "dist.h"
 #include "device.h"
+#include "flash_attention.h"
 #ifdef NVL_CUDA_EMU
 #include "emu_api.h"
 #endif
@@ -103,6 +104,17 @@ static void print_version(void) {
 #ifdef NVL_CUDA_EMU
     printf("CUDA: %s\n", nvl_emu_description());
 #endif
+    nvl_cudnn_attention_info ci;
+    nvl_cudnn_attention_stats(&ci); /* opens libcudnn (dlopen) if nvlua was built with its headers */
+    size_t h = ci.compiled_version, l = ci.version;
+    if (!h)
+      printf("cuDNN: not compiled in (attention runs on nvlua's own kernels)\n");
+    else if (ci.loads)
+      printf("cuDNN: headers %zu.%zu.%zu, library %zu.%zu.%zu (attention=auto uses it on sm_90+)\n", h / 10000,
+             h / 100 % 100, h % 100, l / 10000, l / 100 % 100, l % 100);
+    else
+      printf("cuDNN: headers %zu.%zu.%zu, library not loaded (%s)\n", h / 10000, h / 100 % 100, h % 100,
+             ci.load_error);
   } else {
     printf("CUDA: not compiled in\n");
   }

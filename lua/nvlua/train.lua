@@ -123,6 +123,19 @@ local function relations(c)
     return "shadow_moments=true averages the optimizer moments under sync=shadow; with sync=" .. c.sync ..
       " every rank already holds the same ones"
   end
+  if c.attention == "cudnn" then
+    if c.device ~= "cuda" then
+      return "attention=cudnn runs on a GPU; it needs device=cuda (attention=auto or flash on the cpu)"
+    end
+    if c.act_dtype == "f32" or (c.act_dtype == "recipe" and c.recipe == "f32") then
+      return "attention=cudnn takes bf16 activations; act_dtype is f32 here (use attention=auto)"
+    end
+    if hd ~= 64 and hd ~= 128 then
+      return string.format("attention=cudnn takes head dim 64 or 128, the model's is %d (use attention=auto)", hd)
+    end
+    local a = core.attention_cudnn()
+    if not a.available then return "attention=cudnn is not available here: " .. a.reason end
+  end
   if c.tokenizer ~= "" and not (c.data:match("^shards:") or c.data:match("^megatron:")) then
     return string.format("tokenizer=%s goes with data=shards:... or megatron:...; data=%s is byte tokens", c.tokenizer,
       c.data)
@@ -164,6 +177,14 @@ train.schema = config.schema({
   -- the recipe's own (bf16 for the low-precision recipes, f32 for recipe=f32)
   act_dtype = str("recipe", {one_of = {"recipe", "bf16", "f32"},
     doc = "recipe (the recipe's own: bf16, f32 for recipe=f32) | bf16 | f32"}),
+  -- the route of attention on bf16 activations (core.attention_route; NUMERICS §11): auto (cuDNN's fused
+  -- attention on sm_90+ where cuDNN loads, else the flash kernels, else the reference rule), flash (nvlua's own
+  -- kernels), cudnn (cuDNN or an error saying why not), reference (the widened f32 op)
+  attention = str("auto", {one_of = {"auto", "flash", "cudnn", "reference"},
+    doc = "auto | flash | cudnn | reference (bf16 attention's kernels)"}),
+  -- cuDNN's attention backward without fp32 dq atomics (bit-reproducible runs; Hopper only, a B*Hq*T*T*2-byte
+  -- workspace; elsewhere attention=auto falls back to the flash kernels, which are deterministic)
+  attention_deterministic = bool(false),
   -- knowledge distillation: teacher = a Hugging Face model directory (an nvlua checkpoint's model/
   -- too), frozen, run under teacher_recipe on every batch; loss = distill_alpha * T^2 * KL(teacher ||
   -- student at temperature T = distill_temperature) + (1 - distill_alpha) * cross-entropy
@@ -431,6 +452,8 @@ local function dist_threads(c) return c.sync == "shadow" and "multiple" or "funn
 function train.build(c)
   train.check(c)
   train.check_out(c)
+  core.attention_route(c.attention) -- one setting for the process (core/layers.h), as the next
+  core.attention_cudnn_deterministic(c.attention_deterministic)
   local dist, rank, world
   if c.dist or c.shard_optimizer then
     dist = require "nvlua.dist"
@@ -885,6 +908,13 @@ local function start_run(c, p)
     model:num_parameters() / 1e6, tostring(r.rec)))
   out:write(string.format("%d tokens per step; MFU is against the measured %s, %.1f GFLOP/s\n", r.tokens_per_step,
     peak_what, r.peak / 1e9))
+  if gpu then
+    local a = core.attention_cudnn()
+    local v = a.version
+    out:write(string.format("attention: %s%s; cuDNN %s\n", core.attention_route(),
+      core.attention_cudnn_deterministic() and " (deterministic cuDNN backward)" or "", a.available and
+      string.format("%d.%d.%d available", v // 10000, v // 100 % 100, v % 100) or "not used: " .. a.reason))
+  end
   if r.dist and r.dist.initialized() then
     out:write(string.format("data parallel: %d rank%s (%s), %d x %d sequences per step\n", world, world > 1 and "s" or "",
       r.dist.backend(), world, c.batch * c.grad_accum))
@@ -1365,7 +1395,14 @@ function train.run(c, p)
       if c.ckpt_background then ckpt.poll() end -- a background save's error surfaces here
       r.step = r.step + 1
       local step = r.step
+      local refusals = step == r.start_step + 1 and c.device == "cuda" and core.attention_cudnn().refusals
       report_step(r, step, step_once(r, step))
+      if refusals then -- attention=auto fell back to nvlua's kernels where cuDNN had no engine: say so, once
+        local a = core.attention_cudnn()
+        if a.refusals > refusals then
+          r.out:write("attention: cuDNN refused, nvlua's kernels ran instead: ", a.last_refusal, "\n")
+        end
+      end
       if c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps) then eval_and_log(r, step) end
       r.mf:flush()
       if ckpt_due(r, step) then save_due(r, step) end

@@ -1,5 +1,6 @@
 /* emu.h: what the parts of the CUDA emulator share (runtime.cpp: devices, memory, streams, errors,
- * counters; launch.cpp: fibers and the block scheduler; blaslt.cpp: cuBLASLt; nccl.cpp: NCCL).
+ * counters; launch.cpp: fibers and the block scheduler; blaslt.cpp: cuBLASLt; cudnn.cpp: cuDNN's graph API; nccl.cpp:
+ * NCCL).
  * Private to kernels/cuda/emu; C++.
  *
  * Memory: device allocations live in a reserved address range that is never readable by the host
@@ -129,7 +130,7 @@ struct GemmCount {
 };
 struct Counters {
   int64_t launches, host_syncs, queries, memcpy_h2d, memcpy_d2h, memcpy_d2d, memsets, gemms, heuristics,
-      collectives;
+      collectives, cudnn_plans, cudnn_executes;
   int64_t memcpy_h2d_bytes, memcpy_d2h_bytes, memcpy_d2d_bytes, memset_bytes, gemm_flops;
   int64_t gemm_subnormals; /* bf16 x bf16 GEMMs: subnormal inputs, products and partial sums met (blaslt.cpp) */
   std::vector<KernelCount> kernels;

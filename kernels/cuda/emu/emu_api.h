@@ -13,7 +13,8 @@ const char *nvl_emu_description(void);
 /* Counter i since the process started: its name and *value, or NULL past the last one. Counters:
  * launches, host_syncs (calls after which the host has waited for device work: synchronisations,
  * blocking copies, a copy from pageable memory), queries, memcpy_h2d/d2h/d2d, memsets, gemms,
- * heuristics, collectives; memcpy_h2d/d2h/d2d_bytes and memset_bytes (bytes copied or set),
+ * heuristics, collectives, cudnn_plans (cuDNN execution plans finalized), cudnn_executes
+ * (cudnnBackendExecute calls that ran); memcpy_h2d/d2h/d2d_bytes and memset_bytes (bytes copied or set),
  * gemm_flops (2 m n k per cuBLASLt matmul), gemm_subnormals (in bf16 x bf16 cuBLASLt matmuls, the
  * subnormal inputs, products and partial sums met in the emulator's own summation order: what tensor
  * cores may flush; the emulator keeps them, so results do not show it). */

@@ -1064,15 +1064,15 @@ const char *nvl_emu_description(void) {
 
 static const char *const counter_names[] = {"launches", "host_syncs", "queries", "memcpy_h2d", "memcpy_d2h",
                                             "memcpy_d2d", "memsets", "gemms", "heuristics", "collectives",
-                                            "memcpy_h2d_bytes", "memcpy_d2h_bytes", "memcpy_d2d_bytes",
-                                            "memset_bytes", "gemm_flops", "gemm_subnormals"};
+                                            "cudnn_plans", "cudnn_executes", "memcpy_h2d_bytes", "memcpy_d2h_bytes",
+                                            "memcpy_d2d_bytes", "memset_bytes", "gemm_flops", "gemm_subnormals"};
 
 const char *nvl_emu_counter(int i, int64_t *value) {
   NVL_EMU_LOCK;
   const int64_t v[] = {ctr.launches, ctr.host_syncs, ctr.queries, ctr.memcpy_h2d, ctr.memcpy_d2h,
                        ctr.memcpy_d2d, ctr.memsets, ctr.gemms, ctr.heuristics, ctr.collectives,
-                       ctr.memcpy_h2d_bytes, ctr.memcpy_d2h_bytes, ctr.memcpy_d2d_bytes, ctr.memset_bytes,
-                       ctr.gemm_flops, ctr.gemm_subnormals};
+                       ctr.cudnn_plans, ctr.cudnn_executes, ctr.memcpy_h2d_bytes, ctr.memcpy_d2h_bytes,
+                       ctr.memcpy_d2d_bytes, ctr.memset_bytes, ctr.gemm_flops, ctr.gemm_subnormals};
   if (i < 0 || i >= (int)(sizeof v / sizeof v[0])) return NULL;
   *value = v[i];
   return counter_names[i];
