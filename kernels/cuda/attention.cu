@@ -210,6 +210,11 @@ __global__ void __launch_bounds__(128) attn_dq_kernel(float *__restrict__ dq, co
   }
 }
 
+/* The q and dout rows of attn_dkdv_kernel are padded to a multiple of 4 floats: nvcc reads the tail of
+ * the d < D loop with one 16-byte LDS.128 from a 16-byte-aligned address, so up to 3 floats past the row
+ * (past the end of the allocation for D = 1, 2: compute-sanitizer's memcheck on an H200 flagged it). */
+#define DKDV_ROW(D) (((D) + 3) & ~3)
+
 /* dk[s] = scale * sum_t dS[t, s] q[t], dv[s] = sum_t P[t, s] dout[t] over the query heads of kv
  * head g and the rows t >= s. grid (ceil(T/32), Hkv, B), block 32 (one warp, lane j = key s0+j);
  * shared: k, v tiles and the dk, dv accumulators (32, D+1), the current q and dout rows (D). */
@@ -221,7 +226,7 @@ __global__ void __launch_bounds__(32) attn_dkdv_kernel(float *__restrict__ dk, f
   NVL_SHARED_DYNAMIC(float, sh);
   const int P = D + 1, lane = threadIdx.x;
   float *ks = sh, *vs = ks + ATT_BK * P, *dka = vs + ATT_BK * P, *dva = dka + ATT_BK * P;
-  float *qr = dva + ATT_BK * P, *gr = qr + D;
+  float *qr = dva + ATT_BK * P, *gr = qr + DKDV_ROW(D); /* rows padded: see DKDV_ROW */
   const int64_t b = blockIdx.z, g = blockIdx.y, s0 = (int64_t)blockIdx.x * ATT_BK, group = Hq / Hkv;
   load_tile(ks, k, b, s0, g, T, Hkv, D);
   load_tile(vs, v, b, s0, g, T, Hkv, D);
@@ -347,7 +352,7 @@ extern "C" nvl_status nvl_cuda_attention_backward(nvl_kctx *ctx, float *dq, floa
   }
   if (st == NVL_OK) st = nvl_cuda_check_launch(dev, __func__, what);
   if (st == NVL_OK) {
-    size_t smem = (size_t)(4 * ATT_BK * (D + 1) + 2 * D) * sizeof(float);
+    size_t smem = (size_t)(4 * ATT_BK * (D + 1) + 2 * DKDV_ROW(d)) * sizeof(float);
     st = set_smem(attn_dkdv_kernel, smem);
     if (st == NVL_OK) {
       dim3 grid((unsigned)((T + ATT_BK - 1) / ATT_BK), (unsigned)Hkv, (unsigned)B);
