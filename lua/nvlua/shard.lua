@@ -181,6 +181,7 @@ function shard.Sharded(model, opts, dist, so)
     p.m = nv.unscope(nv.zeros(pshape, {device = dev}))
     p.v = nv.unscope(nv.zeros(pshape, {device = dev}))
     p.fresh = true -- the gradient shard holds nothing of this step yet
+    e.grad:free() -- a view of the flat gradient buffer, freed below
     e.grad = DEAD
     self.params[#self.params + 1] = p
     self.by_name[name] = p
@@ -189,6 +190,10 @@ function shard.Sharded(model, opts, dist, so)
   model.grad_buffer:free()
   model.grad_buffer = nil
   model._buckets = nil
+  -- the whole weights are freed above, but the model's constructor may have left other handles of
+  -- their storage (the tensors they were made as views of) to the Lua GC: collected now, once, so
+  -- that the memory is this rank's shards from here on
+  collectgarbage("collect")
   self.flags_tensor = self.params[1].grad -- the device whose non-finite flags the step reads
   self:_install()
   return self
@@ -237,6 +242,7 @@ function Sharded:_release(u)
   if self.mode ~= "full" or not u.gathered then return end
   for _, p in ipairs(u.params) do
     p.old = p.entry.param
+    p.entry.param:free() -- (a view of buf: freed too, or its handle would keep buf's storage)
     p.entry.param = p.shard
     p.buf:free()
     p.buf = nil
@@ -269,6 +275,7 @@ function Sharded:_reduce(u)
       end)
     end
     self.bytes.reduce_scatter = self.bytes.reduce_scatter + p.grad:nbytes() * (self.world - 1)
+    p.entry.grad:free()
     p.gfull:free()
     p.gfull = nil
     p.entry.grad = self.dead
