@@ -18,6 +18,8 @@
 --     reduce-scatter and all-reduce, so the bound is test_dist's for ZeRO-1 on 3 ranks (every loss and
 --     weight within 1e-6: fp32 reordering of a three-term sum, 2 ulp relative per step, carried by Adam);
 --     measured 0 here (Open MPI orders them alike).
+--   * grad_accum=2 on 2 ranks: each micro-batch is reduce-scattered (a sum of averages, an fp32
+--     reordering of plain data parallelism's average of sums): within 1e-6 (test_dist's nvfp4 bound).
 --   * resume across world sizes and shard settings: 2 ranks shard=full, 2 steps -> resumed on 1 rank
 --     unsharded (and, against it, 1 rank shard=full under dist=true: a world of one, bit for bit) for
 --     step 3 -> resumed on 3 ranks shard=grads (against 3 ranks shard=none: bit for bit, or within the
@@ -224,6 +226,25 @@ T.case("3 ranks, nvfp4 (every parameter split unevenly): shard=grads and shard=f
     local d = max_diff(none, dir, 4)
     T.ok(d <= 1e-6, string.format("%s: weights and moments within 1e-6 (%.3g)", mode, d))
     print(string.format("3 ranks shard=%s vs none: max difference %.3g", mode, d))
+  end
+end)
+
+T.case("2 ranks, grad_accum=2: each micro-batch reduce-scattered = one all-reduce of the sums, within fp32 reordering", function()
+  need_mpi()
+  -- shard=grads|full sum the micro-batches' averages, (a1+b1)/2 + (a2+b2)/2, where plain data
+  -- parallelism averages the sums, ((a1+a2) + (b1+b2))/2: an fp32 reordering each step (~1 ulp of a
+  -- gradient), carried by Adam's normalised update; bound as test_dist's nvfp4 one (f32 activations)
+  local common = {"recipe=nvfp4", "batch=1", "grad_accum=2", "dist=true", "act_dtype=f32"}
+  local function with(x) local a = {table.unpack(common)}; a[#a + 1] = x; return a end
+  local none = run(2, "accum/none", common)
+  local m0 = metrics(none)
+  for _, mode in ipairs({"grads", "full"}) do
+    local dir = run(2, "accum/" .. mode, with("shard=" .. mode))
+    local m = metrics(dir)
+    for step = 1, 4 do T.near(m[step].loss, m0[step].loss, 1e-6, mode .. ": loss of step " .. step) end
+    local d = max_diff(none, dir, 4)
+    T.ok(d <= 1e-6, string.format("%s: weights and moments within 1e-6 (%.3g)", mode, d))
+    print(string.format("grad_accum=2, shard=%s vs none: max difference %.3g", mode, d))
   end
 end)
 
