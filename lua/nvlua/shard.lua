@@ -291,13 +291,19 @@ function Sharded:_install()
     m.forward = function(mod, ...)
       self:_gather(u)
       local r = table.pack(fwd(mod, ...))
-      if not mod.training or self.reshard then self:_release(u) end
+      -- (a forward run inside the unit's own backward, activation recompute's, keeps the weights)
+      if not u.in_backward and (not mod.training or self.reshard) then self:_release(u) end
       return table.unpack(r, 1, r.n)
     end
     m.backward = function(mod, ...)
       self:_gather(u)
       self:_grads(u)
-      local r = table.pack(bwd(mod, ...))
+      u.in_backward = true
+      local r = table.pack(pcall(bwd, mod, ...))
+      u.in_backward = false
+      if not r[1] then error(r[2], 0) end
+      table.remove(r, 1)
+      r.n = r.n - 1
       self:_reduce(u)
       self:_release(u)
       return table.unpack(r, 1, r.n)
