@@ -1,143 +1,53 @@
 -- tests/test_recompute.lua: activation recompute on the CPU (recompute = "none" | "block" |
 -- "selective": lua/nvlua/llama.lua's header; the tape of a forward's decisions: recipe.record /
 -- recipe.replay in lua/nvlua/recipe.lua).
---   * numerics: for every registered recipe (recipe.names()) and five variants that reach the paths
---     the presets do not (f32 activations; bf16 blocks beside nvfp4 ones; MoR reusing choices over
---     steps; SR on a forward operand with delayed scaling, a data-parallel amax reducer and an SR
---     shard; fp8 with the reducer), a 2-block Llama trains 3 optimizer steps of 2 micro-batches each
---     (one weight cache per step, as the training loop runs them) under each mode: every
---     micro-batch's loss, the whole gradient buffer after each step, the final parameters (byte for
---     byte), the recipe's state (SR generator offset, delayed-scaling histories, MoR's reused choices),
---     nv.stats' GEMM and MoR counters, MoR's per-step counts, the weight cache's size and the
---     reducer's calls are identical. Three steps, so that delayed scaling's history holds the earlier
---     steps' amaxes when a block is recomputed (its own forward's push included: the replay must not
---     read it). A control breaks the replay (the tape ignored) and must differ.
---   * memory: what a training forward keeps, exactly: none - block = L * N * (A - C) and none -
---     selective = L * N * (2C + F) (activation-dtype bytes; A, the bytes "none" keeps per token and
---     block, = ab * (4C + 2*Dq + 2*kvC + 3F) + 4 * (Hq + 2), itself checked against the measured
---     total); and the peak of a whole step lower by at least (L - 1) and at most L blocks' savings.
+--   * numerics (tests/recompute_cases.lua): for every registered recipe (recipe.names()) and five
+--     variants that reach the paths the presets do not (f32 activations; bf16 blocks beside nvfp4
+--     ones; MoR reusing choices over steps; SR on a forward operand with delayed scaling, a
+--     data-parallel amax reducer and an SR shard; fp8 with the reducer), a 2-block Llama trains 2
+--     optimizer steps of 2 micro-batches each (one weight cache per step, as the training loop runs
+--     them) under each mode: every micro-batch's loss, the whole gradient buffer after each step, the
+--     final parameters (byte for byte), the recipe's state (SR generator offset, delayed-scaling
+--     histories, MoR's reused choices), nv.stats' GEMM and MoR counters, MoR's per-step counts, the
+--     weight cache's size and the reducer's calls are identical. Several forwards, so that delayed
+--     scaling's history holds earlier amaxes when a block is recomputed (its own forward's push
+--     included: the replay must not read it). A control runs the recompute without its replay
+--     and must differ.
+--   * memory (bf16 and f32 activations): what a training forward keeps, exactly — per token and block
+--     A = ab * (4C + 2*Dq + 2*kvC + 3F) + 4 * (Hq + 2) bytes under none (checked against the measured
+--     total), A - ab*C less under block, ab * (2C + F) less under selective — and a whole step's peak:
+--     lower by (L-1) * (A - max(c, delta)) under block (delta: one block's dgrad weight copies, which
+--     the step's weight cache holds), by (L-1) to L blocks' ab * (2C + F) under selective.
 --   * the module and train-key options, their errors, eval mode, a forward without its backward,
---     a replay that does not match its record; a short run with recompute=block equals recompute=none.
+--     a replay that does not match its record; short runs with recompute=block and selective equal
+--     recompute=none's, and say so.
 -- tests/test_cuda_recompute.lua runs the numerics on the CUDA backend (its emulation on the CPU).
 local T = require "nvlua.test"
 local nv = require "nvlua"
 local llama = require "nvlua.llama"
 local recipe = require "nvlua.recipe"
-local stats = require "nvlua.stats"
-local optim = require "nvlua.optim"
 
-local MODES = {"none", "block", "selective"}
-
--- Sizes every recipe takes: MoR's 128-element blocks need 128 | hidden (128), q width (4 x 64),
--- kv width (2 x 64), FFN (128) and the tokens of a micro-batch (2 x 64).
-local CFG = {vocab_size = 96, hidden_size = 128, intermediate_size = 128, num_hidden_layers = 2,
-  num_attention_heads = 4, num_key_value_heads = 2, head_dim = 64, max_position_embeddings = 64}
-
--- micro-batch mb of step s: ids and targets [2, 64] (0-based token ids)
-local function batch(s, mb)
-  local g = nv.Generator(100 * s + mb)
-  local ids = (nv.rand(2, 64, {generator = g}) * 95):to("i64")
-  local tg = (nv.rand(2, 64, {generator = g}) * 95):to("i64")
-  return ids, tg
-end
-
--- The variants: name -> a function returning a new recipe and, optionally, a function giving more
--- state to compare (the reducer's calls).
-local VARIANTS = {}
-for _, name in ipairs(recipe.names()) do
-  VARIANTS[#VARIANTS + 1] = {name, function() return recipe.make(name) end}
-end
--- a data-parallel amax reducer for a world of one (the max over one rank: the amax itself), counting
--- its calls: a recompute must not run the collective again
-local function counting_reducer(r)
-  local calls = {n = 0}
-  r:set_amax_reducer(function(a) calls.n = calls.n + 1; return a end)
-  return r, function() return calls.n end
-end
-VARIANTS[#VARIANTS + 1] = {"nvfp4 with f32 activations", function() return recipe.make("nvfp4", {act_dtype = "f32"}) end}
-VARIANTS[#VARIANTS + 1] = {"nvfp4 with block 0 in bf16", function()
-  return recipe.make("nvfp4", {bf16_first = 1, bf16_last = 0})
-end}
-VARIANTS[#VARIANTS + 1] = {"mor reusing choices (every = 2)", function() return recipe.mor({every = 2}) end}
-VARIANTS[#VARIANTS + 1] = {"custom: SR on x, delayed nvfp4 weights, reducer, SR shard 0 of 2", function()
-  local r = recipe.custom(function(c)
-    if c.high_precision then return "bf16" end
-    if c.operand == "w" then return {format = "nvfp4", block = "2d", delayed = true} end
-    return {format = "nvfp4", sr = true}
-  end, {act_dtype = "bf16", seed = 9})
-  r:set_shard(0, 2)
-  return counting_reducer(r)
-end}
-VARIANTS[#VARIANTS + 1] = {"fp8_cs with a reducer", function() return counting_reducer(recipe.make("fp8_cs")) end}
-
--- 3 optimizer steps of a fresh model under make()'s recipe and recompute mode -> per step what must
--- not depend on the mode, and the final parameters' bytes
-local function trace(make, mode)
-  stats.reset()
-  local rec, extra = make()
-  local m = llama.Llama(CFG, {recipe = rec, seed = 4, recompute = mode})
-  local opt = optim.AdamW(m:named_parameters(), {lr = 1e-2})
-  local out = {}
-  for s = 1, 3 do
-    m.step = s - 1
-    m:zero_grad()
-    local losses, cached = {}, nil
-    recipe.weight_cache(function()
-      for mb = 1, 2 do
-        local ids, tg = batch(s, mb)
-        losses[mb] = string.pack("<d", m:forward_backward(ids, tg, {scale = 0.5}))
-      end
-      cached = recipe.weight_cache_size()
-    end)
-    out[s] = {losses = losses, grads = m.grad_buffer:bytes(), state = rec:state(), gemms = stats.gemms(),
-      reps = stats.representations(), mor = rec.mor and rec.mor:take_step() or false, cached = cached,
-      extra = extra and extra() or false}
-    opt:step()
-  end
-  out.params = {}
-  for _, p in ipairs(m:named_parameters()) do out.params[p.name] = p.param:bytes() end
-  return out
-end
-
--- a and b (traces) the same; what: the comparison's name. -> nil, or the first difference found
-local function differ(a, b)
-  for s = 1, 3 do
-    local x, y = a[s], b[s]
-    for mb = 1, 2 do if x.losses[mb] ~= y.losses[mb] then return string.format("step %d micro-batch %d loss", s, mb) end end
-    if x.grads ~= y.grads then return string.format("step %d gradients", s) end
-    for _, k in ipairs({"state", "gemms", "reps", "mor", "cached", "extra"}) do
-      if not T.deep_eq(x[k], y[k]) then
-        return string.format("step %d %s%s", s, k, type(x[k]) == "table" and "" or (": " .. T.show(x[k]) .. " vs " .. T.show(y[k])))
-      end
-    end
-  end
-  for name, bytes in pairs(a.params) do if b.params[name] ~= bytes then return "final parameter " .. name end end
-end
+local R = dofile("tests/recompute_cases.lua")
+local MODES, CFG, batch, trace, differ = R.MODES, R.CFG, R.batch, R.trace, R.differ
 
 T.case("every recipe: losses, gradients, parameters and recipe state identical under none, block and selective", function()
-  for _, v in ipairs(VARIANTS) do
-    local base = trace(v[2], "none")
-    T.ok(#base[3].losses == 2 and next(base.params), v[1] .. ": traced")
-    for _, mode in ipairs({"block", "selective"}) do
-      local d = differ(trace(v[2], mode), base)
-      T.ok(d == nil, string.format("%s, recompute=%s: %s differs from recompute=none", v[1], mode, tostring(d)))
-    end
-  end
+  R.check_all({steps = 2, micro = 2})
 end)
 
 T.case("the comparison sees a recompute that decides again (control: no replay)", function()
   -- fp8_delayed with the block's second forward run plainly: it takes its amaxes from histories that
   -- now hold its own first forward's push, and pushes again; the gradients must differ
   local make = function() return recipe.make("fp8_delayed") end
-  local base = trace(make, "none")
+  local o = {steps = 2, micro = 2, cfg = R.SMALL}
+  local base = trace(make, "none", o)
   local replay = recipe.replay
   local broken = T.with(function(f) local p = recipe.replay; recipe.replay = f; return p end,
-    function(_, fn, ...) return fn(...) end, trace, make, "block")
+    function(_, fn, ...) return fn(...) end, trace, make, "block", o)
   T.ok(recipe.replay == replay, "put back")
   local grads_differ = false
-  for s = 1, 3 do grads_differ = grads_differ or broken[s].grads ~= base[s].grads end
+  for s = 1, 2 do grads_differ = grads_differ or broken[s].grads ~= base[s].grads end
   T.ok(grads_differ, "a re-deciding recompute changes the gradients")
-  T.ok(not T.deep_eq(broken[3].state, base[3].state), "and the amax histories")
+  T.ok(not T.deep_eq(broken[2].state, base[2].state), "and the amax histories")
 end)
 
 -- ---- memory ------------------------------------------------------------------------------------------
