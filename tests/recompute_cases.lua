@@ -133,4 +133,50 @@ function M.check_all(o)
   end
 end
 
+--- M.per_token(cfg, ab) -> A, the bytes recompute=none keeps per token and block (llama.lua's header:
+-- the block input, both norm outputs, the residual, RoPE'd q and k, v, the attention output, gate, up
+-- and SwiGLU's product in the activation dtype of ab bytes; in f32 the attention's log-sum-exp, one per
+-- query head, and the two norms' rstd); what block keeps less (all but the input: A - ab*C); what
+-- selective keeps less (both norm outputs and the product: ab * (2C + F))
+function M.per_token(cfg, ab)
+  local C, F, Hq = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads
+  local hd = cfg.head_dim or C // Hq
+  local Dq, kvC = hd * Hq, hd * cfg.num_key_value_heads
+  local A = ab * (4 * C + 2 * Dq + 2 * kvC + 3 * F) + 4 * (Hq + 2)
+  return A, A - ab * C, ab * (2 * C + F)
+end
+
+--- M.memory(rname, mode, cfg, B [, device = "cpu"]) -> kept, peak: a model of cfg under recipe rname and
+-- recompute mode, batch [B, max_position_embeddings]: the bytes of device memory a training forward
+-- keeps beyond the logits it returns (inside the step's weight cache; the backward then run), and the
+-- peak of a second whole forward_backward above what was live before it.
+function M.memory(rname, mode, cfg, B, device)
+  device = device or "cpu"
+  local S, V = cfg.max_position_embeddings, cfg.vocab_size
+  collectgarbage()
+  collectgarbage()
+  local m = llama.Llama(cfg, {recipe = rname, seed = 1, recompute = mode})
+  if device ~= "cpu" then m:to(device) end
+  local g = nv.Generator(5)
+  local ids, tg = (nv.rand(B, S, {generator = g}) * (V - 1)):to("i64"), (nv.rand(B, S, {generator = g}) * (V - 1)):to("i64")
+  local function live() return nv.memory()[device] end
+  local kept = recipe.weight_cache(function()
+    local base = live()
+    local logits = m:forward(ids)                             -- (N, V)
+    local k = live() - base - logits:nbytes()
+    local _, _, d = nv.core.cross_entropy(logits, tg:reshape(B * S):to(device),
+      {grad = true, grad_dtype = logits:dtype()})
+    logits:free()
+    m:backward(d)
+    d:free()
+    return k
+  end)
+  m:zero_grad()
+  collectgarbage()
+  local base = live()
+  nv.reset_peak_memory()
+  m:forward_backward(ids, tg)
+  return kept, nv.memory().peak[device] - base
+end
+
 return M

@@ -57,50 +57,15 @@ local MCFG = {vocab_size = 64, hidden_size = 128, intermediate_size = 512, num_h
   num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256}
 local B, S = 2, 256
 
-local function mem_batch()
-  local g = nv.Generator(5)
-  return (nv.rand(B, S, {generator = g}) * 63):to("i64"), (nv.rand(B, S, {generator = g}) * 63):to("i64")
-end
-
--- bytes a training forward keeps (beyond the logits it returns), then the backward run: -> kept, and
--- the peak of a whole forward_backward above what was live before it
-local function measure(rname, mode)
-  collectgarbage()
-  collectgarbage()
-  local m = llama.Llama(MCFG, {recipe = rname, seed = 1, recompute = mode})
-  local ids, tg = mem_batch()
-  local kept = recipe.weight_cache(function()
-    local base = nv.memory().cpu
-    local logits = m:forward(ids)                             -- (N, V)
-    local k = nv.memory().cpu - base - logits:nbytes()
-    local _, _, d = nv.core.cross_entropy(logits, tg:reshape(B * S), {grad = true, grad_dtype = logits:dtype()})
-    logits:free()
-    m:backward(d)
-    d:free()
-    return k
-  end)
-  m:zero_grad()
-  collectgarbage()
-  local base = nv.memory().cpu
-  nv.reset_peak_memory()
-  m:forward_backward(ids, tg)
-  return kept, nv.memory().peak.cpu - base
-end
-
 T.case("memory: what a training forward keeps and a step's peak, as counted, under each mode", function()
   local C, F, L, N = MCFG.hidden_size, MCFG.intermediate_size, MCFG.num_hidden_layers, B * S
   local hd = C // MCFG.num_attention_heads
-  local Dq, kvC, Hq = hd * MCFG.num_attention_heads, hd * MCFG.num_key_value_heads, MCFG.num_attention_heads
+  local Dq, kvC = hd * MCFG.num_attention_heads, hd * MCFG.num_key_value_heads
   for _, rname in ipairs({"bf16", "f32"}) do
     local ab = rname == "bf16" and 2 or 4 -- the activation dtype's bytes
-    -- what recompute=none keeps per token and block (llama.lua's header): the block input, both norm
-    -- outputs, the residual, RoPE'd q and k, v, the attention output, gate, up, SwiGLU's product; in
-    -- f32 the attention's log-sum-exp (one per query head) and the two norms' rstd
-    local A = ab * (4 * C + 2 * Dq + 2 * kvC + 3 * F) + 4 * (Hq + 2)
-    local block_saves = A - ab * C              -- recompute=block keeps the block input only
-    local selective_saves = ab * (2 * C + F)    -- recompute=selective drops both norm outputs and the product
+    local A, block_saves, selective_saves = R.per_token(MCFG, ab)
     local kept, peak = {}, {}
-    for _, mode in ipairs(MODES) do kept[mode], peak[mode] = measure(rname, mode) end
+    for _, mode in ipairs(MODES) do kept[mode], peak[mode] = R.memory(rname, mode, MCFG, B) end
     -- the total kept under none: L blocks; the final norm's input (the last block's output) and rstd,
     -- and its output (the LM head's input); the step's weight copies (bf16: one of every linear, 2
     -- bytes per parameter; f32 runs plain GEMMs); the RoPE tables (f32 cos and sin, T x head_dim),
