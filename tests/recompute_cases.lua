@@ -119,10 +119,11 @@ function M.differ(a, b)
   for name, bytes in pairs(a.params) do if b.params[name] ~= bytes then return "final parameter " .. name end end
 end
 
---- M.check_all(o): every variant traced under each mode (o: M.trace's options but cfg: the variant's),
--- block and selective against none
+--- M.check_all(o): every variant (or those o.variants names, a set) traced under each mode (o: M.trace's
+-- options but cfg: the variant's), block and selective against none
 function M.check_all(o)
   for _, v in ipairs(M.VARIANTS) do
+    if o and o.variants and not o.variants[v[1]] then goto next end
     local to = {device = o and o.device, steps = o and o.steps, micro = o and o.micro, cfg = v[3] or M.SMALL}
     local base = M.trace(v[2], "none", to)
     T.ok(#base[base.steps].losses == base.micro and next(base.params), v[1] .. ": traced")
@@ -130,6 +131,7 @@ function M.check_all(o)
       local d = M.differ(M.trace(v[2], mode, to), base)
       T.ok(d == nil, string.format("%s, recompute=%s: %s differs from recompute=none", v[1], mode, tostring(d)))
     end
+    ::next::
   end
 end
 

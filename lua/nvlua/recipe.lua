@@ -489,7 +489,10 @@ function Recipe:_quantize(s, t, axis, key, split)
   if s.rht then o.rht = true end
   if s.sr then o.sr = true; o.generator = self.gen end
   if s.scale_rule then o.scale_rule = s.scale_rule end
-  if s.sr and split and self.shard then -- rank r's tokens are rows [r·n, (r+1)·n) of the global batch
+  -- delayed scaling with its history on the device (not under data parallelism: its amaxes are reduced
+  -- on the host, and its SR draws placed by the shard below)
+  local device_history = s.delayed and t:device() ~= "cpu" and not self.amax_reducer
+  if s.sr and split and self.shard and not device_history then -- rank r's tokens are rows [r·n, (r+1)·n) of the global batch
     local n = t:size(1)
     if axis == 2 then o.sr_row_offset = self.shard.rank * n
     else o.sr_k_offset, o.sr_k_total = self.shard.rank * n, self.shard.world * n end
@@ -506,7 +509,7 @@ function Recipe:_quantize(s, t, axis, key, split)
   end
   local offset = s.sr and self.gen:offset() or nil -- where this quantization's SR draws start
   local rec, hist
-  if s.delayed and t:device() ~= "cpu" and not self.amax_reducer then -- the history on the device
+  if device_history then -- the history on the device
     o.amax = self:_device_amax(key, t, s, axis)
     tape_put(key, {amax = o.amax, offset = offset}, o.amax)
     return quant.quantize(t, s.format, o)
