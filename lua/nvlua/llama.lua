@@ -13,8 +13,9 @@
 -- activation recompute (Block:set_recompute, Llama's recompute option, train's recompute key):
 --   "none"       every layer keeps what its backward reads (per token and block, in the activation
 --                dtype: the block input, both norm outputs, the residual, RoPE'd q and k, v, the
---                attention output, gate, up and SwiGLU's product: 6C + 2·kvC + 3F; in f32 the
---                attention's log-sum-exp and the two norms' rstd: Hq + 2)
+--                attention output, gate, up and SwiGLU's product: 4C + 2·Dq + 2·kvC + 3F, with Dq and
+--                kvC the query and key/value widths; in f32 the attention's log-sum-exp, one per query
+--                head, and the two norms' rstd: Hq + 2)
 --   "block"      the block keeps only its input x (C per token): its forward runs with the layers
 --                keeping nothing, and its backward first runs that forward again, the layers keeping
 --                what their backward reads, then back-propagates; so one block's activations exist at
