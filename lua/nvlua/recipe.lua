@@ -427,7 +427,8 @@ end
 --- recipe.replaying() -> true inside recipe.replay
 function M.replaying() return tape ~= nil and tape.replay end
 
--- Record entry e under key (while a forward is recorded); tensors in e.owned_values are the tape's.
+-- Record entry e under key (while a forward is recorded); the tensors given after e become the tape's
+-- (unscoped; recipe.release_tape frees them).
 local function tape_put(key, e, ...)
   if not tape or tape.replay then return end
   local l = tape.entries[key]
@@ -442,8 +443,8 @@ local function tape_take(key)
   local n = (tape.pos[key] or 0) + 1
   local e = (tape.entries[key] or {})[n]
   if not e then
-    error(string.format("recompute: the recomputed forward quantized %s %s, which the first forward did not (it must " ..
-      "run the same quantizations in the same order)", key, n > 1 and ("a " .. n .. "th time") or ""), 0)
+    error(string.format("recompute: the recomputed forward quantized %s%s, which the first forward did not (it must " ..
+      "run the same quantizations in the same order)", key, n > 1 and (" a " .. n .. "th time") or ""), 0)
   end
   tape.pos[key] = n
   return e
