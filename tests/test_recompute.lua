@@ -20,7 +20,9 @@
 --     the step's weight cache holds), by (L-1) to L blocks' ab * (2C + F) under selective.
 --   * the module and train-key options, their errors, eval mode, a forward without its backward,
 --     a replay that does not match its record; short runs with recompute=block and selective equal
---     recompute=none's, and say so.
+--     recompute=none's, and say so; and so under data parallelism (2 ranks under mpirun, nvfp4 and
+--     fp8_delayed: the global-batch amax all-reduces, SR at global block indices; skipped without
+--     mpirun).
 -- tests/test_cuda_recompute.lua runs the numerics on the CUDA backend (its emulation on the CPU).
 local T = require "nvlua.test"
 local nv = require "nvlua"
@@ -202,5 +204,55 @@ T.case("train: recompute=block and selective train as recompute=none does, bit f
   end
   T.raises(function() config.parse(train.schema, {"recompute=full"}) end,
     "config: recompute must be one of none, block, selective, got 'full'")
+  T.rm_tree(root)
+end)
+
+-- ---- data parallelism -----------------------------------------------------------------------------
+
+T.case("data parallel (2 ranks under mpirun): nvfp4 and fp8_delayed train alike under every mode, bit for bit", function()
+  local dist = require "nvlua.dist"
+  local lfs = require "lfs"
+  local cjson = require "cjson"
+  local p = io.popen("command -v mpirun 2>/dev/null")
+  local mpirun = p and p:read("l")
+  if p then p:close() end
+  if not mpirun or mpirun == "" then T.skip("mpirun not found") end
+  if not dist.info().mpi then T.skip("nvlua built without MPI") end
+  local exe = arg[-1] -- the nvlua running this file, made absolute
+  do
+    local i = -1
+    while arg[i - 1] do i = i - 1 end
+    exe = arg[i]
+    if exe:sub(1, 1) ~= "/" and exe:find("/", 1, true) then exe = lfs.currentdir() .. "/" .. exe end
+  end
+  local root = T.tmpdir()
+  local corpus = T.write_corpus(root .. "/corpus.txt", {seed = 3, lines = 400, words = {"let", "there", "be", "light",
+    "and", "it", "was", "so"}})
+  T.write_file(root .. "/main.lua", 'require("nvlua.train").main({}, arg)\n')
+  -- the amaxes of the global batch (a max all-reduce per quantization: a recompute that ran it again
+  -- would desynchronise the ranks), SR at global block indices, delayed scaling's histories
+  for _, rname in ipairs({"nvfp4", "fp8_delayed"}) do
+    local runs = {}
+    for _, mode in ipairs(MODES) do
+      local out = root .. "/" .. rname .. "-" .. mode
+      local cmd = string.format("env OMP_NUM_THREADS=1 timeout 120 %s --allow-run-as-root --oversubscribe --bind-to none " ..
+        "-np 2 %s %s/main.lua data=%s cache=%s/cache layers=2 hidden=32 heads=4 kv_heads=2 ffn=64 seq=16 batch=2 " ..
+        "grad_accum=2 steps=3 warmup=1 eval_every=0 sample_tokens=0 plot=false save=false quiet=true dist=true " ..
+        "recipe=%s recompute=%s out=%s 2>&1", mpirun, exe, root, corpus, root, rname, mode, out)
+      local h = assert(io.popen(cmd))
+      local text = h:read("a")
+      local _, _, code = h:close()
+      T.eq(code, 0, rname .. " " .. mode .. ": mpirun's exit status; output:\n" .. text)
+      local steps = {}
+      for line in io.lines(out .. "/metrics.jsonl") do
+        local r = cjson.decode(line)
+        if r.loss then steps[#steps + 1] = string.pack("<dd", r.loss, r.grad_norm) end
+      end
+      T.eq(#steps, 3, rname .. " " .. mode .. ": steps logged")
+      runs[mode] = table.concat(steps)
+    end
+    T.ok(runs.block == runs.none, rname .. ": recompute=block's losses and gradient norms equal recompute=none's")
+    T.ok(runs.selective == runs.none, rname .. ": recompute=selective's equal recompute=none's")
+  end
   T.rm_tree(root)
 end)
