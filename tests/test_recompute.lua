@@ -83,12 +83,12 @@ T.case("memory: what a training forward keeps and a step's peak, as counted, und
     -- bytes per parameter, a copy of its own on the CPU; f32 GEMMs take no copies): delta per block.
     -- Under block the recomputed block's set is whole again while the others hold their input (c) or,
     -- once back-propagated, their dgrad copies (delta): the peak is at the first or the last block
-    -- back-propagated, whichever holds more, so none - block = (L-1) * (A - max(c, delta)), exactly.
+    -- back-propagated, whichever holds more, so none - block = (L-1) * (N*A - max(N*c, delta)), exactly.
     -- Under selective (A - s > delta here) it is the top block's backward, with the other blocks s
     -- lighter and part of the top block's s not rebuilt yet: none - selective in [(L-1) s, L s].
     local delta = rname == "bf16" and 2 * (lin - C * MCFG.vocab_size) // L or 0 -- bytes per block
     local block_peak = (L - 1) * (N * A - math.max(N * ab * C, delta))
-    T.eq(peak.none - peak.block, block_peak, rname .. ": recompute=block lowers the peak by (L-1)*(A - max(c, delta))")
+    T.eq(peak.none - peak.block, block_peak, rname .. ": recompute=block lowers the peak by (L-1)*(N*A - max(N*c, delta))")
     local saved = peak.none - peak.selective
     T.ok(saved >= (L - 1) * N * selective_saves and saved <= L * N * selective_saves, string.format(
       "%s selective: the peak %.3f MB lower, not within [%.3f, %.3f] MB ((L-1) to L blocks' savings)", rname,
