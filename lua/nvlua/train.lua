@@ -199,6 +199,10 @@ train.schema = config.schema({
   -- kernels), cudnn (cuDNN or an error saying why not), reference (the widened f32 op)
   attention = str("auto", {one_of = {"auto", "flash", "cudnn", "reference"},
     doc = "auto | flash | cudnn | reference (bf16 attention's kernels)"}),
+  -- activation recompute (nvlua.llama's header): none (keep every activation the backward reads), block
+  -- (keep each block's input; its backward runs its forward again first), selective (recompute the
+  -- norms' outputs and SwiGLU's product); the gradients are the same bits whichever
+  recompute = str("none", {one_of = {"none", "block", "selective"}, doc = "none | block | selective"}),
   -- cuDNN's attention backward without fp32 dq atomics (bit-reproducible runs; Hopper only, a B*Hq*T*T*2-byte
   -- workspace; elsewhere attention=auto falls back to the flash kernels, which are deterministic)
   attention_deterministic = bool(false),
@@ -435,7 +439,11 @@ function train.check_memory(c, rec, mc, world)
   local sm = train.shard_mode(c)
   local f_w, f_g = sm == "full" and 1 / world or 1, (sm == "grads" or sm == "full") and 1 / world or 1
   local state = (4 * f_w + 4 * f_g + (sm ~= "none" and 8 / world or 8)) * p.total
-  local acts = 2 * N * L * (6 * C + 2 * hd * mc.num_key_value_heads + 3 * F)
+  -- the bf16 activations a step keeps per token and block (nvlua.llama's header): all of them, the block's
+  -- input (recompute=block: plus one block's whole set) or all but the norms' outputs and SwiGLU's product
+  local block_acts = 6 * C + 2 * hd * mc.num_key_value_heads + 3 * F
+  local acts = 2 * N * (c.recompute == "block" and L * C + block_acts or
+    L * (block_acts - (c.recompute == "selective" and 2 * C + F or 0)))
   local fix = "lower layers, hidden, ffn, batch or seq (grad_accum keeps the tokens per step), or give " ..
     "check_memory=false to build it anyway"
   if (state + acts) * per_node > have then
@@ -503,7 +511,7 @@ function train.build(c)
   local rec = train.recipe(c)
   if sm == "grads" or sm == "full" then shard.check_world(train.model_config(c, vocab), world, sm) end
   train.check_memory(c, rec, train.model_config(c, vocab), world)
-  local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
+  local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed, recompute = c.recompute})
   if world > 1 then
     -- the same weights everywhere (they are by construction, from the seed; this makes it so)
     for _, e in ipairs(model:named_parameters()) do dist.broadcast(e.param, 0) end
