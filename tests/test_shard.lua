@@ -213,6 +213,25 @@ for _, recipe in ipairs({"bf16", "fp8_cs", "nvfp4"}) do
   end)
 end
 
+-- activation recompute inside sharded units: the recompute forward runs in the block's backward, where
+-- shard=full has gathered the block's weights again; the bits stay plain data parallelism's
+T.case("2 ranks, nvfp4: shard=full with recompute=block and shard=grads with recompute=selective = plain, bit for bit",
+  function()
+    need_mpi()
+    local common = {"recipe=nvfp4", "batch=2", "dist=true", "clip=0.5"}
+    local function with(...) local a = {table.unpack(common)}; for _, x in ipairs({...}) do a[#a + 1] = x end; return a end
+    local none = run(2, "rc/none", common)
+    local m0 = metrics(none)
+    for _, x in ipairs({{"shard=full", "recompute=block"}, {"shard=grads", "recompute=selective"},
+      {"shard=full", "recompute=selective", "reshard_after_forward=false"}}) do
+      local what = table.concat(x, " ")
+      local dir = run(2, "rc/" .. what:gsub("[ =]", "_"), with(table.unpack(x)))
+      for _, step in ipairs({2, 4}) do same_ckpt(none, dir, step, what .. " step " .. step) end
+      local m = metrics(dir)
+      for step = 1, 4 do T.eq(m[step].loss, m0[step].loss, what .. ": loss of step " .. step) end
+    end
+  end)
+
 T.case("3 ranks, nvfp4 (every parameter split unevenly): shard=grads and shard=full = plain, within the 3-rank bound", function()
   need_mpi()
   local common = {"recipe=nvfp4", "batch=2", "dist=true", "act_dtype=f32"}
