@@ -48,6 +48,14 @@ nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_plac
   (void)out; (void)t; (void)in_place; (void)rank; (void)world;
   return NO_NCCL("all_gather");
 }
+nvl_status nvl_nccl_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op, int rank, int world) {
+  (void)t; (void)op; (void)rank; (void)world;
+  return NO_NCCL("all_reduce");
+}
+nvl_status nvl_nccl_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t, int rank, int world) {
+  (void)out; (void)t; (void)rank; (void)world;
+  return NO_NCCL("all_gather");
+}
 
 #else /* NVLUA_HAVE_NCCL */
 
@@ -214,6 +222,17 @@ static nvl_status finish(const char *op, const char *call, ncclResult_t r) {
   }
 }
 
+/* The op just enqueued (r its launch result) without the host's wait: stream 0's later work waits
+ * for it (an event). */
+static nvl_status ordered(const char *op, const char *call, ncclResult_t r) {
+  if (r != ncclSuccess) return nccl_fail(op, call, r);
+  if (atomic_load(&aborted)) return nvl_error(NVL_EDEVICE, "%s: the NCCL communicator was aborted: %s", op, abort_reason);
+  cudaError_t e = cudaEventRecord(done, stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(0, done, 0);
+  if (e != cudaSuccess) return cuda_fail(op, "cudaEventRecord/cudaStreamWaitEvent", e);
+  return NVL_OK;
+}
+
 static nvl_status check(const char *op, const nvl_tensor *t, ncclDataType_t *dt) {
   char d[160];
   if (!nvl_tensor_is_contiguous(t)) return nvl_error(NVL_EUNSUPPORTED, "%s: CUDA tensors must be contiguous, got %s", op, nvl_tensor_desc(t, d, sizeof d));
@@ -300,6 +319,22 @@ nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_plac
   NVL_TRY(after_default_stream("all_gather"));
   return finish("all_gather", "ncclAllGather", N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out),
                 (size_t)nvl_tensor_numel(t), dt, comm, stream));
+}
+
+nvl_status nvl_nccl_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op, int rank, int world) {
+  ncclResult_t r;
+  NVL_TRY(queue_all_reduce("all_reduce", t, op, rank, world, &r));
+  return ordered("all_reduce", "ncclAllReduce", r);
+}
+
+nvl_status nvl_nccl_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t, int rank, int world) {
+  ncclDataType_t dt = ncclFloat32;
+  NVL_TRY(check("all_gather", t, &dt));
+  NVL_TRY(check("all_gather", out, &dt));
+  NVL_TRY(ensure_comm("all_gather", t, rank, world));
+  NVL_TRY(after_default_stream("all_gather"));
+  return ordered("all_gather", "ncclAllGather", N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out),
+                 (size_t)nvl_tensor_numel(t), dt, comm, stream));
 }
 
 const char *nvl_nccl_watch(int in_op) {
