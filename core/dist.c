@@ -829,6 +829,91 @@ static nvl_status all_gather(nvl_tensor *out, const nvl_tensor *t, int ordered) 
 
 nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t) { return all_gather(out, t, 0); }
 
+/* ---- nonblocking all-gathers ---------------------------------------------------------------------- */
+
+#define MAX_GATHERS 256
+static struct {
+  int used, cuda_slot;
+  nvl_tensor out, t; /* held until the wait */
+#ifdef NVLUA_HAVE_MPI
+  MPI_Request req;
+#endif
+} gathers[MAX_GATHERS];
+
+/* let the gathers in flight progress (Open MPI advances nonblocking collectives inside MPI calls) */
+static nvl_status gathers_test(const char *op) {
+#ifdef NVLUA_HAVE_MPI
+  for (int i = 0; i < MAX_GATHERS; i++)
+    if (gathers[i].used && gathers[i].cuda_slot < 0) {
+      int flag, rc = MPI_Test(&gathers[i].req, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) return mpi_fail(op, "MPI_Test", rc);
+    }
+#else
+  (void)op;
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *ticket) {
+  char d1[160], d2[160];
+  *ticket = -1;
+  NVL_TRY(check_tensor("all_gather_start", t));
+  NVL_TRY(check_tensor("all_gather_start", out));
+  if (t->ndim < 1 || out->dtype != t->dtype || out->device != t->device || !same_shape_tail(out, t) ||
+      out->shape[0] != t->shape[0] * S.world || !nvl_tensor_is_contiguous(out) || !nvl_tensor_is_contiguous(t))
+    return nvl_error(NVL_EINVAL, "all_gather_start: out (contiguous) holds the %d ranks' t (contiguous) along dim 1: got "
+                     "out %s, t %s", S.world, nvl_tensor_desc(out, d1, sizeof d1), nvl_tensor_desc(t, d2, sizeof d2));
+  size_t chunk = nvl_tensor_nbytes(t);
+  int in_place = t->storage == out->storage &&
+                 (char *)nvl_tensor_data(t) == (char *)nvl_tensor_data(out) + (size_t)S.rank * chunk;
+  if (t->storage == out->storage && !in_place)
+    return nvl_error(NVL_EINVAL, "all_gather_start: t shares out's storage but is not this rank's chunk of out");
+  count_bytes(NVL_DIST_BYTES_ALL_GATHER, nvl_tensor_nbytes(out));
+  if (t->device != NVL_CUDA && !S.use_mpi) return in_place ? NVL_OK : nvl_tensor_copy(out, t); /* a world of one */
+  int i = 0;
+  while (i < MAX_GATHERS && gathers[i].used) i++;
+  if (i == MAX_GATHERS)
+    return nvl_error(NVL_EINVAL, "all_gather_start: more than %d all-gathers in flight; wait for some", MAX_GATHERS);
+  gathers[i].cuda_slot = -1;
+  if (t->device == NVL_CUDA) {
+    NVL_TRY(nvl_nccl_all_gather_start(out, t, S.rank, S.world, &gathers[i].cuda_slot));
+  } else {
+#ifdef NVLUA_HAVE_MPI
+    NVL_TRY(check_count("all_gather_start", (int64_t)chunk * S.world));
+    int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : nvl_tensor_data(t), (int)chunk, MPI_BYTE, nvl_tensor_data(out),
+                            (int)chunk, MPI_BYTE, comm, &gathers[i].req);
+    if (rc != MPI_SUCCESS) return mpi_fail("all_gather_start", "MPI_Iallgather", rc);
+#endif
+  }
+  gathers[i].used = 1;
+  nvl_tensor_share(&gathers[i].out, out);
+  nvl_tensor_share(&gathers[i].t, t);
+  *ticket = i;
+  return gathers_test("all_gather_start");
+}
+
+nvl_status nvl_dist_all_gather_wait(int ticket) {
+  if (ticket == -1) return NVL_OK;
+  if (ticket < 0 || ticket >= MAX_GATHERS || !gathers[ticket].used)
+    return nvl_error(NVL_EINVAL, "all_gather_wait: no all-gather in flight has ticket %d", ticket);
+  nvl_status st = NVL_OK;
+  if (gathers[ticket].cuda_slot >= 0) {
+    st = nvl_nccl_event_wait(gathers[ticket].cuda_slot);
+  } else {
+#ifdef NVLUA_HAVE_MPI
+    char d[160];
+    op_begin("all_gather (started by all_gather_start: %s)", nvl_tensor_desc(&gathers[ticket].t, d, sizeof d));
+    int rc = MPI_Wait(&gathers[ticket].req, MPI_STATUS_IGNORE);
+    op_end();
+    if (rc != MPI_SUCCESS) st = mpi_fail("all_gather_wait", "MPI_Wait", rc);
+#endif
+  }
+  gathers[ticket].used = 0;
+  nvl_tensor_release(&gathers[ticket].out);
+  nvl_tensor_release(&gathers[ticket].t);
+  return st;
+}
+
 nvl_status nvl_dist_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t) { return all_gather(out, t, 1); }
 
 nvl_status nvl_dist_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op) {

@@ -112,6 +112,18 @@ nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t);
 nvl_status nvl_dist_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op);
 nvl_status nvl_dist_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t);
 
+/* A nonblocking all-gather (prefetching the next layer's weights while this one computes): start out =
+ * the ranks' t as nvl_dist_all_gather does (contiguous tensors; in place when t is out's own chunk)
+ * and return; *ticket names it for nvl_dist_all_gather_wait (-1: nothing to wait for, a world of one).
+ * CPU tensors: MPI_Iallgather (Open MPI advances it inside MPI calls: each start and wait tests the
+ * gathers in flight). CUDA tensors: NCCL on its stream after stream 0's queued work, then an event; stream
+ * 0 does not wait, so the work queued next runs beside it. out and t are held (a share each) until the
+ * wait; neither may be touched meanwhile. At most 256 in flight. */
+nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *ticket);
+/* Complete one: CPU, MPI_Wait (out then holds the result); CUDA, stream 0's later work waits for it (an
+ * event; the host does not wait). */
+nvl_status nvl_dist_all_gather_wait(int ticket);
+
 /* The row split every sharded feature uses (ZeRO-2/3 shards, the quantized all-gather): `rows` rows
  * over `world` ranks in units of `align` rows (align >= 1), front-loaded like torch.chunk and FSDP2:
  *   chunk = ceil(ceil(rows / align) / world) * align        rows per rank, padding included

@@ -27,8 +27,10 @@ extern "C" {
 #endif
 
 typedef struct {
-  int axis;          /* 1: blocked along K (the fprop copy); 0: blocked along the rows (a dgrad copy) */
-  int block2d;       /* nvfp4 16x16 tiles (axis 1) */
+  /* which copies: NVL_QG_AXIS1 (blocked along K: the fprop copy), NVL_QG_AXIS0 (blocked along the rows:
+   * a 1-D blocked format's dgrad copy), or both (one amax reduction for the two); 0: NVL_QG_AXIS1 */
+  int copies;
+  int block2d;       /* nvfp4 16x16 tiles (the axis-1 copy) */
   nvl_mx_rule rule;  /* e8m0 scale rule */
   /* the global amax to use instead of reducing the shards' (delayed scaling's, or another copy's):
    * a number, a one-element f32 tensor (on the shard's device: read there), or a quantized tensor's
@@ -38,21 +40,38 @@ typedef struct {
   const nvl_tensor *amax_t;
   const nvl_qtensor *amax_of;
   int nocheck;       /* skip the cross-rank agreement check (one small host all-reduce) */
-  /* the rows' split: dist.shard_rows(rows, world, align) with this align (0: nvl_qgather_align's;
-   * else a multiple of it: one split serving both copies of a weight, e.g. 32 for mx) */
+  /* the rows' split: dist.shard_rows(rows, world, align) with this align (0: the least the copies
+   * need, nvl_qgather_align; else a multiple of it) */
   int64_t align;
 } nvl_qgather_opts;
 
-/* The row alignment a shard of this format's axis copy needs (1, 16 or 32); 0 if the copy cannot
- * be gathered (16x16 tiles along axis 0: take the axis-1 copy's transpose). */
+enum { NVL_QG_AXIS1 = 1, NVL_QG_AXIS0 = 2 };
+
+/* A started quantized all-gather (its buffers and the collectives in flight). */
+typedef struct nvl_qgather nvl_qgather;
+
+/* The row alignment a shard of this format's copy along axis (1: K, 0: the rows) needs (1, 16 or 32);
+ * 0 if that copy is not gathered (16x16 tiles along axis 0: take the axis-1 copy's transpose). */
 int64_t nvl_qgather_align(nvl_dtype format, int block2d, int axis);
 
-/* out = the quantization of W (rows, K) along o->axis (per nvl_quantize: RNE, no RHT), where this
- * rank holds shard = W's rows nvl_dist_shard_rows(rows, world, align) gives it, align =
- * nvl_qgather_align. Every rank calls it with the same rows, K, format and options (checked across
- * the ranks unless o->nocheck: a mismatch is the same error on every rank). out lives on the shard's
- * device; its amax is the global one (on a device: in device memory, read back on demand). */
-nvl_status nvl_quantize_all_gather(nvl_qtensor *out, const nvl_tensor *shard, int64_t rows, nvl_dtype format,
+/* Start gathering the quantization of W (rows, K), each copy asked for (per nvl_quantize: RNE, no RHT),
+ * where this rank holds shard = W's rows nvl_dist_shard_rows(rows, world, align) gives it. Every rank
+ * calls it with the same rows, K, format and options (checked across the ranks unless o->nocheck: a
+ * mismatch is the same error on every rank, raised before anything is gathered). The amax reduction and
+ * the shard's quantization happen here (on the host: a blocking all-reduce of a few numbers; on a device:
+ * queued), the gathers are started (dist.h nvl_dist_all_gather_start): the work queued next on the
+ * device runs beside them. *g: the handle for nvl_quantize_all_gather_wait. */
+nvl_status nvl_quantize_all_gather_start(nvl_qgather **g, const nvl_tensor *shard, int64_t rows, nvl_dtype format,
+                                         const nvl_qgather_opts *o);
+/* Complete g and free it: out[0] = the axis-1 copy, out[1] = the axis-0 copy (those asked for; the others
+ * null), on the shard's device, their amax the global one (on a device: in device memory, read back on
+ * demand). On a device nothing waits on the host: stream 0's later work waits for the gathers. */
+nvl_status nvl_quantize_all_gather_wait(nvl_qtensor out[2], nvl_qgather *g);
+/* Drop a started gather without its result (its collectives are completed first: every rank must
+ * complete them). */
+void nvl_qgather_free(nvl_qgather *g);
+/* start + wait. */
+nvl_status nvl_quantize_all_gather(nvl_qtensor out[2], const nvl_tensor *shard, int64_t rows, nvl_dtype format,
                                    const nvl_qgather_opts *o);
 
 #ifdef __cplusplus

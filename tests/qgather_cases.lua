@@ -186,4 +186,59 @@ function M.run(device)
   return lines
 end
 
+-- Prefetching: gathers started with async = true for several weights at once, other work (a GEMM, a
+-- blocking all-reduce) between, waited for in reverse order; a handle dropped without a wait. Each result
+-- must equal the unsharded quantization. -> lines as M.run's.
+function M.run_async(device)
+  local rank, world = dist.rank(), dist.world_size()
+  local lines = {}
+  local ok, err = pcall(function()
+    local specs = {{format = "nvfp4", block = "2d"}, "e4m3", "mxfp8_e4m3", "nvfp4"}
+    local W, handles = {}, {}
+    for i, spec in ipairs(specs) do
+      W[i] = M.weight(96, 64, "outliers", 400 + i)
+      local sr = dist.shard_rows(96, world, nv.quant.gather_align(spec, "both"))[rank + 1]
+      local shard = W[i]:narrow(1, sr.row0 + 1, sr.rows):contiguous()
+      if device == "cuda" then shard = shard:cuda() end
+      handles[i] = nv.quant.all_gather_quantized(shard, spec, {rows = 96, copies = "both", async = true})
+      if not handles[i]:pending() then error("a started gather is pending until waited for", 0) end
+    end
+    local dropped = nv.quant.all_gather_quantized(device == "cuda" and W[1]:narrow(1, 1, 0):cuda() or W[1]:narrow(1, 1, 0),
+      "e4m3", {rows = 0, async = true}) -- 0 rows: every rank's shard is empty
+    local x = nv.randn(64, 64, {generator = nv.Generator(9)})
+    if device == "cuda" then x = x:cuda() end
+    local y = x:matmul(x) -- work between the start and the wait
+    local t = nv.full({4}, rank + 1)
+    dist.all_reduce(t, "sum") -- a blocking collective while the gathers are in flight
+    dropped = nil
+    collectgarbage() -- a dropped handle completes its collectives (every rank drops it)
+    for i = #specs, 1, -1 do
+      local q, qt = handles[i]:wait()
+      local s = spec_table(specs[i])
+      local ref = quantize_whole(W[i], specs[i], 2)
+      local reft = transposable(specs[i]) and quantize_whole(W[i]:transpose():contiguous(), specs[i], 2)
+        or quantize_whole(W[i], specs[i], 1)
+      local e = M.diff(q:cpu(), ref) .. M.diff(qt:cpu(), reft)
+      lines[#lines + 1] = (e == "" and "ok async " or "FAIL async ") .. s.format .. (s.block or "") .. " " .. e
+      if handles[i]:pending() then error("waited for, no longer pending", 0) end
+    end
+    -- dist's own nonblocking all-gather (a bf16 or f32 weight's prefetch), in place, beside the others
+    local full = nv.zeros(world * 3, 5)
+    full:narrow(1, 3 * rank + 1, 3):fill_(rank + 0.5)
+    if device == "cuda" then full = full:cuda() end
+    local ticket = dist.all_gather_start(full, full:narrow(1, 3 * rank + 1, 3))
+    dist.all_gather_wait(ticket)
+    local fc = full:cpu()
+    for r = 0, world - 1 do
+      if fc:narrow(1, 3 * r + 1, 3):eq(r + 0.5):sum() ~= 15 then error("dist.all_gather_start: rank " .. r .. "'s rows", 0) end
+    end
+    if pcall(dist.all_gather_wait, ticket) and world > 1 then error("a second all_gather_wait must raise", 0) end
+    local again = pcall(handles[1].wait, handles[1])
+    if again then error("a second wait must raise", 0) end
+    if y:cpu():sum() ~= y:cpu():sum() or t:cpu():get(1) ~= world * (world + 1) // 2 then error("the work between", 0) end
+  end)
+  if not ok then lines[#lines + 1] = "FAIL async: " .. tostring(err) end
+  return lines
+end
+
 return M

@@ -80,6 +80,7 @@ local r, world = dist.init()
 local C = dofile("tests/qgather_cases.lua")
 local function say(s) print(string.format("rank %d: %s", r, s)) end
 for _, l in ipairs(C.run("cuda")) do say(l) end
+for _, l in ipairs(C.run_async("cuda")) do say(l) end
 -- host synchronisations of a gather of both copies, sync off, the allocator warm (a first round)
 core.cuda_set_sync(false)
 local W = C.weight(128, 64, "outliers", 4)
@@ -90,14 +91,17 @@ for i, spec in ipairs(specs) do
   shards[i] = W:narrow(1, sr.row0 + 1, sr.rows):contiguous():cuda()
 end
 local got, syncs = {}, 0
-for round = 1, 2 do
+for round = 1, 3 do -- blocking (warming the allocator), blocking, then started together and waited for
   core.cuda_synchronize()
   local s0 = core.cuda_emu_counters().host_syncs
+  local h = {}
   for i, spec in ipairs(specs) do
     if got[i] then got[i][1]:free(); got[i][2]:free() end
-    got[i] = {nv.quant.all_gather_quantized(shards[i], spec, {rows = 128, copies = "both"})}
+    if round < 3 then got[i] = {nv.quant.all_gather_quantized(shards[i], spec, {rows = 128, copies = "both"})}
+    else h[i] = nv.quant.all_gather_quantized(shards[i], spec, {rows = 128, copies = "both", async = true}) end
   end
-  syncs = core.cuda_emu_counters().host_syncs - s0
+  for i = 1, #h do got[i] = {h[i]:wait()} end
+  syncs = syncs + (round > 1 and core.cuda_emu_counters().host_syncs - s0 or 0)
 end
 local same = true
 for i, spec in ipairs(specs) do
@@ -117,6 +121,8 @@ say(string.format("host syncs %d, same %s", syncs, tostring(same)))
       T.ok(out:find(string.format("rank %d: ok %s\n", rank, c[1]), 1, true) ~= nil,
         string.format("rank %d, case %s; output:\n%s", rank, c[1], out))
     end
+    local asyncs = select(2, out:gsub(string.format("rank %d: ok async ", rank), ""))
+    T.eq(asyncs, 4, string.format("rank %d: the prefetched gathers; output:\n%s", rank, out))
     T.ok(out:find(string.format("rank %d: host syncs 0, same true", rank), 1, true) ~= nil,
       "rank " .. rank .. ": no host sync, the unsharded bits; output:\n" .. out)
   end

@@ -176,6 +176,7 @@ local r, world = dist.init()
 local C = dofile("tests/qgather_cases.lua")
 local function say(s) print(string.format("rank %d: %s", r, s)) end
 for _, l in ipairs(C.run("cpu")) do say(l) end
+for _, l in ipairs(C.run_async("cpu")) do say(l) end
 
 -- control: the outlier weight's shards quantized each with its own amax are not the whole tensor's
 -- rows on a rank whose shard does not hold the largest value
@@ -229,6 +230,8 @@ local function run_ranks(n)
       T.ok(out:find(string.format("rank %d: ok %s\n", rank, c[1]), 1, true) ~= nil,
         string.format("rank %d, case %s; output:\n%s", rank, c[1], out))
     end
+    local asyncs = select(2, out:gsub(string.format("rank %d: ok async ", rank), ""))
+    T.eq(asyncs, 4, string.format("rank %d: the prefetched gathers; output:\n%s", rank, out))
     local holds, same = out:match(string.format("rank %d: control holds_max=(%%a+) same=(%%a+)", rank))
     if holds then
       T.eq(same, holds, string.format("rank %d: its own amax gives the whole tensor's codes only where it is the global one", rank))

@@ -200,6 +200,21 @@ static int l_reset_bytes(lua_State *L) {
   return 0;
 }
 
+/* all_gather_start(out, t) -> ticket: started, not waited for (core/dist.h); all_gather_wait(ticket) */
+static int l_all_gather_start(lua_State *L) {
+  nvl_tensor *out = nvl_lua_check_tensor(L, 1, "all_gather_start");
+  nvl_tensor *t = nvl_lua_check_tensor(L, 2, "all_gather_start");
+  int ticket = -1;
+  CHECK(L, nvl_dist_all_gather_start(out, t, &ticket));
+  lua_pushinteger(L, ticket);
+  return 1;
+}
+
+static int l_all_gather_wait(lua_State *L) {
+  CHECK(L, nvl_dist_all_gather_wait((int)luaL_checkinteger(L, 1)));
+  return 0;
+}
+
 static int l_set_timeout(lua_State *L) {
   nvl_dist_set_timeout(luaL_checknumber(L, 1));
   return 0;
@@ -229,6 +244,7 @@ static const luaL_Reg dist_funcs[] = {
   {"bg_busy", l_bg_busy}, {"bg_threaded", l_bg_threaded}, {"all_reduce_number", l_all_reduce_number},
   {"all_reduce_numbers", l_all_reduce_numbers},
   {"broadcast", l_broadcast}, {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
+  {"all_gather_start", l_all_gather_start}, {"all_gather_wait", l_all_gather_wait},
   {"shard_rows", l_shard_rows}, {"bytes", l_bytes}, {"reset_bytes", l_reset_bytes},
   {"set_timeout", l_set_timeout}, {"timeout", l_timeout}, {"finalize", l_finalize}, {"abort", l_abort},
   {NULL, NULL}};

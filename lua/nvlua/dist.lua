@@ -12,7 +12,9 @@
 -- all_reduce_numbers({x1, ...}, op) (several numbers, one collective; -> a new table),
 -- broadcast(t, root), reduce_scatter(out, t, op) (t cut along dim 1 into world equal chunks;
 -- out gets this rank's, reduced), all_gather(out, t) (out = the ranks' t along dim 1; t may be
--- out's own chunk, gathered in place). Each returns its output.
+-- out's own chunk, gathered in place). Each returns its output. all_gather_start / all_gather_wait:
+-- the all-gather without waiting. shard_rows: the row split of sharded tensors; bytes(): what this
+-- rank sent. nv.quant.all_gather_quantized (lua/nvlua/quant.lua) gathers a weight quantized.
 --
 -- Faults: a collective that waits longer than the timeout (set_timeout(s), or the environment's
 -- NVLUA_DIST_TIMEOUT; default 600 s) ends the process with a message naming the rank and the
@@ -110,6 +112,12 @@ dist.bg_threaded = C.bg_threaded
 dist.broadcast = C.broadcast
 dist.reduce_scatter = C.reduce_scatter
 dist.all_gather = C.all_gather
+--- dist.all_gather_start(out, t) -> ticket: start all_gather(out, t) (contiguous tensors) without waiting
+-- (MPI_Iallgather; on CUDA NCCL on its stream, stream 0 not waiting); dist.all_gather_wait(ticket)
+-- completes it (then out holds the result; on CUDA stream 0's later work waits for it, the host does not).
+-- out and t must not be touched in between. Prefetching a layer's weights while another computes.
+dist.all_gather_start = C.all_gather_start
+dist.all_gather_wait = C.all_gather_wait
 dist.set_timeout = C.set_timeout
 dist.timeout = C.timeout
 --- dist.shard_rows(rows [, world = dist.world_size() [, align = 1]]) -> {[r + 1] = {row0 =, rows =}, chunk =}:

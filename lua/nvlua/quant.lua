@@ -149,21 +149,40 @@ function M.gather_align(spec, copies)
   return a -- every alignment is a power of two: the larger is a multiple of the smaller
 end
 
-local QG_OPTS = {rows = true, copies = true, amax = true, check = true, align = true}
+local QG_OPTS = {rows = true, copies = true, amax = true, check = true, align = true, async = true}
 
---- nv.quant.all_gather_quantized(shard, spec, rows | {rows, copies = "fprop", amax, check = true, align})
--- -> q (copies "fprop": blocked along K, what fprop reads), qt ("dgrad": blocked along the rows, what
--- dgrad reads), or q, qt ("both"). shard: this rank's rows of a weight W [rows, K] (f32 or bf16, cpu or
--- cuda): rows [row0, row0 + n) of dist.shard_rows(rows, world, align), align = gather_align(spec, copies)
--- unless given. Every rank calls it alike (checked: a disagreement is the same error on every rank;
--- check = false skips that small host all-reduce). The result is bit for bit nv.quantize(W, format, spec's
--- options) along that axis — codes, block scales, amax and scale — from one max all-reduce of the
--- shards' amaxes (exact), each rank quantizing its shard with the global amax, and all-gathers of codes
--- and scales (core/NUMERICS.md "The gathered quantized weight"). dgrad's copy is q:t() where that is
--- exact (nvfp4 16x16, fp8 per tensor, bf16, f32; no second gather), else (mx, nvfp4 1x16) a second
--- gather of the shard quantized along its rows (with q's amax: no second reduction). amax: the global
--- amax to use instead (delayed scaling's; a number, a one-element f32 tensor or a quantized tensor).
--- On CUDA tensors nothing synchronises the host. dist.bytes().all_gather counts the bytes sent.
+-- A started gather (all_gather_quantized{async = true}): h:wait() -> its copies, as the call would have
+-- returned them; h:pending() -> true until then.
+local Gather = {}
+Gather.__index = Gather
+Gather.__name = "nvlua.QuantizedGather"
+
+function Gather:wait()
+  local a, b = self.g:wait()
+  if self.copies == "fprop" or not self.transpose then return a, b end
+  local qt = a:t() -- the exact dgrad copy of 16x16, per-tensor and plain formats: no second gather
+  if self.copies == "dgrad" then a:free(); return qt end
+  return a, qt
+end
+
+function Gather:pending() return self.g:pending() end
+
+--- nv.quant.all_gather_quantized(shard, spec, rows | {rows, copies = "fprop", amax, check = true, align,
+-- async = false}) -> q (copies "fprop": blocked along K, what fprop reads), qt ("dgrad": blocked along
+-- the rows, what dgrad reads), or q, qt ("both"). shard: this rank's rows of a weight W [rows, K] (f32 or
+-- bf16, cpu or cuda): rows [row0, row0 + n) of dist.shard_rows(rows, world, align), align =
+-- gather_align(spec, copies) unless given. Every rank calls it alike (checked: a disagreement is the same
+-- error on every rank; check = false skips that small host all-reduce). The result is bit for bit
+-- nv.quantize(W, format, spec's options) along that axis — codes, block scales, amax and scale — from one
+-- max all-reduce of the shards' amaxes (exact), each rank quantizing its shard with the global amax, and
+-- all-gathers of codes and scales (core/NUMERICS.md "The gathered quantized weight"). dgrad's copy is
+-- q:t() where that is exact (nvfp4 16x16, fp8 per tensor, bf16, f32; no second gather), else (mx, nvfp4
+-- 1x16) a second gather of the shard quantized along its rows (the same amax: one reduction). amax: the
+-- global amax to use instead (delayed scaling's; a number, a one-element f32 tensor or a quantized
+-- tensor). async = true: returns a handle at once, the gathers in flight (MPI_Iallgather on the CPU; on
+-- CUDA NCCL on its stream, the work queued next on stream 0 running beside it), and h:wait() returns the
+-- copies (prefetch the next layer's weights while this one computes). On CUDA tensors nothing
+-- synchronises the host. dist.bytes().all_gather counts the bytes sent.
 function M.all_gather_quantized(shard, spec, opts)
   if math.type(opts) == "integer" then opts = {rows = opts} end
   if opts == nil then util.user_error("all_gather_quantized: give the weight's row count (rows)", 2) end
@@ -176,26 +195,21 @@ function M.all_gather_quantized(shard, spec, opts)
   if getmetatable(shard) ~= core.Tensor then
     util.user_error("all_gather_quantized: shard must be a tensor (this rank's rows of the weight), got " .. type(shard), 2)
   end
+  if opts.async ~= nil and type(opts.async) ~= "boolean" then
+    util.user_error("all_gather_quantized: async must be true or false, got " .. tostring(opts.async), 2)
+  end
   local copies = check_copies(opts.copies, "all_gather_quantized")
   local fmt, b2, rule = weight_spec(spec, "all_gather_quantized")
   local align = opts.align
   if align == nil then align = M.gather_align(spec, copies) end
-  local o = {axis = 2, block = b2 and "2d" or nil, scale_rule = rule, amax = opts.amax, check = opts.check, align = align}
-  if copies == "fprop" then return core.quantize_all_gather(shard, fmt, rows, o) end
-  if transposable(fmt, b2) then
-    local q = core.quantize_all_gather(shard, fmt, rows, o)
-    local qt = q:t()
-    if copies == "dgrad" then q:free(); return qt end
-    return q, qt
-  end
-  if copies == "dgrad" then
-    o.axis = 1
-    return core.quantize_all_gather(shard, fmt, rows, o)
-  end
-  local q = core.quantize_all_gather(shard, fmt, rows, o)
-  local oc = {axis = 1, scale_rule = rule, check = opts.check, align = align, amax = opts.amax}
-  if oc.amax == nil and formats.traits[fmt].global_amax then oc.amax = q end -- the global amax, reduced once
-  return q, core.quantize_all_gather(shard, fmt, rows, oc)
+  local transpose = copies ~= "fprop" and transposable(fmt, b2)
+  local axis = 2 -- the fprop copy; its transpose where that is dgrad's
+  if copies == "dgrad" and not transpose then axis = 1 elseif copies == "both" and not transpose then axis = "both" end
+  local h = setmetatable({copies = copies, transpose = transpose, g = core.quantize_all_gather(shard, fmt, rows,
+    {axis = axis, block = b2 and "2d" or nil, scale_rule = rule, amax = opts.amax, check = opts.check, align = align,
+     async = true})}, Gather)
+  if opts.async then return h end
+  return h:wait()
 end
 
 -- ---- printing ---------------------------------------------------------------------------------
