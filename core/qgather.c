@@ -1,7 +1,9 @@
 /* qgather.c: the quantized all-gather (see qgather.h): checks, the global amax, the shard's
- * quantization (nvl_quantize with that amax), the gathers of codes and block scales (dist.h, padded
- * to equal chunks) and the QTensor assembled from them. Nothing here switches on a format: the
- * traits row says whether it has a global amax, block scales and 4-bit codes.
+ * quantization (nvl_quantize with that amax), the gathers of codes and block scales (dist.h
+ * nvl_dist_all_gather_start, padded to equal chunks) started by nvl_quantize_all_gather_start, and at
+ * nvl_quantize_all_gather_wait the QTensors assembled from them (the axis-0 copy's slabs placed, the
+ * swizzled scales made). Nothing here switches on a format: the traits row says whether it has a global
+ * amax, block scales and 4-bit codes.
  *
  * Memory (the output's bytes B, world N): the gathered codes and scales of the axis-1 copy are the
  * output itself (N * chunk rows, of which the first `rows` are the view returned: padding at most
@@ -343,7 +345,8 @@ nvl_status nvl_quantize_all_gather_wait(nvl_qtensor out[2], nvl_qgather *g) {
   if (st == NVL_OK && g->world > 1 && (g->copies & NVL_QG_AXIS0)) {
     nvl_qtensor *q = &g->q[1];
     st = place_slabs(&q->data, &g->stage[0], code_cols, q->format, g);
-    if (st == NVL_OK && q->scales.storage) st = place_slabs(&q->scales, &g->stage[1], scale_cols, nvl_dtypes[q->format].block, g);
+    if (st == NVL_OK && q->scales.storage)
+      st = place_slabs(&q->scales, &g->stage[1], scale_cols, nvl_dtypes[q->format].block, g);
   }
   for (int c = 0; st == NVL_OK && g->world > 1 && c < 2; c++)
     if (g->q[c].data.storage) st = nvl_qtensor_swizzle(&g->q[c]); /* nothing on the host */

@@ -15,7 +15,8 @@
  *          layout, which needs shard boundaries on block multiples (align 32 for mx, 16 for nvfp4);
  *          the slabs are gathered and placed side by side (a strided copy per rank).
  * nvl_qgather_align says which alignment a format and axis need. On CUDA tensors every step is
- * stream-ordered (NCCL on its stream behind events): no host synchronisation.
+ * stream-ordered (NCCL on its stream behind events): no host synchronisation. Start and wait are
+ * separate calls, so a layer's weights can be gathered while the layer before computes (prefetch).
  *
  * Not here: which weights are gathered when (FSDP, lua/nvlua/train.lua), the collectives (dist.h). */
 #ifndef NVL_QGATHER_H
