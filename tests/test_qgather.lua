@@ -16,7 +16,11 @@
 --     bytes counted equal the ring formula. A control shows the comparison sees a wrong amax: a rank
 --     quantizing its shard with its own amax gets other codes. The nvfp4 16x16 gather of a 96 x 64
 --     weight (no padding on 2 or 3 ranks) sends 0.28125 of the bf16 gather's bytes (4.5 / 16 bits),
---     within the issue's 0.3. Mismatches across ranks (K, format) are the same error on every rank.
+--     within the issue's 0.3. Mismatches across ranks (K, format) are the same error on every rank;
+--     shards that are not dist.shard_rows' (cut on 1-row boundaries where 16x16 tiles need 16) are
+--     refused on every rank. Prefetching: gathers started together (async), other work and a
+--     blocking collective between, waited for in reverse order, one dropped unwaited, and
+--     dist.all_gather_start / all_gather_wait, give the same bytes.
 -- The emulated CUDA ranks (NCCL, no host synchronisation) are tests/test_cuda_qgather.lua's.
 local T = require "nvlua.test"
 local nv = require "nvlua"
@@ -217,6 +221,11 @@ err("K", function() nv.quant.all_gather_quantized(r == 0 and shard or shard:narr
   {rows = 48, align = 16}) end)
 err("format", function() nv.quant.all_gather_quantized(shard, r == 0 and "e4m3" or "e5m2", {rows = 48, align = 16}) end)
 err("rows", function() nv.quant.all_gather_quantized(W, "e4m3", 48) end)
+-- shards cut on 1-row boundaries where 16x16 tiles need 16: no rank's shard is the one it must hold
+local W112 = C.weight(112, 64, "random", 9)
+local sr1 = dist.shard_rows(112, world, 1)[r + 1]
+err("16-row rule", function() nv.quant.all_gather_quantized(W112:narrow(1, sr1.row0 + 1, sr1.rows), {format = "nvfp4",
+  block = "2d"}, 112) end)
 local q = nv.quant.all_gather_quantized(shard, {format = "nvfp4", block = "2d"}, 48)
 say("after the errors: " .. (q:data():bytes() == nv.quantize(W, "nvfp4", {block = "2d"}):data():bytes() and "same" or "differs"))
 ]]
@@ -247,6 +256,10 @@ local function run_ranks(n)
     T.ok(out:find(string.format("rank %d: error format: [^\n]*the ranks disagree on the format", rank)) ~= nil,
       "format mismatch; output:\n" .. out)
     T.ok(out:find(string.format("rank %d: error rows: [^\n]*so its shard has", rank)) ~= nil, "shard rows; output:\n" .. out)
+    local s16 = require("nvlua.dist").shard_rows(112, n, 16)[rank + 1]
+    T.ok(out:find(string.format("rank %d: error 16%%-row rule: [^\n]*holds rows %%[%d, %d%%) of the 112%%-row weight " ..
+      "%%(dist.shard_rows%%(112, %d, 16%%)%%), so its shard has %d rows; got", rank, s16.row0, s16.row0 + s16.rows, n,
+      s16.rows)) ~= nil, "16-row rule; output:\n" .. out)
     T.ok(out:find(string.format("rank %d: after the errors: same", rank), 1, true) ~= nil, "the job goes on; output:\n" .. out)
   end
   local controls = select(2, out:gsub("control holds_max=false same=false", ""))
