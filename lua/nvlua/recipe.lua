@@ -611,12 +611,13 @@ function Recipe:set_shard(rank, world)
 end
 
 -- The dgrad copy Wᵀ of a weight from its fprop quantization q (a transposable spec s, blocked
--- along K): q:t() on the CPU. A device QTensor has no transpose yet, so on a GPU W is quantized
--- again along its other axis with q's amax: for 2-D nvfp4 tiles and per-tensor fp8 that gives
--- exactly q:t()'s values (NUMERICS §2; tests/test_recipe.lua checks the identity on the CPU).
--- The amax is given as q itself: on a device it is read where it lives, no host sync.
+-- along K): q:t() on the CPU. On a GPU W is quantized again along its other axis with q's amax: for
+-- 2-D nvfp4 tiles and per-tensor fp8 that gives exactly q:t()'s values (NUMERICS §2;
+-- tests/test_recipe.lua checks the identity on the CPU). The amax is given as q itself: on a device
+-- it is read where it lives, no host sync. Without w (a weight all-gathered quantized, whose
+-- full-precision rows this rank does not hold: nv.quant.all_gather_quantized) q:t() on the device too.
 local function transposed(q, w, s, requantize)
-  if not requantize and q:device() ~= "cuda" then return q:t() end
+  if not requantize and (q:device() ~= "cuda" or w == nil) then return q:t() end
   local o = {axis = 1}
   if s.block == "2d" then o.block = "2d" end
   if formats.traits[s.format].global_amax then o.amax = q end
