@@ -402,8 +402,9 @@ typedef struct nvl_backend {
   /* p *= s, n contiguous f32 */
   nvl_status (*scale)(nvl_kctx *ctx, float *p, double s, int64_t n);
   nvl_status (*arange)(nvl_kctx *ctx, nvl_tensor *t, double start, double step);  /* contiguous 1-D */
-  /* contiguous float t from the Philox stream at (seed, offset): uniform [0, 1) or normal */
-  nvl_status (*random)(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t offset, int normal);
+  /* contiguous float t from the Philox stream at (seed, offset): uniform [0, 1) or normal; t's element
+   * k is the call's element first + k (first = 0: a whole draw; > 0: a part of a larger one) */
+  nvl_status (*random)(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t offset, uint64_t first, int normal);
   nvl_status (*allclose)(nvl_kctx *ctx, int *result, const nvl_tensor *a, const nvl_tensor *b, double rtol, double atol,
                          int equal_nan);
 

@@ -30,7 +30,8 @@
 --   * a background checkpoint (ckpt_background=true) under shard=full writes the same bytes.
 --   * memory per rank (2 ranks, hidden 256, FFN 768, 2 blocks, seq 64, batch 2, bf16): live tensor
 --     bytes after the build (weights, gradients, AdamW state) are 16P, 14P, 10P and 8P bytes for none,
---     optimizer, grads and full (P parameters; every shard here is exactly half); the step's peak over
+--     optimizer, grads and full (P parameters; every shard here is exactly half); under full (built in
+--     rows) the build's peak is that too, never a whole parameter more; the step's peak over
 --     it is shard=none's (activations) plus one block's f32 gradients (grads) and plus one block's
 --     gathered f32 weights as well (full). (Printed for the plan's comparison.)
 local T = require "nvlua.test"
@@ -42,6 +43,9 @@ local ckpt = require "nvlua.checkpoint"
 local train = require "nvlua.train"
 local config = require "nvlua.config"
 local shard = require "nvlua.shard"
+local nn = require "nvlua.nn"
+local llama = require "nvlua.llama"
+local core = require "nvlua.core"
 local cjson = require "cjson"
 
 local ROOT = T.tmpdir()
@@ -163,6 +167,59 @@ T.case("shard_rows: contiguous ranges of chunk rows (a multiple of align), the l
   local none, msg = shard.shard_rows(2, 3, 1)
   T.eq(none, nil)
   T.ok(msg:find("3 ranks but 2 rows", 1, true))
+end)
+
+-- ---- building in rows ------------------------------------------------------------------------------
+
+T.case("core.randn_/rand_ with first: the elements first.. of the whole draw, at any (odd) start", function()
+  for _, fn in ipairs({"randn_", "rand_"}) do
+    local g = nv.Generator(11)
+    g:set_offset(5)
+    local whole = core[fn](nv.empty(37), g)
+    T.eq(g:offset(), 6, fn .. ": one generator step")
+    for _, c in ipairs({{0, 37}, {1, 10}, {3, 5}, {4, 33}, {36, 1}}) do
+      local h = nv.Generator(11)
+      h:set_offset(5)
+      local part = core[fn](nv.empty(c[2]), h, c[1])
+      T.eq(h:offset(), 6, fn .. ": a part steps the generator as the whole draw")
+      T.ok(part:bytes() == whole:narrow(1, c[1] + 1, c[2]):bytes(), string.format("%s: elements %d.. of %d", fn, c[1], c[2]))
+    end
+  end
+  T.raises(function() core.randn_(nv.empty(2), nil, -1) end, "first must be >= 0")
+end)
+
+T.case("shard.build: each rank's rows are the whole build's, byte for byte (2 and 3 ranks), zeros past them", function()
+  local cfg = {vocab_size = 256, hidden_size = 64, intermediate_size = 80, num_attention_heads = 4,
+    num_key_value_heads = 2, num_hidden_layers = 2}
+  local whole = llama.Llama(cfg, {seed = 7})
+  local W = {}
+  nn.each_entry(whole, function(name, e) W[name] = e.param end)
+  for _, world in ipairs({2, 3}) do
+    for rank = 0, world - 1 do
+      local m = shard.build(world, rank, function() return llama.Llama(cfg, {seed = 7}) end)
+      local n, grads = 0, 0
+      nn.each_entry(m, function(name, e)
+        n = n + 1
+        T.eq(e.full_shape, W[name]:size(), name .. ": full_shape")
+        local r, chunk = shard.shard_rows(e.full_shape[1], world, #e.full_shape >= 2 and 16 or 1)
+        local mine = r[rank + 1]
+        local s = e.full_shape[2] and {chunk, e.full_shape[2]} or {chunk}
+        T.eq(e.param:size(), s, name .. ": (chunk, ...) rows")
+        T.eq(e.grad:size(), s, name .. ": its gradient too")
+        grads = grads + e.grad:numel()
+        if mine.rows > 0 then
+          T.ok(e.param:narrow(1, 1, mine.rows):bytes() == W[name]:narrow(1, mine.row0 + 1, mine.rows):bytes(),
+            string.format("%s, rank %d of %d: rows %d..%d", name, rank, world, mine.row0, mine.row0 + mine.rows - 1))
+        end
+        if mine.rows < chunk then T.eq(e.param:narrow(1, mine.rows + 1, chunk - mine.rows):abs():max(), 0, "padding") end
+      end)
+      T.eq(n, 21, "embedding, 2 x 9 block parameters, norm, LM head")
+      T.eq(m.grad_buffer:numel(), grads, "the flat gradient buffer holds rows only")
+    end
+  end
+  -- the rows a world larger than a parameter's rows would need: refused, naming it
+  T.raises(function() shard.build(200, 0, function() return llama.Llama(cfg, {seed = 7}) end) end,
+    "has 64 rows, fewer than the 200 ranks")
 end)
 
 -- ---- bad input -------------------------------------------------------------------------------------
@@ -306,8 +363,11 @@ local train = require "nvlua.train"
 local config = require "nvlua.config"
 local dist = require "nvlua.dist"
 local c = config.parse(train.schema, arg, {})
+nv.reset_peak_memory()
+local before = nv.memory().cpu
 local p = train.build(c)
-local live = nv.memory().cpu
+local live = nv.memory().cpu - before
+local build_peak = nv.memory().peak.cpu - before
 p.peak = 1e9 -- no GEMM-rate measurement (its 1024^2 operands are not the step's)
 nv.reset_peak_memory()
 c.steps = 2
@@ -322,7 +382,14 @@ for _, e in ipairs(p.model:named_parameters()) do
   P = P + n
   if p.optimizer.by_name then S = S + p.optimizer.by_name[e.name].grad:numel() end
 end
-print(string.format("rank %d: live %d peak %d P %d S %d", dist.rank(), live, peak, P, S))
+-- the largest parameter (its whole f32 bytes)
+local big = 0
+for _, e in ipairs(p.model:named_parameters()) do
+  local shape = p.optimizer.by_name and p.optimizer.by_name[e.name].shape or e.param:size()
+  big = math.max(big, 4 * shape[1] * (shape[2] or 1))
+end
+print(string.format("rank %d: live %d peak %d P %d S %d build_peak %d big %d", dist.rank(), live, peak - before, P, S,
+  build_peak, big))
 ]=]
 
 T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step peak lower when sharded", function()
@@ -339,8 +406,9 @@ T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step 
     a[#a + 1] = "out=" .. ROOT .. "/mem_" .. mode
     local out, code = mpirun(2, script, a)
     T.eq(code, 0, mode .. ": " .. out)
-    local live, peak, P, S = out:match("rank 0: live (%d+) peak (%d+) P (%d+) S (%d+)")
-    res[mode] = {live = tonumber(live), peak = tonumber(peak), P = tonumber(P), S = tonumber(S)}
+    local live, peak, P, S, bp, big = out:match("rank 0: live (%d+) peak (%d+) P (%d+) S (%d+) build_peak (%d+) big (%d+)")
+    res[mode] = {live = tonumber(live), peak = tonumber(peak), P = tonumber(P), S = tonumber(S), build = tonumber(bp),
+      big = tonumber(big)}
   end
   local P = res.none.P
   -- weights + grads + AdamW (f32): none 16P; optimizer 8P + 8P/2 (ZeRO-1's flat shard, 4 more bytes a
@@ -349,10 +417,15 @@ T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step 
   -- grads: whole weights (padded to 2·chunk rows per parameter: 2S) + gradient, m, v shards (S each)
   T.eq(res.grads.live, 4 * 2 * res.grads.S + 12 * res.grads.S, "grads: padded weights + 3 shards")
   T.eq(res.full.live, 16 * res.full.S, "full: 4 shards")
+  -- full is built in rows (shard.build): the build never holds a whole parameter; its peak is the
+  -- end state, 16S (on the way: weights 4S, gradient rows 4S and their flat buffer 4S while
+  -- Llama:_flatten_grads copies them, 12S; then the moments, 8S)
+  T.eq(res.full.build, res.full.live, "full: the build's peak is the shards it ends with")
+  T.ok(res.full.build < 16 * P / 2 + res.full.big, "full: below the shards plus one whole parameter")
   for _, mode in ipairs({"none", "optimizer", "grads", "full"}) do
     local r = res[mode]
-    print(string.format("%-9s P %d, live after build %.3f MiB, step peak %.3f MiB", mode, P, r.live / 2 ^ 20,
-      r.peak / 2 ^ 20))
+    print(string.format("%-9s P %d, live after build %.3f MiB (build's peak %.3f MiB), step peak %.3f MiB", mode, P,
+      r.live / 2 ^ 20, r.build / 2 ^ 20, r.peak / 2 ^ 20))
   end
   T.eq(res.optimizer.live, 14 * P, "optimizer: whole weights and gradient buffer, 3 shards (of P/2)")
   -- the step's peak over the state: shard=none's is the activations and scratch; grads adds one block's

@@ -39,8 +39,13 @@
 --
 -- Not here: a prefetching (nonblocking) gather — the gathers are blocking MPI_Allgather / NCCL
 -- calls; the quantized gather of a linear's weight (gather_weight is the one place it plugs in);
--- tied embeddings (refused); building the model directly in shards (train.build builds it whole,
--- then shards it and frees the rest).
+-- tied embeddings (refused).
+--
+-- Building: under "full" train.build makes the model in rows (shard.build, nn.build_rows): each
+-- parameter is born as this rank's (chunk, ...) rows, drawn from the seed's Philox stream at the
+-- elements the whole initialisation would give them (core.randn_'s `first`), and so is its gradient
+-- (the model's flat gradient buffer is of rows): no rank ever holds a whole parameter. Sharded then
+-- takes the rows as they are. (A model built whole, e.g. under "grads", is cut into rows here.)
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
@@ -72,6 +77,25 @@ function shard.shard_rows(rows, world, align)
 end
 
 local function align_of(shape) return #shape >= 2 and shard.ALIGN_2D or 1 end
+
+--- shard.row_rule(world, rank) -> rows(shape) -> row0 (0-based), nrows, chunk: this rank's rows of a
+-- parameter of that shape by shard.shard_rows, what nn.build_rows takes (shard.build)
+function shard.row_rule(world, rank)
+  return function(shape)
+    local ranges, chunk = shard.shard_rows(shape[1], world, align_of(shape))
+    if not ranges then
+      util.user_error(string.format("config: shard=full: a parameter %s has %d rows, fewer than the %d ranks",
+        shape_str(shape), shape[1], world), 0)
+    end
+    return ranges[rank + 1].row0, ranges[rank + 1].rows, chunk
+  end
+end
+
+--- shard.build(world, rank, fn) -> fn()'s results, every parameter the layers create inside fn made
+-- as this rank's rows only (nn.build_rows with shard.row_rule): how train.build makes a shard=full
+-- model, so that no rank holds a whole parameter or gradient; shard.Sharded(model, ..., {mode =
+-- "full"}) then takes the rows as they are
+function shard.build(world, rank, fn) return nn.build_rows(shard.row_rule(world, rank), fn) end
 
 --- shard.check_world(model_config, world, mode): raises "config: shard=<mode>: ..." when a parameter
 -- of that Llama config has fewer rows than there are ranks (before anything is built)
@@ -152,8 +176,16 @@ function shard.Sharded(model, opts, dist, so)
   add_unit("embed", {model.embed_tokens})
   for i = 1, model.layers.n do add_unit(i, {model.layers[i]}) end
   add_unit("head", {model.norm, model.lm_head})
+  local built_in_rows -- (shard.build): each parameter is already this rank's rows, its gradient too
   nn.each_entry(model, function(name, e)
-    local shape = e.param:size()
+    if built_in_rows == nil then built_in_rows = e.full_shape ~= nil end
+    if built_in_rows ~= (e.full_shape ~= nil) then
+      error("shard.Sharded: some of the model's parameters were built in rows (shard.build), some whole", 2)
+    end
+    if built_in_rows and mode ~= "full" then
+      error("shard.Sharded: a model built in rows (shard.build) is for mode \"full\" (\"grads\" keeps whole weights)", 2)
+    end
+    local shape = e.full_shape or e.param:size()
     local ranges, chunk = shard.shard_rows(shape[1], world, align_of(shape))
     if not ranges then
       util.user_error(string.format("config: shard=%s: the parameter %s has %d rows, fewer than the %d ranks", mode, name,
@@ -165,7 +197,13 @@ function shard.Sharded(model, opts, dist, so)
     local pshape = padded_shape(shape, chunk)
     -- this rank's rows: master weight (full mode: its own tensor; grads: a view of the padded
     -- whole weight), gradient, moments; all (chunk, ...)
-    if mode == "full" then
+    if built_in_rows then
+      if not same_shape(e.param:size(), pshape) or not same_shape(e.grad:size(), pshape) then
+        error(string.format("shard.Sharded: %s was built as %s rows, but this rank's shard is %s (another world?)", name,
+          shape_str(e.param), shape_str(pshape)), 2)
+      end
+      p.shard = e.param
+    elseif mode == "full" then
       p.shard = nv.unscope(nv.zeros(pshape, {device = dev}))
       if p.nrows > 0 then p.shard:narrow(1, 1, p.nrows):copy_(e.param:narrow(1, p.row0 + 1, p.nrows)) end
       e.param:free()
@@ -177,17 +215,21 @@ function shard.Sharded(model, opts, dist, so)
       e.param = nv.unscope(p.full:narrow(1, 1, p.rows))
       p.shard = nv.unscope(p.full:narrow(1, rank * chunk + 1, chunk))
     end
-    p.grad = nv.unscope(nv.zeros(pshape, {device = dev}))
+    if built_in_rows then
+      p.grad = e.grad -- a view of the model's flat buffer of gradient rows, which it keeps
+    else
+      p.grad = nv.unscope(nv.zeros(pshape, {device = dev}))
+      e.grad:free() -- a view of the flat gradient buffer, freed below
+    end
     p.m = nv.unscope(nv.zeros(pshape, {device = dev}))
     p.v = nv.unscope(nv.zeros(pshape, {device = dev}))
     p.fresh = true -- the gradient shard holds nothing of this step yet
-    e.grad:free() -- a view of the flat gradient buffer, freed below
     e.grad = DEAD
     self.params[#self.params + 1] = p
     self.by_name[name] = p
     table.insert(p.unit.params, p)
   end)
-  model.grad_buffer:free()
+  model.grad_buffer:free() -- (built in rows: the handle; the gradient shards keep its storage)
   model.grad_buffer = nil
   model._buckets = nil
   -- the whole weights are freed above, but the model's constructor may have left other handles of
@@ -343,6 +385,16 @@ function Sharded:_install()
   model.zero_grad = function(mod)
     for _, p in ipairs(self.params) do p.grad:zero_(); p.fresh = true end
     return mod
+  end
+  -- the whole model's count (its parameters are shards)
+  model.num_parameters = function()
+    local n = 0
+    for _, p in ipairs(self.params) do
+      local k = 1
+      for _, d in ipairs(p.shape) do k = k * d end
+      n = n + k
+    end
+    return n
   end
   -- a checkpoint's (or any) whole tensors: this rank's rows of each
   model.load_state_dict = function(mod, dict, o) return self:load_state_dict(dict, o) end

@@ -503,10 +503,14 @@ function train.build(c)
   local rec = train.recipe(c)
   if sm == "grads" or sm == "full" then shard.check_world(train.model_config(c, vocab), world, sm) end
   train.check_memory(c, rec, train.model_config(c, vocab), world)
-  local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
+  local function make() return llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed}) end
+  -- shard=full: built in rows, each rank's parameters and gradients its rows only (the values the
+  -- whole initialisation gives them), never the whole model (nvlua.shard)
+  local model = sm == "full" and shard.build(world, rank, make) or make()
   if world > 1 then
-    -- the same weights everywhere (they are by construction, from the seed; this makes it so)
-    for _, e in ipairs(model:named_parameters()) do dist.broadcast(e.param, 0) end
+    -- the same weights everywhere (they are by construction, from the seed; this makes it so; rows
+    -- are each rank's own)
+    if sm ~= "full" then for _, e in ipairs(model:named_parameters()) do dist.broadcast(e.param, 0) end end
     dist_hooks(rec, dist, rank, world)
   end
   -- initialised on the cpu from the seed, then moved: the same weights on either device
