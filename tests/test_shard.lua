@@ -33,7 +33,13 @@
 --     optimizer, grads and full (P parameters; every shard here is exactly half); under full (built in
 --     rows) the build's peak is that too, never a whole parameter more; the step's peak over
 --     it is shard=none's (activations) plus one block's f32 gradients (grads) and plus one block's
---     gathered f32 weights as well (full). (Printed for the plan's comparison.)
+--     gathered f32 weights as well (full), less the weight copies of all blocks but one (the cache
+--     drops a gathered weight's copies with it). (Printed for the plan's comparison.)
+--   * building in rows (shard.build): core.randn_'s `first` draws a part of a whole draw, bit for bit;
+--     each rank's parameter rows equal the whole build's (2 and 3 ranks).
+--   * shard=full, nvfp4 and fp8_cs: at most one block's quantized weight copies exist (handles
+--     counted), and the step's peak is lower, by at least L - 1 blocks' copies, than when the weight
+--     cache keeps them to the step's end (as before recipe.weight_cache_drop).
 local T = require "nvlua.test"
 local nv = require "nvlua"
 local dist = require "nvlua.dist"
@@ -362,6 +368,11 @@ local nv = require "nvlua"
 local train = require "nvlua.train"
 local config = require "nvlua.config"
 local dist = require "nvlua.dist"
+local recipes = require "nvlua.recipe"
+local quant = require "nvlua.quant"
+-- SHARD_KEEP_COPIES=1: the quantized weight copies of a gathered weight are not dropped when it is
+-- freed (the weight cache keeps them to the step's end), for the comparison
+if os.getenv("SHARD_KEEP_COPIES") then recipes.weight_cache_drop = function() end end
 local c = config.parse(train.schema, arg, {})
 nv.reset_peak_memory()
 local before = nv.memory().cpu
@@ -371,8 +382,31 @@ local build_peak = nv.memory().peak.cpu - before
 p.peak = 1e9 -- no GEMM-rate measurement (its 1024^2 operands are not the step's)
 nv.reset_peak_memory()
 c.steps = 2
+-- the most quantized copies the weight cache holds when a unit's weights are gathered or freed
+local most = 0
+local opt = p.optimizer
+if opt.units then
+  local g, r = opt._gather, opt._release
+  function opt._gather(...) most = math.max(most, recipes.weight_cache_size()); return g(...) end
+  function opt._release(...) most = math.max(most, recipes.weight_cache_size()); return r(...) end
+end
 train.run(c, p)
 local peak = nv.memory().peak.cpu
+-- the bytes of block 0's quantized weight copies (fprop's, as the recipe makes them; none for a
+-- plain f32 GEMM) and its linears
+local copy, linears = 0, 0
+for _, l in ipairs(p.model:linears()) do
+  if l.block == 0 then
+    linears = linears + 1
+    local g = p.recipe:gemm(l.module:context(), "fprop")
+    if not (g.a.format == "f32" and g.b.format == "f32") then
+      copy = copy + nv.scope(function()
+        return quant.quantize(nv.zeros(l.module.out_features, l.module.in_features), g.b.format,
+          g.b.block == "2d" and {block = "2d"} or nil):nbytes()
+      end)
+    end
+  end
+end
 -- the count: parameters P (f32), padded shards of chunk rows per parameter
 local P, S = 0, 0
 for _, e in ipairs(p.model:named_parameters()) do
@@ -388,9 +422,19 @@ for _, e in ipairs(p.model:named_parameters()) do
   local shape = p.optimizer.by_name and p.optimizer.by_name[e.name].shape or e.param:size()
   big = math.max(big, 4 * shape[1] * (shape[2] or 1))
 end
-print(string.format("rank %d: live %d peak %d P %d S %d build_peak %d big %d", dist.rank(), live, peak - before, P, S,
-  build_peak, big))
+print(string.format("rank %d: live %d peak %d P %d S %d build_peak %d big %d copy %d linears %d most %d", dist.rank(),
+  live, peak - before, P, S, build_peak, big, copy, linears, most))
 ]=]
+
+-- the numbers rank 0 of a MEM run printed
+local function mem_result(out)
+  local r, keys = {}, {"live", "peak", "P", "S", "build", "big", "copy", "linears", "most"}
+  local vals = {out:match("rank 0: live (%d+) peak (%d+) P (%d+) S (%d+) build_peak (%d+) big (%d+) copy (%d+) " ..
+    "linears (%d+) most (%d+)")}
+  T.eq(#vals, #keys, "MEM's line; output:\n" .. out)
+  for i, k in ipairs(keys) do r[k] = tonumber(vals[i]) end
+  return r
+end
 
 T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step peak lower when sharded", function()
   need_mpi()
@@ -406,9 +450,7 @@ T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step 
     a[#a + 1] = "out=" .. ROOT .. "/mem_" .. mode
     local out, code = mpirun(2, script, a)
     T.eq(code, 0, mode .. ": " .. out)
-    local live, peak, P, S, bp, big = out:match("rank 0: live (%d+) peak (%d+) P (%d+) S (%d+) build_peak (%d+) big (%d+)")
-    res[mode] = {live = tonumber(live), peak = tonumber(peak), P = tonumber(P), S = tonumber(S), build = tonumber(bp),
-      big = tonumber(big)}
+    res[mode] = mem_result(out)
   end
   local P = res.none.P
   -- weights + grads + AdamW (f32): none 16P; optimizer 8P + 8P/2 (ZeRO-1's flat shard, 4 more bytes a
@@ -428,17 +470,54 @@ T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step 
       r.live / 2 ^ 20, r.build / 2 ^ 20, r.peak / 2 ^ 20))
   end
   T.eq(res.optimizer.live, 14 * P, "optimizer: whole weights and gradient buffer, 3 shards (of P/2)")
-  -- the step's peak over the state: shard=none's is the activations and scratch; grads adds one block's
-  -- whole f32 gradients (reduce-scattered and freed before the next block's backward), full adds one
-  -- block's gathered f32 weights too (4 bytes a parameter each). The embedding and head are smaller
-  -- than a block here. Slack: 4 KiB for the allocator's small tensors.
+  -- the step's peak over the state: shard=none's is the activations, the blocks' bf16 weight copies
+  -- (kept by the weight cache from fprop to dgrad) and scratch; grads adds one block's whole f32
+  -- gradients (reduce-scattered and freed before the next block's backward), bit for bit here. full
+  -- adds one block's gathered f32 weights and gradients (4 bytes a parameter each) but holds one
+  -- block's weight copies, not all L's (a gathered weight's copies go with it: recipe.weight_cache_drop),
+  -- and its peak moves (to the first block's backward, where block 2's are): at most that. The
+  -- embedding and head are smaller than a block here. Slack: 4 KiB for the allocator's small tensors.
   local block = 4 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 768 * 256 + 2 * 256) -- bytes of one block's f32 tensors
   local act = res.none.peak - res.none.live
+  T.eq(res.full.copy, 2 * 786432, "a block's bf16 copies: 2 bytes a weight")
   T.near(res.grads.peak - res.grads.live, act + block, 4096, "grads: peak = state + activations + one block's gradients")
-  T.near(res.full.peak - res.full.live, act + 2 * block, 4096,
-    "full: peak = state + activations + one block's gathered weights and gradients")
+  T.ok(res.full.peak - res.full.live <= act + 2 * block - res.full.copy + 4096,
+    "full: peak <= state + activations + one block's gathered weights and gradients - one block's copies (of 2)")
   T.ok(res.full.peak < res.grads.peak and res.grads.peak < res.optimizer.peak and res.optimizer.peak < res.none.peak,
     "peaks: full < grads < optimizer < none")
+end)
+
+T.case("shard=full, nvfp4 and fp8_cs: one block's quantized weight copies at a time (they go with the gathered weight)", function()
+  -- The weight cache keeps a weight's quantized copies to the step's end; under shard=full a gathered
+  -- weight's copies are dropped when it is freed (after the unit's forward, and its backward), and the
+  -- backward re-makes fprop's copy from the re-gathered weight (the same call on the same f32 values:
+  -- the same bits; the checkpoints equal shard=none's, the 2-rank cases above). So at most one block's
+  -- copies exist (each with its dgrad handle, a view), where the cache kept them all (SHARD_KEEP_COPIES:
+  -- not dropped, the behaviour before): at the dropping run's peak (a block's backward) the keeping run
+  -- holds the other L - 1 blocks' copies as well, so its peak is at least that much higher.
+  need_mpi()
+  local script = ROOT .. "/mem.lua"
+  T.write_file(script, MEM)
+  for _, recipe in ipairs({"nvfp4", "fp8_cs"}) do
+    local r = {}
+    for _, keep in ipairs({false, true}) do
+      local out, code = mpirun(2, script, {"data=" .. CORPUS, "cache=" .. ROOT .. "/cache", "layers=2", "hidden=256",
+        "heads=4", "kv_heads=2", "ffn=768", "seq=64", "batch=2", "recipe=" .. recipe, "eval_every=0", "sample_tokens=0",
+        "plot=false", "quiet=true", "save=false", "check_memory=false", "dist=true", "shard=full",
+        "out=" .. ROOT .. "/copies_" .. recipe .. tostring(keep)}, keep and "SHARD_KEEP_COPIES=1" or nil)
+      T.eq(code, 0, out)
+      r[keep] = mem_result(out)
+    end
+    local L, drop, kept = 2, r[false], r[true]
+    T.ok(drop.copy > 0, recipe .. ": the blocks' weights are quantized")
+    T.ok(drop.most <= 2 * drop.linears, string.format("%s: at most one block's copies (%d handles for %d linears)", recipe,
+      drop.most, drop.linears))
+    T.ok(kept.most >= L * kept.linears, recipe .. ": kept, every block's")
+    T.ok(kept.peak - drop.peak >= (L - 1) * drop.copy - 4096, string.format("%s: the peak is lower by at least " ..
+      "%d blocks' copies (%d bytes): %d", recipe, L - 1, (L - 1) * drop.copy, kept.peak - drop.peak))
+    print(string.format("%s, shard=full: step peak %.3f MiB (copies kept to the step's end: %.3f MiB); a block's " ..
+      "copies %.3f MiB", recipe, drop.peak / 2 ^ 20, kept.peak / 2 ^ 20, drop.copy / 2 ^ 20))
+  end
 end)
 
 T.case("cleanup: the scratch directory is removed", function()

@@ -24,6 +24,14 @@
 -- weights stay gathered from the final norm's forward to its backward (the chunked loss runs in
 -- between). Under "grads" every rank keeps whole weights (4 bytes a parameter) and the update's
 -- all-gather refills them.
+-- Quantized weight copies (the recipe's weight cache, one quantization per optimizer step): under
+-- "full" a gathered weight's cached copies are dropped when it is freed (recipe.weight_cache_drop),
+-- so at most the gathered units' copies exist, not every block's until the step ends. Within a
+-- unit's forward, and within its backward, a weight is quantized once (its uses hit the cache); with
+-- reshard_after_forward the backward's re-gathered weight (the same f32 values) is quantized again —
+-- the same call, the same bits: fprop's copy re-made for dgrad (recipe.linear_backward) — so a
+-- quantized weight is made twice per micro-batch, where an unsharded step makes it once per step.
+-- reshard_after_forward=false keeps the gathered weights, and so their copies, to the backward.
 -- Per step: grad_accum micro-batches, each reduce-scattering as its backward completes a unit (the
 -- first straight into the shard, later ones added to it: with grad_accum > 1 the sum order is that
 -- of the micro-batches' averages, an fp32 reordering against plain data parallelism, which averages
@@ -50,6 +58,7 @@ local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
 local nn = require "nvlua.nn"
+local recipes = require "nvlua.recipe"
 local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
 
 local shard = {}
@@ -279,10 +288,12 @@ function Sharded:_gather(u)
   u.gathered = true
 end
 
--- full mode: unit u's gathered weights freed (their handles remembered, for _gather to replace)
+-- full mode: unit u's gathered weights freed (their handles remembered, for _gather to replace),
+-- with the recipe's cached quantized copies of them (recipe.weight_cache_drop)
 function Sharded:_release(u)
   if self.mode ~= "full" or not u.gathered then return end
   for _, p in ipairs(u.params) do
+    recipes.weight_cache_drop(p.entry.param)
     p.old = p.entry.param
     p.entry.param:free() -- (a view of buf: freed too, or its handle would keep buf's storage)
     p.entry.param = p.shard
