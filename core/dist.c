@@ -560,6 +560,100 @@ nvl_status nvl_dist_wait_all(void) {
   return st;
 }
 
+/* ---- nonblocking all-gather ------------------------------------------------------------------- */
+
+/* Slot i (handle i + 1): out and t held until the wait; on the CPU its MPI request, on CUDA event i
+ * of dist_nccl.c */
+static struct {
+  int used, cuda;
+  nvl_tensor out, t;
+#ifdef NVLUA_HAVE_MPI
+  MPI_Request req;
+#endif
+} gathers[NVL_NCCL_GATHER_SLOTS];
+static int ngathers;
+
+int nvl_dist_gathers_pending(void) { return ngathers; }
+
+#ifdef NVLUA_HAVE_MPI
+/* let the started CPU gathers progress (Open MPI progresses inside MPI calls) */
+static nvl_status gathers_progress(const char *name) {
+  for (int i = 0; i < NVL_NCCL_GATHER_SLOTS; i++) {
+    if (!gathers[i].used || gathers[i].cuda) continue;
+    int flag, rc = MPI_Test(&gathers[i].req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail(name, "MPI_Test", rc);
+  }
+  return NVL_OK;
+}
+#endif
+
+nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *handle) {
+  char d1[160], d2[160];
+  NVL_TRY(check_tensor("all_gather_start", t));
+  NVL_TRY(check_tensor("all_gather_start", out));
+  if (t->ndim < 1 || out->dtype != t->dtype || out->device != t->device || !same_shape_tail(out, t) ||
+      out->shape[0] != t->shape[0] * S.world || !nvl_tensor_is_contiguous(out) || !nvl_tensor_is_contiguous(t))
+    return nvl_error(NVL_EINVAL, "all_gather_start: out (contiguous) holds the %d ranks' t (contiguous) along dim 1: "
+                     "got out %s, t %s", S.world, nvl_tensor_desc(out, d1, sizeof d1), nvl_tensor_desc(t, d2, sizeof d2));
+  size_t chunk = nvl_tensor_nbytes(t);
+  int in_place = t->storage == out->storage &&
+                 (char *)nvl_tensor_data(t) == (char *)nvl_tensor_data(out) + (size_t)S.rank * chunk;
+  if (!in_place && t->storage == out->storage)
+    return nvl_error(NVL_EINVAL, "all_gather_start: t shares out's storage but is not this rank's chunk of out");
+  int slot = -1;
+  for (int i = 0; i < NVL_NCCL_GATHER_SLOTS && slot < 0; i++)
+    if (!gathers[i].used) slot = i;
+  if (slot < 0)
+    return nvl_error(NVL_EINVAL, "all_gather_start: more than %d all-gathers pending; wait for some", NVL_NCCL_GATHER_SLOTS);
+  if (!S.use_mpi) { /* a world of one: done now */
+    if (!in_place) NVL_TRY(nvl_tensor_copy(out, t));
+  } else if (t->device == NVL_CUDA) {
+    NVL_TRY(nvl_nccl_all_gather_start(out, (nvl_tensor *)t, slot, S.rank, S.world));
+    gathers[slot].cuda = 1;
+  } else {
+#ifdef NVLUA_HAVE_MPI
+    NVL_TRY(check_count("all_gather_start", (int64_t)chunk * S.world));
+    int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : nvl_tensor_data(t), (int)chunk, MPI_BYTE, nvl_tensor_data(out),
+                            (int)chunk, MPI_BYTE, comm, &gathers[slot].req);
+    if (rc != MPI_SUCCESS) return mpi_fail("all_gather_start", "MPI_Iallgather", rc);
+    gathers[slot].cuda = 0;
+#endif
+  }
+  gathers[slot].used = 1;
+  nvl_tensor_share(&gathers[slot].out, out);
+  nvl_tensor_share(&gathers[slot].t, t);
+  ngathers++;
+  *handle = slot + 1;
+#ifdef NVLUA_HAVE_MPI
+  if (S.use_mpi) NVL_TRY(gathers_progress("all_gather_start"));
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_all_gather_wait(int handle) {
+  int slot = handle - 1;
+  if (slot < 0 || slot >= NVL_NCCL_GATHER_SLOTS || !gathers[slot].used)
+    return nvl_error(NVL_EINVAL, "all_gather_wait: no all-gather started with handle %d is pending", handle);
+  nvl_status st = NVL_OK;
+  if (S.use_mpi && gathers[slot].cuda) st = nvl_nccl_gather_wait(slot);
+#ifdef NVLUA_HAVE_MPI
+  else if (S.use_mpi) {
+    op_begin("all_gather (started by all_gather_start)");
+    int rc = MPI_Wait(&gathers[slot].req, MPI_STATUS_IGNORE);
+    op_end();
+    if (rc != MPI_SUCCESS) st = mpi_fail("all_gather_wait", "MPI_Wait", rc);
+  }
+#endif
+  nvl_tensor_release(&gathers[slot].out);
+  nvl_tensor_release(&gathers[slot].t);
+  gathers[slot].used = 0;
+  ngathers--;
+#ifdef NVLUA_HAVE_MPI
+  if (st == NVL_OK && S.use_mpi) st = gathers_progress("all_gather_wait");
+#endif
+  return st;
+}
+
 /* ---- background all-reduce (ShadowSync) -------------------------------------------------------- */
 
 static struct {

@@ -103,6 +103,18 @@ nvl_status nvl_dist_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dis
 /* out (world * n, ...) = the ranks' t (n, ...) in rank order. t may be out's own chunk (the view
  * of rows [rank n, (rank+1) n) of a contiguous out): then it is gathered in place. */
 nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t);
+/* Nonblocking all-gather (prefetching the next sharded unit's weights): start out = the ranks' t as
+ * nvl_dist_all_gather would (contiguous out and t; t separate or out's own chunk), without waiting;
+ * *handle names it for nvl_dist_all_gather_wait, which completes it (then out holds the result).
+ * On the CPU an MPI_Iallgather (each start and wait also lets the other started ones progress); on
+ * CUDA an ncclAllGather queued on NCCL's stream after stream 0's work so far, and the wait makes
+ * stream 0 wait for it (an event: the host does not). out and t are held (a share each) until the
+ * wait, and must not be written (out not read) before it. Every rank starts the same gathers in the
+ * same order, among its other collectives. A world of one: done at the start. */
+nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *handle);
+nvl_status nvl_dist_all_gather_wait(int handle);
+/* The number of started, not yet waited for, nonblocking all-gathers. */
+int nvl_dist_gathers_pending(void);
 
 /* Collective timeout in seconds (0: none); the default comes from NVLUA_DIST_TIMEOUT or 600. */
 void nvl_dist_set_timeout(double seconds);

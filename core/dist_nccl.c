@@ -48,6 +48,11 @@ nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_plac
   (void)out; (void)t; (void)in_place; (void)rank; (void)world;
   return NO_NCCL("all_gather");
 }
+nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int slot, int rank, int world) {
+  (void)out; (void)t; (void)slot; (void)rank; (void)world;
+  return NO_NCCL("all_gather_start");
+}
+nvl_status nvl_nccl_gather_wait(int slot) { (void)slot; return NVL_OK; }
 
 #else /* NVLUA_HAVE_NCCL */
 
@@ -302,6 +307,38 @@ nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_plac
                 (size_t)nvl_tensor_numel(t), dt, comm, stream));
 }
 
+/* Nonblocking all-gathers: each queued after stream 0's work so far, an event of its own recorded
+ * after it; the wait puts stream 0 after that event (no host wait). */
+static cudaEvent_t gathered[NVL_NCCL_GATHER_SLOTS];
+
+nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int slot, int rank, int world) {
+  ncclDataType_t dt = ncclFloat32;
+  if (slot < 0 || slot >= NVL_NCCL_GATHER_SLOTS) return nvl_error(NVL_EINVAL, "all_gather_start: bad slot %d", slot);
+  NVL_TRY(check("all_gather_start", t, &dt));
+  NVL_TRY(check("all_gather_start", out, &dt));
+  NVL_TRY(ensure_comm("all_gather_start", t, rank, world));
+  if (!gathered[slot]) {
+    cudaError_t e = cudaEventCreateWithFlags(&gathered[slot], cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      gathered[slot] = NULL;
+      return cuda_fail("all_gather_start", "cudaEventCreateWithFlags", e);
+    }
+  }
+  NVL_TRY(after_default_stream("all_gather_start"));
+  ncclResult_t r = N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out), (size_t)nvl_tensor_numel(t), dt, comm, stream);
+  if (r != ncclSuccess) return nccl_fail("all_gather_start", "ncclAllGather", r);
+  cudaError_t e = cudaEventRecord(gathered[slot], stream);
+  if (e != cudaSuccess) return cuda_fail("all_gather_start", "cudaEventRecord", e);
+  return NVL_OK;
+}
+
+nvl_status nvl_nccl_gather_wait(int slot) {
+  if (atomic_load(&aborted)) return nvl_error(NVL_EDEVICE, "all_gather: the NCCL communicator was aborted: %s", abort_reason);
+  cudaError_t e = cudaStreamWaitEvent(0, gathered[slot], 0); /* stream 0's later work after it; no host wait */
+  if (e != cudaSuccess) return cuda_fail("all_gather_wait", "cudaStreamWaitEvent", e);
+  return NVL_OK;
+}
+
 const char *nvl_nccl_watch(int in_op) {
   (void)in_op;
   if (!comm || atomic_load(&aborted)) return NULL;
@@ -326,6 +363,8 @@ void nvl_nccl_shutdown(void) {
   cudaStreamDestroy(stream);
   cudaEventDestroy(ready);
   cudaEventDestroy(done);
+  for (int i = 0; i < NVL_NCCL_GATHER_SLOTS; i++)
+    if (gathered[i]) { cudaEventDestroy(gathered[i]); gathered[i] = NULL; }
   comm = NULL;
 }
 

@@ -40,6 +40,12 @@
 --   * shard=full, nvfp4 and fp8_cs: at most one block's quantized weight copies exist (handles
 --     counted), and the step's peak is lower, by at least L - 1 blocks' copies, than when the weight
 --     cache keeps them to the step's end (as before recipe.weight_cache_drop).
+--   * dist.all_gather_start (MPI_Iallgather) on 2 and 3 ranks: out of place, in place, several in
+--     flight waited in another order: the blocking all_gather's bytes; bad input named.
+--   * prefetch under shard=full (2 ranks, one step): the exact order of gathers and compute (each
+--     unit starts the next one's gather before it computes: forward the next, backward the one
+--     before), at most two units gathered at once, and the weights after the step byte-identical to
+--     prefetch off.
 local T = require "nvlua.test"
 local nv = require "nvlua"
 local dist = require "nvlua.dist"
@@ -473,18 +479,21 @@ T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step 
   -- the step's peak over the state: shard=none's is the activations, the blocks' bf16 weight copies
   -- (kept by the weight cache from fprop to dgrad) and scratch; grads adds one block's whole f32
   -- gradients (reduce-scattered and freed before the next block's backward), bit for bit here. full
-  -- adds one block's gathered f32 weights and gradients (4 bytes a parameter each) but holds one
-  -- block's weight copies, not all L's (a gathered weight's copies go with it: recipe.weight_cache_drop),
-  -- and its peak moves (to the first block's backward, where block 2's are): at most that. The
-  -- embedding and head are smaller than a block here. Slack: 4 KiB for the allocator's small tensors.
+  -- adds two blocks' gathered f32 weights (the current one and the prefetched one) and one block's
+  -- gradients (4 bytes a parameter each) but holds one block's weight copies, not all L's (a gathered
+  -- weight's copies go with it: recipe.weight_cache_drop), and its peak moves (to the first block's
+  -- backward, where block 2's are): at most that (measured: 1.1 MiB under it). The embedding and
+  -- head are smaller than a block here. Slack: 4 KiB for the allocator's small tensors.
   local block = 4 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 768 * 256 + 2 * 256) -- bytes of one block's f32 tensors
   local act = res.none.peak - res.none.live
   T.eq(res.full.copy, 2 * 786432, "a block's bf16 copies: 2 bytes a weight")
   T.near(res.grads.peak - res.grads.live, act + block, 4096, "grads: peak = state + activations + one block's gradients")
-  T.ok(res.full.peak - res.full.live <= act + 2 * block - res.full.copy + 4096,
-    "full: peak <= state + activations + one block's gathered weights and gradients - one block's copies (of 2)")
-  T.ok(res.full.peak < res.grads.peak and res.grads.peak < res.optimizer.peak and res.optimizer.peak < res.none.peak,
-    "peaks: full < grads < optimizer < none")
+  T.ok(res.full.peak - res.full.live <= act + 3 * block - res.full.copy + 4096,
+    "full: peak <= state + activations + two blocks' gathered weights, one's gradients - one block's copies (of 2)")
+  -- (2 blocks of hidden 256: the two gathered blocks outweigh full's smaller state; at 8B width and
+  -- more blocks they do not)
+  T.ok(res.full.peak < res.optimizer.peak and res.grads.peak < res.optimizer.peak and res.optimizer.peak < res.none.peak,
+    "peaks: full and grads < optimizer < none")
 end)
 
 T.case("shard=full, nvfp4 and fp8_cs: one block's quantized weight copies at a time (they go with the gathered weight)", function()
@@ -518,6 +527,113 @@ T.case("shard=full, nvfp4 and fp8_cs: one block's quantized weight copies at a t
     print(string.format("%s, shard=full: step peak %.3f MiB (copies kept to the step's end: %.3f MiB); a block's " ..
       "copies %.3f MiB", recipe, drop.peak / 2 ^ 20, kept.peak / 2 ^ 20, drop.copy / 2 ^ 20))
   end
+end)
+
+-- ---- prefetch: the nonblocking all-gather ------------------------------------------------------------
+
+local GATHER = [=[
+local nv = require "nvlua"
+local dist = require "nvlua.dist"
+local r, n = dist.init()
+local function rows(k, v) return nv.full({k, 3}, v) end
+local ok = true
+-- out of place, in place, and two in flight waited in the other order: each = the blocking gather
+local t1, t2 = rows(5, 10 * r + 1), rows(2, 10 * r + 2)
+local a, b = nv.empty(5 * n, 3), nv.empty(2 * n, 3)
+local inplace = nv.empty(4 * n, 3)
+inplace:narrow(1, 4 * r + 1, 4):fill_(10 * r + 3)
+local ha = dist.all_gather_start(a, t1)
+local hb = dist.all_gather_start(b, t2)
+local hc = dist.all_gather_start(inplace, inplace:narrow(1, 4 * r + 1, 4))
+local pending = dist.gathers_pending()
+hb:wait(); hc:wait(); ha:wait(); ha:wait() -- (a second wait: nothing)
+local a0, b0, c0 = nv.empty(5 * n, 3), nv.empty(2 * n, 3), nv.empty(4 * n, 3)
+dist.all_gather(a0, t1); dist.all_gather(b0, t2); dist.all_gather(c0, rows(4, 10 * r + 3))
+ok = ok and a:bytes() == a0:bytes() and b:bytes() == b0:bytes() and inplace:bytes() == c0:bytes()
+-- bad input
+local e1 = select(2, pcall(dist.all_gather_start, nv.empty(5 * n, 2), t1))
+local e2 = select(2, pcall(dist.all_gather_start, nv.empty(3, 5 * n):t(), t1))
+local e3 = select(2, pcall(require("nvlua.core").dist.all_gather_wait, 77))
+print(string.format("rank %d: pending %d, same %s, left %d", r, pending, tostring(ok), dist.gathers_pending()))
+print("errors: " .. tostring(e1) .. " | " .. tostring(e2) .. " | " .. tostring(e3))
+]=]
+
+T.case("dist.all_gather_start: = the blocking all_gather (2 and 3 ranks, in place, several in flight); bad input", function()
+  need_mpi()
+  local script = ROOT .. "/gather.lua"
+  T.write_file(script, GATHER)
+  for _, n in ipairs({2, 3}) do
+    local out, code = mpirun(n, script)
+    T.eq(code, 0, out)
+    for r = 0, n - 1 do
+      T.ok(out:find(string.format("rank %d: pending 3, same true, left 0", r), 1, true) ~= nil, out)
+    end
+    T.ok(out:find("all_gather_start: out (contiguous) holds the " .. n .. " ranks' t (contiguous) along dim 1", 1, true) ~= nil, out)
+    T.ok(out:find("all_gather_wait: no all-gather started with handle 77 is pending", 1, true) ~= nil, out)
+  end
+end)
+
+local ORDER = [=[
+local nv = require "nvlua"
+local train = require "nvlua.train"
+local config = require "nvlua.config"
+local dist = require "nvlua.dist"
+local c = config.parse(train.schema, arg, {})
+local p = train.build(c)
+p.peak = 1e9
+local opt = p.optimizer
+opt.prefetch = os.getenv("SHARD_NO_PREFETCH") == nil
+opt.trace = {}
+-- the most units gathered or in flight when a unit's compute begins
+local most = 0
+local note = opt._note
+function opt._note(self, what, u)
+  if what == "forward" or what == "backward" then
+    local k = 0
+    for _, x in ipairs(self.units) do if x.gathered or x.inflight then k = k + 1 end end
+    most = math.max(most, k)
+  end
+  return note(self, what, u)
+end
+c.steps = 1
+train.run(c, p)
+local w = opt:whole_parameters()
+local names = {}
+for k in pairs(w) do names[#names + 1] = k end
+table.sort(names)
+local bytes = {}
+for _, k in ipairs(names) do bytes[#bytes + 1] = w[k]:bytes() end
+if dist.rank() == 0 then
+  local f = assert(io.open(c.out .. "/weights.bin", "wb"))
+  f:write(table.concat(bytes))
+  f:close()
+  print("trace: " .. table.concat(opt.trace, ", "))
+  print(string.format("most %d", most))
+end
+]=]
+
+T.case("prefetch: the next unit's gather starts before this unit computes; at most two units gathered; same bits", function()
+  need_mpi()
+  local script = ROOT .. "/order.lua"
+  T.write_file(script, ORDER)
+  local a = {"data=" .. CORPUS, "cache=" .. ROOT .. "/cache", "layers=2", "hidden=64", "heads=4", "kv_heads=2", "ffn=80",
+    "seq=16", "batch=2", "recipe=nvfp4", "eval_every=0", "sample_tokens=0", "plot=false", "quiet=true", "save=false",
+    "check_memory=false", "dist=true", "shard=full", "out=" .. ROOT .. "/order"}
+  local out, code = mpirun(2, script, a)
+  T.eq(code, 0, out)
+  -- forward: each unit starts the next one's gather before it computes, and waits for its own;
+  -- the LM head's backward starts the last block's, each block's backward the one before
+  T.eq(out:match("trace: ([^\n]*)"), table.concat({"gather embed", "start 1", "forward embed", "wait 1", "start 2",
+    "forward 1", "wait 2", "start head", "forward 2", "wait head", "forward head", "start 2", "wait 2", "start 1",
+    "backward 2", "wait 1", "start embed", "backward 1", "wait embed", "backward embed"}, ", "), "the order")
+  T.eq(tonumber(out:match("most (%d+)")), 2, "at most two units gathered (or in flight) when one computes")
+  -- and the weights after the step are the blocking gathers' (prefetch off), byte for byte
+  a[#a] = "out=" .. ROOT .. "/order_off"
+  local out2, code2 = mpirun(2, script, a, "SHARD_NO_PREFETCH=1")
+  T.eq(code2, 0, out2)
+  T.eq(out2:match("trace: ([^\n]*)"):find("start", 1, true), nil, "prefetch off: no gather started early")
+  local w1, w2 = read(ROOT .. "/order/weights.bin"), read(ROOT .. "/order_off/weights.bin")
+  T.ok(#w1 > 0 and w1 == w2, "the weights after the step, byte for byte")
 end)
 
 T.case("cleanup: the scratch directory is removed", function()

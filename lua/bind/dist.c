@@ -160,6 +160,27 @@ static int l_all_gather(lua_State *L) {
   return 1;
 }
 
+/* all_gather_start(out, t) -> handle (an integer): started, not waited for (core/dist.h) */
+static int l_all_gather_start(lua_State *L) {
+  nvl_tensor *out = nvl_lua_check_tensor(L, 1, "all_gather_start");
+  nvl_tensor *t = nvl_lua_check_tensor(L, 2, "all_gather_start");
+  int h = 0;
+  CHECK(L, nvl_dist_all_gather_start(out, t, &h));
+  lua_pushinteger(L, h);
+  return 1;
+}
+
+/* all_gather_wait(handle): complete it */
+static int l_all_gather_wait(lua_State *L) {
+  CHECK(L, nvl_dist_all_gather_wait((int)luaL_checkinteger(L, 1)));
+  return 0;
+}
+
+static int l_gathers_pending(lua_State *L) {
+  lua_pushinteger(L, nvl_dist_gathers_pending());
+  return 1;
+}
+
 static int l_set_timeout(lua_State *L) {
   nvl_dist_set_timeout(luaL_checknumber(L, 1));
   return 0;
@@ -189,6 +210,7 @@ static const luaL_Reg dist_funcs[] = {
   {"bg_busy", l_bg_busy}, {"bg_threaded", l_bg_threaded}, {"all_reduce_number", l_all_reduce_number},
   {"all_reduce_numbers", l_all_reduce_numbers},
   {"broadcast", l_broadcast}, {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
+  {"all_gather_start", l_all_gather_start}, {"all_gather_wait", l_all_gather_wait}, {"gathers_pending", l_gathers_pending},
   {"set_timeout", l_set_timeout}, {"timeout", l_timeout}, {"finalize", l_finalize}, {"abort", l_abort},
   {NULL, NULL}};
 

@@ -110,6 +110,29 @@ dist.bg_threaded = C.bg_threaded
 dist.broadcast = C.broadcast
 dist.reduce_scatter = C.reduce_scatter
 dist.all_gather = C.all_gather
+
+-- the handle of a started all-gather
+local Gather = {}
+Gather.__index = Gather
+
+--- h:wait() -> out: completes the all-gather (idempotent); then out holds the ranks' t
+function Gather:wait()
+  if not self.waited then
+    self.waited = true
+    C.all_gather_wait(self.id)
+  end
+  return self.out
+end
+
+--- dist.all_gather_start(out, t) -> a handle h: start all_gather(out, t) without waiting (out and t
+-- contiguous; MPI_Iallgather on CPU tensors, NCCL on its stream ordered by events on CUDA ones, see
+-- core/dist.h); h:wait() completes it. out must not be read, nor out or t written, before. Every
+-- rank starts the same gathers in the same order among its collectives. dist.gathers_pending()
+-- counts the started ones not waited for. (nvlua.shard prefetches the next unit's weights so.)
+function dist.all_gather_start(out, t)
+  return setmetatable({id = C.all_gather_start(out, t), out = out, waited = false}, Gather)
+end
+dist.gathers_pending = C.gathers_pending
 dist.set_timeout = C.set_timeout
 dist.timeout = C.timeout
 --- dist.finalize(): end MPI cleanly (the driver does it at the end of the script)

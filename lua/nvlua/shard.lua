@@ -45,8 +45,16 @@
 -- collectives in the same order (opt:serve_checkpoint()). Loading takes the full tensors of any
 -- checkpoint and keeps this rank's rows, so any checkpoint resumes at any world size and shard mode.
 --
--- Not here: a prefetching (nonblocking) gather — the gathers are blocking MPI_Allgather / NCCL
--- calls; the quantized gather of a linear's weight (gather_weight is the one place it plugs in);
+-- Prefetch (full mode; {prefetch = false} turns it off): when a unit's forward begins, once its own
+-- weights are there, the next unit's all-gather is started (dist.all_gather_start: MPI_Iallgather on
+-- the CPU, NCCL on its stream ordered by events on CUDA) before this unit computes; in the backward
+-- the previous unit's (the LM head's backward starts the last block's). The next unit's gather
+-- waits for it. So at most two units are gathered at once (with reshard_after_forward), and the
+-- gathered values are the blocking gather's (the same bytes: the results do not change).
+-- On the CPU, Open MPI advances a started gather only inside MPI calls (each start, wait and other
+-- collective), so the overlap there is partial; on CUDA the NCCL stream runs it beside stream 0.
+--
+-- Not here: the quantized gather of a linear's weight (gather_weight is the one place it plugs in);
 -- tied embeddings (refused).
 --
 -- Building: under "full" train.build makes the model in rows (shard.build, nn.build_rows): each
@@ -152,7 +160,7 @@ end
 -- reshard_after_forward = true}) -> the optimizer; the model's parameters become shards (see the header)
 function shard.Sharded(model, opts, dist, so)
   opts = check_opts(opts, {lr = true, betas = true, eps = true, weight_decay = true}, "shard.Sharded")
-  so = check_opts(so, {mode = true, reshard_after_forward = true}, "shard.Sharded")
+  so = check_opts(so, {mode = true, reshard_after_forward = true, prefetch = true}, "shard.Sharded")
   local mode = so.mode
   if mode ~= "grads" and mode ~= "full" then
     error("shard.Sharded: mode must be \"grads\" or \"full\", got " .. tostring(mode), 2)
@@ -166,7 +174,8 @@ function shard.Sharded(model, opts, dist, so)
   end
   local world, rank = dist.world_size(), dist.rank()
   local betas = opts.betas or {0.9, 0.95}
-  local self = setmetatable({mode = mode, reshard = so.reshard_after_forward ~= false, dist = dist, world = world,
+  local self = setmetatable({mode = mode, reshard = so.reshard_after_forward ~= false, prefetch = so.prefetch ~= false,
+    dist = dist, world = world,
     rank = rank, model = model, t = 0, lr = opts.lr or 1e-3, beta1 = betas[1], beta2 = betas[2], eps = opts.eps or 1e-8,
     weight_decay = opts.weight_decay or 0.1, sharded = true, params = {}, by_name = {}, units = {},
     bytes = {gather = 0, reduce_scatter = 0}}, Sharded)
@@ -252,28 +261,57 @@ end
 
 -- ---- gathering and reduce-scattering ------------------------------------------------------------
 
---- opt:gather_weight(p) -> the whole parameter p (rows, ...), a view of a new padded buffer (p.buf):
--- the all-gather of the ranks' f32 shards. The one place a quantized gather plugs in: for a linear
--- whose recipe quantizes its weight (with no SR draw or delayed history on it), each rank would
--- quantize its shard with the global amax and gather codes and scales (quant.all_gather_quantized,
--- bit-identical to quantizing the whole weight), and the recipe would take that QTensor as fprop's
--- and dgrad's weight; today the f32 weight is gathered and the recipe quantizes it, the same bits.
-function Sharded:gather_weight(p)
+--- opt:gather_weight(p [, start]) -> the whole parameter p (rows, ...), a view of a new padded buffer
+-- (p.buf): the all-gather of the ranks' f32 shards; with start, -> a handle (dist.all_gather_start)
+-- whose wait() completes it, and the view is made then (opt:_gather). The one place a quantized
+-- gather plugs in: for a linear whose recipe quantizes its weight (with no SR draw or delayed
+-- history on it), each rank would quantize its shard with the global amax and gather codes and
+-- scales (quant.all_gather_quantized, bit-identical to quantizing the whole weight), and the recipe
+-- would take that QTensor as fprop's and dgrad's weight; today the f32 weight is gathered and the
+-- recipe quantizes it, the same bits.
+function Sharded:gather_weight(p, start)
   local buf = nv.unscope(nv.empty(padded_shape(p.shape, p.chunk * self.world), {device = self.device}))
-  self.dist.all_gather(buf, p.shard)
   self.bytes.gather = self.bytes.gather + p.shard:nbytes() * (self.world - 1)
   p.buf = buf
+  if start then return self.dist.all_gather_start(buf, p.shard) end
+  self.dist.all_gather(buf, p.shard)
   return nv.unscope(buf:narrow(1, 1, p.rows))
 end
 
--- full mode: unit u's weights gathered (nothing when they are); the Linear layers' saved weight
--- handles (a forward whose weights were freed since) are pointed at the new ones
+-- opt.trace = {} records the order of the gathers and the units' compute, one string each: "gather
+-- <unit>" (blocking), "start <unit>" (a prefetch issued), "wait <unit>", "forward <unit>",
+-- "backward <unit>" (its compute begins); units: embed, 1 .. L, head
+function Sharded:_note(what, u)
+  if self.trace then self.trace[#self.trace + 1] = what .. " " .. tostring(u.key) end
+end
+
+-- full mode: start unit u's gather without waiting (the prefetch of the unit that computes next),
+-- unless it is gathered or in flight (nothing for u nil, or with prefetch off)
+function Sharded:_prefetch(u)
+  if self.mode ~= "full" or not self.prefetch or not u or u.gathered or u.inflight then return end
+  local hs = {}
+  for i, p in ipairs(u.params) do hs[i] = self:gather_weight(p, true) end
+  u.inflight = hs
+  self:_note("start", u)
+end
+
+-- full mode: unit u's weights gathered (nothing when they are; its prefetch waited for); the Linear
+-- layers' saved weight handles (a forward whose weights were freed since) are pointed at the new ones
 function Sharded:_gather(u)
   if self.mode ~= "full" or u.gathered then return end
+  local hs = u.inflight
+  u.inflight = nil
+  self:_note(hs and "wait" or "gather", u)
   local moved = {}
-  for _, p in ipairs(u.params) do
+  for i, p in ipairs(u.params) do
     local e = p.entry
-    local w = self:gather_weight(p)
+    local w
+    if hs then
+      hs[i]:wait()
+      w = nv.unscope(p.buf:narrow(1, 1, p.rows))
+    else
+      w = self:gather_weight(p)
+    end
     if p.old then moved[p.old] = w; p.old = nil end
     e.param = w
   end
@@ -301,6 +339,17 @@ function Sharded:_release(u)
     p.buf = nil
   end
   u.gathered = false
+end
+
+-- full mode: every prefetch still in flight completed and its weights freed (a pass that ended
+-- early, by an error, can leave one); before the step's own collectives
+function Sharded:_settle()
+  for _, u in ipairs(self.units) do
+    if u.inflight then
+      self:_gather(u)
+      self:_release(u)
+    end
+  end
 end
 
 -- unit u's whole-size gradients, zeros (padded to world·chunk rows for the reduce-scatter)
@@ -339,10 +388,18 @@ end
 -- The units' forward and backward wrapped, on the module instances (the classes stay as they are).
 function Sharded:_install()
   local model = self.model
+  local index = {}
+  for i, u in ipairs(self.units) do index[u] = i end
+  -- the unit that computes after u: in the forward the next one, in the backward the one before
+  local function after(u, backward) return self.units[index[u] + (backward and -1 or 1)] end
   local function wrap_unit(u, m)
     local fwd, bwd = m.forward, m.backward -- the class's
     m.forward = function(mod, ...)
       self:_gather(u)
+      if not u.in_backward then
+        self:_prefetch(after(u))
+        self:_note("forward", u)
+      end
       local r = table.pack(fwd(mod, ...))
       -- (a forward run inside the unit's own backward, activation recompute's, keeps the weights)
       if not u.in_backward and (not mod.training or self.reshard) then self:_release(u) end
@@ -350,6 +407,8 @@ function Sharded:_install()
     end
     m.backward = function(mod, ...)
       self:_gather(u)
+      self:_prefetch(after(u, true))
+      self:_note("backward", u)
       self:_grads(u)
       u.in_backward = true
       local r = table.pack(pcall(bwd, mod, ...))
@@ -371,6 +430,7 @@ function Sharded:_install()
   local nf, nb, lf, lb = norm.forward, norm.backward, lm.forward, lm.backward
   norm.forward = function(mod, ...)
     self:_gather(head)
+    self:_note("forward", head)
     return nf(mod, ...)
   end
   lm.forward = function(mod, ...)
@@ -381,6 +441,7 @@ function Sharded:_install()
   end
   lm.backward = function(mod, ...)
     self:_gather(head)
+    self:_prefetch(after(head, true))
     self:_grads(head)
     return lb(mod, ...)
   end
@@ -422,6 +483,7 @@ function Sharded:reduce_clip(max_norm)
   if max_norm ~= nil and not (finite(max_norm) and max_norm > 0) then
     util.user_error("reduce_clip: max_norm must be a finite number > 0, got " .. tostring(max_norm), 2)
   end
+  self:_settle()
   local ss = 0.0
   for _, p in ipairs(self.params) do ss = ss + core.sumsq(p.grad) end
   local total = math.sqrt(self.dist.all_reduce_number(ss, "sum"))
@@ -520,6 +582,7 @@ end
 --- opt:model_view() -> what checkpoint.save takes as the model on rank 0: the config and a
 -- state_dict of sources, each parameter gathered as it is written
 function Sharded:model_view()
+  self:_settle()
   local model = self.model
   return {config = model.config, num_parameters = function() return model:num_parameters() end,
     state_dict = function()
@@ -540,6 +603,7 @@ end
 --- opt:serve_checkpoint(): on a rank other than 0 while rank 0 saves a checkpoint: the same gathers,
 -- in the same order (each freed at once)
 function Sharded:serve_checkpoint()
+  self:_settle()
   for _, o in ipairs(self:_save_order()) do
     local p = self.by_name[o[1]]
     if not (o[2] == "param" and self.mode == "grads") then
