@@ -345,6 +345,11 @@ typedef struct nvl_layer_kernels {
                             const int64_t *state);
   nvl_status (*grad_norm_multi)(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n, int64_t count,
                                 double max_norm, int take_nonfinite);
+  /* state's sum of squares = the sum of parts[r]'s (count states of NVL_NORM_STATE slots, e.g. the
+   * ranks' of a sharded model, all-gathered), in order, in fp64, and its clip factor for max_norm, as
+   * grad_norm_multi writes them; its non-finite slot is left. Nothing read back. */
+  nvl_status (*grad_norm_combine)(nvl_kctx *ctx, int64_t *state, const int64_t *parts, int64_t count,
+                                  double max_norm);
   /* *flags (host) = the device's non-finite flags (NVL_NONFINITE_*), which are cleared; on a GPU a
    * copy to the host (it waits for the queued work). grad_norm_multi takes them too, into its
    * state's NVL_NORM_NONFINITE, with nothing read back. */

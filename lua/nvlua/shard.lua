@@ -35,9 +35,12 @@
 -- Per step: grad_accum micro-batches, each reduce-scattering as its backward completes a unit (the
 -- first straight into the shard, later ones added to it: with grad_accum > 1 the sum order is that
 -- of the micro-batches' averages, an fp32 reordering against plain data parallelism, which averages
--- once); opt:reduce_clip(max_norm) -> global norm (sqrt of the all-reduced sum of the shards'
--- squares, fp64) and clip; opt:step() AdamW on the shards (core.adamw_multi, the decay / no_decay
--- split of optim.AdamW) and, under "grads", the all-gather of the updated weights.
+-- once); opt:reduce_clip(max_norm) -> the global norm on the device (each rank's fp64 sum of
+-- squares of its shards, all-gathered and summed in rank order; norm:value() reads it) and the clip
+-- factor; opt:step() AdamW on the shards (core.adamw_multi, the decay / no_decay split of
+-- optim.AdamW, the clip factor applied as it reads the gradients) and, under "grads", the
+-- all-gather of the updated weights. Nothing in a step waits for the host (CUDA): the gathers,
+-- reduce-scatters and the norm are stream-ordered; the norm is read where train.lua reads it.
 --
 -- Checkpoints keep the one format (nvlua.checkpoint): rank 0 writes model.safetensors and
 -- trainer.safetensors as an unsharded run does; each tensor is a source (st.source) that gathers it
@@ -254,7 +257,6 @@ function shard.Sharded(model, opts, dist, so)
   -- their storage (the tensors they were made as views of) to the Lua GC: collected now, once, so
   -- that the memory is this rank's shards from here on
   collectgarbage("collect")
-  self.flags_tensor = self.params[1].grad -- the device whose non-finite flags the step reads
   self:_install()
   return self
 end
@@ -475,23 +477,50 @@ end
 
 -- ---- the optimizer --------------------------------------------------------------------------------
 
---- opt:reduce_clip(max_norm) -> the global gradient norm before clipping: the units' gradients are
--- already reduce-scattered (during the backward); the norm is the square root of the all-reduced sum
--- of the shards' squares (fp64), and the shards are scaled by max_norm / (norm + 1e-6) when it
--- exceeds max_norm (optim.clip_grad_norm's rule; a non-finite norm leaves them)
+-- what reduce_clip returns: the norm state read once, on demand
+local Norm = {}
+Norm.__index = Norm
+function Norm:_read()
+  if self.opt.norm_gen ~= self.gen then
+    error("norm: the optimizer has computed a newer norm since; read it before the next reduce_clip", 3)
+  end
+  if not self.v then
+    local t = self.opt.norm_state:cpu():totable() -- (slots: core/backend.h NVL_NORM_*)
+    self.v, self.flags = math.sqrt((string.unpack("<d", string.pack("<i8", t[1])))), t[4]
+  end
+end
+--- norm:value() -> the global gradient norm (before clipping)
+function Norm:value() self:_read(); return self.v end
+--- norm:nonfinite() -> this rank's device's non-finite flags, taken when the norm was computed
+function Norm:nonfinite() self:_read(); return self.flags end
+
+--- opt:reduce_clip(max_norm) -> norm: the global gradient norm before clipping, on the gradients'
+-- device, nothing read back: the units' gradients are already reduce-scattered (during the
+-- backward); each rank's sum of squares of its shards (core.grad_norm_multi, fp64, which takes the
+-- device's non-finite flags) is all-gathered (its norm state: 4 slots a rank; there is no f64
+-- tensor to all-reduce) and summed in rank order on the device (core.grad_norm_combine: the same
+-- sum on every rank), with the clip factor max_norm / (norm + 1e-6) when the norm exceeds max_norm
+-- (optim.clip_grad_norm's rule; a non-finite norm is not clipped), which the next opt:step()
+-- applies as AdamW reads the gradients (as optim.AdamW's clip_grad_norm). norm:value() reads the
+-- norm and norm:nonfinite() this rank's non-finite flags (one copy to the host, the first time).
 function Sharded:reduce_clip(max_norm)
   if max_norm ~= nil and not (finite(max_norm) and max_norm > 0) then
     util.user_error("reduce_clip: max_norm must be a finite number > 0, got " .. tostring(max_norm), 2)
   end
   self:_settle()
-  local ss = 0.0
-  for _, p in ipairs(self.params) do ss = ss + core.sumsq(p.grad) end
-  local total = math.sqrt(self.dist.all_reduce_number(ss, "sum"))
-  if max_norm and total > max_norm and total < math.huge then
-    local c = max_norm / (total + 1e-6)
-    for _, p in ipairs(self.params) do p.grad:mul_(c) end
+  if not self.norm_state then
+    self.norm_state = nv.unscope(nv.zeros(4, {dtype = "i64", device = self.device}))
+    self.norm_parts = nv.unscope(nv.zeros(4 * self.world, {dtype = "i64", device = self.device}))
   end
-  return total
+  local gs = {}
+  for i, p in ipairs(self.params) do gs[i] = p.grad end
+  local mn = max_norm or 1e300 -- (no clipping: a factor of 1)
+  core.grad_norm_multi(self.norm_state, gs, mn, true)
+  self.dist.all_gather_start(self.norm_parts, self.norm_state):wait() -- (on CUDA: stream-ordered, no host wait)
+  core.grad_norm_combine(self.norm_state, self.norm_parts, mn)
+  self.clip_armed = true
+  self.norm_gen = (self.norm_gen or 0) + 1
+  return setmetatable({opt = self, gen = self.norm_gen}, Norm)
 end
 
 --- opt:step(): AdamW on this rank's shards (one core.adamw_multi; no_decay ones with weight decay 0);
@@ -500,8 +529,10 @@ function Sharded:step()
   self.t = self.t + 1
   local ps, gs, ms, vs, nd = {}, {}, {}, {}, {}
   for i, p in ipairs(self.params) do ps[i], gs[i], ms[i], vs[i], nd[i] = p.shard, p.grad, p.m, p.v, p.no_decay end
+  local clip = self.clip_armed and self.norm_state or nil -- reduce_clip's factor, applied as the gradients are read
+  self.clip_armed = false
   core.adamw_multi(ps, gs, ms, vs, {lr = self.lr, beta1 = self.beta1, beta2 = self.beta2, eps = self.eps,
-    weight_decay = self.weight_decay, step = self.t}, nd)
+    weight_decay = self.weight_decay, step = self.t}, nd, clip)
   if self.mode == "grads" then
     for _, p in ipairs(self.params) do
       self.dist.all_gather(p.full, p.shard)

@@ -1117,9 +1117,14 @@ local function step_once(r, step)
     -- ranks' communication (sync=shadow: the rest is copying the snapshot and applying the average)
     local t_sync, t_wait = nv.clock(), 0
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
-      gnorm = opt:reduce_clip(c.clip)
+      local norm = opt:reduce_clip(c.clip)
       t_sync = nv.clock() - t_sync
-      flags = core.nonfinite_take(opt.flags_tensor or model.grad_buffer) | (r.carry_flags or 0) -- (a copy after the norm's: nothing queued)
+      if type(norm) == "table" then -- shard=grads|full: the norm on the device, read with its flags in one copy
+        gnorm, flags = norm:value(), norm:nonfinite() | (r.carry_flags or 0)
+      else
+        gnorm = norm
+        flags = core.nonfinite_take(opt.flags_tensor or model.grad_buffer) | (r.carry_flags or 0) -- (a copy after the norm's: nothing queued)
+      end
     else
       if buckets then dist.wait_all()
       elseif world > 1 and not shadow then dist.all_reduce(model.grad_buffer, "avg") end
