@@ -11,10 +11,13 @@
 --     values are the same sum in either order; AdamW is elementwise; the gathered weights are the f32
 --     weights the forward reads; the gradient norm is summed by shard (fp64) instead of by bucket and
 --     tensor, which can move its last bits only (the grad norms are compared to 1e-12).
---   * a shard=full step (forward, backward, reduce_clip, step, zero_grad; the second of two) makes no
---     host synchronisation: the norm's sum of squares stays on the device (all-gathered per rank,
---     summed there) and is read afterwards, one copy with its non-finite flags, as the unsharded
---     trainer reads its norm.
+--   * a shard=grads and a shard=full step (forward, backward, reduce_clip, step, zero_grad; the second
+--     of two) make no host synchronisation of their own: the gathers (prefetched: on NCCL's stream,
+--     ordered by events) and reduce-scatters are stream-ordered, the norm's sum of squares stays on
+--     the device (each rank's norm state all-gathered, summed there) and is read afterwards, one
+--     copy with its non-finite flags, as the unsharded trainer reads its norm. bf16: 0; nvfp4: as
+--     many as shard=none's step, each one of data parallelism's host all-reduces of an activation's
+--     global amax (train.lua's dist_hooks, not sharding's).
 local T = require "nvlua.test"
 local nv = require "nvlua"
 local lfs = require "lfs"
@@ -58,9 +61,13 @@ local BASE = {"data=" .. CORPUS, "cache=" .. ROOT .. "/cache", "layers=2", "hidd
   "ckpt_every=2", "dist=true", "device=cuda", "clip=0.5"}
 
 local TRAIN = [[
-local core = require("nvlua").core
-core.cuda_set_sync(false)
-local p = require("nvlua.train").main({}, arg)
+local train = require "nvlua.train"
+local config = require "nvlua.config"
+local c = config.parse(train.schema, arg, {})
+local p = train.build(c)
+p.peak = 1e9 -- no GEMM-rate measurement (its large operands, emulated)
+require("nvlua").core.cuda_set_sync(false)
+train.run(c, p)
 ]]
 
 local function read(path)
@@ -122,49 +129,76 @@ local core = nv.core
 local train = require "nvlua.train"
 local config = require "nvlua.config"
 local llama = require "nvlua.llama"
+local dist = require "nvlua.dist"
 local c = config.parse(train.schema, arg, {})
 local p = train.build(c)
-local model, opt = p.model, p.optimizer
+local model, opt, rec = p.model, p.optimizer, p.recipe
+-- the data-parallel global amax of the activations (a per-tensor format's: recipe:set_amax_reducer,
+-- dist.all_reduce_number: a host value), counted
+local amaxes = 0
+if rec.amax_reducer then
+  local f = rec.amax_reducer
+  rec.amax_reducer = function(...) amaxes = amaxes + 1; return f(...) end
+end
 core.cuda_set_sync(false)
 local gen = nv.Generator(5)
-local syncs, queries, read_syncs, norm
+local syncs, read_syncs, norm, n_amax
 for step = 1, 2 do
   local x = (nv.rand(2, 16, {generator = gen}) * 63):to("i64")
   local y = (nv.rand(2, 16, {generator = gen}) * 63):to("i64")
+  amaxes = 0
   local c0 = core.cuda_emu_counters()
   local d = model:forward_backward(x, y, {defer_loss = true})
-  local n = opt:reduce_clip(1.0)
+  local n
+  if opt.reduce_clip then
+    n = opt:reduce_clip(1.0)
+  else -- plain data parallelism (train.lua with one bucket: the whole buffer)
+    dist.all_reduce_start(model.grad_buffer, "avg")
+    dist.wait_all()
+    n = opt:clip_grad_norm(1.0)
+  end
   opt:step()
   model:zero_grad()
   local c1 = core.cuda_emu_counters()
-  syncs, queries = c1.host_syncs - c0.host_syncs, c1.queries - c0.queries
+  syncs, n_amax = c1.host_syncs - c0.host_syncs, amaxes
   norm = n:value()
   read_syncs = core.cuda_emu_counters().host_syncs - c1.host_syncs
   llama.loss_value(d)
 end
-print(string.format("rank %d: host syncs %d, queries %d, reading the norm %d, norm %.6g, gathers left %d", p.rank, syncs,
-  queries, read_syncs, norm, require("nvlua.dist").gathers_pending()))
+print(string.format("rank %d: host syncs %d, amax reductions %d, reading the norm %d, norm %.17g, gathers left %d",
+  p.rank, syncs, n_amax, read_syncs, norm, dist.gathers_pending()))
 ]]
 
-T.case("a shard=full step on 2 emulated GPUs makes no host synchronisation; the norm is read after", function()
+T.case("a sharded step on 2 emulated GPUs makes no host synchronisation of its own; the norm is read after", function()
   need_emu()
-  local a = {table.unpack(BASE)}
-  a[#a + 1] = "out=" .. ROOT .. "/syncs"
-  a[#a + 1] = "recipe=nvfp4"
-  a[#a + 1] = "shard=full"
-  a[#a + 1] = "save=false"
-  local out, code = mpirun2("step", STEP, a)
-  T.eq(code, 0, "mpirun exit status; output:\n" .. out)
-  for r = 0, 1 do
-    local s, q, rd, norm, left = out:match("rank " .. r .. ": host syncs (%d+), queries (%d+), reading the norm (%d+), " ..
-      "norm ([^,]+), gathers left (%d+)")
-    T.ok(s ~= nil, "rank " .. r .. " finished; output:\n" .. out)
-    print(string.format("rank %d: host syncs %s, stream queries %s in the step; reading the norm: %s host sync(s)", r, s,
-      q, rd))
-    T.eq(tonumber(s), 0, "rank " .. r .. ": host syncs in the step")
-    T.eq(tonumber(rd), 1, "rank " .. r .. ": reading the norm (and its flags) is one copy")
-    T.ok(tonumber(norm) > 0, "a norm")
-    T.eq(tonumber(left), 0, "no gather left in flight")
+  -- bf16: none at all. nvfp4: data parallelism's global amax of each quantized activation is a host
+  -- all-reduce (train.lua dist_hooks), one host synchronisation each, in shard=none's step as well:
+  -- the sharded step makes exactly those.
+  for _, recipe in ipairs({"bf16", "nvfp4"}) do
+    local res = {}
+    for _, shard in ipairs({"none", "grads", "full"}) do
+      local a = {table.unpack(BASE)}
+      for _, x in ipairs({"out=" .. ROOT .. "/syncs", "overwrite=true", "recipe=" .. recipe, "shard=" .. shard,
+        "save=false"}) do a[#a + 1] = x end
+      local out, code = mpirun2("step", STEP, a)
+      T.eq(code, 0, "mpirun exit status; output:\n" .. out)
+      for r = 0, 1 do
+        local s, am, rd, norm, left = out:match("rank " .. r .. ": host syncs (%d+), amax reductions (%d+), " ..
+          "reading the norm (%d+), norm ([^,]+), gathers left (%d+)")
+        T.ok(s ~= nil, "rank " .. r .. " finished; output:\n" .. out)
+        local what = string.format("%s, shard=%s, rank %d", recipe, shard, r)
+        T.eq(tonumber(s), tonumber(am), what .. ": host syncs in the step = the activations' amax all-reduces")
+        if recipe == "bf16" then T.eq(tonumber(s), 0, what .. ": no host sync") end
+        T.eq(tonumber(rd), 1, what .. ": reading the norm (and its flags) is one copy")
+        T.eq(tonumber(left), 0, what .. ": no gather left in flight")
+        res[shard] = res[shard] or {syncs = tonumber(s), norm = tonumber(norm)}
+      end
+    end
+    for _, shard in ipairs({"grads", "full"}) do
+      T.eq(res[shard].syncs, res.none.syncs, recipe .. ", shard=" .. shard .. ": the same host syncs as plain data parallelism")
+      T.near(res[shard].norm, res.none.norm, 1e-12 * res.none.norm, recipe .. ", shard=" .. shard .. ": the norm")
+    end
+    print(string.format("%s: host syncs per step %d (none, grads and full alike)", recipe, res.none.syncs))
   end
 end)
 

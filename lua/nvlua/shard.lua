@@ -145,6 +145,10 @@ Sharded.__index = Sharded
 
 local function finite(v) return type(v) == "number" and v == v and v > -math.huge and v < math.huge end
 
+-- zeros of shape on device dev, made there (nv.zeros with a device fills on the host and copies:
+-- a host synchronisation on a GPU)
+local function zeros(shape, dev, dtype) return nv.empty(shape, {device = dev, dtype = dtype}):zero_() end
+
 local function padded_shape(shape, rows)
   local s = {table.unpack(shape)}
   s[1] = rows
@@ -225,12 +229,12 @@ function shard.Sharded(model, opts, dist, so)
       end
       p.shard = e.param
     elseif mode == "full" then
-      p.shard = nv.unscope(nv.zeros(pshape, {device = dev}))
+      p.shard = nv.unscope(zeros(pshape, dev))
       if p.nrows > 0 then p.shard:narrow(1, 1, p.nrows):copy_(e.param:narrow(1, p.row0 + 1, p.nrows)) end
       e.param:free()
       e.param = p.shard
     else
-      p.full = nv.unscope(nv.zeros(padded_shape(shape, chunk * world), {device = dev}))
+      p.full = nv.unscope(zeros(padded_shape(shape, chunk * world), dev))
       p.full:narrow(1, 1, p.rows):copy_(e.param)
       e.param:free()
       e.param = nv.unscope(p.full:narrow(1, 1, p.rows))
@@ -239,11 +243,11 @@ function shard.Sharded(model, opts, dist, so)
     if built_in_rows then
       p.grad = e.grad -- a view of the model's flat buffer of gradient rows, which it keeps
     else
-      p.grad = nv.unscope(nv.zeros(pshape, {device = dev}))
+      p.grad = nv.unscope(zeros(pshape, dev))
       e.grad:free() -- a view of the flat gradient buffer, freed below
     end
-    p.m = nv.unscope(nv.zeros(pshape, {device = dev}))
-    p.v = nv.unscope(nv.zeros(pshape, {device = dev}))
+    p.m = nv.unscope(zeros(pshape, dev))
+    p.v = nv.unscope(zeros(pshape, dev))
     p.fresh = true -- the gradient shard holds nothing of this step yet
     e.grad = DEAD
     self.params[#self.params + 1] = p
@@ -358,7 +362,7 @@ end
 function Sharded:_grads(u)
   if u.grads then return end
   for _, p in ipairs(u.params) do
-    p.gfull = nv.unscope(nv.zeros(padded_shape(p.shape, p.chunk * self.world), {device = self.device}))
+    p.gfull = nv.unscope(zeros(padded_shape(p.shape, p.chunk * self.world), self.device))
     p.entry.grad = nv.unscope(p.gfull:narrow(1, 1, p.rows))
   end
   u.grads = true
@@ -509,8 +513,8 @@ function Sharded:reduce_clip(max_norm)
   end
   self:_settle()
   if not self.norm_state then
-    self.norm_state = nv.unscope(nv.zeros(4, {dtype = "i64", device = self.device}))
-    self.norm_parts = nv.unscope(nv.zeros(4 * self.world, {dtype = "i64", device = self.device}))
+    self.norm_state = nv.unscope(zeros({4}, self.device, "i64"))
+    self.norm_parts = nv.unscope(zeros({4 * self.world}, self.device, "i64"))
   end
   local gs = {}
   for i, p in ipairs(self.params) do gs[i] = p.grad end
