@@ -563,9 +563,9 @@ nvl_status nvl_dist_wait_all(void) {
 /* ---- nonblocking all-gather ------------------------------------------------------------------- */
 
 /* Slot i (handle i + 1): out and t held until the wait; on the CPU its MPI request, on CUDA event i
- * of dist_nccl.c */
+ * of dist_nccl.c; divide: a CPU reduce-scatter (avg) divides out by the world at the wait */
 static struct {
-  int used, cuda;
+  int used, cuda, divide;
   nvl_tensor out, t;
 #ifdef NVLUA_HAVE_MPI
   MPI_Request req;
@@ -605,6 +605,7 @@ nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *
     if (!gathers[i].used) slot = i;
   if (slot < 0)
     return nvl_error(NVL_EINVAL, "all_gather_start: more than %d all-gathers pending; wait for some", NVL_NCCL_GATHER_SLOTS);
+  gathers[slot].divide = 0;
   if (!S.use_mpi) { /* a world of one: done now */
     if (!in_place) NVL_TRY(nvl_tensor_copy(out, t));
   } else if (t->device == NVL_CUDA) {
@@ -635,13 +636,14 @@ nvl_status nvl_dist_all_gather_wait(int handle) {
   if (slot < 0 || slot >= NVL_NCCL_GATHER_SLOTS || !gathers[slot].used)
     return nvl_error(NVL_EINVAL, "all_gather_wait: no all-gather started with handle %d is pending", handle);
   nvl_status st = NVL_OK;
-  if (S.use_mpi && gathers[slot].cuda) st = nvl_nccl_gather_wait(slot);
+  if (S.use_mpi && gathers[slot].cuda) st = nvl_nccl_slot_wait(slot);
 #ifdef NVLUA_HAVE_MPI
   else if (S.use_mpi) {
-    op_begin("all_gather (started by all_gather_start)");
+    op_begin("all_gather / reduce_scatter (started by all_gather_start / reduce_scatter_start)");
     int rc = MPI_Wait(&gathers[slot].req, MPI_STATUS_IGNORE);
     op_end();
     if (rc != MPI_SUCCESS) st = mpi_fail("all_gather_wait", "MPI_Wait", rc);
+    if (st == NVL_OK && gathers[slot].divide) divide(&gathers[slot].out, S.world);
   }
 #endif
   nvl_tensor_release(&gathers[slot].out);
@@ -652,6 +654,53 @@ nvl_status nvl_dist_all_gather_wait(int handle) {
   if (st == NVL_OK && S.use_mpi) st = gathers_progress("all_gather_wait");
 #endif
   return st;
+}
+
+nvl_status nvl_dist_reduce_scatter_start(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int *handle) {
+  char d1[160], d2[160];
+  NVL_TRY(check_tensor("reduce_scatter_start", t));
+  NVL_TRY(check_tensor("reduce_scatter_start", out));
+  NVL_TRY(check_op("reduce_scatter_start", op, t));
+  if (op != NVL_DIST_SUM && op != NVL_DIST_AVG)
+    return nvl_error(NVL_EINVAL, "reduce_scatter_start: op must be sum or avg, got %s", nvl_dist_op_names[op]);
+  if (t->ndim < 1 || t->shape[0] % S.world || out->dtype != t->dtype || t->dtype != NVL_F32 ||
+      out->device != t->device || !same_shape_tail(out, t) || out->shape[0] * S.world != t->shape[0] ||
+      !nvl_tensor_is_contiguous(out) || !nvl_tensor_is_contiguous(t) || out->storage == t->storage)
+    return nvl_error(NVL_EINVAL, "reduce_scatter_start: t (contiguous f32) is cut along dim 1 into %d equal chunks and "
+                     "out (contiguous, its own storage) holds one: got t %s, out %s", S.world,
+                     nvl_tensor_desc(t, d1, sizeof d1), nvl_tensor_desc(out, d2, sizeof d2));
+  int slot = -1;
+  for (int i = 0; i < NVL_NCCL_GATHER_SLOTS && slot < 0; i++)
+    if (!gathers[i].used) slot = i;
+  if (slot < 0)
+    return nvl_error(NVL_EINVAL, "reduce_scatter_start: more than %d collectives pending; wait for some",
+                     NVL_NCCL_GATHER_SLOTS);
+  gathers[slot].divide = 0;
+  if (!S.use_mpi) { /* a world of one: done now */
+    NVL_TRY(nvl_tensor_copy(out, t));
+  } else if (t->device == NVL_CUDA) {
+    NVL_TRY(nvl_nccl_reduce_scatter_start(out, t, op, slot, S.rank, S.world));
+    gathers[slot].cuda = 1;
+  } else {
+#ifdef NVLUA_HAVE_MPI
+    int64_t n = nvl_tensor_numel(out);
+    NVL_TRY(check_count("reduce_scatter_start", n * S.world));
+    int rc = MPI_Ireduce_scatter_block(nvl_tensor_data(t), nvl_tensor_data(out), (int)n, MPI_FLOAT, MPI_SUM, comm,
+                                       &gathers[slot].req);
+    if (rc != MPI_SUCCESS) return mpi_fail("reduce_scatter_start", "MPI_Ireduce_scatter_block", rc);
+    gathers[slot].cuda = 0;
+    gathers[slot].divide = op == NVL_DIST_AVG;
+#endif
+  }
+  gathers[slot].used = 1;
+  nvl_tensor_share(&gathers[slot].out, out);
+  nvl_tensor_share(&gathers[slot].t, t);
+  ngathers++;
+  *handle = slot + 1;
+#ifdef NVLUA_HAVE_MPI
+  if (S.use_mpi) NVL_TRY(gathers_progress("reduce_scatter_start"));
+#endif
+  return NVL_OK;
 }
 
 /* ---- background all-reduce (ShadowSync) -------------------------------------------------------- */

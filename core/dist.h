@@ -113,7 +113,12 @@ nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t);
  * same order, among its other collectives. A world of one: done at the start. */
 nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *handle);
 nvl_status nvl_dist_all_gather_wait(int handle);
-/* The number of started, not yet waited for, nonblocking all-gathers. */
+/* Nonblocking reduce-scatter (op sum or avg; contiguous f32 t and out, out not inside t): start out =
+ * nvl_dist_reduce_scatter's result without waiting; nvl_dist_all_gather_wait(*handle) completes it
+ * (on the CPU an MPI_Ireduce_scatter_block, avg's division at the wait; on CUDA NCCL on its stream,
+ * an event, as the all-gather). The same rules as nvl_dist_all_gather_start. */
+nvl_status nvl_dist_reduce_scatter_start(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int *handle);
+/* The number of started, not yet waited for, nonblocking all-gathers and reduce-scatters. */
 int nvl_dist_gathers_pending(void);
 
 /* Collective timeout in seconds (0: none); the default comes from NVLUA_DIST_TIMEOUT or 600. */

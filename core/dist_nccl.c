@@ -52,7 +52,12 @@ nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int s
   (void)out; (void)t; (void)slot; (void)rank; (void)world;
   return NO_NCCL("all_gather_start");
 }
-nvl_status nvl_nccl_gather_wait(int slot) { (void)slot; return NVL_OK; }
+nvl_status nvl_nccl_reduce_scatter_start(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int slot, int rank,
+                                         int world) {
+  (void)out; (void)t; (void)op; (void)slot; (void)rank; (void)world;
+  return NO_NCCL("reduce_scatter_start");
+}
+nvl_status nvl_nccl_slot_wait(int slot) { (void)slot; return NVL_OK; }
 
 #else /* NVLUA_HAVE_NCCL */
 
@@ -307,35 +312,53 @@ nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_plac
                 (size_t)nvl_tensor_numel(t), dt, comm, stream));
 }
 
-/* Nonblocking all-gathers: each queued after stream 0's work so far, an event of its own recorded
- * after it; the wait puts stream 0 after that event (no host wait). */
+/* Nonblocking all-gathers and reduce-scatters: each queued after stream 0's work so far, an event of
+ * its own (its slot's) recorded after it; the wait puts stream 0 after that event (no host wait). */
 static cudaEvent_t gathered[NVL_NCCL_GATHER_SLOTS];
 
-nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int slot, int rank, int world) {
-  ncclDataType_t dt = ncclFloat32;
-  if (slot < 0 || slot >= NVL_NCCL_GATHER_SLOTS) return nvl_error(NVL_EINVAL, "all_gather_start: bad slot %d", slot);
-  NVL_TRY(check("all_gather_start", t, &dt));
-  NVL_TRY(check("all_gather_start", out, &dt));
-  NVL_TRY(ensure_comm("all_gather_start", t, rank, world));
+/* checks, the communicator, slot's event, and the order after stream 0's work */
+static nvl_status slot_prepare(const char *op, const nvl_tensor *out, const nvl_tensor *t, int slot, int rank,
+                               int world, ncclDataType_t *dt) {
+  if (slot < 0 || slot >= NVL_NCCL_GATHER_SLOTS) return nvl_error(NVL_EINVAL, "%s: bad slot %d", op, slot);
+  NVL_TRY(check(op, t, dt));
+  NVL_TRY(check(op, out, dt));
+  NVL_TRY(ensure_comm(op, t, rank, world));
   if (!gathered[slot]) {
     cudaError_t e = cudaEventCreateWithFlags(&gathered[slot], cudaEventDisableTiming);
     if (e != cudaSuccess) {
       gathered[slot] = NULL;
-      return cuda_fail("all_gather_start", "cudaEventCreateWithFlags", e);
+      return cuda_fail(op, "cudaEventCreateWithFlags", e);
     }
   }
-  NVL_TRY(after_default_stream("all_gather_start"));
-  ncclResult_t r = N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out), (size_t)nvl_tensor_numel(t), dt, comm, stream);
-  if (r != ncclSuccess) return nccl_fail("all_gather_start", "ncclAllGather", r);
+  return after_default_stream(op);
+}
+
+static nvl_status slot_record(const char *op, const char *call, ncclResult_t r, int slot) {
+  if (r != ncclSuccess) return nccl_fail(op, call, r);
   cudaError_t e = cudaEventRecord(gathered[slot], stream);
-  if (e != cudaSuccess) return cuda_fail("all_gather_start", "cudaEventRecord", e);
+  if (e != cudaSuccess) return cuda_fail(op, "cudaEventRecord", e);
   return NVL_OK;
 }
 
-nvl_status nvl_nccl_gather_wait(int slot) {
-  if (atomic_load(&aborted)) return nvl_error(NVL_EDEVICE, "all_gather: the NCCL communicator was aborted: %s", abort_reason);
+nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int slot, int rank, int world) {
+  ncclDataType_t dt = ncclFloat32;
+  NVL_TRY(slot_prepare("all_gather_start", out, t, slot, rank, world, &dt));
+  return slot_record("all_gather_start", "ncclAllGather", N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out),
+                     (size_t)nvl_tensor_numel(t), dt, comm, stream), slot);
+}
+
+nvl_status nvl_nccl_reduce_scatter_start(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int slot, int rank,
+                                         int world) {
+  ncclDataType_t dt = ncclFloat32;
+  NVL_TRY(slot_prepare("reduce_scatter_start", out, t, slot, rank, world, &dt));
+  return slot_record("reduce_scatter_start", "ncclReduceScatter", N.ReduceScatter(nvl_tensor_data(t),
+                     nvl_tensor_data(out), (size_t)nvl_tensor_numel(out), dt, red(op), comm, stream), slot);
+}
+
+nvl_status nvl_nccl_slot_wait(int slot) {
+  if (atomic_load(&aborted)) return nvl_error(NVL_EDEVICE, "dist wait: the NCCL communicator was aborted: %s", abort_reason);
   cudaError_t e = cudaStreamWaitEvent(0, gathered[slot], 0); /* stream 0's later work after it; no host wait */
-  if (e != cudaSuccess) return cuda_fail("all_gather_wait", "cudaStreamWaitEvent", e);
+  if (e != cudaSuccess) return cuda_fail("dist wait", "cudaStreamWaitEvent", e);
   return NVL_OK;
 }
 

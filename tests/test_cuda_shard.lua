@@ -12,8 +12,8 @@
 --     weights the forward reads; the gradient norm is summed by shard (fp64) instead of by bucket and
 --     tensor, which can move its last bits only (the grad norms are compared to 1e-12).
 --   * a shard=grads and a shard=full step (forward, backward, reduce_clip, step, zero_grad; the second
---     of two) make no host synchronisation of their own: the gathers (prefetched: on NCCL's stream,
---     ordered by events) and reduce-scatters are stream-ordered, the norm's sum of squares stays on
+--     of two) make no host synchronisation of their own, nor stream polls (queries): the gathers
+--     (prefetched or not) and reduce-scatters are started on NCCL's stream and waited for by events, the norm's sum of squares stays on
 --     the device (each rank's norm state all-gathered, summed there) and is read afterwards, one
 --     copy with its non-finite flags, as the unsharded trainer reads its norm. bf16: 0; nvfp4: as
 --     many as shard=none's step, each one of data parallelism's host all-reduces of an activation's
@@ -142,7 +142,7 @@ if rec.amax_reducer then
 end
 core.cuda_set_sync(false)
 local gen = nv.Generator(5)
-local syncs, read_syncs, norm, n_amax
+local syncs, queries, read_syncs, norm, n_amax
 for step = 1, 2 do
   local x = (nv.rand(2, 16, {generator = gen}) * 63):to("i64")
   local y = (nv.rand(2, 16, {generator = gen}) * 63):to("i64")
@@ -160,13 +160,13 @@ for step = 1, 2 do
   opt:step()
   model:zero_grad()
   local c1 = core.cuda_emu_counters()
-  syncs, n_amax = c1.host_syncs - c0.host_syncs, amaxes
+  syncs, queries, n_amax = c1.host_syncs - c0.host_syncs, c1.queries - c0.queries, amaxes
   norm = n:value()
   read_syncs = core.cuda_emu_counters().host_syncs - c1.host_syncs
   llama.loss_value(d)
 end
-print(string.format("rank %d: host syncs %d, amax reductions %d, reading the norm %d, norm %.17g, gathers left %d",
-  p.rank, syncs, n_amax, read_syncs, norm, dist.gathers_pending()))
+print(string.format("rank %d: host syncs %d, queries %d, amax reductions %d, reading the norm %d, norm %.17g, " ..
+  "gathers left %d", p.rank, syncs, queries, n_amax, read_syncs, norm, dist.gathers_pending()))
 ]]
 
 T.case("a sharded step on 2 emulated GPUs makes no host synchronisation of its own; the norm is read after", function()
@@ -183,22 +183,26 @@ T.case("a sharded step on 2 emulated GPUs makes no host synchronisation of its o
       local out, code = mpirun2("step", STEP, a)
       T.eq(code, 0, "mpirun exit status; output:\n" .. out)
       for r = 0, 1 do
-        local s, am, rd, norm, left = out:match("rank " .. r .. ": host syncs (%d+), amax reductions (%d+), " ..
-          "reading the norm (%d+), norm ([^,]+), gathers left (%d+)")
+        local s, q, am, rd, norm, left = out:match("rank " .. r .. ": host syncs (%d+), queries (%d+), " ..
+          "amax reductions (%d+), reading the norm (%d+), norm ([^,]+), gathers left (%d+)")
         T.ok(s ~= nil, "rank " .. r .. " finished; output:\n" .. out)
         local what = string.format("%s, shard=%s, rank %d", recipe, shard, r)
         T.eq(tonumber(s), tonumber(am), what .. ": host syncs in the step = the activations' amax all-reduces")
         if recipe == "bf16" then T.eq(tonumber(s), 0, what .. ": no host sync") end
         T.eq(tonumber(rd), 1, what .. ": reading the norm (and its flags) is one copy")
         T.eq(tonumber(left), 0, what .. ": no gather left in flight")
-        res[shard] = res[shard] or {syncs = tonumber(s), norm = tonumber(norm)}
+        res[shard] = res[shard] or {syncs = tonumber(s), queries = tonumber(q), norm = tonumber(norm)}
       end
     end
     for _, shard in ipairs({"grads", "full"}) do
       T.eq(res[shard].syncs, res.none.syncs, recipe .. ", shard=" .. shard .. ": the same host syncs as plain data parallelism")
+      -- (a blocking NCCL collective polls its stream from the host, cudaStreamQuery: the sharded
+      -- step's gathers and reduce-scatters are started and waited for by events instead)
+      T.eq(res[shard].queries, res.none.queries, recipe .. ", shard=" .. shard .. ": the same stream queries (host polls)")
       T.near(res[shard].norm, res.none.norm, 1e-12 * res.none.norm, recipe .. ", shard=" .. shard .. ": the norm")
     end
-    print(string.format("%s: host syncs per step %d (none, grads and full alike)", recipe, res.none.syncs))
+    print(string.format("%s: host syncs per step %d, stream queries %d (none, grads and full alike)", recipe,
+      res.none.syncs, res.none.queries))
   end
 end)
 

@@ -41,7 +41,8 @@
 --     counted), and the step's peak is lower, by at least L - 1 blocks' copies, than when the weight
 --     cache keeps them to the step's end (as before recipe.weight_cache_drop).
 --   * dist.all_gather_start (MPI_Iallgather) on 2 and 3 ranks: out of place, in place, several in
---     flight waited in another order: the blocking all_gather's bytes; bad input named.
+--     flight waited in another order: the blocking all_gather's bytes; reduce_scatter_start
+--     (MPI_Ireduce_scatter_block; avg divided at the wait) = the blocking reduce_scatter; bad input named.
 --   * prefetch under shard=full (2 ranks, one step): the exact order of gathers and compute (each
 --     unit starts the next one's gather before it computes: forward the next, backward the one
 --     before), at most two units gathered at once, and the weights after the step byte-identical to
@@ -550,6 +551,14 @@ hb:wait(); hc:wait(); ha:wait(); ha:wait() -- (a second wait: nothing)
 local a0, b0, c0 = nv.empty(5 * n, 3), nv.empty(2 * n, 3), nv.empty(4 * n, 3)
 dist.all_gather(a0, t1); dist.all_gather(b0, t2); dist.all_gather(c0, rows(4, 10 * r + 3))
 ok = ok and a:bytes() == a0:bytes() and b:bytes() == b0:bytes() and inplace:bytes() == c0:bytes()
+-- reduce_scatter_start (avg, sum) = the blocking reduce_scatter
+local g = nv.randn(6 * n, 2, {generator = nv.Generator(3 + r)})
+local o1, o2, o0, o3 = nv.empty(6, 2), nv.empty(6, 2), nv.empty(6, 2), nv.empty(6, 2)
+local h1 = dist.reduce_scatter_start(o1, g, "avg")
+local h2 = dist.reduce_scatter_start(o2, g, "sum")
+h2:wait(); h1:wait()
+dist.reduce_scatter(o0, g, "avg"); dist.reduce_scatter(o3, g, "sum")
+ok = ok and o1:bytes() == o0:bytes() and o2:bytes() == o3:bytes()
 -- bad input
 local e1 = select(2, pcall(dist.all_gather_start, nv.empty(5 * n, 2), t1))
 local e2 = select(2, pcall(dist.all_gather_start, nv.empty(3, 5 * n):t(), t1))
@@ -558,7 +567,7 @@ print(string.format("rank %d: pending %d, same %s, left %d", r, pending, tostrin
 print("errors: " .. tostring(e1) .. " | " .. tostring(e2) .. " | " .. tostring(e3))
 ]=]
 
-T.case("dist.all_gather_start: = the blocking all_gather (2 and 3 ranks, in place, several in flight); bad input", function()
+T.case("dist.all_gather_start, reduce_scatter_start: = the blocking ones (2 and 3 ranks, in place, several in flight); bad input", function()
   need_mpi()
   local script = ROOT .. "/gather.lua"
   T.write_file(script, GATHER)

@@ -170,6 +170,17 @@ static int l_all_gather_start(lua_State *L) {
   return 1;
 }
 
+/* reduce_scatter_start(out, t [, op = "sum"]) -> handle: started, not waited for (core/dist.h);
+ * all_gather_wait(handle) completes it */
+static int l_reduce_scatter_start(lua_State *L) {
+  nvl_tensor *out = nvl_lua_check_tensor(L, 1, "reduce_scatter_start");
+  nvl_tensor *t = nvl_lua_check_tensor(L, 2, "reduce_scatter_start");
+  int h = 0;
+  CHECK(L, nvl_dist_reduce_scatter_start(out, t, check_op(L, 3), &h));
+  lua_pushinteger(L, h);
+  return 1;
+}
+
 /* all_gather_wait(handle): complete it */
 static int l_all_gather_wait(lua_State *L) {
   CHECK(L, nvl_dist_all_gather_wait((int)luaL_checkinteger(L, 1)));
@@ -210,7 +221,7 @@ static const luaL_Reg dist_funcs[] = {
   {"bg_busy", l_bg_busy}, {"bg_threaded", l_bg_threaded}, {"all_reduce_number", l_all_reduce_number},
   {"all_reduce_numbers", l_all_reduce_numbers},
   {"broadcast", l_broadcast}, {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
-  {"all_gather_start", l_all_gather_start}, {"all_gather_wait", l_all_gather_wait}, {"gathers_pending", l_gathers_pending},
+  {"all_gather_start", l_all_gather_start}, {"reduce_scatter_start", l_reduce_scatter_start}, {"all_gather_wait", l_all_gather_wait}, {"gathers_pending", l_gathers_pending},
   {"set_timeout", l_set_timeout}, {"timeout", l_timeout}, {"finalize", l_finalize}, {"abort", l_abort},
   {NULL, NULL}};
 

@@ -132,6 +132,11 @@ end
 function dist.all_gather_start(out, t)
   return setmetatable({id = C.all_gather_start(out, t), out = out, waited = false}, Gather)
 end
+--- dist.reduce_scatter_start(out, t [, op = "sum"|"avg"]) -> a handle h: start reduce_scatter(out, t,
+-- op) without waiting (contiguous f32; out not inside t); h:wait() completes it (the same rules)
+function dist.reduce_scatter_start(out, t, op)
+  return setmetatable({id = C.reduce_scatter_start(out, t, op), out = out, waited = false}, Gather)
+end
 dist.gathers_pending = C.gathers_pending
 dist.set_timeout = C.set_timeout
 dist.timeout = C.timeout

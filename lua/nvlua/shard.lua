@@ -279,8 +279,9 @@ function Sharded:gather_weight(p, start)
   local buf = nv.unscope(nv.empty(padded_shape(p.shape, p.chunk * self.world), {device = self.device}))
   self.bytes.gather = self.bytes.gather + p.shard:nbytes() * (self.world - 1)
   p.buf = buf
-  if start then return self.dist.all_gather_start(buf, p.shard) end
-  self.dist.all_gather(buf, p.shard)
+  local h = self.dist.all_gather_start(buf, p.shard)
+  if start then return h end
+  h:wait() -- (started and waited: on CUDA stream-ordered, the host does not wait)
   return nv.unscope(buf:narrow(1, 1, p.rows))
 end
 
@@ -372,13 +373,14 @@ end
 function Sharded:_reduce(u)
   if not u.grads then return end
   for _, p in ipairs(u.params) do
+    -- (reduce_scatter_start and its wait: on CUDA stream-ordered, the host does not wait)
     if p.fresh then
-      self.dist.reduce_scatter(p.grad, p.gfull, "avg")
+      self.dist.reduce_scatter_start(p.grad, p.gfull, "avg"):wait()
       p.fresh = false
     else
       nv.scope(function()
         local tmp = nv.empty(padded_shape(p.shape, p.chunk), {device = self.device})
-        self.dist.reduce_scatter(tmp, p.gfull, "avg")
+        self.dist.reduce_scatter_start(tmp, p.gfull, "avg"):wait()
         p.grad:add_(tmp)
       end)
     end
@@ -538,8 +540,8 @@ function Sharded:step()
   core.adamw_multi(ps, gs, ms, vs, {lr = self.lr, beta1 = self.beta1, beta2 = self.beta2, eps = self.eps,
     weight_decay = self.weight_decay, step = self.t}, nd, clip)
   if self.mode == "grads" then
-    for _, p in ipairs(self.params) do
-      self.dist.all_gather(p.full, p.shard)
+    for _, p in ipairs(self.params) do -- (in place: p.shard is p.full's chunk)
+      self.dist.all_gather_start(p.full, p.shard):wait()
       self.bytes.gather = self.bytes.gather + p.shard:nbytes() * (self.world - 1)
     end
   end
