@@ -164,7 +164,8 @@ local function dead()
 end
 
 --- shard.Sharded(model, {lr, betas, eps, weight_decay}, dist, {mode = "grads"|"full",
--- reshard_after_forward = true}) -> the optimizer; the model's parameters become shards (see the header)
+-- reshard_after_forward = true, prefetch = true}) -> the optimizer; the model's parameters become
+-- shards (see the header)
 function shard.Sharded(model, opts, dist, so)
   opts = check_opts(opts, {lr = true, betas = true, eps = true, weight_decay = true}, "shard.Sharded")
   so = check_opts(so, {mode = true, reshard_after_forward = true, prefetch = true}, "shard.Sharded")
@@ -286,7 +287,7 @@ function Sharded:gather_weight(p, start)
 end
 
 -- opt.trace = {} records the order of the gathers and the units' compute, one string each: "gather
--- <unit>" (blocking), "start <unit>" (a prefetch issued), "wait <unit>", "forward <unit>",
+-- <unit>" (started and waited for at once), "start <unit>" (a prefetch issued), "wait <unit>", "forward <unit>",
 -- "backward <unit>" (its compute begins); units: embed, 1 .. L, head
 function Sharded:_note(what, u)
   if self.trace then self.trace[#self.trace + 1] = what .. " " .. tostring(u.key) end
