@@ -345,6 +345,11 @@ typedef struct nvl_layer_kernels {
                             const int64_t *state);
   nvl_status (*grad_norm_multi)(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n, int64_t count,
                                 double max_norm, int take_nonfinite);
+  /* state's sum of squares = the sum of parts[r]'s (count states of NVL_NORM_STATE slots, e.g. the
+   * ranks' of a sharded model, all-gathered), in order, in fp64, and its clip factor for max_norm, as
+   * grad_norm_multi writes them; its non-finite slot is left. Nothing read back. */
+  nvl_status (*grad_norm_combine)(nvl_kctx *ctx, int64_t *state, const int64_t *parts, int64_t count,
+                                  double max_norm);
   /* *flags (host) = the device's non-finite flags (NVL_NONFINITE_*), which are cleared; on a GPU a
    * copy to the host (it waits for the queued work). grad_norm_multi takes them too, into its
    * state's NVL_NORM_NONFINITE, with nothing read back. */
@@ -412,8 +417,9 @@ typedef struct nvl_backend {
   /* p *= s, n contiguous f32 */
   nvl_status (*scale)(nvl_kctx *ctx, float *p, double s, int64_t n);
   nvl_status (*arange)(nvl_kctx *ctx, nvl_tensor *t, double start, double step);  /* contiguous 1-D */
-  /* contiguous float t from the Philox stream at (seed, offset): uniform [0, 1) or normal */
-  nvl_status (*random)(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t offset, int normal);
+  /* contiguous float t from the Philox stream at (seed, offset): uniform [0, 1) or normal; t's element
+   * k is the call's element first + k (first = 0: a whole draw; > 0: a part of a larger one) */
+  nvl_status (*random)(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t offset, uint64_t first, int normal);
   nvl_status (*allclose)(nvl_kctx *ctx, int *result, const nvl_tensor *a, const nvl_tensor *b, double rtol, double atol,
                          int equal_nan);
 

@@ -600,6 +600,152 @@ nvl_status nvl_dist_wait_all(void) {
   return st;
 }
 
+/* ---- nonblocking all-gather ------------------------------------------------------------------- */
+
+/* Slot i (handle i + 1): out and t held until the wait; on the CPU its MPI request, on CUDA event i
+ * of dist_nccl.c; divide: a CPU reduce-scatter (avg) divides out by the world at the wait */
+static struct {
+  int used, cuda, divide;
+  nvl_tensor out, t;
+#ifdef NVLUA_HAVE_MPI
+  MPI_Request req;
+#endif
+} gathers[NVL_NCCL_GATHER_SLOTS];
+static int ngathers;
+
+int nvl_dist_gathers_pending(void) { return ngathers; }
+
+#ifdef NVLUA_HAVE_MPI
+/* let the started CPU gathers progress (Open MPI progresses inside MPI calls) */
+static nvl_status gathers_progress(const char *name) {
+  for (int i = 0; i < NVL_NCCL_GATHER_SLOTS; i++) {
+    if (!gathers[i].used || gathers[i].cuda) continue;
+    int flag, rc = MPI_Test(&gathers[i].req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail(name, "MPI_Test", rc);
+  }
+  return NVL_OK;
+}
+#endif
+
+nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *handle) {
+  char d1[160], d2[160];
+  NVL_TRY(check_tensor("all_gather_start", t));
+  NVL_TRY(check_tensor("all_gather_start", out));
+  if (t->ndim < 1 || out->dtype != t->dtype || out->device != t->device || !same_shape_tail(out, t) ||
+      out->shape[0] != t->shape[0] * S.world || !nvl_tensor_is_contiguous(out) || !nvl_tensor_is_contiguous(t))
+    return nvl_error(NVL_EINVAL, "all_gather_start: out (contiguous) holds the %d ranks' t (contiguous) along dim 1: "
+                     "got out %s, t %s", S.world, nvl_tensor_desc(out, d1, sizeof d1), nvl_tensor_desc(t, d2, sizeof d2));
+  size_t chunk = nvl_tensor_nbytes(t);
+  int in_place = t->storage == out->storage &&
+                 (char *)nvl_tensor_data(t) == (char *)nvl_tensor_data(out) + (size_t)S.rank * chunk;
+  if (!in_place && t->storage == out->storage)
+    return nvl_error(NVL_EINVAL, "all_gather_start: t shares out's storage but is not this rank's chunk of out");
+  int slot = -1;
+  for (int i = 0; i < NVL_NCCL_GATHER_SLOTS && slot < 0; i++)
+    if (!gathers[i].used) slot = i;
+  if (slot < 0)
+    return nvl_error(NVL_EINVAL, "all_gather_start: more than %d all-gathers pending; wait for some", NVL_NCCL_GATHER_SLOTS);
+  count_bytes(NVL_DIST_BYTES_ALL_GATHER, nvl_tensor_nbytes(out));
+  gathers[slot].divide = 0;
+  if (!S.use_mpi) { /* a world of one: done now */
+    if (!in_place) NVL_TRY(nvl_tensor_copy(out, t));
+  } else if (t->device == NVL_CUDA) {
+    NVL_TRY(nvl_nccl_all_gather_start(out, (nvl_tensor *)t, slot, S.rank, S.world));
+    gathers[slot].cuda = 1;
+  } else {
+#ifdef NVLUA_HAVE_MPI
+    NVL_TRY(check_count("all_gather_start", (int64_t)chunk * S.world));
+    int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : nvl_tensor_data(t), (int)chunk, MPI_BYTE, nvl_tensor_data(out),
+                            (int)chunk, MPI_BYTE, comm, &gathers[slot].req);
+    if (rc != MPI_SUCCESS) return mpi_fail("all_gather_start", "MPI_Iallgather", rc);
+    gathers[slot].cuda = 0;
+#endif
+  }
+  gathers[slot].used = 1;
+  nvl_tensor_share(&gathers[slot].out, out);
+  nvl_tensor_share(&gathers[slot].t, t);
+  ngathers++;
+  *handle = slot + 1;
+#ifdef NVLUA_HAVE_MPI
+  if (S.use_mpi) NVL_TRY(gathers_progress("all_gather_start"));
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_all_gather_wait(int handle) {
+  if (handle <= 0) return NVL_OK; /* nothing started (core/qgather.c's unused tickets are -1) */
+  int slot = handle - 1;
+  if (slot < 0 || slot >= NVL_NCCL_GATHER_SLOTS || !gathers[slot].used)
+    return nvl_error(NVL_EINVAL, "all_gather_wait: no all-gather started with handle %d is pending", handle);
+  nvl_status st = NVL_OK;
+  if (S.use_mpi && gathers[slot].cuda) st = nvl_nccl_slot_wait(slot);
+#ifdef NVLUA_HAVE_MPI
+  else if (S.use_mpi) {
+    op_begin("all_gather / reduce_scatter (started by all_gather_start / reduce_scatter_start)");
+    int rc = MPI_Wait(&gathers[slot].req, MPI_STATUS_IGNORE);
+    op_end();
+    if (rc != MPI_SUCCESS) st = mpi_fail("all_gather_wait", "MPI_Wait", rc);
+    if (st == NVL_OK && gathers[slot].divide) divide(&gathers[slot].out, S.world);
+  }
+#endif
+  nvl_tensor_release(&gathers[slot].out);
+  nvl_tensor_release(&gathers[slot].t);
+  gathers[slot].used = 0;
+  ngathers--;
+#ifdef NVLUA_HAVE_MPI
+  if (st == NVL_OK && S.use_mpi) st = gathers_progress("all_gather_wait");
+#endif
+  return st;
+}
+
+nvl_status nvl_dist_reduce_scatter_start(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int *handle) {
+  char d1[160], d2[160];
+  NVL_TRY(check_tensor("reduce_scatter_start", t));
+  NVL_TRY(check_tensor("reduce_scatter_start", out));
+  NVL_TRY(check_op("reduce_scatter_start", op, t));
+  if (op != NVL_DIST_SUM && op != NVL_DIST_AVG)
+    return nvl_error(NVL_EINVAL, "reduce_scatter_start: op must be sum or avg, got %s", nvl_dist_op_names[op]);
+  if (t->ndim < 1 || t->shape[0] % S.world || out->dtype != t->dtype || t->dtype != NVL_F32 ||
+      out->device != t->device || !same_shape_tail(out, t) || out->shape[0] * S.world != t->shape[0] ||
+      !nvl_tensor_is_contiguous(out) || !nvl_tensor_is_contiguous(t) || out->storage == t->storage)
+    return nvl_error(NVL_EINVAL, "reduce_scatter_start: t (contiguous f32) is cut along dim 1 into %d equal chunks and "
+                     "out (contiguous, its own storage) holds one: got t %s, out %s", S.world,
+                     nvl_tensor_desc(t, d1, sizeof d1), nvl_tensor_desc(out, d2, sizeof d2));
+  int slot = -1;
+  for (int i = 0; i < NVL_NCCL_GATHER_SLOTS && slot < 0; i++)
+    if (!gathers[i].used) slot = i;
+  if (slot < 0)
+    return nvl_error(NVL_EINVAL, "reduce_scatter_start: more than %d collectives pending; wait for some",
+                     NVL_NCCL_GATHER_SLOTS);
+  count_bytes(NVL_DIST_BYTES_REDUCE_SCATTER, nvl_tensor_nbytes(t));
+  gathers[slot].divide = 0;
+  if (!S.use_mpi) { /* a world of one: done now */
+    NVL_TRY(nvl_tensor_copy(out, t));
+  } else if (t->device == NVL_CUDA) {
+    NVL_TRY(nvl_nccl_reduce_scatter_start(out, t, op, slot, S.rank, S.world));
+    gathers[slot].cuda = 1;
+  } else {
+#ifdef NVLUA_HAVE_MPI
+    int64_t n = nvl_tensor_numel(out);
+    NVL_TRY(check_count("reduce_scatter_start", n * S.world));
+    int rc = MPI_Ireduce_scatter_block(nvl_tensor_data(t), nvl_tensor_data(out), (int)n, MPI_FLOAT, MPI_SUM, comm,
+                                       &gathers[slot].req);
+    if (rc != MPI_SUCCESS) return mpi_fail("reduce_scatter_start", "MPI_Ireduce_scatter_block", rc);
+    gathers[slot].cuda = 0;
+    gathers[slot].divide = op == NVL_DIST_AVG;
+#endif
+  }
+  gathers[slot].used = 1;
+  nvl_tensor_share(&gathers[slot].out, out);
+  nvl_tensor_share(&gathers[slot].t, t);
+  ngathers++;
+  *handle = slot + 1;
+#ifdef NVLUA_HAVE_MPI
+  if (S.use_mpi) NVL_TRY(gathers_progress("reduce_scatter_start"));
+#endif
+  return NVL_OK;
+}
+
 /* ---- background all-reduce (ShadowSync) -------------------------------------------------------- */
 
 static struct {
@@ -828,91 +974,6 @@ static nvl_status all_gather(nvl_tensor *out, const nvl_tensor *t, int ordered) 
 }
 
 nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t) { return all_gather(out, t, 0); }
-
-/* ---- nonblocking all-gathers ---------------------------------------------------------------------- */
-
-#define MAX_GATHERS 256
-static struct {
-  int used, cuda_slot;
-  nvl_tensor out, t; /* held until the wait */
-#ifdef NVLUA_HAVE_MPI
-  MPI_Request req;
-#endif
-} gathers[MAX_GATHERS];
-
-/* let the gathers in flight progress (Open MPI advances nonblocking collectives inside MPI calls) */
-static nvl_status gathers_test(const char *op) {
-#ifdef NVLUA_HAVE_MPI
-  for (int i = 0; i < MAX_GATHERS; i++)
-    if (gathers[i].used && gathers[i].cuda_slot < 0) {
-      int flag, rc = MPI_Test(&gathers[i].req, &flag, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) return mpi_fail(op, "MPI_Test", rc);
-    }
-#else
-  (void)op;
-#endif
-  return NVL_OK;
-}
-
-nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *ticket) {
-  char d1[160], d2[160];
-  *ticket = -1;
-  NVL_TRY(check_tensor("all_gather_start", t));
-  NVL_TRY(check_tensor("all_gather_start", out));
-  if (t->ndim < 1 || out->dtype != t->dtype || out->device != t->device || !same_shape_tail(out, t) ||
-      out->shape[0] != t->shape[0] * S.world || !nvl_tensor_is_contiguous(out) || !nvl_tensor_is_contiguous(t))
-    return nvl_error(NVL_EINVAL, "all_gather_start: out (contiguous) holds the %d ranks' t (contiguous) along dim 1: got "
-                     "out %s, t %s", S.world, nvl_tensor_desc(out, d1, sizeof d1), nvl_tensor_desc(t, d2, sizeof d2));
-  size_t chunk = nvl_tensor_nbytes(t);
-  int in_place = t->storage == out->storage &&
-                 (char *)nvl_tensor_data(t) == (char *)nvl_tensor_data(out) + (size_t)S.rank * chunk;
-  if (t->storage == out->storage && !in_place)
-    return nvl_error(NVL_EINVAL, "all_gather_start: t shares out's storage but is not this rank's chunk of out");
-  count_bytes(NVL_DIST_BYTES_ALL_GATHER, nvl_tensor_nbytes(out));
-  if (t->device != NVL_CUDA && !S.use_mpi) return in_place ? NVL_OK : nvl_tensor_copy(out, t); /* a world of one */
-  int i = 0;
-  while (i < MAX_GATHERS && gathers[i].used) i++;
-  if (i == MAX_GATHERS)
-    return nvl_error(NVL_EINVAL, "all_gather_start: more than %d all-gathers in flight; wait for some", MAX_GATHERS);
-  gathers[i].cuda_slot = -1;
-  if (t->device == NVL_CUDA) {
-    NVL_TRY(nvl_nccl_all_gather_start(out, t, S.rank, S.world, &gathers[i].cuda_slot));
-  } else {
-#ifdef NVLUA_HAVE_MPI
-    NVL_TRY(check_count("all_gather_start", (int64_t)chunk * S.world));
-    int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : nvl_tensor_data(t), (int)chunk, MPI_BYTE, nvl_tensor_data(out),
-                            (int)chunk, MPI_BYTE, comm, &gathers[i].req);
-    if (rc != MPI_SUCCESS) return mpi_fail("all_gather_start", "MPI_Iallgather", rc);
-#endif
-  }
-  gathers[i].used = 1;
-  nvl_tensor_share(&gathers[i].out, out);
-  nvl_tensor_share(&gathers[i].t, t);
-  *ticket = i;
-  return gathers_test("all_gather_start");
-}
-
-nvl_status nvl_dist_all_gather_wait(int ticket) {
-  if (ticket == -1) return NVL_OK;
-  if (ticket < 0 || ticket >= MAX_GATHERS || !gathers[ticket].used)
-    return nvl_error(NVL_EINVAL, "all_gather_wait: no all-gather in flight has ticket %d", ticket);
-  nvl_status st = NVL_OK;
-  if (gathers[ticket].cuda_slot >= 0) {
-    st = nvl_nccl_event_wait(gathers[ticket].cuda_slot);
-  } else {
-#ifdef NVLUA_HAVE_MPI
-    char d[160];
-    op_begin("all_gather (started by all_gather_start: %s)", nvl_tensor_desc(&gathers[ticket].t, d, sizeof d));
-    int rc = MPI_Wait(&gathers[ticket].req, MPI_STATUS_IGNORE);
-    op_end();
-    if (rc != MPI_SUCCESS) st = mpi_fail("all_gather_wait", "MPI_Wait", rc);
-#endif
-  }
-  gathers[ticket].used = 0;
-  nvl_tensor_release(&gathers[ticket].out);
-  nvl_tensor_release(&gathers[ticket].t);
-  return st;
-}
 
 nvl_status nvl_dist_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t) { return all_gather(out, t, 1); }
 

@@ -103,6 +103,24 @@ nvl_status nvl_dist_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dis
 /* out (world * n, ...) = the ranks' t (n, ...) in rank order. t may be out's own chunk (the view
  * of rows [rank n, (rank+1) n) of a contiguous out): then it is gathered in place. */
 nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t);
+/* Nonblocking all-gather (prefetching the next sharded unit's weights): start out = the ranks' t as
+ * nvl_dist_all_gather would (contiguous out and t; t separate or out's own chunk), without waiting;
+ * *handle names it for nvl_dist_all_gather_wait, which completes it (then out holds the result).
+ * On the CPU an MPI_Iallgather (each start and wait also lets the other started ones progress); on
+ * CUDA an ncclAllGather queued on NCCL's stream after stream 0's work so far, and the wait makes
+ * stream 0 wait for it (an event: the host does not). out and t are held (a share each) until the
+ * wait, and must not be written (out not read) before it. Every rank starts the same gathers in the
+ * same order, among its other collectives. A world of one: done at the start. A handle <= 0 names
+ * nothing: its wait returns at once. */
+nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *handle);
+nvl_status nvl_dist_all_gather_wait(int handle);
+/* Nonblocking reduce-scatter (op sum or avg; contiguous f32 t and out, out not inside t): start out =
+ * nvl_dist_reduce_scatter's result without waiting; nvl_dist_all_gather_wait(*handle) completes it
+ * (on the CPU an MPI_Ireduce_scatter_block, avg's division at the wait; on CUDA NCCL on its stream,
+ * an event, as the all-gather). The same rules as nvl_dist_all_gather_start. */
+nvl_status nvl_dist_reduce_scatter_start(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int *handle);
+/* The number of started, not yet waited for, nonblocking all-gathers and reduce-scatters. */
+int nvl_dist_gathers_pending(void);
 
 /* nvl_dist_all_reduce and nvl_dist_all_gather, ordered instead of waited for: on CUDA tensors the
  * collective is queued on NCCL's stream after stream 0's queued work and stream 0's later work waits
@@ -111,18 +129,6 @@ nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t);
  * the blocking collectives. The quantized all-gather (core/qgather.h) is made of these. */
 nvl_status nvl_dist_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op);
 nvl_status nvl_dist_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t);
-
-/* A nonblocking all-gather (prefetching the next layer's weights while this one computes): start out =
- * the ranks' t as nvl_dist_all_gather does (contiguous tensors; in place when t is out's own chunk)
- * and return; *ticket names it for nvl_dist_all_gather_wait (-1: nothing to wait for, a world of one).
- * CPU tensors: MPI_Iallgather (Open MPI advances it inside MPI calls: each start and wait tests the
- * gathers in flight). CUDA tensors: NCCL on its stream after stream 0's queued work, then an event; stream
- * 0 does not wait, so the work queued next runs beside it. out and t are held (a share each) until the
- * wait; neither may be touched meanwhile. At most 256 in flight. */
-nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *ticket);
-/* Complete one: CPU, MPI_Wait (out then holds the result); CUDA, stream 0's later work waits for it (an
- * event; the host does not wait). */
-nvl_status nvl_dist_all_gather_wait(int ticket);
 
 /* The row split every sharded feature uses (ZeRO-2/3 shards, the quantized all-gather): `rows` rows
  * over `world` ranks in units of `align` rows (align >= 1), front-loaded like torch.chunk and FSDP2:

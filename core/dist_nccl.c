@@ -56,14 +56,16 @@ nvl_status nvl_nccl_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t, int
   (void)out; (void)t; (void)rank; (void)world;
   return NO_NCCL("all_gather");
 }
-nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int rank, int world, int *slot) {
-  (void)out; (void)t; (void)rank; (void)world; (void)slot;
+nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int slot, int rank, int world) {
+  (void)out; (void)t; (void)slot; (void)rank; (void)world;
   return NO_NCCL("all_gather_start");
 }
-nvl_status nvl_nccl_event_wait(int slot) {
-  (void)slot;
-  return NVL_OK;
+nvl_status nvl_nccl_reduce_scatter_start(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int slot, int rank,
+                                         int world) {
+  (void)out; (void)t; (void)op; (void)slot; (void)rank; (void)world;
+  return NO_NCCL("reduce_scatter_start");
 }
+nvl_status nvl_nccl_slot_wait(int slot) { (void)slot; return NVL_OK; }
 
 #else /* NVLUA_HAVE_NCCL */
 
@@ -345,43 +347,53 @@ nvl_status nvl_nccl_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t, int
                  (size_t)nvl_tensor_numel(t), dt, comm, stream));
 }
 
-/* The events of started all-gathers (nvl_nccl_all_gather_start), made at first use. */
-#define NCCL_EVENTS 256
-static cudaEvent_t gather_ev[NCCL_EVENTS];
-static int gather_ev_used[NCCL_EVENTS];
+/* Nonblocking all-gathers and reduce-scatters: each queued after stream 0's work so far, an event of
+ * its own (its slot's) recorded after it; the wait puts stream 0 after that event (no host wait). */
+static cudaEvent_t gathered[NVL_NCCL_GATHER_SLOTS];
 
-nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int rank, int world, int *slot) {
-  ncclDataType_t dt = ncclFloat32;
-  NVL_TRY(check("all_gather_start", t, &dt));
-  NVL_TRY(check("all_gather_start", out, &dt));
-  int s = 0;
-  while (s < NCCL_EVENTS && gather_ev_used[s]) s++;
-  if (s == NCCL_EVENTS) return nvl_error(NVL_EINVAL, "all_gather_start: more than %d all-gathers in flight", NCCL_EVENTS);
-  NVL_TRY(ensure_comm("all_gather_start", t, rank, world));
-  if (!gather_ev[s]) {
-    cudaError_t e = cudaEventCreateWithFlags(&gather_ev[s], cudaEventDisableTiming);
+/* checks, the communicator, slot's event, and the order after stream 0's work */
+static nvl_status slot_prepare(const char *op, const nvl_tensor *out, const nvl_tensor *t, int slot, int rank,
+                               int world, ncclDataType_t *dt) {
+  if (slot < 0 || slot >= NVL_NCCL_GATHER_SLOTS) return nvl_error(NVL_EINVAL, "%s: bad slot %d", op, slot);
+  NVL_TRY(check(op, t, dt));
+  NVL_TRY(check(op, out, dt));
+  NVL_TRY(ensure_comm(op, t, rank, world));
+  if (!gathered[slot]) {
+    cudaError_t e = cudaEventCreateWithFlags(&gathered[slot], cudaEventDisableTiming);
     if (e != cudaSuccess) {
-      gather_ev[s] = NULL;
-      return cuda_fail("all_gather_start", "cudaEventCreateWithFlags", e);
+      gathered[slot] = NULL;
+      return cuda_fail(op, "cudaEventCreateWithFlags", e);
     }
   }
-  NVL_TRY(after_default_stream("all_gather_start"));
-  ncclResult_t r = N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out), (size_t)nvl_tensor_numel(t), dt, comm, stream);
-  if (r != ncclSuccess) return nccl_fail("all_gather_start", "ncclAllGather", r);
-  cudaError_t e = cudaEventRecord(gather_ev[s], stream);
-  if (e != cudaSuccess) return cuda_fail("all_gather_start", "cudaEventRecord", e);
-  gather_ev_used[s] = 1;
-  *slot = s;
+  return after_default_stream(op);
+}
+
+static nvl_status slot_record(const char *op, const char *call, ncclResult_t r, int slot) {
+  if (r != ncclSuccess) return nccl_fail(op, call, r);
+  cudaError_t e = cudaEventRecord(gathered[slot], stream);
+  if (e != cudaSuccess) return cuda_fail(op, "cudaEventRecord", e);
   return NVL_OK;
 }
 
-nvl_status nvl_nccl_event_wait(int slot) {
-  if (slot < 0 || slot >= NCCL_EVENTS || !gather_ev_used[slot])
-    return nvl_error(NVL_EINVAL, "all_gather_wait: no all-gather in flight in slot %d", slot);
-  gather_ev_used[slot] = 0;
-  if (atomic_load(&aborted)) return nvl_error(NVL_EDEVICE, "all_gather: the NCCL communicator was aborted: %s", abort_reason);
-  cudaError_t e = cudaStreamWaitEvent(0, gather_ev[slot], 0);
-  if (e != cudaSuccess) return cuda_fail("all_gather_wait", "cudaStreamWaitEvent", e);
+nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int slot, int rank, int world) {
+  ncclDataType_t dt = ncclFloat32;
+  NVL_TRY(slot_prepare("all_gather_start", out, t, slot, rank, world, &dt));
+  return slot_record("all_gather_start", "ncclAllGather", N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out),
+                     (size_t)nvl_tensor_numel(t), dt, comm, stream), slot);
+}
+
+nvl_status nvl_nccl_reduce_scatter_start(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int slot, int rank,
+                                         int world) {
+  ncclDataType_t dt = ncclFloat32;
+  NVL_TRY(slot_prepare("reduce_scatter_start", out, t, slot, rank, world, &dt));
+  return slot_record("reduce_scatter_start", "ncclReduceScatter", N.ReduceScatter(nvl_tensor_data(t),
+                     nvl_tensor_data(out), (size_t)nvl_tensor_numel(out), dt, red(op), comm, stream), slot);
+}
+
+nvl_status nvl_nccl_slot_wait(int slot) {
+  if (atomic_load(&aborted)) return nvl_error(NVL_EDEVICE, "dist wait: the NCCL communicator was aborted: %s", abort_reason);
+  cudaError_t e = cudaStreamWaitEvent(0, gathered[slot], 0); /* stream 0's later work after it; no host wait */
+  if (e != cudaSuccess) return cuda_fail("dist wait", "cudaStreamWaitEvent", e);
   return NVL_OK;
 }
 
@@ -406,15 +418,11 @@ void nvl_nccl_abort(void) {
 void nvl_nccl_shutdown(void) {
   if (!comm) return;
   if (!atomic_load(&aborted)) N.CommDestroy(comm);
-  for (int s = 0; s < NCCL_EVENTS; s++)
-    if (gather_ev[s]) {
-      cudaEventDestroy(gather_ev[s]);
-      gather_ev[s] = NULL;
-      gather_ev_used[s] = 0;
-    }
   cudaStreamDestroy(stream);
   cudaEventDestroy(ready);
   cudaEventDestroy(done);
+  for (int i = 0; i < NVL_NCCL_GATHER_SLOTS; i++)
+    if (gathered[i]) { cudaEventDestroy(gathered[i]); gathered[i] = NULL; }
   comm = NULL;
 }
 

@@ -28,10 +28,14 @@ nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_plac
  * 0's later work after them (an event); dist.h nvl_dist_*_ordered. */
 nvl_status nvl_nccl_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op, int rank, int world);
 nvl_status nvl_nccl_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t, int rank, int world);
-/* The all-gather queued after stream 0's work with an event of its own after it (*slot names the event),
- * stream 0 not waiting; nvl_nccl_event_wait(slot): stream 0's later work waits for it, the slot is free. */
-nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int rank, int world, int *slot);
-nvl_status nvl_nccl_event_wait(int slot);
+/* Queue the all-gather (reduce-scatter) on NCCL's stream after stream 0's work and record event
+ * `slot` (0 .. NVL_NCCL_GATHER_SLOTS - 1) after it; no wait. nvl_nccl_slot_wait(slot): stream 0
+ * waits for it (no host wait). */
+#define NVL_NCCL_GATHER_SLOTS 64
+nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int slot, int rank, int world);
+nvl_status nvl_nccl_reduce_scatter_start(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int slot, int rank,
+                                         int world);
+nvl_status nvl_nccl_slot_wait(int slot);
 /* From dist.c: buf = root's buf on every rank (MPI_Bcast; nothing in a world of one). */
 nvl_status nvl_dist_bcast_bytes(void *buf, int bytes, int root);
 

@@ -325,26 +325,29 @@ nvl_status nvl_arange_(nvl_tensor *t, double start, double step) {
   return NVL_CALL(be, t, arange, t, start, step);
 }
 
-static nvl_status random_fill(nvl_tensor *t, nvl_generator *g, int normal) {
+static nvl_status random_fill(nvl_tensor *t, nvl_generator *g, int64_t first, int normal) {
   const char *name = normal ? "randn" : "rand";
   const nvl_backend *be;
   NVL_TRY(nvl_tensor_check_live(t, name));
   NVL_PICK(be, t, random, name);
   if (!nvl_dtypes[t->dtype].is_float)
     return nvl_error(NVL_EINVAL, "%s: dtype must be f32 or bf16, got %s", name, nvl_dtypes[t->dtype].name);
+  if (first < 0) return nvl_error(NVL_EINVAL, "%s: first must be >= 0, got %lld", name, (long long)first);
   if (!g) g = nvl_default_generator();
   nvl_tensor c = nvl_tensor_null();
   if (nvl_tensor_is_contiguous(t)) nvl_tensor_share(&c, t);
   else NVL_TRY(nvl_tensor_empty(&c, t->dtype, t->device, t->ndim, t->shape));
-  nvl_status st = NVL_CALL(be, t, random, &c, g->seed, g->offset, normal);
+  nvl_status st = NVL_CALL(be, t, random, &c, g->seed, g->offset, (uint64_t)first, normal);
   if (st == NVL_OK) g->offset++;
   if (st == NVL_OK && !nvl_tensor_is_contiguous(t)) st = nvl_tensor_copy(t, &c);
   nvl_tensor_release(&c);
   return st;
 }
 
-nvl_status nvl_rand_(nvl_tensor *t, nvl_generator *g) { return random_fill(t, g, 0); }
-nvl_status nvl_randn_(nvl_tensor *t, nvl_generator *g) { return random_fill(t, g, 1); }
+nvl_status nvl_rand_(nvl_tensor *t, nvl_generator *g) { return random_fill(t, g, 0, 0); }
+nvl_status nvl_randn_(nvl_tensor *t, nvl_generator *g) { return random_fill(t, g, 0, 1); }
+nvl_status nvl_rand_part_(nvl_tensor *t, nvl_generator *g, int64_t first) { return random_fill(t, g, first, 0); }
+nvl_status nvl_randn_part_(nvl_tensor *t, nvl_generator *g, int64_t first) { return random_fill(t, g, first, 1); }
 
 nvl_status nvl_cast(nvl_tensor *out, const nvl_tensor *t, nvl_dtype dt) {
   NVL_TRY(nvl_tensor_check_live(t, "to"));

@@ -48,6 +48,11 @@ nvl_status nvl_arange_(nvl_tensor *t, double start, double step);
 /* Uniform [0,1) / standard normal from g; advances g->offset by one. */
 nvl_status nvl_rand_(nvl_tensor *t, nvl_generator *g);
 nvl_status nvl_randn_(nvl_tensor *t, nvl_generator *g);
+/* The same draw's elements first, first + 1, ... (0-based, in the order of a contiguous tensor the
+ * draw would fill whole): a part of it, e.g. some rows, made without the rest; advances g->offset by
+ * one, as the whole draw does. */
+nvl_status nvl_rand_part_(nvl_tensor *t, nvl_generator *g, int64_t first);
+nvl_status nvl_randn_part_(nvl_tensor *t, nvl_generator *g, int64_t first);
 /* out = t converted to dt (a copy even if dt is t's dtype). */
 nvl_status nvl_cast(nvl_tensor *out, const nvl_tensor *t, nvl_dtype dt);
 /* *result = all(|a-b| <= atol + rtol*|b|), shapes broadcast; NaNs equal only if equal_nan. */

@@ -142,6 +142,24 @@ nvl_status nvl_grad_norm_multi(nvl_tensor *state, nvl_tensor *const *grads, int6
   return st;
 }
 
+nvl_status nvl_grad_norm_combine(nvl_tensor *state, const nvl_tensor *parts, double max_norm) {
+  const char *op = "grad_norm_combine";
+  const nvl_backend *be;
+  char s1[160];
+  if (!state || !parts) return nvl_error(NVL_EINVAL, "%s: state and parts must not be NULL", op);
+  if (!(max_norm > 0.0) || !isfinite(max_norm))
+    return nvl_error(NVL_EINVAL, "%s: max_norm must be a finite number > 0, got %g", op, max_norm);
+  NVL_TRY(nvl_tensor_check_live(parts, op));
+  NVL_TRY(check_state(op, state, parts));
+  if (parts->dtype != NVL_I64 || !nvl_tensor_is_contiguous(parts) || nvl_tensor_numel(parts) % NVL_NORM_STATE != 0 ||
+      nvl_tensor_numel(parts) == 0)
+    return nvl_error(NVL_EINVAL, "%s: parts must be a contiguous i64 tensor of norm states (%d elements each), got %s",
+                     op, NVL_NORM_STATE, DESC(parts, s1));
+  NVL_PICK(be, state, layers->grad_norm_combine, op);
+  return NVL_CALL(be, state, layers->grad_norm_combine, nvl_tensor_data(state), nvl_tensor_data(parts),
+                  nvl_tensor_numel(parts) / NVL_NORM_STATE, max_norm);
+}
+
 nvl_status nvl_nonfinite_take(const nvl_tensor *like, uint32_t *flags) {
   const char *op = "nonfinite_take";
   const nvl_backend *be;

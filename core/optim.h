@@ -34,6 +34,11 @@ nvl_status nvl_adamw_multi(nvl_tensor *const *params, nvl_tensor *const *grads, 
  * read back: the caller copies state to the host only when it wants the norm. */
 nvl_status nvl_grad_norm_multi(nvl_tensor *state, nvl_tensor *const *grads, int64_t count, double max_norm,
                                int take_nonfinite);
+/* state's sum of squares = the sum, in order (fp64), of those of parts (count norm states, contiguous
+ * i64 (count * NVL_NORM_STATE) on state's device: e.g. every rank's grad_norm_multi state of its
+ * shards, all-gathered), and its clip factor for max_norm, as nvl_grad_norm_multi writes them; its
+ * non-finite slot is left. Nothing is read back. */
+nvl_status nvl_grad_norm_combine(nvl_tensor *state, const nvl_tensor *parts, double max_norm);
 /* *flags = the non-finite flags (backend.h NVL_NONFINITE_*) of like's device, which are cleared:
  * what the quantizers, their amax passes and AdamW saw since the last take (grad_norm_multi takes
  * them too). A copy to the host on a GPU. */

@@ -30,9 +30,23 @@
 --   * a background checkpoint (ckpt_background=true) under shard=full writes the same bytes.
 --   * memory per rank (2 ranks, hidden 256, FFN 768, 2 blocks, seq 64, batch 2, bf16): live tensor
 --     bytes after the build (weights, gradients, AdamW state) are 16P, 14P, 10P and 8P bytes for none,
---     optimizer, grads and full (P parameters; every shard here is exactly half); the step's peak over
+--     optimizer, grads and full (P parameters; every shard here is exactly half); under full (built in
+--     rows) the build's peak is that too, never a whole parameter more; the step's peak over
 --     it is shard=none's (activations) plus one block's f32 gradients (grads) and plus one block's
---     gathered f32 weights as well (full). (Printed for the plan's comparison.)
+--     gathered f32 weights as well (full), less the weight copies of all blocks but one (the cache
+--     drops a gathered weight's copies with it). (Printed for the plan's comparison.)
+--   * building in rows (shard.build): core.randn_'s `first` draws a part of a whole draw, bit for bit;
+--     each rank's parameter rows equal the whole build's (2 and 3 ranks).
+--   * shard=full, nvfp4 and fp8_cs: at most one block's quantized weight copies exist (handles
+--     counted), and the step's peak is lower, by at least L - 1 blocks' copies, than when the weight
+--     cache keeps them to the step's end (as before recipe.weight_cache_drop).
+--   * dist.all_gather_start (MPI_Iallgather) on 2 and 3 ranks: out of place, in place, several in
+--     flight waited in another order: the blocking all_gather's bytes; reduce_scatter_start
+--     (MPI_Ireduce_scatter_block; avg divided at the wait) = the blocking reduce_scatter; bad input named.
+--   * prefetch under shard=full (2 ranks, one step): the exact order of gathers and compute (each
+--     unit starts the next one's gather before it computes: forward the next, backward the one
+--     before), at most two units gathered at once, and the weights after the step byte-identical to
+--     prefetch off.
 local T = require "nvlua.test"
 local nv = require "nvlua"
 local dist = require "nvlua.dist"
@@ -42,6 +56,9 @@ local ckpt = require "nvlua.checkpoint"
 local train = require "nvlua.train"
 local config = require "nvlua.config"
 local shard = require "nvlua.shard"
+local nn = require "nvlua.nn"
+local llama = require "nvlua.llama"
+local core = require "nvlua.core"
 local cjson = require "cjson"
 
 local ROOT = T.tmpdir()
@@ -163,6 +180,59 @@ T.case("shard_rows: contiguous ranges of chunk rows (a multiple of align), the l
   local none, msg = shard.shard_rows(2, 3, 1)
   T.eq(none, nil)
   T.ok(msg:find("3 ranks but 2 rows", 1, true))
+end)
+
+-- ---- building in rows ------------------------------------------------------------------------------
+
+T.case("core.randn_/rand_ with first: the elements first.. of the whole draw, at any (odd) start", function()
+  for _, fn in ipairs({"randn_", "rand_"}) do
+    local g = nv.Generator(11)
+    g:set_offset(5)
+    local whole = core[fn](nv.empty(37), g)
+    T.eq(g:offset(), 6, fn .. ": one generator step")
+    for _, c in ipairs({{0, 37}, {1, 10}, {3, 5}, {4, 33}, {36, 1}}) do
+      local h = nv.Generator(11)
+      h:set_offset(5)
+      local part = core[fn](nv.empty(c[2]), h, c[1])
+      T.eq(h:offset(), 6, fn .. ": a part steps the generator as the whole draw")
+      T.ok(part:bytes() == whole:narrow(1, c[1] + 1, c[2]):bytes(), string.format("%s: elements %d.. of %d", fn, c[1], c[2]))
+    end
+  end
+  T.raises(function() core.randn_(nv.empty(2), nil, -1) end, "first must be >= 0")
+end)
+
+T.case("shard.build: each rank's rows are the whole build's, byte for byte (2 and 3 ranks), zeros past them", function()
+  local cfg = {vocab_size = 256, hidden_size = 64, intermediate_size = 80, num_attention_heads = 4,
+    num_key_value_heads = 2, num_hidden_layers = 2}
+  local whole = llama.Llama(cfg, {seed = 7})
+  local W = {}
+  nn.each_entry(whole, function(name, e) W[name] = e.param end)
+  for _, world in ipairs({2, 3}) do
+    for rank = 0, world - 1 do
+      local m = shard.build(world, rank, function() return llama.Llama(cfg, {seed = 7}) end)
+      local n, grads = 0, 0
+      nn.each_entry(m, function(name, e)
+        n = n + 1
+        T.eq(e.full_shape, W[name]:size(), name .. ": full_shape")
+        local r, chunk = shard.shard_rows(e.full_shape[1], world, #e.full_shape >= 2 and 16 or 1)
+        local mine = r[rank + 1]
+        local s = e.full_shape[2] and {chunk, e.full_shape[2]} or {chunk}
+        T.eq(e.param:size(), s, name .. ": (chunk, ...) rows")
+        T.eq(e.grad:size(), s, name .. ": its gradient too")
+        grads = grads + e.grad:numel()
+        if mine.rows > 0 then
+          T.ok(e.param:narrow(1, 1, mine.rows):bytes() == W[name]:narrow(1, mine.row0 + 1, mine.rows):bytes(),
+            string.format("%s, rank %d of %d: rows %d..%d", name, rank, world, mine.row0, mine.row0 + mine.rows - 1))
+        end
+        if mine.rows < chunk then T.eq(e.param:narrow(1, mine.rows + 1, chunk - mine.rows):abs():max(), 0, "padding") end
+      end)
+      T.eq(n, 21, "embedding, 2 x 9 block parameters, norm, LM head")
+      T.eq(m.grad_buffer:numel(), grads, "the flat gradient buffer holds rows only")
+    end
+  end
+  -- the rows a world larger than a parameter's rows would need: refused, naming it
+  T.raises(function() shard.build(200, 0, function() return llama.Llama(cfg, {seed = 7}) end) end,
+    "has 64 rows, fewer than the 200 ranks")
 end)
 
 -- ---- bad input -------------------------------------------------------------------------------------
@@ -324,14 +394,45 @@ local nv = require "nvlua"
 local train = require "nvlua.train"
 local config = require "nvlua.config"
 local dist = require "nvlua.dist"
+local recipes = require "nvlua.recipe"
+local quant = require "nvlua.quant"
+-- SHARD_KEEP_COPIES=1: the quantized weight copies of a gathered weight are not dropped when it is
+-- freed (the weight cache keeps them to the step's end), for the comparison
+if os.getenv("SHARD_KEEP_COPIES") then recipes.weight_cache_drop = function() end end
 local c = config.parse(train.schema, arg, {})
+nv.reset_peak_memory()
+local before = nv.memory().cpu
 local p = train.build(c)
-local live = nv.memory().cpu
+local live = nv.memory().cpu - before
+local build_peak = nv.memory().peak.cpu - before
 p.peak = 1e9 -- no GEMM-rate measurement (its 1024^2 operands are not the step's)
 nv.reset_peak_memory()
 c.steps = 2
+-- the most quantized copies the weight cache holds when a unit's weights are gathered or freed
+local most = 0
+local opt = p.optimizer
+if opt.units then
+  local g, r = opt._gather, opt._release
+  function opt._gather(...) most = math.max(most, recipes.weight_cache_size()); return g(...) end
+  function opt._release(...) most = math.max(most, recipes.weight_cache_size()); return r(...) end
+end
 train.run(c, p)
 local peak = nv.memory().peak.cpu
+-- the bytes of block 0's quantized weight copies (fprop's, as the recipe makes them; none for a
+-- plain f32 GEMM) and its linears
+local copy, linears = 0, 0
+for _, l in ipairs(p.model:linears()) do
+  if l.block == 0 then
+    linears = linears + 1
+    local g = p.recipe:gemm(l.module:context(), "fprop")
+    if not (g.a.format == "f32" and g.b.format == "f32") then
+      copy = copy + nv.scope(function()
+        return quant.quantize(nv.zeros(l.module.out_features, l.module.in_features), g.b.format,
+          g.b.block == "2d" and {block = "2d"} or nil):nbytes()
+      end)
+    end
+  end
+end
 -- the count: parameters P (f32), padded shards of chunk rows per parameter
 local P, S = 0, 0
 for _, e in ipairs(p.model:named_parameters()) do
@@ -341,8 +442,25 @@ for _, e in ipairs(p.model:named_parameters()) do
   P = P + n
   if p.optimizer.by_name then S = S + p.optimizer.by_name[e.name].grad:numel() end
 end
-print(string.format("rank %d: live %d peak %d P %d S %d", dist.rank(), live, peak, P, S))
+-- the largest parameter (its whole f32 bytes)
+local big = 0
+for _, e in ipairs(p.model:named_parameters()) do
+  local shape = p.optimizer.by_name and p.optimizer.by_name[e.name].shape or e.param:size()
+  big = math.max(big, 4 * shape[1] * (shape[2] or 1))
+end
+print(string.format("rank %d: live %d peak %d P %d S %d build_peak %d big %d copy %d linears %d most %d", dist.rank(),
+  live, peak - before, P, S, build_peak, big, copy, linears, most))
 ]=]
+
+-- the numbers rank 0 of a MEM run printed
+local function mem_result(out)
+  local r, keys = {}, {"live", "peak", "P", "S", "build", "big", "copy", "linears", "most"}
+  local vals = {out:match("rank 0: live (%d+) peak (%d+) P (%d+) S (%d+) build_peak (%d+) big (%d+) copy (%d+) " ..
+    "linears (%d+) most (%d+)")}
+  T.eq(#vals, #keys, "MEM's line; output:\n" .. out)
+  for i, k in ipairs(keys) do r[k] = tonumber(vals[i]) end
+  return r
+end
 
 T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step peak lower when sharded", function()
   need_mpi()
@@ -358,8 +476,7 @@ T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step 
     a[#a + 1] = "out=" .. ROOT .. "/mem_" .. mode
     local out, code = mpirun(2, script, a)
     T.eq(code, 0, mode .. ": " .. out)
-    local live, peak, P, S = out:match("rank 0: live (%d+) peak (%d+) P (%d+) S (%d+)")
-    res[mode] = {live = tonumber(live), peak = tonumber(peak), P = tonumber(P), S = tonumber(S)}
+    res[mode] = mem_result(out)
   end
   local P = res.none.P
   -- weights + grads + AdamW (f32): none 16P; optimizer 8P + 8P/2 (ZeRO-1's flat shard, 4 more bytes a
@@ -368,23 +485,183 @@ T.case("memory per rank (2 ranks, hidden 256, 2 blocks): state as counted, step 
   -- grads: whole weights (padded to 2·chunk rows per parameter: 2S) + gradient, m, v shards (S each)
   T.eq(res.grads.live, 4 * 2 * res.grads.S + 12 * res.grads.S, "grads: padded weights + 3 shards")
   T.eq(res.full.live, 16 * res.full.S, "full: 4 shards")
+  -- full is built in rows (shard.build): the build never holds a whole parameter; its peak is the
+  -- end state, 16S (on the way: weights 4S, gradient rows 4S and their flat buffer 4S while
+  -- Llama:_flatten_grads copies them, 12S; then the moments, 8S)
+  T.eq(res.full.build, res.full.live, "full: the build's peak is the shards it ends with")
+  T.ok(res.full.build < 16 * P / 2 + res.full.big, "full: below the shards plus one whole parameter")
   for _, mode in ipairs({"none", "optimizer", "grads", "full"}) do
     local r = res[mode]
-    print(string.format("%-9s P %d, live after build %.3f MiB, step peak %.3f MiB", mode, P, r.live / 2 ^ 20,
-      r.peak / 2 ^ 20))
+    print(string.format("%-9s P %d, live after build %.3f MiB (build's peak %.3f MiB), step peak %.3f MiB", mode, P,
+      r.live / 2 ^ 20, r.build / 2 ^ 20, r.peak / 2 ^ 20))
   end
   T.eq(res.optimizer.live, 14 * P, "optimizer: whole weights and gradient buffer, 3 shards (of P/2)")
-  -- the step's peak over the state: shard=none's is the activations and scratch; grads adds one block's
-  -- whole f32 gradients (reduce-scattered and freed before the next block's backward), full adds one
-  -- block's gathered f32 weights too (4 bytes a parameter each). The embedding and head are smaller
-  -- than a block here. Slack: 4 KiB for the allocator's small tensors.
+  -- the step's peak over the state: shard=none's is the activations, the blocks' bf16 weight copies
+  -- (kept by the weight cache from fprop to dgrad) and scratch; grads adds one block's whole f32
+  -- gradients (reduce-scattered and freed before the next block's backward), bit for bit here. full
+  -- adds two blocks' gathered f32 weights (the current one and the prefetched one) and one block's
+  -- gradients (4 bytes a parameter each) but holds one block's weight copies, not all L's (a gathered
+  -- weight's copies go with it: recipe.weight_cache_drop), and its peak moves (to the first block's
+  -- backward, where block 2's are): at most that (measured: 1.1 MiB under it). The embedding and
+  -- head are smaller than a block here. Slack: 4 KiB for the allocator's small tensors.
   local block = 4 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 768 * 256 + 2 * 256) -- bytes of one block's f32 tensors
   local act = res.none.peak - res.none.live
+  T.eq(res.full.copy, 2 * 786432, "a block's bf16 copies: 2 bytes a weight")
   T.near(res.grads.peak - res.grads.live, act + block, 4096, "grads: peak = state + activations + one block's gradients")
-  T.near(res.full.peak - res.full.live, act + 2 * block, 4096,
-    "full: peak = state + activations + one block's gathered weights and gradients")
-  T.ok(res.full.peak < res.grads.peak and res.grads.peak < res.optimizer.peak and res.optimizer.peak < res.none.peak,
-    "peaks: full < grads < optimizer < none")
+  T.ok(res.full.peak - res.full.live <= act + 3 * block - res.full.copy + 4096,
+    "full: peak <= state + activations + two blocks' gathered weights, one's gradients - one block's copies (of 2)")
+  -- (2 blocks of hidden 256: the two gathered blocks outweigh full's smaller state; at 8B width and
+  -- more blocks they do not)
+  T.ok(res.full.peak < res.optimizer.peak and res.grads.peak < res.optimizer.peak and res.optimizer.peak < res.none.peak,
+    "peaks: full and grads < optimizer < none")
+end)
+
+T.case("shard=full, nvfp4 and fp8_cs: one block's quantized weight copies at a time (they go with the gathered weight)", function()
+  -- The weight cache keeps a weight's quantized copies to the step's end; under shard=full a gathered
+  -- weight's copies are dropped when it is freed (after the unit's forward, and its backward), and the
+  -- backward re-makes fprop's copy from the re-gathered weight (the same call on the same f32 values:
+  -- the same bits; the checkpoints equal shard=none's, the 2-rank cases above). So at most one block's
+  -- copies exist (each with its dgrad handle, a view), where the cache kept them all (SHARD_KEEP_COPIES:
+  -- not dropped, the behaviour before): at the dropping run's peak (a block's backward) the keeping run
+  -- holds the other L - 1 blocks' copies as well, so its peak is at least that much higher.
+  need_mpi()
+  local script = ROOT .. "/mem.lua"
+  T.write_file(script, MEM)
+  for _, recipe in ipairs({"nvfp4", "fp8_cs"}) do
+    local r = {}
+    for _, keep in ipairs({false, true}) do
+      local out, code = mpirun(2, script, {"data=" .. CORPUS, "cache=" .. ROOT .. "/cache", "layers=2", "hidden=256",
+        "heads=4", "kv_heads=2", "ffn=768", "seq=64", "batch=2", "recipe=" .. recipe, "eval_every=0", "sample_tokens=0",
+        "plot=false", "quiet=true", "save=false", "check_memory=false", "dist=true", "shard=full",
+        "out=" .. ROOT .. "/copies_" .. recipe .. tostring(keep)}, keep and "SHARD_KEEP_COPIES=1" or nil)
+      T.eq(code, 0, out)
+      r[keep] = mem_result(out)
+    end
+    local L, drop, kept = 2, r[false], r[true]
+    T.ok(drop.copy > 0, recipe .. ": the blocks' weights are quantized")
+    T.ok(drop.most <= 2 * drop.linears, string.format("%s: at most one block's copies (%d handles for %d linears)", recipe,
+      drop.most, drop.linears))
+    T.ok(kept.most >= L * kept.linears, recipe .. ": kept, every block's")
+    T.ok(kept.peak - drop.peak >= (L - 1) * drop.copy - 4096, string.format("%s: the peak is lower by at least " ..
+      "%d blocks' copies (%d bytes): %d", recipe, L - 1, (L - 1) * drop.copy, kept.peak - drop.peak))
+    print(string.format("%s, shard=full: step peak %.3f MiB (copies kept to the step's end: %.3f MiB); a block's " ..
+      "copies %.3f MiB", recipe, drop.peak / 2 ^ 20, kept.peak / 2 ^ 20, drop.copy / 2 ^ 20))
+  end
+end)
+
+-- ---- prefetch: the nonblocking all-gather ------------------------------------------------------------
+
+local GATHER = [=[
+local nv = require "nvlua"
+local dist = require "nvlua.dist"
+local r, n = dist.init()
+local function rows(k, v) return nv.full({k, 3}, v) end
+local ok = true
+-- out of place, in place, and two in flight waited in the other order: each = the blocking gather
+local t1, t2 = rows(5, 10 * r + 1), rows(2, 10 * r + 2)
+local a, b = nv.empty(5 * n, 3), nv.empty(2 * n, 3)
+local inplace = nv.empty(4 * n, 3)
+inplace:narrow(1, 4 * r + 1, 4):fill_(10 * r + 3)
+local ha = dist.all_gather_start(a, t1)
+local hb = dist.all_gather_start(b, t2)
+local hc = dist.all_gather_start(inplace, inplace:narrow(1, 4 * r + 1, 4))
+local pending = dist.gathers_pending()
+hb:wait(); hc:wait(); ha:wait(); ha:wait() -- (a second wait: nothing)
+local a0, b0, c0 = nv.empty(5 * n, 3), nv.empty(2 * n, 3), nv.empty(4 * n, 3)
+dist.all_gather(a0, t1); dist.all_gather(b0, t2); dist.all_gather(c0, rows(4, 10 * r + 3))
+ok = ok and a:bytes() == a0:bytes() and b:bytes() == b0:bytes() and inplace:bytes() == c0:bytes()
+-- reduce_scatter_start (avg, sum) = the blocking reduce_scatter
+local g = nv.randn(6 * n, 2, {generator = nv.Generator(3 + r)})
+local o1, o2, o0, o3 = nv.empty(6, 2), nv.empty(6, 2), nv.empty(6, 2), nv.empty(6, 2)
+local h1 = dist.reduce_scatter_start(o1, g, "avg")
+local h2 = dist.reduce_scatter_start(o2, g, "sum")
+h2:wait(); h1:wait()
+dist.reduce_scatter(o0, g, "avg"); dist.reduce_scatter(o3, g, "sum")
+ok = ok and o1:bytes() == o0:bytes() and o2:bytes() == o3:bytes()
+-- bad input
+local e1 = select(2, pcall(dist.all_gather_start, nv.empty(5 * n, 2), t1))
+local e2 = select(2, pcall(dist.all_gather_start, nv.empty(3, 5 * n):t(), t1))
+local e3 = select(2, pcall(require("nvlua.core").dist.all_gather_wait, 77))
+print(string.format("rank %d: pending %d, same %s, left %d", r, pending, tostring(ok), dist.gathers_pending()))
+print("errors: " .. tostring(e1) .. " | " .. tostring(e2) .. " | " .. tostring(e3))
+]=]
+
+T.case("dist.all_gather_start, reduce_scatter_start: = the blocking ones (2 and 3 ranks, in place, several in flight); bad input", function()
+  need_mpi()
+  local script = ROOT .. "/gather.lua"
+  T.write_file(script, GATHER)
+  for _, n in ipairs({2, 3}) do
+    local out, code = mpirun(n, script)
+    T.eq(code, 0, out)
+    for r = 0, n - 1 do
+      T.ok(out:find(string.format("rank %d: pending 3, same true, left 0", r), 1, true) ~= nil, out)
+    end
+    T.ok(out:find("all_gather_start: out (contiguous) holds the " .. n .. " ranks' t (contiguous) along dim 1", 1, true) ~= nil, out)
+    T.ok(out:find("all_gather_wait: no all-gather started with handle 77 is pending", 1, true) ~= nil, out)
+  end
+end)
+
+local ORDER = [=[
+local nv = require "nvlua"
+local train = require "nvlua.train"
+local config = require "nvlua.config"
+local dist = require "nvlua.dist"
+local c = config.parse(train.schema, arg, {})
+local p = train.build(c)
+p.peak = 1e9
+local opt = p.optimizer
+opt.prefetch = os.getenv("SHARD_NO_PREFETCH") == nil
+opt.trace = {}
+-- the most units gathered or in flight when a unit's compute begins
+local most = 0
+local note = opt._note
+function opt._note(self, what, u)
+  if what == "forward" or what == "backward" then
+    local k = 0
+    for _, x in ipairs(self.units) do if x.gathered or x.inflight then k = k + 1 end end
+    most = math.max(most, k)
+  end
+  return note(self, what, u)
+end
+c.steps = 1
+train.run(c, p)
+local w = opt:whole_parameters()
+local names = {}
+for k in pairs(w) do names[#names + 1] = k end
+table.sort(names)
+local bytes = {}
+for _, k in ipairs(names) do bytes[#bytes + 1] = w[k]:bytes() end
+if dist.rank() == 0 then
+  local f = assert(io.open(c.out .. "/weights.bin", "wb"))
+  f:write(table.concat(bytes))
+  f:close()
+  print("trace: " .. table.concat(opt.trace, ", "))
+  print(string.format("most %d", most))
+end
+]=]
+
+T.case("prefetch: the next unit's gather starts before this unit computes; at most two units gathered; same bits", function()
+  need_mpi()
+  local script = ROOT .. "/order.lua"
+  T.write_file(script, ORDER)
+  local a = {"data=" .. CORPUS, "cache=" .. ROOT .. "/cache", "layers=2", "hidden=64", "heads=4", "kv_heads=2", "ffn=80",
+    "seq=16", "batch=2", "recipe=nvfp4", "eval_every=0", "sample_tokens=0", "plot=false", "quiet=true", "save=false",
+    "check_memory=false", "dist=true", "shard=full", "out=" .. ROOT .. "/order"}
+  local out, code = mpirun(2, script, a)
+  T.eq(code, 0, out)
+  -- forward: each unit starts the next one's gather before it computes, and waits for its own;
+  -- the LM head's backward starts the last block's, each block's backward the one before
+  T.eq(out:match("trace: ([^\n]*)"), table.concat({"gather embed", "start 1", "forward embed", "wait 1", "start 2",
+    "forward 1", "wait 2", "start head", "forward 2", "wait head", "forward head", "start 2", "wait 2", "start 1",
+    "backward 2", "wait 1", "start embed", "backward 1", "wait embed", "backward embed"}, ", "), "the order")
+  T.eq(tonumber(out:match("most (%d+)")), 2, "at most two units gathered (or in flight) when one computes")
+  -- and the weights after the step are the blocking gathers' (prefetch off), byte for byte
+  a[#a] = "out=" .. ROOT .. "/order_off"
+  local out2, code2 = mpirun(2, script, a, "SHARD_NO_PREFETCH=1")
+  T.eq(code2, 0, out2)
+  T.eq(out2:match("trace: ([^\n]*)"):find("start", 1, true), nil, "prefetch off: no gather started early")
+  local w1, w2 = read(ROOT .. "/order/weights.bin"), read(ROOT .. "/order_off/weights.bin")
+  T.ok(#w1 > 0 and w1 == w2, "the weights after the step, byte for byte")
 end)
 
 T.case("cleanup: the scratch directory is removed", function()

@@ -132,6 +132,7 @@ static const nvl_layer_kernels layers = { /* rope_tables: computed on the host *
   .attention_backward = nvl_cuda_attention_backward,
   .adamw_multi = nvl_cuda_adamw_multi,
   .grad_norm_multi = nvl_cuda_grad_norm_multi,
+  .grad_norm_combine = nvl_cuda_grad_norm_combine,
   .nonfinite_take = nvl_cuda_nonfinite_take,
 };
 

@@ -204,6 +204,8 @@ nvl_status nvl_cuda_adamw_multi(nvl_kctx *ctx, const nvl_adamw_chunk *t, int64_t
                                 const int64_t *state);
 nvl_status nvl_cuda_grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *const *x, const int64_t *n,
                                     int64_t count, double max_norm, int take_nonfinite);
+nvl_status nvl_cuda_grad_norm_combine(nvl_kctx *ctx, int64_t *state, const int64_t *parts, int64_t count,
+                                      double max_norm);
 /* backend.h nonfinite_take: the device's flag word to the host, cleared (multi_tensor.cu) */
 nvl_status nvl_cuda_nonfinite_take(nvl_kctx *ctx, uint32_t *flags);
 nvl_status nvl_cuda_attention_forward(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,

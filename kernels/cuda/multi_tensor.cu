@@ -207,6 +207,25 @@ extern "C" nvl_status nvl_cuda_grad_norm_multi(nvl_kctx *ctx, int64_t *state, co
   return NVL_OK;
 }
 
+/* state's sum of squares = sum of the parts' in order (fp64), its clip factor (backend.h): one thread */
+__global__ void grad_norm_combine_kernel(int64_t *state, const int64_t *parts, int64_t count, double max_norm) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double s = 0.0;
+  for (int64_t r = 0; r < count; r++) s += ((const double *)(parts + r * NVL_NORM_STATE))[NVL_NORM_SUMSQ];
+  double *d = (double *)state, norm = sqrt(s);
+  d[NVL_NORM_SUMSQ] = s;
+  d[NVL_NORM_CLIP] = norm > max_norm && norm < INFINITY ? max_norm / (norm + 1e-6) : 1.0;
+}
+
+extern "C" nvl_status nvl_cuda_grad_norm_combine(nvl_kctx *ctx, int64_t *state, const int64_t *parts, int64_t count,
+                                                 double max_norm) {
+  const int dev = ctx->dev;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  (void)cudaGetLastError();
+  NVL_LAUNCH(1, 32, 0, 0, grad_norm_combine_kernel)(state, parts, count, max_norm);
+  return nvl_cuda_check_launch(dev, __func__, "grad_norm_combine_kernel");
+}
+
 /* ---- the device's non-finite flags, to the host ------------------------------------------------ */
 
 extern "C" nvl_status nvl_cuda_nonfinite_take(nvl_kctx *ctx, uint32_t *flags) {

@@ -200,19 +200,36 @@ static int l_reset_bytes(lua_State *L) {
   return 0;
 }
 
-/* all_gather_start(out, t) -> ticket: started, not waited for (core/dist.h); all_gather_wait(ticket) */
+/* all_gather_start(out, t) -> handle (an integer): started, not waited for (core/dist.h) */
 static int l_all_gather_start(lua_State *L) {
   nvl_tensor *out = nvl_lua_check_tensor(L, 1, "all_gather_start");
   nvl_tensor *t = nvl_lua_check_tensor(L, 2, "all_gather_start");
-  int ticket = -1;
-  CHECK(L, nvl_dist_all_gather_start(out, t, &ticket));
-  lua_pushinteger(L, ticket);
+  int h = 0;
+  CHECK(L, nvl_dist_all_gather_start(out, t, &h));
+  lua_pushinteger(L, h);
   return 1;
 }
 
+/* reduce_scatter_start(out, t [, op = "sum"]) -> handle: started, not waited for (core/dist.h);
+ * all_gather_wait(handle) completes it */
+static int l_reduce_scatter_start(lua_State *L) {
+  nvl_tensor *out = nvl_lua_check_tensor(L, 1, "reduce_scatter_start");
+  nvl_tensor *t = nvl_lua_check_tensor(L, 2, "reduce_scatter_start");
+  int h = 0;
+  CHECK(L, nvl_dist_reduce_scatter_start(out, t, check_op(L, 3), &h));
+  lua_pushinteger(L, h);
+  return 1;
+}
+
+/* all_gather_wait(handle): complete it */
 static int l_all_gather_wait(lua_State *L) {
   CHECK(L, nvl_dist_all_gather_wait((int)luaL_checkinteger(L, 1)));
   return 0;
+}
+
+static int l_gathers_pending(lua_State *L) {
+  lua_pushinteger(L, nvl_dist_gathers_pending());
+  return 1;
 }
 
 static int l_set_timeout(lua_State *L) {
@@ -244,7 +261,8 @@ static const luaL_Reg dist_funcs[] = {
   {"bg_busy", l_bg_busy}, {"bg_threaded", l_bg_threaded}, {"all_reduce_number", l_all_reduce_number},
   {"all_reduce_numbers", l_all_reduce_numbers},
   {"broadcast", l_broadcast}, {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
-  {"all_gather_start", l_all_gather_start}, {"all_gather_wait", l_all_gather_wait},
+  {"all_gather_start", l_all_gather_start}, {"reduce_scatter_start", l_reduce_scatter_start},
+  {"all_gather_wait", l_all_gather_wait}, {"gathers_pending", l_gathers_pending},
   {"shard_rows", l_shard_rows}, {"bytes", l_bytes}, {"reset_bytes", l_reset_bytes},
   {"set_timeout", l_set_timeout}, {"timeout", l_timeout}, {"finalize", l_finalize}, {"abort", l_abort},
   {NULL, NULL}};

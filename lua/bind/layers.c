@@ -380,6 +380,16 @@ static int l_grad_norm_multi(lua_State *L) {
   return 0;
 }
 
+/* grad_norm_combine(state, parts, max_norm): state's sum of squares = the sum of parts' (norm
+ * states, all-gathered), its clip factor for max_norm (core/optim.h) */
+static int l_grad_norm_combine(lua_State *L) {
+  const char *op = "grad_norm_combine";
+  nvl_tensor *state = nvl_lua_check_tensor(L, 1, op);
+  nvl_tensor *parts = nvl_lua_check_tensor(L, 2, op);
+  CHECK(L, nvl_grad_norm_combine(state, parts, luaL_checknumber(L, 3)));
+  return 0;
+}
+
 /* nonfinite_take(t) -> flags: the non-finite flags of t's device (backend.h NVL_NONFINITE_*: 1 a
  * quantizer's input, 2 a parameter AdamW read or wrote), cleared; a copy to the host on a GPU */
 static int l_nonfinite_take(lua_State *L) {
@@ -395,7 +405,8 @@ static const luaL_Reg layer_funcs[] = {
   {"rope_tables", l_rope_tables}, {"rope_forward", l_rope_forward}, {"rope_backward", l_rope_backward},
   {"swiglu_forward", l_swiglu_forward}, {"swiglu_backward", l_swiglu_backward},
   {"cross_entropy", l_cross_entropy}, {"adamw_step", l_adamw_step}, {"sumsq", l_sumsq}, {"block_sqerr", l_block_sqerr}, {"distill_loss", l_distill_loss}, {"amax_history_step", l_amax_history_step},
-  {"adamw_multi", l_adamw_multi}, {"grad_norm_multi", l_grad_norm_multi}, {"nonfinite_take", l_nonfinite_take},
+  {"adamw_multi", l_adamw_multi}, {"grad_norm_multi", l_grad_norm_multi},
+  {"grad_norm_combine", l_grad_norm_combine}, {"nonfinite_take", l_nonfinite_take},
   {NULL, NULL}};
 
 void nvl_lua_open_layers(lua_State *L) { luaL_setfuncs(L, layer_funcs, 0); }

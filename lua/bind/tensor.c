@@ -133,16 +133,18 @@ static int l_arange_(lua_State *L) {
   return 1;
 }
 
+/* core.rand_(t [, generator [, first]]) / core.randn_: first (0-based, default 0): t is the draw's
+ * elements first, first + 1, ... (a part of a larger tensor's draw) */
 static int l_rand_(lua_State *L) {
   nvl_tensor *t = check_tensor(L, 1);
-  CHECK(L, nvl_rand_(t, opt_generator(L, 2)));
+  CHECK(L, nvl_rand_part_(t, opt_generator(L, 2), luaL_optinteger(L, 3, 0)));
   lua_settop(L, 1);
   return 1;
 }
 
 static int l_randn_(lua_State *L) {
   nvl_tensor *t = check_tensor(L, 1);
-  CHECK(L, nvl_randn_(t, opt_generator(L, 2)));
+  CHECK(L, nvl_randn_part_(t, opt_generator(L, 2), luaL_optinteger(L, 3, 0)));
   lua_settop(L, 1);
   return 1;
 }

@@ -112,12 +112,41 @@ dist.bg_threaded = C.bg_threaded
 dist.broadcast = C.broadcast
 dist.reduce_scatter = C.reduce_scatter
 dist.all_gather = C.all_gather
---- dist.all_gather_start(out, t) -> ticket: start all_gather(out, t) (contiguous tensors) without waiting
--- (MPI_Iallgather; on CUDA NCCL on its stream, stream 0 not waiting); dist.all_gather_wait(ticket)
--- completes it (then out holds the result; on CUDA stream 0's later work waits for it, the host does not).
--- out and t must not be touched in between. Prefetching a layer's weights while another computes.
-dist.all_gather_start = C.all_gather_start
-dist.all_gather_wait = C.all_gather_wait
+
+-- the handle of a started all-gather
+local Gather = {}
+Gather.__index = Gather
+
+--- h:wait() -> out: completes the all-gather (idempotent); then out holds the ranks' t
+function Gather:wait()
+  if not self.waited then
+    self.waited = true
+    C.all_gather_wait(self.id)
+  end
+  return self.out
+end
+
+--- dist.all_gather_wait(h) -> out: h:wait(), except that a handle already waited for raises
+function dist.all_gather_wait(h)
+  if getmetatable(h) ~= Gather then error("all_gather_wait: expected the handle of dist.all_gather_start", 2) end
+  if h.waited then error("all_gather_wait: this all-gather was already waited for", 2) end
+  return h:wait()
+end
+
+--- dist.all_gather_start(out, t) -> a handle h: start all_gather(out, t) without waiting (out and t
+-- contiguous; MPI_Iallgather on CPU tensors, NCCL on its stream ordered by events on CUDA ones, see
+-- core/dist.h); h:wait() completes it. out must not be read, nor out or t written, before. Every
+-- rank starts the same gathers in the same order among its collectives. dist.gathers_pending()
+-- counts the started ones not waited for. (nvlua.shard prefetches the next unit's weights so.)
+function dist.all_gather_start(out, t)
+  return setmetatable({id = C.all_gather_start(out, t), out = out, waited = false}, Gather)
+end
+--- dist.reduce_scatter_start(out, t [, op = "sum"|"avg"]) -> a handle h: start reduce_scatter(out, t,
+-- op) without waiting (contiguous f32; out not inside t); h:wait() completes it (the same rules)
+function dist.reduce_scatter_start(out, t, op)
+  return setmetatable({id = C.reduce_scatter_start(out, t, op), out = out, waited = false}, Gather)
+end
+dist.gathers_pending = C.gathers_pending
 dist.set_timeout = C.set_timeout
 dist.timeout = C.timeout
 --- dist.shard_rows(rows [, world = dist.world_size() [, align = 1]]) -> {[r + 1] = {row0 =, rows =}, chunk =}:

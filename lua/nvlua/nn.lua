@@ -73,10 +73,62 @@ local function check_int(v, what, fname, min)
 end
 
 
+-- While a model is built in row shards (nn.build_rows): rows(shape) -> row0 (0-based), nrows, chunk;
+-- made[t] = the whole shape of a parameter tensor t made so (weak keys)
+local build_rows, made = nil, setmetatable({}, {__mode = "k"})
+
+--- nn.build_rows(rows, fn) -> fn()'s results: every parameter the layers create while fn runs is only
+-- the rows rows(shape) -> row0 (0-based), nrows, chunk names: a (chunk, ...) tensor whose first
+-- nrows rows are the whole parameter's rows [row0, row0 + nrows), the values the whole initialisation
+-- gives them (normal: the same Philox draw, its elements from row0 · row size on, core.randn_'s
+-- `first`; ones), the rest zeros; its entry's full_shape is the whole shape, and its gradient is
+-- (chunk, ...) too. No whole parameter is ever made (nvlua.shard builds shard=full models so).
+function nn.build_rows(rows, fn)
+  if type(rows) ~= "function" or type(fn) ~= "function" then error("nn.build_rows: expects (function, function)", 2) end
+  if build_rows then error("nn.build_rows: already building in rows", 2) end
+  build_rows = rows
+  local r = table.pack(pcall(fn))
+  build_rows = nil
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+-- a parameter of `shape`: whole, init(t, first) filling a whole tensor t (first = 0); under
+-- nn.build_rows this rank's rows, init(rows, first) filling them (first: their first element's index
+-- in the whole tensor) or, with no rows here, init(nil) (a draw must still advance its generator)
+local function make_param(shape, init)
+  if not build_rows then
+    local t = nv.empty(shape)
+    init(t, 0)
+    return t
+  end
+  local row0, nrows, chunk = build_rows(shape)
+  local s, row = {table.unpack(shape)}, 1
+  for i = 2, #shape do row = row * shape[i] end
+  s[1] = chunk
+  local t = nv.zeros(s)
+  if nrows > 0 then
+    local v = t:narrow(1, 1, nrows)
+    init(v, row0 * row)
+    v:free() -- (the handle; t keeps the storage)
+  else
+    init(nil)
+  end
+  made[t] = shape
+  return t
+end
+
 -- normal(0, std) f32 [shape] from generator g (nil: the default generator)
 local function normal(shape, std, g)
-  local t = nv.randn(shape, {generator = g})
-  return t:mul_(std)
+  return make_param(shape, function(t, first)
+    if not t then -- no rows here: the whole draw's generator step
+      g = g or nv.default_generator()
+      g:set_offset(g:offset() + 1)
+      return
+    end
+    core.randn_(t, g, first)
+    t:mul_(std)
+  end)
 end
 
 -- ---- Module -------------------------------------------------------------------------------------
@@ -109,7 +161,7 @@ function Module:register_parameter(name, t, opts)
     if e.name == name then error("register_parameter: '" .. name .. "' is already a submodule", 2) end
   end
   local entry = {name = name, param = nv.unscope(t), grad = nv.unscope(nv.zeros(t:size())),
-    no_decay = opts.no_decay == true}
+    no_decay = opts.no_decay == true, full_shape = made[t]} -- full_shape: made in rows (nn.build_rows)
   self._params[#self._params + 1] = entry
   return entry
 end
@@ -611,7 +663,8 @@ function RMSNorm:__init(dim, opts)
   self.dim = dim
   self.eps = opts.eps or 1e-6
   self.name = opts.name
-  self.weight_entry = self:register_parameter("weight", nv.ones(dim), {no_decay = true})
+  self.weight_entry = self:register_parameter("weight", make_param({dim}, function(t) if t then t:fill_(1) end end),
+    {no_decay = true})
 end
 
 function RMSNorm:extra_repr() return string.format("%d, eps=%g", self.dim, self.eps) end

@@ -344,16 +344,19 @@ end
 -- its re-quantization along the other axis). The same bits as quantizing anew each time, once. The
 -- cache owns the copies and frees them when fn returns (or raises). Llama:forward_backward runs in
 -- one (so fprop and dgrad share), and the training loop wraps each step's micro-batches in one.
+-- A weight's copies can be dropped earlier (M.weight_cache_drop: nvlua.shard, when it frees a
+-- gathered weight); a backward whose fprop copy was dropped re-makes it from the weight (the same
+-- call, the same bits: it depends only on the weight's values) and caches it again.
 local wcache -- nil outside M.weight_cache
 
 --- recipe.weight_cache(fn, ...) -> fn(...): see above; nested caches use the outermost.
 function M.weight_cache(fn, ...)
   if wcache then return fn(...) end
-  wcache = {by = setmetatable({}, {__mode = "k"}), list = {}}
+  wcache = {by = setmetatable({}, {__mode = "k"}), list = {}, n = 0}
   local r = table.pack(pcall(fn, ...))
   local c = wcache
   wcache = nil
-  for _, q in ipairs(c.list) do q:free() end
+  for q in pairs(c.list) do q:free() end
   drop_hint() -- the step's activations are gone
   if not r[1] then error(r[2], 0) end
   return table.unpack(r, 2, r.n)
@@ -361,7 +364,21 @@ end
 
 --- recipe.weight_cache_size() -> the number of quantized weight copies the open cache holds (0
 -- outside one): for tests and memory accounting.
-function M.weight_cache_size() return wcache and #wcache.list or 0 end
+function M.weight_cache_size() return wcache and wcache.n or 0 end
+
+--- recipe.weight_cache_drop(w): free the open cache's copies of weight w now (nothing outside a
+-- cache, or when it holds none): for a weight about to be freed (nvlua.shard's gathered weights). A
+-- backward that saved one of them re-makes it (see above).
+function M.weight_cache_drop(w)
+  local m = wcache and wcache.by[w]
+  if not m then return end
+  for _, q in pairs(m) do
+    wcache.list[q] = nil
+    wcache.n = wcache.n - 1
+    q:free()
+  end
+  wcache.by[w] = nil
+end
 
 local function cacheable(s) return wcache ~= nil and not s.sr and not s.delayed end
 
@@ -474,7 +491,8 @@ local function cached(w, key, make)
   if not q then
     q = core.unscope(make())
     m[key] = q
-    wcache.list[#wcache.list + 1] = q
+    wcache.list[q] = true
+    wcache.n = wcache.n + 1
   end
   return q, true
 end
@@ -728,7 +746,11 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
     local dx = core.scope(function()
       local qw = saved.qw
       saved.qw = nil
-      if qw and saved.qw_cached and qw:is_freed() then qw = nil end -- its cache closed before this backward
+      if qw and saved.qw_cached and qw:is_freed() then
+        -- its cache closed, or dropped it (M.weight_cache_drop), before this backward: fprop's
+        -- quantization re-made (cacheable: a function of w's values and the spec alone)
+        qw = wcache and self:_quantize(saved.wspec, w, 2, key_of(ctx, "w", "fprop")) or nil
+      end
       if qw and not saved.qw_cached then core.adopt(qw) end
       local g = gd
       local d

@@ -24,12 +24,23 @@
 -- weights stay gathered from the final norm's forward to its backward (the chunked loss runs in
 -- between). Under "grads" every rank keeps whole weights (4 bytes a parameter) and the update's
 -- all-gather refills them.
+-- Quantized weight copies (the recipe's weight cache, one quantization per optimizer step): under
+-- "full" a gathered weight's cached copies are dropped when it is freed (recipe.weight_cache_drop),
+-- so at most the gathered units' copies exist, not every block's until the step ends. Within a
+-- unit's forward, and within its backward, a weight is quantized once (its uses hit the cache); with
+-- reshard_after_forward the backward's re-gathered weight (the same f32 values) is quantized again —
+-- the same call, the same bits: fprop's copy re-made for dgrad (recipe.linear_backward) — so a
+-- quantized weight is made twice per micro-batch, where an unsharded step makes it once per step.
+-- reshard_after_forward=false keeps the gathered weights, and so their copies, to the backward.
 -- Per step: grad_accum micro-batches, each reduce-scattering as its backward completes a unit (the
 -- first straight into the shard, later ones added to it: with grad_accum > 1 the sum order is that
 -- of the micro-batches' averages, an fp32 reordering against plain data parallelism, which averages
--- once); opt:reduce_clip(max_norm) -> global norm (sqrt of the all-reduced sum of the shards'
--- squares, fp64) and clip; opt:step() AdamW on the shards (core.adamw_multi, the decay / no_decay
--- split of optim.AdamW) and, under "grads", the all-gather of the updated weights.
+-- once); opt:reduce_clip(max_norm) -> the global norm on the device (each rank's fp64 sum of
+-- squares of its shards, all-gathered and summed in rank order; norm:value() reads it) and the clip
+-- factor; opt:step() AdamW on the shards (core.adamw_multi, the decay / no_decay split of
+-- optim.AdamW, the clip factor applied as it reads the gradients) and, under "grads", the
+-- all-gather of the updated weights. Nothing in a step waits for the host (CUDA): the gathers,
+-- reduce-scatters and the norm are stream-ordered; the norm is read where train.lua reads it.
 --
 -- Checkpoints keep the one format (nvlua.checkpoint): rank 0 writes model.safetensors and
 -- trainer.safetensors as an unsharded run does; each tensor is a source (st.source) that gathers it
@@ -37,14 +48,28 @@
 -- collectives in the same order (opt:serve_checkpoint()). Loading takes the full tensors of any
 -- checkpoint and keeps this rank's rows, so any checkpoint resumes at any world size and shard mode.
 --
--- Not here: a prefetching (nonblocking) gather — the gathers are blocking MPI_Allgather / NCCL
--- calls; the quantized gather of a linear's weight (gather_weight is the one place it plugs in);
--- tied embeddings (refused); building the model directly in shards (train.build builds it whole,
--- then shards it and frees the rest).
+-- Prefetch (full mode; {prefetch = false} turns it off): when a unit's forward begins, once its own
+-- weights are there, the next unit's all-gather is started (dist.all_gather_start: MPI_Iallgather on
+-- the CPU, NCCL on its stream ordered by events on CUDA) before this unit computes; in the backward
+-- the previous unit's (the LM head's backward starts the last block's). The next unit's gather
+-- waits for it. So at most two units are gathered at once (with reshard_after_forward), and the
+-- gathered values are the blocking gather's (the same bytes: the results do not change).
+-- On the CPU, Open MPI advances a started gather only inside MPI calls (each start, wait and other
+-- collective), so the overlap there is partial; on CUDA the NCCL stream runs it beside stream 0.
+--
+-- Not here: the quantized gather of a linear's weight (gather_weight is the one place it plugs in);
+-- tied embeddings (refused).
+--
+-- Building: under "full" train.build makes the model in rows (shard.build, nn.build_rows): each
+-- parameter is born as this rank's (chunk, ...) rows, drawn from the seed's Philox stream at the
+-- elements the whole initialisation would give them (core.randn_'s `first`), and so is its gradient
+-- (the model's flat gradient buffer is of rows): no rank ever holds a whole parameter. Sharded then
+-- takes the rows as they are. (A model built whole, e.g. under "grads", is cut into rows here.)
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
 local nn = require "nvlua.nn"
+local recipes = require "nvlua.recipe"
 local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
 
 local shard = {}
@@ -72,6 +97,25 @@ function shard.shard_rows(rows, world, align)
 end
 
 local function align_of(shape) return #shape >= 2 and shard.ALIGN_2D or 1 end
+
+--- shard.row_rule(world, rank) -> rows(shape) -> row0 (0-based), nrows, chunk: this rank's rows of a
+-- parameter of that shape by shard.shard_rows, what nn.build_rows takes (shard.build)
+function shard.row_rule(world, rank)
+  return function(shape)
+    local ranges, chunk = shard.shard_rows(shape[1], world, align_of(shape))
+    if not ranges then
+      util.user_error(string.format("config: shard=full: a parameter %s has %d rows, fewer than the %d ranks",
+        shape_str(shape), shape[1], world), 0)
+    end
+    return ranges[rank + 1].row0, ranges[rank + 1].rows, chunk
+  end
+end
+
+--- shard.build(world, rank, fn) -> fn()'s results, every parameter the layers create inside fn made
+-- as this rank's rows only (nn.build_rows with shard.row_rule): how train.build makes a shard=full
+-- model, so that no rank holds a whole parameter or gradient; shard.Sharded(model, ..., {mode =
+-- "full"}) then takes the rows as they are
+function shard.build(world, rank, fn) return nn.build_rows(shard.row_rule(world, rank), fn) end
 
 --- shard.check_world(model_config, world, mode): raises "config: shard=<mode>: ..." when a parameter
 -- of that Llama config has fewer rows than there are ranks (before anything is built)
@@ -101,6 +145,10 @@ Sharded.__index = Sharded
 
 local function finite(v) return type(v) == "number" and v == v and v > -math.huge and v < math.huge end
 
+-- zeros of shape on device dev, made there (nv.zeros with a device fills on the host and copies:
+-- a host synchronisation on a GPU)
+local function zeros(shape, dev, dtype) return nv.empty(shape, {device = dev, dtype = dtype}):zero_() end
+
 local function padded_shape(shape, rows)
   local s = {table.unpack(shape)}
   s[1] = rows
@@ -116,10 +164,11 @@ local function dead()
 end
 
 --- shard.Sharded(model, {lr, betas, eps, weight_decay}, dist, {mode = "grads"|"full",
--- reshard_after_forward = true}) -> the optimizer; the model's parameters become shards (see the header)
+-- reshard_after_forward = true, prefetch = true}) -> the optimizer; the model's parameters become
+-- shards (see the header)
 function shard.Sharded(model, opts, dist, so)
   opts = check_opts(opts, {lr = true, betas = true, eps = true, weight_decay = true}, "shard.Sharded")
-  so = check_opts(so, {mode = true, reshard_after_forward = true}, "shard.Sharded")
+  so = check_opts(so, {mode = true, reshard_after_forward = true, prefetch = true}, "shard.Sharded")
   local mode = so.mode
   if mode ~= "grads" and mode ~= "full" then
     error("shard.Sharded: mode must be \"grads\" or \"full\", got " .. tostring(mode), 2)
@@ -133,7 +182,8 @@ function shard.Sharded(model, opts, dist, so)
   end
   local world, rank = dist.world_size(), dist.rank()
   local betas = opts.betas or {0.9, 0.95}
-  local self = setmetatable({mode = mode, reshard = so.reshard_after_forward ~= false, dist = dist, world = world,
+  local self = setmetatable({mode = mode, reshard = so.reshard_after_forward ~= false, prefetch = so.prefetch ~= false,
+    dist = dist, world = world,
     rank = rank, model = model, t = 0, lr = opts.lr or 1e-3, beta1 = betas[1], beta2 = betas[2], eps = opts.eps or 1e-8,
     weight_decay = opts.weight_decay or 0.1, sharded = true, params = {}, by_name = {}, units = {},
     bytes = {gather = 0, reduce_scatter = 0}}, Sharded)
@@ -152,8 +202,16 @@ function shard.Sharded(model, opts, dist, so)
   add_unit("embed", {model.embed_tokens})
   for i = 1, model.layers.n do add_unit(i, {model.layers[i]}) end
   add_unit("head", {model.norm, model.lm_head})
+  local built_in_rows -- (shard.build): each parameter is already this rank's rows, its gradient too
   nn.each_entry(model, function(name, e)
-    local shape = e.param:size()
+    if built_in_rows == nil then built_in_rows = e.full_shape ~= nil end
+    if built_in_rows ~= (e.full_shape ~= nil) then
+      error("shard.Sharded: some of the model's parameters were built in rows (shard.build), some whole", 2)
+    end
+    if built_in_rows and mode ~= "full" then
+      error("shard.Sharded: a model built in rows (shard.build) is for mode \"full\" (\"grads\" keeps whole weights)", 2)
+    end
+    local shape = e.full_shape or e.param:size()
     local ranges, chunk = shard.shard_rows(shape[1], world, align_of(shape))
     if not ranges then
       util.user_error(string.format("config: shard=%s: the parameter %s has %d rows, fewer than the %d ranks", mode, name,
@@ -165,64 +223,103 @@ function shard.Sharded(model, opts, dist, so)
     local pshape = padded_shape(shape, chunk)
     -- this rank's rows: master weight (full mode: its own tensor; grads: a view of the padded
     -- whole weight), gradient, moments; all (chunk, ...)
-    if mode == "full" then
-      p.shard = nv.unscope(nv.zeros(pshape, {device = dev}))
+    if built_in_rows then
+      if not same_shape(e.param:size(), pshape) or not same_shape(e.grad:size(), pshape) then
+        error(string.format("shard.Sharded: %s was built as %s rows, but this rank's shard is %s (another world?)", name,
+          shape_str(e.param), shape_str(pshape)), 2)
+      end
+      p.shard = e.param
+    elseif mode == "full" then
+      p.shard = nv.unscope(zeros(pshape, dev))
       if p.nrows > 0 then p.shard:narrow(1, 1, p.nrows):copy_(e.param:narrow(1, p.row0 + 1, p.nrows)) end
       e.param:free()
       e.param = p.shard
     else
-      p.full = nv.unscope(nv.zeros(padded_shape(shape, chunk * world), {device = dev}))
+      p.full = nv.unscope(zeros(padded_shape(shape, chunk * world), dev))
       p.full:narrow(1, 1, p.rows):copy_(e.param)
       e.param:free()
       e.param = nv.unscope(p.full:narrow(1, 1, p.rows))
       p.shard = nv.unscope(p.full:narrow(1, rank * chunk + 1, chunk))
     end
-    p.grad = nv.unscope(nv.zeros(pshape, {device = dev}))
-    p.m = nv.unscope(nv.zeros(pshape, {device = dev}))
-    p.v = nv.unscope(nv.zeros(pshape, {device = dev}))
+    if built_in_rows then
+      p.grad = e.grad -- a view of the model's flat buffer of gradient rows, which it keeps
+    else
+      p.grad = nv.unscope(zeros(pshape, dev))
+      e.grad:free() -- a view of the flat gradient buffer, freed below
+    end
+    p.m = nv.unscope(zeros(pshape, dev))
+    p.v = nv.unscope(zeros(pshape, dev))
     p.fresh = true -- the gradient shard holds nothing of this step yet
-    e.grad:free() -- a view of the flat gradient buffer, freed below
     e.grad = DEAD
     self.params[#self.params + 1] = p
     self.by_name[name] = p
     table.insert(p.unit.params, p)
   end)
-  model.grad_buffer:free()
+  model.grad_buffer:free() -- (built in rows: the handle; the gradient shards keep its storage)
   model.grad_buffer = nil
   model._buckets = nil
   -- the whole weights are freed above, but the model's constructor may have left other handles of
   -- their storage (the tensors they were made as views of) to the Lua GC: collected now, once, so
   -- that the memory is this rank's shards from here on
   collectgarbage("collect")
-  self.flags_tensor = self.params[1].grad -- the device whose non-finite flags the step reads
   self:_install()
   return self
 end
 
 -- ---- gathering and reduce-scattering ------------------------------------------------------------
 
---- opt:gather_weight(p) -> the whole parameter p (rows, ...), a view of a new padded buffer (p.buf):
--- the all-gather of the ranks' f32 shards. The one place a quantized gather plugs in: for a linear
--- whose recipe quantizes its weight (with no SR draw or delayed history on it), each rank would
--- quantize its shard with the global amax and gather codes and scales (quant.all_gather_quantized,
--- bit-identical to quantizing the whole weight), and the recipe would take that QTensor as fprop's
--- and dgrad's weight; today the f32 weight is gathered and the recipe quantizes it, the same bits.
-function Sharded:gather_weight(p)
+--- opt:gather_weight(p [, start]) -> the whole parameter p (rows, ...), a view of a new padded buffer
+-- (p.buf): the all-gather of the ranks' f32 shards; with start, -> a handle (dist.all_gather_start)
+-- whose wait() completes it, and the view is made then (opt:_gather). The one place a quantized
+-- gather plugs in: for a linear whose recipe quantizes its weight (with no SR draw or delayed
+-- history on it), each rank would quantize its shard with the global amax and gather codes and
+-- scales (quant.all_gather_quantized, bit-identical to quantizing the whole weight), and the recipe
+-- would take that QTensor as fprop's and dgrad's weight; today the f32 weight is gathered and the
+-- recipe quantizes it, the same bits.
+function Sharded:gather_weight(p, start)
   local buf = nv.unscope(nv.empty(padded_shape(p.shape, p.chunk * self.world), {device = self.device}))
-  self.dist.all_gather(buf, p.shard)
   self.bytes.gather = self.bytes.gather + p.shard:nbytes() * (self.world - 1)
   p.buf = buf
+  local h = self.dist.all_gather_start(buf, p.shard)
+  if start then return h end
+  h:wait() -- (started and waited: on CUDA stream-ordered, the host does not wait)
   return nv.unscope(buf:narrow(1, 1, p.rows))
 end
 
--- full mode: unit u's weights gathered (nothing when they are); the Linear layers' saved weight
--- handles (a forward whose weights were freed since) are pointed at the new ones
+-- opt.trace = {} records the order of the gathers and the units' compute, one string each: "gather
+-- <unit>" (started and waited for at once), "start <unit>" (a prefetch issued), "wait <unit>", "forward <unit>",
+-- "backward <unit>" (its compute begins); units: embed, 1 .. L, head
+function Sharded:_note(what, u)
+  if self.trace then self.trace[#self.trace + 1] = what .. " " .. tostring(u.key) end
+end
+
+-- full mode: start unit u's gather without waiting (the prefetch of the unit that computes next),
+-- unless it is gathered or in flight (nothing for u nil, or with prefetch off)
+function Sharded:_prefetch(u)
+  if self.mode ~= "full" or not self.prefetch or not u or u.gathered or u.inflight then return end
+  local hs = {}
+  for i, p in ipairs(u.params) do hs[i] = self:gather_weight(p, true) end
+  u.inflight = hs
+  self:_note("start", u)
+end
+
+-- full mode: unit u's weights gathered (nothing when they are; its prefetch waited for); the Linear
+-- layers' saved weight handles (a forward whose weights were freed since) are pointed at the new ones
 function Sharded:_gather(u)
   if self.mode ~= "full" or u.gathered then return end
+  local hs = u.inflight
+  u.inflight = nil
+  self:_note(hs and "wait" or "gather", u)
   local moved = {}
-  for _, p in ipairs(u.params) do
+  for i, p in ipairs(u.params) do
     local e = p.entry
-    local w = self:gather_weight(p)
+    local w
+    if hs then
+      hs[i]:wait()
+      w = nv.unscope(p.buf:narrow(1, 1, p.rows))
+    else
+      w = self:gather_weight(p)
+    end
     if p.old then moved[p.old] = w; p.old = nil end
     e.param = w
   end
@@ -237,10 +334,12 @@ function Sharded:_gather(u)
   u.gathered = true
 end
 
--- full mode: unit u's gathered weights freed (their handles remembered, for _gather to replace)
+-- full mode: unit u's gathered weights freed (their handles remembered, for _gather to replace),
+-- with the recipe's cached quantized copies of them (recipe.weight_cache_drop)
 function Sharded:_release(u)
   if self.mode ~= "full" or not u.gathered then return end
   for _, p in ipairs(u.params) do
+    recipes.weight_cache_drop(p.entry.param)
     p.old = p.entry.param
     p.entry.param:free() -- (a view of buf: freed too, or its handle would keep buf's storage)
     p.entry.param = p.shard
@@ -250,11 +349,22 @@ function Sharded:_release(u)
   u.gathered = false
 end
 
+-- full mode: every prefetch still in flight completed and its weights freed (a pass that ended
+-- early, by an error, can leave one); before the step's own collectives
+function Sharded:_settle()
+  for _, u in ipairs(self.units) do
+    if u.inflight then
+      self:_gather(u)
+      self:_release(u)
+    end
+  end
+end
+
 -- unit u's whole-size gradients, zeros (padded to world·chunk rows for the reduce-scatter)
 function Sharded:_grads(u)
   if u.grads then return end
   for _, p in ipairs(u.params) do
-    p.gfull = nv.unscope(nv.zeros(padded_shape(p.shape, p.chunk * self.world), {device = self.device}))
+    p.gfull = nv.unscope(zeros(padded_shape(p.shape, p.chunk * self.world), self.device))
     p.entry.grad = nv.unscope(p.gfull:narrow(1, 1, p.rows))
   end
   u.grads = true
@@ -264,13 +374,14 @@ end
 function Sharded:_reduce(u)
   if not u.grads then return end
   for _, p in ipairs(u.params) do
+    -- (reduce_scatter_start and its wait: on CUDA stream-ordered, the host does not wait)
     if p.fresh then
-      self.dist.reduce_scatter(p.grad, p.gfull, "avg")
+      self.dist.reduce_scatter_start(p.grad, p.gfull, "avg"):wait()
       p.fresh = false
     else
       nv.scope(function()
         local tmp = nv.empty(padded_shape(p.shape, p.chunk), {device = self.device})
-        self.dist.reduce_scatter(tmp, p.gfull, "avg")
+        self.dist.reduce_scatter_start(tmp, p.gfull, "avg"):wait()
         p.grad:add_(tmp)
       end)
     end
@@ -286,10 +397,18 @@ end
 -- The units' forward and backward wrapped, on the module instances (the classes stay as they are).
 function Sharded:_install()
   local model = self.model
+  local index = {}
+  for i, u in ipairs(self.units) do index[u] = i end
+  -- the unit that computes after u: in the forward the next one, in the backward the one before
+  local function after(u, backward) return self.units[index[u] + (backward and -1 or 1)] end
   local function wrap_unit(u, m)
     local fwd, bwd = m.forward, m.backward -- the class's
     m.forward = function(mod, ...)
       self:_gather(u)
+      if not u.in_backward then
+        self:_prefetch(after(u))
+        self:_note("forward", u)
+      end
       local r = table.pack(fwd(mod, ...))
       -- (a forward run inside the unit's own backward, activation recompute's, keeps the weights)
       if not u.in_backward and (not mod.training or self.reshard) then self:_release(u) end
@@ -297,6 +416,8 @@ function Sharded:_install()
     end
     m.backward = function(mod, ...)
       self:_gather(u)
+      self:_prefetch(after(u, true))
+      self:_note("backward", u)
       self:_grads(u)
       u.in_backward = true
       local r = table.pack(pcall(bwd, mod, ...))
@@ -318,6 +439,7 @@ function Sharded:_install()
   local nf, nb, lf, lb = norm.forward, norm.backward, lm.forward, lm.backward
   norm.forward = function(mod, ...)
     self:_gather(head)
+    self:_note("forward", head)
     return nf(mod, ...)
   end
   lm.forward = function(mod, ...)
@@ -328,6 +450,7 @@ function Sharded:_install()
   end
   lm.backward = function(mod, ...)
     self:_gather(head)
+    self:_prefetch(after(head, true))
     self:_grads(head)
     return lb(mod, ...)
   end
@@ -344,6 +467,16 @@ function Sharded:_install()
     for _, p in ipairs(self.params) do p.grad:zero_(); p.fresh = true end
     return mod
   end
+  -- the whole model's count (its parameters are shards)
+  model.num_parameters = function()
+    local n = 0
+    for _, p in ipairs(self.params) do
+      local k = 1
+      for _, d in ipairs(p.shape) do k = k * d end
+      n = n + k
+    end
+    return n
+  end
   -- a checkpoint's (or any) whole tensors: this rank's rows of each
   model.load_state_dict = function(mod, dict, o) return self:load_state_dict(dict, o) end
   model.shards = self
@@ -351,22 +484,50 @@ end
 
 -- ---- the optimizer --------------------------------------------------------------------------------
 
---- opt:reduce_clip(max_norm) -> the global gradient norm before clipping: the units' gradients are
--- already reduce-scattered (during the backward); the norm is the square root of the all-reduced sum
--- of the shards' squares (fp64), and the shards are scaled by max_norm / (norm + 1e-6) when it
--- exceeds max_norm (optim.clip_grad_norm's rule; a non-finite norm leaves them)
+-- what reduce_clip returns: the norm state read once, on demand
+local Norm = {}
+Norm.__index = Norm
+function Norm:_read()
+  if self.opt.norm_gen ~= self.gen then
+    error("norm: the optimizer has computed a newer norm since; read it before the next reduce_clip", 3)
+  end
+  if not self.v then
+    local t = self.opt.norm_state:cpu():totable() -- (slots: core/backend.h NVL_NORM_*)
+    self.v, self.flags = math.sqrt((string.unpack("<d", string.pack("<i8", t[1])))), t[4]
+  end
+end
+--- norm:value() -> the global gradient norm (before clipping)
+function Norm:value() self:_read(); return self.v end
+--- norm:nonfinite() -> this rank's device's non-finite flags, taken when the norm was computed
+function Norm:nonfinite() self:_read(); return self.flags end
+
+--- opt:reduce_clip(max_norm) -> norm: the global gradient norm before clipping, on the gradients'
+-- device, nothing read back: the units' gradients are already reduce-scattered (during the
+-- backward); each rank's sum of squares of its shards (core.grad_norm_multi, fp64, which takes the
+-- device's non-finite flags) is all-gathered (its norm state: 4 slots a rank; there is no f64
+-- tensor to all-reduce) and summed in rank order on the device (core.grad_norm_combine: the same
+-- sum on every rank), with the clip factor max_norm / (norm + 1e-6) when the norm exceeds max_norm
+-- (optim.clip_grad_norm's rule; a non-finite norm is not clipped), which the next opt:step()
+-- applies as AdamW reads the gradients (as optim.AdamW's clip_grad_norm). norm:value() reads the
+-- norm and norm:nonfinite() this rank's non-finite flags (one copy to the host, the first time).
 function Sharded:reduce_clip(max_norm)
   if max_norm ~= nil and not (finite(max_norm) and max_norm > 0) then
     util.user_error("reduce_clip: max_norm must be a finite number > 0, got " .. tostring(max_norm), 2)
   end
-  local ss = 0.0
-  for _, p in ipairs(self.params) do ss = ss + core.sumsq(p.grad) end
-  local total = math.sqrt(self.dist.all_reduce_number(ss, "sum"))
-  if max_norm and total > max_norm and total < math.huge then
-    local c = max_norm / (total + 1e-6)
-    for _, p in ipairs(self.params) do p.grad:mul_(c) end
+  self:_settle()
+  if not self.norm_state then
+    self.norm_state = nv.unscope(zeros({4}, self.device, "i64"))
+    self.norm_parts = nv.unscope(zeros({4 * self.world}, self.device, "i64"))
   end
-  return total
+  local gs = {}
+  for i, p in ipairs(self.params) do gs[i] = p.grad end
+  local mn = max_norm or 1e300 -- (no clipping: a factor of 1)
+  core.grad_norm_multi(self.norm_state, gs, mn, true)
+  self.dist.all_gather_start(self.norm_parts, self.norm_state):wait() -- (on CUDA: stream-ordered, no host wait)
+  core.grad_norm_combine(self.norm_state, self.norm_parts, mn)
+  self.clip_armed = true
+  self.norm_gen = (self.norm_gen or 0) + 1
+  return setmetatable({opt = self, gen = self.norm_gen}, Norm)
 end
 
 --- opt:step(): AdamW on this rank's shards (one core.adamw_multi; no_decay ones with weight decay 0);
@@ -375,11 +536,13 @@ function Sharded:step()
   self.t = self.t + 1
   local ps, gs, ms, vs, nd = {}, {}, {}, {}, {}
   for i, p in ipairs(self.params) do ps[i], gs[i], ms[i], vs[i], nd[i] = p.shard, p.grad, p.m, p.v, p.no_decay end
+  local clip = self.clip_armed and self.norm_state or nil -- reduce_clip's factor, applied as the gradients are read
+  self.clip_armed = false
   core.adamw_multi(ps, gs, ms, vs, {lr = self.lr, beta1 = self.beta1, beta2 = self.beta2, eps = self.eps,
-    weight_decay = self.weight_decay, step = self.t}, nd)
+    weight_decay = self.weight_decay, step = self.t}, nd, clip)
   if self.mode == "grads" then
-    for _, p in ipairs(self.params) do
-      self.dist.all_gather(p.full, p.shard)
+    for _, p in ipairs(self.params) do -- (in place: p.shard is p.full's chunk)
+      self.dist.all_gather_start(p.full, p.shard):wait()
       self.bytes.gather = self.bytes.gather + p.shard:nbytes() * (self.world - 1)
     end
   end
@@ -457,6 +620,7 @@ end
 --- opt:model_view() -> what checkpoint.save takes as the model on rank 0: the config and a
 -- state_dict of sources, each parameter gathered as it is written
 function Sharded:model_view()
+  self:_settle()
   local model = self.model
   return {config = model.config, num_parameters = function() return model:num_parameters() end,
     state_dict = function()
@@ -477,6 +641,7 @@ end
 --- opt:serve_checkpoint(): on a rank other than 0 while rank 0 saves a checkpoint: the same gathers,
 -- in the same order (each freed at once)
 function Sharded:serve_checkpoint()
+  self:_settle()
   for _, o in ipairs(self:_save_order()) do
     local p = self.by_name[o[1]]
     if not (o[2] == "param" and self.mode == "grads") then

@@ -511,10 +511,14 @@ function train.build(c)
   local rec = train.recipe(c)
   if sm == "grads" or sm == "full" then shard.check_world(train.model_config(c, vocab), world, sm) end
   train.check_memory(c, rec, train.model_config(c, vocab), world)
-  local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed, recompute = c.recompute})
+  local function make() return llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed, recompute = c.recompute}) end
+  -- shard=full: built in rows, each rank's parameters and gradients its rows only (the values the
+  -- whole initialisation gives them), never the whole model (nvlua.shard)
+  local model = sm == "full" and shard.build(world, rank, make) or make()
   if world > 1 then
-    -- the same weights everywhere (they are by construction, from the seed; this makes it so)
-    for _, e in ipairs(model:named_parameters()) do dist.broadcast(e.param, 0) end
+    -- the same weights everywhere (they are by construction, from the seed; this makes it so; rows
+    -- are each rank's own)
+    if sm ~= "full" then for _, e in ipairs(model:named_parameters()) do dist.broadcast(e.param, 0) end end
     dist_hooks(rec, dist, rank, world)
   end
   -- initialised on the cpu from the seed, then moved: the same weights on either device
@@ -1121,9 +1125,14 @@ local function step_once(r, step)
     -- ranks' communication (sync=shadow: the rest is copying the snapshot and applying the average)
     local t_sync, t_wait = nv.clock(), 0
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
-      gnorm = opt:reduce_clip(c.clip)
+      local norm = opt:reduce_clip(c.clip)
       t_sync = nv.clock() - t_sync
-      flags = core.nonfinite_take(opt.flags_tensor or model.grad_buffer) | (r.carry_flags or 0) -- (a copy after the norm's: nothing queued)
+      if type(norm) == "table" then -- shard=grads|full: the norm on the device, read with its flags in one copy
+        gnorm, flags = norm:value(), norm:nonfinite() | (r.carry_flags or 0)
+      else
+        gnorm = norm
+        flags = core.nonfinite_take(opt.flags_tensor or model.grad_buffer) | (r.carry_flags or 0) -- (a copy after the norm's: nothing queued)
+      end
     else
       if buckets then dist.wait_all()
       elseif world > 1 and not shadow then dist.all_reduce(model.grad_buffer, "avg") end

@@ -318,6 +318,16 @@ static nvl_status grad_norm_multi(nvl_kctx *ctx, int64_t *state, const float *co
   return NVL_OK;
 }
 
+static nvl_status grad_norm_combine(nvl_kctx *ctx, int64_t *state, const int64_t *parts, int64_t count,
+                                    double max_norm) {
+  (void)ctx;
+  double ss = 0.0;
+  for (int64_t r = 0; r < count; r++) ss += nvl_norm_state_get(parts + r * NVL_NORM_STATE, NVL_NORM_SUMSQ);
+  nvl_norm_state_set(state, NVL_NORM_SUMSQ, ss);
+  nvl_norm_state_set(state, NVL_NORM_CLIP, nvl_clip_factor(ss, max_norm));
+  return NVL_OK;
+}
+
 /* ---- the reference table's layer kernels ----------------------------------------------------- */
 
 static nvl_status block_sqerr(nvl_kctx *ctx, float *out, const float *a, const float *b, int64_t rows, int64_t K,
@@ -353,5 +363,6 @@ const nvl_layer_kernels nvl_layers_ref = {
   .attention_backward = nvl_attention_backward_ref,
   .adamw_multi = adamw_multi,
   .grad_norm_multi = grad_norm_multi,
+  .grad_norm_combine = grad_norm_combine,
   .nonfinite_take = nonfinite_take,
 };

@@ -234,36 +234,41 @@ nvl_status nvl_arange_ref(nvl_kctx *ctx, nvl_tensor *t, double start, double ste
   return NVL_OK;
 }
 
-static void uniform(nvl_tensor *t, uint64_t seed, uint64_t offset) {
+/* element e of a call: uniform from word e % 4 of group e / 4; normal from words 2 (e % 2), +1 of
+ * group e / 2 (Box-Muller, one value per pair). t holds elements first, first + 1, ... */
+static void uniform(nvl_tensor *t, uint64_t seed, uint64_t offset, uint64_t first) {
   const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
   const int bits = tt->significand_bits; /* k random bits * 2^-k: exact in the dtype, < 1 */
   char *p = nvl_tensor_data(t);
   int64_t n = nvl_tensor_numel(t);
   uint32_t w[4];
   for (int64_t i = 0; i < n; i++) {
-    if (i % 4 == 0) nvl_philox_words(seed, offset, (uint64_t)(i / 4), w);
-    tt->store_f(p + i * tt->elem_size, (double)(w[i % 4] >> (32 - bits)) * ldexp(1.0, -bits));
+    uint64_t e = first + (uint64_t)i;
+    if (i == 0 || e % 4 == 0) nvl_philox_words(seed, offset, e / 4, w);
+    tt->store_f(p + i * tt->elem_size, (double)(w[e % 4] >> (32 - bits)) * ldexp(1.0, -bits));
   }
 }
 
-static void normal(nvl_tensor *t, uint64_t seed, uint64_t offset) {
+static void normal(nvl_tensor *t, uint64_t seed, uint64_t offset, uint64_t first) {
   const nvl_dtype_traits *tt = &nvl_dtypes[t->dtype];
   char *p = nvl_tensor_data(t);
   int64_t n = nvl_tensor_numel(t);
   const double two_pi = 6.283185307179586;
   uint32_t w[4];
   for (int64_t i = 0; i < n; i++) {
-    if (i % 2 == 0) nvl_philox_words(seed, offset, (uint64_t)(i / 2), w);
-    int j = 2 * (int)(i % 2);
+    uint64_t e = first + (uint64_t)i;
+    if (i == 0 || e % 2 == 0) nvl_philox_words(seed, offset, e / 2, w);
+    int j = 2 * (int)(e % 2);
     double u1 = ((double)(w[j] >> 8) + 1.0) * (1.0 / 16777216.0); /* (0, 1] */
     double u2 = (double)(w[j + 1] >> 8) * (1.0 / 16777216.0);      /* [0, 1) */
     tt->store_f(p + i * tt->elem_size, sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
   }
 }
 
-nvl_status nvl_random_ref(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t offset, int is_normal) {
-  if (is_normal) normal(t, seed, offset);
-  else uniform(t, seed, offset);
+nvl_status nvl_random_ref(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t offset, uint64_t first,
+                          int is_normal) {
+  if (is_normal) normal(t, seed, offset, first);
+  else uniform(t, seed, offset, first);
   return NVL_OK;
 }
 

@@ -35,7 +35,7 @@ nvl_status nvl_arange_ref(nvl_kctx *ctx, nvl_tensor *t, double start, double ste
  * of group i/4, its top p bits times 2^-p with p the dtype's significand bits (f32 24, bf16 8),
  * so every value is exact and below 1; normal uses group i/2, Box-Muller on words 2(i%2),
  * 2(i%2)+1. */
-nvl_status nvl_random_ref(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t offset, int normal);
+nvl_status nvl_random_ref(nvl_kctx *ctx, nvl_tensor *t, uint64_t seed, uint64_t offset, uint64_t first, int normal);
 /* *result = 1 if |a-b| <= atol + rtol*|b| everywhere (a, b expanded to one shape). */
 nvl_status nvl_allclose_ref(nvl_kctx *ctx, int *result, const nvl_tensor *a, const nvl_tensor *b, double rtol,
                             double atol, int equal_nan);
