@@ -104,8 +104,8 @@ local recompute = c.recompute
 local rec = train.recipe(c)
 if shard ~= "auto" then plan.check_world(mc, c.gpus, shard) end
 if shard ~= "auto" and c.gpus == 1 and (shard == "grads" or shard == "full") then
-  user_error(string.format("config: shard=%s shards over ranks; with gpus=1 give shard=none or optimizer (or " ..
-    "gpus >= 2 and dist=true)", shard), 0)
+  user_error(string.format("config: shard=%s with gpus=1: grads and full shard over ranks; give gpus >= 2 (a run: " ..
+    "dist=true on that many ranks) or shard=none|optimizer", shard), 0)
 end
 local popts = {gpus = c.gpus, device = device, grad_accum = c.grad_accum,
   reshard_after_forward = c.reshard_after_forward ~= false}

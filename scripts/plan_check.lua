@@ -4,7 +4,7 @@
 --   build/nvlua scripts/plan_check.lua data=<text file> hidden=512 ffn=1792 vocab=8192 layers=2 seq=512 batch=2
 --   mpirun --oversubscribe -np 4 build/nvlua scripts/plan_check.lua dist=true shard_optimizer=true data=... ...
 -- Arguments are train's keys (train.schema; a one-step run: steps=1, nothing saved, evaluated, sampled
--- or plotted unless given) plus plan_gather (f32 | quantized: what a shard=full run gathers; nvlua.shard
+-- or plotted unless given; out defaults to /tmp/nvlua_plan_check, overwritten) plus plan_gather (f32 | quantized: what a shard=full run gathers; nvlua.shard
 -- gathers f32 until the quantized all-gather is wired) and plan_overlap (false: one unit's gathers and
 -- gradients at a time, as nvlua.shard's blocking collectives; true: the contract's prefetch). Each rank
 -- prints one line "RESULT <rank> <measured bytes> <planned bytes> <phase>"; rank 0 then a summary
@@ -16,7 +16,7 @@ local plan = require "nvlua.plan"
 local config = require "nvlua.config"
 
 local c = config.parse(train.schema, arg, {steps = 1, save = false, eval_every = 0, sample_tokens = 0, plot = false,
-  quiet = true, warmup = 0, out = os.tmpname() .. ".plan_check",
+  quiet = true, warmup = 0, out = "/tmp/nvlua_plan_check", overwrite = true,
   plan_gather = config.str("f32", {one_of = {"f32", "quantized"}}), plan_overlap = config.bool(false)})
 collectgarbage()
 collectgarbage()

@@ -454,7 +454,7 @@ function plan.memory(c, r, B, T, opts)
   end
   local full = o.shard == "full"
 
-  -- the phases of the backward: {name, acts, copies, grads in flight, scratch}
+  -- the phases of the backward: {name, acts, copies, grads (in flight; then with the shards), scratch, total}
   local function scratch(phase_emul, attention, all_plain, widest)
     if o.device == "cpu" then -- the decode of a quantized GEMM's operands, or a plain f32 wgrad's product
       return all_plain and 4 * widest or 4 * (math.min(2 ^ 22, V * C) + N * math.max(C, F))
@@ -525,10 +525,11 @@ function plan.memory(c, r, B, T, opts)
   end
   local best
   for _, ph in ipairs(phases) do
-    ph.total = W + Gs + ph.grads + O + ph.acts + ph.copies + ph.scratch
+    ph.grads = Gs + ph.grads -- the shards (or whole buffer) and the whole gradients in flight
+    ph.total = W + ph.grads + O + ph.acts + ph.copies + ph.scratch
     if not best or ph.total > best.total then best = ph end
   end
-  return {weights = W, grads = Gs + best.grads, optimizer = O, activations = best.acts, weight_copies = best.copies,
+  return {weights = W, grads = best.grads, optimizer = O, activations = best.acts, weight_copies = best.copies,
     transient = best.scratch, total = best.total, phase = best.name, gpus = G, shard = o.shard, recompute = o.recompute,
     device = o.device, phases = phases}
 end
