@@ -95,9 +95,12 @@ plan.RECOMPUTES = {"none", "selective", "block"}
 
 --- plan.ORDER: the configurations plan.fit tries, cheapest first. Sharding comes before recompute:
 -- "optimizer" and "grads" send the bytes of plain data parallelism's all-reduce (a reduce-scatter
--- and an all-gather), "full" adds the weight all-gathers, which prefetching overlaps with compute;
--- recompute costs compute on every step whatever the interconnect ("selective" re-runs the norms
--- and SwiGLU, elementwise; "block" a second forward of every block, about a third more FLOPs).
+-- and an all-gather), "full" about as many (its weight gathers, twice a step in the compute's form,
+-- replace the all-gather of f32 weights: as many bytes in bf16, fewer quantized; plan.comm) but in
+-- one collective per unit on the way of every block's forward and backward, hidden only by
+-- prefetching; recompute costs compute on every step whatever the interconnect ("selective" re-runs
+-- the norms and SwiGLU, elementwise; "block" a second forward of every block, about a third more
+-- FLOPs).
 plan.ORDER = {}
 for _, rc in ipairs(plan.RECOMPUTES) do
   for _, sh in ipairs(plan.SHARDS) do plan.ORDER[#plan.ORDER + 1] = {shard = sh, recompute = rc} end
