@@ -267,6 +267,8 @@ T.case("bad options to the plan name the option", function()
   T.raises(function() plan.comm(L8B, r, 1, 8192, {device = "tpu"}) end, "plan.comm: option device must be one of cpu, cuda")
   T.raises(function() plan.check_world(L8B, 1025, "full") end,
     "config: gpus=1025 is more than the 1024 rows of self_attn.k_proj.weight")
+  T.raises(function() plan.memory(L8B, r, 1, 8192, {gpus = 2000, shard = "grads"}) end,
+    "config: gpus=2000 is more than the 1024 rows of self_attn.k_proj.weight: shard=grads")
   plan.check_world(L8B, 1024, "full")
   plan.check_world(L8B, 5000, "optimizer") -- ZeRO-1 cuts the flat space, not rows
   local tied = {}

@@ -5,13 +5,14 @@
 --
 -- plan.memory(c, r, B, T [, opts]) models what nvlua allocates on one rank of `gpus` (batch B of
 -- sequence T per rank) with shard = none | optimizer | grads | full (ZeRO-0/1/2/3) and recompute =
--- none | block | selective. The peak is the largest of the backward's phases — the loss and LM head
--- (every activation saved), each block's backward (the activations of the blocks below it, the
--- working set of this one), the embedding's backward (every weight copy made) — and the columns are
--- that phase's:
+-- none | block | selective. The peak is the largest of the step's phases — the cross-entropy and the
+-- LM head's backward (every activation saved), each block's backward at its MLP (the activations of
+-- the blocks below it, the working set of this one), the embedding's backward (every weight copy
+-- made), and with shard=full the embedding's forward (its f32 weight gathered) — and the columns are
+-- that phase's (m.phases lists them all):
 --   weights     fp32 master weights: 4 bytes/param; "full": this rank's rows only (below)
 --   grads       fp32 gradients: 4 bytes/param (one flat buffer); "optimizer": + the reduce-scattered
---               shard ShardedAdamW keeps (4 P/N; the contract's 4P + 4P + 8P/N omits it); "grads" and
+--               shard ShardedAdamW keeps (4 P/N; issue 30's 4P + 4P + 8P/N omits it); "grads" and
 --               "full": this rank's rows, plus the whole (padded) gradients of the unit being
 --               back-propagated and, with overlap, of the one whose reduce-scatter is in flight
 --   adamw       m and v: 8 bytes/param; sharded (optimizer, grads, full): this rank's rows / shard
@@ -28,8 +29,11 @@
 --               back-propagated, all of them again; selective drops the two norm outputs and
 --               SwiGLU's product (the three linear inputs above) and remakes one block's. At the
 --               loss: the last block's output (C), the final norm's output and its gradient (2C),
---               and the logits and their gradient of min(tokens, 2^27 / V) tokens (8 bytes a logit;
---               every token where the head is not chunkable). In a block's backward, its working
+--               and a chunk of min(tokens, 2^27 / V) tokens' logits (every token where the head is
+--               not chunkable): at the cross-entropy the logits, their f32 gradient and, bf16
+--               logits, their f32 widening (10 bytes a logit; f32: 8); in the head's backward the
+--               logits, their gradient, its wgrad copy and the chunk's input gradient (n x C). In a
+--               block's backward, its working
 --               set: the incoming gradient (C), SwiGLU's input gradients and down_proj's (3F, less
 --               the freed product F), and the quantized copies of the widest gradient (F).
 --   w copies    the quantized (or bf16) weight copies the GEMMs read. The weight cache
@@ -47,7 +51,8 @@
 --               nvlua.shard gathers until the quantized all-gather is wired) gathers f32 and the
 --               unit's copies are made from it.
 --   transient   scratch of the phase's largest operation. CPU: the emulated GEMM's decode (B in
---               chunks of 4M floats, A whole: tokens x max(C, F) floats). CUDA: the cuBLASLt
+--               chunks of 4M floats, A whole: tokens x max(C, F) floats), or where every GEMM is a
+--               plain f32 one (recipe f32) the product of the widest wgrad. CUDA: the cuBLASLt
 --               workspace (32 MiB) plus the larger of an emulated GEMM's bf16 operand copies (on
 --               Hopper every GEMM with nvfp4 / mx operands is emulated: 2 bytes x (M·K + N·K)) and
 --               the attention backward's f32 dq accumulator and row sums (cuDNN); plus an allowance of
@@ -429,7 +434,7 @@ end
 -- "f32", overlap = true} (the header says what each models).
 function plan.memory(c, r, B, T, opts)
   local o = options(opts, "plan.memory")
-  if c.tie_word_embeddings and (o.shard == "grads" or o.shard == "full") then plan.check_world(c, o.gpus, o.shard) end
+  plan.check_world(c, o.gpus, o.shard) -- shard=grads|full: a row range of every parameter per rank, no tied head
   local _, hd = cfg_of(c)
   local C, L, F, V = c.hidden_size, c.num_hidden_layers, c.intermediate_size, c.vocab_size
   local N, G = B * T, o.gpus
