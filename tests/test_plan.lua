@@ -167,6 +167,9 @@ T.case("weight copies by hand (8B, bf16, one GPU), and the two copies a weight h
   local m = plan.memory(L8B, recipe.bf16(), 1, 8192, {device = "cuda"})
   T.eq(phase(m, "the loss (cross-entropy)").copies, 2 * 32 * lin + 2 * 2 * V * C)
   T.eq(phase(m, "the embedding's backward").copies, 2 * 2 * 32 * lin + 2 * 2 * V * C)
+  -- two micro-batches: the second's forward finds the first's dgrad copies still cached (one quantization a step)
+  m = plan.memory(L8B, recipe.bf16(), 1, 8192, {device = "cuda", grad_accum = 2})
+  T.eq(phase(m, "the loss (cross-entropy)").copies, 2 * 2 * 32 * lin + 2 * 2 * V * C, "grad_accum=2")
   -- shard=full, 8 GPUs: in block 20's backward (an nvfp4 block) its gathered nvfp4 weights (0.5625 B), its dgrad
   -- copy, f32 norm weights, and block 19's prefetched
   local f = plan.memory(L8B, recipe.nvfp4(), 1, 8192, {gpus = 8, shard = "full", device = "cuda"})
@@ -387,8 +390,15 @@ T.case("the 8B experiment's plan=true per GPU: memory, communication, fits and t
   T.ok(r.out:find("plan: nothing (shard none|optimizer|grads|full, recompute none|selective|block) fits gpu_memory=80GB " ..
     "(74.51 GiB) on each of 1 GPU with batch=1 x seq=8192 under recipe nvfp4; the fewest GPUs that fit: 2, with " ..
     "shard=full recompute=block", 1, true), r.out)
-  r = T.run_nvlua(EXP .. " plan=true gpus=8")
-  T.ok(r.out:find("plan: shard=full recompute=none fits gpu_memory=80GB (74.51 GiB) on each of 8 GPUs", 1, true), r.out)
+  -- under a launcher of 8 ranks (mpirun -np 8 ... dist=true) gpus defaults to 8; rank 0 says what fits, the others
+  -- print nothing of the plan
+  local env = {OMPI_COMM_WORLD_SIZE = "8", OMPI_COMM_WORLD_RANK = "0"}
+  r = T.run_nvlua(EXP .. " plan=true", {env = env})
+  T.ok(r.out:find("plan: shard=full recompute=none fits gpu_memory=80GB (74.51 GiB) on each of 8 GPUs: 55.7", 1, true),
+    r.out)
+  env.OMPI_COMM_WORLD_RANK = "3"
+  r = T.run_nvlua(EXP .. " plan=true", {env = env})
+  T.eq({r.code, r.out:find("plan:", 1, true)}, {0, nil}, r.out)
 end)
 
 T.case("the 8B experiment refuses bad plan keys by name, before anything is allocated", function()
