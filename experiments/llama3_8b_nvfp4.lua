@@ -17,8 +17,9 @@
 --       trains one full-width 8B block on the CPU (about 21 GiB); prints the peak memory beside
 --       the plan's prediction
 --   data=shards:<dir> vocab=128256 trains on pre-tokenized shards (scripts/make_shards.lua)
--- Keys of this experiment: plan, gpus (the GPUs the plan is for; default the launcher's ranks, 1
--- without one; a run must have that many), gpu_memory (what each GPU has: 80GB, 80GiB, 141GB, a number
+-- Keys of this experiment: plan (implies dist=true: a data-parallel run is planned, nothing started),
+-- gpus (the GPUs the plan is for; default the launcher's ranks, 1 without one; a run must have that
+-- many; the plan refuses shard=grads|full on one), gpu_memory (what each GPU has: 80GB, 80GiB, 141GB, a number
 -- of bytes; auto: this GPU's, with device=cuda), and shard / recompute as train's keys plus "auto".
 -- Where this nvlua's train has no shard or recompute key (they came with issue 30), auto chooses among
 -- what it has: shard none or optimizer (shard_optimizer=true), recompute none.
@@ -62,7 +63,16 @@ local defaults = {
   shard = config.str("auto", {one_of = with_auto(plan.SHARDS), doc = "auto: the first of plan.ORDER that fits gpu_memory"}),
   recompute = config.str("auto", {one_of = with_auto(plan.RECOMPUTES), doc = "auto: the first of plan.ORDER that fits"}),
 }
-local c = config.parse(train.schema, arg, defaults)
+-- plan=true plans a data-parallel run: dist=true is implied (nothing is started), so that train's checks of
+-- sharding keys (shard=full needs dist=true) hold for what is planned
+local args, planning, dist_given = {}, false, false
+for i, a in ipairs(arg or {}) do
+  args[i] = a
+  planning = planning or a == "plan=true" or a == "plan=1"
+  dist_given = dist_given or tostring(a):match("^dist=") ~= nil
+end
+if planning and not dist_given then args[#args + 1] = "dist=true" end
+local c = config.parse(train.schema, args, defaults)
 local user_error = require("nvlua.util").user_error
 -- plan=true plans for GPUs (the CUDA backend's allocations) unless device= is given; a run plans for its device
 local device_given = false
@@ -103,9 +113,9 @@ if shard == "auto" and c.shard_optimizer then shard = "optimizer" end
 local recompute = c.recompute
 local rec = train.recipe(c)
 if shard ~= "auto" then plan.check_world(mc, c.gpus, shard) end
-if shard ~= "auto" and c.gpus == 1 and (shard == "grads" or shard == "full") then
-  user_error(string.format("config: shard=%s with gpus=1: grads and full shard over ranks; give gpus >= 2 (a run: " ..
-    "dist=true on that many ranks) or shard=none|optimizer", shard), 0)
+if c.plan and shard ~= "auto" and c.gpus == 1 and (shard == "grads" or shard == "full") then
+  user_error(string.format("config: shard=%s with gpus=1: the plan shards grads and full over ranks and one GPU has " ..
+    "nothing to share them with; give gpus >= 2 or shard=none|optimizer", shard), 0)
 end
 local popts = {gpus = c.gpus, device = device, grad_accum = c.grad_accum,
   reshard_after_forward = c.reshard_after_forward ~= false}

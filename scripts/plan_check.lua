@@ -5,8 +5,9 @@
 --   mpirun --oversubscribe -np 4 build/nvlua scripts/plan_check.lua dist=true shard_optimizer=true data=... ...
 -- Arguments are train's keys (train.schema; a one-step run: steps=1, nothing saved, evaluated, sampled
 -- or plotted unless given; out defaults to /tmp/nvlua_plan_check, overwritten) plus plan_gather (f32 | quantized: what a shard=full run gathers; nvlua.shard
--- gathers f32 until the quantized all-gather is wired) and plan_overlap (false: one unit's gathers and
--- gradients at a time, as nvlua.shard's blocking collectives; true: the contract's prefetch). Each rank
+-- gathers f32 until the quantized all-gather is wired) and plan_overlap (true: the next unit's gather
+-- prefetched and a gradient reduce-scatter in flight, as nvlua.shard and issue 30 do; false: one unit
+-- at a time, blocking collectives). Each rank
 -- prints one line "RESULT <rank> <measured bytes> <planned bytes> <phase>"; rank 0 then a summary
 -- line. The measured peak includes the data set's tokens and the batch (small beside the model).
 -- Not a test by itself: tests/test_plan.lua runs it under mpirun and holds the lines to 5%.
@@ -17,7 +18,7 @@ local config = require "nvlua.config"
 
 local c = config.parse(train.schema, arg, {steps = 1, save = false, eval_every = 0, sample_tokens = 0, plot = false,
   quiet = true, warmup = 0, out = "/tmp/nvlua_plan_check", overwrite = true,
-  plan_gather = config.str("f32", {one_of = {"f32", "quantized"}}), plan_overlap = config.bool(false)})
+  plan_gather = config.str("f32", {one_of = {"f32", "quantized"}}), plan_overlap = config.bool(true)})
 collectgarbage()
 collectgarbage()
 local dev = c.device

@@ -31,8 +31,8 @@
 --               loss: the last block's output (C), the final norm's output and its gradient (2C),
 --               and a chunk of min(tokens, 2^27 / V) tokens' logits (every token where the head is
 --               not chunkable): at the cross-entropy the logits, their f32 gradient and, bf16
---               logits, their f32 widening (10 bytes a logit; f32: 8); in the head's backward the
---               logits, their gradient, its wgrad copy and the chunk's input gradient (n x C). In a
+--               logits, their f32 widening (10 bytes a logit; f32: 8); in the head's backward their
+--               gradient (in the logits' place), its wgrad copy and the chunk's input gradient. In a
 --               block's backward, its working
 --               set: the incoming gradient (C), SwiGLU's input gradients and down_proj's (3F, less
 --               the freed product F), and the quantized copies of the widest gradient (F).
@@ -306,7 +306,8 @@ end
 -- Per linear of block b (1-based; nil: the LM head) under recipe r: {params, rows, fprop, dgrad,
 -- wgrad, copy_f, copy_d (bytes of the fprop / dgrad weight copies), cache_f, cache_d, keep_f (an
 -- uncached fprop copy kept for dgrad), pair (bytes per element of the wgrad copy of x kept instead
--- of x, or nil), emul (emulated on Hopper)}
+-- of x, or nil), emul (emulated on Hopper), plain (every GEMM f32 x f32), dy_bytes (the copies of its
+-- incoming gradient, bytes an element), gemm_specs (its backward's GEMMs, for their scratch)}
 local function linear_info(c, r, b, l, name, gpus)
   local ctx = {name = name, block = b and b - 1, num_blocks = c.num_hidden_layers, high_precision = b == nil, step = 0}
   local gf, gd, gw = r:gemm(ctx, "fprop"), r:gemm(ctx, "dgrad"), r:gemm(ctx, "wgrad")
@@ -326,6 +327,19 @@ local function linear_info(c, r, b, l, name, gpus)
   -- none for a plain GEMM; a bf16 gradient is its own row copy
   i.dy_bytes = (plain(gd) or gd.a.format == r.act_dtype) and 0 or bytes_of(gd.a)
   i.dy_bytes = i.dy_bytes + (plain(gw) and 0 or bytes_of(gw.a))
+  -- on the CPU a column-wise (wgrad) quantization of a bf16 activation goes through its transpose
+  -- (2 bytes an element) and, with the RHT, the transform's f32 (4 more): x's where the forward did not
+  -- pair it (then it is made in the backward), dy's where dgrad's and wgrad's copies do not pair
+  local function col_temp(spec) return formats.traits[spec.format].quantized and 2 + (spec.rht and 4 or 0) or 0 end
+  i.x_col = (plain(gw) or i.pair) and 0 or bytes_of(gw.b) + col_temp(gw.b)
+  local dy_pairs = gpus == 1 and not plain(gd) and not plain(gw) and not gd.b.sr and type(r._pairable) == "function" and
+    r:_pairable(gd.a, gw.a)
+  i.dy_col_temp = (plain(gw) or dy_pairs) and 0 or col_temp(gw.a)
+  -- the backward's GEMMs, (M, N, K, A is bf16, B is bf16, f32 accumulate) as nvl_qgemm sees them:
+  -- dgrad dX (T, in) = dY (T, out) · Wᵀ; wgrad dW (out, in) += dYᵀ (out, T) · Xᵀ (in, T) (T filled in
+  -- by the caller, per token count)
+  i.out_features, i.in_features = l.rows, l.cols
+  i.gemm_specs = {{gd, false}, {gw, true}}
   return i
 end
 
@@ -357,11 +371,20 @@ local function block_model(c, r, b, N, ab, o)
   if o.recompute == "none" then m.saved = m.full
   elseif o.recompute == "selective" then m.saved = m.full - m.selective
   else m.saved = m.input end
-  -- the block's backward working set: incoming gradient, SwiGLU's gradients (dh, dg, du) less the
-  -- freed product, the quantized copies of the widest gradient
-  local dy = 0
-  for k = 5, 7 do dy = math.max(dy, lin[k].dy_bytes) end
-  m.work = N * (C * ab + 2 * F * ab + F * dy)
+  -- the MLP's backward, the block's largest working set, in its three steps beyond what the block
+  -- saved: {acts, the dgrad copies made so far (of this block), the GEMMs running}. The incoming
+  -- gradient (C) throughout; down_proj's: its output dh (F) and the copies of dy; SwiGLU's: dh, dg, du
+  -- (3F) with down_proj's input (site a) freed; gate_proj's: dg, du, the copies of dg and its output
+  -- (C), site a freed
+  local down, gate = lin[7], lin[5]
+  local cpu = o.device == "cpu"
+  m.mlp = {
+    {acts = N * (C * ab + F * ab + C * down.dy_bytes + math.max(cpu and C * down.dy_col_temp or 0, cpu and F * down.x_col or
+      F * (down.x_col > 0 and bytes_of(down.wgrad.b) or 0))), copies = down.cache_d and down.copy_d or 0, gemms = {down}},
+    {acts = N * (C * ab + 3 * F * ab) - N * s_a, copies = down.cache_d and down.copy_d or 0, gemms = {}},
+    {acts = N * (2 * C * ab + 2 * F * ab + F * gate.dy_bytes + (cpu and F * gate.dy_col_temp or 0)) - N * s_a,
+      copies = (down.cache_d and down.copy_d or 0) + (gate.cache_d and gate.copy_d or 0), gemms = {gate}},
+  }
   -- weight copies (whole weights: shard ~= full), by when they exist
   m.copy_f_cached, m.copy_d_cached, m.copy_f_kept, m.copy_transient = 0, 0, 0, 0
   m.emul, m.plain = false, true
@@ -373,14 +396,17 @@ local function block_model(c, r, b, N, ab, o)
     if i.keep_f then m.copy_f_kept = m.copy_f_kept + i.copy_f end
     m.emul = m.emul or i.emul
   end
-  -- gathered (shard = full): the forward's form of each weight (f32 where nothing quantizes it),
-  -- the norms f32; in the backward also the dgrad copies
-  m.gather_f, m.gather_d, m.gather_bf16 = 8 * C, 0, 8 * C
+  -- gathered (shard = full): what the all-gather brings (m.gather: the forward's form of each weight,
+  -- f32 where nothing quantizes it, or f32 with gather = "f32"; the norms f32), what the unit holds in
+  -- use (m.gather_f: with gather = "f32" also the fprop copies made from it) and in its backward also
+  -- (m.gather_d) the dgrad copies
+  m.gather, m.gather_f, m.gather_d, m.gather_bf16 = 8 * C, 8 * C, 0, 8 * C
   m.gather_quantized, m.gather_quantized_bf16 = 0, 0
   for _, i in ipairs(lin) do
     local f = o.gather == "f32" and 4 * i.params or (i.copy_f > 0 and i.copy_f or 4 * i.params)
-    m.gather_f = m.gather_f + f
-    m.gather_d = m.gather_d + i.copy_d + (o.gather == "f32" and i.copy_f or 0)
+    m.gather = m.gather + f
+    m.gather_f = m.gather_f + f + (o.gather == "f32" and i.copy_f or 0)
+    m.gather_d = m.gather_d + i.copy_d
     m.gather_bf16 = m.gather_bf16 + 2 * i.params
     if formats.traits[i.fprop.b.format].quantized then
       m.gather_quantized, m.gather_quantized_bf16 = m.gather_quantized + f, m.gather_quantized_bf16 + 2 * i.params
@@ -390,8 +416,6 @@ local function block_model(c, r, b, N, ab, o)
   for _, i in ipairs(lin) do
     if formats.traits[i.fprop.b.format].global_amax then m.quantized_weights = m.quantized_weights + 1 end
   end
-  -- in the MLP's backward (the block's largest working set) only down_proj's dgrad copy is made yet
-  m.copy_d_down = lin[7].cache_d and lin[7].copy_d or 0
   m.lin = lin
   return m
 end
@@ -408,14 +432,15 @@ local function head_model(c, r, N, ab, o)
   local ctx = {name = "lm_head", num_blocks = c.num_hidden_layers, high_precision = true, step = 0}
   local chunk = r:head_chunkable(ctx) and math.max(1, require("nvlua.recipe").LOSS_CHUNK_ELEMS // V) or N
   -- a chunk's logits (act_dtype) with, at the cross-entropy's peak, its f32 gradient and (bf16 logits)
-  -- their f32 widening; in the head's backward the logits, their gradient (act_dtype), its wgrad
-  -- copy and the chunk's input gradient (n x C)
+  -- their f32 widening; in the head's backward their gradient (act_dtype, where the logits were), its
+  -- wgrad copy and the chunk's input gradient (n x C)
   local n = math.min(N, chunk)
-  h.chunks = (N + n - 1) // n
+  h.rows, h.chunks = n, (N + n - 1) // n
   h.ce = n * V * (ab + (ab == 2 and 8 or 4))
-  h.bwd = n * V * (2 * ab + (plain(i.wgrad) and 0 or bytes_of(i.wgrad.a))) + n * C * ab
-  h.gather_f = 4 * C + (o.gather == "f32" and 4 * V * C or (i.copy_f > 0 and i.copy_f or 4 * V * C))
-  h.gather_d = i.copy_d + (o.gather == "f32" and i.copy_f or 0)
+  h.bwd = n * V * (ab + (plain(i.wgrad) and 0 or bytes_of(i.wgrad.a))) + n * C * ab
+  h.gather = 4 * C + (o.gather == "f32" and 4 * V * C or (i.copy_f > 0 and i.copy_f or 4 * V * C))
+  h.gather_f = h.gather + (o.gather == "f32" and i.copy_f or 0)
+  h.gather_d = i.copy_d
   h.gather_bf16 = 4 * C + 2 * V * C
   h.emul, h.plain = i.emul, i.plain
   return h
@@ -425,6 +450,42 @@ local function sum(t, a, b, f)
   local s = 0
   for k = a, b do s = s + f(t[k]) end
   return s
+end
+
+-- The scratch one linear's backward GEMMs take on a device, the larger of its dgrad's and wgrad's
+-- (N tokens): CPU (kernels/cpu/qentry_cpu.c qgemm_into): A decoded whole and B in chunks of
+-- min(N, 2^22 / K) rows, 2 bytes an element on the bf16 path (oneDNN, where core.gemm_bf16 says it
+-- is ready; a bf16 operand is read in place) or 4 on sgemm's, and where the product is accumulated or
+-- rounded by hand, an f32 staging of M x chunk (<= 16 MiB); a plain f32 GEMM (recipe f32), its f32
+-- product. CUDA (kernels/cuda/gemm.cu): the cuBLASLt workspace, and where Hopper has no native GEMM
+-- for the formats both operands as bf16 copies.
+local function gemm_scratch(device)
+  local bf16_path = device == "cpu" and select(2, require("nvlua.core").gemm_bf16())
+  return function(i, N)
+    local worst = 0
+    for _, gs in ipairs(i.gemm_specs) do
+      local g, wgrad = gs[1], gs[2]
+      local M, Nn, K -- A (M, K), B (Nn, K)
+      if wgrad then M, Nn, K = i.out_features, i.in_features, N else M, Nn, K = N, i.in_features, i.out_features end
+      local t
+      if device == "cuda" then
+        t = plan.CUBLASLT_WORKSPACE + (emulated_on_hopper(g) and 2 * (M * K + Nn * K) or 0)
+      elseif plain(g) then
+        t = wgrad and 4 * M * Nn or 0 -- dW += the product
+      else
+        local eb = bf16_path and 2 or 4
+        local staged = wgrad or not bf16_path
+        local chunk = (1 << 22) // math.max(K, 1)
+        if staged then chunk = math.min(chunk, (1 << 22) // math.max(M, 1)) end
+        chunk = math.min(math.max(chunk, 64), Nn)
+        local a_direct = bf16_path and g.a.format == "bf16"
+        local b_direct = bf16_path and g.b.format == "bf16"
+        t = (a_direct and 0 or M * K * eb) + (b_direct and 0 or chunk * K * eb) + (staged and 4 * M * chunk or 0)
+      end
+      worst = math.max(worst, t)
+    end
+    return worst
+  end
 end
 
 --- Memory in bytes per component of one rank training batch B x sequence T (per rank) under
@@ -463,14 +524,13 @@ function plan.memory(c, r, B, T, opts)
   local full = o.shard == "full"
 
   -- the phases of the backward: {name, acts, copies, grads (in flight; then with the shards), scratch, total}
-  local function scratch(phase_emul, attention, all_plain, widest)
-    if o.device == "cpu" then -- the decode of a quantized GEMM's operands, or a plain f32 wgrad's product
-      return all_plain and 4 * widest or 4 * (math.min(2 ^ 22, V * C) + N * math.max(C, F))
-    end
-    local t = plan.CUBLASLT_WORKSPACE + plan.CUDA_OUTSIDE
-    local gemm = phase_emul and 2 * (N * F + math.max(C * F, N * C)) or 0
+  local scratch_of = gemm_scratch(o.device)
+  local function scratch(gemms, attention, tokens)
+    local t = 0
+    for _, i in ipairs(gemms) do t = math.max(t, scratch_of(i, tokens or N)) end
+    if o.device == "cpu" then return t end
     local att = attention and N * (c.num_attention_heads + c.num_attention_heads * hd) * 4 or 0
-    return t + math.max(gemm, att)
+    return plan.CUDA_OUTSIDE + math.max(t, att)
   end
   local all_f = sum(blocks, 1, L, function(m) return m.copy_f_cached end) + head.copy_f_cached
   local all_d = sum(blocks, 1, L, function(m) return m.copy_d_cached end) + head.copy_d_cached
@@ -484,40 +544,47 @@ function plan.memory(c, r, B, T, opts)
   -- chunk's backward made it), and in the head's backward
   for _, part in ipairs({"ce", "bwd"}) do
     local copies
-    local head_d = (part == "bwd" or head.chunks > 1)
+    -- what the head's backward brings: its dgrad copy, its whole gradients, the last block's prefetch
+    local after_bwd = (part == "bwd" or head.chunks > 1)
     if full then
-      copies = head.gather_f + (head_d and head.gather_d or 0)
+      copies = head.gather_f + (after_bwd and head.gather_d or 0)
       if not o.reshard_after_forward then copies = copies + sum(blocks, 1, L, function(m) return m.gather_f end)
-      elseif o.overlap and L > 0 then copies = copies + blocks[L].gather_f end -- block L's, prefetched
+      elseif o.overlap and L > 0 and after_bwd then copies = copies + blocks[L].gather end -- block L's, prefetched
     else
-      copies = all_f + kept_f + math.max(head_d and head.copy_d_cached or 0, accum_d)
+      copies = all_f + kept_f + math.max(after_bwd and head.copy_d_cached or 0, accum_d)
     end
     phases[#phases + 1] = {name = part == "ce" and "the loss (cross-entropy)" or "the LM head's backward",
-      acts = saved_all + final + 2 * N * C * ab + head[part], copies = copies, grads = unit_grad and unit_grad.head or 0,
-      scratch = part == "ce" and (o.device == "cpu" and 0 or plan.CUDA_OUTSIDE) or scratch(head.emul, false, head.plain, V * C)}
+      acts = saved_all + final + 2 * N * C * ab + head[part], copies = copies,
+      grads = unit_grad and after_bwd and unit_grad.head or 0,
+      scratch = part == "ce" and (o.device == "cpu" and 0 or plan.CUDA_OUTSIDE) or scratch({head.info}, false, head.rows)}
   end
-  -- block i's backward, at its MLP's (the blocks above it done: their dgrad copies made)
+  -- block i's backward, at the largest step of its MLP's (the blocks above it done: their dgrad
+  -- copies made)
   local below = saved_all
   for i = L, 1, -1 do
     local m = blocks[i]
     below = below - m.saved
-    local acts = below + m.full + m.work
-    local copies
-    if full then
-      copies = m.gather_f + m.gather_d
-      if not o.reshard_after_forward then copies = copies + sum(blocks, 1, i - 1, function(x) return x.gather_f end)
-      elseif o.overlap and i > 1 then copies = copies + blocks[i - 1].gather_f end
-    else
-      local d_done = sum(blocks, i + 1, L, function(x) return x.copy_d_cached end) + head.copy_d_cached + m.copy_d_down
-      copies = all_f + math.max(d_done, accum_d) + sum(blocks, 1, i, function(x) return x.copy_f_kept end) +
-        m.copy_transient
-    end
     local grads = 0
     if unit_grad then
       grads = unit_grad.block + (o.overlap and (i == L and unit_grad.head or unit_grad.block) or 0)
     end
-    phases[#phases + 1] = {name = string.format("block %d's backward", i), acts = acts, copies = copies, grads = grads,
-      scratch = scratch(m.emul, true, m.plain, F * C)}
+    local worst
+    for _, st in ipairs(m.mlp) do
+      local copies
+      if full then
+        copies = m.gather_f + m.gather_d
+        if not o.reshard_after_forward then copies = copies + sum(blocks, 1, i - 1, function(x) return x.gather_f end)
+        elseif o.overlap and i > 1 then copies = copies + blocks[i - 1].gather end
+      else
+        local d_done = sum(blocks, i + 1, L, function(x) return x.copy_d_cached end) + head.copy_d_cached + st.copies
+        copies = all_f + math.max(d_done, accum_d) + sum(blocks, 1, i, function(x) return x.copy_f_kept end) +
+          m.copy_transient
+      end
+      local ph = {name = string.format("block %d's backward", i), acts = below + m.full + st.acts, copies = copies,
+        grads = grads, scratch = scratch(st.gemms, true)}
+      if not worst or ph.acts + ph.copies + ph.scratch > worst.acts + worst.copies + worst.scratch then worst = ph end
+    end
+    phases[#phases + 1] = worst
   end
   -- the embedding's backward: every dgrad copy made
   do
@@ -529,7 +596,7 @@ function plan.memory(c, r, B, T, opts)
   -- shard = full: the embedding's forward (its f32 weight gathered, block 1's prefetched)
   if full then
     phases[#phases + 1] = {name = "the embedding's forward", acts = N * C * ab, copies = 4 * V * C +
-      (o.overlap and L > 0 and blocks[1].gather_f or 0), grads = 0, scratch = o.device == "cpu" and 0 or plan.CUDA_OUTSIDE}
+      (o.overlap and L > 0 and blocks[1].gather or 0), grads = 0, scratch = o.device == "cpu" and 0 or plan.CUDA_OUTSIDE}
   end
   local best
   for _, ph in ipairs(phases) do
@@ -579,19 +646,19 @@ function plan.comm(c, r, B, T, opts)
       local fwd, fwd16, q, q16, bwd, bwd16, amax = 0, 0, 0, 0, 0, 0, 0
       for b = 1, L do
         local m = block_model(c, r, b, N, ab, o)
-        fwd, fwd16, q, q16 = fwd + m.gather_f, fwd16 + m.gather_bf16, q + m.gather_quantized, q16 + m.gather_quantized_bf16
+        fwd, fwd16, q, q16 = fwd + m.gather, fwd16 + m.gather_bf16, q + m.gather_quantized, q16 + m.gather_quantized_bf16
         amax = amax + m.quantized_weights
         if o.reshard_after_forward then
-          bwd, bwd16 = bwd + m.gather_f, bwd16 + m.gather_bf16
+          bwd, bwd16 = bwd + m.gather, bwd16 + m.gather_bf16
           q, q16 = q + m.gather_quantized, q16 + m.gather_quantized_bf16
           amax = amax + m.quantized_weights
         end
       end
       local h = head_model(c, r, N, ab, o)
       local embed = 4 * c.vocab_size * c.hidden_size -- the embedding's forward reads f32 rows
-      fwd, fwd16 = fwd + h.gather_f + embed, fwd16 + h.gather_bf16 + embed
+      fwd, fwd16 = fwd + h.gather + embed, fwd16 + h.gather_bf16 + embed
       if formats.traits[h.info.fprop.b.format].quantized then
-        q, q16 = q + h.gather_f - 4 * c.hidden_size, q16 + h.gather_bf16 - 4 * c.hidden_size
+        q, q16 = q + h.gather - 4 * c.hidden_size, q16 + h.gather_bf16 - 4 * c.hidden_size
       end
       out.weight_gather = (fwd + bwd) * f * o.grad_accum
       out.weight_gather_bf16 = (fwd16 + bwd16) * f * o.grad_accum
