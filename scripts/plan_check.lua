@@ -5,9 +5,10 @@
 --   mpirun --oversubscribe -np 4 build/nvlua scripts/plan_check.lua dist=true shard_optimizer=true data=... ...
 -- Arguments are train's keys (train.schema; a one-step run: steps=1, nothing saved, evaluated, sampled
 -- or plotted unless given; out defaults to /tmp/nvlua_plan_check, overwritten) plus plan_gather (f32 | quantized: what a shard=full run gathers; nvlua.shard
--- gathers f32 until the quantized all-gather is wired) and plan_overlap (true: the next unit's gather
--- prefetched and a gradient reduce-scatter in flight, as nvlua.shard and issue 30 do; false: one unit
--- at a time, blocking collectives). Each rank
+-- gathers f32 until the quantized all-gather is wired), plan_prefetch (true: the next unit's gather
+-- runs beside this one, as nvlua.shard does) and plan_overlap_reduce (false: a unit's reduce-scatter
+-- ends before the next unit's backward, as nvlua.shard's blocking one; issue 30 asks for one in flight,
+-- which the plan assumes by default). Each rank
 -- prints one line "RESULT <rank> <measured bytes> <planned bytes> <phase>"; rank 0 then a summary
 -- line. The measured peak includes the data set's tokens and the batch (small beside the model).
 -- Not a test by itself: tests/test_plan.lua runs it under mpirun and holds the lines to 5%.
@@ -18,7 +19,7 @@ local config = require "nvlua.config"
 
 local c = config.parse(train.schema, arg, {steps = 1, save = false, eval_every = 0, sample_tokens = 0, plot = false,
   quiet = true, warmup = 0, out = "/tmp/nvlua_plan_check", overwrite = true,
-  plan_gather = config.str("f32", {one_of = {"f32", "quantized"}}), plan_overlap = config.bool(true)})
+  plan_gather = config.str("f32", {one_of = {"f32", "quantized"}}), plan_prefetch = config.bool(true), plan_overlap_reduce = config.bool(false)})
 collectgarbage()
 collectgarbage()
 local dev = c.device
@@ -34,7 +35,7 @@ local shard = c.shard or "none"
 if shard == "none" and c.shard_optimizer then shard = "optimizer" end
 local m = plan.memory(mc, parts.recipe, c.batch, c.seq, {gpus = parts.world, shard = shard, recompute = c.recompute or "none",
   device = dev, grad_accum = c.grad_accum, reshard_after_forward = c.reshard_after_forward ~= false,
-  gather = c.plan_gather, overlap = c.plan_overlap})
+  gather = c.plan_gather, prefetch = c.plan_prefetch, overlap_reduce = c.plan_overlap_reduce})
 local planned = m.total - (dev == "cuda" and plan.CUDA_OUTSIDE or 0) -- the allowance is outside the tensor count
 print(string.format("RESULT %d %d %d %s", parts.rank, measured, math.floor(planned + 0.5), m.phase))
 io.stdout:flush()

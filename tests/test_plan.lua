@@ -108,8 +108,8 @@ T.case("shards by hand: 8B on 3 GPUs (rows cut in chunks of ceil(ceil(rows/3)/16
   T.eq(phase(full, "block 32's backward").grads, 4 * shard + 4 * (block_pad + head_pad))
   T.eq(phase(full, "block 5's backward").grads, 4 * shard + 4 * 2 * block_pad)
   T.eq(phase(full, "the embedding's backward").grads, 4 * shard + 4 * (3 * 42752 * 4096 + block_pad))
-  T.eq(phase(plan.memory(L8B, r, 1, 8192, {gpus = 3, shard = "full", overlap = false}), "block 5's backward").grads,
-    4 * shard + 4 * block_pad, "without overlap: one unit's")
+  T.eq(phase(plan.memory(L8B, r, 1, 8192, {gpus = 3, shard = "full", overlap_reduce = false}), "block 5's backward").grads,
+    4 * shard + 4 * block_pad, "blocking reduce-scatters: one unit's")
   local grads = plan.memory(L8B, r, 1, 8192, {gpus = 3, shard = "grads"})
   T.eq(grads.weights, 4 * (3 * 42752 * 4096 + 32 * block_pad + head_pad), "grads: whole weights, padded")
   T.eq(grads.optimizer, 8 * shard, "grads: AdamW")

@@ -14,7 +14,7 @@
 --   grads       fp32 gradients: 4 bytes/param (one flat buffer); "optimizer": + the reduce-scattered
 --               shard ShardedAdamW keeps (4 P/N; issue 30's 4P + 4P + 8P/N omits it); "grads" and
 --               "full": this rank's rows, plus the whole (padded) gradients of the unit being
---               back-propagated and, with overlap, of the one whose reduce-scatter is in flight
+--               back-propagated and (overlap_reduce) of the one whose reduce-scatter is in flight
 --   adamw       m and v: 8 bytes/param; sharded (optimizer, grads, full): this rank's rows / shard
 --   activations what the forward saves for the backward, per token and block in the recipe's
 --               act_dtype (bf16: 2 bytes) unless said: the block input and the residual (2C), the
@@ -45,7 +45,7 @@
 --               scaling, SR) live from the forward to the layer's backward where dgrad reuses them.
 --               "full": the gathered weights in the form the forward reads (quantized where the
 --               recipe quantizes the weight: nvfp4 0.5625 B/param, fp8 1, mxfp8 1.03, bf16 2; f32
---               for norms and the embedding) of the unit in use and, with overlap, the prefetched
+--               for norms and the embedding) of the unit in use and (prefetch) the prefetched
 --               one; in a unit's backward also its dgrad copy; reshard_after_forward=false keeps
 --               every block's gathered weights from its forward to its backward. gather="f32" (what
 --               nvlua.shard gathers until the quantized all-gather is wired) gathers f32 and the
@@ -209,14 +209,15 @@ local function is_bool(v) if type(v) ~= "boolean" then return "must be true or f
 
 local OPTS = {gpus = is_count, shard = one_of(plan.SHARDS), recompute = one_of(plan.RECOMPUTES),
   reshard_after_forward = is_bool, device = one_of({"cpu", "cuda"}), grad_accum = is_count,
-  gather = one_of({"quantized", "f32"}), overlap = is_bool}
+  gather = one_of({"quantized", "f32"}), prefetch = is_bool, overlap_reduce = is_bool}
 
 -- opts of plan.memory / plan.comm, checked, with their defaults
 local function options(opts, fname)
   opts = util.check_opts(opts, OPTS, fname)
   local o = {gpus = opts.gpus or 1, shard = opts.shard or "none", recompute = opts.recompute or "none",
     reshard_after_forward = opts.reshard_after_forward ~= false, device = opts.device or "cpu",
-    grad_accum = opts.grad_accum or 1, gather = opts.gather or "quantized", overlap = opts.overlap ~= false}
+    grad_accum = opts.grad_accum or 1, gather = opts.gather or "quantized", prefetch = opts.prefetch ~= false,
+    overlap_reduce = opts.overlap_reduce ~= false}
   return o
 end
 
@@ -492,7 +493,9 @@ end
 -- recipe r (a recipe object), at the step's peak: {weights, grads, optimizer, activations,
 -- weight_copies, transient, total, phase}. opts: {gpus = 1, shard = "none", recompute = "none",
 -- reshard_after_forward = true, device = "cpu" | "cuda", grad_accum = 1, gather = "quantized" |
--- "f32", overlap = true} (the header says what each models).
+-- "f32", prefetch = true, overlap_reduce = true} (the header says what each models; prefetch: a unit's
+-- all-gather runs while the one before it computes, shard=full; overlap_reduce: a unit's
+-- reduce-scatter runs while the next one back-propagates, shard=grads|full).
 function plan.memory(c, r, B, T, opts)
   local o = options(opts, "plan.memory")
   plan.check_world(c, o.gpus, o.shard) -- shard=grads|full: a row range of every parameter per rank, no tied head
@@ -549,7 +552,7 @@ function plan.memory(c, r, B, T, opts)
     if full then
       copies = head.gather_f + (after_bwd and head.gather_d or 0)
       if not o.reshard_after_forward then copies = copies + sum(blocks, 1, L, function(m) return m.gather_f end)
-      elseif o.overlap and L > 0 and after_bwd then copies = copies + blocks[L].gather end -- block L's, prefetched
+      elseif o.prefetch and L > 0 and after_bwd then copies = copies + blocks[L].gather end -- block L's, prefetched
     else
       copies = all_f + kept_f + math.max(after_bwd and head.copy_d_cached or 0, accum_d)
     end
@@ -566,7 +569,7 @@ function plan.memory(c, r, B, T, opts)
     below = below - m.saved
     local grads = 0
     if unit_grad then
-      grads = unit_grad.block + (o.overlap and (i == L and unit_grad.head or unit_grad.block) or 0)
+      grads = unit_grad.block + (o.overlap_reduce and (i == L and unit_grad.head or unit_grad.block) or 0)
     end
     local worst
     for _, st in ipairs(m.mlp) do
@@ -574,7 +577,7 @@ function plan.memory(c, r, B, T, opts)
       if full then
         copies = m.gather_f + m.gather_d
         if not o.reshard_after_forward then copies = copies + sum(blocks, 1, i - 1, function(x) return x.gather_f end)
-        elseif o.overlap and i > 1 then copies = copies + blocks[i - 1].gather end
+        elseif o.prefetch and i > 1 then copies = copies + blocks[i - 1].gather end
       else
         local d_done = sum(blocks, i + 1, L, function(x) return x.copy_d_cached end) + head.copy_d_cached + st.copies
         copies = all_f + math.max(d_done, accum_d) + sum(blocks, 1, i, function(x) return x.copy_f_kept end) +
@@ -589,14 +592,14 @@ function plan.memory(c, r, B, T, opts)
   -- the embedding's backward: every dgrad copy made
   do
     local copies = full and 0 or (all_f + all_d)
-    local grads = unit_grad and (unit_grad.embed + (o.overlap and L > 0 and unit_grad.block or 0)) or 0
+    local grads = unit_grad and (unit_grad.embed + (o.overlap_reduce and L > 0 and unit_grad.block or 0)) or 0
     phases[#phases + 1] = {name = "the embedding's backward", acts = N * C * ab, copies = copies, grads = grads,
       scratch = o.device == "cpu" and 0 or plan.CUDA_OUTSIDE}
   end
   -- shard = full: the embedding's forward (its f32 weight gathered, block 1's prefetched)
   if full then
     phases[#phases + 1] = {name = "the embedding's forward", acts = N * C * ab, copies = 4 * V * C +
-      (o.overlap and L > 0 and blocks[1].gather or 0), grads = 0, scratch = o.device == "cpu" and 0 or plan.CUDA_OUTSIDE}
+      (o.prefetch and L > 0 and blocks[1].gather or 0), grads = 0, scratch = o.device == "cpu" and 0 or plan.CUDA_OUTSIDE}
   end
   local best
   for _, ph in ipairs(phases) do
@@ -677,13 +680,14 @@ end
 -- ---- fitting a memory -----------------------------------------------------------------------------
 
 --- plan.fit(c, r, B, T, {gpus, gpu_memory (bytes), device, grad_accum, reshard_after_forward, gather,
--- overlap, allowed = {shard = {...}, recompute = {...}}}) -> the first configuration of plan.ORDER
+-- prefetch, overlap_reduce, allowed = {shard = {...}, recompute = {...}}}) -> the first configuration of
+-- plan.ORDER
 -- (restricted to allowed) whose plan.memory total fits gpu_memory: {shard, recompute, total, memory};
 -- nil and the last one tried when none fits. shard=grads|full are not tried on one GPU, nor where
 -- the world is larger than a parameter's rows.
 function plan.fit(c, r, B, T, opts)
   opts = util.check_opts(opts, {gpus = is_count, gpu_memory = true, device = true, grad_accum = true,
-    reshard_after_forward = true, gather = true, overlap = true, allowed = true}, "plan.fit")
+    reshard_after_forward = true, gather = true, prefetch = true, overlap_reduce = true, allowed = true}, "plan.fit")
   local have = opts.gpu_memory
   if type(have) ~= "number" or have <= 0 then user_error("plan.fit: gpu_memory must be a number of bytes > 0", 2) end
   local gpus = opts.gpus or 1
@@ -701,7 +705,7 @@ function plan.fit(c, r, B, T, opts)
     if ok then
       local m = plan.memory(c, r, B, T, {gpus = gpus, shard = cand.shard, recompute = cand.recompute, device = opts.device,
         grad_accum = opts.grad_accum, reshard_after_forward = opts.reshard_after_forward, gather = opts.gather,
-        overlap = opts.overlap})
+        prefetch = opts.prefetch, overlap_reduce = opts.overlap_reduce})
       last = {shard = cand.shard, recompute = cand.recompute, total = m.total, memory = m}
       if m.total <= have then return last end
     end
@@ -737,7 +741,7 @@ function plan.report(c, recipes, B, T, out, opts)
   local recipe = require "nvlua.recipe"
   local mo = {gpus = opts.gpus, shard = opts.shard, recompute = opts.recompute, device = opts.device,
     reshard_after_forward = opts.reshard_after_forward, grad_accum = opts.grad_accum, gather = opts.gather,
-    overlap = opts.overlap}
+    prefetch = opts.prefetch, overlap_reduce = opts.overlap_reduce}
   local o = options(mo, "plan.report")
   local p = plan.params(c)
   out:write(string.format("parameters: %.3fB total = embedding %.3fB + %d blocks x %.1fM (attention %.1fM, MLP %.1fM)" ..
@@ -787,7 +791,8 @@ function plan.report(c, recipes, B, T, out, opts)
       local m = rows[name]
       local line = string.format("  %-10s %s (%.2f GiB)", name, m.total <= have and "fits" or "does not fit", gib(m.total))
       local fo = {gpus = o.gpus, gpu_memory = have, device = o.device, grad_accum = o.grad_accum,
-        reshard_after_forward = o.reshard_after_forward, gather = o.gather, overlap = o.overlap, allowed = opts.allowed}
+        reshard_after_forward = o.reshard_after_forward, gather = o.gather, prefetch = o.prefetch,
+        overlap_reduce = o.overlap_reduce, allowed = opts.allowed}
       local fit = plan.fit(c, recipe[name](), B, T, fo)
       if fit then
         line = line .. string.format("; the smallest that fits on %d: shard=%s recompute=%s (%.2f GiB)", o.gpus, fit.shard,
