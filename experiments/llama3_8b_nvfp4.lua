@@ -169,6 +169,7 @@ say("")
 say("config:")
 if main then config.print(c) end
 local predicted = rows[c.recipe] and rows[c.recipe].total or plan.memory(mc, rec, c.batch, c.seq, popts).total
+if device == "cuda" then predicted = predicted - plan.CUDA_OUTSIDE end -- the allowance is not in the tensor count
 local parts = train.build(c)
 local s = train.run(c, parts)
 local measured = c.device == "cuda" and nv.memory().peak.cuda or nv.memory().peak.cpu
