@@ -129,9 +129,10 @@ if shard == "auto" or recompute == "auto" then
   local fit = plan.fit(mc, rec, c.batch, c.seq, fo)
   if fit then
     shard, recompute = fit.shard, fit.recompute
-    say(string.format("plan: shard=%s recompute=%s fits %s (%.2f GiB) on each of %d GPU%s: %.2f GiB per GPU by the plan " ..
-      "(the first that fits of %s)", shard, recompute, have_label, have / 2 ^ 30, c.gpus, c.gpus == 1 and "" or "s",
-      fit.total / 2 ^ 30, plan.order_text()))
+    local unit = device == "cuda" and "GPU" or "rank"
+    say(string.format("plan: shard=%s recompute=%s fits %s (%.2f GiB) on each of %d %s%s: %.2f GiB per %s by the plan " ..
+      "(the first that fits of %s)", shard, recompute, have_label, have / 2 ^ 30, c.gpus, unit, c.gpus == 1 and "" or "s",
+      fit.total / 2 ^ 30, unit, plan.order_text()))
   else
     local g, gf = plan.fewest_gpus(mc, rec, c.batch, c.seq, fo)
     local msg = string.format("nothing (shard %s, recompute %s) fits %s (%.2f GiB) on each of %d " ..
