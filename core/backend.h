@@ -379,6 +379,16 @@ typedef struct nvl_backend {
   nvl_status (*quantize_pair)(nvl_kctx *ctx, const nvl_qdesc *row, const nvl_qdesc *col);
   /* y (rows, K) = the RHT of every 16-chunk of x (rows, K); y may alias x */
   nvl_status (*rht)(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs);
+  /* Scales assembled from pieces rather than written by quantize (the quantized all-gather, a
+   * transposed 16x16 copy): swz (nvl_swizzled_bytes(rows, nb)) = the row-major block scales
+   * (rows, nb) in the 128x4 swizzled layout, padding zeroed, as quantize writes it beside them.
+   * Backends with swizzled_scales only. */
+  nvl_status (*swizzle_scales)(nvl_kctx *ctx, uint8_t *swz, const uint8_t *scales, int64_t rows, int64_t nb);
+  /* The 16x16-tiled 4-bit quantization of x (R, K) (codes (R, K/2) packed, low nibble first; scales
+   * (R, K/16), equal down each tile) transposed into that of x^T: codes_t (K, R/2), scales_t
+   * (K, R/16), each tile's scale read from its first row (NUMERICS §2). */
+  nvl_status (*transpose_tiles)(nvl_kctx *ctx, uint8_t *codes_t, uint8_t *scales_t, const uint8_t *codes,
+                                const uint8_t *scales, int64_t R, int64_t K);
 
   /* layers and attention (core/layers.h): a sub-table, defined beside the kernels */
   const struct nvl_layer_kernels *layers;

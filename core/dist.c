@@ -30,6 +30,43 @@ static struct {
   int asked_multiple; /* and asked for (MPI may grant less) */
 } S = {0, 0, 0, 0, 1, 0, 1, 0, 0};
 
+/* ---- the row split and the byte counters (dist.h) --------------------------------------------- */
+
+void nvl_dist_shard_rows(int64_t rows, int world, int64_t align, int rank, int64_t *row0, int64_t *n, int64_t *chunk) {
+  if (rows < 0) rows = 0;
+  if (world < 1) world = 1;
+  if (align < 1) align = 1;
+  int64_t units = (rows + align - 1) / align;
+  int64_t c = (units + world - 1) / world * align;
+  int64_t a = (int64_t)rank * c, b = a + c;
+  if (a > rows) a = rows;
+  if (b > rows) b = rows;
+  *row0 = a;
+  *n = b - a;
+  *chunk = c;
+}
+
+const char *const nvl_dist_bytes_names[NVL_DIST_BYTES_COUNT] = {"all_gather", "reduce_scatter", "all_reduce",
+                                                                 "broadcast"};
+static _Atomic long long bytes_sent[NVL_DIST_BYTES_COUNT];
+
+int64_t nvl_dist_bytes(nvl_dist_bytes_kind kind) {
+  return (unsigned)kind < NVL_DIST_BYTES_COUNT ? (int64_t)atomic_load(&bytes_sent[kind]) : 0;
+}
+
+void nvl_dist_bytes_reset(void) {
+  for (int k = 0; k < NVL_DIST_BYTES_COUNT; k++) atomic_store(&bytes_sent[k], 0);
+}
+
+/* Count a collective over `bytes` bytes (the gathered, scattered, reduced or broadcast tensor). */
+static void count_bytes(nvl_dist_bytes_kind kind, size_t bytes) {
+  int n = S.world;
+  if (n <= 1) return;
+  long long b = (long long)bytes * (n - 1) / n;
+  if (kind == NVL_DIST_BYTES_ALL_REDUCE) b = 2 * (long long)bytes * (n - 1) / n;
+  atomic_fetch_add(&bytes_sent[kind], b);
+}
+
 #ifdef NVLUA_HAVE_MPI
 static MPI_Comm comm = MPI_COMM_NULL; /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
 static MPI_Comm comm_bg = MPI_COMM_NULL; /* another, for the background all-reduce's thread */
@@ -444,6 +481,7 @@ nvl_status nvl_dist_barrier(void) {
 nvl_status nvl_dist_all_reduce_f64(double *x, int n, nvl_dist_op op) {
   NVL_TRY(check_op("all_reduce", op, NULL));
   if (n < 0) return nvl_error(NVL_EINVAL, "all_reduce: %d numbers", n);
+  count_bytes(NVL_DIST_BYTES_ALL_REDUCE, (size_t)n * sizeof(double));
 #ifdef NVLUA_HAVE_MPI
   if (S.use_mpi && n > 0) {
     op_begin("all_reduce (%d number%s, %s)", n, n == 1 ? "" : "s", nvl_dist_op_names[op]);
@@ -460,6 +498,7 @@ nvl_status nvl_dist_all_reduce_f64(double *x, int n, nvl_dist_op op) {
 nvl_status nvl_dist_all_reduce(nvl_tensor *t, nvl_dist_op op) {
   NVL_TRY(check_tensor("all_reduce", t));
   NVL_TRY(check_op("all_reduce", op, t));
+  count_bytes(NVL_DIST_BYTES_ALL_REDUCE, nvl_tensor_nbytes(t));
   if (t->device == NVL_CUDA) return nvl_nccl_all_reduce(t, op, S.rank, S.world);
   if (!S.use_mpi) return NVL_OK; /* a world of one: sum, max, min and avg are t itself */
 #ifdef NVLUA_HAVE_MPI
@@ -507,6 +546,7 @@ nvl_status nvl_dist_all_reduce_start(nvl_tensor *t, nvl_dist_op op) {
     return nvl_error(NVL_EINVAL, "all_reduce_start: op must be sum or avg, got %s", nvl_dist_op_names[op]);
   if (t->dtype != NVL_F32 || !nvl_tensor_is_contiguous(t))
     return nvl_error(NVL_EINVAL, "all_reduce_start: expects a contiguous f32 tensor, got %s", nvl_tensor_desc(t, d, sizeof d));
+  count_bytes(NVL_DIST_BYTES_ALL_REDUCE, nvl_tensor_nbytes(t));
   if (t->device == NVL_CUDA) {
     if (S.world == 1 && !S.use_mpi) return NVL_OK;
     if (npending_cuda == MAX_PENDING)
@@ -629,6 +669,7 @@ nvl_status nvl_dist_all_reduce_bg(nvl_tensor *t, const nvl_tensor *src, nvl_dist
   }
   if (delta && !src) return nvl_error(NVL_EINVAL, "all_reduce_bg: delta (t = reduced - src) needs a src other than t");
   if (BG.t.storage) return nvl_error(NVL_ESTATE, "all_reduce_bg: one is already running (bg_wait first)");
+  count_bytes(NVL_DIST_BYTES_ALL_REDUCE, nvl_tensor_nbytes(t));
   int64_t n = nvl_tensor_numel(t);
 #ifdef NVLUA_HAVE_MPI
   NVL_TRY(check_count("all_reduce_bg", n));
@@ -688,6 +729,7 @@ nvl_status nvl_dist_broadcast(nvl_tensor *t, int root) {
   NVL_TRY(check_tensor("broadcast", t));
   if (root < 0 || root >= S.world)
     return nvl_error(NVL_EINVAL, "broadcast: root %d is not a rank (0..%d)", root, S.world - 1);
+  count_bytes(NVL_DIST_BYTES_BROADCAST, nvl_tensor_nbytes(t));
   if (t->device == NVL_CUDA) return nvl_nccl_broadcast(t, root, S.rank, S.world);
   if (!S.use_mpi) return NVL_OK;
 #ifdef NVLUA_HAVE_MPI
@@ -717,6 +759,7 @@ nvl_status nvl_dist_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dis
       !same_shape_tail(out, t) || out->shape[0] * S.world != t->shape[0])
     return nvl_error(NVL_EINVAL, "reduce_scatter: t is cut along dim 1 into %d equal chunks and out holds one: got t "
                      "%s, out %s", S.world, nvl_tensor_desc(t, d1, sizeof d1), nvl_tensor_desc(out, d2, sizeof d2));
+  count_bytes(NVL_DIST_BYTES_REDUCE_SCATTER, nvl_tensor_nbytes(t));
   if (t->device == NVL_CUDA) return nvl_nccl_reduce_scatter(out, t, op, S.rank, S.world);
   if (!S.use_mpi) return nvl_tensor_copy(out, t);
 #ifdef NVLUA_HAVE_MPI
@@ -742,7 +785,7 @@ nvl_status nvl_dist_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dis
   return NVL_OK;
 }
 
-nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t) {
+static nvl_status all_gather(nvl_tensor *out, const nvl_tensor *t, int ordered) {
   char d1[160], d2[160];
   NVL_TRY(check_tensor("all_gather", t));
   NVL_TRY(check_tensor("all_gather", out));
@@ -753,7 +796,10 @@ nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t) {
   size_t chunk = nvl_tensor_nbytes(t);
   int in_place = t->storage == out->storage && nvl_tensor_is_contiguous(out) && nvl_tensor_is_contiguous(t) &&
                  (char *)nvl_tensor_data(t) == (char *)nvl_tensor_data(out) + (size_t)S.rank * chunk;
-  if (t->device == NVL_CUDA) return nvl_nccl_all_gather(out, t, in_place, S.rank, S.world);
+  count_bytes(NVL_DIST_BYTES_ALL_GATHER, nvl_tensor_nbytes(out));
+  if (t->device == NVL_CUDA)
+    return ordered ? nvl_nccl_all_gather_ordered(out, t, S.rank, S.world)
+                   : nvl_nccl_all_gather(out, t, in_place, S.rank, S.world);
   if (!S.use_mpi) return in_place ? NVL_OK : nvl_tensor_copy(out, t);
 #ifdef NVLUA_HAVE_MPI
   NVL_TRY(check_count("all_gather", (int64_t)chunk * S.world));
@@ -779,6 +825,103 @@ nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t) {
   return st;
 #endif
   return NVL_OK;
+}
+
+nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t) { return all_gather(out, t, 0); }
+
+/* ---- nonblocking all-gathers ---------------------------------------------------------------------- */
+
+#define MAX_GATHERS 256
+static struct {
+  int used, cuda_slot;
+  nvl_tensor out, t; /* held until the wait */
+#ifdef NVLUA_HAVE_MPI
+  MPI_Request req;
+#endif
+} gathers[MAX_GATHERS];
+
+/* let the gathers in flight progress (Open MPI advances nonblocking collectives inside MPI calls) */
+static nvl_status gathers_test(const char *op) {
+#ifdef NVLUA_HAVE_MPI
+  for (int i = 0; i < MAX_GATHERS; i++)
+    if (gathers[i].used && gathers[i].cuda_slot < 0) {
+      int flag, rc = MPI_Test(&gathers[i].req, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) return mpi_fail(op, "MPI_Test", rc);
+    }
+#else
+  (void)op;
+#endif
+  return NVL_OK;
+}
+
+nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *ticket) {
+  char d1[160], d2[160];
+  *ticket = -1;
+  NVL_TRY(check_tensor("all_gather_start", t));
+  NVL_TRY(check_tensor("all_gather_start", out));
+  if (t->ndim < 1 || out->dtype != t->dtype || out->device != t->device || !same_shape_tail(out, t) ||
+      out->shape[0] != t->shape[0] * S.world || !nvl_tensor_is_contiguous(out) || !nvl_tensor_is_contiguous(t))
+    return nvl_error(NVL_EINVAL, "all_gather_start: out (contiguous) holds the %d ranks' t (contiguous) along dim 1: got "
+                     "out %s, t %s", S.world, nvl_tensor_desc(out, d1, sizeof d1), nvl_tensor_desc(t, d2, sizeof d2));
+  size_t chunk = nvl_tensor_nbytes(t);
+  int in_place = t->storage == out->storage &&
+                 (char *)nvl_tensor_data(t) == (char *)nvl_tensor_data(out) + (size_t)S.rank * chunk;
+  if (t->storage == out->storage && !in_place)
+    return nvl_error(NVL_EINVAL, "all_gather_start: t shares out's storage but is not this rank's chunk of out");
+  count_bytes(NVL_DIST_BYTES_ALL_GATHER, nvl_tensor_nbytes(out));
+  if (t->device != NVL_CUDA && !S.use_mpi) return in_place ? NVL_OK : nvl_tensor_copy(out, t); /* a world of one */
+  int i = 0;
+  while (i < MAX_GATHERS && gathers[i].used) i++;
+  if (i == MAX_GATHERS)
+    return nvl_error(NVL_EINVAL, "all_gather_start: more than %d all-gathers in flight; wait for some", MAX_GATHERS);
+  gathers[i].cuda_slot = -1;
+  if (t->device == NVL_CUDA) {
+    NVL_TRY(nvl_nccl_all_gather_start(out, t, S.rank, S.world, &gathers[i].cuda_slot));
+  } else {
+#ifdef NVLUA_HAVE_MPI
+    NVL_TRY(check_count("all_gather_start", (int64_t)chunk * S.world));
+    int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : nvl_tensor_data(t), (int)chunk, MPI_BYTE, nvl_tensor_data(out),
+                            (int)chunk, MPI_BYTE, comm, &gathers[i].req);
+    if (rc != MPI_SUCCESS) return mpi_fail("all_gather_start", "MPI_Iallgather", rc);
+#endif
+  }
+  gathers[i].used = 1;
+  nvl_tensor_share(&gathers[i].out, out);
+  nvl_tensor_share(&gathers[i].t, t);
+  *ticket = i;
+  return gathers_test("all_gather_start");
+}
+
+nvl_status nvl_dist_all_gather_wait(int ticket) {
+  if (ticket == -1) return NVL_OK;
+  if (ticket < 0 || ticket >= MAX_GATHERS || !gathers[ticket].used)
+    return nvl_error(NVL_EINVAL, "all_gather_wait: no all-gather in flight has ticket %d", ticket);
+  nvl_status st = NVL_OK;
+  if (gathers[ticket].cuda_slot >= 0) {
+    st = nvl_nccl_event_wait(gathers[ticket].cuda_slot);
+  } else {
+#ifdef NVLUA_HAVE_MPI
+    char d[160];
+    op_begin("all_gather (started by all_gather_start: %s)", nvl_tensor_desc(&gathers[ticket].t, d, sizeof d));
+    int rc = MPI_Wait(&gathers[ticket].req, MPI_STATUS_IGNORE);
+    op_end();
+    if (rc != MPI_SUCCESS) st = mpi_fail("all_gather_wait", "MPI_Wait", rc);
+#endif
+  }
+  gathers[ticket].used = 0;
+  nvl_tensor_release(&gathers[ticket].out);
+  nvl_tensor_release(&gathers[ticket].t);
+  return st;
+}
+
+nvl_status nvl_dist_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t) { return all_gather(out, t, 1); }
+
+nvl_status nvl_dist_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op) {
+  NVL_TRY(check_tensor("all_reduce", t));
+  NVL_TRY(check_op("all_reduce", op, t));
+  if (t->device != NVL_CUDA) return nvl_dist_all_reduce(t, op);
+  count_bytes(NVL_DIST_BYTES_ALL_REDUCE, nvl_tensor_nbytes(t));
+  return nvl_nccl_all_reduce_ordered(t, op, S.rank, S.world);
 }
 
 int nvl_nccl_available(const char **why) { return nvl_nccl_load(why); }

@@ -104,6 +104,51 @@ nvl_status nvl_dist_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dis
  * of rows [rank n, (rank+1) n) of a contiguous out): then it is gathered in place. */
 nvl_status nvl_dist_all_gather(nvl_tensor *out, const nvl_tensor *t);
 
+/* nvl_dist_all_reduce and nvl_dist_all_gather, ordered instead of waited for: on CUDA tensors the
+ * collective is queued on NCCL's stream after stream 0's queued work and stream 0's later work waits
+ * for it (an event), and the host does not wait (no host synchronisation; the tensors may be freed
+ * at once: the caching allocator hands their blocks only to stream 0's later work). CPU tensors:
+ * the blocking collectives. The quantized all-gather (core/qgather.h) is made of these. */
+nvl_status nvl_dist_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op);
+nvl_status nvl_dist_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t);
+
+/* A nonblocking all-gather (prefetching the next layer's weights while this one computes): start out =
+ * the ranks' t as nvl_dist_all_gather does (contiguous tensors; in place when t is out's own chunk)
+ * and return; *ticket names it for nvl_dist_all_gather_wait (-1: nothing to wait for, a world of one).
+ * CPU tensors: MPI_Iallgather (Open MPI advances it inside MPI calls: each start and wait tests the
+ * gathers in flight). CUDA tensors: NCCL on its stream after stream 0's queued work, then an event; stream
+ * 0 does not wait, so the work queued next runs beside it. out and t are held (a share each) until the
+ * wait; neither may be touched meanwhile. At most 256 in flight. */
+nvl_status nvl_dist_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int *ticket);
+/* Complete one: CPU, MPI_Wait (out then holds the result); CUDA, stream 0's later work waits for it (an
+ * event; the host does not wait). */
+nvl_status nvl_dist_all_gather_wait(int ticket);
+
+/* The row split every sharded feature uses (ZeRO-2/3 shards, the quantized all-gather): `rows` rows
+ * over `world` ranks in units of `align` rows (align >= 1), front-loaded like torch.chunk and FSDP2:
+ *   chunk = ceil(ceil(rows / align) / world) * align        rows per rank, padding included
+ *   rank r holds the contiguous rows [min(r * chunk, rows), min((r + 1) * chunk, rows))
+ * Every shard is a multiple of align rows except the one that ends at `rows`; no rank holds more than
+ * chunk rows, the smallest maximum any split into align-row units allows (so memory per rank is as
+ * even as it can be); ranks past the end hold 0 rows (whenever (world - 1) * chunk >= rows, so always
+ * when rows <= world - 1 units, and also e.g. 5 units on 4 ranks: 2, 2, 1, 0). Padding every shard to
+ * chunk rows puts the padding after row `rows`, so equal-count collectives (NCCL's all-gather and
+ * reduce-scatter, which have no v-variants) gather and scatter in place: world * chunk rows whose
+ * first `rows` are the tensor. *row0, *n: rank's first row (0-based) and row count; *chunk. */
+void nvl_dist_shard_rows(int64_t rows, int world, int64_t align, int rank, int64_t *row0, int64_t *n, int64_t *chunk);
+
+/* Bytes this rank has sent in collectives since start (or nvl_dist_bytes_reset), by kind, as the ring
+ * algorithms NCCL and MPI use for large messages move them, counted per call from the sizes (not
+ * measured on the wire): all-gather (N - 1) / N of the gathered tensor, reduce-scatter (N - 1) / N of
+ * the tensor scattered, all-reduce 2 (N - 1) / N of the tensor (the bucketed, background and
+ * number all-reduces too), broadcast (N - 1) / N (averaged over the ranks); N the world size, each
+ * rounded down to a byte; 0 in a world of one. */
+typedef enum { NVL_DIST_BYTES_ALL_GATHER = 0, NVL_DIST_BYTES_REDUCE_SCATTER = 1, NVL_DIST_BYTES_ALL_REDUCE = 2,
+               NVL_DIST_BYTES_BROADCAST = 3, NVL_DIST_BYTES_COUNT } nvl_dist_bytes_kind;
+extern const char *const nvl_dist_bytes_names[NVL_DIST_BYTES_COUNT];
+int64_t nvl_dist_bytes(nvl_dist_bytes_kind kind);
+void nvl_dist_bytes_reset(void);
+
 /* Collective timeout in seconds (0: none); the default comes from NVLUA_DIST_TIMEOUT or 600. */
 void nvl_dist_set_timeout(double seconds);
 double nvl_dist_timeout(void);

@@ -48,6 +48,22 @@ nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_plac
   (void)out; (void)t; (void)in_place; (void)rank; (void)world;
   return NO_NCCL("all_gather");
 }
+nvl_status nvl_nccl_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op, int rank, int world) {
+  (void)t; (void)op; (void)rank; (void)world;
+  return NO_NCCL("all_reduce");
+}
+nvl_status nvl_nccl_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t, int rank, int world) {
+  (void)out; (void)t; (void)rank; (void)world;
+  return NO_NCCL("all_gather");
+}
+nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int rank, int world, int *slot) {
+  (void)out; (void)t; (void)rank; (void)world; (void)slot;
+  return NO_NCCL("all_gather_start");
+}
+nvl_status nvl_nccl_event_wait(int slot) {
+  (void)slot;
+  return NVL_OK;
+}
 
 #else /* NVLUA_HAVE_NCCL */
 
@@ -214,6 +230,17 @@ static nvl_status finish(const char *op, const char *call, ncclResult_t r) {
   }
 }
 
+/* The op just enqueued (r its launch result) without the host's wait: stream 0's later work waits
+ * for it (an event). */
+static nvl_status ordered(const char *op, const char *call, ncclResult_t r) {
+  if (r != ncclSuccess) return nccl_fail(op, call, r);
+  if (atomic_load(&aborted)) return nvl_error(NVL_EDEVICE, "%s: the NCCL communicator was aborted: %s", op, abort_reason);
+  cudaError_t e = cudaEventRecord(done, stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(0, done, 0);
+  if (e != cudaSuccess) return cuda_fail(op, "cudaEventRecord/cudaStreamWaitEvent", e);
+  return NVL_OK;
+}
+
 static nvl_status check(const char *op, const nvl_tensor *t, ncclDataType_t *dt) {
   char d[160];
   if (!nvl_tensor_is_contiguous(t)) return nvl_error(NVL_EUNSUPPORTED, "%s: CUDA tensors must be contiguous, got %s", op, nvl_tensor_desc(t, d, sizeof d));
@@ -302,6 +329,62 @@ nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_plac
                 (size_t)nvl_tensor_numel(t), dt, comm, stream));
 }
 
+nvl_status nvl_nccl_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op, int rank, int world) {
+  ncclResult_t r;
+  NVL_TRY(queue_all_reduce("all_reduce", t, op, rank, world, &r));
+  return ordered("all_reduce", "ncclAllReduce", r);
+}
+
+nvl_status nvl_nccl_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t, int rank, int world) {
+  ncclDataType_t dt = ncclFloat32;
+  NVL_TRY(check("all_gather", t, &dt));
+  NVL_TRY(check("all_gather", out, &dt));
+  NVL_TRY(ensure_comm("all_gather", t, rank, world));
+  NVL_TRY(after_default_stream("all_gather"));
+  return ordered("all_gather", "ncclAllGather", N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out),
+                 (size_t)nvl_tensor_numel(t), dt, comm, stream));
+}
+
+/* The events of started all-gathers (nvl_nccl_all_gather_start), made at first use. */
+#define NCCL_EVENTS 256
+static cudaEvent_t gather_ev[NCCL_EVENTS];
+static int gather_ev_used[NCCL_EVENTS];
+
+nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int rank, int world, int *slot) {
+  ncclDataType_t dt = ncclFloat32;
+  NVL_TRY(check("all_gather_start", t, &dt));
+  NVL_TRY(check("all_gather_start", out, &dt));
+  int s = 0;
+  while (s < NCCL_EVENTS && gather_ev_used[s]) s++;
+  if (s == NCCL_EVENTS) return nvl_error(NVL_EINVAL, "all_gather_start: more than %d all-gathers in flight", NCCL_EVENTS);
+  NVL_TRY(ensure_comm("all_gather_start", t, rank, world));
+  if (!gather_ev[s]) {
+    cudaError_t e = cudaEventCreateWithFlags(&gather_ev[s], cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      gather_ev[s] = NULL;
+      return cuda_fail("all_gather_start", "cudaEventCreateWithFlags", e);
+    }
+  }
+  NVL_TRY(after_default_stream("all_gather_start"));
+  ncclResult_t r = N.AllGather(nvl_tensor_data(t), nvl_tensor_data(out), (size_t)nvl_tensor_numel(t), dt, comm, stream);
+  if (r != ncclSuccess) return nccl_fail("all_gather_start", "ncclAllGather", r);
+  cudaError_t e = cudaEventRecord(gather_ev[s], stream);
+  if (e != cudaSuccess) return cuda_fail("all_gather_start", "cudaEventRecord", e);
+  gather_ev_used[s] = 1;
+  *slot = s;
+  return NVL_OK;
+}
+
+nvl_status nvl_nccl_event_wait(int slot) {
+  if (slot < 0 || slot >= NCCL_EVENTS || !gather_ev_used[slot])
+    return nvl_error(NVL_EINVAL, "all_gather_wait: no all-gather in flight in slot %d", slot);
+  gather_ev_used[slot] = 0;
+  if (atomic_load(&aborted)) return nvl_error(NVL_EDEVICE, "all_gather: the NCCL communicator was aborted: %s", abort_reason);
+  cudaError_t e = cudaStreamWaitEvent(0, gather_ev[slot], 0);
+  if (e != cudaSuccess) return cuda_fail("all_gather_wait", "cudaStreamWaitEvent", e);
+  return NVL_OK;
+}
+
 const char *nvl_nccl_watch(int in_op) {
   (void)in_op;
   if (!comm || atomic_load(&aborted)) return NULL;
@@ -323,6 +406,12 @@ void nvl_nccl_abort(void) {
 void nvl_nccl_shutdown(void) {
   if (!comm) return;
   if (!atomic_load(&aborted)) N.CommDestroy(comm);
+  for (int s = 0; s < NCCL_EVENTS; s++)
+    if (gather_ev[s]) {
+      cudaEventDestroy(gather_ev[s]);
+      gather_ev[s] = NULL;
+      gather_ev_used[s] = 0;
+    }
   cudaStreamDestroy(stream);
   cudaEventDestroy(ready);
   cudaEventDestroy(done);

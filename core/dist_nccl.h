@@ -24,6 +24,14 @@ nvl_status nvl_nccl_wait_all(void);
 nvl_status nvl_nccl_broadcast(nvl_tensor *t, int root, int rank, int world);
 nvl_status nvl_nccl_reduce_scatter(nvl_tensor *out, const nvl_tensor *t, nvl_dist_op op, int rank, int world);
 nvl_status nvl_nccl_all_gather(nvl_tensor *out, const nvl_tensor *t, int in_place, int rank, int world);
+/* The all-reduce and all-gather above without the host's wait: queued after stream 0's work, stream
+ * 0's later work after them (an event); dist.h nvl_dist_*_ordered. */
+nvl_status nvl_nccl_all_reduce_ordered(nvl_tensor *t, nvl_dist_op op, int rank, int world);
+nvl_status nvl_nccl_all_gather_ordered(nvl_tensor *out, const nvl_tensor *t, int rank, int world);
+/* The all-gather queued after stream 0's work with an event of its own after it (*slot names the event),
+ * stream 0 not waiting; nvl_nccl_event_wait(slot): stream 0's later work waits for it, the slot is free. */
+nvl_status nvl_nccl_all_gather_start(nvl_tensor *out, const nvl_tensor *t, int rank, int world, int *slot);
+nvl_status nvl_nccl_event_wait(int slot);
 /* From dist.c: buf = root's buf on every rank (MPI_Bcast; nothing in a world of one). */
 nvl_status nvl_dist_bcast_bytes(void *buf, int bytes, int root);
 

@@ -141,12 +141,11 @@ nvl_status nvl_qtensor_swizzled_scales(nvl_tensor *out, const nvl_qtensor *q) {
   return st;
 }
 
-/* scales = a (rows, nb) u8 view of a new storage on device (with room for the swizzled copy after
- * it when swz); *swz_p its swizzled bytes or NULL. */
-static nvl_status alloc_scales(nvl_tensor *scales, uint8_t **swz_p, nvl_device device, int64_t rows, int64_t nb,
-                               int swz) {
+nvl_status nvl_qtensor_alloc_scales(nvl_tensor *scales, uint8_t **swz_p, nvl_device device, int64_t rows, int64_t nb,
+                                    int swz, size_t extra) {
   size_t off = swz ? swizzled_offset(rows, nb) : (size_t)(rows * nb);
-  int64_t total = (int64_t)(off + (swz ? nvl_swizzled_bytes(rows, nb) : 0)), shape2[2] = {rows, nb};
+  size_t need = off + (swz ? nvl_swizzled_bytes(rows, nb) : 0);
+  int64_t total = (int64_t)(need > extra ? need : extra), shape2[2] = {rows, nb};
   nvl_tensor full = nvl_tensor_null(), part = nvl_tensor_null();
   NVL_TRY(nvl_tensor_empty(&full, NVL_U8, device, 1, &total));
   nvl_status st = nvl_tensor_narrow(&part, &full, 0, 0, rows * nb);
@@ -155,6 +154,11 @@ static nvl_status alloc_scales(nvl_tensor *scales, uint8_t **swz_p, nvl_device d
   nvl_tensor_release(&part);
   nvl_tensor_release(&full);
   return st;
+}
+
+static nvl_status alloc_scales(nvl_tensor *scales, uint8_t **swz_p, nvl_device device, int64_t rows, int64_t nb,
+                               int swz) {
+  return nvl_qtensor_alloc_scales(scales, swz_p, device, rows, nb, swz, 0);
 }
 
 /* ---- quantize ------------------------------------------------------------------------------- */
@@ -560,30 +564,38 @@ nvl_status nvl_qtensor_scale_bytes(nvl_tensor *out, const nvl_qtensor *q) {
   return from_blocked(out, &q->scales, q, q->K / nvl_dtypes[q->format].block);
 }
 
-/* r (K, R) = the 16x16-tiled 4-bit q (R, K) transposed: codes moved, each tile's scale re-read. */
+/* Scales assembled from pieces on a backend that swizzles them: fill q's swizzled copy (q.scales a
+ * (rows, nb) view at offset 0 of a storage with room for it, alloc_scales). */
+nvl_status nvl_qtensor_swizzle(nvl_qtensor *q) {
+  int block = nvl_dtypes[q->format].block;
+  if (!block || !q->scales.storage || q->scales.device == NVL_CPU) return NVL_OK;
+  const nvl_backend *be;
+  NVL_PICK(be, &q->scales, swizzle_scales, "swizzle_scales");
+  if (!be->swizzled_scales) return NVL_OK;
+  uint8_t *swz = (uint8_t *)qtensor_swizzled(q);
+  if (!swz) return nvl_error(NVL_EINVAL, "swizzle_scales: internal error: the scales have no room for their swizzled copy");
+  return NVL_CALL(be, &q->scales, swizzle_scales, swz, nvl_tensor_data(&q->scales), q->rows, q->K / block);
+}
+
+/* r (K, R) = the 16x16-tiled 4-bit q (R, K) transposed, on q's device: codes moved, each tile's scale
+ * re-read (the backend's transpose_tiles), the swizzled copy made where the backend keeps one. */
 static nvl_status transpose_tiles(nvl_qtensor *r, const nvl_qtensor *q) {
-  int64_t R = q->rows, K = q->K, ps[2] = {K, R / 2}, ss[2] = {K, R / 16};
-  NVL_TRY(nvl_tensor_empty(&r->data, NVL_U8, NVL_CPU, 2, ps));
-  NVL_TRY(nvl_tensor_empty(&r->scales, NVL_U8, NVL_CPU, 2, ss));
-  const uint8_t *src = nvl_tensor_data(&q->data), *ssrc = nvl_tensor_data(&q->scales);
-  uint8_t *dst = nvl_tensor_data(&r->data), *sdst = nvl_tensor_data(&r->scales);
-  memset(dst, 0, (size_t)(K * R / 2));
-  for (int64_t i = 0; i < R; i++)
-    for (int64_t k = 0; k < K; k++) {
-      uint8_t b = src[(i * K + k) / 2], code = (k & 1) ? b >> 4 : b & 15;
-      dst[(k * R + i) / 2] |= (uint8_t)(code << ((i & 1) * 4));
-    }
-  for (int64_t k = 0; k < K; k++)
-    for (int64_t j = 0; j < R / 16; j++) sdst[k * (R / 16) + j] = ssrc[(16 * j) * (K / 16) + k / 16];
-  return NVL_OK;
+  int64_t R = q->rows, K = q->K, ps[2] = {K, R / 2};
+  nvl_device dev = q->data.device;
+  const nvl_backend *be;
+  NVL_PICK(be, &q->data, transpose_tiles, "t");
+  uint8_t *swz = NULL;
+  NVL_TRY(nvl_tensor_empty(&r->data, NVL_U8, dev, 2, ps));
+  NVL_TRY(alloc_scales(&r->scales, &swz, dev, K, R / 16, dev != NVL_CPU && be->swizzled_scales));
+  NVL_TRY(NVL_CALL(be, &q->data, transpose_tiles, nvl_tensor_data(&r->data), nvl_tensor_data(&r->scales),
+                   nvl_tensor_data(&q->data), nvl_tensor_data(&q->scales), R, K));
+  return swz ? nvl_qtensor_swizzle(r) : NVL_OK;
 }
 
 nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q) {
   const char *name = nvl_dtypes[q->format].name;
   if (!q->data.storage) return nvl_error(NVL_ESTATE, "t: quantized tensor has been freed");
   if (q->ndim != 2) return nvl_error(NVL_EINVAL, "t: needs a 2-D quantized tensor, got %d-D", q->ndim);
-  if (q->data.device != NVL_CPU)
-    return nvl_error(NVL_EUNSUPPORTED, "t: not supported on a device; quantize x with the other axis (or nv.quantize_rowcol)");
   if (q->layout == NVL_LAYOUT_1X16 || q->layout == NVL_LAYOUT_1X32)
     return nvl_error(NVL_EINVAL, "t: %s %s blocks run along one dim only; quantize x with the other axis for the "
                      "column-wise copy", name, nvl_layout_names[q->layout]);
@@ -593,8 +605,8 @@ nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q) {
   nvl_qtensor r = *q;
   r.data = nvl_tensor_null();
   r.scales = nvl_tensor_null();
-  r.amax_dev = nvl_tensor_null(); /* a host q's amax is on the host */
-  r.amax_pending = 0;
+  r.amax_dev = nvl_tensor_null();
+  if (q->amax_pending) nvl_tensor_share(&r.amax_dev, &q->amax_dev); /* a device amax stays there: no host sync */
   r.shape[0] = q->shape[1];
   r.shape[1] = q->shape[0];
   r.rows = q->K;
@@ -602,10 +614,10 @@ nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q) {
   nvl_status st = NVL_OK;
   if (q->layout == NVL_LAYOUT_16X16) { /* the tile scales do not depend on the orientation */
     st = transpose_tiles(&r, q);
-  } else { /* element-wise formats: transpose the (rows, K) data */
+  } else { /* element-wise formats: transpose the (rows, K) data, on its device */
     nvl_tensor tv = nvl_tensor_null();
     st = nvl_tensor_transpose(&tv, &q->data, 0, 1);
-    if (st == NVL_OK) st = nvl_tensor_clone_to(&r.data, &tv, q->data.dtype, NVL_CPU);
+    if (st == NVL_OK) st = nvl_tensor_clone_to(&r.data, &tv, q->data.dtype, q->data.device);
     nvl_tensor_release(&tv);
   }
   if (st != NVL_OK) { nvl_qtensor_release(&r); return st; }

@@ -112,8 +112,18 @@ nvl_status nvl_qtensor_swizzled_scales(nvl_tensor *out, const nvl_qtensor *q);
  * what quantize(x^T, same options) gives: exact for 16x16 nvfp4 (the tile scales do not depend
  * on the orientation), f32, bf16 and per-tensor fp8. 1x16 / 1x32 blocks raise (quantize x along
  * the other axis instead); so does an RHT or SR quantization, whose transpose is a different
- * draw / transform. */
+ * draw / transform. On q's device (a device q keeps its amax there: no host synchronisation; the
+ * swizzled scales of a backend that keeps them are made too). */
 nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q);
+/* q's block scales assembled from pieces (core/qgather.c): write their swizzled copy where q's
+ * backend keeps one (q.scales a (rows, nb) view at offset 0 of a storage with room for it after
+ * the 256-byte aligned end of the row-major bytes); nothing for host tensors. */
+nvl_status nvl_qtensor_swizzle(nvl_qtensor *q);
+/* scales = a new (rows, nb) u8 view at offset 0 of a storage on device, with room for the
+ * swizzled copy after it when swz (*swz_p: its bytes, else NULL); extra: at least this many bytes
+ * in all (a gather's padded rows may run past rows * nb). */
+nvl_status nvl_qtensor_alloc_scales(nvl_tensor *scales, uint8_t **swz_p, nvl_device device, int64_t rows, int64_t nb,
+                                    int swz, size_t extra);
 /* out[M,N] = sum_k A[m,k] B[n,k] where A, B are the 2-D qa, qb read in their blocked layouts
  * (M = qa.rows, N = qb.rows, K their blocked length): each operand decoded exactly without its
  * global scale, an fp32 GEMM, then alpha (the product of the global decode scales) applied in

@@ -22,12 +22,14 @@
 --     statistics are under-counted 8x, negligible); time at mem_eff x 3.35 TB/s.
 --  4. Attention: FLOPs from the 8B shapes (forward 2 T^2 D Hq for the full square, backward 2.5x
 --     forward), priced per route at a stated efficiency of 989 TFLOP/s: nvlua's own tensor-core kernels
---     (kernels/cuda/flash_attn.cu, WMMA) at flash_eff, default 0.04: what the H200 measurement of
---     2026-11-28 implies (experiments/bench/blocks_h200_2026-11-28.md: the bf16 block's 73.0 ms less
---     this script's estimate of the rest of the step; a review of their SASS had estimated 5-7%);
+--     (kernels/cuda/flash_attn.cu, WMMA) at flash_eff, default 0.04: what the first H200 measurement of
+--     2026-11-28 implies (experiments/bench/blocks_h200_2026-11-28.md as of commit 725b3fc, on the flash
+--     route: the bf16 block's 73.0 ms less this script's estimate of the rest of the step; a review of
+--     their SASS had estimated 5-7%; scripts/bench_attention.lua then measured 44-46 TFLOP/s, 4.5%);
 --     cuDNN's fused SDPA at cudnn_eff, default 0.5 (published H100 figures for cuDNN 9 and
 --     FlashAttention-3 put bf16 causal forward at 60-75% of peak and backward at 40-55%; 0.5 for
---     both together is the defensible middle until a GPU measures nvlua's route). The small family's
+--     both together was the defensible middle; the H200 then measured nvlua's cuDNN route at 623 TFLOP/s
+--     forward and 534 backward, experiments/bench/attention_h200_2026-11-28.md). The small family's
 --     own attention kernels (head dims 16-48: fp32 CUDA cores, attn_*) are shown at simt_eff of 67
 --     TFLOP/s for reference only.
 --  5. Launch overhead: launch_us per launch of the block (not overlapped); host syncs: sync_us each.
@@ -209,9 +211,22 @@ local ATT_FLOPS = 3.5 * 2 * B8.T * B8.T * B8.D * B8.Hq
 local ROUTES = {{name = "flash", eff = "flash_eff", what = "nvlua's WMMA flash kernels"},
   {name = "cudnn", eff = "cudnn_eff", what = "cuDNN fused SDPA"}}
 
--- The measured H200 rows (scripts/bench_blocks.lua, 1 block, seq 8192), if that file is there:
--- {["nvlua bf16"] = ms, ["torch compile"] = ms, ...}
+-- The measured H200 rows (scripts/bench_blocks.lua, 1 block, seq 8192, attention=auto: cuDNN 9.19's route),
+-- if that file is there: {["nvlua bf16"] = ms, ["torch compile"] = ms, ...}; and the cuDNN route's measured
+-- attention forward + backward at the 8B's shapes (scripts/bench_attention.lua), ms
 local MEASURED_FILE = "experiments/bench/blocks_h200_2026-11-28.md"
+local ATTN_FILE = "experiments/bench/attention_h200_2026-11-28.md"
+local function measured_attention()
+  local f = io.open(ATTN_FILE, "r")
+  if not f then return nil end
+  local ms
+  for line in f:lines() do
+    local v = line:match("^| nvlua cudnn | [%d.]+ | [%d.]+ | ([%d.]+) |")
+    if v then ms = tonumber(v) end
+  end
+  f:close()
+  return ms
+end
 local function measured_blocks()
   local f = io.open(MEASURED_FILE, "r")
   if not f then return nil end
@@ -366,17 +381,27 @@ out("| Megatron-Bridge FP8 (anchor, 744 TFLOP/s) | | %.2f | | %.1f%% | | |", meg
 local meas = measured_blocks()
 if meas then
   out("\nMeasured on one H200 (%s; 989 TFLOP/s bf16 like the H100, 4.8 TB/s instead of 3.35), one block, " ..
-    "seq 8192, nvlua on its flash route:\n", MEASURED_FILE)
+    "seq 8192, nvlua on the cuDNN route (attention=auto, cuDNN 9.19):\n", MEASURED_FILE)
   out("| measured | step ms | model TFLOP/s |")
   out("|---|---:|---:|")
   for _, k in ipairs({"nvlua bf16", "nvlua fp8_cs", "nvlua nvfp4", "torch eager", "torch compile"}) do
     if meas[k] then out("| %s | %.1f | %.0f |", k, meas[k], MODEL_FLOPS / (meas[k] * 1e-3) / 1e12) end
   end
-  if meas["nvlua bf16"] and bf then
-    local att = meas["nvlua bf16"] - bf.rest_ms
-    out("\nThe bf16 block's measured %.1f ms less this estimate's rest of the step (%.2f ms, priced for the H100's " ..
-      "slower memory) leaves %.1f ms for attention: %.1f%% of 989 TFLOP/s (flash_eff here: %.0f%%).",
-      meas["nvlua bf16"], bf.rest_ms, att, 100 * ATT_FLOPS / (att * 1e-3) / PEAK.bf16, 100 * cfg.flash_eff)
+  local att = measured_attention()
+  if meas["nvlua bf16"] and bf and att then
+    local rest = meas["nvlua bf16"] - att
+    out("\nThe bf16 block's measured %.1f ms less cuDNN's measured attention (%.2f ms forward + backward, %s) leaves " ..
+      "%.1f ms for the rest of the step, %.2fx this estimate's rest (%.2f ms, priced for the H100's slower memory: " ..
+      "on the H200 the gap is larger still): the GEMMs, norms, RoPE, SwiGLU, casts and quantizers outside attention " ..
+      "run slower than the roofline's 70%% of peak GEMMs and 80%% of HBM bandwidth.", meas["nvlua bf16"], att, ATTN_FILE,
+      rest, rest / bf.rest_ms, bf.rest_ms)
+    for _, r in ipairs(order) do
+      local k = "nvlua " .. r
+      if meas[k] and est[r] then
+        out("- %s: estimated %.2f ms (cuDNN route), measured %.1f ms (H200): measured / estimate %.2f", r,
+          est[r].routes.cudnn.ms, meas[k], meas[k] / est[r].routes.cudnn.ms)
+      end
+    end
   end
   if meas["torch compile"] then
     out("torch.compile measured %.1f ms (%.0f%% MFU): far better than the torchtitan anchor above.", meas["torch compile"],

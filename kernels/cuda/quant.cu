@@ -919,3 +919,76 @@ extern "C" nvl_status nvl_cuda_quantize_pair(nvl_kctx *ctx, const nvl_qdesc *row
   NVL_TRY(to_cuda_desc(col, &dc));
   return quantize_pair(ctx, &dr, &dc, row->amax_out, col->amax_out);
 }
+
+/* ---- scales assembled from pieces, and the transposed 16x16 copy ------------------------------ *
+ * The swizzle_scales and transpose_tiles entries (core/backend.h): the quantized all-gather
+ * (core/qgather.c) gathers row-major scales and swizzles them after; q:t() of a device nvfp4 16x16
+ * tensor moves its codes and re-reads each tile's scale, then swizzles those. */
+
+namespace {
+
+__global__ void __launch_bounds__(256) swizzle_scales_kernel(uint8_t *__restrict__ swz, const uint8_t *__restrict__ s,
+                                                             int64_t rows, int64_t nb) {
+  const int64_t n = rows * nb, stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    swz[swizzle_offset(i / nb, i % nb, nb)] = s[i];
+}
+
+/* One block per 64x64 tile of codes (i rows of x, k columns): the tile's codes unpacked into shared
+ * memory from coalesced reads of its 64 rows, written out as 64 rows of x^T (coalesced too); the
+ * block also writes the tile's 64 x 4 transposed scale bytes. */
+__global__ void __launch_bounds__(256) transpose_tiles_kernel(uint8_t *__restrict__ codes_t,
+                                                              uint8_t *__restrict__ scales_t,
+                                                              const uint8_t *__restrict__ codes,
+                                                              const uint8_t *__restrict__ scales, int64_t R,
+                                                              int64_t K) {
+  NVL_SHARED(uint8_t, tile, [64][65]); /* [i][k]: one code per byte */
+  const int64_t tk = (K + 63) / 64;
+  const int64_t i0 = (int64_t)(blockIdx.x / tk) * 64, k0 = (int64_t)(blockIdx.x % tk) * 64;
+  for (int e = threadIdx.x; e < 64 * 32; e += blockDim.x) {
+    const int li = e / 32, lb = e % 32;
+    const int64_t i = i0 + li, kb = k0 / 2 + lb;
+    const uint8_t b = i < R && kb < K / 2 ? codes[i * (K / 2) + kb] : 0;
+    tile[li][2 * lb] = b & 15;
+    tile[li][2 * lb + 1] = b >> 4;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < 64 * 32; e += blockDim.x) {
+    const int lk = e / 32, lb = e % 32;
+    const int64_t k = k0 + lk, ib = i0 / 2 + lb;
+    if (k < K && ib < R / 2) codes_t[k * (R / 2) + ib] = (uint8_t)(tile[2 * lb][lk] | tile[2 * lb + 1][lk] << 4);
+  }
+  for (int e = threadIdx.x; e < 64 * 4; e += blockDim.x) {
+    const int lk = e / 4, lj = e % 4;
+    const int64_t k = k0 + lk, j = i0 / 16 + lj;
+    if (k < K && j < R / 16) scales_t[k * (R / 16) + j] = scales[(16 * j) * (K / 16) + k / 16];
+  }
+}
+
+} /* namespace */
+
+extern "C" nvl_status nvl_cuda_swizzle_scales(nvl_kctx *ctx, uint8_t *swz, const uint8_t *scales, int64_t rows,
+                                              int64_t nb) {
+  const int dev = ctx->dev;
+  if (rows <= 0 || nb <= 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  if (rows % 128 || nb % 4) NVL_CUDA_CHECK(cudaMemsetAsync(swz, 0, nvl_swizzled_bytes(rows, nb), 0)); /* the padding */
+  const int blocks = nvl_cuda_grid(rows * nb, 256, dev);
+  NVL_LAUNCH(blocks, 256, 0, 0, swizzle_scales_kernel)(swz, scales, rows, nb);
+  char what[96];
+  snprintf(what, sizeof what, "swizzle_scales_kernel (rows=%lld, nb=%lld)", (long long)rows, (long long)nb);
+  return nvl_cuda_check_launch(dev, __func__, what);
+}
+
+extern "C" nvl_status nvl_cuda_transpose_tiles(nvl_kctx *ctx, uint8_t *codes_t, uint8_t *scales_t,
+                                               const uint8_t *codes, const uint8_t *scales, int64_t R, int64_t K) {
+  const int dev = ctx->dev;
+  if (R <= 0 || K <= 0) return NVL_OK;
+  const int64_t tiles = ((R + 63) / 64) * ((K + 63) / 64);
+  if (tiles >= ((int64_t)1 << 31)) return nvl_error(NVL_EINVAL, "%s: %lld tiles is more than one launch takes", __func__, (long long)tiles);
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  NVL_LAUNCH((unsigned)tiles, 256, 0, 0, transpose_tiles_kernel)(codes_t, scales_t, codes, scales, R, K);
+  char what[96];
+  snprintf(what, sizeof what, "transpose_tiles_kernel (R=%lld, K=%lld)", (long long)R, (long long)K);
+  return nvl_cuda_check_launch(dev, __func__, what);
+}

@@ -160,6 +160,61 @@ static int l_all_gather(lua_State *L) {
   return 1;
 }
 
+/* shard_rows(rows, world, align) -> a table: [r + 1] = {row0 = first row (0-based), rows = count} for
+ * each rank r, and chunk (core/dist.h nvl_dist_shard_rows) */
+static int l_shard_rows(lua_State *L) {
+  lua_Integer rows = luaL_checkinteger(L, 1), world = luaL_checkinteger(L, 2), align = luaL_optinteger(L, 3, 1);
+  luaL_argcheck(L, rows >= 0, 1, "rows must be >= 0");
+  luaL_argcheck(L, world >= 1 && world <= (1 << 20), 2, "world must be a rank count >= 1");
+  luaL_argcheck(L, align >= 1, 3, "align must be >= 1");
+  int64_t row0, n, chunk = 0;
+  lua_createtable(L, (int)world, 1);
+  for (int r = 0; r < (int)world; r++) {
+    nvl_dist_shard_rows((int64_t)rows, (int)world, (int64_t)align, r, &row0, &n, &chunk);
+    lua_createtable(L, 0, 2);
+    lua_pushinteger(L, (lua_Integer)row0);
+    lua_setfield(L, -2, "row0");
+    lua_pushinteger(L, (lua_Integer)n);
+    lua_setfield(L, -2, "rows");
+    lua_rawseti(L, -2, r + 1);
+  }
+  lua_pushinteger(L, (lua_Integer)chunk);
+  lua_setfield(L, -2, "chunk");
+  return 1;
+}
+
+/* bytes() -> {all_gather = n, reduce_scatter = n, all_reduce = n, broadcast = n}: bytes this rank sent
+ * (core/dist.h nvl_dist_bytes); reset_bytes() starts them again from 0 */
+static int l_bytes(lua_State *L) {
+  lua_createtable(L, 0, NVL_DIST_BYTES_COUNT);
+  for (int k = 0; k < NVL_DIST_BYTES_COUNT; k++) {
+    lua_pushinteger(L, (lua_Integer)nvl_dist_bytes((nvl_dist_bytes_kind)k));
+    lua_setfield(L, -2, nvl_dist_bytes_names[k]);
+  }
+  return 1;
+}
+
+static int l_reset_bytes(lua_State *L) {
+  (void)L;
+  nvl_dist_bytes_reset();
+  return 0;
+}
+
+/* all_gather_start(out, t) -> ticket: started, not waited for (core/dist.h); all_gather_wait(ticket) */
+static int l_all_gather_start(lua_State *L) {
+  nvl_tensor *out = nvl_lua_check_tensor(L, 1, "all_gather_start");
+  nvl_tensor *t = nvl_lua_check_tensor(L, 2, "all_gather_start");
+  int ticket = -1;
+  CHECK(L, nvl_dist_all_gather_start(out, t, &ticket));
+  lua_pushinteger(L, ticket);
+  return 1;
+}
+
+static int l_all_gather_wait(lua_State *L) {
+  CHECK(L, nvl_dist_all_gather_wait((int)luaL_checkinteger(L, 1)));
+  return 0;
+}
+
 static int l_set_timeout(lua_State *L) {
   nvl_dist_set_timeout(luaL_checknumber(L, 1));
   return 0;
@@ -189,6 +244,8 @@ static const luaL_Reg dist_funcs[] = {
   {"bg_busy", l_bg_busy}, {"bg_threaded", l_bg_threaded}, {"all_reduce_number", l_all_reduce_number},
   {"all_reduce_numbers", l_all_reduce_numbers},
   {"broadcast", l_broadcast}, {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
+  {"all_gather_start", l_all_gather_start}, {"all_gather_wait", l_all_gather_wait},
+  {"shard_rows", l_shard_rows}, {"bytes", l_bytes}, {"reset_bytes", l_reset_bytes},
   {"set_timeout", l_set_timeout}, {"timeout", l_timeout}, {"finalize", l_finalize}, {"abort", l_abort},
   {NULL, NULL}};
 

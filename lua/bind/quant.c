@@ -6,6 +6,7 @@
 #include <lua.h>
 #include <string.h>
 #include "bind.h"
+#include "qgather.h"
 #include "quant.h"
 
 #define QTENSOR_MT NVL_QTENSOR_MT
@@ -182,6 +183,140 @@ static int l_quantize_rowcol(lua_State *L) {
   return 2;
 }
 
+/* A started quantized all-gather: core.quantize_all_gather(..., {async = true}); g:wait() -> its copies. */
+#define QGATHER_MT "nvlua.QGather"
+typedef struct {
+  nvl_qgather *g; /* NULL once waited for (or freed) */
+  int copies;
+} lua_qgather;
+
+/* core.quantize_all_gather(shard, format, rows [, {axis = 2|1|"both", block = "1d"|"2d", scale_rule, amax,
+ * align, check = true, async = false}]) -> the quantization of the whole weight (core/qgather.h) blocked
+ * along axis (1-based: 2 = along K, the fprop copy; 1 = along the rows), or with "both" the two copies (axis
+ * 2's first); with async a handle whose :wait() returns them. Options checked for unknown keys by
+ * lua/nvlua/quant.lua. */
+static int l_quantize_all_gather(lua_State *L) {
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "quantize_all_gather");
+  nvl_dtype f = check_format(L, 2);
+  lua_Integer rows = luaL_checkinteger(L, 3);
+  nvl_qgather_opts o = {.copies = NVL_QG_AXIS1};
+  int async = 0;
+  if (!lua_isnoneornil(L, 4)) {
+    luaL_checktype(L, 4, LUA_TTABLE);
+    if (lua_getfield(L, 4, "axis") != LUA_TNIL) {
+      if (lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "both") == 0) o.copies = NVL_QG_AXIS1 | NVL_QG_AXIS0;
+      else if (lua_isinteger(L, -1) && (lua_tointeger(L, -1) == 1 || lua_tointeger(L, -1) == 2))
+        o.copies = lua_tointeger(L, -1) == 2 ? NVL_QG_AXIS1 : NVL_QG_AXIS0;
+      else
+        return luaL_error(L, "quantize_all_gather: axis must be 2 (blocked along K), 1 (along the rows) or \"both\", got %s",
+                          luaL_tolstring(L, -1, NULL));
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 4, "block") != LUA_TNIL) {
+      const char *b = lua_tostring(L, -1);
+      if (b && strcmp(b, "2d") == 0) o.block2d = 1;
+      else if (!b || strcmp(b, "1d") != 0)
+        return luaL_error(L, "quantize_all_gather: block must be \"1d\" or \"2d\", got %s", luaL_tolstring(L, -1, NULL));
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 4, "scale_rule") != LUA_TNIL) {
+      const char *r = lua_tostring(L, -1);
+      if (r && strcmp(r, "floor") == 0) o.rule = NVL_MX_FLOOR;
+      else if (!r || strcmp(r, "rceil") != 0)
+        return luaL_error(L, "quantize_all_gather: scale_rule must be \"rceil\" or \"floor\", got %s", luaL_tolstring(L, -1, NULL));
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 4, "align") != LUA_TNIL) {
+      if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1)
+        return luaL_error(L, "quantize_all_gather: align must be a positive integer, got %s", luaL_tolstring(L, -1, NULL));
+      o.align = (int64_t)lua_tointeger(L, -1);
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 4, "check") != LUA_TNIL) {
+      if (!lua_isboolean(L, -1)) return luaL_error(L, "quantize_all_gather: check must be true or false");
+      o.nocheck = !lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 4, "async") != LUA_TNIL) {
+      if (!lua_isboolean(L, -1)) return luaL_error(L, "quantize_all_gather: async must be true or false");
+      async = lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, 4, "amax") != LUA_TNIL) { /* the options table keeps it alive through the call */
+      nvl_qtensor *qa = luaL_testudata(L, -1, QTENSOR_MT);
+      nvl_tensor *ta = luaL_testudata(L, -1, NVL_TENSOR_MT);
+      if (qa) {
+        if (!qa->data.storage) return luaL_error(L, "quantize_all_gather: the quantized tensor given as amax has been freed");
+        o.amax_of = qa;
+      } else if (ta) {
+        o.amax_t = ta;
+      } else if (lua_isnumber(L, -1)) {
+        o.has_amax = 1;
+        o.amax = (float)lua_tonumber(L, -1);
+      } else {
+        return luaL_error(L, "quantize_all_gather: amax must be a number, a quantized tensor or a one-element f32 tensor");
+      }
+    }
+    lua_pop(L, 1);
+  }
+  int base = lua_gettop(L);
+  lua_qgather *h = lua_newuserdatauv(L, sizeof(lua_qgather), 0); /* pushed empty first: an error leaks nothing */
+  h->g = NULL;
+  h->copies = o.copies;
+  luaL_setmetatable(L, QGATHER_MT);
+  CHECK(L, nvl_quantize_all_gather_start(&h->g, x, (int64_t)rows, f, &o));
+  if (async) return 1;
+  lua_getfield(L, -1, "wait");
+  lua_insert(L, -2);
+  lua_call(L, 1, LUA_MULTRET);
+  return lua_gettop(L) - base;
+}
+
+/* g:wait() -> the copies asked for (axis 2's first): completes the gathers (on a device stream 0 waits
+ * for them, the host does not) */
+static int qg_wait(lua_State *L) {
+  lua_qgather *h = luaL_checkudata(L, 1, QGATHER_MT);
+  if (!h->g) return luaL_error(L, "quantize_all_gather: this gather was waited for already");
+  int n = 0;
+  nvl_qtensor *dst[2] = {NULL, NULL};
+  if (h->copies & NVL_QG_AXIS1) dst[0] = push_q(L), n++;
+  if (h->copies & NVL_QG_AXIS0) dst[1] = push_q(L), n++;
+  nvl_qgather *g = h->g;
+  h->g = NULL;
+  nvl_qtensor out[2];
+  CHECK(L, nvl_quantize_all_gather_wait(out, g));
+  for (int c = 0; c < 2; c++) {
+    if (dst[c]) *dst[c] = out[c];
+    else nvl_qtensor_release(&out[c]);
+  }
+  return n;
+}
+
+/* g:pending() -> true until waited for */
+static int qg_pending(lua_State *L) {
+  lua_pushboolean(L, ((lua_qgather *)luaL_checkudata(L, 1, QGATHER_MT))->g != NULL);
+  return 1;
+}
+
+/* dropped without a wait: its collectives are completed first (every rank completes them) */
+static int qg_gc(lua_State *L) {
+  lua_qgather *h = luaL_checkudata(L, 1, QGATHER_MT);
+  nvl_qgather_free(h->g);
+  h->g = NULL;
+  return 0;
+}
+
+/* core.qgather_align(format, block2d, axis (1-based)) -> the row alignment a shard of that copy needs
+ * (0: the copy is not gathered; core/qgather.h) */
+static int l_qgather_align(lua_State *L) {
+  nvl_dtype f = check_format(L, 1);
+  int block2d = lua_toboolean(L, 2);
+  lua_Integer axis = luaL_checkinteger(L, 3);
+  luaL_argcheck(L, axis == 1 || axis == 2, 3, "axis must be 1 or 2");
+  lua_pushinteger(L, (lua_Integer)nvl_qgather_align(f, block2d, (int)axis - 1));
+  return 1;
+}
+
 /* q:dequantize([{on_device = false}]) -> f32 tensor: on the CPU, or with on_device on q's device */
 static int q_dequantize(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
@@ -304,7 +439,7 @@ static int q_size(lua_State *L) {
 /* Bytes of storage: codes + block scales (+ the fp32 per-tensor scale of formats that have one). */
 static int q_nbytes(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
-  size_t n = q->data.storage->bytes + (q->scales.storage ? (size_t)nvl_tensor_numel(&q->scales) : 0);
+  size_t n = nvl_tensor_nbytes(&q->data) + (q->scales.storage ? (size_t)nvl_tensor_numel(&q->scales) : 0);
   if (nvl_dtypes[q->format].global_amax) n += 4;
   lua_pushinteger(L, (lua_Integer)n);
   return 1;
@@ -424,10 +559,19 @@ static const luaL_Reg q_methods[] = {
 static const luaL_Reg q_meta[] = {{"__index", q_index}, {"__gc", q_free}, {"__close", q_free}, {NULL, NULL}};
 
 static const luaL_Reg q_funcs[] = {
-  {"quantize", l_quantize}, {"quantize_rowcol", l_quantize_rowcol}, {"quant_amax", l_quant_amax}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
+  {"quantize", l_quantize}, {"quantize_rowcol", l_quantize_rowcol}, {"quantize_all_gather", l_quantize_all_gather},
+  {"qgather_align", l_qgather_align}, {"quant_amax", l_quant_amax}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
   {"codec", l_codec}, {NULL, NULL}};
 
+static const luaL_Reg qg_methods[] = {{"wait", qg_wait}, {"pending", qg_pending}, {NULL, NULL}};
+
 void nvl_lua_open_quant(lua_State *L) {
+  luaL_newmetatable(L, QGATHER_MT);
+  lua_pushcfunction(L, qg_gc);
+  lua_setfield(L, -2, "__gc");
+  luaL_newlib(L, qg_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
   luaL_newmetatable(L, QTENSOR_MT);
   luaL_setfuncs(L, q_meta, 0);
   luaL_newlib(L, q_methods);

@@ -12,7 +12,9 @@
 -- all_reduce_numbers({x1, ...}, op) (several numbers, one collective; -> a new table),
 -- broadcast(t, root), reduce_scatter(out, t, op) (t cut along dim 1 into world equal chunks;
 -- out gets this rank's, reduced), all_gather(out, t) (out = the ranks' t along dim 1; t may be
--- out's own chunk, gathered in place). Each returns its output.
+-- out's own chunk, gathered in place). Each returns its output. all_gather_start / all_gather_wait:
+-- the all-gather without waiting. shard_rows: the row split of sharded tensors; bytes(): what this
+-- rank sent. nv.quant.all_gather_quantized (lua/nvlua/quant.lua) gathers a weight quantized.
 --
 -- Faults: a collective that waits longer than the timeout (set_timeout(s), or the environment's
 -- NVLUA_DIST_TIMEOUT; default 600 s) ends the process with a message naming the rank and the
@@ -110,8 +112,33 @@ dist.bg_threaded = C.bg_threaded
 dist.broadcast = C.broadcast
 dist.reduce_scatter = C.reduce_scatter
 dist.all_gather = C.all_gather
+--- dist.all_gather_start(out, t) -> ticket: start all_gather(out, t) (contiguous tensors) without waiting
+-- (MPI_Iallgather; on CUDA NCCL on its stream, stream 0 not waiting); dist.all_gather_wait(ticket)
+-- completes it (then out holds the result; on CUDA stream 0's later work waits for it, the host does not).
+-- out and t must not be touched in between. Prefetching a layer's weights while another computes.
+dist.all_gather_start = C.all_gather_start
+dist.all_gather_wait = C.all_gather_wait
 dist.set_timeout = C.set_timeout
 dist.timeout = C.timeout
+--- dist.shard_rows(rows [, world = dist.world_size() [, align = 1]]) -> {[r + 1] = {row0 =, rows =}, chunk =}:
+-- the row split every sharded feature uses (ZeRO-2/3 shards, nv.quant.all_gather_quantized; core/dist.h):
+-- the rows in units of align rows, chunk = ceil(ceil(rows / align) / world) * align rows per rank, rank r
+-- holding the contiguous rows [row0, row0 + rows) = [min(r * chunk, rows), min((r + 1) * chunk, rows))
+-- (row0 is 0-based: t:narrow(1, row0 + 1, n)). Front-loaded, like torch.chunk and FSDP2: every shard is a
+-- multiple of align rows except the one that ends at `rows`, none holds more than chunk (the smallest
+-- maximum an align-row split allows), and ranks past the end hold 0 rows (e.g. 5 units on 4 ranks: 2, 2,
+-- 1, 0). Padded to chunk rows each, the shards sit in a world * chunk buffer whose first `rows` rows are
+-- the tensor: equal-count collectives (all_gather, reduce_scatter) then work in place.
+function dist.shard_rows(rows, world, align)
+  return C.shard_rows(rows, world or C.world_size(), align or 1)
+end
+--- dist.bytes() -> {all_gather, reduce_scatter, all_reduce, broadcast}: the bytes this rank has sent in
+-- each kind of collective since start or dist.reset_bytes(), as the ring algorithms move them, from the
+-- sizes (not measured on the wire): (N - 1) / N of the gathered or scattered tensor, 2 (N - 1) / N of an
+-- all-reduced one, (N - 1) / N of a broadcast one (averaged over ranks), N the world size; 0 in a world
+-- of one. dist.reset_bytes(): start counting again.
+dist.bytes = C.bytes
+dist.reset_bytes = C.reset_bytes
 --- dist.finalize(): end MPI cleanly (the driver does it at the end of the script)
 dist.finalize = C.finalize
 --- dist.abort(status): end every rank's process (returns in a world of one)

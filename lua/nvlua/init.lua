@@ -326,7 +326,8 @@ function methods.zero_(t) return t:fill_(0) end
 
 -- ---- quantization (lua/nvlua/quant.lua) ---------------------------------------------------------
 local quant = require "nvlua.quant"
-nv.quant = {report = quant.report, show = quant.show}
+nv.quant = {report = quant.report, show = quant.show, all_gather_quantized = quant.all_gather_quantized,
+  gather_align = quant.gather_align}
 nv.quantize = quant.quantize
 nv.qmatmul = quant.qmatmul
 nv.rht = quant.rht

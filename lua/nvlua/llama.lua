@@ -9,7 +9,27 @@
 -- checkpoints and Hugging Face config.json (checkpoint.lua).
 -- Shape letters as in nn.lua: B batch, T sequence, N = B*T tokens, C hidden, V vocabulary.
 -- Memory as in nn.lua: every forward and backward runs in an nv.scope. Block and Llama save no
--- tensors: each layer keeps its own handle of the input its backward reads.
+-- tensors: each layer keeps its own handle of the input its backward reads — except under
+-- activation recompute (Block:set_recompute, Llama's recompute option, train's recompute key):
+--   "none"       every layer keeps what its backward reads (per token and block, in the activation
+--                dtype: the block input, both norm outputs, the residual, RoPE'd q and k, v, the
+--                attention output, gate, up and SwiGLU's product: 4C + 2·Dq + 2·kvC + 3F, with Dq and
+--                kvC the query and key/value widths; in f32 the attention's log-sum-exp, one per query
+--                head, and the two norms' rstd: Hq + 2)
+--   "block"      the block keeps only its input x (C per token): its forward runs with the layers
+--                keeping nothing, and its backward first runs that forward again, the layers keeping
+--                what their backward reads, then back-propagates; so one block's activations exist at
+--                a time. The recomputed forward gives the same bits with no side effect: the first
+--                forward's quantization decisions are taped and replayed (recipe.record / replay:
+--                delayed-scaling amaxes, data-parallel global amaxes, SR offsets, MoR choices), and
+--                the replay counts no GEMM in nv.stats and calls no trace hook.
+--   "selective"  everything but the two RMSNorm outputs and SwiGLU's product (2C + F per token, in the
+--                activation dtype): the linears reading them keep neither them nor a quantized copy
+--                (nn.Linear's recompute_input), and the backward recomputes each just before the
+--                layers reading it back-propagate (RMSNorm:recompute from the norm's kept input,
+--                SwiGLU from the kept gate and up); no quantization is decided again (the wgrad copy
+--                of a recomputed input is made in the backward, as where fprop and wgrad do not pair).
+-- Either way the gradients are bit-identical to "none" for every recipe (tests/test_recompute.lua).
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
@@ -30,10 +50,28 @@ local llama = {}
 local Block = nn.class("Block", Module)
 llama.Block = Block
 
+--- llama.RECOMPUTE: the activation recompute modes (see the header), in order of memory kept
+llama.RECOMPUTE = {"none", "block", "selective"}
+
+-- A check_opts checker of a recompute mode: nil for one of llama.RECOMPUTE, else what is wrong.
+local function is_recompute(v)
+  for _, m in ipairs(llama.RECOMPUTE) do if v == m then return nil end end
+  return "must be one of " .. table.concat(llama.RECOMPUTE, ", ")
+end
+
+-- mode checked for fname's set_recompute: a user error naming the key otherwise
+local function check_recompute(mode, fname)
+  local bad = is_recompute(mode)
+  if bad then
+    user_error(string.format("%s: recompute %s, got %s", fname, bad, type(mode) == "string" and "'" .. mode .. "'" or
+      tostring(mode)), 3)
+  end
+end
+
 function Block:__init(config, opts)
   Module.__init(self)
   local c = nn.llama_config(config)
-  opts = check_opts(opts, {index = true, rope = true, generator = true, recipe = true}, "Block")
+  opts = check_opts(opts, {index = true, rope = true, generator = true, recipe = true, recompute = is_recompute}, "Block")
   self.index = opts.index
   -- registered in Hugging Face's order (LlamaDecoderLayer: self_attn, mlp, the two norms)
   self.self_attn = self:register_module("self_attn", Attention(c, {rope = opts.rope, generator = opts.generator,
@@ -45,47 +83,117 @@ function Block:__init(config, opts)
   for _, m in ipairs(self:modules()) do
     if nn.is_instance(m, Linear) then m.block = opts.index end
   end
+  self:set_recompute(opts.recompute or "none")
 end
 
-function Block:extra_repr() return self.index and ("index=" .. self.index) or "" end
+function Block:extra_repr()
+  local parts = {}
+  if self.index then parts[#parts + 1] = "index=" .. self.index end
+  if self.recompute ~= "none" then parts[#parts + 1] = "recompute=" .. self.recompute end
+  return table.concat(parts, ", ")
+end
+
+--- block:set_recompute(mode) -> block: "none" | "block" | "selective" (the header). Set it between
+-- steps, not between a forward and its backward.
+function Block:set_recompute(mode)
+  check_recompute(mode, "Block:set_recompute")
+  self.recompute = mode
+  local selective = self.recompute == "selective" or nil
+  for _, l in ipairs({self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj, self.mlp.gate_proj,
+    self.mlp.up_proj, self.mlp.down_proj}) do
+    l.recompute_input = selective
+  end
+  return self
+end
+
+-- The block's arithmetic: x (B, T, C) -> out (B, T, C), in the caller's scope.
+local function block_forward(self, x)
+  local h = self.input_layernorm:forward(x)                  -- (B, T, C)
+  local x1 = self.self_attn:forward(h):add_(x)               -- (B, T, C) residual, in place
+  local h2 = self.post_attention_layernorm:forward(x1)       -- (B, T, C)
+  return self.mlp:forward(h2):add_(x1)                       -- (B, T, C)
+end
+
+-- Free what a forward kept for a backward that never ran (recompute = "block": the input, the tape).
+function Block:_drop()
+  local s = self._saved
+  self._saved = nil
+  if type(s) == "table" then
+    s.x:free()
+    recipes.release_tape(s.tape)
+  end
+end
+
+-- fn() with every module under the block (not the block) in eval mode: they keep nothing.
+local function layers_keeping_nothing(self, fn, ...)
+  local mods, was = self:modules(), {}
+  for i = 2, #mods do was[i], mods[i].training = mods[i].training, false end
+  local r = table.pack(pcall(fn, ...))
+  for i = 2, #mods do mods[i].training = was[i] end
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
 
 function Block:forward(x)
-  self._saved = self.training or nil -- nothing to keep: the layers hold h, x1 and h2 for their backward
-  return nv.scope(function()
-    local h = self.input_layernorm:forward(x)                -- (B, T, C)
-    local x1 = self.self_attn:forward(h):add_(x)             -- (B, T, C) residual, in place
-    local h2 = self.post_attention_layernorm:forward(x1)     -- (B, T, C)
-    return self.mlp:forward(h2):add_(x1)                     -- (B, T, C)
+  self:_drop()
+  if not (self.training and self.recompute == "block") then
+    self._saved = self.training or nil -- nothing to keep: the layers hold h, x1 and h2 for their backward
+    return nv.scope(function() return block_forward(self, x) end)
+  end
+  -- recompute = "block": the layers keep nothing; their decisions are taped for the backward's rerun
+  local tape, out = layers_keeping_nothing(self, function()
+    return recipes.record(function() return nv.scope(function() return block_forward(self, x) end) end)
   end)
+  self._saved = {x = nv.unscope(x:view(x:size())), tape = tape} -- the input (B, T, C), our own handle
+  return out
 end
 
 function Block:backward(dout)
-  take_saved(self, "Block")
+  local s = take_saved(self, "Block")
+  if type(s) == "table" then -- recompute = "block": the forward again, the layers keeping what their backward reads
+    nv.scope(function() -- our handle of the input and the recomputed output die here
+      nv.adopt(s.x)
+      local ok, err = pcall(recipes.replay, s.tape, function()
+        nv.scope(function() block_forward(self, s.x) end)
+      end)
+      recipes.release_tape(s.tape)
+      if not ok then error(err, 0) end
+    end)
+  end
+  -- recompute = "selective": each norm's output again just before the projections reading it run
+  -- their backward (they hold it until then)
   return nv.scope(function()
     local dx1 = nv.scope(function() -- dh2 dies once the norm's backward has read it
+      if self.mlp.gate_proj:needs_input() then
+        self.mlp:restore_input(self.post_attention_layernorm:recompute())           -- h2 (B, T, C)
+      end
       return self.post_attention_layernorm:backward(self.mlp:backward(dout))
     end)
     dx1:add_(dout)                                           -- (B, T, C) the residual's gradient
+    if self.self_attn.q_proj:needs_input() then
+      nv.scope(function() self.self_attn:restore_input(self.input_layernorm:recompute()) end) -- h (B, T, C)
+    end
     return self.input_layernorm:backward(self.self_attn:backward(dx1)):add_(dx1)
   end)
 end
 
 -- ---- Llama --------------------------------------------------------------------------------------
 
---- llama.Llama(config [, {recipe =, seed =, generator =}]): a Llama 3 language model (config: nn.llama_config's
+--- llama.Llama(config [, {recipe =, seed =, generator =, recompute = "none"}]): a Llama 3 language model (config: nn.llama_config's
 -- keys; the five sizes, nn.LLAMA_SIZE_KEYS, must be given) with Hugging Face
 -- parameter names (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
 -- model.norm.weight, lm_head.weight unless tied). Weights: normal(0, initializer_range) from a
 -- Philox generator seeded with `seed` (else the default generator), norms ones. Gradients live in
 -- one flat f32 buffer (model.grad_buffer) that each parameter's grad is a view of.
--- model.step (set by the training loop) is passed to the recipe as ctx.step.
+-- model.step (set by the training loop) is passed to the recipe as ctx.step. recompute: every
+-- block's activation recompute mode (the header; model:set_recompute).
 local Llama = nn.class("Llama", Module)
 llama.Llama = Llama
 
 function Llama:__init(config, opts)
   Module.__init(self)
   local c = nn.llama_config(config) -- the sizes must be given (Hugging Face defaults them to a 6.7B model)
-  opts = check_opts(opts, {recipe = true, seed = true, generator = true}, "Llama")
+  opts = check_opts(opts, {recipe = true, seed = true, generator = true, recompute = is_recompute}, "Llama")
   self.config = c
   self.step = 0
   local gen = opts.generator or (opts.seed and nv.Generator(opts.seed)) or nil
@@ -95,7 +203,7 @@ function Llama:__init(config, opts)
     Embedding(c.vocab_size, c.hidden_size, {generator = gen, std = c.initializer_range}))
   self.layers = model:register_module("layers", ModuleList())
   for i = 0, c.num_hidden_layers - 1 do
-    self.layers:append(Block(c, {index = i, rope = self.rope, generator = gen}))
+    self.layers:append(Block(c, {index = i, rope = self.rope, generator = gen, recompute = opts.recompute}))
   end
   self.norm = model:register_module("norm", RMSNorm(c.hidden_size, {eps = c.rms_norm_eps}))
   self.lm_head = self:register_module("lm_head", Linear(c.hidden_size, c.vocab_size, {high_precision = true,
@@ -114,9 +222,29 @@ end
 
 function Llama:extra_repr()
   local c = self.config
-  return string.format("layers=%d, hidden=%d, heads=%d/%d, ffn=%d, vocab=%d%s", c.num_hidden_layers, c.hidden_size,
+  local r = self:recompute_mode()
+  return string.format("layers=%d, hidden=%d, heads=%d/%d, ffn=%d, vocab=%d%s%s", c.num_hidden_layers, c.hidden_size,
     c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size,
-    c.tie_word_embeddings and ", tied" or "")
+    c.tie_word_embeddings and ", tied" or "", r ~= "none" and ", recompute=" .. r or "")
+end
+
+--- model:set_recompute(mode) -> model: every block's activation recompute, "none" | "block" |
+-- "selective" (the header); between steps, not between a forward and its backward
+function Llama:set_recompute(mode)
+  check_recompute(mode, "Llama:set_recompute")
+  for i = 1, self.layers.n do self.layers[i]:set_recompute(mode) end
+  return self
+end
+
+--- model:recompute_mode() -> the blocks' recompute mode ("mixed" where blocks were set apart)
+function Llama:recompute_mode()
+  local m
+  for i = 1, self.layers.n do
+    local r = self.layers[i].recompute
+    if m and r ~= m then return "mixed" end
+    m = r
+  end
+  return m or "none"
 end
 
 -- Make every gradient a view of one flat f32 buffer on the parameters' device (for one

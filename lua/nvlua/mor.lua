@@ -306,8 +306,10 @@ end
 
 -- Per block: quantize t's blocked layout with each candidate (power-of-two tensor factors), the
 -- relative L2 error of each block, the decision per block, and the operand of every block's chosen
--- values: a bf16 QTensor of the layout (exact: each value is a bf16 value). -> q, "mor"
-function Mor:_per_block(rec, ctx, role, operand, t, axis)
+-- values: a bf16 QTensor of the layout (exact: each value is a bf16 value). -> q, "mor". given: a
+-- recompute's replay (recipe.replay) of a forward operand: the choice tensor the first forward made,
+-- the chosen candidates quantized again, nothing measured, decided or counted.
+function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
   local L = layout(t, axis)
   local rows, K = L:size(1), L:size(2)
   local B = self.block
@@ -317,24 +319,33 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis)
   end
   local nb = K // B
   local a = core.quant_amax(L):cpu():totable()[1]
-  local c = norm_factor(a)
-  local Ls = c == 1 and L or L * c
-  -- the per-block sums on t's device; the errors, the decision and the counts on the host (rows x
-  -- blocks numbers)
-  local n2 = sqerr(Ls, nil, B):cpu():maximum(TINY)
-  local deqs, errs = {}, {}
-  for i, f in ipairs(self.candidates) do
+  local function deq(i) -- candidate i's values of the layout, dequantized
+    local f = self.candidates[i]
     local ft = formats.traits[f]
     local o = self:_opts(rec, f, operand, 2)
+    if given and o.sr then error("recipe mor: a recompute replays forward operands, which take no SR", 0) end
     if ft.global_amax then o.amax = pow2_amax(ft.range, a) end
-    local deq = quant.quantize(L, f, o):dequantize({on_device = true})
-    deqs[i] = deq
-    errs[i] = (sqerr(c == 1 and deq or deq * c, Ls, B):cpu() / n2):sqrt()
+    return quant.quantize(L, f, o):dequantize({on_device = true})
   end
-  local d = {errs = errs, thresholds = self.threshold, formats = self.formats, granularity = "block", block = B,
-    ctx = {name = ctx.name, block = ctx.block, step = ctx.step, role = role, operand = operand}}
-  local choice, counts = self:_decide(d, where_of(ctx, role, operand))
-  self:_count(ctx, role, operand, counts, B, "block")
+  local deqs, errs, choice, counts = {}, {}, given, {}
+  if given then
+    for i = 1, #self.formats do counts[i] = math.tointeger(choice:eq(i):to("f32"):sum()) or 0 end
+    for i = 1, #self.candidates do if counts[i] > 0 then deqs[i] = deq(i) end end
+  else
+    local c = norm_factor(a)
+    local Ls = c == 1 and L or L * c
+    -- the per-block sums on t's device; the errors, the decision and the counts on the host (rows x
+    -- blocks numbers)
+    local n2 = sqerr(Ls, nil, B):cpu():maximum(TINY)
+    for i = 1, #self.candidates do
+      deqs[i] = deq(i)
+      errs[i] = (sqerr(c == 1 and deqs[i] or deqs[i] * c, Ls, B):cpu() / n2):sqrt()
+    end
+    local d = {errs = errs, thresholds = self.threshold, formats = self.formats, granularity = "block", block = B,
+      ctx = {name = ctx.name, block = ctx.block, step = ctx.step, role = role, operand = operand}}
+    choice, counts = self:_decide(d, where_of(ctx, role, operand))
+    self:_count(ctx, role, operand, counts, B, "block")
+  end
   deqs[#self.formats] = L:to("bf16"):to("f32") -- bf16 blocks: x rounded to bf16
   local mixed
   for i = 1, #self.formats do
@@ -348,13 +359,37 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis)
   return quant.quantize(mixed, "bf16"), "mor", choice, errs
 end
 
+-- A recompute's replay of a per-tensor choice (recipe.replay): t in the format the first forward
+-- chose, not measured, decided or counted again. -> q, format
+function Mor:_per_tensor_replayed(rec, operand, t, axis, split, f)
+  if f == "bf16" then return quant.quantize(t, "bf16", {axis = axis, view = split or nil}), "bf16" end
+  local o = self:_opts(rec, f, operand, axis)
+  if o.sr then error("recipe mor: a recompute replays forward operands, which take no SR", 0) end
+  return quant.quantize(t, f, o), f
+end
+
 --- mor:operand(rec, ctx, role, operand, t, axis [, split]) -> the quantized operand (a QTensor blocked
 -- along axis), its label (the chosen format, or "mor" for a per-block operand), the choice tensor
--- and the errors (as decide saw them): t's representation chosen per the settings.
+-- and the errors (as decide saw them): t's representation chosen per the settings. Under activation
+-- recompute (recipe.record / replay) the choice is taped in the first forward and replayed in the
+-- second: no second measurement, decision, sticky update or count.
 function Mor:operand(rec, ctx, role, operand, t, axis, split)
   return core.scope(function()
-    if self.granularity == "block" then return self:_per_block(rec, ctx, role, operand, t, axis) end
-    return self:_per_tensor(rec, ctx, role, operand, t, axis, split)
+    local key = tostring(ctx.name) .. "|" .. operand .. "|" .. role
+    local e = rec._tape_take and rec:_tape_take(key)
+    if e and e.format then return self:_per_tensor_replayed(rec, operand, t, axis, split, e.format) end
+    if e then return self:_per_block(rec, ctx, role, operand, t, axis, e.choice) end
+    if self.granularity == "block" then
+      local q, label, choice, errs = self:_per_block(rec, ctx, role, operand, t, axis)
+      if rec._tape_put then
+        local kept = choice:clone() -- the tape's own copy: choice goes to the caller
+        rec:_tape_put(key, {choice = kept}, kept)
+      end
+      return q, label, choice, errs
+    end
+    local q, f, choice, errs = self:_per_tensor(rec, ctx, role, operand, t, axis, split)
+    if rec._tape_put then rec:_tape_put(key, {format = f}) end
+    return q, f, choice, errs
   end)
 end
 
@@ -437,9 +472,12 @@ end
 function Mor:forward(rec, ctx, x2, w)
   local qx, fx = self:operand(rec, ctx, "fprop", "x", x2, 2, true)
   local qw, fw = self:operand(rec, ctx, "fprop", "w", w, 2)
-  if rec.hook then core.unscoped(rec.hook, {ctx = ctx, role = "fprop", gemm = gemm_of("fprop", fx, fw), a = qx, b = qw}) end
+  local replay = rec._replaying and rec:_replaying() -- a recompute: this GEMM was counted and traced once
+  if rec.hook and not replay then
+    core.unscoped(rec.hook, {ctx = ctx, role = "fprop", gemm = gemm_of("fprop", fx, fw), a = qx, b = qw})
+  end
   local y = gemm_out(quant.qmatmul(qx, qw, {out = "bf16"}), rec.act_dtype)
-  stats.count("fprop", label(fx, fw))
+  if not replay then stats.count("fprop", label(fx, fw)) end
   return y
 end
 

@@ -467,10 +467,11 @@ function Linear:extra_repr()
   return string.format("%d -> %d%s", self.in_features, self.out_features, self.tied and ", tied" or "")
 end
 
---- the context the recipe sees (NUMERICS §6 choices are made per name / block / step)
+--- the context the recipe sees (NUMERICS §6 choices are made per name / block / step; recompute_input:
+-- see Linear:restore_input)
 function Linear:context()
   return {name = self.name or "linear", block = self.block, num_blocks = self.num_blocks,
-    high_precision = self.high_precision, step = self.step or 0}
+    high_precision = self.high_precision, step = self.step or 0, recompute_input = self.recompute_input or nil}
 end
 
 -- forget the state saved by a forward that had no backward
@@ -494,9 +495,13 @@ function Linear:forward(x)
     local x2 = x:reshape(x:numel() // K, K)                           -- (N, in), our own handle
     local y, saved = r:linear_forward(ctx, x2, self.weight_entry.param, not self.training) -- (N, out)
     if self.training then -- in eval the scope frees x2 and what the recipe saved
-      -- x2 is kept only when the recipe kept it (not when it kept x's quantized wgrad copy instead)
-      self._saved = nv.unscope({saved = nv.unscope(saved), x = saved.x and x2 or nil, ctx = ctx, recipe = r,
-        shape = shape})
+      -- x2 is kept only when the recipe kept it (not when it kept x's quantized wgrad copy instead);
+      -- with recompute_input not even then: the scope frees it, restore_input gives it back
+      local keep = saved.x and x2 or nil
+      local dropped = keep ~= nil and self.recompute_input
+      if dropped then saved.x, keep = nil, nil end
+      self._saved = nv.unscope({saved = nv.unscope(saved), x = keep, ctx = ctx, recipe = r, shape = shape,
+        needs_input = dropped or nil})
     end
     if #shape == 2 then return y end
     local oshape = {table.unpack(shape)}
@@ -505,9 +510,37 @@ function Linear:forward(x)
   end)
 end
 
+--- m.recompute_input = true (selective activation recompute, set by llama.Block:set_recompute): a
+-- training forward keeps neither its input x nor a quantized copy of it (the recipe makes none:
+-- ctx.recompute_input); before the backward, m:restore_input(x) gives it back — the same bits,
+-- recomputed by the caller. m:needs_input() -> true between such a forward and its restore_input.
+function Linear:needs_input() return self._saved ~= nil and self._saved.needs_input == true end
+
+--- m:restore_input(x): x (..., in), the input of the last training forward again (see recompute_input);
+-- m keeps its own handle of it until its backward, the caller's handle is the caller's
+function Linear:restore_input(x)
+  if not self:needs_input() then
+    error(string.format("Linear(%s):restore_input: the layer is not waiting for its input (recompute_input not " ..
+      "set, or no training forward since its last backward)", self.name or ""), 2)
+  end
+  local s = self._saved
+  local n = 1
+  for _, d in ipairs(s.shape) do n = n * d end
+  if not (nv.is_tensor(x) and x:numel() == n and x:size(x:dim()) == self.in_features) then
+    error(string.format("Linear(%s):restore_input: expected the forward's input %s, got %s", self.name or "",
+      shape_str(s.shape), nv.is_tensor(x) and shape_str(x) or type(x)), 2)
+  end
+  local x2 = nv.unscope(x:reshape(x:numel() // self.in_features, self.in_features)) -- (N, in), our own handle
+  s.x, s.saved.x, s.needs_input = x2, x2, nil
+end
+
 --- dx (..., in) = dy W; dW += dy^T x
 function Linear:backward(dy)
-  local s = take_saved(self, "Linear(" .. (self.name or "") .. ")")
+  local what = "Linear(" .. (self.name or "") .. ")"
+  if self:needs_input() then
+    error(what .. ":backward: its input was not kept (recompute_input); give it back with restore_input first", 2)
+  end
+  local s = take_saved(self, what)
   return nv.scope(function()
     nv.adopt(s.x) -- what the recipe saved is the recipe's to free (linear_backward)
     local dy2 = dy:reshape(dy:numel() // self.out_features, self.out_features)          -- (N, out)
@@ -598,6 +631,18 @@ function RMSNorm:forward(x)
     if amax then note_amax(out, amax) end
     if self.training then self._saved = nv.unscope({x = x2, rstd = rstd, shape = shape}) end
     return #shape == 2 and out or out:view(shape)
+  end)
+end
+
+--- m:recompute() -> out: the output of the last training forward again, the same bits, from the
+-- input it keeps for its backward (selective activation recompute: llama.Block); m's saved state
+-- stays for the backward. No amax is noted (recipe.note_amax): the output feeds no forward GEMM now.
+function RMSNorm:recompute()
+  local s = self._saved
+  if not s then error("RMSNorm:recompute without a training forward awaiting its backward", 2) end
+  return nv.scope(function()
+    local out = core.rmsnorm_forward(s.x, self.weight_entry.param, self.eps, false) -- (N, C); its rstd dies here
+    return #s.shape == 2 and out or out:view(s.shape)
   end)
 end
 
@@ -939,6 +984,12 @@ function Attention:forward(x)
   end)
 end
 
+--- m:restore_input(x): the forward's input x (B, T, C) again, for q/k/v projections that did not keep
+-- it (their recompute_input: selective recompute, llama.Block); each keeps its own handle
+function Attention:restore_input(x)
+  for _, p in ipairs({self.q_proj, self.k_proj, self.v_proj}) do p:restore_input(x) end
+end
+
 function Attention:backward(dy)
   local s = take_saved(self, "Attention")
   local B, T = dy:size(1), dy:size(2)
@@ -998,11 +1049,21 @@ function MLP:forward(x)
   end)
 end
 
+--- m:restore_input(x): the forward's input x (..., C) again, for gate and up projections that did not
+-- keep it (their recompute_input: selective recompute, llama.Block); each keeps its own handle
+function MLP:restore_input(x)
+  self.gate_proj:restore_input(x)
+  self.up_proj:restore_input(x)
+end
+
 function MLP:backward(dy)
   local s = take_saved(self, "MLP")
   return nv.scope(function()
     local dg, du = nv.scope(function() -- g, u and dh die once SwiGLU's backward has read them
       nv.adopt(s)
+      if self.down_proj:needs_input() then -- selective recompute: SwiGLU's product again, from g and u
+        nv.scope(function() self.down_proj:restore_input(core.swiglu_forward(s.g, s.u, false)) end) -- (N, F)
+      end
       local dh = self.down_proj:backward(dy:reshape(dy:numel() // self.hidden, self.hidden)) -- (N, F)
       return core.swiglu_backward(dh, s.g, s.u)                       -- (N, F), (N, F)
     end)

@@ -95,6 +95,123 @@ function M.AmaxHistory(len)
   return h
 end
 
+-- ---- the quantized all-gather (core/qgather.h, core/NUMERICS.md "The gathered quantized weight") -----
+
+local COPIES = {fprop = true, dgrad = true, both = true}
+
+-- spec (a format name, or a recipe spec {format, block, scale_rule, ...}) -> format, 16x16?, scale rule
+local function weight_spec(spec, where)
+  local s = spec
+  if type(spec) == "string" then s = {format = spec}
+  elseif type(spec) ~= "table" then
+    util.user_error(string.format("%s: spec must be a format name or a spec table {format = ..., block = ...}, got %s",
+      where, type(spec)), 3)
+  end
+  local fmt = s.format or s[1]
+  if type(fmt) ~= "string" then util.user_error(where .. ": spec has no format (spec.format = \"nvfp4\", ...)", 3) end
+  if not formats.traits[fmt] then
+    util.user_error(string.format("%s: unknown format '%s' (valid: %s)", where, fmt, table.concat(formats.names, ", ")), 3)
+  end
+  if s.rht then util.user_error(where .. ": a weight is quantized without the RHT (spec.rht)", 3) end
+  if s.sr then util.user_error(where .. ": a weight is quantized with RNE, not stochastic rounding (spec.sr)", 3) end
+  if s.block ~= nil and s.block ~= "1d" and s.block ~= "2d" then
+    util.user_error(string.format("%s: spec.block must be \"1d\" or \"2d\", got %s", where, tostring(s.block)), 3)
+  end
+  if s.block == "2d" and not formats.traits[fmt].block2d then
+    util.user_error(string.format("%s: 2d (16x16) blocks are an nvfp4 layout, not %s", where, fmt), 3)
+  end
+  return fmt, s.block == "2d", s.scale_rule
+end
+
+-- Does the fprop copy's transpose serve dgrad (NUMERICS §2, quant.h nvl_qtensor_t)? Values, per-tensor
+-- fp8 and 16x16 tiles; 1-D blocks along K do not.
+local function transposable(fmt, b2)
+  local ft = formats.traits[fmt]
+  return ft.scale == "none" or ft.scale == "fp32" or b2
+end
+
+local function check_copies(c, where)
+  if c ~= nil and not COPIES[c] then
+    util.user_error(string.format("%s: copies must be \"fprop\", \"dgrad\" or \"both\", got %s", where, tostring(c)), 3)
+  end
+  return c or "fprop"
+end
+
+--- nv.quant.gather_align(spec [, copies = "fprop"]) -> the row alignment a weight's shards need so that
+-- all_gather_quantized can gather those copies ("fprop", "dgrad", "both"): 16 for nvfp4 16x16 tiles,
+-- 32 for an mx dgrad copy (its 1x32 blocks run down the rows), 16 for an nvfp4 1x16 one, else 1. Shard
+-- the weight with dist.shard_rows(rows, world, gather_align(spec, copies)).
+function M.gather_align(spec, copies)
+  local fmt, b2 = weight_spec(spec, "gather_align")
+  copies = check_copies(copies, "gather_align")
+  local a = core.qgather_align(fmt, b2, 2)
+  if copies ~= "fprop" and not transposable(fmt, b2) then a = math.max(a, core.qgather_align(fmt, b2, 1)) end
+  return a -- every alignment is a power of two: the larger is a multiple of the smaller
+end
+
+local QG_OPTS = {rows = true, copies = true, amax = true, check = true, align = true, async = true}
+
+-- A started gather (all_gather_quantized{async = true}): h:wait() -> its copies, as the call would have
+-- returned them; h:pending() -> true until then.
+local Gather = {}
+Gather.__index = Gather
+Gather.__name = "nvlua.QuantizedGather"
+
+function Gather:wait()
+  local a, b = self.g:wait()
+  if self.copies == "fprop" or not self.transpose then return a, b end
+  local qt = a:t() -- the exact dgrad copy of 16x16, per-tensor and plain formats: no second gather
+  if self.copies == "dgrad" then a:free(); return qt end
+  return a, qt
+end
+
+function Gather:pending() return self.g:pending() end
+
+--- nv.quant.all_gather_quantized(shard, spec, rows | {rows, copies = "fprop", amax, check = true, align,
+-- async = false}) -> q (copies "fprop": blocked along K, what fprop reads), qt ("dgrad": blocked along
+-- the rows, what dgrad reads), or q, qt ("both"). shard: this rank's rows of a weight W [rows, K] (f32 or
+-- bf16, cpu or cuda): rows [row0, row0 + n) of dist.shard_rows(rows, world, align), align =
+-- gather_align(spec, copies) unless given. Every rank calls it alike (checked: a disagreement is the same
+-- error on every rank; check = false skips that small host all-reduce). The result is bit for bit
+-- nv.quantize(W, format, spec's options) along that axis — codes, block scales, amax and scale — from one
+-- max all-reduce of the shards' amaxes (exact), each rank quantizing its shard with the global amax, and
+-- all-gathers of codes and scales (core/NUMERICS.md "The gathered quantized weight"). dgrad's copy is
+-- q:t() where that is exact (nvfp4 16x16, fp8 per tensor, bf16, f32; no second gather), else (mx, nvfp4
+-- 1x16) a second gather of the shard quantized along its rows (the same amax: one reduction). amax: the
+-- global amax to use instead (delayed scaling's; a number, a one-element f32 tensor or a quantized
+-- tensor). async = true: returns a handle at once, the gathers in flight (MPI_Iallgather on the CPU; on
+-- CUDA NCCL on its stream, the work queued next on stream 0 running beside it), and h:wait() returns the
+-- copies (prefetch the next layer's weights while this one computes). On CUDA tensors nothing
+-- synchronises the host. dist.bytes().all_gather counts the bytes sent.
+function M.all_gather_quantized(shard, spec, opts)
+  if math.type(opts) == "integer" then opts = {rows = opts} end
+  if opts == nil then util.user_error("all_gather_quantized: give the weight's row count (rows)", 2) end
+  util.check_opts(opts, QG_OPTS, "all_gather_quantized")
+  local rows = opts.rows
+  if math.type(rows) ~= "integer" or rows < 0 then
+    util.user_error("all_gather_quantized: rows (the whole weight's row count) must be a non-negative integer, got " ..
+      tostring(rows), 2)
+  end
+  if getmetatable(shard) ~= core.Tensor then
+    util.user_error("all_gather_quantized: shard must be a tensor (this rank's rows of the weight), got " .. type(shard), 2)
+  end
+  if opts.async ~= nil and type(opts.async) ~= "boolean" then
+    util.user_error("all_gather_quantized: async must be true or false, got " .. tostring(opts.async), 2)
+  end
+  local copies = check_copies(opts.copies, "all_gather_quantized")
+  local fmt, b2, rule = weight_spec(spec, "all_gather_quantized")
+  local align = opts.align
+  if align == nil then align = M.gather_align(spec, copies) end
+  local transpose = copies ~= "fprop" and transposable(fmt, b2)
+  local axis = 2 -- the fprop copy; its transpose where that is dgrad's
+  if copies == "dgrad" and not transpose then axis = 1 elseif copies == "both" and not transpose then axis = "both" end
+  local h = setmetatable({copies = copies, transpose = transpose, g = core.quantize_all_gather(shard, fmt, rows,
+    {axis = axis, block = b2 and "2d" or nil, scale_rule = rule, amax = opts.amax, check = opts.check, align = align,
+     async = true})}, Gather)
+  if opts.async then return h end
+  return h:wait()
+end
+
 -- ---- printing ---------------------------------------------------------------------------------
 
 QT.__name = "nvlua.QTensor"

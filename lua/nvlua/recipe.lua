@@ -365,6 +365,106 @@ function M.weight_cache_size() return wcache and #wcache.list or 0 end
 
 local function cacheable(s) return wcache ~= nil and not s.sr and not s.delayed end
 
+-- ---- activation recompute: a forward's decisions, taped and replayed ---------------------------
+--
+-- Activation recompute (llama.Block, recompute = "block") runs a block's forward twice: in the
+-- forward pass, keeping nothing but the block's input, and again in its backward, to rebuild what
+-- the backward reads. The second run must give the same bits and change nothing. Most of a forward
+-- depends only on its inputs and the weights — current scaling, the weight cache's copies, the share
+-- memo, the layers' arithmetic — and is simply computed again. What depends on state or on other
+-- ranks is decided once: inside M.record(fn) each such quantization writes what it decided on a tape,
+-- under its (layer, operand, role) key, in order; inside M.replay(tape, fn) the same quantization takes
+-- its entry instead of deciding again:
+--   delayed scaling   the amax the history chose (a number, or the device tensor of a device
+--                     history), used as it was; nothing pushed to the history
+--   data parallelism  the global amax the ranks' max all-reduce gave (recipe:set_amax_reducer); the
+--                     collective is not run again
+--   SR                the generator offset its draws started at; the generator is set there for the
+--                     quantization and put back after, so no new bits are drawn
+--   MoR               the representation chosen (a format per tensor, the choice tensor per block),
+--                     neither measured nor decided nor counted again (nvlua.mor)
+-- and, during a replay, stats.count and recipe:trace's hook are skipped (the step ran each GEMM once
+-- as far as its counters and traces go). A replayed quantization asks for exactly the entries the
+-- recorded one wrote; anything else is an error naming the key, never a silent re-decision.
+-- Not here: what a recompute keeps and when it runs (llama.Block), the selective recompute of norms
+-- and SwiGLU (nn.lua), which involves no quantization decision.
+local tape -- nil; or {replay = false|true, entries = {[key] = {entry, ...}}, pos = {[key] = n}, owned = {tensors}}
+
+--- recipe.record(fn, ...) -> tape, fn(...): run a forward, taping its quantization decisions (above).
+function M.record(fn, ...)
+  if tape then error("recipe.record: a tape is already open (activation recompute does not nest)", 2) end
+  local t = {replay = false, entries = {}, pos = {}, owned = {}}
+  tape = t
+  local r = table.pack(pcall(fn, ...))
+  tape = nil
+  if not r[1] then
+    M.release_tape(t)
+    error(r[2], 0)
+  end
+  return t, table.unpack(r, 2, r.n)
+end
+
+--- recipe.replay(t, fn, ...) -> fn(...): run the forward again with the decisions of tape t (above).
+function M.replay(t, fn, ...)
+  if tape then error("recipe.replay: a tape is already open (activation recompute does not nest)", 2) end
+  if type(t) ~= "table" or t.entries == nil then error("recipe.replay: expects a tape from recipe.record", 2) end
+  t.replay, t.pos = true, {}
+  tape = t
+  local r = table.pack(pcall(fn, ...))
+  tape = nil
+  drop_hint() -- the replayed forward's consumers of a noted amax have run (see note_amax)
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+--- recipe.release_tape(t): free what tape t holds (device amaxes, MoR choices); t is then empty.
+function M.release_tape(t)
+  if type(t) ~= "table" or not t.owned then return end
+  for _, x in ipairs(t.owned) do x:free() end
+  t.entries, t.owned = {}, {}
+end
+
+--- recipe.replaying() -> true inside recipe.replay
+function M.replaying() return tape ~= nil and tape.replay end
+
+-- Record entry e under key (while a forward is recorded); the tensors given after e become the tape's
+-- (unscoped; recipe.release_tape frees them).
+local function tape_put(key, e, ...)
+  if not tape or tape.replay then return end
+  local l = tape.entries[key]
+  if not l then l = {}; tape.entries[key] = l end
+  l[#l + 1] = e
+  for _, x in ipairs({...}) do tape.owned[#tape.owned + 1] = core.unscope(x) end
+end
+
+-- The next entry of key in a replay (nil outside one); an error where the recorded forward made none.
+local function tape_take(key)
+  if not tape or not tape.replay then return nil end
+  local n = (tape.pos[key] or 0) + 1
+  local e = (tape.entries[key] or {})[n]
+  if not e then
+    error(string.format("recompute: the recomputed forward quantized %s%s, which the first forward did not (it must " ..
+      "run the same quantizations in the same order)", key, n > 1 and (" a " .. n .. "th time") or ""), 0)
+  end
+  tape.pos[key] = n
+  return e
+end
+
+-- q = make() with generator g's offset at `offset` (an SR quantization replayed), g put back after.
+local function at_offset(g, offset, make)
+  local now = g:offset()
+  g:set_offset(offset)
+  local ok, q = pcall(make)
+  g:set_offset(now)
+  if not ok then error(q, 0) end
+  return q
+end
+
+--- recipe internals for nvlua.mor (which recipe.lua requires): the tape of an open record / replay
+Recipe._tape_put = function(_, key, e, ...) return tape_put(key, e, ...) end
+Recipe._tape_take = function(_, key) return tape_take(key) end
+Recipe._replaying = function() return M.replaying() end
+
 -- The cached copy of weight w under key, else make()'s result, cached (unscoped: the cache frees it).
 -- -> q, true when the cache owns q (the caller must not free it).
 local function cached(w, key, make)
@@ -390,22 +490,38 @@ function Recipe:_quantize(s, t, axis, key, split)
   if s.rht then o.rht = true end
   if s.sr then o.sr = true; o.generator = self.gen end
   if s.scale_rule then o.scale_rule = s.scale_rule end
-  local rec, hist
-  if s.delayed and t:device() ~= "cpu" and not self.amax_reducer then -- the history on the device
-    o.amax = self:_device_amax(key, t, s, axis)
-    return quant.quantize(t, s.format, o)
-  end
-  if s.delayed then hist, rec = self:_history(key); o.amax = hist end
-  local global -- this step's amax over all ranks
-  if split and self.amax_reducer and formats.traits[s.format].global_amax and (hist == nil or rec) then
-    global = self.amax_reducer(local_amax(t, s, axis))
-    if hist == nil then o.amax = global end
-  end
-  if s.sr and split and self.shard then -- rank r's tokens are rows [r·n, (r+1)·n) of the global batch
+  -- delayed scaling with its history on the device (not under data parallelism: its amaxes are reduced
+  -- on the host, and its SR draws placed by the shard below)
+  local device_history = s.delayed and t:device() ~= "cpu" and not self.amax_reducer
+  if s.sr and split and self.shard and not device_history then -- rank r's tokens are rows [r·n, (r+1)·n) of the global batch
     local n = t:size(1)
     if axis == 2 then o.sr_row_offset = self.shard.rank * n
     else o.sr_k_offset, o.sr_k_total = self.shard.rank * n, self.shard.world * n end
   end
+  -- what depends on state or on the other ranks: a recompute replays the first forward's decision
+  local reduced = split and self.amax_reducer and formats.traits[s.format].global_amax
+  local taped = s.delayed or s.sr or reduced
+  local e = taped and tape_take(key)
+  if e then
+    o.amax = e.amax
+    if split and o.amax == nil then o.amax = self:_amax_hint(s, t) end
+    if s.sr then return at_offset(self.gen, e.offset, function() return quant.quantize(t, s.format, o) end) end
+    return quant.quantize(t, s.format, o)
+  end
+  local offset = s.sr and self.gen:offset() or nil -- where this quantization's SR draws start
+  local rec, hist
+  if device_history then -- the history on the device
+    o.amax = self:_device_amax(key, t, s, axis)
+    tape_put(key, {amax = o.amax, offset = offset}, o.amax)
+    return quant.quantize(t, s.format, o)
+  end
+  if s.delayed then hist, rec = self:_history(key); o.amax = hist end
+  local global -- this step's amax over all ranks
+  if reduced and (hist == nil or rec) then
+    global = self.amax_reducer(local_amax(t, s, axis))
+    if hist == nil then o.amax = global end
+  end
+  if taped then tape_put(key, {amax = o.amax, offset = offset}) end
   if split and o.amax == nil then o.amax = self:_amax_hint(s, t) end -- the producer's fused amax
   -- activations only (split): a weight's fprop copy may be kept for dgrad past the share
   local shared = memo and split and not s.sr and not s.delayed and global == nil and not self.amax_reducer
@@ -495,12 +611,13 @@ function Recipe:set_shard(rank, world)
 end
 
 -- The dgrad copy Wᵀ of a weight from its fprop quantization q (a transposable spec s, blocked
--- along K): q:t() on the CPU. A device QTensor has no transpose yet, so on a GPU W is quantized
--- again along its other axis with q's amax: for 2-D nvfp4 tiles and per-tensor fp8 that gives
--- exactly q:t()'s values (NUMERICS §2; tests/test_recipe.lua checks the identity on the CPU).
--- The amax is given as q itself: on a device it is read where it lives, no host sync.
+-- along K): q:t() on the CPU. On a GPU W is quantized again along its other axis with q's amax: for
+-- 2-D nvfp4 tiles and per-tensor fp8 that gives exactly q:t()'s values (NUMERICS §2;
+-- tests/test_recipe.lua checks the identity on the CPU). The amax is given as q itself: on a device
+-- it is read where it lives, no host sync. Without w (a weight all-gathered quantized, whose
+-- full-precision rows this rank does not hold: nv.quant.all_gather_quantized) q:t() on the device too.
 local function transposed(q, w, s, requantize)
-  if not requantize and q:device() ~= "cuda" then return q:t() end
+  if not requantize and (q:device() ~= "cuda" or w == nil) then return q:t() end
   local o = {axis = 1}
   if s.block == "2d" then o.block = "2d" end
   if formats.traits[s.format].global_amax then o.amax = q end
@@ -544,6 +661,8 @@ end
 -- rounded values unless the GEMM is f32 x f32). saved holds w, x (or, where fprop's and wgrad's
 -- specs of x pair, x's wgrad copy quantized in the same pass as fprop's, instead: TE's dataflow)
 -- and, when dgrad will reuse it, the fprop quantization of w. no_backward (eval): no wgrad copy.
+-- ctx.recompute_input (nn.Linear's recompute_input, selective recompute): x itself is saved, never a
+-- wgrad copy, so that the layer may drop it and be given it back for the backward.
 function Recipe:linear_forward(ctx, x, w, no_backward)
   return core.scope(function()
     local shape = x:size()
@@ -555,26 +674,26 @@ function Recipe:linear_forward(ctx, x, w, no_backward)
     local g = self:gemm(ctx, "fprop")
     local y, qw, qw_cached, qx_col
     if plain(g) then
-      if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
+      if self.hook and not M.replaying() then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
       if self.act_dtype == "bf16" then y = wide(x2):matmul(w:transpose()):to("bf16")
       else y = x2:matmul(w:transpose()) end
     else
       local qx
       local gw = not no_backward and self:gemm(ctx, "wgrad")
-      if gw and not plain(gw) and not g.a.sr and self:_pairable(g.a, gw.b) then
+      if gw and not plain(gw) and not g.a.sr and not ctx.recompute_input and self:_pairable(g.a, gw.b) then
         -- x's wgrad copy (along the tokens) from the same pass, kept for the backward instead of x
         qx, qx_col = self:_quantize_pair(g.a, gw.b, x2, true)
       else
         qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
       end
       qw, qw_cached = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
-      if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
+      if self.hook and not M.replaying() then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
       y = qgemm(qx, qw, g.out, self.act_dtype)
       -- keep the weight's quantization only when dgrad reuses it (2-D weights: it must); else the
       -- scope frees it with qx
       if not (transposable(g.b) and same_spec(g.b, self:spec(ctx, "dgrad", "w"))) then qw = nil end
     end
-    stats.count("fprop", g.label)
+    if not M.replaying() then stats.count("fprop", g.label) end
     -- returned: qw outlives the scope (a cached qw is the weight cache's, freed by it); with x's
     -- column copy saved, x itself is not (a copy the share memo owns gets a handle of our own: the
     -- memo frees its handle when the share ends)

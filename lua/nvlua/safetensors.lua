@@ -104,7 +104,7 @@ local function plan_save(path, tensors)
       error(string.format("safetensors: %s: save: '__metadata__' is reserved and cannot name a tensor", path), 0)
     end
     if not utf8.len(name) then error(string.format("safetensors: %s: save: tensor name %q is not valid UTF-8", path, name), 0) end
-    if not nv.is_tensor(t) then
+    if not nv.is_tensor(t) and not util.is_tensor_source(t) then
       error(string.format("safetensors: %s: save: '%s' is not an nvlua tensor (got %s)", path, name,
         type(t) == "userdata" and "a quantized tensor or other userdata" or type(t)), 0)
     end
@@ -157,7 +157,7 @@ local function header_json(path, list, metadata)
 end
 
 --- st.save(path, tensors, metadata) -> true, bytes | nil, msg
---- Writes {name = tensor} and metadata (string → string; "format" defaults to "pt") atomically; the
+--- Writes {name = tensor (or a util.tensor_source, made as it is written)} and metadata (string → string; "format" defaults to "pt") atomically; the
 --- tensors' bytes go from their memory to the file (core.write_tensor; a CUDA tensor's through a host
 --- copy). An I/O failure (directory missing, disk full) returns nil, msg; a bad argument raises.
 --- Either way the temp file is removed and an existing file at path is left as it was.
@@ -169,7 +169,12 @@ function st.save(path, tensors, metadata)
     put(string.pack("<I8", #header))
     put(header)
     for _, e in ipairs(list) do
-      local ok2, err2 = pcall(put, e.t)
+      local ok2, err2
+      if util.is_tensor_source(e.t) then -- made now (a sharded run's gathered parameter), its bytes put
+        ok2, err2 = pcall(e.t.write, put)
+      else
+        ok2, err2 = pcall(put, e.t)
+      end
       if not ok2 then
         if type(err2) == "table" then error(err2, 0) end -- an I/O failure: atomic_write reports it
         error(string.format("safetensors: %s: save: tensor '%s': %s", path, e.name, tostring(err2)), 0)

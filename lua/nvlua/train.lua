@@ -21,8 +21,11 @@
 --
 -- Data parallelism (dist=true, under `mpirun -np N` or srun; README "Data parallel"): each rank
 -- reads its own windows of every global batch (the loader's rank/world), the gradient buffer is
--- averaged with one all-reduce per step before clipping (shard_optimizer=true: reduce-scattered,
--- and AdamW updates this rank's shard, ZeRO-1), the logged loss is the ranks' mean, recipes scale
+-- averaged with one all-reduce per step before clipping (shard=optimizer, alias
+-- shard_optimizer=true: reduce-scattered, and AdamW updates this rank's shard, ZeRO-1; shard=grads:
+-- each block's gradients reduce-scattered as the backward completes it, ZeRO-2; shard=full: weights,
+-- gradients and AdamW state as 1/N shards, each block's weights all-gathered for its forward and
+-- backward, ZeRO-3 / FSDP: nvlua.shard), the logged loss is the ranks' mean, recipes scale
 -- activations and gradients by the amax of the global batch and draw SR bits at their global
 -- block indices (recipe:set_amax_reducer, set_shard), so N ranks x batch B train as 1 rank x
 -- batch N·B up to fp32 summation order. Only rank 0 prints and writes config, metrics, plots and
@@ -43,6 +46,7 @@ local ckpt = require "nvlua.checkpoint"
 local plot = require "nvlua.plot"
 local mor = require "nvlua.mor"
 local plan = require "nvlua.plan"
+local shard = require "nvlua.shard"
 
 local train = {}
 
@@ -113,8 +117,21 @@ local function relations(c)
   if c.max_positions > 0 and c.max_positions < c.seq then
     return string.format("max_positions (%d) must be 0 (= seq) or at least seq (%d)", c.max_positions, c.seq)
   end
-  if c.sync == "shadow" and c.shard_optimizer then
-    return "sync=shadow averages whole parameters in the background; it does not go with shard_optimizer=true"
+  if c.shard_optimizer and c.shard ~= "none" and c.shard ~= "optimizer" then
+    return string.format("shard_optimizer=true is shard=optimizer; it does not go with shard=%s", c.shard)
+  end
+  local sm = train.shard_mode(c)
+  if c.sync == "shadow" and sm ~= "none" then
+    return "sync=shadow averages whole parameters in the background; it does not go with " ..
+      (c.shard_optimizer and "shard_optimizer=true" or "shard=" .. sm)
+  end
+  if (sm == "grads" or sm == "full") and not c.dist then
+    return string.format("shard=%s shards across data-parallel ranks; it needs dist=true (launched by mpirun or " ..
+      "srun; a world of one is allowed)", sm)
+  end
+  if (sm == "grads" or sm == "full") and c.tie then
+    return string.format("shard=%s does not take tie=true (the tied weight is used by the embedding and the LM head); " ..
+      "give tie=false or shard=optimizer", sm)
   end
   if c.ckpt_overlap and not c.ckpt_background then
     return "ckpt_overlap=true is how background saves copy the state; it needs ckpt_background=true"
@@ -182,6 +199,10 @@ train.schema = config.schema({
   -- kernels), cudnn (cuDNN or an error saying why not), reference (the widened f32 op)
   attention = str("auto", {one_of = {"auto", "flash", "cudnn", "reference"},
     doc = "auto | flash | cudnn | reference (bf16 attention's kernels)"}),
+  -- activation recompute (nvlua.llama's header): none (keep every activation the backward reads), block
+  -- (keep each block's input; its backward runs its forward again first), selective (recompute the
+  -- norms' outputs and SwiGLU's product); the gradients are the same bits whichever
+  recompute = str("none", {one_of = {"none", "block", "selective"}, doc = "none | block | selective"}),
   -- cuDNN's attention backward without fp32 dq atomics (bit-reproducible runs; Hopper only, a B*Hq*T*T*2-byte
   -- workspace; elsewhere attention=auto falls back to the flash kernels, which are deterministic)
   attention_deterministic = bool(false),
@@ -218,7 +239,11 @@ train.schema = config.schema({
   -- data parallelism (nvlua.dist): launch with mpirun / srun; shard_optimizer is ZeRO-1;
   -- bucket_grads: without ZeRO-1, each block's gradients start their all-reduce as the last
   -- micro-batch's backward completes them (overlapped with the rest of the backward; CPU gradients)
+  -- shard: none | optimizer (ZeRO-1; shard_optimizer=true is its alias) | grads (ZeRO-2) | full (ZeRO-3,
+  -- FSDP; nvlua.shard); reshard_after_forward (shard=full): a block's gathered weights are freed after
+  -- its forward and gathered again for its backward (false: kept from the forward to the backward)
   dist = bool(false), shard_optimizer = bool(false), bucket_grads = bool(true),
+  shard = str("none", {one_of = shard.MODES}), reshard_after_forward = bool(true),
   -- sync=shadow (ShadowSync): no gradient all-reduce; each rank steps on its own gradients and every
   -- shadow_every steps the parameters are averaged over the ranks by an all-reduce of a snapshot in
   -- a background thread, applied as the change it brings (p += avg - snapshot) at the next averaging
@@ -235,6 +260,13 @@ train.schema = config.schema({
 
 --- The defaults of train.schema's keys (a plain table).
 train.defaults = train.schema:defaults()
+
+--- train.shard_mode(c) -> "none" | "optimizer" | "grads" | "full": c.shard, with shard_optimizer=true
+-- read as "optimizer"
+function train.shard_mode(c)
+  if c.shard_optimizer then return "optimizer" end
+  return c.shard or "none"
+end
 
 --- train.check(c) -> c: the config's train keys and their relations checked (train.schema); raises
 -- "config: <key> must be ..., got ..." naming the key. train.build runs it first.
@@ -407,14 +439,16 @@ function train.check_memory(c, rec, mc, world)
   local p = plan.params(mc)
   local hd = mc.head_dim or mc.hidden_size // mc.num_attention_heads
   local C, F, L, N = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, c.batch * c.seq
-  local shard = c.shard or "none"
-  if shard == "none" and c.shard_optimizer then shard = "optimizer" end
+  local shard = train.shard_mode(c)
   local recompute = c.recompute or "none"
+  -- one rank's f32 weights, gradients and AdamW moments, the sharded ones / world
   local per_param = ({none = 16, optimizer = 8 + 8 / world, grads = 4 + 12 / world, full = 16 / world})[shard] or 16
   local state = per_param * p.total
-  local saved = ({none = 6 * C + 2 * hd * mc.num_key_value_heads + 3 * F, block = C,
-    selective = 4 * C + 2 * hd * mc.num_key_value_heads + 2 * F})[recompute] or C
-  local acts = 2 * N * L * saved
+  -- the bf16 activations a step keeps per token and block (nvlua.llama's header): all of them, the block's
+  -- input (recompute=block: plus one block's whole set) or all but the norms' outputs and SwiGLU's product
+  local block_acts = 6 * C + 2 * hd * mc.num_key_value_heads + 3 * F
+  local acts = 2 * N * (recompute == "block" and L * C + block_acts or
+    L * (block_acts - (recompute == "selective" and 2 * C + F or 0)))
   local fix = "lower layers, hidden, ffn, batch or seq (grad_accum keeps the tokens per step), or give " ..
     "check_memory=false to build it anyway"
   if (state + acts) * per_node > have then
@@ -426,7 +460,7 @@ function train.check_memory(c, rec, mc, world)
   local ok, m = pcall(plan.memory, mc, rec, c.batch, c.seq, {gpus = world, shard = shard, recompute = recompute,
     device = c.device, grad_accum = c.grad_accum, reshard_after_forward = c.reshard_after_forward ~= false})
   if not ok then return end -- a recipe the plan cannot read: the bound above is all there is
-  local total = m.total
+  local total = m.total -- one rank's, under its shard and recompute
   if total * per_node > have then
     user_error(string.format("config: this run needs about %.2f GiB%s by its memory plan (nvlua.plan: weights %.2f, " ..
       "gradients %.2f, AdamW %.2f, activations of batch=%d x seq=%d %.2f, weight copies %.2f, scratch %.2f " ..
@@ -464,7 +498,8 @@ function train.build(c)
   core.attention_route(c.attention) -- one setting for the process (core/layers.h), as the next
   core.attention_cudnn_deterministic(c.attention_deterministic)
   local dist, rank, world
-  if c.dist or c.shard_optimizer then
+  local sm = train.shard_mode(c)
+  if c.dist or sm ~= "none" then
     dist = require "nvlua.dist"
     if c.dist then dist.init({threads = dist_threads(c)}) end
   end
@@ -478,8 +513,9 @@ function train.build(c)
   check_data_fits(c, ds, world)
   local vocab = c.vocab > 0 and c.vocab or ds.vocab_size
   local rec = train.recipe(c)
+  if sm == "grads" or sm == "full" then shard.check_world(train.model_config(c, vocab), world, sm) end
   train.check_memory(c, rec, train.model_config(c, vocab), world)
-  local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed})
+  local model = llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed, recompute = c.recompute})
   if world > 1 then
     -- the same weights everywhere (they are by construction, from the seed; this makes it so)
     for _, e in ipairs(model:named_parameters()) do dist.broadcast(e.param, 0) end
@@ -488,7 +524,11 @@ function train.build(c)
   -- initialised on the cpu from the seed, then moved: the same weights on either device
   if c.device ~= "cpu" then model:to(c.device) end
   local oo = {lr = c.lr, betas = {c.beta1, c.beta2}, eps = c.eps, weight_decay = c.weight_decay}
-  local opt = c.shard_optimizer and optim.ShardedAdamW(model, oo, dist) or optim.AdamW(model:named_parameters(), oo)
+  local opt
+  if sm == "grads" or sm == "full" then
+    opt = shard.Sharded(model, oo, dist, {mode = sm, reshard_after_forward = c.reshard_after_forward})
+  elseif sm == "optimizer" then opt = optim.ShardedAdamW(model, oo, dist)
+  else opt = optim.AdamW(model:named_parameters(), oo) end
   local sched = schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr, warmup = c.warmup, total = c.steps,
     decay = c.decay})
   local loader = data.Loader(ds.train, {batch = c.batch, seq = c.seq, seed = c.data_seed, rank = rank, world = world})
@@ -687,16 +727,19 @@ local function save_checkpoint(r, step, background)
   local path = nv.scope(function()
     local opt = r.opt
     local optv = opt
-    if opt.sharded then
+    local serve = opt.serve_checkpoint -- shard=grads|full: tensors gathered as rank 0 writes them
+    if opt.sharded and not serve then
       local st = opt:state()
       optv = {state = function() return st end}
     end
     local path = string.format("%s/checkpoints/step-%06d", r.run_dir, step)
     if r.main then
-      path = ckpt.save(r.run_dir, {model = r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
+      path = ckpt.save(r.run_dir, {model = serve and opt:model_view() or r.model, optimizer = optv, recipe = r.rec, loader = r.loader, step = step,
         config = r.c, keep = r.c.keep, protect = r.resumed_from, bad_in_row = bad_in_row, skipped = r.skipped,
         tokenizer = r.ds.tokenizer, max_batches_per_step = r.max_batches, background = background or nil,
         defer_copy = background and r.c.ckpt_overlap or nil})
+    elseif serve then
+      opt:serve_checkpoint()
     end
     if r.world > 1 then r.dist.barrier() end
     return path
@@ -1084,7 +1127,7 @@ local function step_once(r, step)
     if opt.sharded then -- ZeRO-1: reduce-scatter into this rank's shard, clip by the global norm
       gnorm = opt:reduce_clip(c.clip)
       t_sync = nv.clock() - t_sync
-      flags = core.nonfinite_take(model.grad_buffer) | (r.carry_flags or 0) -- (a copy after the norm's: nothing queued)
+      flags = core.nonfinite_take(opt.flags_tensor or model.grad_buffer) | (r.carry_flags or 0) -- (a copy after the norm's: nothing queued)
     else
       if buckets then dist.wait_all()
       elseif world > 1 and not shadow then dist.all_reduce(model.grad_buffer, "avg") end
@@ -1333,8 +1376,11 @@ local function finish_run(r, ok, err)
     summary.final_val_loss = r.val_points[#r.val_points][2]
     summary.val_ppl = math.exp(summary.final_val_loss)
   end
-  if c.sample_tokens > 0 and r.ds.tokenizer and r.main then
-    summary.sample, summary.sample_prompt = sample_text(r)
+  -- (under shard=full every rank samples: each forward gathers the weights, a collective)
+  local every = r.opt.mode == "full" and r.world > 1
+  if c.sample_tokens > 0 and r.ds.tokenizer and (r.main or every) then
+    local text, prompt = sample_text(r)
+    if r.main then summary.sample, summary.sample_prompt = text, prompt end
   end
   if c.plot and r.main then summary.plot, summary.mor_plot = plot_losses(r), plot_mor(r) end
   if #r.mor_points > 0 then summary.mor_low, summary.mor_units_low, summary.mor_formats = mean_mor_low(r) end

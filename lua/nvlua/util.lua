@@ -102,6 +102,29 @@ function util.with_write_sink(fn_sink, fn, ...)
   return table.unpack(res, 2, res.n)
 end
 
+--- util.write_sink_active() -> true inside util.with_write_sink (a write is collected, not made: a
+-- tensor put then must live until the collector has copied it)
+function util.write_sink_active() return sink ~= nil end
+
+-- The metatable of tensor sources (util.tensor_source).
+local SOURCE = {}
+SOURCE.__index = SOURCE
+function SOURCE:size(i) if i then return self.shape[i] end return {table.unpack(self.shape)} end
+function SOURCE:dtype() return self.dt end
+function SOURCE:numel() local n = 1 for _, d in ipairs(self.shape) do n = n * d end return n end
+function SOURCE:nbytes() return self:numel() * (self.dt == "bf16" and 2 or 4) end
+
+--- util.tensor_source(shape, dtype, write) -> a tensor source: a tensor that is made only when it is
+-- written. It answers size(), dtype(), numel(), nbytes() as the tensor would, and safetensors' save
+-- calls write(put) where it would put the tensor (put it, or its bytes in pieces). A sharded run's
+-- checkpoint gathers each parameter this way, one at a time (nvlua.shard). dtype: f32 or bf16.
+function util.tensor_source(shape, dtype, write)
+  return setmetatable({shape = {table.unpack(shape)}, dt = dtype, write = write}, SOURCE)
+end
+
+--- util.is_tensor_source(v) -> is v a util.tensor_source?
+function util.is_tensor_source(v) return getmetatable(v) == SOURCE end
+
 --- util.atomic_write(path, contents [, {tmp =, fsync =}]) -> true, bytes | nil, msg
 -- Writes contents (a string, or a function(put) that calls put(piece) for each piece: a string, or an
 -- nvlua tensor whose raw bytes are written, core.write_tensor) to a temp file beside path, flushes and

@@ -24,6 +24,7 @@ const nvl_backend nvl_backend_ref = {
     [NVL_MXFP4] = MX,
   },
   .rht = nvl_rht_ref,
+  .transpose_tiles = nvl_transpose_tiles_ref,
 
   .layers = &nvl_layers_ref,
 

@@ -206,3 +206,17 @@ nvl_status nvl_qgemm_ref(nvl_kctx *ctx, const nvl_gemm_desc *g) {
 nvl_status nvl_rht_ref(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs) {
   return nvl_rht16_rows_ref(y, x, rows, K, signs);
 }
+
+nvl_status nvl_transpose_tiles_ref(nvl_kctx *ctx, uint8_t *codes_t, uint8_t *scales_t, const uint8_t *codes,
+                                   const uint8_t *scales, int64_t R, int64_t K) {
+  (void)ctx;
+  memset(codes_t, 0, (size_t)(K * R / 2));
+  for (int64_t i = 0; i < R; i++)
+    for (int64_t k = 0; k < K; k++) {
+      uint8_t b = codes[(i * K + k) / 2], code = (k & 1) ? b >> 4 : b & 15;
+      codes_t[(k * R + i) / 2] |= (uint8_t)(code << ((i & 1) * 4));
+    }
+  for (int64_t k = 0; k < K; k++)
+    for (int64_t j = 0; j < R / 16; j++) scales_t[k * (R / 16) + j] = scales[(16 * j) * (K / 16) + k / 16];
+  return NVL_OK;
+}
