@@ -5,10 +5,11 @@
 --   mpirun --oversubscribe -np 4 build/nvlua scripts/plan_check.lua dist=true shard_optimizer=true data=... ...
 -- Arguments are train's keys (train.schema; a one-step run: steps=1, nothing saved, evaluated, sampled
 -- or plotted unless given; out defaults to /tmp/nvlua_plan_check, overwritten) plus plan_gather (f32 | quantized: what a shard=full run gathers; nvlua.shard
--- gathers f32 until the quantized all-gather is wired), plan_prefetch (true: the next unit's gather
--- runs beside this one, as nvlua.shard does) and plan_overlap_reduce (false: a unit's reduce-scatter
--- ends before the next unit's backward, as nvlua.shard's blocking one; issue 30 asks for one in flight,
--- which the plan assumes by default). Each rank
+-- gathers f32 until the quantized all-gather is wired), plan_prefetch (false: a unit's gather waits for
+-- the one before it to be done, as nvlua.shard's blocking gathers; true: the next unit's gather runs
+-- beside this one) and plan_overlap_reduce (false: a unit's reduce-scatter ends before the next unit's
+-- backward, as nvlua.shard's blocking one). Issue 30 asks for both overlaps, which the plan assumes by
+-- default. Each rank
 -- prints one line "RESULT <rank> <measured bytes> <planned bytes> <phase>"; rank 0 then a summary
 -- line. The measured peak includes the data set's tokens and the batch (small beside the model).
 -- Not a test by itself: tests/test_plan.lua runs it under mpirun and holds the lines to 5%.
@@ -19,7 +20,7 @@ local config = require "nvlua.config"
 
 local c = config.parse(train.schema, arg, {steps = 1, save = false, eval_every = 0, sample_tokens = 0, plot = false,
   quiet = true, warmup = 0, out = "/tmp/nvlua_plan_check", overwrite = true,
-  plan_gather = config.str("f32", {one_of = {"f32", "quantized"}}), plan_prefetch = config.bool(true), plan_overlap_reduce = config.bool(false)})
+  plan_gather = config.str("f32", {one_of = {"f32", "quantized"}}), plan_prefetch = config.bool(false), plan_overlap_reduce = config.bool(false)})
 collectgarbage()
 collectgarbage()
 local dev = c.device

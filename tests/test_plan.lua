@@ -315,7 +315,7 @@ T.case("the per-rank plan within 5% of each rank's measured peak: 2 and 4 CPU ra
   local runs = {{2, "recipe=nvfp4"}, {2, "recipe=nvfp4 shard_optimizer=true"}, {4, "recipe=bf16"},
     {4, "recipe=fp8_cs shard_optimizer=true"}}
   -- shard=grads|full where the training loop has them (nvlua.shard gathers f32 until the quantized gather is
-  -- wired, and prefetches the next unit)
+  -- wired; its gathers and reduce-scatters block: plan_check's defaults)
   local spec = train.schema.specs.shard
   local offered = spec and (type(spec.one_of) == "function" and spec.one_of() or spec.one_of) or {}
   for _, v in ipairs(offered) do
