@@ -424,9 +424,12 @@ end
 --- train.check_memory(c, recipe, model_config, world): refuses ("config: ...", before anything is
 -- allocated) a run that cannot fit the machine's memory (train.machine_memory, per process: times
 -- the ranks on this node, train.local_ranks, on the CPU). First a bound that costs nothing
--- whatever the size: the weights, gradients and AdamW states (16 bytes per parameter; ZeRO-1 shards
--- AdamW's 8) plus the bf16 activations a step saves; then the memory plan itself (nvlua.plan.memory,
--- within 20% of the measured peak: tests/test_plan.lua). Not counted: a distillation teacher.
+-- whatever the size: the weights, gradients and AdamW states of one rank (16 bytes per parameter,
+-- the sharded ones / world: shard, shard_optimizer) plus the bf16 activations a step saves (fewer
+-- with recompute); then the memory plan of one rank of `world` under the run's shard and recompute
+-- (nvlua.plan.memory, within 5% of the measured peak: tests/test_plan.lua). c.shard and c.recompute
+-- are read where the config has them (default none; shard_optimizer=true is shard=optimizer).
+-- Not counted: a distillation teacher.
 function train.check_memory(c, rec, mc, world)
   if not c.check_memory then return end
   local have, whose = train.machine_memory(c.device)
@@ -436,14 +439,16 @@ function train.check_memory(c, rec, mc, world)
   local p = plan.params(mc)
   local hd = mc.head_dim or mc.hidden_size // mc.num_attention_heads
   local C, F, L, N = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, c.batch * c.seq
-  local sm = train.shard_mode(c)
-  local f_w, f_g = sm == "full" and 1 / world or 1, (sm == "grads" or sm == "full") and 1 / world or 1
-  local state = (4 * f_w + 4 * f_g + (sm ~= "none" and 8 / world or 8)) * p.total
+  local shard = train.shard_mode(c)
+  local recompute = c.recompute or "none"
+  -- one rank's f32 weights, gradients and AdamW moments, the sharded ones / world
+  local per_param = ({none = 16, optimizer = 8 + 8 / world, grads = 4 + 12 / world, full = 16 / world})[shard] or 16
+  local state = per_param * p.total
   -- the bf16 activations a step keeps per token and block (nvlua.llama's header): all of them, the block's
   -- input (recompute=block: plus one block's whole set) or all but the norms' outputs and SwiGLU's product
   local block_acts = 6 * C + 2 * hd * mc.num_key_value_heads + 3 * F
-  local acts = 2 * N * (c.recompute == "block" and L * C + block_acts or
-    L * (block_acts - (c.recompute == "selective" and 2 * C + F or 0)))
+  local acts = 2 * N * (recompute == "block" and L * C + block_acts or
+    L * (block_acts - (recompute == "selective" and 2 * C + F or 0)))
   local fix = "lower layers, hidden, ffn, batch or seq (grad_accum keeps the tokens per step), or give " ..
     "check_memory=false to build it anyway"
   if (state + acts) * per_node > have then
@@ -452,16 +457,15 @@ function train.check_memory(c, rec, mc, world)
       "%.1f GiB), more than the %.1f GiB %s; %s", (state + acts) / GiB, ranks, p.total / 1e9, state / p.total,
       state / GiB, c.batch, c.seq, L, acts / GiB, have / GiB, whose, fix), 0)
   end
-  local ok, m = pcall(plan.memory, mc, rec, c.batch, c.seq)
+  local ok, m = pcall(plan.memory, mc, rec, c.batch, c.seq, {gpus = world, shard = shard, recompute = recompute,
+    device = c.device, grad_accum = c.grad_accum, reshard_after_forward = c.reshard_after_forward ~= false})
   if not ok then return end -- a recipe the plan cannot read: the bound above is all there is
-  local total = m.total - (sm ~= "none" and m.optimizer * (1 - 1 / world) or 0) - m.grads * (1 - f_g) -
-    m.weights * (1 - f_w)
+  local total = m.total -- one rank's, under its shard and recompute
   if total * per_node > have then
     user_error(string.format("config: this run needs about %.2f GiB%s by its memory plan (nvlua.plan: weights %.2f, " ..
       "gradients %.2f, AdamW %.2f, activations of batch=%d x seq=%d %.2f, weight copies %.2f, scratch %.2f " ..
-      "GiB), more than the %.2f GiB %s; %s", total / GiB, ranks, m.weights / GiB, m.grads / GiB,
-      (total - m.weights - m.grads - m.activations - m.weight_copies - m.transient) / GiB, c.batch, c.seq,
-      m.activations / GiB, m.weight_copies / GiB, m.transient / GiB, have / GiB, whose, fix), 0)
+      "GiB), more than the %.2f GiB %s; %s", total / GiB, ranks, m.weights / GiB, m.grads / GiB, m.optimizer / GiB,
+      c.batch, c.seq, m.activations / GiB, m.weight_copies / GiB, m.transient / GiB, have / GiB, whose, fix), 0)
   end
 end
 
