@@ -18,6 +18,11 @@
 --     reduce-scatter and all-reduce, so the bound is test_dist's for ZeRO-1 on 3 ranks (every loss and
 --     weight within 1e-6: fp32 reordering of a three-term sum, 2 ulp relative per step, carried by Adam);
 --     measured 0 here (Open MPI orders them alike).
+--   * the quantized gather (gather=quantized, the default under shard=full: the equivalence cases above
+--     run it): on 2 and 3 ranks, nvfp4 and fp8_cs, checkpoints byte-identical to gather=f32's; the
+--     bytes a rank sends in the quantized linears' all-gathers (metrics qgather_bytes) against a bf16
+--     gather of the same shards computed from the shapes: nvfp4 <= 0.3x, fp8 <= 0.5x; and the f32
+--     run's extra bytes are exactly those linears' f32 bytes less the quantized ones.
 --   * grad_accum=2 on 2 ranks: each micro-batch is reduce-scattered (a sum of averages, an fp32
 --     reordering of plain data parallelism's average of sums): within 1e-6 (test_dist's nvfp4 bound).
 --   * resume across world sizes and shard settings: 2 ranks shard=full, 2 steps -> resumed on 1 rank
@@ -279,6 +284,52 @@ for _, recipe in ipairs({"bf16", "fp8_cs", "nvfp4"}) do
         T.near(m[step].grad_norm, m0[step].grad_norm, 1e-12 * m0[step].grad_norm, x[2] .. ": grad norm of step " .. step)
       end
       T.ok(m0[1].grad_norm > 0.5, "clipping is active")
+    end
+  end)
+end
+
+-- The quantized gather (shard=full's default gather=quantized): the bytes a rank sends in the
+-- quantized linears' all-gathers (metrics qgather_bytes) against a bf16 gather of the same shards,
+-- computed here from the shapes: a block's q, k, v, o, gate, up, down [rows, K]; rank shards of
+-- chunk = ceil(ceil(rows / N) / 16) * 16 rows (shard.shard_rows); N - 1 chunks sent a gather (ring);
+-- two gathers per block a step (forward, then again for the backward: reshard_after_forward).
+local function bf16_linear_gather_bytes(n, steps)
+  local C, F, hd = 64, 80, 16
+  local shapes = {{4 * hd, C}, {2 * hd, C}, {2 * hd, C}, {C, 4 * hd}, {F, C}, {F, C}, {C, F}}
+  local per = 0
+  for _, s in ipairs(shapes) do
+    local chunk = ((s[1] + n - 1) // n + 15) // 16 * 16
+    per = per + (n - 1) * chunk * s[2] * 2
+  end
+  return per * 2 * 2 * steps -- 2 blocks, 2 gathers each
+end
+
+for _, n in ipairs({2, 3}) do
+  T.case(n .. " ranks, nvfp4 and fp8_cs: shard=full gathers the quantized linears quantized (bit for bit gather=f32's), " ..
+    "nvfp4 <= 0.3x the bytes of bf16", function()
+    need_mpi()
+    for _, recipe in ipairs({"nvfp4", "fp8_cs"}) do
+      local common = {"recipe=" .. recipe, "batch=2", "dist=true", "clip=0.5", "shard=full"}
+      local function with(x) local a = {table.unpack(common)}; a[#a + 1] = x; return a end
+      local q = run(n, "qg" .. n .. "/" .. recipe .. "/q", common)
+      local f = run(n, "qg" .. n .. "/" .. recipe .. "/f32", with("gather=f32"))
+      -- the same collectives reduce the same gradients: bytes equal, whatever the ranks' sum order
+      for _, step in ipairs({2, 4}) do same_ckpt(f, q, step, recipe .. " gather=quantized vs f32, step " .. step) end
+      local mq, mf = metrics(q), metrics(f)
+      local bf16 = bf16_linear_gather_bytes(n, 4)
+      T.eq(mf[4].qgather_bytes, 0, "gather=f32 gathers nothing quantized")
+      T.eq(mq[4].qgather_bf16_bytes, bf16, "the bf16 figure of the quantized linears")
+      local ratio = mq[4].qgather_bytes / bf16
+      -- nvfp4 16x16: 4 bits a code + an e4m3 scale each 16 elements of a row (the tile's, as the layout keeps it):
+      -- 4.5 bits, 0.28125;
+      -- fp8 per tensor: 8 bits a code, the scale from the all-reduced amax: 0.5
+      T.ok(ratio <= (recipe == "nvfp4" and 0.3 or 0.5), string.format("%s: quantized gather bytes %d = %.4f x bf16's %d",
+        recipe, mq[4].qgather_bytes, ratio, bf16))
+      -- the rest (embedding, norms, LM head) gathers f32 either way: the f32 run's extra is the linears' f32 bytes
+      T.eq(mf[4].gather_bytes - mq[4].gather_bytes, 2 * bf16 - mq[4].qgather_bytes, "the other weights' f32 gathers")
+      print(string.format("%d ranks %s shard=full: weight all-gathers %d bytes a rank over 4 steps (gather=f32: %d); " ..
+        "quantized linears %d bytes = %.4f x bf16 (%d)", n, recipe, mq[4].gather_bytes, mf[4].gather_bytes,
+        mq[4].qgather_bytes, ratio, bf16))
     end
   end)
 end

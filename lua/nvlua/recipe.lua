@@ -382,6 +382,22 @@ end
 
 local function cacheable(s) return wcache ~= nil and not s.sr and not s.delayed end
 
+--- recipe.weight_cache_open() -> whether a weight cache is open (M.weight_cache)
+function M.weight_cache_open() return wcache ~= nil end
+
+--- recipe.weight_cache_put(w, key, q): give the open cache q as weight w's copy under key (a key of
+-- Recipe:gathered_weight's): nvlua.shard's quantized all-gather, whose copies are the weight's
+-- quantization without the weight (w a placeholder of its shape); the cache owns and frees q
+function M.weight_cache_put(w, key, q)
+  if not wcache then error("weight_cache_put: no weight cache is open", 2) end
+  local m = wcache.by[w]
+  if not m then m = {}; wcache.by[w] = m end
+  if m[key] then error("weight_cache_put: the cache already holds a copy under " .. key, 2) end
+  m[key] = core.unscope(q)
+  wcache.list[q] = true
+  wcache.n = wcache.n + 1
+end
+
 -- ---- activation recompute: a forward's decisions, taped and replayed ---------------------------
 --
 -- Activation recompute (llama.Block, recompute = "block") runs a block's forward twice: in the
@@ -645,6 +661,23 @@ M._transposed = transposed -- for the test of that identity (tests/test_recipe.l
 
 -- The f32 x f32 GEMM without an RHT runs as a plain matmul (no copies).
 local function plain(g) return g.a.format == "f32" and g.b.format == "f32" and not g.a.rht end
+
+--- recipe:gathered_weight(ctx) -> nil, or {spec =, fkey =, dkey =}: can the linear of ctx take its
+-- weight as quantized copies made elsewhere (nvlua.shard's quantized all-gather,
+-- nv.quant.all_gather_quantized with copies = "both"), never reading the weight itself? Where fprop
+-- and dgrad quantize the weight with one cacheable spec (a quantized format; no SR, delayed history
+-- or RHT) and the weight cache is open: linear_forward then finds fprop's copy under fkey and
+-- linear_backward dgrad's under dkey (the keys they ask the cache for). nil for plain or bf16
+-- weights, MoR, other specs: those read the f32 weight.
+function Recipe:gathered_weight(ctx)
+  if not wcache or (self.mor and not ctx.high_precision) then return nil end
+  local g, gd = self:gemm(ctx, "fprop"), self:gemm(ctx, "dgrad")
+  if plain(g) or plain(gd) then return nil end
+  local s = g.b
+  local ft = formats.traits[s.format]
+  if not (ft and ft.quantized) or s.sr or s.delayed or s.rht or not same_spec(s, gd.b) then return nil end
+  return {spec = s, fkey = spec_key(s, 2), dkey = "dgrad|" .. spec_key(s, 1)}
+end
 
 -- (the bf16 product, when out is bf16, is left to the caller's scope). act: the recipe's act_dtype;
 -- a bf16 activation is the GEMM's own bf16 output, or its f32 output rounded once.

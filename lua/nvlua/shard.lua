@@ -57,8 +57,11 @@
 -- On the CPU, Open MPI advances a started gather only inside MPI calls (each start, wait and other
 -- collective), so the overlap there is partial; on CUDA the NCCL stream runs it beside stream 0.
 --
--- Not here: the quantized gather of a linear's weight (gather_weight is the one place it plugs in);
--- tied embeddings (refused).
+-- Quantized linears (gather = "quantized", the default; opt:gather_weight): a Linear whose recipe
+-- quantizes its weight with one cacheable spec gathers codes and scales (nv.quant.all_gather_quantized)
+-- straight into the recipe's weight cache, never the f32 weight: nvfp4 16x16 4.5 bits an element, fp8
+-- 8, where f32 is 32 (opt.bytes.qgather counts them, qgather_bf16 what bf16 would have sent).
+-- Not here: tied embeddings (refused).
 --
 -- Building: under "full" train.build makes the model in rows (shard.build, nn.build_rows): each
 -- parameter is born as this rank's (chunk, ...) rows, drawn from the seed's Philox stream at the
@@ -70,6 +73,7 @@ local core = require "nvlua.core"
 local util = require "nvlua.util"
 local nn = require "nvlua.nn"
 local recipes = require "nvlua.recipe"
+local quant = require "nvlua.quant"
 local check_opts, same_shape, shape_str = util.check_opts, util.same_shape, util.shape_str
 
 local shard = {}
@@ -168,7 +172,10 @@ end
 -- shards (see the header)
 function shard.Sharded(model, opts, dist, so)
   opts = check_opts(opts, {lr = true, betas = true, eps = true, weight_decay = true}, "shard.Sharded")
-  so = check_opts(so, {mode = true, reshard_after_forward = true, prefetch = true}, "shard.Sharded")
+  so = check_opts(so, {mode = true, reshard_after_forward = true, prefetch = true, gather = true}, "shard.Sharded")
+  if so.gather ~= nil and so.gather ~= "quantized" and so.gather ~= "f32" then
+    util.user_error("shard.Sharded: gather must be \"quantized\" or \"f32\", got " .. tostring(so.gather), 2)
+  end
   local mode = so.mode
   if mode ~= "grads" and mode ~= "full" then
     error("shard.Sharded: mode must be \"grads\" or \"full\", got " .. tostring(mode), 2)
@@ -183,20 +190,26 @@ function shard.Sharded(model, opts, dist, so)
   local world, rank = dist.world_size(), dist.rank()
   local betas = opts.betas or {0.9, 0.95}
   local self = setmetatable({mode = mode, reshard = so.reshard_after_forward ~= false, prefetch = so.prefetch ~= false,
+    qgather = mode == "full" and so.gather ~= "f32",
     dist = dist, world = world,
     rank = rank, model = model, t = 0, lr = opts.lr or 1e-3, beta1 = betas[1], beta2 = betas[2], eps = opts.eps or 1e-8,
     weight_decay = opts.weight_decay or 0.1, sharded = true, params = {}, by_name = {}, units = {},
-    bytes = {gather = 0, reduce_scatter = 0}}, Sharded)
+    bytes = {gather = 0, reduce_scatter = 0, qgather = 0, qgather_bf16 = 0}}, Sharded)
   local dev = model.grad_buffer:device()
   self.device = dev
   local DEAD = dead()
   self.dead = DEAD
   -- the parameters, in named_parameters order, each with its unit
-  local unit_of = {}
+  local unit_of, linear_of = {}, {}
   local function add_unit(key, mods)
     local u = {key = key, mods = mods, params = {}, gathered = false, grads = false}
     self.units[#self.units + 1] = u
-    for _, m in ipairs(mods) do nn.each_entry(m, function(_, e) unit_of[e] = u end) end
+    for _, m in ipairs(mods) do
+      nn.each_entry(m, function(_, e) unit_of[e] = u end)
+      for _, sub in ipairs(m:modules()) do
+        if nn.is_instance(sub, nn.Linear) and not sub.tied then linear_of[sub.weight_entry] = sub end
+      end
+    end
     return u
   end
   add_unit("embed", {model.embed_tokens})
@@ -219,7 +232,8 @@ function shard.Sharded(model, opts, dist, so)
     end
     local mine = ranges[rank + 1]
     local p = {name = name, entry = e, shape = shape, rows = shape[1], chunk = chunk, row0 = mine.row0, nrows = mine.rows,
-      no_decay = e.no_decay, unit = assert(unit_of[e], "shard: parameter " .. name .. " is in no unit")}
+      no_decay = e.no_decay, unit = assert(unit_of[e], "shard: parameter " .. name .. " is in no unit"),
+      linear = linear_of[e]}
     local pshape = padded_shape(shape, chunk)
     -- this rank's rows: master weight (full mode: its own tensor; grads: a view of the padded
     -- whole weight), gradient, moments; all (chunk, ...)
@@ -270,20 +284,79 @@ end
 
 --- opt:gather_weight(p [, start]) -> the whole parameter p (rows, ...), a view of a new padded buffer
 -- (p.buf): the all-gather of the ranks' f32 shards; with start, -> a handle (dist.all_gather_start)
--- whose wait() completes it, and the view is made then (opt:_gather). The one place a quantized
--- gather plugs in: for a linear whose recipe quantizes its weight (with no SR draw or delayed
--- history on it), each rank would quantize its shard with the global amax and gather codes and
--- scales (quant.all_gather_quantized, bit-identical to quantizing the whole weight), and the recipe
--- would take that QTensor as fprop's and dgrad's weight; today the f32 weight is gathered and the
--- recipe quantizes it, the same bits.
+-- whose wait() completes it, and the view is made then (opt:_gather, opt:_view).
+-- The quantized gather (full mode, gather = "quantized", the default): for a Linear whose recipe
+-- quantizes its weight for fprop and dgrad with one cacheable spec (recipe:gathered_weight: nvfp4
+-- 16x16, fp8 per tensor, mx formats; no SR, delayed history, RHT or MoR), inside a weight cache,
+-- each rank quantizes its real rows with the global amax and the codes and scales are gathered
+-- (nv.quant.all_gather_quantized, copies = "both": bit for bit the whole weight's quantization,
+-- core/NUMERICS.md §14); the two copies go into the recipe's weight cache under the keys the
+-- Linear's forward and backward ask for (recipe.weight_cache_put), and the Linear is given a
+-- placeholder of the weight's shape instead of the f32 weight: a (1, K) row of NaN expanded to
+-- (rows, K) (stride 0: K floats), which nothing reads (fprop and dgrad find their copies in the
+-- cache; wgrad writes the gradient). Everything else (embedding, norms, the bf16 LM head, other
+-- specs, a gather outside a weight cache, an mx weight whose shards are not on 32-row boundaries)
+-- gathers f32. p's alignment: shard.ALIGN_2D (16) serves nvfp4 16x16 and fp8 (1); mx's dgrad copy
+-- needs 32 (gather_align), taken when the chunk is a multiple of 32 (the same split then).
+function Sharded:_qplan(p)
+  if not (self.qgather and p.linear and recipes.weight_cache_open()) then return nil end
+  local m = p.linear
+  local plan = (m.recipe or nn.default_recipe()):gathered_weight(m:context())
+  if not plan then return nil end
+  local ga = quant.gather_align(plan.spec, "both")
+  if shard.ALIGN_2D % ga == 0 then plan.align = shard.ALIGN_2D
+  elseif p.chunk % ga == 0 then plan.align = ga
+  else return nil end
+  return plan
+end
+
 function Sharded:gather_weight(p, start)
+  local plan = self:_qplan(p)
+  if plan then
+    local b0 = self.dist.bytes().all_gather
+    local h = quant.all_gather_quantized(p.shard:narrow(1, 1, p.nrows), plan.spec, {rows = p.rows, copies = "both",
+      align = plan.align, async = true})
+    local sent = self.dist.bytes().all_gather - b0
+    self.bytes.gather = self.bytes.gather + sent
+    self.bytes.qgather = self.bytes.qgather + sent
+    self.bytes.qgather_bf16 = self.bytes.qgather_bf16 + p.shard:nbytes() // 2 * (self.world - 1)
+    p.qplan = plan
+    local qh = {wait = function() p.qcopies = {h:wait()} end}
+    if start then return qh end
+    qh.wait()
+    return self:_view(p)
+  end
   local buf = nv.unscope(nv.empty(padded_shape(p.shape, p.chunk * self.world), {device = self.device}))
   self.bytes.gather = self.bytes.gather + p.shard:nbytes() * (self.world - 1)
   p.buf = buf
   local h = self.dist.all_gather_start(buf, p.shard)
   if start then return h end
   h:wait() -- (started and waited: on CUDA stream-ordered, the host does not wait)
-  return nv.unscope(buf:narrow(1, 1, p.rows))
+  return self:_view(p)
+end
+
+-- the whole parameter p once its gather is waited for: the view of the f32 buffer, or, for a
+-- quantized gather, the placeholder whose cached copies are the gathered ones (see gather_weight)
+function Sharded:_view(p)
+  local qc = p.qcopies
+  if not qc then return nv.unscope(p.buf:narrow(1, 1, p.rows)) end
+  p.qcopies = nil
+  local plan = p.qplan
+  p.qplan = nil
+  if not recipes.weight_cache_open() then -- (a prefetch waited for after its cache closed: gathered anew, f32)
+    for _, q in ipairs(qc) do q:free() end
+    local save = self.qgather
+    self.qgather = false
+    local w = self:gather_weight(p)
+    self.qgather = save
+    return w
+  end
+  local K = p.shape[2]
+  p.buf = nv.unscope(nv.empty({1, K}, {device = self.device}):fill_(0 / 0))
+  local w = nv.unscope(p.buf:expand({p.rows, K}))
+  recipes.weight_cache_put(w, plan.fkey, qc[1])
+  recipes.weight_cache_put(w, plan.dkey, qc[2])
+  return w
 end
 
 -- opt.trace = {} records the order of the gathers and the units' compute, one string each: "gather
@@ -316,7 +389,7 @@ function Sharded:_gather(u)
     local w
     if hs then
       hs[i]:wait()
-      w = nv.unscope(p.buf:narrow(1, 1, p.rows))
+      w = self:_view(p)
     else
       w = self:gather_weight(p)
     end

@@ -244,6 +244,9 @@ train.schema = config.schema({
   -- its forward and gathered again for its backward (false: kept from the forward to the backward)
   dist = bool(false), shard_optimizer = bool(false), bucket_grads = bool(true),
   shard = str("none", {one_of = shard.MODES}), reshard_after_forward = bool(true),
+  -- gather (shard=full): "quantized" (a linear whose recipe quantizes its weight with a cacheable spec
+  -- gathers the codes and scales, bit for bit its quantization; nvlua.shard) or "f32" (every weight)
+  gather = str("quantized", {one_of = {"quantized", "f32"}}),
   -- sync=shadow (ShadowSync): no gradient all-reduce; each rank steps on its own gradients and every
   -- shadow_every steps the parameters are averaged over the ranks by an all-reduce of a snapshot in
   -- a background thread, applied as the change it brings (p += avg - snapshot) at the next averaging
@@ -530,7 +533,8 @@ function train.build(c)
   local oo = {lr = c.lr, betas = {c.beta1, c.beta2}, eps = c.eps, weight_decay = c.weight_decay}
   local opt
   if sm == "grads" or sm == "full" then
-    opt = shard.Sharded(model, oo, dist, {mode = sm, reshard_after_forward = c.reshard_after_forward})
+    opt = shard.Sharded(model, oo, dist, {mode = sm, reshard_after_forward = c.reshard_after_forward,
+      gather = c.gather})
   elseif sm == "optimizer" then opt = optim.ShardedAdamW(model, oo, dist)
   else opt = optim.AdamW(model:named_parameters(), oo) end
   local sched = schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr, warmup = c.warmup, total = c.steps,
@@ -1206,6 +1210,11 @@ local function step_once(r, step)
     rec_line.ms = dt * 1000
     rec_line.tokens_per_s = r.tokens_per_step / dt
     rec_line.mfu = r.flops_tok * r.tokens_per_step / dt / (r.peak * world)
+    if opt.sharded and opt.bytes and opt.mode == "full" then -- this rank's bytes sent in weight all-gathers, so far
+      -- (qgather: the quantized linears' part; qgather_bf16: what gathering those in bf16 would send)
+      rec_line.gather_bytes, rec_line.qgather_bytes = opt.bytes.gather, opt.bytes.qgather
+      rec_line.qgather_bf16_bytes = opt.bytes.qgather_bf16
+    end
     if world > 1 then -- not in a 1-rank record
       rec_line.sync_ms, rec_line.sync_wait_ms = t_sync * 1000, (shadow and t_wait or t_sync) * 1000
     end
