@@ -260,7 +260,9 @@ function Llama:_flatten_grads()
   local off = 0
   for _, e in ipairs(entries) do
     local n = e.param:numel()
-    local g = buf:narrow(1, off + 1, n):view(e.param:size())
+    local piece = buf:narrow(1, off + 1, n)
+    local g = piece:view(e.param:size())
+    piece:free() -- its share of buf now: a buffer replaced later (ZeRO-1's padded one) is then freed at once
     if old then g:copy_(e.grad) end
     e.grad:free()
     e.grad = nv.unscope(g)

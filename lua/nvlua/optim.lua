@@ -308,7 +308,8 @@ function optim.ShardedAdamW(model, opts, dist)
     if gflat ~= model.grad_buffer then
       local gv = gflat:narrow(1, off + 1, k):view(shape)
       gv:copy_(e.grad)
-      e.grad = nv.unscope(gv) -- a view of the old buffer, which the model drops below
+      e.grad:free() -- its share of the old buffer now, not when the collector finds the handle
+      e.grad = nv.unscope(gv) -- the old buffer itself the model drops below
     end
     layout[i] = {name = named[i].name, offset = off, numel = k, shape = shape, no_decay = e.no_decay}
     off = off + k
