@@ -500,6 +500,27 @@ T.case("schedule.make: by name; unknown names and missing numbers raise", functi
   T.raises(function() schedule.constant({}) end, "schedule.constant: 'lr' must be a number")
 end)
 
+-- Ranks of a job tokenizing the same corpus write the same cache shards at once: each must get a temp file of
+-- its own (a shared one made a rank's rename fail, "No such file or directory", under CI's sanitizers). Two
+-- processes whose math.random gives the same number at every write write one path 200 times each, at once.
+T.case("two processes writing one shard at once (same math.random seed) both succeed", function()
+  local path, script = ROOT .. "/race.bin", ROOT .. "/race.lua"
+  T.write_file(script, string.format([[
+local data = require "nvlua.data"
+for i = 1, 200 do math.randomseed(1); data.write_shard(%q, {1, 2, 3, i}, 2) end
+print("done")
+]], path))
+  local cmd = string.format("%s %s & %s %s; wait", T.shq(T.nvlua()), T.shq(script), T.shq(T.nvlua()), T.shq(script))
+  local p = assert(io.popen("(" .. cmd .. ") 2>&1"))
+  local out = p:read("a")
+  p:close()
+  local _, n = out:gsub("done", "")
+  T.eq(n, 2, "both writers finished; output:\n" .. out)
+  local sh = data.open_shard(path)
+  T.eq(sh.count, 4, "the shard holds one writer's whole tokens")
+  for f in lfs.dir(ROOT) do T.ok(not f:match("^race%.bin%.tmp"), "stray temp file " .. f) end
+end)
+
 T.case("cleanup: the scratch directory is removed", function()
   T.rm_tree(ROOT)
   T.eq(lfs.attributes(ROOT), nil)

@@ -129,13 +129,24 @@ function util.is_tensor_source(v) return getmetatable(v) == SOURCE end
 -- Writes contents (a string, or a function(put) that calls put(piece) for each piece: a string, or an
 -- nvlua tensor whose raw bytes are written, core.write_tensor) to a temp file beside path, flushes and
 -- fsyncs it, renames it over path and fsyncs the directory: a crash leaves the old file or the new
--- one, never a mix. opts.tmp names the temp file (default "<path>.tmp.<random>", so writers racing on
--- one path do not share it); opts.fsync(path, is_dir) -> true | nil, msg makes a file or directory
+-- one, never a mix. opts.tmp names the temp file (default "<path>.tmp.<pid>.<n>.<random>", so writers racing on
+-- one path, in one process or several, do not share it); opts.fsync(path, is_dir) -> true | nil, msg makes a file or directory
 -- durable (core.fsync by default). An I/O failure returns nil and a message saying what failed
 -- ("cannot write the temp file: ...", "write failed: ...", "cannot sync the temp file: ...", "cannot
 -- rename the temp file over it: ...", "written, but syncing its directory failed: ..."); an error
 -- raised by a contents function is raised again. Except after the rename, the temp file is removed
 -- and a file already at path is left as it was. Inside util.with_write_sink the write goes to the sink.
+-- The temp file's name carries this process's id and a counter: ranks of a job writing the same cache file at
+-- once (each the same bytes; the last rename wins) must not share a temp file, and math.random's sequence
+-- may be the same in two processes started together (a rank's rename then found its temp file gone).
+local PID = (function()
+  local f = io.open("/proc/self/stat", "r")
+  local line = f and f:read("l")
+  if f then f:close() end
+  return line and line:match("^(%d+)") or tostring(os.time())
+end)()
+local tmp_count = 0
+
 function util.atomic_write(path, contents, opts)
   opts = util.check_opts(opts, {tmp = true, fsync = true}, "atomic_write")
   if sink then
@@ -149,7 +160,8 @@ function util.atomic_write(path, contents, opts)
     return true, n
   end
   local fsync = opts.fsync or core.fsync
-  local tmp = opts.tmp or string.format("%s.tmp.%d", path, math.random(1 << 30))
+  tmp_count = tmp_count + 1
+  local tmp = opts.tmp or string.format("%s.tmp.%s.%d.%d", path, PID, tmp_count, math.random(1 << 30))
   local f, oerr = io.open(tmp, "wb")
   if not f then return nil, "cannot write the temp file: " .. tostring(oerr) end
   local ok, err = pcall(write_contents, f, contents)
