@@ -68,13 +68,7 @@ local cjson = require "cjson"
 
 local ROOT = T.tmpdir()
 
-local NVLUA = arg and arg[-1] or "nvlua"
-do
-  local i = -1
-  while arg and arg[i - 1] do i = i - 1 end
-  NVLUA = arg and arg[i] or NVLUA
-  if NVLUA:sub(1, 1) ~= "/" and NVLUA:find("/", 1, true) then NVLUA = lfs.currentdir() .. "/" .. NVLUA end
-end
+local NVLUA = T.nvlua() -- the binary running this file, absolute
 
 local MPIRUN = (function()
   local p = io.popen("command -v mpirun 2>/dev/null")
