@@ -109,20 +109,22 @@ T.case("-e runs a statement", function()
   T.eq(r.out, "6\n", "two -e in order")
 end)
 
-T.case("-v reports Lua, nvlua, BLAS, oneDNN, CUDA, cuDNN and GPUs", function()
+T.case("-v reports Lua, nvlua, BLAS, oneDNN, OpenMP's wait, CUDA, cuDNN and GPUs", function()
   need_nvlua()
   local r = run("-v")
   T.eq(r.code, 0)
   T.eq(r.err, "")
   local lines = {}
   for l in r.out:gmatch("[^\n]+") do lines[#lines + 1] = l end
-  T.ok(#lines >= 6, "at least 6 lines: " .. r.out)
+  T.ok(#lines >= 7, "at least 7 lines: " .. r.out)
   T.ok(lines[1]:match("^Lua 5%.4"), "Lua line: " .. lines[1])
   T.ok(lines[2]:match("^nvlua %d+%.%d+"), "nvlua line: " .. lines[2])
   T.ok(lines[3]:match("^BLAS: %S"), "BLAS line: " .. lines[3])
   T.ok(lines[4]:match("^bf16 GEMMs: oneDNN %d+%.%d+%.%d+, bf16 GEMMs on %S+ %(.+%)$") or
     lines[4]:match("^bf16 GEMMs: oneDNN.*not used %(.+%): bf16 GEMMs on sgemm$") or
     lines[4] == "bf16 GEMMs: oneDNN: not compiled in (bf16 GEMMs on sgemm)", "oneDNN line: " .. lines[4])
+  T.eq(lines[5], "OpenMP: GOMP_SPINCOUNT=1000 (nvlua's default: idle threads yield the cores soon)")
+  table.remove(lines, 5)
   T.ok(lines[5] == "CUDA: not compiled in" or lines[5]:match("^CUDA: compiled in %(runtime %d+%.%d+, cuBLASLt %d+%)$"),
     "CUDA line: " .. lines[5])
   local n = 6

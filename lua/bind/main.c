@@ -7,7 +7,9 @@
  *   - `lfs`, `cjson` and `nvlua.core` are preloaded, so they need no module path;
  *   - package.path starts with the nvlua Lua library (next to the binary, installed, or in the
  *     source tree) and, unless -E, with $NVLUA_PATH;
- *   - -v also reports the nvlua version, BLAS, oneDNN and CUDA;
+ *   - -v also reports the nvlua version, BLAS, oneDNN, OpenMP's wait setting and CUDA;
+ *   - OpenMP's idle threads spin briefly, not for milliseconds (omp_wait_default), so two jobs on the
+ *     same cores share them;
  *   - the REPL (repl.c, nvl_repl_run) defines `nv` and `help` first, has readline editing,
  *     history and completion, and survives Ctrl-C at the prompt; this file runs its statements
  *     (nvl_main_docall) and keeps the Ctrl-C handling of running code;
@@ -90,6 +92,48 @@ static void print_usage(const char *badoption) {
   fflush(stderr);
 }
 
+/* ---- OpenMP's idle threads ---------------------------------------------------------------------
+ * After a parallel region libgomp's workers spin (300,000 iterations by default, about a
+ * millisecond) before they sleep, and every GEMM and kernel here is a parallel region. Alone on its
+ * cores that saves a wake-up per region; beside a second job on the same cores the spinning workers
+ * hold the cores the other job's threads wait for: two copies of the main job on 2 cores ran 13x
+ * slower each instead of 2x. nvlua's default is a short spin, GOMP_SPINCOUNT=NVL_GOMP_SPINCOUNT: the
+ * lone job as fast as with libgomp's default, two at once under 2x (scripts/bench_omp.sh,
+ * experiments/bench/omp_wait.md). libgomp reads its environment in a constructor, before main, so
+ * nvlua sets the default by executing itself once more with it in the environment (same process id,
+ * arguments and name). A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept as given;
+ * NVLUA_OMP_DEFAULT=0 keeps libgomp's own default. */
+#define NVL_GOMP_SPINCOUNT "1000"
+
+static void omp_wait_default(char **argv) {
+  const char *off = getenv("NVLUA_OMP_DEFAULT");
+  char self[PATH_MAX];
+  if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || (off && strcmp(off, "0") == 0)) return;
+  /* the binary's own path, not /proc/self/exe: exec names the process after the path it is given */
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return;
+  self[n] = '\0';
+  if (setenv("GOMP_SPINCOUNT", NVL_GOMP_SPINCOUNT, 1) != 0) return;
+  execv(self, argv);
+  unsetenv("GOMP_SPINCOUNT"); /* not executable again (the binary was replaced): libgomp's default */
+}
+
+/* What -v says about the setting libgomp started with. */
+static const char *omp_wait_info(void) {
+  static char buf[160];
+  const char *spin = getenv("GOMP_SPINCOUNT"), *policy = getenv("OMP_WAIT_POLICY");
+  const char *off = getenv("NVLUA_OMP_DEFAULT");
+  if (spin && strcmp(spin, NVL_GOMP_SPINCOUNT) == 0 && !policy)
+    snprintf(buf, sizeof buf, "GOMP_SPINCOUNT=%s (nvlua's default: idle threads yield the cores soon)", spin);
+  else if (spin || policy)
+    snprintf(buf, sizeof buf, "%s%s%s%s%s (set by the environment)", spin ? "GOMP_SPINCOUNT=" : "",
+             spin ? spin : "", spin && policy ? ", " : "", policy ? "OMP_WAIT_POLICY=" : "", policy ? policy : "");
+  else
+    snprintf(buf, sizeof buf, "libgomp's default wait (%s)",
+             off && strcmp(off, "0") == 0 ? "NVLUA_OMP_DEFAULT=0" : "could not set nvlua's");
+  return buf;
+}
+
 static void print_version(void) {
   const char *blas = nvl_blas_info();
   int ndev;
@@ -97,6 +141,7 @@ static void print_version(void) {
   printf("nvlua %s\n", NVLUA_VERSION);
   printf("BLAS: %s\n", blas ? blas : "unknown");
   printf("bf16 GEMMs: %s\n", nvl_dnnl_info());
+  printf("OpenMP: %s\n", omp_wait_info());
   if (nvl_device_compiled(NVL_CUDA)) {
     int rt = nvl_device_runtime_version(NVL_CUDA); /* 1000 * major + 10 * minor */
     printf("CUDA: compiled in (runtime %d.%d, cuBLASLt %zu)\n", rt / 1000, (rt % 1000) / 10,
@@ -606,6 +651,7 @@ static int pmain(lua_State *L) {
 
 int main(int argc, char **argv) {
   int status, ok;
+  omp_wait_default(argv); /* returns only when no second execution is needed (or possible) */
   nvl_fp_env_ieee("at start-up"); /* IEEE subnormals, whatever a library's constructor set (info.h) */
   lua_State *L = luaL_newstate();
   if (L == NULL) {

@@ -235,8 +235,9 @@ function T.nvlua()
 end
 
 -- Variables that change what nvlua does; cleared for every child unless opts.env sets them.
+-- (OpenMP's wait settings too: the child then starts as a user's nvlua does, with nvlua's default.)
 T.NVLUA_ENV = {"NVLUA_PATH", "NVLUA_TRACEBACK", "LUA_INIT", "LUA_INIT_5_4", "LUA_PATH", "LUA_PATH_5_4", "LUA_CPATH",
-  "LUA_CPATH_5_4"}
+  "LUA_CPATH_5_4", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "NVLUA_OMP_DEFAULT"}
 
 --- T.run_nvlua(args [, {stdin = text, env = {name = value}, cd = dir}]) -> {out =, err =, code =}: the
 -- binary run with args (a string, already quoted for the shell), stdin from the text (else
