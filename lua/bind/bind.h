@@ -69,7 +69,8 @@ void nvl_lua_open_layers(lua_State *L);
 /* Add attention (core/layers.h) to the module table on top (lua/bind/attention.c). */
 void nvl_lua_open_attention(lua_State *L);
 /* Add fsync, isatty, peak_rss, file_stamp, tokens_from_bytes, the token scans (token_range,
- * token_find_outside), write_tensor and the background writer (bg_*) (lua/bind/sys.c). */
+ * token_find_outside), write_tensor, the background writer (bg_*), unix_time, hostname, getpid and
+ * crc32c (lua/bind/sys.c). */
 void nvl_lua_open_sys(lua_State *L);
 /* Add the table dist: process group and collectives, core/dist.h (lua/bind/dist.c). */
 void nvl_lua_open_dist(lua_State *L);

@@ -2,8 +2,9 @@
  * and of a directory (atomic checkpoint writes), a background writer thread that runs a list of
  * file operations in order (checkpoints that do not block training), a monotonic clock, whether
  * stdout is a terminal, the process's peak resident memory, a file's identity stamp (caches keyed
- * by it) — and token decoding from raw bytes (u16/u32 little-endian shard files) into i64 tensors,
- * and the scans of token files (core/tokens.h). */
+ * by it), the wall clock, the host name and process id (TensorBoard event file names), CRC-32C
+ * (core/crc32c.h: their records' checksum) — and token decoding from raw bytes (u16/u32 little-endian
+ * shard files) into i64 tensors, and the scans of token files (core/tokens.h). */
 #define _GNU_SOURCE /* O_DIRECT; nftw */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +28,7 @@
 #include <emmintrin.h>
 #endif
 #include "bind.h"
+#include "crc32c.h"
 #include "tokens.h"
 
 /* core.fsync(path [, is_dir]) -> true | nil, msg: flush a file's (or directory's) data to disk */
@@ -64,6 +66,39 @@ static int l_peak_rss(lua_State *L) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   lua_pushinteger(L, (lua_Integer)ru.ru_maxrss * 1024);
+  return 1;
+}
+
+/* core.unix_time() -> seconds since the Unix epoch (the real-time clock, with its fraction) */
+static int l_unix_time(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  lua_pushnumber(L, (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec);
+  return 1;
+}
+
+/* core.hostname() -> this machine's host name */
+static int l_hostname(lua_State *L) {
+  char name[HOST_NAME_MAX + 1];
+  if (gethostname(name, sizeof name) != 0) return luaL_error(L, "hostname: %s", strerror(errno));
+  name[HOST_NAME_MAX] = 0; /* truncated names need not be terminated */
+  lua_pushstring(L, name);
+  return 1;
+}
+
+/* core.getpid() -> this process's id */
+static int l_getpid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
+/* core.crc32c(str [, crc]) -> the CRC-32C of str (continuing crc: the value for the bytes before it) */
+static int l_crc32c(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  lua_Integer crc = luaL_optinteger(L, 2, 0);
+  luaL_argcheck(L, crc >= 0 && crc <= 0xFFFFFFFF, 2, "crc must be in [0, 2^32)");
+  lua_pushinteger(L, (lua_Integer)nvl_crc32c((uint32_t)crc, s, len));
   return 1;
 }
 
@@ -762,7 +797,9 @@ static const luaL_Reg sys_funcs[] = {{"fsync", l_fsync}, {"isatty", l_isatty}, {
                                      {"bg_snapshot_wait", l_bg_snapshot_wait}, {"bg_release", l_bg_release},
                                      {"bg_reserve", l_bg_reserve}, {"write_tensor", l_write_tensor},
                                      {"file_stamp", l_file_stamp}, {"token_range", l_token_range},
-                                     {"token_find_outside", l_token_find_outside}, {NULL, NULL}};
+                                     {"token_find_outside", l_token_find_outside},
+                                     {"unix_time", l_unix_time}, {"hostname", l_hostname}, {"getpid", l_getpid},
+                                     {"crc32c", l_crc32c}, {NULL, NULL}};
 
 void nvl_lua_open_sys(lua_State *L) {
   luaL_setfuncs(L, sys_funcs, 0);

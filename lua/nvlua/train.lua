@@ -9,7 +9,8 @@
 --
 -- Per step: gradient accumulation over `grad_accum` micro-batches, global-norm clipping, AdamW,
 -- the LR schedule; a console line every `log_every` steps (and a progress bar on a terminal),
--- metrics.jsonl (one JSON object per step and per eval), eval every `eval_every` steps on the
+-- metrics.jsonl (one JSON object per step and per eval) and, with tensorboard=true, the same numbers
+-- as TensorBoard scalars in out/tb (nvlua.tensorboard), eval every `eval_every` steps on the
 -- validation split, checkpoints every `ckpt_every` steps and at the end, a text sample and a
 -- loss-curve PNG at the end. A non-finite loss, gradient norm, weight or activation skips the
 -- step (counted and logged); more than `max_bad_steps` in a row stop the run with an error (the
@@ -28,7 +29,7 @@
 -- backward, ZeRO-3 / FSDP: nvlua.shard), the logged loss is the ranks' mean, recipes scale
 -- activations and gradients by the amax of the global batch and draw SR bits at their global
 -- block indices (recipe:set_amax_reducer, set_shard), so N ranks x batch B train as 1 rank x
--- batch N·B up to fp32 summation order. Only rank 0 prints and writes config, metrics, plots and
+-- batch N·B up to fp32 summation order. Only rank 0 prints and writes config, metrics (and events), plots and
 -- checkpoints; every rank resumes from the checkpoint rank 0 picks.
 local nv = require "nvlua"
 local core = require "nvlua.core"
@@ -47,6 +48,7 @@ local plot = require "nvlua.plot"
 local mor = require "nvlua.mor"
 local plan = require "nvlua.plan"
 local shard = require "nvlua.shard"
+local tensorboard = require "nvlua.tensorboard"
 
 local train = {}
 
@@ -233,6 +235,9 @@ train.schema = config.schema({
   keep = int(2, {min = 0}), sample_tokens = int(200, {min = 0}),
   temperature = num(0.8, {min = 0}), top_k = int(40, {min = 1}), max_bad_steps = int(5, {min = 0}),
   plot = bool(true), quiet = bool(false), save = bool(true),
+  -- TensorBoard event files in out/tb: each step's metrics.jsonl numbers as scalars (train/, perf/, mor/),
+  -- eval/val_loss and val_ppl, the config as text (tensorboard --logdir runs shows runs side by side)
+  tensorboard = bool(true),
   -- resume=none on an out= that holds a run: refused, unless overwrite=true (its checkpoints and
   -- metrics are removed first)
   overwrite = bool(false),
@@ -917,6 +922,17 @@ local function open_metrics(r, start_step)
   return assert(io.open(mpath, start_step > 0 and "a" or "w"))
 end
 
+-- out/tb's events file (nvlua.tensorboard), opened on rank 0 when tensorboard=true (nil elsewhere): a
+-- new file at each start. Resumed at start_step, the earlier files keep their events up to it, as
+-- metrics.jsonl its records (the steps after it run again); a fresh run removes them. A fresh run
+-- logs its config (config.json's text, as a markdown code block) at step 0.
+local function open_tensorboard(r, start_step)
+  if not (r.main and r.c.tensorboard) then return nil end
+  local w = tensorboard.open(r.run_dir .. "/tb", {resume_step = start_step})
+  if start_step == 0 then w:text("config", (config.json(r.c):gsub("[^\n]+", "    %0")), 0) end
+  return w
+end
+
 -- ckpt_every as the loop uses it: "auto" or an integer
 local function ckpt_every(c)
   if c.ckpt_every == "auto" then return "auto" end
@@ -943,6 +959,7 @@ local function start_run(c, p)
     f:close()
   end
   r.mf = open_metrics(r, r.start_step)
+  r.tb = open_tensorboard(r, r.start_step)
   -- background saves: their staging buffer made now, its pages faulted in by the writer thread while
   -- the first steps run, so that the first save pays no allocation
   if c.ckpt_background and r.main and ckpt_every(c) ~= 0 then
@@ -1079,6 +1096,22 @@ local function shadow_average(r)
     if not c.shadow_overlap then waited = waited + shadow_complete(dist, s, true) end
   end)
   return waited
+end
+
+-- A step's metrics record as TensorBoard scalars: the throughput fields under perf/, MoR's under mor/
+-- (mor_low: mor/low), the others under train/, and the run's count of skipped steps so far; what is
+-- not a finite number (a skipped step's loss, written as text) is left out.
+local PERF = {ms = true, tokens_per_s = true, mfu = true, sync_ms = true, sync_wait_ms = true, gather_bytes = true,
+  qgather_bytes = true, qgather_bf16_bytes = true}
+local function tb_scalars(rec, skipped)
+  local v = {["train/skipped_steps"] = skipped}
+  for k, x in pairs(rec) do
+    if k ~= "step" and type(x) == "number" and finite(x) then
+      local m = k:match("^mor_(.+)$")
+      v[m and "mor/" .. m or PERF[k] and "perf/" .. k or "train/" .. k] = x
+    end
+  end
+  return v
 end
 
 -- What a step's non-finite flags (core.nonfinite_take; 0: another rank's) say, for the log.
@@ -1220,6 +1253,7 @@ local function step_once(r, step)
     end
     local ms = mor_record(r, step, rec_line)
     r.mf:write(config.encode(rec_line), "\n")
+    if r.tb then r.tb:scalars(step, tb_scalars(rec_line, r.skipped)) end
     if stop then user_error(stop, 0) end -- after logging the step that made it
     return {lr = lr, loss = loss, gnorm = gnorm, dt = dt, mfu = rec_line.mfu, mor = ms,
       distill = r.p.teacher and parts or nil}
@@ -1256,6 +1290,7 @@ local function eval_and_log(r, step)
   if rec and rec.mor then rec.mor:take_step() end -- the evaluation's choices are not the training's
   r.val_points[#r.val_points + 1] = {step, vl}
   r.mf:write(config.encode({step = step, val_loss = vl, val_ppl = ppl}), "\n")
+  if r.tb then r.tb:scalars(step, {["eval/val_loss"] = vl, ["eval/val_ppl"] = ppl}) end
   if r.tty then r.out:write("\r\27[K") end
   r.out:write(string.format("eval  %5d | val loss %.4f | val ppl %.2f\n", step, vl, ppl))
 end
@@ -1341,8 +1376,9 @@ local function failed(r, err, where)
     "there is no complete checkpoint"), 0)
 end
 
--- After the loop (ok, err: its pcall's results): metrics.jsonl closed, a background save waited
--- for, the final checkpoint, then (unless interrupted) the sample and the plot. -> the summary
+-- After the loop (ok, err: its pcall's results): metrics.jsonl and the events file closed, a
+-- background save waited for, the final checkpoint, then (unless interrupted) the sample and the
+-- plot. -> the summary
 -- Stop signals stay deferred until the final checkpoint is written: one that comes during it (the
 -- run complete) still stops the process (no sample or plot; interrupted, the exit status 75). A
 -- second Ctrl-C (interrupted! raised wherever the code was, mid-step perhaps) stops at once and
@@ -1350,6 +1386,7 @@ end
 local function finish_run(r, ok, err)
   local c = r.c
   r.mf:close()
+  if r.tb then r.tb:close() end
   -- a background save still writing is waited for (its error raised, unless the run failed already);
   -- a parameter averaging still running (sync=shadow) is completed and applied
   local wok, werr = pcall(ckpt.wait)
