@@ -429,6 +429,27 @@ function train.local_ranks()
   return 1
 end
 
+-- The variables an MPI launcher sets in its ranks: Open MPI, PMIx (Open MPI 5, srun --mpi=pmix), PMI
+-- (MPICH / Hydra, Intel MPI, srun --mpi=pmi2), MVAPICH.
+local LAUNCHER_VARS = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}
+
+--- train.progress_bar() -> whether the console gets a progress bar ("\r" updates) between log lines:
+-- NVLUA_PROGRESS=1 or 0 says so; else only when stdout is an interactive terminal of this process:
+-- a tty, TERM set and not "dumb", and no MPI launcher (Open MPI forwards a rank's stdout through a pty
+-- while mpirun's own output goes to a log file). Slurm needs no rule of its own: a batch job's stdout
+-- is a file and srun's a pipe (srun --pty, a terminal someone watches, keeps the bar).
+function train.progress_bar()
+  local force = os.getenv("NVLUA_PROGRESS")
+  if force == "0" or force == "1" then return force == "1" end
+  if force and force ~= "" then user_error("NVLUA_PROGRESS must be 0 or 1, got '" .. force .. "'", 0) end
+  local term = os.getenv("TERM")
+  if not core.isatty(1) or not term or term == "" or term == "dumb" then return false end
+  for _, v in ipairs(LAUNCHER_VARS) do
+    if os.getenv(v) then return false end
+  end
+  return true
+end
+
 --- train.check_memory(c, recipe, model_config, world): refuses ("config: ...", before anything is
 -- allocated) a run that cannot fit the machine's memory (train.machine_memory, per process: times
 -- the ranks on this node, train.local_ranks, on the CPU). First a bound that costs nothing
@@ -871,6 +892,7 @@ local function start_run(c, p)
   local r = {c = c, p = p, dist = p.dist, world = p.world or 1, main = (p.rank or 0) == 0, -- rank 0 prints and writes
     model = p.model, opt = p.optimizer, rec = p.recipe, loader = p.loader, ds = p.dataset, run_dir = c.out}
   r.out = (c.quiet or not r.main) and SILENT or io.stdout
+  r.tty = train.progress_bar() and not c.quiet
   -- the peak MFU is against, and what it is (nvlua.peak; c.mfu_peak), before anything is written (a
   -- peak it cannot give stops the run here). Only rank 0 measures one (it alone reports MFU): ranks
   -- measuring at once would load the machine they measure (nor does rank 0 cache a figure it took while
@@ -925,7 +947,6 @@ local function start_run(c, p)
 
   r.signal_ok, r.signal = pcall(require, "nvlua.signal")
   if r.signal_ok then r.signal.defer(true) end
-  r.tty = core.isatty(1) and not c.quiet
   r.losses, r.val_points, r.mor_points = {}, {}, {}
   r.t_run, r.tok_run = 0, 0
   r.step = r.start_step
