@@ -3,6 +3,7 @@
 
     python3 scripts/prepare_data.py OUT_DIR INPUT... --tokenizer path/to/tokenizer.json  (or an HF model dir)
     python3 scripts/prepare_data.py OUT_DIR INPUT... --tiktoken cl100k_base
+    python3 scripts/prepare_data.py OUT_DIR INPUT... --tiktoken path/to/cl100k_base.tiktoken  (offline)
     python3 scripts/prepare_data.py OUT_DIR INPUT... --tokenizer bytes                   (id = byte, vocab 256)
     build/nvlua experiments/tiny_llama_nvfp4.lua data=shards:OUT_DIR                      (vocab from the manifest)
 
@@ -26,6 +27,14 @@ when the vocabulary fits in 65536, else u32):
                    "width", "tokens": {"train", "val"}, "documents": {"train", "val"}, "sources"}
 bos/eos: --bos-token/--eos-token, else the tokenizer_config.json beside the tokenizer.json, else
 well-known special tokens (<|begin_of_text|>, <s>, <|endoftext|>, ...), as nvlua.tokenizer finds them.
+
+--tiktoken NAME has tiktoken download the encoding's BPE file (once: it keeps a copy in
+$TIKTOKEN_CACHE_DIR, default <tmp>/data-gym-cache, under the SHA-1 of its URL; a machine without the
+network can be given that directory). Offline, --tiktoken FILE takes a local .tiktoken file (lines of
+"base64(token) rank", as OpenAI publishes them) with the pattern and special tokens
+of the encoding the file's name says (cl100k_base.tiktoken; or --tiktoken-encoding NAME): r50k_base,
+p50k_base, p50k_edit, cl100k_base, o200k_base, o200k_harmony (tiktoken's own list: gpt2 is not one, its
+ranks are r50k_base's). A file that is not the published one (its SHA-256 differs) is used with a note.
 A tool for preparing data: nvlua never needs Python.
 """
 import argparse
@@ -337,7 +346,9 @@ def parse_args():
     ap.add_argument("inputs", nargs="+", help="text files, directories, or *.jsonl files")
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokenizer", help="a tokenizer.json, a directory holding one, or 'bytes'")
-    g.add_argument("--tiktoken", help="a tiktoken encoding name (cl100k_base, o200k_base, ...)")
+    g.add_argument("--tiktoken", help="a tiktoken encoding name (cl100k_base, o200k_base, ...), or a local "
+                   ".tiktoken file (offline: path/to/cl100k_base.tiktoken)")
+    ap.add_argument("--tiktoken-encoding", help="the encoding a --tiktoken file holds (default: its file name)")
     ap.add_argument("--split", choices=["file", "line", "paragraph"], default="file",
                     help="documents of a text file (default: the whole file)")
     ap.add_argument("--text-field", default="text", help="the JSONL field holding a document (default text)")
@@ -359,7 +370,57 @@ def parse_args():
         die("--batch must be an integer >= 1 (documents tokenized at a time), got %d" % a.batch)
     if a.tokenizer is not None and a.tokenizer != "bytes":
         a.tokenizer = tokenizer_path(a.tokenizer)
+    a.tiktoken_file = None
+    if a.tiktoken is not None and (os.sep in a.tiktoken or a.tiktoken.endswith(".tiktoken")):
+        if not os.path.isfile(a.tiktoken):
+            die("--tiktoken %s: no such file (give an encoding name or a .tiktoken file)" % a.tiktoken)
+        a.tiktoken_file = a.tiktoken
+    if a.tiktoken_encoding is not None and a.tiktoken_file is None:
+        die("--tiktoken-encoding names the encoding of a --tiktoken file; --tiktoken gives none")
     return a
+
+
+def local_tiktoken(path, name):
+    """The tiktoken Encoding `name` with the ranks of the local .tiktoken file at path: name's constructor
+    (tiktoken_ext.openai_public) run with its BPE file read from path, so nothing is downloaded."""
+    import hashlib
+    from unittest import mock
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    from tiktoken_ext import openai_public
+    ctors = openai_public.ENCODING_CONSTRUCTORS
+    if name is None:
+        base = os.path.basename(path)
+        name = base[:-len(".tiktoken")] if base.endswith(".tiktoken") else base
+    if name not in ctors or name == "gpt2":
+        die("--tiktoken %s: no known encoding is named '%s' (the file's name, or --tiktoken-encoding; known: %s)" %
+            (path, name, ", ".join(sorted(n for n in ctors if n != "gpt2"))))
+    published = []
+
+    def read_local(url, expected_hash=None):
+        published.append(expected_hash)
+        try:
+            # TIKTOKEN_CACHE_DIR="": tiktoken reads the file without keeping a copy in its cache
+            with mock.patch.dict(os.environ, {"TIKTOKEN_CACHE_DIR": ""}):
+                return load_tiktoken_bpe(path)
+        except (ValueError, IndexError) as e:  # a line that is not "base64 rank"
+            die("--tiktoken %s: not a .tiktoken file (lines of base64(token) and rank): %s" % (path, e))
+
+    def no_download(*args, **kwargs):
+        die("--tiktoken %s: encoding %s is not made from one .tiktoken file" % (path, name))
+
+    with mock.patch.object(openai_public, "load_tiktoken_bpe", read_local), \
+            mock.patch.object(openai_public, "data_gym_to_mergeable_bpe_ranks", no_download):
+        params = ctors[name]()
+    with open(path, "rb") as h:
+        digest = hashlib.sha256(h.read()).hexdigest()
+    if published and published[0] and digest != published[0]:
+        print("prepare_data: note: %s is not the published %s file (SHA-256 %s): its ranks are used with %s's "
+              "pattern and special tokens" % (path, name, digest, name), file=sys.stderr)
+    try:
+        return tiktoken.Encoding(**params)
+    except (ValueError, AssertionError) as e:  # e.g. a vocabulary size the encoding fixes
+        die("--tiktoken %s: not a %s encoding: %s" % (path, name, e or "its vocabulary size differs"))
 
 
 def make_tokenizer(a):
@@ -368,10 +429,17 @@ def make_tokenizer(a):
             import tiktoken
         except ImportError:
             die("--tiktoken needs the tiktoken package (pip install tiktoken)")
-        try:
-            enc = tiktoken.get_encoding(a.tiktoken)
-        except ValueError as e:
-            die("--tiktoken %s: %s" % (a.tiktoken, e))
+        if a.tiktoken_file:
+            enc = local_tiktoken(a.tiktoken_file, a.tiktoken_encoding)
+        else:
+            try:
+                enc = tiktoken.get_encoding(a.tiktoken)
+            except ValueError as e:
+                die("--tiktoken %s: %s" % (a.tiktoken, e))
+            except Exception as e:  # the download failed (requests' and urllib's errors)
+                die("--tiktoken %s: cannot get the encoding's BPE file (%s: %s); offline, give a local file "
+                    "(--tiktoken path/to/%s.tiktoken) or TIKTOKEN_CACHE_DIR (--help)" %
+                    (a.tiktoken, type(e).__name__, e, a.tiktoken))
         tok = tiktoken_tokenizer(enc, a.bos_token, a.eos_token)
     elif a.tokenizer == "bytes":
         tok = byte_tokenizer()

@@ -473,6 +473,8 @@ T.case("prepare_data.py: bad arguments and unreadable tokenizers are refused, na
     {"--tokenizer " .. dir .. "/tok", "--tokenizer " .. bad_json .. ": not valid JSON"},
     {"--tokenizer " .. array, "--tokenizer " .. array .. ": expected a JSON object, got a list"},
     {"--tokenizer " .. dir .. "/badcfg", dir .. "/badcfg/tokenizer_config.json: not valid JSON", needs = "tokenizers"},
+    {"--tiktoken " .. dir .. "/none.tiktoken", "--tiktoken " .. dir .. "/none.tiktoken: no such file"},
+    {"--tiktoken cl100k_base --tiktoken-encoding cl100k_base", "--tiktoken-encoding names the encoding of a --tiktoken file"},
   }
   local has_tokenizers = os.execute("python3 -c 'import tokenizers' >/dev/null 2>&1")
   for _, row in ipairs(PY_BAD) do

@@ -19,6 +19,8 @@
 --     a run on a text file exports the byte tokenizer (bos/eos null, no generation_config.json).
 --   * scripts/make_shards.lua's byte shards carry a manifest: data=shards: needs no vocab=; a vocab= below
 --     the largest id of shards without one is refused, naming the first token past it.
+--   * scripts/prepare_data.py --tiktoken FILE (a local .tiktoken file, offline): scripts/check_tiktoken_offline.py,
+--     skipped with its reason when python3 lacks tiktoken, tokenizers or numpy.
 -- scripts/check_hf_e2e.py loads such exports with transformers (CI runs it when it can install it).
 -- tests/data/kjv_bpe/ and tests/data/megatron/ are made (byte for byte again) by
 --   python3 scripts/train_tokenizer.py tests/data/kjv_bpe --vocab 512
@@ -291,6 +293,17 @@ T.case("scripts/make_shards.lua: byte shards with a manifest; data=shards: takes
   T.eq(parts.model.config.vocab_size, 256)
   T.eq(T.read_file(s.checkpoint .. "/model/tokenizer.json"), tokenizer.byte_json())
   T.eq(#s.sample, 12)
+end)
+
+T.case("scripts/prepare_data.py --tiktoken FILE: the offline route (scripts/check_tiktoken_offline.py)", function()
+  if not os.execute("command -v python3 >/dev/null 2>&1") then T.skip("no python3") end
+  local p = assert(io.popen(string.format("python3 %s/../scripts/check_tiktoken_offline.py 2>&1; echo \"exit $?\"",
+    T.shq(here))))
+  local log = p:read("a")
+  p:close()
+  local code = tonumber(log:match("exit (%d+)%s*$"))
+  if code == 77 then T.skip(log:match("skipped: ([^\n]*)")) end
+  T.eq(code, 0, "check_tiktoken_offline.py:\n" .. log)
 end)
 
 T.case("cleanup: the scratch directory is removed", function()

@@ -49,6 +49,7 @@ local mor = require "nvlua.mor"
 local plan = require "nvlua.plan"
 local shard = require "nvlua.shard"
 local tensorboard = require "nvlua.tensorboard"
+local peak = require "nvlua.peak"
 
 local train = {}
 
@@ -238,6 +239,10 @@ train.schema = config.schema({
   -- TensorBoard event files in out/tb: each step's metrics.jsonl numbers as scalars (train/, perf/, mor/),
   -- eval/val_loss and val_ppl, the config as text (tensorboard --logdir runs shows runs side by side)
   tensorboard = bool(true),
+  -- the peak MFU is against (nvlua.peak): bf16 (the dense bf16 peak whatever the recipe: a GPU's
+  -- datasheet, the CPU's calibrated bf16 GEMM rate), recipe (the peak of the units the recipe's GEMMs
+  -- run on), fp8 | fp4 | tf32 | fp32 (that datasheet column), or a number (FLOP/s per device)
+  mfu_peak = str("bf16", {check = peak.check_mfu_peak, doc = "bf16 | recipe | fp8 | fp4 | tf32 | fp32 | FLOP/s per device"}),
   -- resume=none on an out= that holds a run: refused, unless overwrite=true (its checkpoints and
   -- metrics are removed first)
   overwrite = bool(false),
@@ -429,6 +434,27 @@ function train.local_ranks()
   return 1
 end
 
+-- The variables an MPI launcher sets in its ranks: Open MPI, PMIx (Open MPI 5, srun --mpi=pmix), PMI
+-- (MPICH / Hydra, Intel MPI, srun --mpi=pmi2), MVAPICH.
+local LAUNCHER_VARS = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}
+
+--- train.progress_bar() -> whether the console gets a progress bar ("\r" updates) between log lines:
+-- NVLUA_PROGRESS=1 or 0 says so; else only when stdout is an interactive terminal of this process:
+-- a tty, TERM set and not "dumb", and no MPI launcher (Open MPI forwards a rank's stdout through a pty
+-- while mpirun's own output goes to a log file). Slurm needs no rule of its own: a batch job's stdout
+-- is a file and srun's a pipe (srun --pty, a terminal someone watches, keeps the bar).
+function train.progress_bar()
+  local force = os.getenv("NVLUA_PROGRESS")
+  if force == "0" or force == "1" then return force == "1" end
+  if force and force ~= "" then user_error("NVLUA_PROGRESS must be 0 or 1, got '" .. force .. "'", 0) end
+  local term = os.getenv("TERM")
+  if not core.isatty(1) or not term or term == "" or term == "dumb" then return false end
+  for _, v in ipairs(LAUNCHER_VARS) do
+    if os.getenv(v) then return false end
+  end
+  return true
+end
+
 --- train.check_memory(c, recipe, model_config, world): refuses ("config: ...", before anything is
 -- allocated) a run that cannot fit the machine's memory (train.machine_memory, per process: times
 -- the ranks on this node, train.local_ranks, on the CPU). First a bound that costs nothing
@@ -561,69 +587,6 @@ function train.flops_per_token(cfg_model, T)
     + 3 * c.hidden_size * c.intermediate_size
   local gemm_params = c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size
   return 6 * gemm_params + 12 * c.num_hidden_layers * T * hd * c.num_attention_heads
-end
-
---- The machine's measured fp32 GEMM rate (FLOP/s): the best of 3 sgemms of 1024^3.
-function train.sgemm_peak()
-  return nv.scope(function()
-    local a = nv.randn(1024, 1024, {generator = nv.Generator(7)})
-    local b = nv.randn(1024, 1024, {generator = nv.Generator(8)})
-    local best = math.huge
-    for _ = 1, 3 do
-      nv.scope(function() -- each product is freed before the next (which then reuses its buffer)
-        local t0 = nv.clock()
-        a:matmul(b)
-        best = math.min(best, nv.clock() - t0)
-      end)
-    end
-    return 2 * 1024 ^ 3 / best
-  end)
-end
-
---- The CPU's measured bf16 GEMM rate (FLOP/s) on its bf16 units (oneDNN): the best of 3 bf16
--- qmatmuls of 1024^3; nil where the bf16 path cannot run (then the recipes' GEMMs run on sgemm).
-function train.cpu_bf16_peak()
-  local _, ready = nv.core.gemm_bf16()
-  if not ready then return nil end
-  return nv.scope(function()
-    local qa, qb = nv.scope(function()
-      local a = nv.randn(1024, 1024, {generator = nv.Generator(7)})
-      local b = nv.randn(1024, 1024, {generator = nv.Generator(8)})
-      return nv.quantize(a, "bf16"), nv.quantize(b, "bf16")
-    end)
-    local best = math.huge
-    for i = 0, 3 do
-      nv.scope(function()
-        local t0 = nv.clock()
-        nv.qmatmul(qa, qb)
-        if i > 0 then best = math.min(best, nv.clock() - t0) end
-      end)
-    end
-    return 2 * 1024 ^ 3 / best
-  end)
-end
-
---- The GPU's measured dense bf16 GEMM rate (FLOP/s): the best of 5 cuBLASLt GEMMs of 4096^3
--- (after one warm-up), timed with a device synchronisation.
-function train.gpu_gemm_peak()
-  local n = 4096
-  return nv.scope(function()
-    local qa, qb = nv.scope(function() -- the f32 operands, host and device, die once quantized
-      local a, b = nv.randn(n, n, {generator = nv.Generator(7)}), nv.randn(n, n, {generator = nv.Generator(8)})
-      return nv.quantize(a:cuda(), "bf16"), nv.quantize(b:cuda(), "bf16")
-    end)
-    local best = math.huge
-    for i = 0, 5 do
-      nv.scope(function()
-        nv.cuda.synchronize()
-        local t0 = nv.clock()
-        nv.qmatmul(qa, qb, {out = "bf16"})
-        nv.cuda.synchronize()
-        if i > 0 then best = math.min(best, nv.clock() - t0) end
-      end)
-    end
-    return 2 * n ^ 3 / best
-  end)
 end
 
 -- ---- evaluation and sampling -------------------------------------------------------------------
@@ -945,6 +908,13 @@ local function start_run(c, p)
   local r = {c = c, p = p, dist = p.dist, world = p.world or 1, main = (p.rank or 0) == 0, -- rank 0 prints and writes
     model = p.model, opt = p.optimizer, rec = p.recipe, loader = p.loader, ds = p.dataset, run_dir = c.out}
   r.out = (c.quiet or not r.main) and SILENT or io.stdout
+  r.tty = train.progress_bar() and not c.quiet
+  -- the peak MFU is against, and what it is (nvlua.peak; c.mfu_peak), before anything is written (a
+  -- peak it cannot give stops the run here). Only rank 0 measures one (it alone reports MFU): ranks
+  -- measuring at once would load the machine they measure (nor does rank 0 cache a figure it took while
+  -- ranks of its node wait in MPI, spinning); elsewhere r.peak may be nil.
+  r.peak, r.peak_what = peak.for_run(c, {given = p.peak, recipe = r.rec, model = r.model, may_measure = r.main,
+    alone = r.world == 1 or train.local_ranks() == 1})
   r.params = r.model:named_parameters()
   r.bad_in_row, r.skipped, r.interrupted = 0, 0, false
   r.max_batches, r.skipped_checkpoints = c.grad_accum, {}
@@ -970,21 +940,9 @@ local function start_run(c, p)
   r.tokens_per_step = c.batch * c.seq * c.grad_accum * world -- the global batch
   r.flops_tok = train.flops_per_token(model.config, c.seq)
   local gpu = c.device == "cuda"
-  -- the peak MFU is against: the GPU's bf16 GEMM rate; on the CPU the rate of the units the recipe's
-  -- GEMMs run on (the bf16 units for a low-precision recipe where they run, else sgemm)
-  local peak, peak_what = p.peak, "given peak"
-  if not peak and gpu then
-    peak, peak_what = train.gpu_gemm_peak(), "dense bf16 cuBLASLt GEMM rate of this GPU"
-  elseif not peak then
-    local bf = r.rec.name ~= "f32" and train.cpu_bf16_peak() or nil
-    peak = bf or train.sgemm_peak()
-    peak_what = bf and "bf16 GEMM rate of this CPU (oneDNN)" or "sgemm peak of this machine"
-  end
-  r.peak = peak
   out:write(string.format("model: %s, %.2fM parameters; recipe %s\n", tostring(model:extra_repr()),
     model:num_parameters() / 1e6, tostring(r.rec)))
-  out:write(string.format("%d tokens per step; MFU is against the measured %s, %.1f GFLOP/s\n", r.tokens_per_step,
-    peak_what, r.peak / 1e9))
+  out:write(string.format("%d tokens per step; MFU is against %s\n", r.tokens_per_step, r.peak_what))
   if gpu then
     local a = core.attention_cudnn()
     local v = a.version
@@ -1006,7 +964,6 @@ local function start_run(c, p)
 
   r.signal_ok, r.signal = pcall(require, "nvlua.signal")
   if r.signal_ok then r.signal.defer(true) end
-  r.tty = core.isatty(1) and not c.quiet
   r.losses, r.val_points, r.mor_points = {}, {}, {}
   r.t_run, r.tok_run = 0, 0
   r.step = r.start_step
@@ -1242,7 +1199,7 @@ local function step_once(r, step)
     r.t_run, r.tok_run = r.t_run + dt, r.tok_run + r.tokens_per_step
     rec_line.ms = dt * 1000
     rec_line.tokens_per_s = r.tokens_per_step / dt
-    rec_line.mfu = r.flops_tok * r.tokens_per_step / dt / (r.peak * world)
+    rec_line.mfu = r.peak and r.flops_tok * r.tokens_per_step / dt / (r.peak * world)
     if opt.sharded and opt.bytes and opt.mode == "full" then -- this rank's bytes sent in weight all-gathers, so far
       -- (qgather: the quantized linears' part; qgather_bf16: what gathering those in bf16 would send)
       rec_line.gather_bytes, rec_line.qgather_bytes = opt.bytes.gather, opt.bytes.qgather
@@ -1264,6 +1221,7 @@ end
 -- progress bar with the time left.
 local function report_step(r, step, s)
   local c, out = r.c, r.out
+  if out == SILENT then return end -- another rank's, or quiet (the MFU of a rank but 0 may be unknown)
   if step % c.log_every == 0 or step == c.steps or step == r.start_step + 1 then
     if r.tty then out:write("\r\27[K") end
     out:write(string.format("step %5d/%d | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | %6.0f ms | mfu %4.1f%%%s\n",
