@@ -8,6 +8,8 @@
 --   (d) the same small architecture trained from scratch;
 -- the students under `recipe` (nvfp4 by default: an NVFP4 student of a bf16 teacher), seeds seed,
 -- seed+1, ... (data order, SR, and (d)'s initialisation). Minitron's finding to check: (c) beats (d).
+-- (b) and (c) start from the pruned model saved as a Hugging Face directory (init=hf:<dir>); init= on
+-- the command line starts the teacher from pretrained weights (its shape then the checkpoint's).
 -- Prints a table (final validation loss, mean and spread over seeds), writes <out>/results.md and a
 -- plot of the mean validation curves.
 --   nvlua experiments/prune_distill.lua [teacher_steps=400] [steps=150] [seeds=3] [key=value ...]
@@ -18,6 +20,7 @@ local plot = require "nvlua.plot"
 local data = require "nvlua.data"
 local prune = require "nvlua.prune"
 local mean_sd = require("nvlua.util").mean_sd
+local hf = require "nvlua.hf"
 
 local c = config.parse(train.schema, arg, {
   out = "runs/prune_distill", data = "kjv", layers = 4, hidden = 256, heads = 4, kv_heads = 2, ffn = 768,
@@ -54,13 +57,19 @@ local teacher = tp.model
 local teacher_dir = ts.checkpoint .. "/model"
 print(string.format("val loss %.4f, %.2fM parameters", ts.final_val_loss, teacher:num_parameters() / 1e6))
 
--- 2. importance on a calibration batch from the training split, then the two pruned models
+-- 2. importance on a calibration batch from the training split, then the two pruned models, saved as
+-- Hugging Face directories the students start from (init=hf:<dir>)
 local calib = data.Loader(tp.dataset.train, {batch = c.batch, seq = c.seq, seed = 9999}):next()
 local imp = prune.importance(teacher, calib)
 local archs = {
   {name = "width", model = prune.width(teacher, imp, {ffn = c.prune_ffn, heads = c.prune_heads})},
   {name = "depth", model = (prune.depth(teacher, imp, {layers = c.prune_layers}))},
 }
+for _, arch in ipairs(archs) do
+  arch.dir = c.out .. "/pruned_" .. arch.name
+  data.mkdir_p(arch.dir)
+  hf.save_pretrained(arch.model, arch.dir)
+end
 
 -- the train keys of a model's architecture
 local function arch_keys(m)
@@ -76,13 +85,8 @@ local function student(arch, variant, seed)
   rc.seed, rc.data_seed = c.seed + seed, c.data_seed + seed
   rc.out = string.format("%s/%s_%s_s%d", c.out, arch.name, variant, rc.seed)
   rc.teacher = variant == "distilled" and teacher_dir or ""
-  local p = train.build(rc)
-  if variant ~= "scratch" then -- start from the pruned weights
-    local src = {}
-    for _, e in ipairs(arch.model:named_parameters()) do src[e.name] = e.param end
-    for _, e in ipairs(p.model:named_parameters()) do e.param:copy_(src[e.name]) end
-  end
-  return train.run(rc, p)
+  rc.init = variant ~= "scratch" and "hf:" .. arch.dir or "" -- the pruned weights, or a random start
+  return train.run(rc, train.build(rc))
 end
 
 for _, arch in ipairs(archs) do

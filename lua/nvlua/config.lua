@@ -168,10 +168,16 @@ end
 local Schema = {}
 Schema.__index = Schema
 
---- config.schema(specs [, checks]) -> a schema. specs: {key = spec or plain default}; checks: a
--- list of functions(c) -> nil, or a message naming the keys involved (raised as "config: <message>").
-function config.schema(specs, checks)
-  local s = setmetatable({specs = {}, checks = {}}, Schema)
+-- config table -> {key = true} for the keys its arguments set (Schema:parse), while it lives
+local given_keys = setmetatable({}, {__mode = "k"})
+
+--- config.schema(specs [, checks [, resolvers]]) -> a schema. specs: {key = spec or plain default};
+-- checks: a list of functions(c) -> nil, or a message naming the keys involved (raised as "config:
+-- <message>"); resolvers: a list of functions(c, given) that may set keys from elsewhere (train.lua's
+-- init: the model's keys from a checkpoint), run by check after each key is checked and before the
+-- checks; given = {key = true} for the keys the user chose (see Schema:check).
+function config.schema(specs, checks, resolvers)
+  local s = setmetatable({specs = {}, checks = {}, resolvers = {}}, Schema)
   for k, v in pairs(specs) do
     if type(k) ~= "string" or not k:match("^[%w_%.]+$") then
       error("config.schema: keys are names ([%w_.]+), got " .. tostring(k), 2)
@@ -179,6 +185,7 @@ function config.schema(specs, checks)
     s.specs[k] = infer(k, v)
   end
   for i, f in ipairs(checks or {}) do s.checks[i] = f end
+  for i, f in ipairs(resolvers or {}) do s.resolvers[i] = f end
   return s
 end
 
@@ -188,7 +195,7 @@ function config.is_schema(v) return getmetatable(v) == Schema end
 -- value, for a key of this schema or a new key typed by it) or a spec (declaring a key or replacing
 -- one); checks are added to this schema's.
 function Schema:extend(overrides, checks)
-  local s = setmetatable({specs = {}, checks = {}}, Schema)
+  local s = setmetatable({specs = {}, checks = {}, resolvers = self.resolvers}, Schema)
   for k, v in pairs(self.specs) do s.specs[k] = v end
   for k, v in pairs(overrides or {}) do
     local base = s.specs[k]
@@ -214,8 +221,10 @@ function Schema:defaults()
 end
 
 --- schema:check(c) -> c: every declared key's value checked (a number key's value made a float),
--- then the checks between keys. Raises "config: <key> must be <what it accepts>, got <value>".
--- Keys of c that the schema does not declare are left alone.
+-- then the resolvers, then the checks between keys. Raises "config: <key> must be <what it accepts>,
+-- got <value>". Keys of c that the schema does not declare are left alone. The keys the user chose
+-- (the resolvers' given): those the arguments set when c was made by parse (by any schema), else
+-- (a table made in Lua) those whose value is not the default.
 function Schema:check(c)
   local keys = {}
   for k in pairs(self.specs) do keys[#keys + 1] = k end
@@ -223,6 +232,14 @@ function Schema:check(c)
   for _, k in ipairs(keys) do
     if c[k] == nil then fail(string.format("config: %s is missing (%s)", k, self.specs[k]:describe()), 0) end
     c[k] = self.specs[k]:validate(k, c[k], c)
+  end
+  if #self.resolvers > 0 then
+    local given = given_keys[c]
+    if not given then
+      given = {}
+      for _, k in ipairs(keys) do given[k] = c[k] ~= self.specs[k].default or nil end
+    end
+    for _, f in ipairs(self.resolvers) do f(c, given) end
   end
   for _, f in ipairs(self.checks) do
     local msg = f(c)
@@ -234,7 +251,8 @@ end
 --- schema:parse(args) -> resolved and checked config (a new table). args: {"key=value", ...}; an
 -- unknown key is an error listing the valid ones.
 function Schema:parse(args)
-  local out = self:defaults()
+  local out, given = self:defaults(), {}
+  given_keys[out] = given
   for _, a in ipairs(args or {}) do
     local k, v = tostring(a):match("^([%w_%.]+)=(.*)$")
     if not k then fail(string.format("config: arguments are key=value, got '%s'", tostring(a)), 0) end
@@ -246,6 +264,7 @@ function Schema:parse(args)
       fail(string.format("config: unknown key '%s'; valid keys: %s", k, table.concat(keys, ", ")), 0)
     end
     out[k] = s:parse_text(k, v)
+    given[k] = true
   end
   return self:check(out)
 end

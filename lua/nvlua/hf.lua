@@ -2,6 +2,7 @@
 -- safetensors under Hugging Face's parameter names — read into an nvlua model and written from one.
 --   local hf = require "nvlua.hf"
 --   local model, info = hf.from_pretrained(dir [, {strict = true, dtype = "f32", recipe =}])
+--   hf.load_weights(model, dir [, {strict = true, dtype = "f32"}])   -- into a model built by the caller
 --   hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =}])
 -- Training checkpoints (checkpoint.lua) hold such a directory plus the training state.
 --
@@ -208,75 +209,76 @@ local function is_buffer(name)
   return false
 end
 
-local function fail(dir, fmt, ...) user_error(string.format("from_pretrained: %s: " .. fmt, dir, ...), 0) end
+-- who: the public function reading (from_pretrained, load_weights), which the messages name
+local function fail(who, dir, fmt, ...) user_error(string.format("%s: %s: " .. fmt, who, dir, ...), 0) end
 
 -- an error raised by another function, without its position
 local function strip_position(err) return (tostring(err):gsub("^[^\n]-%.lua:%d+: ", "")) end
 
-local function no_weights(dir)
+local function no_weights(who, dir)
   for _, n in ipairs(OTHER_FORMATS) do
     if is_file(dir .. "/" .. n) then
-      fail(dir, "has %s but no %s or %s: nvlua reads safetensors only (a .bin is a pickle, which runs code when " ..
+      fail(who, dir, "has %s but no %s or %s: nvlua reads safetensors only (a .bin is a pickle, which runs code when " ..
         "loaded). Convert it once with transformers (>= 4.35 writes safetensors), if you trust the file:\n" ..
         "  python3 -c \"import sys, transformers as t; t.AutoModelForCausalLM.from_pretrained(sys.argv[1])" ..
         ".save_pretrained(sys.argv[1])\" %s", n, SINGLE, INDEX, dir)
     end
   end
-  user_error(string.format("from_pretrained: no %s in %s, nor %s (not a Hugging Face model directory with safetensors " ..
-    "weights)", SINGLE, dir, INDEX), 0)
+  user_error(string.format("%s: no %s in %s, nor %s (not a Hugging Face model directory with safetensors " ..
+    "weights)", who, SINGLE, dir, INDEX), 0)
 end
 
 -- The shards of an index: {files = {name, ...} (sorted), map = {tensor = file}}.
-local function read_index(dir)
-  local idx = read_json(dir .. "/" .. INDEX, "from_pretrained")
-  if not idx then fail(dir, "%s cannot be read", INDEX) end
+local function read_index(who, dir)
+  local idx = read_json(dir .. "/" .. INDEX, who)
+  if not idx then fail(who, dir, "%s cannot be read", INDEX) end
   local wm = idx.weight_map
   if type(wm) ~= "table" or wm == cjson.null or (next(wm) ~= nil and #wm > 0) then
-    fail(dir, "%s: weight_map must be an object {tensor name = shard file}", INDEX)
+    fail(who, dir, "%s: weight_map must be an object {tensor name = shard file}", INDEX)
   end
   local files, seen = {}, {}
   for name, file in pairs(wm) do
     if type(file) ~= "string" or file == "" or file:find("/", 1, true) or file == "." or file == ".." then
-      fail(dir, "%s: weight_map[%q] must be a file name in the directory, got %s", INDEX, name, tostring(file))
+      fail(who, dir, "%s: weight_map[%q] must be a file name in the directory, got %s", INDEX, name, tostring(file))
     end
     if not seen[file] then
       if not is_file(dir .. "/" .. file) then
-        fail(dir, "%s names the shard %s (for %s), which is missing", INDEX, file, name)
+        fail(who, dir, "%s names the shard %s (for %s), which is missing", INDEX, file, name)
       end
       seen[file] = true
       files[#files + 1] = file
     end
   end
-  if #files == 0 then fail(dir, "%s: weight_map is empty", INDEX) end
+  if #files == 0 then fail(who, dir, "%s: weight_map is empty", INDEX) end
   table.sort(files)
   return {files = files, map = wm}
 end
 
 -- Every tensor of the weights: {name = {file =, dtype =, shape =}}, and the files in order.
-local function scan_weights(dir)
+local function scan_weights(who, dir)
   local files, map
   if is_file(dir .. "/" .. SINGLE) then
     files = {SINGLE}
   elseif is_file(dir .. "/" .. INDEX) then
-    local idx = read_index(dir)
+    local idx = read_index(who, dir)
     files, map = idx.files, idx.map
   else
-    no_weights(dir)
+    no_weights(who, dir)
   end
   local tensors = {}
   for _, file in ipairs(files) do
     local header, err = st.read_header(dir .. "/" .. file, {f16 = "f32"})
-    if not header then fail(dir, "%s", tostring(err)) end
+    if not header then fail(who, dir, "%s", tostring(err)) end
     for name, h in pairs(header) do
       if map and map[name] ~= file then
-        fail(dir, "%s holds %s, which %s %s", file, name, INDEX,
+        fail(who, dir, "%s holds %s, which %s %s", file, name, INDEX,
           map[name] and ("puts in " .. map[name]) or "does not list")
       end
       tensors[name] = {file = file, dtype = h.dtype, shape = h.shape}
     end
   end
   for name, file in pairs(map or {}) do
-    if not tensors[name] then fail(dir, "%s puts %s in %s, which has no such tensor", INDEX, name, file) end
+    if not tensors[name] then fail(who, dir, "%s puts %s in %s, which has no such tensor", INDEX, name, file) end
   end
   return tensors, files
 end
@@ -289,22 +291,35 @@ end
 
 local FLOATS = {F32 = true, BF16 = true, F16 = true}
 
+-- The model's parameters as {name =, shape = the whole parameter's shape}: under shard=grads|full
+-- (nvlua.shard) a parameter is this rank's rows, its whole shape the shards' record, and the model's
+-- load_state_dict takes whole tensors.
+local function whole_params(model)
+  local out = {}
+  if model.shards then
+    for i, p in ipairs(model.shards.params) do out[i] = {name = p.name, shape = p.shape} end
+  else
+    for i, e in ipairs(model:named_parameters()) do out[i] = {name = e.name, shape = e.param:size()} end
+  end
+  return out
+end
+
 -- What each stored tensor is to the model: {load = {name = true}, missing, unexpected, ignored
 -- (sorted lists), tied_head = the stored lm_head.weight of a tied model, or nil}.
-local function plan(dir, model, tensors)
+local function plan(who, dir, model, tensors)
   local params, p = {}, {load = {}, missing = {}, unexpected = {}, ignored = {}}
-  for _, e in ipairs(model:named_parameters()) do
-    params[e.name] = e.param
+  for _, e in ipairs(whole_params(model)) do
+    params[e.name] = true
     local t = tensors[e.name]
     if not t then
       p.missing[#p.missing + 1] = e.name
     else
       if not FLOATS[t.dtype] then
-        fail(dir, "%s is %s in %s; parameters must be F32, BF16 or F16", e.name, t.dtype, t.file)
+        fail(who, dir, "%s is %s in %s; parameters must be F32, BF16 or F16", e.name, t.dtype, t.file)
       end
-      if not util.same_shape(t.shape, e.param:size()) then
-        fail(dir, "%s has shape [%s] in %s, the model's is %s", e.name, table.concat(t.shape, ","), t.file,
-          util.shape_str(e.param))
+      if not util.same_shape(t.shape, e.shape) then
+        fail(who, dir, "%s has shape [%s] in %s, the model's is %s", e.name, table.concat(t.shape, ","), t.file,
+          util.shape_str(e.shape))
       end
       p.load[e.name] = true
     end
@@ -317,7 +332,7 @@ local function plan(dir, model, tensors)
     elseif tied and name == "lm_head.weight" and p.load["model.embed_tokens.weight"] then
       local emb = tensors["model.embed_tokens.weight"]
       if not FLOATS[t.dtype] or not util.same_shape(t.shape, emb.shape) then
-        fail(dir, "lm_head.weight (%s [%s]) of a tied model does not match model.embed_tokens.weight (%s [%s])",
+        fail(who, dir, "lm_head.weight (%s [%s]) of a tied model does not match model.embed_tokens.weight (%s [%s])",
           t.dtype, table.concat(t.shape, ","), emb.dtype, table.concat(emb.shape, ","))
       end
       p.tied_head = name
@@ -349,26 +364,26 @@ end
 -- Refuse a weight holding NaN or an infinity (a diverged or damaged model, which would train or
 -- evaluate as garbage without a word): one reduction per tensor (core.sumsq, summed in double: no
 -- finite f32 or bf16 value overflows it), a pass over the weights as they are loaded.
-local function check_finite(dir, file, name, t)
+local function check_finite(who, dir, file, name, t)
   local ss = core.sumsq(t)
   if ss ~= ss or ss == math.huge then
-    return string.format("from_pretrained: %s: %s: tensor %s holds %s values; the weights are damaged or come " ..
-      "from a diverged run", dir, file, name, ss ~= ss and "NaN" or "infinite")
+    return string.format("%s: %s: %s: tensor %s holds %s values; the weights are damaged or come " ..
+      "from a diverged run", who, dir, file, name, ss ~= ss and "NaN" or "infinite")
   end
 end
 
 -- Copy the planned tensors of every file into the model, one file at a time; every tensor loaded
 -- is checked to be finite first (nothing is copied from a file that holds a non-finite one).
-local function load_files(dir, model, files, p, dtype)
+local function load_files(who, dir, model, files, p, dtype)
   local head_bytes
   for _, file in ipairs(files) do
     local ts, err = st.load(dir .. "/" .. file, {f16 = "f32"})
-    if not ts then fail(dir, "%s", tostring(err)) end
+    if not ts then fail(who, dir, "%s", tostring(err)) end
     local names = {}
     for name in pairs(ts) do if p.load[name] or name == p.tied_head then names[#names + 1] = name end end
     table.sort(names)
     for _, name in ipairs(names) do
-      local bad = check_finite(dir, file, name, ts[name])
+      local bad = check_finite(who, dir, file, name, ts[name])
       if bad then
         for _, t in pairs(ts) do t:free() end
         user_error(bad, 0)
@@ -388,10 +403,10 @@ local function load_files(dir, model, files, p, dtype)
     end
     local ok, lerr = pcall(model.load_state_dict, model, sub, {strict = false})
     for _, t in pairs(sub) do t:free() end
-    if not ok then fail(dir, "%s: %s", file, strip_position(lerr)) end
+    if not ok then fail(who, dir, "%s: %s", file, strip_position(lerr)) end
   end
   if head_bytes and head_bytes ~= model:state_dict()["model.embed_tokens.weight"]:bytes() then
-    fail(dir, "lm_head.weight differs from model.embed_tokens.weight, but tie_word_embeddings is true (the model " ..
+    fail(who, dir, "lm_head.weight differs from model.embed_tokens.weight, but tie_word_embeddings is true (the model " ..
       "would compute with the embedding; set tie_word_embeddings to false in config.json to load both)")
   end
 end
@@ -410,6 +425,35 @@ local function is_recipe(v)
   return "must be a recipe value or the name of one (" .. table.concat(names, ", ") .. ")"
 end
 
+local function check_strict(v) return type(v) ~= "boolean" and "must be true or false" or nil end
+local function check_dtype(v) return not DTYPES[v] and "must be \"f32\" or \"bf16\"" or nil end
+
+-- dir checked to be a directory (who names the caller) -> the model directory: dir, or an nvlua
+-- checkpoint's model/
+local function model_dir(who, dir)
+  if type(dir) ~= "string" then error(who .. ": dir must be a string (a model directory), got " .. type(dir), 3) end
+  local mode = lfs.attributes(dir, "mode")
+  if not mode then fail(who, dir, "no such directory") end
+  if mode ~= "directory" then fail(who, dir, "not a directory (a %s)", mode) end
+  if is_file(dir .. "/model/config.json") then dir = dir .. "/model" end -- an nvlua checkpoint: its model/
+  return dir
+end
+
+-- the weights of dir (scan_weights's tensors and files) into model (checked by the caller) -> info
+-- {missing, unexpected, ignored}
+local function load_weights(who, dir, tensors, files, model, strict, dtype)
+  local p = plan(who, dir, model, tensors)
+  if strict ~= false and (#p.missing > 0 or #p.unexpected > 0) then
+    local parts = {}
+    if #p.missing > 0 then parts[#parts + 1] = "missing: " .. list(p.missing) end
+    if #p.unexpected > 0 then parts[#parts + 1] = "unexpected: " .. list(p.unexpected) end
+    fail(who, dir, "the weights do not match the model (%s); {strict = false} loads the rest and returns the lists",
+      table.concat(parts, "; "))
+  end
+  load_files(who, dir, model, files, p, dtype or "f32")
+  return {missing = p.missing, unexpected = p.unexpected, ignored = p.ignored}
+end
+
 --- hf.from_pretrained(dir [, {strict = true, dtype = "f32" | "bf16", recipe =}]) -> model, info:
 -- a llama.Llama with the weights of dir (a Hugging Face Llama directory, or an nvlua checkpoint),
 -- computing with recipe (a recipe value or a registered recipe's name; default f32). info = {missing =, unexpected =, ignored =, config_ignored =} (sorted names). strict (the
@@ -419,36 +463,38 @@ end
 -- model loaded in bfloat16 holds; parameters stay f32 masters). Ignored: non-parameter buffers
 -- and the stored lm_head.weight of a tied model that equals the embedding.
 function hf.from_pretrained(dir, o)
-  o = util.check_opts(o, {strict = function(v) return type(v) ~= "boolean" and "must be true or false" or nil end,
-    dtype = function(v) return not DTYPES[v] and "must be \"f32\" or \"bf16\"" or nil end, recipe = is_recipe},
-    "from_pretrained")
-  if type(dir) ~= "string" then
-    error("from_pretrained: dir must be a string (a model directory), got " .. type(dir), 2)
-  end
-  local mode = lfs.attributes(dir, "mode")
-  if not mode then fail(dir, "no such directory") end
-  if mode ~= "directory" then fail(dir, "not a directory (a %s)", mode) end
-  if is_file(dir .. "/model/config.json") then dir = dir .. "/model" end -- an nvlua checkpoint: its model/
-  if not is_file(dir .. "/config.json") then fail(dir, "no config.json (not a Hugging Face model directory)") end
+  local who = "from_pretrained"
+  o = util.check_opts(o, {strict = check_strict, dtype = check_dtype, recipe = is_recipe}, who)
+  dir = model_dir(who, dir)
+  if not is_file(dir .. "/config.json") then fail(who, dir, "no config.json (not a Hugging Face model directory)") end
   local rok, c, info = pcall(hf.read_config, dir)
   if not rok then user_error("from_pretrained: " .. strip_position(c):gsub("^read_config: ", ""), 0) end
-  if not c then fail(dir, "config.json: %s", tostring(info)) end
-  local tensors, files = scan_weights(dir)
+  if not c then fail(who, dir, "config.json: %s", tostring(info)) end
+  local tensors, files = scan_weights(who, dir) -- (before a model is built)
   local llama = require "nvlua.llama"
   local ok, model = pcall(llama.Llama, c, {recipe = o.recipe, seed = 0})
   if not ok and not util.is_user_error(model) then error(model, 0) end -- a bug, not the file's
-  if not ok then fail(dir, "config.json: %s", strip_position(model)) end
-  local p = plan(dir, model, tensors)
-  if o.strict ~= false and (#p.missing > 0 or #p.unexpected > 0) then
-    local parts = {}
-    if #p.missing > 0 then parts[#parts + 1] = "missing: " .. list(p.missing) end
-    if #p.unexpected > 0 then parts[#parts + 1] = "unexpected: " .. list(p.unexpected) end
-    fail(dir, "the weights do not match the model (%s); {strict = false} loads the rest and returns the lists",
-      table.concat(parts, "; "))
+  if not ok then fail(who, dir, "config.json: %s", strip_position(model)) end
+  local li = load_weights(who, dir, tensors, files, model, o.strict, o.dtype)
+  li.config_ignored = info.config_ignored
+  return model, li
+end
+
+--- hf.load_weights(model, dir [, {strict = true, dtype = "f32" | "bf16"}]) -> info {missing =,
+-- unexpected =, ignored =}: the weights of dir (a Hugging Face Llama directory, or an nvlua
+-- checkpoint) copied into model, a llama.Llama its caller built for dir's config (its parameters'
+-- shapes must be the stored ones; one under shard=grads|full, nvlua.shard, keeps its rows of each).
+-- What from_pretrained does after it builds the model: the same checks, refusals and options;
+-- config.json is not read (the model's config is the caller's).
+function hf.load_weights(model, dir, o)
+  local who = "load_weights"
+  o = util.check_opts(o, {strict = check_strict, dtype = check_dtype}, who)
+  if type(model) ~= "table" or type(model.named_parameters) ~= "function" or type(model.config) ~= "table" then
+    error("load_weights: model must be an nvlua model (llama.Llama), got " .. type(model), 2)
   end
-  load_files(dir, model, files, p, o.dtype or "f32")
-  return model, {missing = p.missing, unexpected = p.unexpected, ignored = p.ignored,
-    config_ignored = info.config_ignored}
+  dir = model_dir(who, dir)
+  local tensors, files = scan_weights(who, dir)
+  return load_weights(who, dir, tensors, files, model, o.strict, o.dtype)
 end
 
 -- ---- writing --------------------------------------------------------------------------------------

@@ -723,22 +723,28 @@ function Sharded:serve_checkpoint()
   end
 end
 
--- checks that dict[name] is a tensor of p's shape for every p; -> problems
-local function check_whole(dict, params, what)
-  local problems, known = {}, {}
+-- checks that dict[name] is a tensor of p's shape for every p; -> problems. lenient: a missing or
+-- unexpected name is not a problem but listed (-> problems, missing, unexpected)
+local function check_whole(dict, params, what, lenient)
+  local problems, known, missing, unexpected = {}, {}, {}, {}
   for _, p in ipairs(params) do
     known[p.name] = true
     local t = dict[p.name]
-    if t == nil then problems[#problems + 1] = what .. " missing: " .. p.name
+    if t == nil and lenient then missing[#missing + 1] = p.name
+    elseif t == nil then problems[#problems + 1] = what .. " missing: " .. p.name
     elseif not nv.is_tensor(t) then problems[#problems + 1] = what .. " not a tensor: " .. p.name
     elseif not same_shape(t:size(), p.shape) then
       problems[#problems + 1] = string.format("%s shape mismatch: %s: expected %s, got %s", what, p.name,
         shape_str(p.shape), shape_str(t))
     end
   end
-  for k in pairs(dict) do if not known[k] then problems[#problems + 1] = what .. " unexpected: " .. tostring(k) end end
-  table.sort(problems)
-  return problems
+  for k in pairs(dict) do
+    if known[k] then -- checked above
+    elseif lenient then unexpected[#unexpected + 1] = tostring(k)
+    else problems[#problems + 1] = what .. " unexpected: " .. tostring(k) end
+  end
+  table.sort(problems); table.sort(missing); table.sort(unexpected)
+  return problems, missing, unexpected
 end
 
 -- copy this rank's rows of whole tensor t into dst (chunk, ...) rows
@@ -746,17 +752,20 @@ local function copy_rows(dst, t, p)
   if p.nrows > 0 then dst:narrow(1, 1, p.nrows):copy_(t:narrow(1, p.row0 + 1, p.nrows)) end
 end
 
---- model:load_state_dict(dict) (installed on the model): whole tensors, this rank's rows kept (under
--- "grads" the whole weights); every name and shape checked first
+--- model:load_state_dict(dict [, {strict = true}]) (installed on the model): whole tensors, this
+-- rank's rows kept (under "grads" the whole weights); every name and shape checked first. With
+-- strict = false a missing or unexpected name is returned, not raised (a checkpoint's shards, one file
+-- at a time: hf.load_weights), as nn.Module's.
 function Sharded:load_state_dict(dict, o)
-  check_opts(o, {strict = true}, "load_state_dict")
+  o = check_opts(o, {strict = true}, "load_state_dict")
   if type(dict) ~= "table" then error("load_state_dict: expected a table {name = tensor}, got " .. type(dict), 2) end
-  local problems = check_whole(dict, self.params, "")
+  local problems, missing, unexpected = check_whole(dict, self.params, "", o.strict == false)
   if #problems > 0 then error("load_state_dict: " .. table.concat(problems, "; "), 2) end
   for _, p in ipairs(self.params) do
-    if self.mode == "grads" then p.entry.param:copy_(dict[p.name]) else copy_rows(p.shard, dict[p.name], p) end
+    local t = dict[p.name] -- (nil: missing, strict = false)
+    if t and self.mode == "grads" then p.entry.param:copy_(t) elseif t then copy_rows(p.shard, t, p) end
   end
-  return {missing = {}, unexpected = {}}
+  return {missing = missing, unexpected = unexpected}
 end
 
 --- opt:load_state(s): s in optim.AdamW's layout (whole moments, of any run); this rank keeps its rows

@@ -44,6 +44,7 @@ local config = require "nvlua.config"
 local util = require "nvlua.util"
 local user_error = util.user_error
 local ckpt = require "nvlua.checkpoint"
+local hf = require "nvlua.hf"
 local plot = require "nvlua.plot"
 local mor = require "nvlua.mor"
 local plan = require "nvlua.plan"
@@ -87,6 +88,135 @@ local function check_tokenizer(v)
   local file = mode == "directory" and v .. "/tokenizer.json" or v
   if lfs.attributes(file, "mode") ~= "file" then
     return string.format("'%s' is not a tokenizer.json nor a directory holding one", v)
+  end
+end
+
+--- train.init_source(v) -> {kind = "hf" | "ckpt", dir = the Hugging Face model directory to read,
+-- checkpoint = the checkpoint's directory (ckpt:)}, or nil and what is wrong: where init=v's weights
+-- are. hf:<dir>: a Hugging Face Llama directory (config.json and safetensors; an nvlua checkpoint's
+-- model/ too); ckpt:<dir>: an nvlua checkpoint (trainer.json beside model/; checked intact:
+-- ckpt.verify), or a run directory, whose newest complete checkpoint it is.
+function train.init_source(v)
+  local kind, path = tostring(v):match("^(%a+):(.+)$")
+  if kind ~= "hf" and kind ~= "ckpt" then
+    return nil, string.format("'%s' is neither hf:<Hugging Face Llama directory> nor ckpt:<nvlua checkpoint or run " ..
+      "directory>", tostring(v))
+  end
+  local mode = lfs.attributes(path, "mode")
+  if mode ~= "directory" then
+    return nil, string.format("%s: %s", v, mode and "not a directory (a " .. mode .. ")" or "no such directory")
+  end
+  if kind == "hf" then
+    local dir = ckpt.model_dir(path)
+    if lfs.attributes(dir .. "/config.json", "mode") ~= "file" then
+      return nil, v .. ": no config.json (not a Hugging Face model directory)"
+    end
+    return {kind = kind, dir = dir}
+  end
+  local cdir = path
+  if lfs.attributes(path .. "/trainer.json", "mode") ~= "file" then
+    cdir = ckpt.latest(path)
+    if not cdir then
+      return nil, string.format("%s: neither a checkpoint (no trainer.json) nor a run directory holding one (no complete " ..
+        "checkpoint in %s/checkpoints)", v, path)
+    end
+  end
+  local bad = ckpt.verify(cdir)
+  if bad then return nil, string.format("%s: the checkpoint %s is damaged: %s", v, cdir, bad) end
+  return {kind = kind, dir = ckpt.model_dir(cdir), checkpoint = cdir}
+end
+
+-- init: "" or a source of weights train.init_source accepts
+local function check_init(v)
+  if v == "" then return nil end
+  local _, err = train.init_source(v)
+  return err
+end
+
+-- A rope_scaling text (JSON) -> the table it holds (nil for ""), or nil, what is wrong
+local function rope_scaling_of(v)
+  if v == "" then return nil end
+  local ok, t = pcall(cjson.decode, v)
+  if not ok or type(t) ~= "table" or t == cjson.null or #t > 0 or next(t) == nil then
+    return nil, string.format("must be \"\" (none) or a JSON object such as {\"rope_type\":\"linear\",\"factor\":2}, " ..
+      "got '%s'", v)
+  end
+  return t
+end
+
+-- A rope_scaling table as nn.llama_config reads it, on a stand-in model of rope_theta theta and
+-- max_position_embeddings mpe (nil: the defaults) -> true, the resolved scaling | false, what is wrong
+local function read_scaling(t, theta, mpe)
+  local ok, r = pcall(nn.llama_config, {vocab_size = 1, hidden_size = 2, intermediate_size = 1, num_hidden_layers = 1,
+    num_attention_heads = 1, rope_theta = theta, max_position_embeddings = mpe, rope_scaling = t})
+  if not ok then return false, (tostring(r):gsub("^[^\n]-%.lua:%d+: ", ""):gsub("^llama_config: ", "")) end
+  return true, r.rope_scaling
+end
+
+-- rope_scaling: "" or a scaling nn.llama_config computes
+local function check_rope_scaling(v, c)
+  local t, err = rope_scaling_of(v)
+  if not t then return err end
+  local ok, rerr = read_scaling(t, type(c.rope_theta) == "number" and c.rope_theta or nil)
+  if not ok then return rerr end
+end
+
+-- The model's keys init= takes from its checkpoint: the train key, nn.llama_config's key. head_dim,
+-- vocab and max_positions 0 stand for a value derived from others: given so, they take the
+-- checkpoint's too.
+local INIT_KEYS = {{"layers", "num_hidden_layers"}, {"hidden", "hidden_size"}, {"heads", "num_attention_heads"},
+  {"kv_heads", "num_key_value_heads"}, {"ffn", "intermediate_size"}, {"head_dim", "head_dim"}, {"vocab", "vocab_size"},
+  {"tie", "tie_word_embeddings"}, {"norm_eps", "rms_norm_eps"}, {"rope_theta", "rope_theta"},
+  {"max_positions", "max_position_embeddings"}, {"rope_scaling", "rope_scaling"}}
+local DERIVED = {head_dim = 0, vocab = 0, max_positions = 0}
+
+-- the checkpoint's value of train key k (mc: its resolved config), as the key holds it
+local function init_value(k, hk, mc)
+  local v = mc[hk]
+  if k == "rope_scaling" then return v and config.encode(v) or "" end
+  if math.type(v) == "integer" and (k == "norm_eps" or k == "rope_theta") then return v + 0.0 end
+  return v
+end
+
+-- Does the rope_scaling text v name the scaling of the resolved config mc (read as nn.llama_config
+-- reads it for mc: its max_position_embeddings and rope_theta)?
+local function same_scaling(v, mc)
+  local want = mc.rope_scaling
+  local ok, got = read_scaling(rope_scaling_of(v), mc.rope_theta, mc.max_position_embeddings)
+  if not (ok and got and want) then return ok and got == want end
+  for k, x in pairs(want) do if got[k] ~= x then return false end end
+  for k, x in pairs(got) do if want[k] ~= x then return false end end
+  return true
+end
+
+-- The resolver of init= (train.schema): the model's keys (INIT_KEYS) are the checkpoint's. A key the
+-- user chose (given) that says otherwise is an error naming both values; the others take the
+-- checkpoint's value, so that the printed and saved config shows the model trained.
+local function resolve_init(c, given)
+  if c.init == "" then return end
+  local src = assert(train.init_source(c.init)) -- (checked with the key)
+  local ok, mc = pcall(function() return nn.llama_config(assert(hf.read_config(src.dir))) end)
+  if not ok then
+    user_error(string.format("config: init=%s: %s/config.json is not a Llama nvlua computes: %s", c.init, src.dir,
+      (tostring(mc):gsub("^[^\n]-%.lua:%d+: ", ""))), 0)
+  end
+  local wrong = {}
+  for _, e in ipairs(INIT_KEYS) do
+    local k, hk = e[1], e[2]
+    local v = init_value(k, hk, mc)
+    local same = c[k] == v or (k == "rope_scaling" and same_scaling(c[k], mc))
+    if not same and given[k] and c[k] ~= DERIVED[k] then
+      local function show(x) return k == "rope_scaling" and x == "" and "none" or tostring(x) end
+      wrong[#wrong + 1] = string.format("%s=%s but init=%s has %s %s", k, show(c[k]), c.init, hk, show(v))
+    end
+    c[k] = v
+  end
+  if #wrong > 0 then
+    user_error(string.format("config: %s (the model's keys come from init=; leave them out)", table.concat(wrong, "; ")), 0)
+  end
+  if c.seq > c.max_positions then
+    user_error(string.format("config: seq=%d is longer than init=%s's max_position_embeddings %d, the longest sequence " ..
+      "it was made for", c.seq, c.init, c.max_positions), 0)
   end
 end
 
@@ -178,6 +308,14 @@ train.schema = config.schema({
   ffn = int(768, {min = 1}), head_dim = int(0, {min = 0}), vocab = int(0, {min = 0}),
   rope_theta = num(10000.0, {above = 0}), norm_eps = num(1e-5, {above = 0}), tie = bool(false),
   seq = int(128, {min = 1}),
+  -- RoPE scaling (HF rope_scaling, a JSON object: rope_type linear | dynamic | llama3 and its keys;
+  -- nn.llama_config); "": none
+  rope_scaling = str("", {check = check_rope_scaling, doc = "\"\" or a JSON object {\"rope_type\": ..., ...}"}),
+  -- start from pretrained weights: hf:<Hugging Face Llama directory> or ckpt:<nvlua checkpoint, or run
+  -- directory: its newest>; the model's keys above are then the checkpoint's (one given otherwise is
+  -- an error). Weights only: the step, optimizer moments, data cursor and LR schedule start fresh
+  -- (resume= continues a run; once out= holds a checkpoint, resume=auto takes it, not init=).
+  init = str("", {check = check_init, doc = "hf:<dir> | ckpt:<dir> (pretrained weights; empty: random)"}),
   -- the longest sequence the model accepts (HF max_position_embeddings, the export's context
   -- length; 0: seq). RoPE is computed for any position, so a model trained on seq tokens can be
   -- declared (and run) longer; positions past seq were never trained on.
@@ -269,7 +407,7 @@ train.schema = config.schema({
   -- refuse, before anything is built, a run whose memory plan (nvlua.plan) exceeds the machine's
   -- memory (train.check_memory); false builds it anyway (the plan is an estimate)
   check_memory = bool(true),
-}, {relations})
+}, {relations}, {resolve_init})
 
 --- The defaults of train.schema's keys (a plain table).
 train.defaults = train.schema:defaults()
@@ -305,14 +443,43 @@ function train.dataset(c)
   return data.text(c.data, {cache = cache})
 end
 
+--- train.model_config(c, vocab) -> the Llama config (nn.llama_config's keys) of a checked config:
+-- the model's keys, rope_scaling included, and with init= what its checkpoint's config.json says
+-- beyond them (initializer_range, the token ids), so that the model built from it is the
+-- checkpoint's (then hf.load_weights).
 function train.model_config(c, vocab)
-  return {
+  local mc = {
     vocab_size = vocab, hidden_size = c.hidden, intermediate_size = c.ffn, num_hidden_layers = c.layers,
     num_attention_heads = c.heads, num_key_value_heads = c.kv_heads, head_dim = c.head_dim > 0 and c.head_dim or nil,
-    rope_theta = c.rope_theta, rms_norm_eps = c.norm_eps,
+    rope_theta = c.rope_theta, rms_norm_eps = c.norm_eps, rope_scaling = rope_scaling_of(c.rope_scaling or ""),
     max_position_embeddings = math.max(c.max_positions > 0 and c.max_positions or c.seq, 1),
     tie_word_embeddings = c.tie,
   }
+  if (c.init or "") ~= "" then
+    local src, err = train.init_source(c.init)
+    if not src then user_error("config: init: " .. err, 0) end
+    local hc = assert(hf.read_config(src.dir))
+    for _, k in ipairs({"initializer_range", "bos_token_id", "eos_token_id", "pad_token_id"}) do mc[k] = hc[k] end
+  end
+  return mc
+end
+
+-- Will train.run resume (start_run: resume=<dir>, or resume=auto with a checkpoint in out=)? Then
+-- init='s weights are not loaded: the checkpoint's replace them.
+local function will_resume(c)
+  if c.resume == "none" then return false end
+  return c.resume ~= "auto" or ckpt.latest(c.out) ~= nil
+end
+
+--- train.load_init(c, model): the weights of c.init (train.init_source) copied into model, built for
+-- them by train.build (hf.load_weights: every parameter, each finite; a model under shard=grads|full
+-- keeps its rows). They are master weights: the recipe quantizes them as it does any.
+function train.load_init(c, model)
+  local src, err = train.init_source(c.init)
+  if not src then user_error("config: init: " .. err, 0) end
+  local ok, lerr = pcall(hf.load_weights, model, src.dir)
+  if not ok and not util.is_user_error(lerr) then error(lerr, 0) end
+  if not ok then user_error(string.format("config: init=%s: %s", c.init, lerr), 0) end
 end
 
 -- The settings a config gives every recipe constructor (recipe.register): seed, switch_at, rht,
@@ -508,7 +675,6 @@ end
 -- student's.
 function train.teacher(c, vocab)
   if c.teacher == "" then return nil end
-  local hf = require "nvlua.hf"
   local t = hf.from_pretrained(c.teacher, {recipe = nv.recipe.make(c.teacher_recipe)})
   if t.config.vocab_size ~= vocab then
     user_error(string.format("config: teacher=%s has a vocabulary of %d tokens, the student %d", c.teacher,
@@ -544,12 +710,18 @@ function train.build(c)
     io.stdout:flush()
   end
   local ds = train.dataset(c)
+  if c.init ~= "" and ds.vocab_size and ds.vocab_size ~= c.vocab then -- (c.vocab: the checkpoint's)
+    user_error(string.format("config: init=%s has vocab_size %d, but data=%s has a vocabulary of %d tokens (%s); train " ..
+      "it on data tokenized with its tokenizer", c.init, c.vocab, c.data, ds.vocab_size, ds.vocab_source or
+      "byte tokens"), 0)
+  end
   check_data_fits(c, ds, world)
   local vocab = c.vocab > 0 and c.vocab or ds.vocab_size
   local rec = train.recipe(c)
-  if sm == "grads" or sm == "full" then shard.check_world(train.model_config(c, vocab), world, sm) end
-  train.check_memory(c, rec, train.model_config(c, vocab), world)
-  local function make() return llama.Llama(train.model_config(c, vocab), {recipe = rec, seed = c.seed, recompute = c.recompute}) end
+  local mc = train.model_config(c, vocab)
+  if sm == "grads" or sm == "full" then shard.check_world(mc, world, sm) end
+  train.check_memory(c, rec, mc, world)
+  local function make() return llama.Llama(mc, {recipe = rec, seed = c.seed, recompute = c.recompute}) end
   -- shard=full: built in rows, each rank's parameters and gradients its rows only (the values the
   -- whole initialisation gives them), never the whole model (nvlua.shard)
   local model = sm == "full" and shard.build(world, rank, make) or make()
@@ -568,6 +740,9 @@ function train.build(c)
       gather = c.gather})
   elseif sm == "optimizer" then opt = optim.ShardedAdamW(model, oo, dist)
   else opt = optim.AdamW(model:named_parameters(), oo) end
+  -- init=: loaded once the optimizer is made (under shard=grads|full it installs the model's
+  -- load_state_dict of whole tensors), as a resume loads a checkpoint
+  if c.init ~= "" and not will_resume(c) then train.load_init(c, model) end
   local sched = schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr, warmup = c.warmup, total = c.steps,
     decay = c.decay})
   local loader = data.Loader(ds.train, {batch = c.batch, seq = c.seq, seed = c.data_seed, rank = rank, world = world})
@@ -922,6 +1097,10 @@ local function start_run(c, p)
   -- process set (a test, an evaluation before the run) is not this run's first step's
   if r.params[1] then core.nonfinite_take(r.params[1].param) end
   r.start_step = resume(r) -- first: it refuses to start an existing run over (and may restore the counters)
+  if c.init ~= "" and r.start_step == 0 then -- (train.build loaded them: no checkpoint to resume)
+    r.out:write(string.format("init=%s: its weights; the step, AdamW moments, data order and LR schedule start " ..
+      "fresh\n", c.init))
+  end
   if r.main then
     data.mkdir_p(c.out)
     local f = assert(io.open(r.run_dir .. "/config.json", "w"))
