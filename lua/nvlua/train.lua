@@ -47,6 +47,7 @@ local plot = require "nvlua.plot"
 local mor = require "nvlua.mor"
 local plan = require "nvlua.plan"
 local shard = require "nvlua.shard"
+local record = require "nvlua.record"
 
 local train = {}
 
@@ -182,7 +183,11 @@ train.schema = config.schema({
   -- optimisation
   steps = int(300, {min = 1}), batch = int(8, {min = 1}), grad_accum = int(1, {min = 1}),
   lr = num(3e-3, {above = 0}), min_lr = num(3e-4, {min = 0}), warmup = int(30, {min = 0}),
-  schedule = str("wsd", {one_of = {"wsd", "cosine", "linear", "constant"}}), decay = num(0.2, {min = 0, max = 1}),
+  -- schedule: a name, or from Lua a schedule value (nvlua.schedule) or a function(step) -> lr, which then
+  -- ignores lr, min_lr, warmup and decay (the run record describes what it is: nvlua.record)
+  schedule = str("wsd", {one_of = {"wsd", "cosine", "linear", "constant"},
+    accept = function(v) return schedule.is_schedule(v) or type(v) == "function" end,
+    accept_what = "a schedule value or function"}), decay = num(0.2, {min = 0, max = 1}),
   beta1 = num(0.9, {min = 0, below = 1}), beta2 = num(0.95, {min = 0, below = 1}), eps = num(1e-8, {above = 0}),
   weight_decay = num(0.1, {min = 0}), clip = num(1.0, {above = 0}), z_loss = num(0.0, {min = 0}),
   -- precision recipe (bf16_first/bf16_last -1: the recipe's own choice)
@@ -335,6 +340,10 @@ function train.recipe(c)
   end
   return r.make(name, recipe_settings(c))
 end
+
+-- The recipe and schedule train.build made from a config (weak keys): an experiment may put others
+-- into the parts, which the run record then describes in config.json (nvlua.record).
+local made = setmetatable({}, {__mode = "k"})
 
 -- Data parallelism: rec scales activations and gradients by the amax of the global batch and
 -- draws SR bits at this rank's rows of it (recipe:set_amax_reducer, set_shard).
@@ -537,8 +546,9 @@ function train.build(c)
       gather = c.gather})
   elseif sm == "optimizer" then opt = optim.ShardedAdamW(model, oo, dist)
   else opt = optim.AdamW(model:named_parameters(), oo) end
-  local sched = schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr, warmup = c.warmup, total = c.steps,
-    decay = c.decay})
+  local sched = type(c.schedule) ~= "string" and c.schedule or schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr,
+    warmup = c.warmup, total = c.steps, decay = c.decay})
+  made[rec], made[sched] = true, true
   local loader = data.Loader(ds.train, {batch = c.batch, seq = c.seq, seed = c.data_seed, rank = rank, world = world})
   return {dataset = ds, model = model, recipe = rec, optimizer = opt, schedule = sched, loader = loader, dist = dist,
     rank = rank, world = world, teacher = train.teacher(c, vocab)}
@@ -701,7 +711,7 @@ function train.sample_prompt(tok)
 end
 
 -- ---- the loop ---------------------------------------------------------------------------------
--- train.run in named steps: start_run (config.json, resume, metrics.jsonl, the header), then per
+-- train.run in named steps: start_run (resume, config.json and run.json, metrics.jsonl, the header), then per
 -- step step_once (one optimisation step and its metrics record), report_step (console),
 -- eval_and_log, save_checkpoint and interrupt_requested, and at the end finish_run (the final
 -- checkpoint, sample and plot). They share one table r: the config c, the parts, the rank's role,
@@ -923,7 +933,7 @@ local function ckpt_every(c)
   return math.tointeger(tonumber(c.ckpt_every)) or 0
 end
 
--- Everything before the first step: config.json, the resume, metrics.jsonl, the throughput
+-- Everything before the first step: the resume, config.json and run.json, metrics.jsonl, the throughput
 -- references, the header lines, deferred stop signals (Ctrl-C, SIGTERM, SIGUSR1). -> the run table r
 local function start_run(c, p)
   local r = {c = c, p = p, dist = p.dist, world = p.world or 1, main = (p.rank or 0) == 0, -- rank 0 prints and writes
@@ -936,11 +946,10 @@ local function start_run(c, p)
   -- process set (a test, an evaluation before the run) is not this run's first step's
   if r.params[1] then core.nonfinite_take(r.params[1].param) end
   r.start_step = resume(r) -- first: it refuses to start an existing run over (and may restore the counters)
-  if r.main then
+  if r.main then -- config.json and run.json (nvlua.record)
     data.mkdir_p(c.out)
-    local f = assert(io.open(r.run_dir .. "/config.json", "w"))
-    f:write(config.json(c))
-    f:close()
+    record.start(r.run_dir, c, p, {start_step = r.start_step, resumed_from = r.resumed_from,
+      made = function(v) return made[v] == true end})
   end
   r.mf = open_metrics(r, r.start_step)
   -- background saves: their staging buffer made now, its pages faulted in by the writer thread while
