@@ -54,7 +54,8 @@ T.case("every key's type and range: the message names the key, what it accepts a
     {"temperature=-1", "config: temperature must be a finite number >= 0, got -1.0"},
     {"clip=0", "config: clip must be a finite number > 0, got 0.0"},
     {"bf16_last=-2", "config: bf16_last must be an integer >= -1, got -2"},
-    {"schedule=cos", "config: schedule must be one of wsd, cosine, linear, constant, got 'cos'"},
+    {"schedule=cos", "config: schedule must be a schedule value or function or one of wsd, cosine, linear, constant, " ..
+      "got 'cos'"},
     {"recipe=nvfp5", "config: recipe must be a recipe value or one of f32, bf16, fp8_cs, fp8_delayed, mxfp8, nvfp4, mxfp4"},
     {"device=tpu", "config: device: invalid device 'tpu' (valid: cpu, cuda)"},
     {"attention=fast", "config: attention must be one of auto, flash, cudnn, reference, got 'fast'"},

@@ -417,7 +417,7 @@ T.case("train.build takes a recipe value or a registered name; under dist=true e
   local pp = in_world_of_two(function() return train.build(cfg("recipe/preset", {"dist=true", "recipe=nvfp4"})) end)
   T.eq(type(pp.recipe.amax_reducer), "function")
   T.eq(pp.recipe.shard, {rank = 0, world = 2})
-  -- one process without dist: no hooks; the value trains, and config.json holds its text
+  -- one process without dist: no hooks; the value trains, and config.json holds its description
   local plain = recipe.custom(function() return "bf16" end)
   local c1 = cfg("recipe/plain", {"steps=2", "eval_every=0", "save=false"})
   c1.recipe = plain
@@ -425,7 +425,7 @@ T.case("train.build takes a recipe value or a registered name; under dist=true e
   T.eq(s.steps, 2)
   T.eq(plain.amax_reducer, nil)
   T.eq(plain.shard, nil)
-  T.eq(cjson.decode(assert(T.read_file(c1.out .. "/config.json"))).recipe, tostring(plain))
+  T.eq(cjson.decode(assert(T.read_file(c1.out .. "/config.json"))).recipe.text, tostring(plain))
   T.raises(function() train.build(cfg("recipe/bad", {"recipe=nvfp5"})) end,
     "config: recipe must be a recipe value or one of f32, bf16, fp8_cs, fp8_delayed, mxfp8, nvfp4")
   T.raises(function() recipe.make("nvfp5") end, "recipe.make: unknown recipe 'nvfp5' (valid: f32, bf16,")

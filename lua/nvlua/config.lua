@@ -285,7 +285,11 @@ function config.print(c, out)
   table.sort(keys)
   local w = 0
   for _, k in ipairs(keys) do w = math.max(w, #k) end
-  for _, k in ipairs(keys) do out:write(string.format("  %-" .. w .. "s = %s\n", k, tostring(c[k]))) end
+  for _, k in ipairs(keys) do
+    local v = c[k]
+    out:write(string.format("  %-" .. w .. "s = %s\n", k,
+      type(v) == "function" and "lua function defined at " .. util.defined_at(v) or tostring(v)))
+  end
 end
 
 -- A JSON number that reads back as the same value: integers exactly (cjson would write a 64-bit
@@ -302,11 +306,13 @@ local function number(v)
 end
 
 --- config.encode(v) -> JSON text of a value (tables with sorted keys; arrays as arrays) whose
--- numbers read back bit for bit; non-finite numbers are written as strings ("nan", "inf"), and
--- a table with a __tostring metamethod (a recipe value in a config) as its string.
+-- numbers read back bit for bit; non-finite numbers are written as strings ("nan", "inf"), a
+-- table with a __tostring metamethod (a recipe value in a config) as its string, and a function
+-- (a schedule given from Lua) as "lua function defined at <source>:<line>".
 function config.encode(v)
   local t = type(v)
   if t == "number" then return number(v) end
+  if t == "function" then return cjson.encode("lua function defined at " .. util.defined_at(v)) end
   if t ~= "table" then return cjson.encode(v) end
   if v == cjson.null then return "null" end
   local mt = getmetatable(v)

@@ -215,8 +215,21 @@ nv.clock = core.clock
 --- nv.dist: data-parallel collectives (MPI on the CPU, NCCL on GPUs); world of one without a launcher
 nv.dist = require "nvlua.dist"
 
---- nv.info() -> build facts (version, BLAS, CUDA)
-nv.info = core.build_info
+--- nv.info() -> what `nvlua -v` reports, as fields: version, blas, dnnl (the CPU bf16 GEMMs), fp_env,
+-- cuda_compiled, cuda_runtime (1000 * major + 10 * minor), cublaslt, cuda_unavailable_reason ("" when a
+-- GPU can be used), cuda_emulated (the CPU emulation of CUDA, nil otherwise), cudnn = {compiled_version,
+-- version (the library's, 0 unless it loads; major * 10000 + minor * 100 + patch), loads, error}, gpus =
+-- {{name, memory (bytes), capability, multiprocessors, pci_bus_id}, ...} (empty without a GPU). The
+-- same C functions answer both (core/info.c, core/device.h, nvl_cudnn_attention_stats).
+function nv.info()
+  local i = core.build_info()
+  local a = core.attention_cudnn()
+  i.cudnn = {compiled_version = a.compiled_version, version = a.version, loads = a.library_loads,
+    error = a.library_error}
+  i.cuda_emulated = core.cuda_emulated()
+  i.gpus = core.cuda_available() and core.cuda_devices() or {}
+  return i
+end
 
 -- ---- printing -------------------------------------------------------------------------------
 

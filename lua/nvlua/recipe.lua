@@ -881,6 +881,16 @@ local function describe(s)
   return table.concat(parts, " ")
 end
 
+-- the number of transformer blocks of model (linears lin): opts.num_blocks, the model's, or one more
+-- than the highest block index of its linears
+local function num_blocks(model, lin, opts)
+  local L = opts.num_blocks or model.num_blocks or (type(model.config) == "table" and model.config.num_hidden_layers)
+  if L then return L end
+  local top = -1
+  for _, l in ipairs(lin) do if l.block and l.block > top then top = l.block end end
+  return top + 1
+end
+
 --- recipe:plan(model [, {step = 0, num_blocks = L, out = io.stdout, quiet = false}]) -> rows
 -- model:linears() -> {{name, block, high_precision}, ...}. One row per linear layer:
 -- {name, block, high_precision, fprop = {x = spec, w = spec, out, label}, dgrad = {dy, w, ...},
@@ -891,12 +901,7 @@ function Recipe:plan(model, opts)
     error("plan: expects a model with a linears() method", 2)
   end
   local lin = model:linears()
-  local L = opts.num_blocks or model.num_blocks or (type(model.config) == "table" and model.config.num_hidden_layers)
-  if not L then
-    local top = -1
-    for _, l in ipairs(lin) do if l.block and l.block > top then top = l.block end end
-    L = top + 1
-  end
+  local L = num_blocks(model, lin, opts)
   local step = opts.step or 0
   local rows, totals = {}, {fprop = {}, dgrad = {}, wgrad = {}}
   for _, l in ipairs(lin) do
@@ -940,6 +945,64 @@ function Recipe:plan(model, opts)
     end
   end
   return rows
+end
+
+-- a plan row (recipe:plan) in words: {name, block, high_precision, fprop = {x =, w =, out =}, ...}
+local function row_words(r)
+  local w = {name = r.name, block = r.block, high_precision = r.high_precision}
+  for _, role in ipairs(ROLES) do
+    local g, ops = r[role], OPERANDS[role]
+    local a, b = describe(g[ops[1]]), describe(g[ops[2]])
+    if role == "dgrad" and transposable(g[ops[2]]) and same_spec(g[ops[2]], r.fprop.w) then b = b .. " (fprop's, t)" end
+    if r.mor then a, b = "mor", "mor" end
+    w[role] = {[ops[1]] = a, [ops[2]] = b, out = g.out}
+  end
+  return w
+end
+
+--- recipe:describe([{model =, step = 0}]) -> a plain table saying what the recipe is: {name, text
+-- (tostring(recipe)), settings (its options), act_dtype, defined_at (recipe.custom: where its
+-- function was defined)}. With a model, also its plan at step in words: layers = one row per linear
+-- {name, block, high_precision, fprop = {x =, w =, out =}, dgrad = {dy =, w =, out =}, wgrad =
+-- {dy =, x =, out =}}, each operand as recipe:plan prints it ("nvfp4 16x16", "e4m3 tensor", "bf16";
+-- "mor" where MoR chooses as it runs), and totals = {fprop = {[label] = linears}, ...} (the plan's
+-- labels: "nvfp4", "e4m3 x e5m2", "mor"; "?" for a linear running a recipe of another kind). A
+-- linear whose module runs another recipe (one set on it after the model was built) is described by
+-- that recipe, its row naming it (recipe = its text).
+function Recipe:describe(o)
+  o = o or {}
+  local settings = {}
+  for k, v in pairs(self.options) do settings[k] = v end
+  local d = {name = self.name, text = tostring(self), settings = settings, act_dtype = self.act_dtype,
+    defined_at = self.defined_at}
+  local model = o.model
+  if not model then return d end
+  local step = o.step or 0
+  local lin = model:linears()
+  local L = num_blocks(model, lin, {})
+  local rows = self:plan(model, {quiet = true, step = step, num_blocks = L})
+  d.layers, d.totals, d.step = {}, {fprop = {}, dgrad = {}, wgrad = {}}, step
+  for i, r in ipairs(rows) do
+    local own = lin[i].module and lin[i].module.recipe
+    local w, labels = nil, {}
+    if own ~= nil and own ~= self then -- its own recipe: its plan, or (not a recipe value) its text alone
+      r = M.is_recipe(own) and own:plan({linears = function() return {lin[i]} end},
+        {quiet = true, step = step, num_blocks = L})[1] or nil
+    end
+    if r then
+      w = row_words(r)
+      for _, role in ipairs(ROLES) do labels[role] = r[role].label end
+    else
+      w = {name = lin[i].name, block = lin[i].block, high_precision = lin[i].high_precision or false}
+    end
+    if own ~= nil and own ~= self then w.recipe = tostring(own) end
+    d.layers[i] = w
+    for _, role in ipairs(ROLES) do
+      local label = labels[role] or "?"
+      d.totals[role][label] = (d.totals[role][label] or 0) + 1
+    end
+  end
+  return d
 end
 
 -- ---- state ------------------------------------------------------------------------------------
@@ -1173,7 +1236,9 @@ function M.custom(fn, opts)
       return fn(c)
     end
   end
-  return new("custom", {seed = opts.seed or 1234, switch_at = sw}, f, opts.seed, opts.history, opts.act_dtype, "f32")
+  local r = new("custom", {seed = opts.seed or 1234, switch_at = sw}, f, opts.seed, opts.history, opts.act_dtype, "f32")
+  r.defined_at = util.defined_at(fn) -- where its choices are made: recipe:describe() says it
+  return r
 end
 
 --- recipe.mor({granularity = "tensor"|"block", block = 128, candidates = {"e4m3"}, threshold, every = 1,

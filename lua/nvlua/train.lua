@@ -51,6 +51,7 @@ local plan = require "nvlua.plan"
 local shard = require "nvlua.shard"
 local tensorboard = require "nvlua.tensorboard"
 local peak = require "nvlua.peak"
+local record = require "nvlua.record"
 
 local train = {}
 
@@ -323,7 +324,11 @@ train.schema = config.schema({
   -- optimisation
   steps = int(300, {min = 1}), batch = int(8, {min = 1}), grad_accum = int(1, {min = 1}),
   lr = num(3e-3, {above = 0}), min_lr = num(3e-4, {min = 0}), warmup = int(30, {min = 0}),
-  schedule = str("wsd", {one_of = {"wsd", "cosine", "linear", "constant"}}), decay = num(0.2, {min = 0, max = 1}),
+  -- schedule: a name, or from Lua a schedule value (nvlua.schedule) or a function(step) -> lr, which then
+  -- ignores lr, min_lr, warmup and decay (the run record describes what it is: nvlua.record)
+  schedule = str("wsd", {one_of = {"wsd", "cosine", "linear", "constant"},
+    accept = function(v) return schedule.is_schedule(v) or type(v) == "function" end,
+    accept_what = "a schedule value or function"}), decay = num(0.2, {min = 0, max = 1}),
   beta1 = num(0.9, {min = 0, below = 1}), beta2 = num(0.95, {min = 0, below = 1}), eps = num(1e-8, {above = 0}),
   weight_decay = num(0.1, {min = 0}), clip = num(1.0, {above = 0}), z_loss = num(0.0, {min = 0}),
   -- precision recipe (bf16_first/bf16_last -1: the recipe's own choice)
@@ -512,6 +517,10 @@ function train.recipe(c)
   end
   return r.make(name, recipe_settings(c))
 end
+
+-- The recipe and schedule train.build made from a config (weak keys): an experiment may put others
+-- into the parts, which the run record then describes in config.json (nvlua.record).
+local made = setmetatable({}, {__mode = "k"})
 
 -- Data parallelism: rec scales activations and gradients by the amax of the global batch and
 -- draws SR bits at this rank's rows of it (recipe:set_amax_reducer, set_shard).
@@ -743,8 +752,9 @@ function train.build(c)
   -- init=: loaded once the optimizer is made (under shard=grads|full it installs the model's
   -- load_state_dict of whole tensors), as a resume loads a checkpoint
   if c.init ~= "" and not will_resume(c) then train.load_init(c, model) end
-  local sched = schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr, warmup = c.warmup, total = c.steps,
-    decay = c.decay})
+  local sched = type(c.schedule) ~= "string" and c.schedule or schedule.make(c.schedule, {lr = c.lr, min_lr = c.min_lr,
+    warmup = c.warmup, total = c.steps, decay = c.decay})
+  made[rec], made[sched] = true, true
   local loader = data.Loader(ds.train, {batch = c.batch, seq = c.seq, seed = c.data_seed, rank = rank, world = world})
   return {dataset = ds, model = model, recipe = rec, optimizer = opt, schedule = sched, loader = loader, dist = dist,
     rank = rank, world = world, teacher = train.teacher(c, vocab)}
@@ -844,7 +854,7 @@ function train.sample_prompt(tok)
 end
 
 -- ---- the loop ---------------------------------------------------------------------------------
--- train.run in named steps: start_run (config.json, resume, metrics.jsonl, the header), then per
+-- train.run in named steps: start_run (resume, config.json and run.json, metrics.jsonl, the header), then per
 -- step step_once (one optimisation step and its metrics record), report_step (console),
 -- eval_and_log, save_checkpoint and interrupt_requested, and at the end finish_run (the final
 -- checkpoint, sample and plot). They share one table r: the config c, the parts, the rank's role,
@@ -1067,7 +1077,11 @@ end
 local function open_tensorboard(r, start_step)
   if not (r.main and r.c.tensorboard) then return nil end
   local w = tensorboard.open(r.run_dir .. "/tb", {resume_step = start_step})
-  if start_step == 0 then w:text("config", (config.json(r.c):gsub("[^\n]+", "    %0")), 0) end
+  if start_step == 0 then -- config.json as written (nvlua.record: Lua-built values as their descriptions)
+    local f = assert(io.open(r.run_dir .. "/config.json", "r"))
+    w:text("config", (f:read("a"):gsub("[^\n]+", "    %0")), 0)
+    f:close()
+  end
   return w
 end
 
@@ -1077,7 +1091,7 @@ local function ckpt_every(c)
   return math.tointeger(tonumber(c.ckpt_every)) or 0
 end
 
--- Everything before the first step: config.json, the resume, metrics.jsonl, the throughput
+-- Everything before the first step: the resume, config.json and run.json, metrics.jsonl, the throughput
 -- references, the header lines, deferred stop signals (Ctrl-C, SIGTERM, SIGUSR1). -> the run table r
 local function start_run(c, p)
   local r = {c = c, p = p, dist = p.dist, world = p.world or 1, main = (p.rank or 0) == 0, -- rank 0 prints and writes
@@ -1101,11 +1115,11 @@ local function start_run(c, p)
     r.out:write(string.format("init=%s: its weights; the step, AdamW moments, data order and LR schedule start " ..
       "fresh\n", c.init))
   end
-  if r.main then
+  if r.main then -- config.json and run.json (nvlua.record)
     data.mkdir_p(c.out)
-    local f = assert(io.open(r.run_dir .. "/config.json", "w"))
-    f:write(config.json(c))
-    f:close()
+    record.start(r.run_dir, c, p, {start_step = r.start_step, resumed_from = r.resumed_from,
+      made = function(v) return made[v] == true end,
+      mfu_peak = r.peak and {flops_per_s = r.peak, what = r.peak_what} or nil})
   end
   r.mf = open_metrics(r, r.start_step)
   r.tb = open_tensorboard(r, r.start_step)

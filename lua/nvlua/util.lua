@@ -188,6 +188,14 @@ function util.atomic_write(path, contents, opts)
   return true, size
 end
 
+--- util.defined_at(f) -> where the Lua function f was defined: "<source>:<line>" (its file as it was
+-- loaded), or "a C function"
+function util.defined_at(f)
+  local i = debug.getinfo(f, "S")
+  if i.what == "C" then return "a C function" end
+  return string.format("%s:%d", i.source:sub(1, 1) == "@" and i.source:sub(2) or i.short_src, i.linedefined)
+end
+
 --- util.mean_sd(list) -> the mean and the sample standard deviation (0 for one value) of numbers
 function util.mean_sd(l)
   local m = 0
