@@ -65,7 +65,7 @@ local defaults = {
 }
 -- plan=true plans a data-parallel run: dist=true is implied (nothing is started), so that train's checks of
 -- sharding keys (shard=full needs dist=true) hold for what is planned
-local args, planning, dist_given = {}, false, false
+local args, planning, dist_given = {[0] = arg and arg[0]}, false, false -- [0]: the script, for --help
 for i, a in ipairs(arg or {}) do
   args[i] = a
   planning = planning or a == "plan=true" or a == "plan=1"

@@ -17,14 +17,16 @@
 --   nvlua experiments/shadow_sync.lua [steps=100] [batch=4] [ranks=2,4] [out=runs/shadow_sync]
 local cjson = require "cjson"
 local util = require "nvlua.util"
+local config = require "nvlua.config"
 
-local o = {steps = 100, batch = 4, ranks = "2,4", out = "runs/shadow_sync"}
-for _, a in ipairs(arg or {}) do
-  local k, v = a:match("^([%w_]+)=(.*)$")
-  if not k or o[k] == nil then error("shadow_sync: arguments are key=value with keys steps, batch, ranks, out", 0) end
-  o[k] = (k == "ranks" or k == "out") and v or math.tointeger(tonumber(v))
-  if o[k] == nil then error("shadow_sync: " .. k .. " must be an integer, got " .. v, 0) end
-end
+local o = config.schema({
+  steps = config.int(100, {min = 1, doc = "training steps of every run"}),
+  batch = config.int(4, {min = 1, doc = "sequences per rank per step"}),
+  ranks = config.str("2,4", {doc = "the world sizes compared", check = function(v)
+    if not v:match("^%d+[%d,]*$") then return "must list rank counts separated by commas, such as 2,4" end
+  end}),
+  out = config.str("runs/shadow_sync", {nonempty = true, doc = "the runs' directories and results.md go here"}),
+}):parse(arg)
 
 local function sh(cmd)
   local p = assert(io.popen(cmd .. " 2>&1; echo \"exit=$?\""))

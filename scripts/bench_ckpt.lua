@@ -26,13 +26,12 @@ local config = require "nvlua.config"
 local ckpt = require "nvlua.checkpoint"
 local cjson = require "cjson"
 
-local o = {steps = 60, every = "5,20", ["repeat"] = 3, out = "runs/bench_ckpt"}
-for _, a in ipairs(arg or {}) do
-  local k, v = a:match("^([%w_]+)=(.*)$")
-  if not k or o[k] == nil then error("bench_ckpt: arguments are key=value with keys steps, every, repeat, out", 0) end
-  o[k] = (k == "every" or k == "out") and v or math.tointeger(tonumber(v))
-  if o[k] == nil then error("bench_ckpt: " .. k .. " must be an integer, got " .. v, 0) end
-end
+local o = config.schema({
+  steps = config.int(60, {min = 1, doc = "training steps of every run"}),
+  every = config.str("5,20", {nonempty = true, doc = "the checkpoint intervals compared (steps, comma-separated)"}),
+  ["repeat"] = config.int(3, {min = 1, doc = "runs of each setting (the across-runs medians)"}),
+  out = config.str("runs/bench_ckpt", {nonempty = true}),
+}):parse(arg)
 local everys = {}
 for e in o.every:gmatch("[^,]+") do
   local n = math.tointeger(tonumber(e))

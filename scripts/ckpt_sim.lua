@@ -18,17 +18,17 @@
 --         50,700 GPU-hours: a job MTBF of 6,340 h on 8 GPUs and 792 h on 64;
 --   restart: 10 minutes (requeue, load the checkpoint, warm up).
 local train = require "nvlua.train"
+local config = require "nvlua.config"
 local cjson = require "cjson"
 
-local opts = {days = 30, trials = 200, restart = 600, seed = 1, mtbf = 24}
-for _, a in ipairs(arg or {}) do
-  local k, v = a:match("^([%w_]+)=(.*)$")
-  if not k or (opts[k] == nil and k ~= "run") then
-    error("ckpt_sim: arguments are key=value with keys run, days, trials, restart, seed, mtbf; got " .. tostring(a), 0)
-  end
-  opts[k] = k == "run" and v or tonumber(v)
-  if opts[k] == nil then error("ckpt_sim: " .. k .. " must be a number, got " .. v, 0) end
-end
+local opts = config.schema({
+  run = config.str("", {doc = "a run directory whose metrics.jsonl has ckpt_every=auto records (empty: the 8B cases)"}),
+  days = config.int(30, {min = 1, doc = "days of compute simulated"}),
+  trials = config.int(200, {min = 1, doc = "simulated runs per interval"}),
+  restart = config.int(600, {min = 0, doc = "seconds a restart after a failure costs"}),
+  seed = config.int(1, {doc = "seed of the failure times"}),
+  mtbf = config.num(24, {above = 0, doc = "hours between failures of the job (with run=)"}),
+}):parse(arg)
 
 -- a deterministic uniform generator in (0, 1) (an LCG)
 local function rng(seed)
@@ -81,7 +81,7 @@ local function case(name, step_s, C, M_h)
   end
 end
 
-if opts.run then -- a measured run's save cost and step time (its last ckpt_every=auto record)
+if opts.run ~= "" then -- a measured run's save cost and step time (its last ckpt_every=auto record)
   local rec
   for line in io.lines(opts.run .. "/metrics.jsonl") do
     local ok, r = pcall(cjson.decode, line)

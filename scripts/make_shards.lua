@@ -9,14 +9,15 @@
 local data = require "nvlua.data"
 local config = require "nvlua.config"
 
+local schema = config.schema({width = config.int(2, {check = function(v) if v ~= 2 and v ~= 4 then return "must be 2 or 4 (bytes per token id)" end end}),
+  val_fraction = config.num(0.05, {above = 0, below = 1}), shard_mb = config.num(64.0, {above = 0})})
+if config.help_requested(arg) then schema:parse(arg) end -- prints the help and exits
 local input, out = arg[1], arg[2]
 if not input or not out then
   io.stderr:write("usage: nvlua scripts/make_shards.lua <input file or dir> <out dir> [width=2] [val_fraction=0.05] [shard_mb=64]\n")
   os.exit(2)
 end
-local o = config.schema({width = config.int(2, {check = function(v) if v ~= 2 and v ~= 4 then return "must be 2 or 4 (bytes per token id)" end end}),
-  val_fraction = config.num(0.05, {above = 0, below = 1}), shard_mb = config.num(64.0, {above = 0})})
-  :parse({table.unpack(arg, 3)})
+local o = schema:parse({[0] = arg[0], table.unpack(arg, 3)})
 
 local files = data.list_files(input)
 local parts = {}

@@ -135,7 +135,7 @@ T.case("schemas: declared keys, new defaults keep the range, plain defaults decl
   T.raises(function() s:parse({"x=1"}) end, "config: x must be a finite number in (0, 1), got 1.0")
   T.raises(function() s:parse({"name=c"}) end, "config: name must be one of a, b, got 'c'")
   T.raises(function() s:parse({"free=1.5"}) end, "config: free must be an integer, got '1.5'")
-  T.raises(function() s:parse({"nope=1"}) end, "config: unknown key 'nope'; valid keys: flag, free, n, name, x")
+  T.raises(function() s:parse({"bogus=1"}) end, "config: unknown key 'bogus'; valid keys: flag, free, n, name, x")
   local e = s:extend({n = 5, extra = config.num(1.0, {min = 0})}, {function(cc)
     if cc.extra > cc.n then return "extra must not exceed n" end
   end})
@@ -146,6 +146,46 @@ T.case("schemas: declared keys, new defaults keep the range, plain defaults decl
     "a bad default is caught")
   T.raises(function() config.int(1, {minimum = 0}) end, "config.int: unknown option 'minimum'")
   T.eq(s:defaults().n, 3, "extend leaves the schema alone")
+end)
+
+-- A mistyped key or value names the closest valid ones (one edit, a swap of neighbours counting one,
+-- or two edits for words over 3 letters; an abbreviation); the messages are written out by hand.
+T.case("did you mean: a mistyped key or one_of value names the closest valid ones", function()
+  local s = config.schema({steps = config.int(3, {min = 1}), seq = config.int(8), seed = config.int(1),
+    recipe = config.str("nvfp4", {one_of = {"bf16", "nvfp4", "mxfp4"}}), schedule = config.str("wsd")})
+  T.raises(function() s:parse({"stpes=3"}) end,
+    "config: unknown key 'stpes'; did you mean 'steps'? (valid keys: recipe, schedule, seed, seq, steps)")
+  T.raises(function() s:parse({[0] = "exp.lua", "stpes=3"}) end,
+    "config: unknown key 'stpes'; did you mean 'steps'? (nvlua exp.lua --help lists the keys)", "with the script")
+  T.raises(function() s:parse({"sched=cosine"}) end, "config: unknown key 'sched'; did you mean 'schedule'?",
+    "an abbreviation")
+  T.raises(function() s:parse({"se=1"}) end, "config: unknown key 'se'; did you mean 'seq'?", "short: one edit only")
+  local err = T.raises(function() s:parse({"zzz=1"}) end,
+    "config: unknown key 'zzz'; valid keys: recipe, schedule, seed, seq, steps")
+  T.eq(err:find("did you mean", 1, true), nil, "nothing is close: no guess")
+  err = T.raises(function() s:parse({[0] = "exp.lua", "zzz=1"}) end,
+    "config: unknown key 'zzz'; valid keys: recipe, schedule, seed, seq, steps (nvlua exp.lua --help describes them)")
+  T.raises(function() s:parse({"recipe=nvpf4"}) end,
+    "config: recipe must be one of bf16, nvfp4, mxfp4, got 'nvpf4'; did you mean 'nvfp4'?")
+  T.raises(function() s:parse({"recipe=NVFP4"}) end, "got 'NVFP4'; did you mean 'nvfp4'?", "case is ignored")
+  err = T.raises(function() s:parse({"recipe=fp8"}) end, "config: recipe must be one of bf16, nvfp4, mxfp4, got 'fp8'")
+  T.eq(err:find("did you mean", 1, true), nil, "fp8 is two edits from bf16 but only 3 letters long: no guess")
+end)
+
+T.case("schema:help lists every key with its default, what it accepts and its doc; the script's keys first", function()
+  local s = config.schema({steps = config.int(3, {min = 1, doc = "training steps"}), name = config.str(""),
+    lr = config.num(0.5, {above = 0, below = 1})})
+  local e = s:extend({steps = 7, mine = config.bool(true, {doc = "a key of the script"})})
+  local text = e:help()
+  T.ok(text:find("^usage: nvlua <script> %[key=value %.%.%.%]"), "a usage line first without a script: " .. text)
+  local mine, shared = text:find("Keys of this script:", 1, true), text:find("Keys it shares", 1, true)
+  T.ok(mine and shared and mine < shared, "two groups, the script's first: " .. text)
+  T.ok(text:find("\n  mine=true +true or false\n +a key of the script\n"), "a bool key and its doc: " .. text)
+  T.ok(text:find("\n  steps=7 +an integer >= 1\n +training steps\n"), "the new default, the range kept: " .. text)
+  T.ok(text:find("\n  lr=0.5 +a finite number in %(0, 1%)\n"), "a number's range: " .. text)
+  T.ok(text:find("\n  name='' +a string\n"), "an empty default shown as '': " .. text)
+  T.ok(text:find("steps", 1, true) > shared and text:find("mine", 1, true) < shared, "steps is shared, mine is the script's")
+  T.eq(s:help():find("Keys of this script", 1, true), nil, "a schema that extends nothing has one group")
 end)
 
 -- The experiment scripts declare their own keys: a bad value stops them at once, naming the key.
@@ -159,6 +199,11 @@ T.case("the experiment scripts check their keys before doing anything", function
     {"experiments/fp4_tokens.lua eval_every=0", "config: eval_every must be > 0: the comparison is of validation"},
     {"experiments/llama3_8b_nvfp4.lua plan=maybe", "config: plan must be true or false, got 'maybe'"},
     {"experiments/llama3_8b_nvfp4.lua kv_heads=5", "config: kv_heads (5) must divide heads (32)"},
+    {"experiments/tiny_llama_nvfp4.lua stpes=3", "config: unknown key 'stpes'; did you mean 'steps'? (nvlua " ..
+      "experiments/tiny_llama_nvfp4.lua --help lists the keys)"},
+    {"experiments/tiny_llama_nvfp4.lua recipe=nvpf4", "got 'nvpf4'; did you mean 'nvfp4'?"},
+    {"experiments/llama3_8b_nvfp4.lua shrad=full", "config: unknown key 'shrad'; did you mean 'shard'? (nvlua " ..
+      "experiments/llama3_8b_nvfp4.lua --help lists the keys)"},
   }
   for _, c in ipairs(cases) do
     local r = T.run_nvlua(c[1] .. " out=" .. T.shq(ROOT .. "/exp"))

@@ -70,6 +70,56 @@ T.case("REPL: several values, statements, =expr, locals per line", function()
   T.eq(r.err, "")
 end)
 
+-- The printer's layout (nvlua.pretty) is the contract written here: a plain table as a Lua
+-- constructor, keys sorted (the list part first), one "key = value," per line when it does not fit
+-- on one line, strings quoted.
+T.case("REPL prints API tables readably: nv.formats.nvfp4, nv.info(), nv.memory()", function()
+  need_nvlua()
+  local nv = require "nvlua"
+  local traits = nv.formats.nvfp4
+  local keys = {}
+  for k in pairs(traits) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local lines = {}
+  for _, k in ipairs(keys) do
+    local v = traits[k]
+    lines[#lines + 1] = "  " .. k .. " = " .. (type(v) == "string" and '"' .. v .. '"' or tostring(v))
+  end
+  local r = repl("nv.formats.nvfp4\n")
+  T.eq(r.out, "{\n" .. table.concat(lines, ",\n") .. "\n}\n", "nv.formats.nvfp4")
+  T.eq(r.err, "")
+  r = repl("nv.info()\nnv.memory()\n")
+  has(r.out, '\n  version = "' .. nv.version .. '"', "nv.info()")
+  has(r.out, "  peak = {cpu = ", "nv.memory(), nested on one line")
+  T.eq(r.out:find("table: 0x", 1, true), nil, "no table addresses: " .. r.out)
+  r = repl("nv.ones(2), {t = nv.ones(2)}\n")
+  T.eq(r.out, " 1  1\n[nvlua.Tensor f32 2]\t{\n  t =\n     1  1\n    [nvlua.Tensor f32 2]\n}\n",
+    "a tensor as print shows it; in a table, under its key")
+end)
+
+T.case("pretty.format: sorted keys, one line when it fits, cycles, large tables cut", function()
+  local pretty = require "nvlua.pretty"
+  T.eq(pretty.format({1, 2, {3, 4}, x = {5, 6}}), "{1, 2, {3, 4}, x = {5, 6}}")
+  T.eq(pretty.format({b = 1, a = "s", [10] = true, ["a b"] = 2, ["end"] = 3}),
+    '{[10] = true, a = "s", ["a b"] = 2, b = 1, ["end"] = 3}', "numbers first; keys that are not names bracketed")
+  T.eq(pretty.format({}), "{}")
+  T.eq(pretty.format("a\n\"b\""), '"a\\n\\"b\\""', "a string quoted, escapes shown")
+  local cyc = {}
+  cyc.self = cyc
+  T.eq(pretty.format(cyc), "{self = <cycle>}")
+  local shared = {1}
+  T.eq(pretty.format({shared, shared}), "{{1}, {1}}", "a table met twice, not inside itself, is no cycle")
+  local long = {}
+  for i = 1, 60 do long[i] = i end
+  local text = pretty.format(long, {width = 40})
+  T.ok(text:find("^{\n  1, 2, 3,"), "a long list filled into lines: " .. text)
+  T.ok(text:find("\n  %.%.%. 10 more\n}$"), "cut after 50 entries: " .. text)
+  for line in text:gmatch("[^\n]+") do T.ok(#line <= 40, "lines fit the width: " .. line) end
+  T.eq(pretty.format({a = {b = {c = {d = {e = 1}}}}}, {depth = 2}), "{a = {b = {...1 entries}}}", "depth")
+  T.eq(pretty.format({k = setmetatable({}, {__tostring = function() return "custom" end})}), "{k = custom}",
+    "a value's own __tostring")
+end)
+
 T.case("REPL: a statement left open at end of input is a syntax error", function()
   need_nvlua()
   local r = repl("for i = 1, 2 do\n")

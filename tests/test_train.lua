@@ -333,7 +333,7 @@ T.case("config: key=value overrides are type-checked; unknown keys list the vali
   T.raises(function() config.parse(d, {"lr=fast"}) end, "config: lr must be a number, got 'fast'")
   T.raises(function() config.parse(d, {"tie=yes"}) end, "config: tie must be true or false, got 'yes'")
   T.raises(function() config.parse(d, {"steps"}) end, "config: arguments are key=value, got 'steps'")
-  local err = T.raises(function() config.parse(d, {"stepz=3"}) end, "config: unknown key 'stepz'; valid keys: ")
+  local err = T.raises(function() config.parse(d, {"nonsense=3"}) end, "config: unknown key 'nonsense'; valid keys: ")
   local keys = {}
   for k in pairs(d) do keys[#keys + 1] = k end
   table.sort(keys)

@@ -47,7 +47,11 @@ int nvl_lua_user_error(lua_State *L, const char *fmt, ...);
 void nvl_lua_mark_user_error(lua_State *L, int idx);
 /* Is the value at idx the message of a user error? */
 int nvl_lua_is_user_error(lua_State *L, int idx);
-/* Add user_error and is_user_error to the module table on top. */
+/* Push "did you mean 'a'?" ("'a' or 'b'", "'a', 'b' or 'c'") naming those of names[0..n) closest to
+ * word (case ignored: an edit distance of at most 2, 1 for words of 3 bytes or fewer; failing that,
+ * names that word begins), in their order; returns 0 and pushes nothing when none is close. */
+int nvl_lua_push_did_you_mean(lua_State *L, const char *word, const char *const *names, int n);
+/* Add user_error, is_user_error and did_you_mean to the module table on top. */
 void nvl_lua_open_errors(lua_State *L);
 
 /* ---- options tables (opts.c): errors read "op: unknown option 'k' (valid: a, b)" ---- */

@@ -1,5 +1,6 @@
 /* opts.c: checking options tables passed to the bindings (see bind.h): unknown keys, wrong types
- * and missing required keys raise user errors (errors.c) naming the op, the key and the valid keys. */
+ * and missing required keys raise user errors (errors.c) naming the op, the key and the valid keys
+ * (and, for a mistyped key, the valid ones closest to it). */
 #include <lauxlib.h>
 #include <lua.h>
 #include <string.h>
@@ -23,6 +24,10 @@ void nvl_lua_check_keys(lua_State *L, int idx, const char *op, const char *const
         luaL_addstring(&b, *k);
       }
       luaL_pushresult(&b);
+      int n = 0;
+      while (valid[n]) n++;
+      if (lua_type(L, -3) == LUA_TSTRING && nvl_lua_push_did_you_mean(L, key, valid, n)) /* the key itself a string */
+        nvl_lua_user_error(L, "%s: unknown option '%s' (valid: %s); %s", op, key, lua_tostring(L, -2), lua_tostring(L, -1));
       nvl_lua_user_error(L, "%s: unknown option '%s' (valid: %s)", op, key, lua_tostring(L, -1));
     }
   }

@@ -28,8 +28,15 @@ static nvl_qtensor *check_q(lua_State *L, int i) {
 static nvl_dtype check_format(lua_State *L, int i) {
   const char *name = luaL_checkstring(L, i);
   nvl_dtype f = nvl_dtype_from_name(name);
-  if (f == NVL_DTYPE_COUNT || !nvl_dtypes[f].is_float)
-    luaL_argerror(L, i, lua_pushfstring(L, "invalid format '%s' (valid: %s)", name, nvl_qformat_names()));
+  if (f == NVL_DTYPE_COUNT || !nvl_dtypes[f].is_float) {
+    const char *names[NVL_DTYPE_COUNT];
+    int n = 0;
+    for (int d = 0; d < NVL_DTYPE_COUNT; d++)
+      if (nvl_dtypes[d].is_float) names[n++] = nvl_dtypes[d].name;
+    const char *hint = nvl_lua_push_did_you_mean(L, name, names, n) ? lua_tostring(L, -1) : NULL;
+    luaL_argerror(L, i, lua_pushfstring(L, "invalid format '%s' (valid: %s)%s%s", name, nvl_qformat_names(),
+                                        hint ? "; " : "", hint ? hint : ""));
+  }
   return f;
 }
 

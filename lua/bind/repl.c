@@ -1,8 +1,9 @@
 /* repl.c: nvlua's interactive read-eval-print loop, lua.c's doREPL with more: `nv` and `help`
- * defined first, readline editing, history (~/.nvlua_history, a statement of several lines kept
- * as one entry), completion of Lua names (a.b.c, a:m, through tables and __index tables, calling
- * nothing) and of file names inside strings, and Ctrl-C at the prompt abandoning the line
- * instead of ending the process. When stdin is not a terminal it still reads statements but
+ * defined first, results printed readably (nvlua.pretty: a plain table as a sorted, indented
+ * constructor, not "table: 0x..."), readline editing, history (~/.nvlua_history, a statement of
+ * several lines kept as one entry), completion of Lua names (a.b.c, a:m, through tables and
+ * __index tables, calling nothing) and of file names inside strings, and Ctrl-C at the prompt
+ * abandoning the line instead of ending the process. When stdin is not a terminal it still reads statements but
  * prints only their results (no banner, no prompts), so `printf '1+1\n' | nvlua` prints 2.
  * Not here: the command line, running scripts and Ctrl-C while Lua code runs (main.c, whose
  * nvl_main_docall runs each statement).
@@ -488,29 +489,38 @@ static int load_line(lua_State *L) {
   }
 }
 
-/* Prints the values on the stack with the global print (Ctrl-C stops a long one). */
+/* The results' printer, nvlua.pretty.print, in the registry (LUA_NOREF: the global print). */
+static int printer_ref = LUA_NOREF;
+
+/* Prints the values on the stack with the printer (Ctrl-C stops a long one). */
 static void print_results(lua_State *L) {
   int n = lua_gettop(L);
   if (n > 0) {
     luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
-    lua_getglobal(L, "print");
+    if (printer_ref != LUA_NOREF) lua_rawgeti(L, LUA_REGISTRYINDEX, printer_ref);
+    else lua_getglobal(L, "print");
     lua_insert(L, 1);
     if (nvl_main_docall(L, n, 0, 0) != LUA_OK)
       nvl_main_message(NULL, lua_pushfstring(L, "error calling 'print' (%s)", lua_tostring(L, -1)));
   }
 }
 
-/* nv and help for the REPL; a failure is a warning, not the end of the session. */
+/* nv, help and the results' printer for the REPL; a failure is a warning, not the end of the
+ * session (results are then printed with print). */
 static void repl_prelude(lua_State *L) {
-  static const char code[] = "nv = require \"nvlua\"; help = nv.help";
+  static const char code[] = "nv = require \"nvlua\"; help = nv.help; return require(\"nvlua.pretty\").print";
   int status = luaL_loadbuffer(L, code, sizeof code - 1, "=(repl)");
-  if (status == LUA_OK) status = nvl_main_docall(L, 0, 0, 0);
+  if (status == LUA_OK) status = nvl_main_docall(L, 0, 1, 0);
   if (status != LUA_OK) {
     const char *msg = lua_tostring(L, -1);
     fflush(stdout);
     fprintf(stderr, "%s: warning: nv and help() are not available: %s\n", NVL_PROGNAME,
             msg ? msg : "(error object is not a string)");
     fflush(stderr);
+    lua_pop(L, 1);
+  } else if (lua_isfunction(L, -1)) {
+    printer_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  } else {
     lua_pop(L, 1);
   }
 }

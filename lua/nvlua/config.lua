@@ -2,8 +2,10 @@
 -- (integer, number, boolean, string), and where it matters a range, a set of accepted values and a
 -- check of its own; relations between keys (kv_heads divides heads, min_lr <= lr) are the schema's
 -- checks. `key=value` arguments override the defaults; the resolved config is checked as a whole
--- before anything is built, and every message names the key and what it accepts. The resolved
--- config is printed and saved.
+-- before anything is built, and every message names the key and what it accepts (and, for a
+-- mistyped key or value, the closest valid ones). The resolved config is printed and saved.
+-- `nvlua script.lua --help` (or -h) prints the script's leading comment block and every key of the
+-- schema it parses (type, default, accepted values, doc), then exits 0 before anything is built.
 --   local s = config.schema({steps = config.int(300, {min = 1}), lr = config.num(3e-3, {above = 0}),
 --     schedule = config.str("wsd", {one_of = {"wsd", "cosine"}})}, {function(c) ... end})
 --   local c = s:parse(arg)                      -- or s:extend({steps = 50, mine = config.int(2)}):parse(arg)
@@ -114,7 +116,9 @@ function Spec:validate(key, v, c)
     if set then
       local found = false
       for _, x in ipairs(set) do found = found or x == v end
-      if not found then bad() end
+      if not found then
+        fail(string.format("config: %s must be %s, got %s%s", key, self:describe(), show(v), util.suggest(v, set)), 0)
+      end
     end
   end
   if k == "int" or k == "num" then
@@ -193,14 +197,17 @@ function config.is_schema(v) return getmetatable(v) == Schema end
 
 --- schema:extend(overrides [, checks]) -> a new schema: overrides maps keys to a new default (a plain
 -- value, for a key of this schema or a new key typed by it) or a spec (declaring a key or replacing
--- one); checks are added to this schema's.
+-- one); checks are added to this schema's. The keys it declares or replaces are its own (--help
+-- lists them first).
 function Schema:extend(overrides, checks)
-  local s = setmetatable({specs = {}, checks = {}, resolvers = self.resolvers}, Schema)
+  local s = setmetatable({specs = {}, checks = {}, resolvers = self.resolvers, own = {}}, Schema)
   for k, v in pairs(self.specs) do s.specs[k] = v end
+  for k in pairs(self.own or {}) do s.own[k] = true end
   for k, v in pairs(overrides or {}) do
     local base = s.specs[k]
     if config.is_spec(v) or not base then
       s.specs[k] = infer(k, v)
+      s.own[k] = true
     else -- a new default for a declared key: same type and range
       local copy = setmetatable({}, Spec)
       for kk, vv in pairs(base) do copy[kk] = vv end
@@ -248,12 +255,87 @@ function Schema:check(c)
   return c
 end
 
---- schema:parse(args) -> resolved and checked config (a new table). args: {"key=value", ...}; an
--- unknown key is an error listing the valid ones.
+-- The text a default is given as on the command line ('' for the empty string).
+local function default_text(s)
+  local v = s.default
+  if s.kind == "value" then return "(set from Lua)" end
+  if v == "" then return "''" end
+  return tostring(v)
+end
+
+-- The leading comment block of the script at path (its description), without the comment marks;
+-- nil when it cannot be read or has none.
+local function script_description(path)
+  local f = type(path) == "string" and path ~= "-" and io.open(path, "r")
+  if not f then return nil end
+  local lines = {}
+  for line in f:lines() do
+    if not (#lines == 0 and line:match("^#!")) then
+      local text = line:match("^%-%-%-? ?(.*)$")
+      if not text then break end
+      lines[#lines + 1] = text
+    end
+  end
+  f:close()
+  while #lines > 0 and lines[#lines] == "" do lines[#lines] = nil end
+  return #lines > 0 and table.concat(lines, "\n") .. "\n" or nil
+end
+
+--- schema:help([script]) -> the text `nvlua script --help` prints: the script's leading comment
+-- block, a usage line, then every key as key=default with what it accepts and its doc, sorted,
+-- the keys the script declares itself (schema:extend) first.
+function Schema:help(script)
+  local groups = {{title = "Keys:", keys = {}}}
+  if next(self.own or {}) then
+    groups = {{title = "Keys of this script:", keys = {}},
+      {title = "Keys it shares (the schema it extends):", keys = {}}}
+  end
+  for k in pairs(self.specs) do
+    local g = (#groups == 2 and not self.own[k]) and groups[2] or groups[1]
+    g.keys[#g.keys + 1] = k
+  end
+  local width = 0
+  for k, s in pairs(self.specs) do width = math.max(width, #k + 1 + #default_text(s)) end
+  width = math.min(width, 30)
+  local out = {}
+  local desc = script_description(script)
+  if desc then out[#out + 1] = desc .. "\n" end
+  out[#out + 1] = string.format("usage: nvlua %s [key=value ...]   (booleans true|false, numbers in decimal)\n",
+    script or "<script>")
+  for _, g in ipairs(groups) do
+    table.sort(g.keys)
+    out[#out + 1] = "\n" .. g.title .. "\n"
+    for _, k in ipairs(g.keys) do
+      local s = self.specs[k]
+      local head = k .. "=" .. default_text(s)
+      out[#out + 1] = string.format("  %-" .. width .. "s  %s\n", head, s:describe())
+      if s.doc then out[#out + 1] = string.format("  %-" .. width .. "s  %s\n", "", s.doc) end
+    end
+  end
+  return table.concat(out)
+end
+
+--- config.help_requested(args) -> true when the arguments ask for help: one of them is --help or -h
+function config.help_requested(args)
+  for _, a in ipairs(args or {}) do
+    if a == "--help" or a == "-h" then return true end
+  end
+  return false
+end
+
+--- schema:parse(args) -> resolved and checked config (a new table). args: {"key=value", ...}, with
+-- args[0] the script (the `arg` table); an unknown key is an error naming the closest valid keys, or
+-- listing them all. When args ask for help (config.help_requested), prints schema:help(args[0])
+-- and exits with status 0 instead: nothing after parse runs.
 function Schema:parse(args)
+  args = args or {}
+  if config.help_requested(args) then
+    io.stdout:write(self:help(args[0]))
+    os.exit(0, true)
+  end
   local out, given = self:defaults(), {}
   given_keys[out] = given
-  for _, a in ipairs(args or {}) do
+  for _, a in ipairs(args) do
     local k, v = tostring(a):match("^([%w_%.]+)=(.*)$")
     if not k then fail(string.format("config: arguments are key=value, got '%s'", tostring(a)), 0) end
     local s = self.specs[k]
@@ -261,7 +343,14 @@ function Schema:parse(args)
       local keys = {}
       for name in pairs(self.specs) do keys[#keys + 1] = name end
       table.sort(keys)
-      fail(string.format("config: unknown key '%s'; valid keys: %s", k, table.concat(keys, ", ")), 0)
+      local hint = util.did_you_mean(k, keys)
+      local list = "valid keys: " .. table.concat(keys, ", ")
+      local more = type(args[0]) == "string" and string.format("nvlua %s --help", args[0])
+      if hint then
+        fail(string.format("config: unknown key '%s'; %s (%s)", k, hint, more and more .. " lists the keys" or list), 0)
+      end
+      fail(string.format("config: unknown key '%s'; %s%s", k, list, more and " (" .. more .. " describes them)" or ""),
+        0)
     end
     out[k] = s:parse_text(k, v)
     given[k] = true

@@ -9,6 +9,7 @@
 -- amax scales the tensor: the amax/delayed options apply), range (largest magnitude, scales
 -- included)}; f32 and bf16 have scale "none", block 0.
 local core = require "nvlua.core"
+local util = require "nvlua.util"
 
 local M = {}
 M.traits = core.formats()
@@ -22,7 +23,8 @@ M.names = names -- in the enum's order: f32, bf16, then the quantized formats
 function M.get(name, where)
   local t = M.traits[name]
   if not t then
-    error(string.format("%s: unknown format '%s' (valid: %s)", where, tostring(name), table.concat(names, ", ")), 0)
+    error(string.format("%s: unknown format '%s' (valid: %s)%s", where, tostring(name), table.concat(names, ", "),
+      util.suggest(name, names)), 0)
   end
   return t
 end

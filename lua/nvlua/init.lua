@@ -1,6 +1,7 @@
 -- nvlua: the Lua face of the engine. `local nv = require "nvlua"` returns this table (no globals).
 -- The C core (nvlua.core, lua/bind/) holds tensors and kernels; this file adds the creation
--- helpers, printing, and help(). Dims and indices are 1-based everywhere in Lua.
+-- helpers and printing, and gathers the API (help() lists it: nvlua.help). Dims and indices are
+-- 1-based everywhere in Lua.
 local core = require "nvlua.core"
 
 local nv = {}
@@ -150,12 +151,18 @@ function nv.tensor(data, dtype)
   return core.tensor(data, dtype)
 end
 
+--- nv.manual_seed(seed): the default generator restarts from seed (offset 0)
 nv.manual_seed = core.manual_seed
+--- nv.Generator(seed) -> a Philox4x32-10 stream of its own (g:seed() g:offset() g:set_offset(n) g:manual_seed(s))
 nv.Generator = core.Generator
+--- nv.default_generator() -> the generator random ops and SR draw from when given none
 nv.default_generator = core.default_generator
+--- nv.matmul(a, b) -> a @ b (2-D, or batched over leading dims); also a:matmul(b)
 nv.matmul = core.matmul
+--- nv.allclose(a, b [, rtol = 1e-5 [, atol = 1e-8 [, equal_nan]]]) -> |a - b| <= atol + rtol |b| everywhere
 nv.allclose = core.allclose
 
+--- nv.is_tensor(x) -> true for a tensor
 function nv.is_tensor(x) return getmetatable(x) == Tensor end
 
 -- ---- the arena (lua/bind/scope.c) ---------------------------------------------------------------
@@ -195,15 +202,16 @@ nv.empty_cache = core.empty_cache
 nv.reset_peak_memory = core.reset_peak_memory
 
 nv.cuda = {
-  available = core.cuda_available,
+  available = core.cuda_available,       -- nv.cuda.available() -> true when a GPU can be used
   --- nv.cuda.unavailable_reason() -> why no GPU can be used ("" when one can)
   unavailable_reason = function() return core.build_info().cuda_unavailable_reason or "" end,
+  --- nv.cuda.devices() -> {{name, memory, capability, multiprocessors, pci_bus_id}, ...}
   devices = core.cuda_devices,
   gemm_path = core.cuda_gemm_path,       -- which GEMM path a format takes on this device
-  synchronize = core.cuda_synchronize,
+  synchronize = core.cuda_synchronize,   -- nv.cuda.synchronize([device]): wait for the device's queued work
   set_sync = core.cuda_set_sync,         -- debugging: wait after every launch (off by default; NVLUA_CUDA_SYNC=1)
-  memory = core.cuda_memory,
-  empty_cache = core.cuda_empty_cache,
+  memory = core.cuda_memory,             -- nv.cuda.memory() -> {[device] = the caching allocator's statistics}
+  empty_cache = core.cuda_empty_cache,   -- nv.cuda.empty_cache([device]): give the allocator's free blocks back
   --- nv.cuda.emulated() -> a description when the CUDA backend runs on the CPU emulation of CUDA
   -- (a -DNVLUA_CUDA=EMU build: results are the CPU's, not a GPU's), else nil
   emulated = core.cuda_emulated,
@@ -352,41 +360,8 @@ nv.prune = require "nvlua.prune"
 
 -- ---- help -----------------------------------------------------------------------------------
 
-local HELP = [[
-nvlua %s - low-precision LLM training in Lua.   local nv = require "nvlua"
-
-Create      nv.zeros(2,3)  nv.ones({2,3}, "bf16")  nv.full({2,3}, 7)  nv.empty(4, {dtype="i32"})
-            nv.arange(10)  nv.arange(0, 1, 0.25)  nv.tensor({{1,2},{3,4}})
-            nv.rand(2,3)  nv.randn(8, {generator = nv.Generator(42)})  nv.manual_seed(42)
-dtypes      %s
-Inspect     t:size() t:size(1) t:dim() t:numel() t:dtype() t:device() t:stride() t[i] #t
-            t:totable() t:get(i,j) t:set(i,j,v) t:item() print(t)
-Views       t:view(2,-1) t:reshape(...) t:transpose(1,2) t:t() t:permute(2,1) t:narrow(1,2,3)
-            t:select(1,2) t:expand(4,3) t:contiguous() t:clone() t:copy_(src)
-Math        + - * / ^ with broadcasting and scalars; t:exp() log sqrt abs neg pow maximum minimum
-            t:sum() t:sum(2) mean max min amax (t:max(2) -> values, indices)
-            t:eq(x) ne lt le gt ge (u8 masks)
-            a:matmul(b) (2-D and batched)   a:allclose(b, rtol, atol)   t:to("bf16")
-Quantize    q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true, seed=1}) (formats: %s;
-            their traits: nv.formats)  q:dequantize() q:codes() q:scale_bytes()
-            q.amax q:t() nv.qmatmul(qa, qb) nv.rht(x) nv.AmaxHistory(1024)
-            nv.quant.report(x, {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4"})  nv.quant.show(q, {block=1})
-MoR         r = nv.mor.choose(x, {granularity="block", candidates={"nvfp4","e4m3"}}) -> r.choice r.errs
-            r.q r.counts (core/NUMERICS.md §12; the recipe: nv.recipe.mor{...})
-Pruning     imp = nv.prune.importance(model, ids)  -> imp.ffn[b] imp.heads[b] imp.kv[b] imp.hidden imp.blocks
-            small = nv.prune.width(model, imp, {ffn=, heads=, kv_heads=, hidden=})  nv.prune.depth(model, imp, {layers=})
-Devices     nv.cuda.available() nv.cuda.devices() t:cuda() t:cpu()
-Memory      t:free()   local t <close> = nv.zeros(n)   nv.memory()
-            nv.scope(function() ... return y end)  frees every tensor made inside but y (the arena);
-            nv.keep(t) (to the enclosing scope)  nv.unscope(t) (kept for later)  nv.adopt(t)
-Info        nv.info()   nv.clock()   nvlua -v
-]]
-
---- nv.help(): print the main API
-function nv.help()
-  local names = {}
-  for _, d in ipairs(core.dtypes()) do if not d.is_quantized then names[#names + 1] = d.name end end
-  io.write(string.format(HELP, nv.version, table.concat(names, " "), table.concat(formats.names, " ")))
-end
+--- nv.help([x]): help() prints the API's index; help(x) the documentation of a function, module,
+-- class or value, read from its doc comments; help("train") names a module (nvlua.help)
+function nv.help(...) return require("nvlua.help").help(...) end
 
 return nv

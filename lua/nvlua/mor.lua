@@ -79,7 +79,7 @@ function M.new(o)
       local ks = {}
       for n in pairs(VALID) do ks[#ks + 1] = n end
       table.sort(ks)
-      bad("unknown option '%s' (valid: %s)", tostring(k), table.concat(ks, ", "))
+      bad("unknown option '%s' (valid: %s)%s", tostring(k), table.concat(ks, ", "), util.suggest(k, ks))
     end
   end
   local m = setmetatable({}, Mor)

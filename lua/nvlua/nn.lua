@@ -306,8 +306,8 @@ function nn.check_recipe(r, fname)
   if type(r) == "string" then
     local names = recipe.names()
     for _, n in ipairs(names) do if n == r then return recipe.make(r) end end
-    util.user_error(string.format("%s: unknown recipe '%s' (valid: %s, or a recipe value)", fname, r,
-      table.concat(names, ", ")), 3)
+    util.user_error(string.format("%s: unknown recipe '%s' (valid: %s, or a recipe value)%s", fname, r,
+      table.concat(names, ", "), util.suggest(r, names)), 3)
   end
   if type(r) ~= "table" or type(r.linear_forward) ~= "function" or type(r.linear_backward) ~= "function" then
     util.user_error(string.format("%s: the recipe must be a recipe value (nvlua.recipe) or the name of one, got %s",
@@ -761,7 +761,7 @@ local function config_keys()
   for k in pairs(CONFIG_CHECKED) do names[#names + 1] = k end
   for k in pairs(CONFIG_IGNORED) do names[#names + 1] = k end
   table.sort(names)
-  return table.concat(names, ", ")
+  return names
 end
 
 --- nn.llama_config_key(k) -> true when nn.llama_config takes the key k
@@ -898,7 +898,9 @@ function nn.llama_config(cfg)
   local c = {}
   for k, v in pairs(cfg) do
     if not nn.llama_config_key(k) then
-      user_error(string.format("llama_config: unknown key '%s' (valid: %s)", tostring(k), config_keys()), 2)
+      local names = config_keys()
+      user_error(string.format("llama_config: unknown key '%s' (valid: %s)%s", tostring(k), table.concat(names, ", "),
+        util.suggest(k, names)), 2)
     end
     if CONFIG_CHECKED[k] ~= nil and v ~= CONFIG_CHECKED[k] then
       user_error(string.format("llama_config: %s = %s is not supported (nvlua computes %s = %s)", k, tostring(v), k,

@@ -236,7 +236,8 @@ function M.width(model, imp, o)
   o = o or {}
   for k in pairs(o) do
     if k ~= "ffn" and k ~= "heads" and k ~= "kv_heads" and k ~= "hidden" then
-      bad("width: unknown option '%s' (valid: ffn, heads, kv_heads, hidden)", tostring(k))
+      bad("width: unknown option '%s' (valid: ffn, heads, kv_heads, hidden)%s", tostring(k),
+        util.suggest(k, {"ffn", "heads", "kv_heads", "hidden"}))
     end
   end
   local c = model.config
@@ -288,7 +289,9 @@ end
 function M.depth(model, imp, o)
   local llama = require "nvlua.llama"
   o = o or {}
-  for k in pairs(o) do if k ~= "layers" then bad("depth: unknown option '%s' (valid: layers)", tostring(k)) end end
+  for k in pairs(o) do
+    if k ~= "layers" then bad("depth: unknown option '%s' (valid: layers)%s", tostring(k), util.suggest(k, {"layers"})) end
+  end
   local L = model.config.num_hidden_layers
   local n = math.tointeger(o.layers) or o.layers
   if math.type(n) ~= "integer" or n < 1 or n > L then

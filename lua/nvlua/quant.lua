@@ -110,7 +110,8 @@ local function weight_spec(spec, where)
   local fmt = s.format or s[1]
   if type(fmt) ~= "string" then util.user_error(where .. ": spec has no format (spec.format = \"nvfp4\", ...)", 3) end
   if not formats.traits[fmt] then
-    util.user_error(string.format("%s: unknown format '%s' (valid: %s)", where, fmt, table.concat(formats.names, ", ")), 3)
+    util.user_error(string.format("%s: unknown format '%s' (valid: %s)%s", where, fmt, table.concat(formats.names, ", "),
+      util.suggest(fmt, formats.names)), 3)
   end
   if s.rht then util.user_error(where .. ": a weight is quantized without the RHT (spec.rht)", 3) end
   if s.sr then util.user_error(where .. ": a weight is quantized with RNE, not stochastic rounding (spec.sr)", 3) end

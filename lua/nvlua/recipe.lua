@@ -90,7 +90,8 @@ local function normalize(r, c, s)
   end
   for k in pairs(s) do
     if not IS_SPEC_KEY[k] then
-      user_error(string.format("%s: unknown spec field '%s' (valid: %s)", where(r, c), tostring(k), table.concat(SPEC_KEYS, ", ")), 0)
+      user_error(string.format("%s: unknown spec field '%s' (valid: %s)%s", where(r, c), tostring(k),
+        table.concat(SPEC_KEYS, ", "), util.suggest(k, SPEC_KEYS)), 0)
     end
   end
   local f = s.format
@@ -1299,7 +1300,8 @@ function M.names() return {table.unpack(registered)} end
 function M.make(name, settings)
   local ctor = registry[name]
   if not ctor then
-    user_error(string.format("recipe.make: unknown recipe '%s' (valid: %s)", tostring(name), table.concat(registered, ", ")), 2)
+    user_error(string.format("recipe.make: unknown recipe '%s' (valid: %s)%s", tostring(name), table.concat(registered, ", "),
+      util.suggest(name, registered)), 2)
   end
   settings = settings or {}
   local r = ctor(settings)

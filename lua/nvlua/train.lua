@@ -299,7 +299,8 @@ end
 train.schema = config.schema({
   -- data
   data = str("kjv", {check = check_data, doc = "kjv | shards:<dir> | megatron:<prefix> | a text file"}),
-  cache = str(""), seed = int(1), data_seed = int(1),
+  cache = str("", {doc = "where prepared data goes ('': $NVLUA_CACHE or ~/.cache/nvlua)"}),
+  seed = int(1), data_seed = int(1),
   -- the data's tokenizer (shards, megatron): a tokenizer.json or a directory holding one; "": the data
   -- directory's manifest.json or tokenizer.json. Exported with every checkpoint.
   tokenizer = str("", {check = check_tokenizer, doc = "a tokenizer.json, or a directory holding one"}),
@@ -363,7 +364,9 @@ train.schema = config.schema({
   -- measures the cost) after 10 steps and ckpt_first_s seconds of training, so a run of a few
   -- minutes writes only its final checkpoint; keep 0: every checkpoint; resume: none | auto | a
   -- directory)
-  out = str("runs/run", {nonempty = true}), resume = str("none", {nonempty = true}),
+  out = str("runs/run", {nonempty = true, doc = "the run's directory: config, metrics, checkpoints, plots"}),
+  resume = str("none", {nonempty = true,
+    doc = "none | auto (the checkpoint in out= written last) | a checkpoint directory"}),
   eval_every = int(100, {min = 0}), eval_batches = int(8, {min = 1}), log_every = int(10, {min = 1}),
   ckpt_every = str("auto", {check = check_ckpt_every, accept = function(v) return math.type(v) == "integer" and v >= 0 end,
     accept_what = "a non-negative integer", doc = "steps between checkpoints, 0 (never) or auto"}),
@@ -408,7 +411,7 @@ train.schema = config.schema({
   sync = str("allreduce", {one_of = {"allreduce", "shadow"}}), shadow_every = int(1, {min = 1}),
   shadow_overlap = bool(true), shadow_moments = bool(false),
   -- where the model, its gradients and the optimizer state live: cpu | cuda
-  device = str("cpu", {check = check_device}),
+  device = str("cpu", {check = check_device, doc = "cpu | cuda"}),
   -- refuse, before anything is built, a run whose memory plan (nvlua.plan) exceeds the machine's
   -- memory (train.check_memory); false builds it anyway (the plan is an estimate)
   check_memory = bool(true),

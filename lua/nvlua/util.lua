@@ -10,6 +10,17 @@ local util = {}
 util.user_error = core.user_error
 --- util.is_user_error(v) -> true when v is the message of the last user error raised
 util.is_user_error = core.is_user_error
+--- util.did_you_mean(word, names) -> "did you mean 'x'?" naming the names (a list of strings)
+-- closest to a mistyped word (case ignored: an edit distance of at most 2, a swap of neighbours
+-- counting 1, or the word an abbreviation of them), or nil when none is close (lua/bind/errors.c)
+util.did_you_mean = core.did_you_mean
+
+--- util.suggest(word, names) -> "; did you mean 'x'?" to end an error message about a mistyped
+-- word (util.did_you_mean), or "" when word is not a string or no name is close
+function util.suggest(word, names)
+  local hint = type(word) == "string" and core.did_you_mean(word, names)
+  return hint and "; " .. hint or ""
+end
 
 -- A value as an error message shows it: a list of numbers or strings as {a, b}, else tostring.
 local function show(v)
@@ -28,8 +39,8 @@ end
 -- library. valid maps each accepted key to true (any value) or to a checker function(value) that
 -- returns nil for a good value, else a phrase for "<fname>: option <k> <phrase>, got <value>"
 -- (e.g. "must be true or false"). An unknown key raises "<fname>: unknown option 'k' (valid:
--- a, b, ...)", the valid keys sorted. Errors are user errors (util.user_error) raised at the
--- caller's caller (level 3).
+-- a, b, ...)", the valid keys sorted, and "; did you mean 'x'?" when k is close to one of them.
+-- Errors are user errors (util.user_error) raised at the caller's caller (level 3).
 function util.check_opts(opts, valid, fname)
   if opts == nil then return {} end
   if type(opts) ~= "table" then util.user_error(fname .. ": options must be a table, got " .. type(opts), 3) end
@@ -39,7 +50,8 @@ function util.check_opts(opts, valid, fname)
       local names = {}
       for n in pairs(valid) do names[#names + 1] = n end
       table.sort(names)
-      util.user_error(string.format("%s: unknown option '%s' (valid: %s)", fname, tostring(k), table.concat(names, ", ")), 3)
+      util.user_error(string.format("%s: unknown option '%s' (valid: %s)%s", fname, tostring(k), table.concat(names, ", "),
+        util.suggest(k, names)), 3)
     end
     if type(check) == "function" then
       local bad = check(v)
