@@ -31,6 +31,7 @@ MoR         nv.mor.choose(x, {candidates = {"nvfp4", "e4m3"}}): formats chosen b
 Models      nvlua.nn: Linear, RMSNorm, Attention, MLP (forward/backward); nvlua.llama: Llama 3
             help("nn") help("llama") help(model)
 Training    nvlua.train: train.main(defaults, arg) runs an experiment   help("train")   nvlua script.lua --help
+            init=hf:<dir>|ckpt:<dir> starts from pretrained weights; nvlua.record: out/run.json   help("record")
 Config      nvlua.config: an experiment's keys (types, ranges, docs), key=value arguments   help("config")
 Optimizer   nvlua.optim: AdamW, clipping; nvlua.schedule: wsd, cosine, linear   help("optim") help("schedule")
 Logging     nvlua.tensorboard: event files; nvlua.peak: the peak MFU is against; nvlua.plot: loss curves (PNG)

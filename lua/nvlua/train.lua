@@ -384,7 +384,7 @@ train.schema = config.schema({
   plot = bool(true), quiet = bool(false), save = bool(true),
   -- TensorBoard event files in out/tb: each step's metrics.jsonl numbers as scalars (train/, perf/, mor/),
   -- eval/val_loss and val_ppl, the config as text (tensorboard --logdir runs shows runs side by side)
-  tensorboard = bool(true),
+  tensorboard = bool(true, {doc = "TensorBoard event files in out/tb (tensorboard --logdir runs)"}),
   -- the peak MFU is against (nvlua.peak): bf16 (the dense bf16 peak whatever the recipe: a GPU's
   -- datasheet, the CPU's calibrated bf16 GEMM rate), recipe (the peak of the units the recipe's GEMMs
   -- run on), fp8 | fp4 | tf32 | fp32 (that datasheet column), or a number (FLOP/s per device)
