@@ -211,6 +211,20 @@ T.case("CPU: a damaged or foreign cache file is measured again and rewritten; ot
   T.eq({v, s.n.f32}, {1.5e11, 1})
   T.ok(note:find("measured now, not cached: other ranks of this job share the machine", 1, true), note)
   T.eq(T.read_file(dir .. "/shared.json"), nil, "no cache file")
+  -- measured but not cached where the GEMM's threads did not get their cores (another process ran):
+  -- 2 threads with 1.0 core between them (what a second job on 2 cores gives), vs 1.9 (kept)
+  local function loaded(cores) return function(kind) return kind == "bf16" and 4.28e11 or 1.5e11, cores end end
+  v, note = peak.cpu_rate("f32", {path = dir .. "/loaded.json", key = KEY, measure = loaded(1.0), threads = 2,
+    recalibrate = false})
+  T.eq(v, 1.5e11)
+  T.ok(note:find("measured now under load, not cached: the GEMM's 2 threads had 1.00 cores", 1, true), note)
+  T.eq(T.read_file(dir .. "/loaded.json"), nil, "no cache file")
+  v, note = peak.cpu_rate("f32", {path = dir .. "/loaded.json", key = KEY, measure = loaded(1.9), threads = 2,
+    recalibrate = false})
+  T.eq(note, "calibrated now, cached in " .. dir .. "/loaded.json")
+  -- the real measurement reports the cores it had: between 0 and a little over its thread count
+  local rate, cores = peak.sgemm_rate(1)
+  T.ok(rate > 0 and cores > 0 and cores <= peak.cpu_threads() + 0.25, string.format("sgemm %g FLOP/s on %g cores", rate, cores))
   -- nothing is measured where the caller may not measure (ranks but 0)
   T.eq(peak.cpu_rate("bf16", {path = dir .. "/none.json", key = KEY, measure = stub().fn, may_measure = false}), nil)
   -- a cache that cannot be written: the figure holds for this run, and the note says why it is not kept

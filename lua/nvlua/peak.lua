@@ -160,27 +160,40 @@ end
 
 -- The best rate (FLOP/s) of reps timed GEMMs of n^3 after one untimed warm-up; gemm() runs one
 -- (inside its own scope, so each product is freed before the next reuses its buffer); sync() waits
--- for the device where there is one.
+-- for the device where there is one. Second result: the CPU time the process used during the best
+-- GEMM over its wall time (os.clock counts every thread): about the number of GEMM threads on cores
+-- of their own, less when another process shared them.
 local function best_rate(n, reps, gemm, sync)
-  local best = math.huge
+  local best, share = math.huge, nil
   for i = 0, reps do
     nv.scope(function()
       if sync then sync() end
-      local t0 = nv.clock()
+      local c0, t0 = os.clock(), nv.clock()
       gemm()
       if sync then sync() end
-      if i > 0 then best = math.min(best, nv.clock() - t0) end
+      local dt, dc = nv.clock() - t0, os.clock() - c0
+      if i > 0 and dt < best then best, share = dt, dc / dt end
     end)
   end
-  return 2 * n ^ 3 / best
+  return 2 * n ^ 3 / best, share
 end
+
+--- peak.cpu_threads() -> the threads the CPU GEMMs run on (the BLAS line's "N threads"; else 1)
+function M.cpu_threads()
+  return tonumber((nv.info().blas or ""):match("(%d+) threads")) or 1
+end
+
+-- A CPU rate measured while other processes held part of the cores: the GEMM threads got less than
+-- LOADED_SHARE of their cores (an idle machine measures 0.95-1.0 here; two jobs on the same cores 0.5)
+local LOADED_SHARE = 0.8
 
 -- the operands: n x n, normal, seeded
 local function operands(n)
   return nv.randn(n, n, {generator = nv.Generator(7)}), nv.randn(n, n, {generator = nv.Generator(8)})
 end
 
---- peak.sgemm_rate([reps = 10]) -> this machine's fp32 GEMM rate (FLOP/s, OpenBLAS): best of reps 1024^3
+--- peak.sgemm_rate([reps = 10]) -> this machine's fp32 GEMM rate (FLOP/s, OpenBLAS): best of reps 1024^3,
+-- and the cores the GEMM threads had (best_rate's second result)
 function M.sgemm_rate(reps)
   return nv.scope(function()
     local a, b = operands(1024)
@@ -195,7 +208,8 @@ function M.cpu_bf16_ready()
 end
 
 --- peak.cpu_bf16_rate([reps = 10]) -> the CPU's bf16 GEMM rate (FLOP/s, oneDNN): best of reps bf16
--- qmatmuls of 1024^3; nil where the bf16 units cannot run (the GEMMs then run on sgemm)
+-- qmatmuls of 1024^3, and the cores the threads had; nil where the bf16 units cannot run (the GEMMs then
+-- run on sgemm)
 function M.cpu_bf16_rate(reps)
   if not M.cpu_bf16_ready() then return nil end
   return nv.scope(function()
@@ -282,14 +296,17 @@ end
 
 local MEASURE = {bf16 = function() return M.cpu_bf16_rate() end, f32 = function() return M.sgemm_rate() end}
 
---- peak.cpu_rate(kind [, {path =, key =, measure = fn(kind) -> flops, recalibrate =, may_measure = true, keep = true}])
+--- peak.cpu_rate(kind [, {path =, key =, measure = fn(kind) -> flops[, cores], threads =, recalibrate =,
+-- may_measure = true, keep = true}])
 -- -> flops, note | nil: the CPU's calibrated GEMM rate, kind "bf16" (oneDNN) or "f32" (sgemm), read from
 -- the cache file (default peak.cache_path()) under key (default peak.machine_key()), else measured
 -- with measure (default: sgemm_rate / cpu_bf16_rate, 10 repetitions) and written there. note says
 -- where the figure comes from ("calibrated 2026-11-28, cached in ..."). recalibrate (default
 -- NVLUA_RECALIBRATE=1) measures even when cached; may_measure = false returns nil instead of measuring;
 -- keep = false measures without caching (a figure taken while other processes of the job share the
--- machine: an MPI rank waiting in a collective keeps a core busy).
+-- machine: an MPI rank waiting in a collective keeps a core busy). Nor is a figure cached when the
+-- GEMM's threads (threads, default peak.cpu_threads()) had under 0.8 of their cores (measure's second
+-- result: CPU time over wall time): a machine loaded by other work, whose rate would stand forever.
 function M.cpu_rate(kind, o)
   o = o or {}
   local path, key = o.path or M.cache_path(), o.key or M.machine_key()
@@ -305,9 +322,14 @@ function M.cpu_rate(kind, o)
   local e = not recal and cached(t, key, kind)
   if e then return e.flops, string.format("calibrated %s, cached in %s", e.date, path) end
   if o.may_measure == false then return nil end
-  local flops = (o.measure or MEASURE[kind])(kind)
+  local flops, cores = (o.measure or MEASURE[kind])(kind)
   if not positive(flops) then
     error(string.format("peak: measuring the CPU's %s GEMM rate gave %s", kind, tostring(flops)), 0)
+  end
+  local threads = o.threads or M.cpu_threads()
+  if cores and cores < LOADED_SHARE * threads then -- other processes held the cores: not this machine's peak
+    return flops, string.format("measured now under load, not cached: the GEMM's %d threads had %.2f cores; " ..
+      "calibrate on a quiet machine with nvlua -e 'require\"nvlua.peak\".calibrate()'", threads, cores)
   end
   if o.keep == false then
     return flops, "measured now, not cached: other ranks of this job share the machine; calibrate it alone with " ..
