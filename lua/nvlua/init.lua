@@ -355,7 +355,8 @@ Math        + - * / ^ with broadcasting and scalars; t:exp() log sqrt abs neg po
             t:eq(x) ne lt le gt ge (u8 masks)
             a:matmul(b) (2-D and batched)   a:allclose(b, rtol, atol)   t:to("bf16")
 Quantize    q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true, seed=1}) (formats: %s;
-            their traits: nv.formats)  q:dequantize() q:codes() q:scale_bytes()
+            their traits: nv.formats)  q:dequantize() (x's domain; {domain="rotated"}: the RHT's)
+            q:codes() q:scale_bytes()
             q.amax q:t() nv.qmatmul(qa, qb) nv.rht(x) nv.AmaxHistory(1024)
             nv.quant.report(x, {"bf16", "e4m3", "mxfp8_e4m3", "nvfp4"})  nv.quant.show(q, {block=1})
 MoR         r = nv.mor.choose(x, {granularity="block", candidates={"nvfp4","e4m3"}}) -> r.choice r.errs
