@@ -350,10 +350,10 @@ Inspect     t:size() t:size(1) t:dim() t:numel() t:dtype() t:device() t:stride()
             t:totable() t:get(i,j) t:set(i,j,v) t:item() print(t)
 Views       t:view(2,-1) t:reshape(...) t:transpose(1,2) t:t() t:permute(2,1) t:narrow(1,2,3)
             t:select(1,2) t:expand(4,3) t:contiguous() t:clone() t:copy_(src)
-Math        + - * / ^ with broadcasting and scalars; t:exp() log sqrt abs neg pow maximum minimum
-            t:sum() t:sum(2) mean max min amax (t:max(2) -> values, indices)
-            t:eq(x) ne lt le gt ge (u8 masks)
-            a:matmul(b) (2-D and batched)   a:allclose(b, rtol, atol)   t:to("bf16")
+Math        + - * / ^ with broadcasting and scalars (bf16 + f32 -> f32); t:exp() log sqrt abs
+            neg pow maximum minimum t:sum() t:sum(2) mean max min amax (t:max(2) -> values, indices)
+            t:eq(x) ne lt le gt ge (u8 masks)   a:allclose(b, rtol, atol)   t:to("bf16")
+            a:matmul(b) (2-D and batched; one dtype: bf16 x f32 is an error, convert one)
 Quantize    q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true, seed=1}) (formats: %s;
             their traits: nv.formats)  q:dequantize() (x's domain; {domain="rotated"}: the RHT's)
             q:codes() q:scale_bytes()
