@@ -382,8 +382,9 @@ typedef struct nvl_backend {
   /* the row-wise (C = 1) and column-wise (B = 1) quantizations of one 2-D x from one read; NULL:
    * two quantize calls */
   nvl_status (*quantize_pair)(nvl_kctx *ctx, const nvl_qdesc *row, const nvl_qdesc *col);
-  /* y (rows, K) = the RHT of every 16-chunk of x (rows, K); y may alias x */
-  nvl_status (*rht)(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs);
+  /* y (rows, K) = the RHT of every 16-chunk of x (rows, K), x R (NUMERICS §5); inverse: x R^T (the
+   * butterflies and * 0.25 first, the signs after: what dequantize undoes). y may alias x */
+  nvl_status (*rht)(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs, int inverse);
   /* Scales assembled from pieces rather than written by quantize (the quantized all-gather, a
    * transposed 16x16 copy): swz (nvl_swizzled_bytes(rows, nb)) = the row-major block scales
    * (rows, nb) in the 128x4 swizzled layout, padding zeroed, as quantize writes it beside them.

@@ -47,12 +47,28 @@ nvl_status nvl_binary(nvl_tensor *out, nvl_binary_op op, const nvl_tensor *a, co
   const nvl_backend *be;
   NVL_PICK(be, a, binary, name);
   nvl_tensor r = nvl_tensor_null(), ea = nvl_tensor_null(), eb = nvl_tensor_null();
-  nvl_status st = nvl_tensor_empty(&r, dt, a->device, ndim, shape);
+  nvl_tensor wa = nvl_tensor_null(), wb = nvl_tensor_null();
+  nvl_status st = NVL_OK;
+  /* bf16 with f32 (PyTorch's promotion, README "Tensors"): the bf16 operand widened first (exact), so
+   * every backend runs the f32 op on one dtype; the same bits as an f32 op on the widened values */
+  if (a->dtype != b->dtype && nvl_dtypes[a->dtype].is_float && nvl_dtypes[b->dtype].is_float) {
+    nvl_dtype wide = nvl_dtype_promote(a->dtype, b->dtype);
+    if (a->dtype != wide) {
+      st = nvl_tensor_clone_to(&wa, a, wide, a->device);
+      a = &wa;
+    } else {
+      st = nvl_tensor_clone_to(&wb, b, wide, b->device);
+      b = &wb;
+    }
+  }
+  if (st == NVL_OK) st = nvl_tensor_empty(&r, dt, a->device, ndim, shape);
   if (st == NVL_OK) st = nvl_tensor_expand(&ea, a, ndim, shape);
   if (st == NVL_OK) st = nvl_tensor_expand(&eb, b, ndim, shape);
   if (st == NVL_OK) st = NVL_CALL(be, a, binary, op, &r, &ea, &eb);
   nvl_tensor_release(&ea);
   nvl_tensor_release(&eb);
+  nvl_tensor_release(&wa);
+  nvl_tensor_release(&wb);
   if (st != NVL_OK) {
     nvl_tensor_release(&r);
     return st;
@@ -191,6 +207,13 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   if (!nvl_dtypes[a->dtype].is_float || !nvl_dtypes[b->dtype].is_float)
     return nvl_error(NVL_EINVAL, "matmul: expects f32 or bf16 tensors, got a %s and b %s",
                      nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2));
+  /* PyTorch's rule: elementwise ops promote (bf16 + f32 -> f32), a product of two dtypes is an error
+   * rather than a silent f32 result (README "Tensors") */
+  if (a->dtype != b->dtype) {
+    const char *da = nvl_dtypes[a->dtype].name, *db = nvl_dtypes[b->dtype].name;
+    return nvl_error(NVL_EINVAL, "matmul: a is %s and b is %s; convert one (b:to('%s') or a:to('%s'))",
+                     nvl_tensor_desc(a, s1, sizeof s1), nvl_tensor_desc(b, s2, sizeof s2), da, db);
+  }
   int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
   if (b->shape[b->ndim - 2] != K)
     return nvl_error(NVL_EINVAL, "matmul: inner dims differ: a is %s, b is %s", nvl_tensor_desc(a, s1, sizeof s1),
@@ -207,7 +230,7 @@ nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b)
   if (nb + 2 > NVL_MAX_DIMS) return nvl_error(NVL_EINVAL, "matmul: too many dims");
   int64_t batches = 1; /* nvl_broadcast_shape checked that the product fits */
   for (int d = 0; d < nb; d++) batches *= shape[d];
-  nvl_dtype dt = nvl_dtype_promote(a->dtype, b->dtype);
+  nvl_dtype dt = a->dtype;
 
   int64_t sa[NVL_MAX_DIMS], sb[NVL_MAX_DIMS], so[NVL_MAX_DIMS];
   memcpy(sa, shape, sizeof(int64_t) * nb); memcpy(sb, shape, sizeof(int64_t) * nb); memcpy(so, shape, sizeof(int64_t) * nb);

@@ -32,8 +32,9 @@ nvl_status nvl_reduce_all(nvl_scalar *result, nvl_reduce_op op, const nvl_tensor
  * receives 0-based i64 positions of the first extreme value. */
 nvl_status nvl_reduce_dim(nvl_tensor *out, nvl_tensor *idx, nvl_reduce_op op, const nvl_tensor *a, int dim, int keepdim);
 
-/* out = a @ b. 2-D [M,K]x[K,N]; batched [...,M,K]x[...,K,N] with broadcast batch dims; f32
- * (OpenBLAS sgemm) or bf16 (computed in fp32, rounded once). */
+/* out = a @ b. 2-D [M,K]x[K,N]; batched [...,M,K]x[...,K,N] with broadcast batch dims; a and b of
+ * one dtype, f32 (OpenBLAS sgemm) or bf16 (computed in fp32, rounded once): a mix is an error, not
+ * a promotion (elementwise ops promote). */
 nvl_status nvl_matmul(nvl_tensor *out, const nvl_tensor *a, const nvl_tensor *b);
 
 /* t += alpha * src in place (src broadcast to t's shape; t float). */

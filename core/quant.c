@@ -95,7 +95,7 @@ nvl_status nvl_rht(nvl_tensor *out, const nvl_tensor *x, int axis, const float *
   nvl_status st = nvl_tensor_permute(&p, x, perm);
   if (st == NVL_OK) st = nvl_tensor_clone_to(&c, &p, NVL_F32, NVL_CPU);
   if (st == NVL_OK) st = nvl_tensor_view(&b, &c, 2, shape2); /* (rows, K) f32 */
-  if (st == NVL_OK) st = NVL_CALL(be, &b, rht, nvl_tensor_data(&b), nvl_tensor_data(&b), rows, K, signs);
+  if (st == NVL_OK) st = NVL_CALL(be, &b, rht, nvl_tensor_data(&b), nvl_tensor_data(&b), rows, K, signs, 0);
   nvl_qtensor shape_of = nvl_qtensor_null();
   shape_of.ndim = x->ndim;
   memcpy(shape_of.shape, x->shape, sizeof x->shape);
@@ -507,33 +507,44 @@ static nvl_qview qview_of(const nvl_qtensor *q) {
   return v;
 }
 
-nvl_status nvl_dequantize(nvl_tensor *out, const nvl_qtensor *q) {
-  if (!q->data.storage) return nvl_error(NVL_ESTATE, "dequantize: quantized tensor has been freed");
-  NVL_ON_HOST(nvl_dequantize, out, q);
-  const nvl_backend *be;
+/* b (rows, K) f32 on dev = q decoded by its backend; an RHT operand's values moved back to x's domain
+ * (x R^T, NUMERICS §5, by the backend's inverse rht in place) unless rotated. */
+static nvl_status decode_blocked(nvl_tensor *b, const nvl_qtensor *q, nvl_device dev, int rotated) {
+  const nvl_backend *be, *bt = NULL;
   NVL_PICK(be, &q->data, formats[q->format].dequantize, "dequantize");
+  if (q->rht && !rotated) NVL_PICK_DEV(bt, dev, rht, "dequantize (the inverse RHT)");
   int64_t shape2[2] = {q->rows, q->K};
-  nvl_tensor b = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&b, NVL_F32, NVL_CPU, 2, shape2));
+  NVL_TRY(nvl_tensor_empty(b, NVL_F32, dev, 2, shape2));
   nvl_qview v = qview_of(q);
-  nvl_status st = NVL_CALL(be, &b, formats[q->format].dequantize, nvl_tensor_data(&b), &v, 0, q->rows, 0);
-  if (st == NVL_OK) st = from_blocked(out, &b, q, q->K);
+  nvl_status st = NVL_CALL(be, b, formats[q->format].dequantize, nvl_tensor_data(b), &v, 0, q->rows, 0);
+  if (st == NVL_OK && bt) st = NVL_CALL(bt, b, rht, nvl_tensor_data(b), nvl_tensor_data(b), q->rows, q->K, q->signs, 1);
+  if (st != NVL_OK) nvl_tensor_release(b);
+  return st;
+}
+
+nvl_status nvl_dequantize(nvl_tensor *out, const nvl_qtensor *q, int rotated) {
+  if (!q->data.storage) return nvl_error(NVL_ESTATE, "dequantize: quantized tensor has been freed");
+  if (q->data.device != NVL_CPU) { /* decoded from a host copy */
+    nvl_qtensor h = nvl_qtensor_null();
+    NVL_TRY(nvl_qtensor_host(&h, q));
+    nvl_status st = nvl_dequantize(out, &h, rotated);
+    nvl_qtensor_release(&h);
+    return st;
+  }
+  nvl_tensor b = nvl_tensor_null();
+  NVL_TRY(decode_blocked(&b, q, NVL_CPU, rotated));
+  nvl_status st = from_blocked(out, &b, q, q->K);
   nvl_tensor_release(&b);
   return st;
 }
 
-nvl_status nvl_dequantize_on_device(nvl_tensor *out, nvl_qtensor *q) {
+nvl_status nvl_dequantize_on_device(nvl_tensor *out, nvl_qtensor *q, int rotated) {
   if (!q->data.storage) return nvl_error(NVL_ESTATE, "dequantize: quantized tensor has been freed");
-  if (q->data.device == NVL_CPU) return nvl_dequantize(out, q);
+  if (q->data.device == NVL_CPU) return nvl_dequantize(out, q, rotated);
   NVL_TRY(nvl_qtensor_resolve_amax(q)); /* the global factor, on the host */
-  const nvl_backend *be;
-  NVL_PICK(be, &q->data, formats[q->format].dequantize, "dequantize");
-  int64_t shape2[2] = {q->rows, q->K};
   nvl_tensor b = nvl_tensor_null();
-  NVL_TRY(nvl_tensor_empty(&b, NVL_F32, q->data.device, 2, shape2));
-  nvl_qview v = qview_of(q);
-  nvl_status st = NVL_CALL(be, &b, formats[q->format].dequantize, nvl_tensor_data(&b), &v, 0, q->rows, 0);
-  if (st == NVL_OK) st = from_blocked_on(out, &b, q, q->K, q->data.device);
+  NVL_TRY(decode_blocked(&b, q, q->data.device, rotated));
+  nvl_status st = from_blocked_on(out, &b, q, q->K, q->data.device);
   nvl_tensor_release(&b);
   return st;
 }

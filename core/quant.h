@@ -96,11 +96,13 @@ nvl_status nvl_qtensor_host(nvl_qtensor *h, const nvl_qtensor *q);
 nvl_status nvl_qtensor_resolve_amax(nvl_qtensor *q);
 /* Release codes and scales. */
 void nvl_qtensor_release(nvl_qtensor *q);
-/* out (f32, logical shape) = the decoded values (in the RHT domain if q.rht). */
-nvl_status nvl_dequantize(nvl_tensor *out, const nvl_qtensor *q);
+/* out (f32, logical shape) = the decoded values. An RHT operand's are moved back to x's domain (the
+ * inverse transform in fp32, NUMERICS §5) unless rotated: then they are the values as stored, in the
+ * RHT domain the GEMMs read. Without the RHT, rotated changes nothing. */
+nvl_status nvl_dequantize(nvl_tensor *out, const nvl_qtensor *q, int rotated);
 /* out (f32, logical shape, on q's device) = the decoded values, bit for bit nvl_dequantize's; a device
  * q decodes there (its pending amax is read back first: one host synchronisation). */
-nvl_status nvl_dequantize_on_device(nvl_tensor *out, nvl_qtensor *q);
+nvl_status nvl_dequantize_on_device(nvl_tensor *out, nvl_qtensor *q, int rotated);
 /* out (u8, logical shape) = element codes, unpacked; f32/bf16: unsupported. */
 nvl_status nvl_qtensor_codes(nvl_tensor *out, const nvl_qtensor *q);
 /* out (u8) = block-scale bytes, logical shape with axis divided by the block size. */

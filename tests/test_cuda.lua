@@ -1,7 +1,7 @@
 -- test_cuda.lua: the CUDA backend's device layer seen from Lua — availability, host<->device
 -- copies, the elementwise f32 kernel (add/sub/mul/div, bit-exact against the CPU), unaligned
 -- views (the kernel's scalar path), and device memory accounting.
--- Not here: GEMMs, quantization on the GPU. Every case but the first needs a GPU and skips
+-- Not here: GEMMs (but matmul's dtype rule), quantization on the GPU. Every case but the first needs a GPU and skips
 -- without one.
 local T = require "nvlua.test"
 local nv = require "nvlua"
@@ -139,6 +139,24 @@ T.case("bf16 add/sub and add_ on cuda equal the CPU bit for bit (8-wide and scal
       T.eq(r:cpu():bytes(), (a:narrow(1, 2, n) + b:narrow(1, 1, n)):bytes(), what .. ": unaligned views")
     end
   end
+end)
+
+T.case("mixed dtypes on cuda: bf16 op f32 -> f32 as on the CPU; matmul of two dtypes raises (one rule, core/ops.c)", function()
+  need_gpu()
+  nv.manual_seed(44)
+  local a, b = (nv.randn(37) * 10):to("bf16"), nv.randn(37)
+  for _, name in ipairs(OP_NAMES) do
+    for _, pair in ipairs({ { a, b }, { b, a } }) do
+      local x, y = pair[1], pair[2]
+      local r = OPS[name](x:cuda(), y:cuda())
+      T.eq(r:dtype(), "f32", name .. ": " .. x:dtype() .. " op " .. y:dtype() .. " -> f32")
+      check_equal(r:cpu():totable(), OPS[name](x, y):totable(), name .. " mixed, the CPU's bits")
+    end
+  end
+  local ma, mb = nv.randn(4, 8):to("bf16"):cuda(), nv.randn(8, 3):cuda()
+  local e = T.raises(function() return ma:matmul(mb) end, "matmul")
+  T.ok(e:find("bf16", 1, true) and e:find("f32", 1, true) and e:find("convert one", 1, true), "names both dtypes: " .. e)
+  T.eq(ma:matmul(mb:to("bf16")):dtype(), "bf16", "one dtype: runs")
 end)
 
 T.case("ops on views with odd offsets (narrowed on the CPU, then copied)", function()

@@ -379,6 +379,40 @@ T.case("quantize errors on cuda: block lengths, layouts, options", function()
   x:free(); y:free(); q:free()
 end)
 
+T.case("dequantize of RHT operands on cuda: on the device (kernels/cuda rht) and on the host, both domains, = the CPU's bits", function()
+  need_gpu()
+  -- the inverse transform runs where the values are: the CUDA table's rht entry for on_device, the
+  -- CPU's for a device q decoded on the host; the same butterflies in the same order (common.cuh
+  -- rht16, NUMERICS §5), so every path gives the CPU's bits
+  local cases = {
+    { { 130, 96 }, { "nvfp4", rht = true } }, { { 64, 96 }, { "nvfp4", rht = true, sr = true, seed = 9, offset = 2 }, 1 },
+    { { 3, 64, 5 }, { "mxfp8_e4m3", rht = true }, 2 }, { { 48, 160 }, { "e5m2", rht = true } },
+    { { 2, 5, 64 }, { "bf16", rht = true } }, { { 16, 32 }, { "nvfp4", block = "2d" } },
+  }
+  for i, c in ipairs(cases) do
+    local x = make_input(c[1], 700 + i, "f32")
+    local o = opts_of(c[2])
+    o.axis = c[3]
+    local qc, q = core.quantize(x, c[2][1], o), core.quantize(x:cuda(), c[2][1], o)
+    local what = label(c[2]) .. " " .. table.concat(c[1], "x")
+    for _, domain in ipairs({ "original", "rotated" }) do
+      local want = qc:dequantize({ domain = domain })
+      poisoned(function(byte)
+        local dd = q:dequantize({ on_device = true, domain = domain })
+        T.eq(dd:device(), "cuda", what .. ": on the device")
+        same_bytes(dd:cpu(), want, string.format("%s %s on the device (poison 0x%02x)", what, domain, byte))
+        dd:free()
+      end)
+      same_bytes(q:dequantize({ domain = domain }), want, what .. " " .. domain .. " on the host")
+    end
+    if qc.rht then -- x's domain is x's values within the format's error; the rotated values are not
+      local d, r = qc:dequantize(), qc:dequantize({ domain = "rotated" })
+      T.ok((d - x):abs():sum() < 0.5 * (r - x):abs():sum(), what .. ": dequantize() is nearer x than the rotated values")
+    end
+    qc:free(); q:free()
+  end
+end)
+
 -- ---- GEMMs --------------------------------------------------------------------------------------
 
 local U32 = 2.0 ^ -24
@@ -405,7 +439,8 @@ local function check_gemm(got, want, absprod, rel, out_bf16, what)
   T.ok(excess <= 0, string.format("%s: error exceeds the bound by %g", what, excess))
 end
 
-local function deq_abs(q) return q:dequantize():abs() end
+-- |the values a GEMM multiplies|: an RHT operand's as stored, in the rotated domain
+local function deq_abs(q) return q:dequantize({ domain = "rotated" }):abs() end
 
 -- {fmt_a, fmt_b, opts, rel}
 local GEMMS = {

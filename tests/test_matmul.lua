@@ -209,22 +209,44 @@ T.case("bf16 operands: the fp32 product rounded once to bf16", function()
   T.eq(a:matmul(b)[1][1], 260)
   -- a tie rounds to even: 257 -> 256
   T.eq(nv.tensor({{1, 1}}, "bf16"):matmul(nv.tensor({{256}, {1}}, "bf16"))[1][1], 256)
-  -- mixed bf16 x f32 promotes to f32
-  local m = nv.randn(3, 5):to("bf16"):matmul(nv.randn(5, 2))
-  T.eq(m:dtype(), "f32", "bf16 x f32 gives f32")
 end)
 
-T.case("mixed and bf16 batched operands", function()
+T.case("bf16 batched operands, broadcast batch dims: each batch the fp32 product rounded once", function()
   nv.manual_seed(105)
   local M, K, N = 3, 10, 4
   local a = nv.randn(2, 1, M, K):to("bf16")
-  local b = nv.randn(3, K, N)
+  local b = nv.randn(3, K, N):to("bf16")
   local r = a:matmul(b)
-  T.eq(r:dtype(), "f32")
+  T.eq(r:dtype(), "bf16")
   T.eq(r:size(), {2, 3, M, N})
-  local at, bt, rt = a:totable(), b:totable(), r:totable()
-  for i = 1, 2 do
-    for j = 1, 3 do check(rt[i][j], at[i][1], bt[j], M, K, N, string.format("bf16 x f32 batch (%d,%d)", i, j)) end
+  T.eq(r:totable(), a:to("f32"):matmul(b:to("f32")):to("bf16"):totable(), "= bf16(fp32 matmul of the widened values)")
+end)
+
+T.case("mixed dtypes: matmul raises naming both (PyTorch's rule); elementwise ops promote to f32", function()
+  -- one rule, stated in README "Tensors": a product of bf16 and f32 would have to pick a result
+  -- dtype silently, so it is refused; elementwise ops promote as PyTorch's do
+  nv.manual_seed(106)
+  local a, b = nv.randn(4, 8):to("bf16"), nv.randn(8, 3)
+  local e = T.raises(function() return a:matmul(b) end, "matmul")
+  T.ok(e:find("[4,8] bf16", 1, true) and e:find("[8,3] f32", 1, true), "names both operands and dtypes: " .. e)
+  T.ok(e:find("b:to('bf16')", 1, true) and e:find("a:to('f32')", 1, true), "says how to convert: " .. e)
+  e = T.raises(function() return nv.matmul(b:t(), a:t()) end, "matmul")
+  T.ok(e:find("a is [3,8] f32", 1, true) and e:find("b is [8,4] bf16", 1, true), "f32 x bf16 too: " .. e)
+  T.raises(function() return nv.randn(2, 4, 8):matmul(nv.randn(2, 8, 3):to("bf16")) end, "convert one")
+  -- converting either way is what the message offers; both give the widened f32 product
+  local want = a:to("f32"):matmul(b)
+  T.eq(want:dtype(), "f32")
+  T.eq(a:matmul(b:to("bf16")):dtype(), "bf16", "bf16 x bf16 stays bf16")
+  -- elementwise: bf16 op f32 -> f32, the bf16 operand widened exactly (every bf16 value is an f32)
+  local x, y = nv.randn(4, 8):to("bf16"), nv.randn(4, 8)
+  for _, op in ipairs({"add", "sub", "mul", "div"}) do
+    local f = ({add = function(p, q) return p + q end, sub = function(p, q) return p - q end,
+      mul = function(p, q) return p * q end, div = function(p, q) return p / q end})[op]
+    local r1, r2 = f(x, y), f(y, x)
+    T.eq(r1:dtype(), "f32", op .. ": bf16 op f32 -> f32")
+    T.eq(r2:dtype(), "f32", op .. ": f32 op bf16 -> f32")
+    T.eq(r1:totable(), f(x:to("f32"), y):totable(), op .. ": the f32 op of the widened values")
+    T.eq(r2:totable(), f(y, x:to("f32")):totable(), op .. ": the f32 op of the widened values (swapped)")
   end
 end)
 

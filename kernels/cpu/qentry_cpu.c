@@ -393,6 +393,7 @@ nvl_status nvl_qgemm_cpu(nvl_kctx *ctx, const nvl_gemm_desc *g) {
   return qgemm_into(ctx, NULL, g->out, N, g->a, g->b, 0); /* the f32 product rounded once to bf16 */
 }
 
-nvl_status nvl_rht_cpu(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs) {
-  return nvl_rht16_rows_cpu(y, x, rows, K, signs);
+nvl_status nvl_rht_cpu(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs,
+                       int inverse) {
+  return inverse ? nvl_rht16_rows_inverse_cpu(y, x, rows, K, signs) : nvl_rht16_rows_cpu(y, x, rows, K, signs);
 }

@@ -711,6 +711,19 @@ NVL_WORKER void rht_range(float *y, const float *x, const float *s, int64_t c0, 
   }
 }
 
+/* The inverse on 16-chunks [c0, c1): stages h = 1, 2, 4, 8, * 0.25, then the signs (x R^T). */
+NVL_WORKER void rht_inverse_range(float *y, const float *x, const float *s, int64_t c0, int64_t c1) {
+  for (int64_t c = c0; c < c1; c++) {
+    float t[16];
+    memcpy(t, x + 16 * c, sizeof t);
+    rht_stage(t, 1);
+    rht_stage(t, 2);
+    rht_stage(t, 4);
+    rht_stage(t, 8);
+    for (int i = 0; i < 16; i++) y[16 * c + i] = s[i] * (t[i] * 0.25f);
+  }
+}
+
 /* rht_range on bf16 x, each output rounded to bf16 (RNE, NaN quieted) and kept in f32: the
  * widening, the transform and the rounding of NUMERICS §5 in one pass */
 NVL_WORKER void rht_range_bf16(float *y, const uint16_t *x, const float *s, int64_t c0, int64_t c1) {
@@ -728,7 +741,8 @@ NVL_WORKER void rht_range_bf16(float *y, const uint16_t *x, const float *s, int6
   }
 }
 
-static nvl_status rht_rows(float *y, const float *x, const uint16_t *xb, int64_t rows, int64_t K, const float *signs) {
+static nvl_status rht_rows(float *y, const float *x, const uint16_t *xb, int64_t rows, int64_t K, const float *signs,
+                           int inverse) {
   if (rows < 0 || K < 0 || K % 16)
     return nvl_error(NVL_EINVAL, "rht16_rows_cpu: K = %lld is not a multiple of 16 (rows %lld)", (long long)K,
                      (long long)rows);
@@ -738,16 +752,22 @@ static nvl_status rht_rows(float *y, const float *x, const uint16_t *xb, int64_t
   int64_t nitems = (nchunk + per - 1) / per;
 #pragma omp parallel for schedule(static) if (n > NVL_QUANT_OMP_MIN)
   for (int64_t it = 0; it < nitems; it++) {
-    if (xb) rht_range_bf16(y, xb, s, it * per, min64(nchunk, it * per + per));
-    else rht_range(y, x, s, it * per, min64(nchunk, it * per + per));
+    int64_t c0 = it * per, c1 = min64(nchunk, it * per + per);
+    if (xb) rht_range_bf16(y, xb, s, c0, c1);
+    else if (inverse) rht_inverse_range(y, x, s, c0, c1);
+    else rht_range(y, x, s, c0, c1);
   }
   return NVL_OK;
 }
 
 nvl_status nvl_rht16_rows_cpu(float *y, const float *x, int64_t rows, int64_t K, const float *signs) {
-  return rht_rows(y, x, NULL, rows, K, signs);
+  return rht_rows(y, x, NULL, rows, K, signs, 0);
 }
 
 nvl_status nvl_rht16_rows_bf16_cpu(float *y, const uint16_t *x, int64_t rows, int64_t K, const float *signs) {
-  return rht_rows(y, NULL, x, rows, K, signs);
+  return rht_rows(y, NULL, x, rows, K, signs, 0);
+}
+
+nvl_status nvl_rht16_rows_inverse_cpu(float *y, const float *x, int64_t rows, int64_t K, const float *signs) {
+  return rht_rows(y, x, NULL, rows, K, signs, 1);
 }

@@ -34,6 +34,8 @@ nvl_status nvl_rht16_rows_cpu(float *y, const float *x, int64_t rows, int64_t K,
 /* The same on bf16 x, each output rounded to bf16 (kept as f32): NUMERICS §5's bf16 operand, the
  * same bits as widening, nvl_rht16_rows_cpu and rounding. */
 nvl_status nvl_rht16_rows_bf16_cpu(float *y, const uint16_t *x, int64_t rows, int64_t K, const float *signs);
+/* The inverse on every 16-chunk (nvl_rht16_inverse_ref's order: butterflies, * 0.25, signs); y may alias x. */
+nvl_status nvl_rht16_rows_inverse_cpu(float *y, const float *x, int64_t rows, int64_t K, const float *signs);
 
 #ifdef __cplusplus
 }

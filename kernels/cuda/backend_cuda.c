@@ -153,6 +153,7 @@ const nvl_backend nvl_backend_cuda = {
   },
   .swizzled_scales = 1,
   .quantize_pair = nvl_cuda_quantize_pair,
+  .rht = nvl_cuda_rht,
   .swizzle_scales = nvl_cuda_swizzle_scales,
   .transpose_tiles = nvl_cuda_transpose_tiles,
 

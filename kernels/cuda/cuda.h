@@ -99,7 +99,9 @@ nvl_status nvl_cuda_quantize(nvl_kctx *ctx, const nvl_qdesc *d);
  * two launches; bit for bit what two nvl_cuda_quantize calls give. */
 nvl_status nvl_cuda_quantize_pair(nvl_kctx *ctx, const nvl_qdesc *row, const nvl_qdesc *col);
 
-/* The swizzle_scales and transpose_tiles entries (core/backend.h), queued on stream 0. */
+/* The rht, swizzle_scales and transpose_tiles entries (core/backend.h), queued on stream 0. */
+nvl_status nvl_cuda_rht(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs,
+                        int inverse);
 nvl_status nvl_cuda_swizzle_scales(nvl_kctx *ctx, uint8_t *swz, const uint8_t *scales, int64_t rows, int64_t nb);
 nvl_status nvl_cuda_transpose_tiles(nvl_kctx *ctx, uint8_t *codes_t, uint8_t *scales_t, const uint8_t *codes,
                                     const uint8_t *scales, int64_t R, int64_t K);

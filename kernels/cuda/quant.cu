@@ -920,6 +920,51 @@ extern "C" nvl_status nvl_cuda_quantize_pair(nvl_kctx *ctx, const nvl_qdesc *row
   return quantize_pair(ctx, &dr, &dc, row->amax_out, col->amax_out);
 }
 
+/* ---- the standalone RHT --------------------------------------------------------------------- *
+ * The rht entry (core/backend.h): common.cuh's rht16 on every 16-chunk of an f32 (rows, K), or its
+ * inverse (rht16 with unit signs, then the signs: x R^T), the CPU's arithmetic bit for bit; what
+ * dequantize uses to move an RHT operand's values back on the device (core/quant.c). */
+
+namespace {
+
+struct Signs16 {
+  float s[16];
+};
+
+/* One thread per 16-chunk; y may alias x (each chunk is read whole before it is written). */
+__global__ void __launch_bounds__(256) rht_kernel(float *y, const float *x, int64_t chunks, Signs16 s, int inverse) {
+  const float ones[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride) {
+    float t[16];
+NVL_UNROLL
+    for (int i = 0; i < 16; i++) t[i] = x[16 * c + i];
+    rht16(t, inverse ? ones : s.s);
+NVL_UNROLL
+    for (int i = 0; i < 16; i++) y[16 * c + i] = inverse ? f_mul(s.s[i], t[i]) : t[i];
+  }
+}
+
+} /* namespace */
+
+extern "C" nvl_status nvl_cuda_rht(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K,
+                                   const float *signs, int inverse) {
+  const int dev = ctx->dev;
+  if (rows < 0 || K < 0 || K % 16)
+    return nvl_error(NVL_EINVAL, "%s: K = %lld is not a multiple of 16 (rows %lld)", __func__, (long long)K,
+                     (long long)rows);
+  const int64_t chunks = rows * K / 16;
+  if (chunks == 0) return NVL_OK;
+  Signs16 s;
+  memcpy(s.s, signs ? signs : nvl_rht16_default_signs, sizeof s.s);
+  NVL_TRY(nvl_cuda_use_device(dev, __func__));
+  NVL_LAUNCH(nvl_cuda_grid(chunks, 256, dev), 256, 0, 0, rht_kernel)(y, x, chunks, s, inverse);
+  char what[96];
+  snprintf(what, sizeof what, "rht_kernel (rows=%lld, K=%lld%s)", (long long)rows, (long long)K,
+           inverse ? ", inverse" : "");
+  return nvl_cuda_check_launch(dev, __func__, what);
+}
+
 /* ---- scales assembled from pieces, and the transposed 16x16 copy ------------------------------ *
  * The swizzle_scales and transpose_tiles entries (core/backend.h): the quantized all-gather
  * (core/qgather.c) gathers row-major scales and swizzles them after; q:t() of a device nvfp4 16x16

@@ -324,25 +324,36 @@ static int l_qgather_align(lua_State *L) {
   return 1;
 }
 
-/* q:dequantize([{on_device = false}]) -> f32 tensor: on the CPU, or with on_device on q's device */
+/* q:dequantize([{on_device = false, domain = "original"}]) -> f32 tensor: on the CPU, or with on_device on
+ * q's device; an RHT operand's values in x's domain, or with domain = "rotated" as stored (the RHT
+ * domain the GEMMs read; the same values for a q without the RHT) */
 static int q_dequantize(lua_State *L) {
   nvl_qtensor *q = check_q(L, 1);
-  int on_device = 0;
+  int on_device = 0, rotated = 0;
   if (!lua_isnoneornil(L, 2)) {
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_pushnil(L);
     while (lua_next(L, 2)) {
       lua_pop(L, 1);
-      if (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "on_device") != 0)
-        return luaL_error(L, "dequantize: unknown option '%s' (valid: on_device)", luaL_tolstring(L, -1, NULL));
+      const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+      if (!k || (strcmp(k, "on_device") != 0 && strcmp(k, "domain") != 0))
+        return luaL_error(L, "dequantize: unknown option '%s' (valid: on_device, domain)", luaL_tolstring(L, -1, NULL));
     }
     lua_getfield(L, 2, "on_device");
     if (!lua_isnil(L, -1) && !lua_isboolean(L, -1)) return luaL_error(L, "dequantize: on_device must be true or false");
     on_device = lua_toboolean(L, -1);
     lua_pop(L, 1);
+    if (lua_getfield(L, 2, "domain") != LUA_TNIL) {
+      const char *d = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+      if (d && strcmp(d, "rotated") == 0) rotated = 1;
+      else if (!d || strcmp(d, "original") != 0)
+        return luaL_error(L, "dequantize: domain must be \"original\" (x's values) or \"rotated\" (the RHT domain), "
+                          "got %s", luaL_tolstring(L, -1, NULL));
+    }
+    lua_pop(L, 1);
   }
   nvl_tensor *r = nvl_lua_push_tensor(L);
-  CHECK(L, on_device ? nvl_dequantize_on_device(r, q) : nvl_dequantize(r, q));
+  CHECK(L, on_device ? nvl_dequantize_on_device(r, q, rotated) : nvl_dequantize(r, q, rotated));
   return 1;
 }
 

@@ -22,7 +22,8 @@ help(x) documents a function, module, class or value: help(nv.quantize)  help(nv
 Tensors     nv.zeros(2,3) nv.ones nv.full nv.arange nv.rand nv.randn nv.tensor{{1,2}}; t:matmul(u) t:view()
             t:free(), nv.scope(fn) (frees what fn made)   help(nv.Tensor) help(nv.scope)
 Types       dtypes %s;  formats %s
-Formats     q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true})  q:dequantize()  nv.qmatmul(qa, qb)
+Formats     q = nv.quantize(x, "nvfp4", {block="2d", rht=true, sr=true})  nv.qmatmul(qa, qb)
+            q:dequantize() (x's domain; {domain="rotated"}: the values an RHT operand's GEMM multiplies)
             nv.formats.nvfp4 (a format's traits)  nv.quant.report(x, {...})   help(nv.quantize) help(nv.quant)
 Recipes     nv.recipe.nvfp4{} mxfp8 fp8_cs bf16 ...: a format per layer and GEMM   help(nv.recipe)
             per layer, your own: nv.recipe.custom(function(ctx) ... end)   help(nv.recipe.custom)
@@ -57,10 +58,10 @@ Inspect     t:size() t:size(1) t:dim() t:numel() t:dtype() t:device() t:stride()
             t:totable() t:get(i,j) t:set(i,j,v) t:item() print(t)
 Views       t:view(2,-1) t:reshape(...) t:transpose(1,2) t:t() t:permute(2,1) t:narrow(1,2,3)
             t:select(1,2) t:expand(4,3) t:contiguous() t:clone() t:copy_(src)
-Math        + - * / ^ with broadcasting and scalars; t:exp() log sqrt abs neg pow maximum minimum
-            t:sum() t:sum(2) mean max min amax (t:max(2) -> values, indices)
-            t:eq(x) ne lt le gt ge (u8 masks)
-            a:matmul(b) (2-D and batched)   a:allclose(b, rtol, atol)   t:to("bf16")
+Math        + - * / ^ with broadcasting and scalars (bf16 + f32 -> f32); t:exp() log sqrt abs neg pow
+            maximum minimum t:sum() t:sum(2) mean max min amax (t:max(2) -> values, indices)
+            t:eq(x) ne lt le gt ge (u8 masks)   a:allclose(b, rtol, atol)   t:to("bf16")
+            a:matmul(b) (2-D and batched; one dtype: bf16 x f32 is an error, convert one)
 Memory      t:free()   local t <close> = nv.zeros(n)   nv.scope(fn)  nv.keep(t)  nv.unscope(t)
 Devices     t:cuda() t:cpu()
 ]]

@@ -219,7 +219,7 @@ QT.__name = "nvlua.QTensor"
 QT.__tostring = function(q)
   if q:is_freed() then return "[nvlua.QTensor (freed)]" end
   local extra = {}
-  if q.rht then extra[#extra + 1] = "rht" end
+  if q.rht then extra[#extra + 1] = "rht (codes in the rotated domain; dequantize() returns x's domain)" end
   if q.sr then extra[#extra + 1] = string.format("sr seed=%d offset=%d", q.seed, q.offset) end
   if q.scale_rule then extra[#extra + 1] = q.scale_rule end
   local lay = q:layout()
@@ -294,8 +294,8 @@ end
 -- For each format: bits per element including scales, relative RMS error, SQNR (dB), max abs
 -- error, % saturated (clipped at the largest code), % of non-zeros flushed to zero, and a text
 -- histogram of the block-scale exponents (block formats) or of the codes' magnitudes.
--- With rht, errors are measured in the transformed domain (the RHT is orthonormal, so RMS
--- error and SQNR are the same as in the original domain; max abs error is not).
+-- With rht the errors are those of q:dequantize(), the transform undone, against x itself; the
+-- saturated and flushed shares count codes, so they are taken in the RHT domain the codes hold.
 function M.report(x, fmts, opts)
   opts = opts or {}
   if getmetatable(x) ~= core.Tensor then error("report: x must be a tensor", 2) end
@@ -304,28 +304,33 @@ function M.report(x, fmts, opts)
   local rows = {}
   local x32 = x:to("f32")
   local n = x32:numel()
-  local nonzero = x32:ne(0):sum()
   local energy = (x32 * x32):sum()
   for _, s in ipairs(fmts) do
     local fmt, qo, label = spec_of(s)
     local ft = formats.get(fmt, "report")
     local q = M.quantize(x32, fmt, qo)
-    local ref = qo.rht and M.rht(x32, {axis = qo.axis, signs = type(qo.rht) == "table" and qo.rht or nil}) or x32
-    local xh = q:dequantize()
-    local err = xh - ref
+    local xh = q:dequantize() -- x's domain
+    local err = xh - x32
     local se = (err * err):sum()
     local r = {format = label, bits = 8 * q:nbytes() / n}
     r.rel_rms = energy > 0 and math.sqrt(se / energy) or 0
     r.sqnr_db = se > 0 and 10 * math.log(energy / se, 10) or math.huge
     r.max_abs = err:abs():max()
-    r.flushed = nonzero > 0 and 100 * (ref:ne(0) * xh:eq(0)):sum() / nonzero or 0
+    -- the codes' domain: the input and values the quantizer saw
+    local ref, xc = x32, xh
+    if q.rht then
+      ref = M.rht(x32, {axis = qo.axis, signs = type(qo.rht) == "table" and qo.rht or nil})
+      xc = q:dequantize({domain = "rotated"})
+    end
+    local nonzero = ref:ne(0):sum()
+    r.flushed = nonzero > 0 and 100 * (ref:ne(0) * xc:eq(0)):sum() / nonzero or 0
     r.saturated = 0
     local hist
     if ft.quantized then
       local codes = q:codes()
       local cl = ELEM_MAX_CODE[ft.elem]
       local at_max = codes:eq(cl[1]) + codes:eq(cl[2])
-      r.saturated = 100 * (at_max * ref:abs():gt(xh:abs())):sum() / n
+      r.saturated = 100 * (at_max * ref:abs():gt(xc:abs())):sum() / n
       if opts.histogram ~= false then
         if ft.block > 0 then
           local sb = q:scale_bytes()
@@ -356,6 +361,7 @@ function M.report(x, fmts, opts)
     end
     r.histogram = hist
     rows[#rows + 1] = r
+    if q.rht then ref:free(); xc:free() end
     q:free(); xh:free(); err:free()
   end
   out:write(string.format("x: %s, %d elements, amax %.4g, rms %.4g\n", table.concat(x:size(), "x"), n, x32:abs():max(),
@@ -412,7 +418,7 @@ function M.show(q, opts)
   if x == nil and source[q] and not source[q]:is_freed() then x = source[q] end -- it may have been freed (an nv.scope)
   local xin = x and (q.rht and M.rht(x, {axis = q:axis()}) or x)
   local xs = xin and blocked(xin:to("f32")) or nil
-  local dec = blocked(q:dequantize())
+  local dec = blocked(q:dequantize({domain = "rotated"})) -- the values the codes hold, beside the codes
   local codes = ft.quantized and blocked(q:codes()) or nil
   out:write(string.format("%s block %d of %d (row %d, elements %d..%d along dim %d), layout %s%s%s\n", fmt, b, nblocks,
     row + 1, col * bsize + 1, col * bsize + bsize, q:axis(), lay, q.rht and ", after the RHT" or "",

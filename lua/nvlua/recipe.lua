@@ -727,8 +727,8 @@ function Recipe:linear_forward(ctx, x, w, no_backward)
     local y, qw, qw_cached, qx_col
     if plain(g) then
       if self.hook and not M.replaying() then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = x2, b = w}) end
-      if self.act_dtype == "bf16" then y = wide(x2):matmul(w:transpose()):to("bf16")
-      else y = x2:matmul(w:transpose()) end
+      y = wide(x2):matmul(w:transpose()) -- x may be bf16, w is f32: matmul takes one dtype
+      if self.act_dtype == "bf16" then y = y:to("bf16") end
     else
       local qx
       local gw = not no_backward and self:gemm(ctx, "wgrad")
@@ -790,8 +790,8 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
       local d
       if plain(g) then
         if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "dgrad", gemm = g, a = dy2, b = w}) end
-        if self.act_dtype == "bf16" then d = wide(dy2):matmul(w):to("bf16")
-        else d = dy2:matmul(w) end
+        d = wide(dy2):matmul(w)
+        if self.act_dtype == "bf16" then d = d:to("bf16") end
       else
         local qdy = qdy_row or self:_quantize(g.a, dy2, 2, key_of(ctx, "dy", "dgrad"), true)
         local function weight_t()
@@ -818,8 +818,7 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
       core.scope(function()
         if plain(gw) then
           if self.hook then core.unscoped(self.hook, {ctx = ctx, role = "wgrad", gemm = gw, a = dy2, b = x}) end
-          if self.act_dtype == "bf16" then dw:add_(wide(dy2):transpose():matmul(wide(x)))
-          else dw:add_(dy2:transpose():matmul(x)) end
+          dw:add_(wide(dy2):transpose():matmul(wide(x)))
         else
           local qdy = qdy_col or self:_quantize(gw.a, dy2, 1, key_of(ctx, "dy", "wgrad"), true)
           local qx = qx_col or self:_quantize(gw.b, x, 1, key_of(ctx, "x", "wgrad"), true)

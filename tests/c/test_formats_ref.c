@@ -346,6 +346,19 @@ NVL_TEST(formats_rht_orthogonal) {
       for (int j = 0; j < 16; j++) x += (double)ta[16 * c + j] * R[i][j];
       CHECK(fabs(x - a[16 * c + i]) < 1e-6);
     }
+  /* nvl_rht16_inverse_ref is that x R^T: e_i R^T = column i of R, exactly (+-1/4 sums of one term);
+   * and it undoes the RHT within fp32 rounding (4 butterfly roundings each side) */
+  for (int i = 0; i < 16; i++) {
+    float e[16] = {0}, col[16];
+    e[i] = 1;
+    nvl_rht16_inverse_ref(col, e, NULL);
+    for (int j = 0; j < 16; j++) CHECK(col[j] == R[j][i]);
+  }
+  for (int c = 0; c < 4; c++) {
+    float back[16];
+    nvl_rht16_inverse_ref(back, ta + 16 * c, NULL);
+    for (int i = 0; i < 16; i++) CHECK(fabsf(back[i] - a[16 * c + i]) < 1e-6f);
+  }
   /* an explicit sign vector */
   float ones[16], e3[16] = {0}, y[16];
   for (int i = 0; i < 16; i++) ones[i] = 1;

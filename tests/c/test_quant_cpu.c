@@ -32,12 +32,13 @@ typedef struct {
   nvl_status (*fp8)(uint8_t *, float *, float *, const float *, int64_t, nvl_elem, const float *);
   nvl_status (*rht)(float *, const float *, int64_t, int64_t, const float *);
   nvl_status (*rht_bf16)(float *, const uint16_t *, int64_t, int64_t, const float *);
+  nvl_status (*rht_inverse)(float *, const float *, int64_t, int64_t, const float *);
   nvl_status (*nvfp4_bf16)(uint8_t *, uint8_t *, float *, const uint16_t *, int64_t, int64_t,
                            const nvl_quant_ref_opts *);
 } quant_impl;
 static const quant_impl library_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
                                         nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu,
-                                        nvl_nvfp4_quantize_bf16_cpu};
+                                        nvl_rht16_rows_inverse_cpu, nvl_nvfp4_quantize_bf16_cpu};
 static const quant_impl *impl = &library_impl;
 
 /* ---- inputs ---------------------------------------------------------------------------------- */
@@ -727,6 +728,13 @@ NVL_TEST(quant_cpu_rht) {
         CHECK(impl->rht_bf16(yf, xb, R, K, signs) == NVL_OK);
         CHECK(same_floats("rht", "rht of bf16", yf, yr, n));
         free(xb);
+        /* the inverse (dequantize's x R^T): the reference's order, out of place and in place */
+        for (int64_t i = 0; i < n; i += 16) nvl_rht16_inverse_ref(yr + i, x + i, signs);
+        CHECK(impl->rht_inverse(yf, x, R, K, signs) == NVL_OK);
+        CHECK(same_floats("rht", "inverse rht", yf, yr, n));
+        memcpy(yf, x, sizeof(float) * (size_t)n);
+        CHECK(impl->rht_inverse(yf, yf, R, K, signs) == NVL_OK);
+        CHECK(same_floats("rht", "inverse rht in place", yf, yr, n));
       }
       free(x); free(yr); free(yf);
     }
@@ -833,6 +841,7 @@ NVL_TEST(quant_cpu_rht_then_nvfp4) {
 #define nvl_fp8_quantize_tensor_cpu portable_fp8_quantize_tensor_cpu
 #define nvl_rht16_rows_cpu portable_rht16_rows_cpu
 #define nvl_rht16_rows_bf16_cpu portable_rht16_rows_bf16_cpu
+#define nvl_rht16_rows_inverse_cpu portable_rht16_rows_inverse_cpu
 #define nvl_nvfp4_quantize_bf16_cpu portable_nvfp4_quantize_bf16_cpu
 nvl_status nvl_nvfp4_quantize_cpu(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_quant_ref_opts *);
 nvl_status nvl_nvfp4_dequantize_cpu(float *, const uint8_t *, const uint8_t *, float, int64_t, int64_t);
@@ -841,12 +850,13 @@ nvl_status nvl_mx_quantize_cpu(uint8_t *, uint8_t *, const float *, int64_t, int
 nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *, float *, float *, const float *, int64_t, nvl_elem, const float *);
 nvl_status nvl_rht16_rows_cpu(float *, const float *, int64_t, int64_t, const float *);
 nvl_status nvl_rht16_rows_bf16_cpu(float *, const uint16_t *, int64_t, int64_t, const float *);
+nvl_status nvl_rht16_rows_inverse_cpu(float *, const float *, int64_t, int64_t, const float *);
 nvl_status nvl_nvfp4_quantize_bf16_cpu(uint8_t *, uint8_t *, float *, const uint16_t *, int64_t, int64_t,
                                        const nvl_quant_ref_opts *);
 #include "cpu/quant_cpu.c"
 static const quant_impl portable_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
                                          nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu,
-                                         nvl_nvfp4_quantize_bf16_cpu};
+                                         nvl_rht16_rows_inverse_cpu, nvl_nvfp4_quantize_bf16_cpu};
 
 NVL_TEST(quant_cpu_portable_build) {
   impl = &portable_impl;

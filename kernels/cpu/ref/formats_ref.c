@@ -189,6 +189,14 @@ void nvl_rht16_ref(float y[16], const float x[16], const float *signs) {
   for (int i = 0; i < 16; i++) y[i] = t[i] * 0.25f;
 }
 
+void nvl_rht16_inverse_ref(float y[16], const float x[16], const float *signs) {
+  static const float ones[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  if (!signs) signs = nvl_rht16_default_signs;
+  float t[16];
+  nvl_rht16_ref(t, x, ones); /* H / 4 */
+  for (int i = 0; i < 16; i++) y[i] = signs[i] * t[i];
+}
+
 nvl_status nvl_rht16_rows_ref(float *y, const float *x, int64_t rows, int64_t K, const float *signs) {
   if (rows < 0 || K < 0 || K % 16)
     return nvl_error(NVL_EINVAL, "rht16_rows_ref: K = %lld is not a multiple of 16 (rows %lld)",

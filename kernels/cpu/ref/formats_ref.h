@@ -77,6 +77,9 @@ void nvl_e2m1_unpack_ref(uint8_t *codes, const uint8_t *packed, int64_t n);
 /* y = x . diag(signs) H / 4 for one 16-chunk, in the contract's fixed order (sign, butterflies
  * h = 1, 2, 4, 8, then * 0.25). signs NULL: the default. y may alias x. */
 void nvl_rht16_ref(float y[16], const float x[16], const float *signs);
+/* Its inverse, y = x . H diag(signs) / 4 (R^T: R is orthonormal): butterflies h = 1, 2, 4, 8, * 0.25,
+ * then the signs. y may alias x. */
+void nvl_rht16_inverse_ref(float y[16], const float x[16], const float *signs);
 /* The RHT on every 16-chunk along K of x (R, K) -> y (R, K); y may alias x. K % 16 == 0. */
 nvl_status nvl_rht16_rows_ref(float *y, const float *x, int64_t rows, int64_t K, const float *signs);
 

@@ -203,8 +203,14 @@ nvl_status nvl_qgemm_ref(nvl_kctx *ctx, const nvl_gemm_desc *g) {
   return NVL_OK;
 }
 
-nvl_status nvl_rht_ref(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs) {
-  return nvl_rht16_rows_ref(y, x, rows, K, signs);
+nvl_status nvl_rht_ref(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs,
+                       int inverse) {
+  if (!inverse) return nvl_rht16_rows_ref(y, x, rows, K, signs);
+  if (rows < 0 || K < 0 || K % 16)
+    return nvl_error(NVL_EINVAL, "rht_ref: K = %lld is not a multiple of 16 (rows %lld)", (long long)K,
+                     (long long)rows);
+  for (int64_t i = 0; i < rows * K; i += 16) nvl_rht16_inverse_ref(y + i, x + i, signs);
+  return NVL_OK;
 }
 
 nvl_status nvl_transpose_tiles_ref(nvl_kctx *ctx, uint8_t *codes_t, uint8_t *scales_t, const uint8_t *codes,
