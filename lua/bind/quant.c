@@ -468,7 +468,9 @@ static int q_free(lua_State *L) {
   return 0;
 }
 
-/* q.amax, q.scale, q.rht, q.sr, q.seed, q.offset, q.block, else methods. */
+/* q.amax, q.scale, q.dec_scale, q.rht, q.sr, q.seed, q.offset, q.block, else methods. q.dec_scale: the
+ * tensor-level factor a GEMM applies to q's products (traits dec_scale: fp8 1 / scale, nvfp4 amax / 2688;
+ * nil for formats without one), what an exported checkpoint stores as the decode scale. */
 static int q_index(lua_State *L) {
   nvl_qtensor *q = luaL_checkudata(L, 1, QTENSOR_MT);
   const char *k = lua_tostring(L, 2);
@@ -476,6 +478,13 @@ static int q_index(lua_State *L) {
     if (strcmp(k, "amax") == 0 || strcmp(k, "scale") == 0) { /* a device amax is read back on demand */
       if (q->data.storage) CHECK(L, nvl_qtensor_resolve_amax(q));
       lua_pushnumber(L, k[0] == 'a' ? q->amax : q->scale);
+      return 1;
+    }
+    if (strcmp(k, "dec_scale") == 0) {
+      const nvl_dtype_traits *f = &nvl_dtypes[q->format];
+      if (!f->dec_scale) { lua_pushnil(L); return 1; }
+      if (q->data.storage) CHECK(L, nvl_qtensor_resolve_amax(q));
+      lua_pushnumber(L, f->dec_scale(q->amax, q->scale));
       return 1;
     }
     if (strcmp(k, "rht") == 0) { lua_pushboolean(L, q->rht); return 1; }

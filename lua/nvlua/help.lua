@@ -40,6 +40,8 @@ Logging     nvlua.tensorboard: event files; nvlua.peak: the peak MFU is against;
 Data        nvlua.data: KJV, text, token shards, Megatron; nvlua.tokenizer: tokenizer.json
             help("data") help("tokenizer")
 Checkpoints nvlua.checkpoint: save, resume; nvlua.hf: Hugging Face model directories   help("checkpoint") help("hf")
+Deploying   nvlua.deploy: NVFP4 / MXFP4 / FP8 checkpoints engines load, the trained codes   help("deploy")
+            hf.save_pretrained(model, dir, {quantize = "nvfp4", calibration = batches}); scripts/export.lua
 Scale-out   nvlua.dist: MPI / NCCL collectives; nvlua.shard: ZeRO-2/3; nvlua.plan: memory and FLOPs before a run
             help("dist") help("shard") help("plan")
 Pruning     nv.prune: importance, width, depth (Minitron)   help(nv.prune)

@@ -524,7 +524,8 @@ local SUB_ORDER = {["self_attn.q_proj.weight"] = 1, ["self_attn.k_proj.weight"] 
 local function order_key(name)
   if name == "model.embed_tokens.weight" then return {0, 0, 0} end
   local i, rest = name:match("^model%.layers%.(%d+)%.(.+)$")
-  if i then return {1, tonumber(i), SUB_ORDER[rest] or 99} end
+  -- a quantized export's other tensors of a linear (weight_scale, input_scale, ...) go with its weight
+  if i then return {1, tonumber(i), SUB_ORDER[rest] or SUB_ORDER[(rest:match("^(.*)%.[^.]+$") or "") .. ".weight"] or 99} end
   if name == "model.norm.weight" then return {2, 0, 0} end
   if name == "lm_head.weight" then return {3, 0, 0} end
   return {4, 0, 0}
@@ -564,10 +565,13 @@ local function split(names, sizes, max)
 end
 
 -- Weight files of an earlier save in dir that this one does not write (they would shadow or
--- contradict it): model.safetensors, the index, model-NNNNN-of-NNNNN.safetensors.
+-- contradict it): model.safetensors, the index, model-NNNNN-of-NNNNN.safetensors, and a quantized
+-- export's hf_quant_config.json (which engines read as the weights' format).
+local QUANT_CONFIG = "hf_quant_config.json"
 local function remove_stale(dir, written)
   for n in lfs.dir(dir) do
-    local weights = n == SINGLE or n == INDEX or n:match("^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$")
+    local weights = n == SINGLE or n == INDEX or n == QUANT_CONFIG or
+      n:match("^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$")
     if weights and not written[n] and is_file(dir .. "/" .. n) then
       local ok, err = os.remove(dir .. "/" .. n)
       if not ok then
@@ -587,27 +591,21 @@ local function token_id(v)
   return TOKEN_ID
 end
 
---- hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =,
--- after_weights = fn}]) -> {file name = byte size} of every file written: the model's weights
--- (f32, __metadata__ {"format": "pt"}) in model.safetensors, or in shards and
--- model.safetensors.index.json when they pass max_shard_size (transformers 5's default, "50GB"),
--- then config.json, into the existing directory dir. Weight files of an earlier save that this
--- one does not replace are removed. after_weights() runs between the weights and config.json
--- (checkpoint.lua's fault point).
-function hf.save_pretrained(model, dir, o)
-  o = util.check_opts(o, {max_shard_size = true, bos_token_id = token_id, eos_token_id = token_id,
-    after_weights = function(v) return type(v) ~= "function" and "must be a function" or nil end}, "save_pretrained")
-  if type(model) ~= "table" or type(model.state_dict) ~= "function" or type(model.config) ~= "table" then
-    error("save_pretrained: model must be an nvlua model (llama.Llama), got " .. type(model), 2)
-  end
-  if type(dir) ~= "string" or not is_dir(dir) then
-    user_error("save_pretrained: " .. tostring(dir) .. " is not a directory", 2)
-  end
+-- The bytes a value of a state dict takes in safetensors: a tensor (f32, bf16, u8) or st.typed fp8 codes.
+local ELEM_BYTES = {f32 = 4, bf16 = 2, u8 = 1, i32 = 4, i64 = 8}
+local function stored_bytes(v)
+  local t = type(v) == "table" and v.t or v -- st.typed holds its tensor in t
+  return t:numel() * ELEM_BYTES[t:dtype()]
+end
+
+-- Write sd ({name = tensor or st.typed value}) as model's weights into dir, then (o.quant_config:
+-- hf_quant_config.json) and config.json (its quantization_config and dtype from o.config_extra).
+local function save_model(model, dir, sd, o)
   local max = hf.parse_size(o.max_shard_size or "50GB")
-  local sd, names, sizes = model:state_dict(), {}, {}
+  local names, sizes = {}, {}
   for n, t in pairs(sd) do
     names[#names + 1] = n
-    sizes[n] = t:numel() * (t:dtype() == "bf16" and 2 or 4) -- parameters: f32 (bf16 if a caller made one)
+    sizes[n] = stored_bytes(t)
   end
   local shards, total = split(hf_order(names), sizes, max)
   local files, written = {}, {}
@@ -615,6 +613,7 @@ function hf.save_pretrained(model, dir, o)
     local ok, err = st.save(dir .. "/" .. name, tensors, {})
     if not ok then user_error("save_pretrained: " .. dir .. "/" .. name .. ": " .. tostring(err), 0) end
     files[name], written[name] = err, true
+    if o.progress then o.progress({file = name, bytes = err}) end
   end
   if #shards == 1 then
     save(SINGLE, sd)
@@ -629,10 +628,54 @@ function hf.save_pretrained(model, dir, o)
       total_size = total}, weight_map = map}, 2, "save_pretrained")
     written[INDEX] = true
   end
+  if o.quant_config then
+    files[QUANT_CONFIG] = write_json(dir .. "/" .. QUANT_CONFIG, o.quant_config, 4, "save_pretrained")
+    written[QUANT_CONFIG] = true
+  end
   remove_stale(dir, written)
   if o.after_weights then o.after_weights() end
-  files["config.json"] = write_json(dir .. "/config.json", hf.config(model.config, o), nil, "save_pretrained")
+  local c = hf.config(model.config, o)
+  for k, v in pairs(o.config_extra or {}) do c[k] = v end
+  files["config.json"] = write_json(dir .. "/config.json", c, nil, "save_pretrained")
   return files
 end
+
+--- hf.write_json(path, t [, indent]) -> bytes: t as JSON (keys sorted, floats as Python writes them;
+-- indent nil for one line, else json.dumps(indent = n)'s layout), written atomically. For nvlua.deploy.
+function hf.write_json(path, t, indent) return write_json(path, t, indent, "save_pretrained") end
+
+--- hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =,
+-- after_weights = fn, quantize =, format =, calibration =, exclude =, progress =}]) -> {file name = byte
+-- size} of every file written: the model's weights (f32, __metadata__ {"format": "pt"}) in
+-- model.safetensors, or in shards and model.safetensors.index.json when they pass max_shard_size
+-- (transformers 5's default, "50GB"), then config.json, into the existing directory dir. Weight files
+-- of an earlier save that this one does not replace are removed. after_weights() runs between the
+-- weights and config.json (checkpoint.lua's fault point). With quantize ("nvfp4" | "nvfp4_a16" |
+-- "mxfp4" | "fp8"), a checkpoint inference engines load: nvlua.deploy.save_pretrained (its options,
+-- and it returns files, report).
+function hf.save_pretrained(model, dir, o)
+  if type(o) == "table" and o.quantize ~= nil then return require("nvlua.deploy").save_pretrained(model, dir, o) end
+  o = util.check_opts(o, {max_shard_size = true, bos_token_id = token_id, eos_token_id = token_id,
+    after_weights = function(v) return type(v) ~= "function" and "must be a function" or nil end}, "save_pretrained")
+  hf.check_save_args(model, dir)
+  return save_model(model, dir, model:state_dict(), o)
+end
+
+--- hf.check_save_args(model, dir): raises unless model is an nvlua model and dir an existing directory.
+function hf.check_save_args(model, dir)
+  if type(model) ~= "table" or type(model.state_dict) ~= "function" or type(model.config) ~= "table" then
+    error("save_pretrained: model must be an nvlua model (llama.Llama), got " .. type(model), 3)
+  end
+  if type(dir) ~= "string" or not is_dir(dir) then
+    user_error("save_pretrained: " .. tostring(dir) .. " is not a directory", 3)
+  end
+end
+
+--- hf.save_model(model, dir, sd, o) -> {file name = byte size}: save_pretrained's writer for a state dict
+-- of one's own (nvlua.deploy: quantized tensors, st.typed fp8 codes, bf16 copies). o: max_shard_size,
+-- bos_token_id, eos_token_id, progress(info) (called after each weight file, info = {file, bytes}),
+-- quant_config (written as hf_quant_config.json), config_extra (keys set in config.json).
+hf.save_model = save_model
+hf.token_id = token_id
 
 return hf

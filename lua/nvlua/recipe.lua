@@ -708,6 +708,18 @@ local function reshape_like(y, lead, last)
   return y:reshape(shape)
 end
 
+--- recipe:fprop_weight(ctx, w) -> spec, q: how the fprop GEMM of the linear of ctx reads its weight w
+-- [N, K]: its spec, and its quantization made by linear_forward's own call (the weight cache's copy
+-- inside one; under delayed scaling the history's amax, this amax pushed as a forward pushes it). q is
+-- nil where the GEMM reads w itself (f32); spec is nil for MoR, which chooses as it runs. For exports
+-- (nvlua.deploy), which thereby hold the training forward's codes and scales.
+function Recipe:fprop_weight(ctx, w)
+  if self.mor and not ctx.high_precision then return nil end
+  local g = self:gemm(ctx, "fprop")
+  if plain(g) then return g.b, nil end
+  return g.b, self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
+end
+
 --- recipe:linear_forward(ctx, x, w [, no_backward]) -> y, saved
 -- x [T,K] f32 or bf16 (or [..., K]), w [N,K] f32 -> y [T,N] of the recipe's act_dtype (f32: bf16-
 -- rounded values unless the GEMM is f32 x f32). saved holds w, x (or, where fprop's and wgrad's

@@ -40,7 +40,8 @@
 -- other dtypes nvlua has no tensor type for. The writer does not write F16.
 -- Not here: lazy/mmap loading of single tensors (load reads each tensor once, by offset), dtypes
 -- nvlua has no tensor type for (F16 unless asked, F64, BOOL, I8, ...: rejected with the list of supported ones),
--- quantized tensors (store their codes and scales as u8/f32 tensors).
+-- quantized tensors (store their codes and scales as u8/f32 tensors; st.typed writes u8 codes under an
+-- F8_* dtype, which the reader does not take).
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
@@ -71,6 +72,25 @@ local SPEC_ONLY = {BOOL = true, I8 = true, U16 = true, I16 = true, F16 = true, U
   F6_E3M2 = true, C64 = true}
 
 st.dtypes = DTYPES
+
+-- 8-bit float dtypes written from the codes in a u8 tensor (st.typed): nvlua keeps fp8 values as codes.
+-- rank: their place in the reference's Dtype enum, between U8 (and I8) and BF16 (safetensors 0.8.0
+-- orders F8_E8M0, F8_E4M3, F8_E5M2 after BF16 and before I8, U8).
+local CODE_DTYPES = {F8_E5M2 = 1.2, F8_E4M3 = 1.3, F8_E8M0 = 1.4}
+local TYPED = {}
+
+--- st.typed(t, dtype) -> a value st.save writes as the bytes of t (a u8 tensor of 8-bit codes) under the
+--- safetensors dtype F8_E4M3, F8_E5M2 or F8_E8M0 (an exported checkpoint's fp8 weights and block scales).
+function st.typed(t, dtype)
+  if not CODE_DTYPES[dtype] then
+    error(string.format("safetensors: typed: dtype must be F8_E4M3, F8_E5M2 or F8_E8M0, got %s", tostring(dtype)), 2)
+  end
+  if not nv.is_tensor(t) or t:dtype() ~= "u8" then
+    error(string.format("safetensors: typed: %s needs a u8 tensor of codes, got %s", dtype,
+      nv.is_tensor(t) and t:dtype() .. " tensor" or type(t)), 2)
+  end
+  return setmetatable({t = t, dtype = dtype}, TYPED)
+end
 
 --- st.fsync_hook(path, is_dir): make path durable; save calls it with the temp file (is_dir false)
 --- after closing it and before the rename, and with the directory (is_dir true) after the rename.
@@ -104,20 +124,23 @@ local function plan_save(path, tensors)
       error(string.format("safetensors: %s: save: '__metadata__' is reserved and cannot name a tensor", path), 0)
     end
     if not utf8.len(name) then error(string.format("safetensors: %s: save: tensor name %q is not valid UTF-8", path, name), 0) end
+    local sd
+    if getmetatable(t) == TYPED then t, sd = t.t, t.dtype end -- st.typed: fp8 codes
     if not nv.is_tensor(t) and not util.is_tensor_source(t) then
       error(string.format("safetensors: %s: save: '%s' is not an nvlua tensor (got %s)", path, name,
         type(t) == "userdata" and "a quantized tensor or other userdata" or type(t)), 0)
     end
     local dt = t:dtype()
-    local sd = FROM_NV[dt]
+    sd = sd or FROM_NV[dt]
     if not sd then
       user_error(string.format("safetensors: %s: save: tensor '%s' has dtype %s, which safetensors cannot hold here (supported: f32 bf16 i32 i64 u8)", path, name, dt), 0)
     end
     local shape = t:size()
-    list[#list + 1] = {name = name, t = t, dtype = sd, shape = shape, nbytes = t:numel() * DTYPES[sd].size}
+    list[#list + 1] = {name = name, t = t, dtype = sd, shape = shape, nbytes = t:numel() * (CODE_DTYPES[sd] and 1 or DTYPES[sd].size)}
   end
+  local function rank(d) return CODE_DTYPES[d] or DTYPES[d].rank end
   table.sort(list, function(a, b)
-    local ra, rb = DTYPES[a.dtype].rank, DTYPES[b.dtype].rank
+    local ra, rb = rank(a.dtype), rank(b.dtype)
     if ra ~= rb then return ra > rb end
     return a.name < b.name
   end)

@@ -1,0 +1,563 @@
+-- nvlua.deploy: quantized checkpoints that inference engines load, holding the training forward's own
+-- codes and scales: NVIDIA ModelOpt's layout (hf_quant_config.json; vLLM, SGLang, TensorRT-LLM) and
+-- compressed-tensors' (llm-compressor's; vLLM, transformers), in NVFP4 (W4A4 and weight-only), MXFP4
+-- and per-tensor FP8.
+--   local files, report = hf.save_pretrained(model, dir, {quantize = "nvfp4", format = "modelopt",
+--     calibration = batches})                    -- = deploy.save_pretrained; scripts/export.lua
+--   deploy.FORMATS[format][quantize]             -- each layout's tensors and config, for readers too
+--
+-- Which linears are quantized. Not the LM head, nor what is no linear (embeddings, norms): they stay
+-- bf16, as every linear left out does, and the linears left out are listed in exclude_modules (ModelOpt)
+-- or ignore (compressed-tensors) by their exact module names. Without an exclude list, a linear is
+-- quantized where its recipe quantizes its fprop weight (a layer the recipe keeps in bf16 is left
+-- out), and every linear but the head when the recipe quantizes none (a model trained in bf16);
+-- with one, every linear but those named and the head.
+-- Where the weight comes from (report.layers[i].status):
+--   "trained"  the recipe's fprop weight is in the export's format: the codes and scales are the ones
+--              recipe:fprop_weight gives, the call linear_forward makes (16x16 NVFP4 tiles: each tile's
+--              e4m3 scale on each of its 16 rows, which is lossless in the 1x16 layout engines read)
+--   "ptq"      a post-training quantization of the master weight (another format, RHT weights, MoR,
+--              a bf16 model): NVFP4 1x16 and MXFP4 1x32 blocks, FP8 per tensor, RTN, as nv.quantize
+--              makes them; the report says why
+-- Fused groups: engines run q/k/v (and gate/up) as one GEMM with one global weight scale (vLLM takes the
+-- largest and keeps the block scales: the others then decode wrong). Where the members' amaxes differ,
+-- all are quantized again with the group's largest amax (the recipe's spec, the amax given): report.fused
+-- says how many and the weight error it brings (max |dw|, rms dw / rms w, against the training's).
+-- A recipe that shares the amax over the group (recipe option fused_amax) gives equal amaxes: nothing
+-- is re-quantized.
+-- Calibration (W4A4 NVFP4, FP8): the batches run through the model under its recipe (eval mode); each
+-- quantized linear's input amax is the max over them and over its fused group, written as the scale
+-- nvlua's quantizer gives for that amax (ModelOpt's input_scale: the decode factor, amax / 2688 for
+-- NVFP4; compressed-tensors' input_global_scale: the encode scale 2688 / amax; FP8: 1 / (448 / amax)).
+-- The recipe's state (SR generator, delayed-scaling histories) is put back afterwards: an export
+-- changes nothing in a run.
+-- Not here: reading these checkpoints (nvlua.deploy_read), GGUF, MXFP8, the KV cache's quantization.
+local cjson = require "cjson"
+local nv = require "nvlua"
+local core = require "nvlua.core"
+local hf = require "nvlua.hf"
+local nn = require "nvlua.nn"
+local st = require "nvlua.safetensors"
+local util = require "nvlua.util"
+local user_error = util.user_error
+
+local deploy = {}
+
+-- ---- the formats ------------------------------------------------------------------------------
+--
+-- deploy.FORMATS[format][quantize] = {nvlua = the nvlua format of the codes, group = elements per block
+-- scale (0: per tensor), tensors = {{suffix, dtype, shape, value}, ...}: what each quantized linear
+-- "<module>" stores as "<module>.<suffix>", plus the layout's config fields}. shape is a list of
+-- dimensions in N (out features) and K (in features): "N,K/2", "" for a 0-d tensor (deploy.shape).
+-- value says what the tensor holds:
+--   codes         the element codes: e2m1 two per byte, the element of even index in the low nibble;
+--                 e4m3 one per byte (the F8_E4M3 dtype)
+--   block_scales  one byte per block, row-major [N, K/group]: ue4m3 (F8_E4M3) for NVFP4, e8m0 (U8,
+--                 2^(e-127)) for MXFP4
+--   dec_scale     the tensor's decode factor, f32: NVFP4 amax / 2688 (= 1 / s_enc; nvlua's dequantize
+--                 and GEMMs multiply by it), FP8 1 / scale
+--   enc_scale     the tensor's encode scale s_enc = 2688 / amax, f32 (compressed-tensors divides by it)
+--   input_dec_scale, input_enc_scale   the same two for the calibrated activation amax
+-- Decoding: w = value(code) * value(block scale) * dec_scale (ModelOpt, nvlua, vLLM's modelopt path: the
+-- training's values bit for bit), or value(code) * (value(block scale) / enc_scale) (compressed-tensors'
+-- decompressor; it then rounds to bf16); FP8: value(code) * weight_scale.
+-- Checked against ModelOpt's export (unified_export_hf.py, convert_hf_config.py), compressed-tensors
+-- 0.20.1 (NVFP4PackedCompressor, MXFP4PackedCompressor, the float-quantized compressor, its presets
+-- NVFP4, NVFP4A16, MXFP4, FP8 and its ModelOpt NVFP4 converter) and vLLM's loaders (modelopt.py,
+-- compressed_tensors_w4a4_nvfp4.py); scripts/check_deploy.py runs compressed-tensors and transformers
+-- on the exports.
+local NVFP4_W = {
+  {suffix = "weight", dtype = "U8", shape = "N,K/2", value = "codes"},
+  {suffix = "weight_scale", dtype = "F8_E4M3", shape = "N,K/16", value = "block_scales"},
+  {suffix = "weight_scale_2", dtype = "F32", shape = "", value = "dec_scale"},
+}
+local NVFP4_CT = {
+  {suffix = "weight_packed", dtype = "U8", shape = "N,K/2", value = "codes"},
+  {suffix = "weight_scale", dtype = "F8_E4M3", shape = "N,K/16", value = "block_scales"},
+  {suffix = "weight_global_scale", dtype = "F32", shape = "1", value = "enc_scale"},
+}
+local function with(list, extra)
+  local out = {table.unpack(list)}
+  out[#out + 1] = extra
+  return out
+end
+
+-- compressed-tensors' quantization args (its presets, as its model_dump writes them)
+local function ct_args(bits, strategy, group, dynamic, scale_dtype, observer)
+  return {num_bits = bits, type = "float", strategy = strategy, group_size = group or cjson.null, symmetric = true,
+    dynamic = dynamic, scale_dtype = scale_dtype, observer = observer}
+end
+local CT_NVFP4_W = ct_args(4, "tensor_group", 16, false, "torch.float8_e4m3fn")
+
+deploy.FORMATS = {
+  modelopt = {
+    nvfp4 = {nvlua = "nvfp4", group = 16, quant_algo = "NVFP4",
+      tensors = with(NVFP4_W, {suffix = "input_scale", dtype = "F32", shape = "", value = "input_dec_scale"})},
+    nvfp4_a16 = {nvlua = "nvfp4", group = 16, quant_algo = "W4A16_NVFP4", tensors = NVFP4_W},
+    fp8 = {nvlua = "e4m3", group = 0, quant_algo = "FP8", tensors = {
+      {suffix = "weight", dtype = "F8_E4M3", shape = "N,K", value = "codes"},
+      {suffix = "weight_scale", dtype = "F32", shape = "", value = "dec_scale"},
+      {suffix = "input_scale", dtype = "F32", shape = "", value = "input_dec_scale"}}},
+  },
+  ["compressed-tensors"] = {
+    nvfp4 = {nvlua = "nvfp4", group = 16, format = "nvfp4-pack-quantized",
+      tensors = with(NVFP4_CT, {suffix = "input_global_scale", dtype = "F32", shape = "1", value = "input_enc_scale"}),
+      weights = CT_NVFP4_W,
+      input_activations = ct_args(4, "tensor_group", 16, "local", "torch.float8_e4m3fn", "static_minmax")},
+    nvfp4_a16 = {nvlua = "nvfp4", group = 16, format = "nvfp4-pack-quantized", tensors = NVFP4_CT, weights = CT_NVFP4_W},
+    mxfp4 = {nvlua = "mxfp4", group = 32, format = "mxfp4-pack-quantized", tensors = {
+      {suffix = "weight_packed", dtype = "U8", shape = "N,K/2", value = "codes"},
+      {suffix = "weight_scale", dtype = "U8", shape = "N,K/32", value = "block_scales"}},
+      weights = ct_args(4, "group", 32, false, "torch.uint8"),
+      input_activations = ct_args(4, "group", 32, true, "torch.uint8")},
+    fp8 = {nvlua = "e4m3", group = 0, format = "float-quantized", tensors = {
+      {suffix = "weight", dtype = "F8_E4M3", shape = "N,K", value = "codes"},
+      {suffix = "weight_scale", dtype = "F32", shape = "1", value = "dec_scale"},
+      {suffix = "input_scale", dtype = "F32", shape = "1", value = "input_dec_scale"}},
+      weights = ct_args(8, "tensor", nil, false),
+      input_activations = ct_args(8, "tensor", nil, false, nil, "static_minmax")},
+  },
+}
+deploy.FORMAT_NAMES = {"modelopt", "compressed-tensors"}
+deploy.QUANTIZE_NAMES = {"nvfp4", "nvfp4_a16", "mxfp4", "fp8"}
+-- the compressed-tensors release whose layout and config the exports follow (config.json's "version")
+deploy.CT_VERSION = "0.20.1"
+
+--- deploy.FUSED: the linears engines fuse into one GEMM (vLLM's packed_modules_mapping for Llama:
+-- qkv_proj, gate_up_proj), by their names under a block
+deploy.FUSED = {{"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, {"mlp.gate_proj", "mlp.up_proj"}}
+
+--- deploy.shape(spec, N, K) -> the dims of a FORMATS tensor shape ("N,K/2", "1", "") for a weight [N, K]
+function deploy.shape(spec, N, K)
+  local dims = {}
+  for part in spec:gmatch("[^,]+") do
+    local v = ({N = N, K = K})[part:match("^(%a)")] or tonumber(part)
+    local d = part:match("/(%d+)$")
+    dims[#dims + 1] = d and v // tonumber(d) or v
+  end
+  return dims
+end
+
+-- the group key of a linear ("model.layers.3.qkv"), nil outside a fused group
+local function fused_key(name)
+  for gi, g in ipairs(deploy.FUSED) do
+    for _, member in ipairs(g) do
+      local prefix = name:sub(1, #name - #member - 1)
+      if #name > #member and name:sub(-#member - 1) == "." .. member then return prefix .. "#" .. gi end
+    end
+  end
+end
+
+-- ---- options ----------------------------------------------------------------------------------
+
+local function names_of(t)
+  local out = {}
+  for k in pairs(t) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+
+local function check_list(v)
+  if type(v) ~= "table" then return "must be a list of linear module names" end
+  for i, x in ipairs(v) do if type(x) ~= "string" then return "must be a list of strings (entry " .. i .. " is not)" end end
+end
+
+local OPTS = {quantize = true, format = true, calibration = true, exclude = check_list, max_shard_size = true,
+  bos_token_id = hf.token_id, eos_token_id = hf.token_id,
+  progress = function(v) return type(v) ~= "function" and "must be a function" or nil end}
+
+-- o checked -> the FORMATS entry, its format name
+local function layout(o)
+  if not deploy.FORMATS.modelopt[o.quantize] and not deploy.FORMATS["compressed-tensors"][o.quantize] then
+    user_error(string.format("save_pretrained: quantize must be one of %s, got %s%s", table.concat(deploy.QUANTIZE_NAMES, ", "),
+      tostring(o.quantize), util.suggest(o.quantize, deploy.QUANTIZE_NAMES)), 0)
+  end
+  local format = o.format
+  if format == nil then -- the first layout that has it
+    for _, f in ipairs(deploy.FORMAT_NAMES) do
+      if deploy.FORMATS[f][o.quantize] then format = f; break end
+    end
+  end
+  if not deploy.FORMATS[format] then
+    user_error(string.format("save_pretrained: format must be one of %s, got %s%s", table.concat(deploy.FORMAT_NAMES, ", "),
+      tostring(format), util.suggest(format, deploy.FORMAT_NAMES)), 0)
+  end
+  local f = deploy.FORMATS[format][o.quantize]
+  if not f then
+    user_error(string.format("save_pretrained: format %s has no %s layout (it has %s)", format, o.quantize,
+      table.concat(names_of(deploy.FORMATS[format]), ", ")), 0)
+  end
+  return f, format
+end
+
+local function needs_input(f)
+  for _, t in ipairs(f.tensors) do if t.value:match("^input_") then return true end end
+  return false
+end
+
+-- ---- the plan: which linears, from where ------------------------------------------------------------
+
+local function recipe_of(l) return l.module.recipe or nn.default_recipe() end
+
+local function ctx_of(model, l)
+  local ctx = l.module:context()
+  ctx.step = model.step or ctx.step -- the step the model is at (a recipe may switch formats by step)
+  return ctx
+end
+
+--- deploy.plan(model, {quantize =, format =, exclude =}) -> rows, one per linear in model:linears() order:
+-- {name, module, block, status = "trained" | "ptq" | "excluded", why (a phrase, for ptq and excluded),
+-- spec (the recipe's fprop weight spec, for trained), group (the fused group's key, or nil)}.
+function deploy.plan(model, o)
+  local f = layout(o)
+  local lin = model:linears()
+  local rows, by_name = {}, {}
+  for _, l in ipairs(lin) do by_name[l.name] = l end
+  local excluded = {}
+  if o.exclude then
+    local all = {}
+    for _, l in ipairs(lin) do all[#all + 1] = l.name end
+    for _, n in ipairs(o.exclude) do
+      if not by_name[n] then
+        user_error(string.format("save_pretrained: exclude names %s, which is not a linear of the model (they are " ..
+          "named like %s)%s", n, all[1] or "?", util.suggest(n, all)), 0)
+      end
+      excluded[n] = true
+    end
+  end
+  local any_low = false -- does the recipe quantize any fprop weight? (if not: a bf16 model, quantized after training)
+  for _, l in ipairs(lin) do
+    local r = recipe_of(l)
+    local ctx = ctx_of(model, l)
+    local row = {name = l.name, module = l.module, block = l.block, group = fused_key(l.name), head = l.high_precision}
+    local spec = r.mor == nil and r:spec(ctx, "fprop", "w") or nil
+    local low = spec and spec.format ~= "bf16" and spec.format ~= "f32"
+    if l.high_precision then
+      row.status, row.why = "excluded", "the LM head stays in bf16"
+    elseif excluded[l.name] then
+      row.status, row.why = "excluded", "named in exclude"
+    elseif r.mor ~= nil then
+      row.status, row.why, any_low = "ptq", "MoR chooses its formats as it runs", true
+    elseif low and spec.format == f.nvlua and not spec.rht then
+      row.status, row.spec, any_low = "trained", spec, true
+    elseif low then
+      row.status, row.why, any_low = "ptq", spec.rht and "the recipe rotates this weight (RHT)" or
+        "trained in " .. spec.format, true
+    else
+      row.status, row.why = o.exclude and "ptq" or "excluded", o.exclude and "trained in " .. spec.format or
+        "the recipe keeps it in " .. spec.format
+    end
+    rows[#rows + 1] = row
+  end
+  if not any_low and not o.exclude then -- nothing quantized in training: every linear but the head, after it
+    for _, row in ipairs(rows) do
+      if not row.head then
+        row.status, row.why = "ptq", "trained in " .. recipe_of(row):spec(ctx_of(model, row), "fprop", "w").format
+      end
+    end
+  end
+  -- engines quantize a fused group's members alike
+  local groups = {}
+  for _, row in ipairs(rows) do
+    if row.group then
+      local g = groups[row.group] or {}
+      groups[row.group] = g
+      g[#g + 1] = row
+    end
+  end
+  for _, g in pairs(groups) do
+    local q, x = {}, {}
+    for _, row in ipairs(g) do
+      if row.status == "excluded" then x[#x + 1] = row.name else q[#q + 1] = row.name end
+    end
+    if #q > 0 and #x > 0 then
+      user_error(string.format("save_pretrained: %s would be quantized but %s not; engines run them as one fused linear " ..
+        "and need them quantized alike (name all of them in exclude, or none)", table.concat(q, ", "), table.concat(x, ", ")), 0)
+    end
+  end
+  return rows
+end
+
+-- ---- quantizing -------------------------------------------------------------------------------------
+
+-- nv.quantize's options for a weight [N, K] blocked along K under spec (the recipe's) with amax given
+local function weight_opts(spec, amax)
+  local o = {axis = 2, amax = amax}
+  if spec then
+    if spec.block == "2d" then o.block = "2d" end
+    if spec.scale_rule then o.scale_rule = spec.scale_rule end
+  end
+  return o
+end
+
+-- the nvfp4 / fp8 scale nvlua's quantizer gives for amax a: {dec =, enc =}
+local function scales_for(fmt, a)
+  return nv.scope(function()
+    local q = nv.quantize(nv.zeros({1, fmt == "nvfp4" and 16 or 1}), fmt, {amax = a})
+    return {dec = q.dec_scale, enc = q.scale}
+  end)
+end
+
+-- max |a - b| and rms(a - b) / rms(b) of two f32 tensors
+local function weight_error(a, b)
+  return nv.scope(function()
+    local d = a - b
+    local n2 = core.sumsq(b)
+    return {max = d:amax(), rms = n2 > 0 and math.sqrt(core.sumsq(d) / n2) or 0}
+  end)
+end
+
+-- The quantized weight of every row not excluded: row.q (unscoped, freed by the caller), row.amax.
+local function quantize_rows(model, rows, f, progress)
+  local n = 0
+  for _, row in ipairs(rows) do if row.status ~= "excluded" then n = n + 1 end end
+  local i = 0
+  for _, row in ipairs(rows) do
+    if row.status ~= "excluded" then
+      local w = row.module.weight_entry.param
+      local K = w:size(2)
+      local need = f.group == 0 and 1 or f.group
+      if K % need ~= 0 then
+        user_error(string.format("save_pretrained: %s has %d input features, not a multiple of %s's block of %d; " ..
+          "leave it out with exclude", row.name, K, f.nvlua, need), 0)
+      end
+      local q
+      if row.status == "trained" then
+        local spec
+        spec, q = recipe_of(row):fprop_weight(ctx_of(model, row), w)
+        assert(spec and q and q:format() == f.nvlua and q:axis() == 2, "deploy: the recipe's fprop weight is not the planned one")
+        q = q:share() -- our own handle (a weight cache's copy stays the cache's)
+      else
+        if w:amax() ~= w:amax() then user_error(string.format("save_pretrained: %s holds NaN", row.name), 0) end
+        q = nv.quantize(w, f.nvlua, {axis = 2})
+      end
+      row.q, row.amax = core.unscope(q), q.amax
+      i = i + 1
+      if progress then progress({layer = row.name, status = row.status, i = i, n = n}) end
+    end
+  end
+end
+
+-- Fused groups whose members' amaxes differ: every member quantized again with the largest (formats
+-- with a tensor scale). -> {groups =, requantized = {{name, trained, max, rms}, ...}}
+local function share_group_scales(rows, f)
+  local out = {groups = 0, requantized = {}}
+  if f.group == 32 then return out end -- MXFP4: no tensor scale
+  local groups, order = {}, {}
+  for _, row in ipairs(rows) do
+    if row.group and row.status ~= "excluded" then
+      if not groups[row.group] then groups[row.group] = {}; order[#order + 1] = row.group end
+      table.insert(groups[row.group], row)
+    end
+  end
+  for _, key in ipairs(order) do
+    local g = groups[key]
+    out.groups = out.groups + 1
+    local top = 0
+    for _, row in ipairs(g) do top = math.max(top, row.amax) end
+    for _, row in ipairs(g) do
+      if row.amax ~= top then
+        local w = row.module.weight_entry.param
+        local q2 = core.unscope(nv.quantize(w, f.nvlua, weight_opts(row.spec, top)))
+        local e = nv.scope(function() return weight_error(q2:dequantize(), row.q:dequantize()) end)
+        out.requantized[#out.requantized + 1] = {name = row.name, trained = row.status == "trained", max = e.max, rms = e.rms,
+          amax = row.amax, group_amax = top}
+        row.q:free()
+        row.q, row.amax, row.requantized = q2, top, e
+      end
+    end
+  end
+  return out
+end
+
+-- ---- calibration --------------------------------------------------------------------------------------
+
+-- calibration: a list of batches, or a function returning the next (nil: done); a batch is ids (i64 [B, T])
+-- or {ids, targets}
+local function batches(cal)
+  if type(cal) == "function" then
+    return function()
+      local b = cal()
+      return type(b) == "table" and b[1] or b
+    end
+  end
+  if type(cal) ~= "table" then
+    user_error("save_pretrained: calibration must be a list of batches (i64 [B, T] token ids) or a function returning " ..
+      "the next one, got " .. type(cal), 0)
+  end
+  local i = 0
+  return function()
+    i = i + 1
+    local b = cal[i]
+    return type(b) == "table" and b[1] or b
+  end
+end
+
+-- Each quantized linear's input amax over the batches (the model in eval mode under its recipe),
+-- then the max over its fused group. -> {name = amax}, batches run
+local function calibrate(model, rows, cal, progress)
+  local amax, mods = {}, {}
+  for _, row in ipairs(rows) do
+    if row.status ~= "excluded" then mods[#mods + 1] = row.module end
+  end
+  local nb = 0
+  for _, m in ipairs(mods) do
+    m.forward = function(self, x) -- the layer's input, observed (the instance field shadows the class's)
+      local a = x:amax()
+      if a ~= a or a == math.huge then
+        user_error(string.format("save_pretrained: calibration batch %d: the input of %s holds %s", nb, self.name,
+          a ~= a and "NaN" or "an infinity"), 0)
+      end
+      amax[self.name] = math.max(amax[self.name] or 0, a)
+      return nn.Linear.forward(self, x)
+    end
+  end
+  local was = model.training
+  model:eval()
+  local ok, err = pcall(function()
+    for ids in batches(cal) do
+      nb = nb + 1
+      if not nv.is_tensor(ids) then
+        user_error(string.format("save_pretrained: calibration batch %d is a %s, not an i64 [B, T] tensor of token ids", nb,
+          type(ids)), 0)
+      end
+      nv.scope(function() model:forward(ids) end)
+      if progress then progress({calibration = nb}) end
+    end
+  end)
+  for _, m in ipairs(mods) do m.forward = nil end
+  model:train(was)
+  if not ok then error(err, 0) end
+  if nb == 0 then user_error("save_pretrained: calibration holds no batch", 0) end
+  local top = {}
+  for _, row in ipairs(rows) do
+    if row.group and amax[row.name] then top[row.group] = math.max(top[row.group] or 0, amax[row.name]) end
+  end
+  for _, row in ipairs(rows) do
+    if row.group and amax[row.name] then amax[row.name] = top[row.group] end
+  end
+  return amax, nb
+end
+
+-- ---- the files ----------------------------------------------------------------------------------------
+
+local function excluded_names(rows)
+  local out = {}
+  for _, row in ipairs(rows) do if row.status == "excluded" then out[#out + 1] = row.name end end
+  return out
+end
+
+-- a scale as an f32 tensor of a FORMATS shape ("" or "1")
+local function scalar(v, shape) return nv.full(shape == "" and {} or {1}, v) end
+
+-- The tensors of one quantized row under layout f (calibrated input amax a, or nil).
+local function row_tensors(row, f, a, out)
+  local q, N, K = row.q, row.module.out_features, row.module.in_features
+  local inp = needs_input(f) and scales_for(f.nvlua, assert(a, "deploy: no input amax for " .. row.name))
+  for _, t in ipairs(f.tensors) do
+    local v
+    if t.value == "codes" then v = q:data()
+    elseif t.value == "block_scales" then v = q:scale_bytes()
+    elseif t.value == "dec_scale" then v = scalar(q.dec_scale, t.shape)
+    elseif t.value == "enc_scale" then v = scalar(q.scale, t.shape)
+    elseif t.value == "input_dec_scale" then v = scalar(inp.dec, t.shape)
+    elseif t.value == "input_enc_scale" then v = scalar(inp.enc, t.shape)
+    end
+    if nv.is_tensor(v) and v:dtype() == "u8" and t.dtype ~= "U8" then v = st.typed(v, t.dtype) end
+    local want = deploy.shape(t.shape, N, K)
+    local got = (nv.is_tensor(v) and v or v.t):size()
+    assert(util.same_shape(got, want), "deploy: " .. row.name .. "." .. t.suffix .. " has the wrong shape")
+    out[row.name .. "." .. t.suffix] = v
+  end
+end
+
+local function quant_config(f, format, rows)
+  local ex = excluded_names(rows)
+  if format == "modelopt" then
+    local q = {quant_algo = f.quant_algo, kv_cache_quant_algo = cjson.null, exclude_modules = ex}
+    if f.group > 0 then q.group_size = f.group end
+    local file = {producer = {name = "nvlua", version = nv.version}, quantization = q}
+    local cfg = {quant_method = "modelopt", producer = file.producer, quantization = q}
+    return cfg, file
+  end
+  return {config_groups = {group_0 = {format = cjson.null, input_activations = f.input_activations or cjson.null,
+      output_activations = cjson.null, targets = {"Linear"}, weights = f.weights}},
+    format = f.format, global_compression_ratio = cjson.null, ignore = ex, kv_cache_scheme = cjson.null,
+    moe_sparsity_config = cjson.null, quant_method = "compressed-tensors", quantization_status = "compressed",
+    sparsity_config = {}, transform_config = {}, version = deploy.CT_VERSION}
+end
+
+--- deploy.save_pretrained(model, dir, {quantize = "nvfp4" | "nvfp4_a16" | "mxfp4" | "fp8", format =
+-- "modelopt" | "compressed-tensors" (default: the first that has quantize), calibration = batches or a
+-- function (W4A4 NVFP4 and FP8: required), exclude = {module names}, max_shard_size, bos_token_id,
+-- eos_token_id, progress = fn(info)}) -> files, report. Writes a Hugging Face model directory engines
+-- load into the existing directory dir (see the header): config.json with quantization_config (and,
+-- for ModelOpt, hf_quant_config.json), the weights in safetensors, everything not quantized in bf16.
+-- progress gets {layer, status, i, n} per quantized linear, {calibration = i} per batch, {file, bytes}
+-- per weight file. files: {file name = bytes}; report: {quantize, format, layers = {{name, status, why,
+-- requantized = {max, rms}}}, trained, ptq, excluded (counts), fused = {groups, requantized = {{name,
+-- trained, max, rms, amax, group_amax}}}, calibration_batches, bytes (all files)}.
+function deploy.save_pretrained(model, dir, o)
+  o = util.check_opts(o, OPTS, "save_pretrained")
+  hf.check_save_args(model, dir)
+  local f, format = layout(o)
+  if needs_input(f) and o.calibration == nil then
+    user_error(string.format("save_pretrained: quantize = %s quantizes the activations with static scales: give " ..
+      "calibration = batches (or quantize = %s for weights only)", o.quantize, o.quantize == "fp8" and "fp8 with another " ..
+      "format" or "nvfp4_a16"), 0)
+  end
+  if not needs_input(f) and o.calibration ~= nil then
+    user_error(string.format("save_pretrained: calibration does not apply to quantize = %s (its activations are %s)",
+      o.quantize, f.group == 32 and "scaled per block as they run" or "not quantized"), 0)
+  end
+  local rows = deploy.plan(model, o)
+  -- the recipes' state (SR generators, delayed-scaling histories) as it is: put back afterwards
+  local states, seen = {}, {}
+  for _, row in ipairs(rows) do
+    local r = recipe_of(row)
+    if not seen[r] then seen[r] = true; states[#states + 1] = {r = r, s = r:state()} end
+  end
+  local function restore() for _, s in ipairs(states) do s.r:load_state(s.s) end end
+  local ok, files, report = pcall(nv.scope, function()
+    -- the weights first: a delayed-scaling forward of the calibration would push amaxes into the
+    -- histories the weights' scales come from
+    quantize_rows(model, rows, f, o.progress)
+    restore()
+    local fused = share_group_scales(rows, f)
+    local amax, nb
+    if needs_input(f) then amax, nb = calibrate(model, rows, o.calibration, o.progress) end
+    restore()
+    local sd, tensors = model:state_dict(), {}
+    local qnames = {}
+    for _, row in ipairs(rows) do
+      if row.q then
+        qnames[row.name .. ".weight"] = true
+        row_tensors(row, f, amax and amax[row.name], tensors)
+      end
+    end
+    for name, t in pairs(sd) do
+      if not qnames[name] then tensors[name] = t:dtype() == "bf16" and t or t:to("bf16") end
+    end
+    local cfg, file = quant_config(f, format, rows)
+    local written = hf.save_model(model, dir, tensors, {max_shard_size = o.max_shard_size, bos_token_id = o.bos_token_id,
+      eos_token_id = o.eos_token_id, progress = o.progress, quant_config = file,
+      config_extra = {quantization_config = cfg, dtype = "bfloat16", torch_dtype = "bfloat16"}})
+    local rep = {quantize = o.quantize, format = format, layers = {}, trained = 0, ptq = 0, excluded = 0, fused = fused,
+      calibration_batches = nb, bytes = 0}
+    for _, row in ipairs(rows) do
+      rep[row.status] = rep[row.status] + 1
+      rep.layers[#rep.layers + 1] = {name = row.name, status = row.status, why = row.why, requantized = row.requantized}
+      if row.q then row.q:free() end
+    end
+    for _, b in pairs(written) do rep.bytes = rep.bytes + b end
+    return written, rep
+  end)
+  if not ok then
+    restore()
+    for _, row in ipairs(rows) do if row.q then row.q:free() end end
+    error(files, 0)
+  end
+  return files, report
+end
+
+return deploy
