@@ -531,4 +531,51 @@ T.case("bad input: unknown format or quantize, a missing or needless calibration
   T.eq(left, {}, "nothing written by a refused export")
 end)
 
+-- ---- scripts/export.lua ---------------------------------------------------------------------------------------
+
+T.case("scripts/export.lua: a run's checkpoint (fp8_delayed) exported with its recipe state: the forward's codes, progress, a summary; --help; bad keys", function()
+  local train = require "nvlua.train"
+  local config = require "nvlua.config"
+  local ckpt = require "nvlua.checkpoint"
+  local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
+  local script = here .. "/../scripts/export.lua"
+  local corpus = T.write_corpus(ROOT .. "/corpus.txt", {seed = 5, lines = 300, words = {"in", "the", "beginning", "was",
+    "word", "and", "light", "darkness", "waters", "day"}})
+  local c = config.parse(train.defaults, {"data=" .. corpus, "cache=" .. ROOT .. "/cache", "layers=2", "hidden=64", "heads=4",
+    "kv_heads=2", "ffn=128", "seq=16", "batch=2", "steps=3", "warmup=1", "eval_every=0", "sample_tokens=0", "plot=false",
+    "quiet=true", "recipe=fp8_delayed", "out=" .. ROOT .. "/run"})
+  local p = train.build(c)
+  p.peak = 1e9
+  train.run(c, p)
+  local dir = ckpt.latest(ROOT .. "/run")
+  local out = ROOT .. "/run_fp8"
+  local r = T.run_nvlua(T.shq(script) .. " " .. T.shq(dir) .. " " .. T.shq(out) .. " quantize=fp8 calib_batches=2")
+  T.eq(r.code, 0, r.err)
+  for _, want in ipairs({"calibration: 2 batches of 2 x 16 tokens", "[1/14] model.layers.0.self_attn.q_proj", "trained",
+    "wrote model.safetensors", "modelopt fp8 export", "linears: 14 quantized as trained, 0 quantized after training, " ..
+    "1 excluded (bf16)", "excluded: the LM head stays in bf16 (1): lm_head", "fused groups: 4"}) do
+    T.ok(r.out:find(want, 1, true), "the output says " .. want .. ":\n" .. r.out)
+  end
+  -- the checkpoint's forward, with its recipe state: o_proj (in no fused group) holds its codes and scale
+  local rec = train.recipe(c)
+  local m = hf.from_pretrained(dir, {recipe = rec})
+  local tr = ckpt.load(dir, {model = m, recipe = rec})
+  m.step = tr.step
+  local fw = forward_weights(m, (nv.rand({2, 16}, {generator = nv.Generator(5)}) * 64):to("i64"))
+  local t = read_st(out .. "/model.safetensors")
+  for _, name in ipairs({"model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"}) do
+    T.ok(t[name .. ".weight"].bytes == fw[name].data, name .. ": the codes of the checkpoint's forward")
+    T.eq(f32_of(t[name .. ".weight_scale"].bytes), f32(1 / fw[name].scale), name)
+  end
+  local h = T.run_nvlua(T.shq(script) .. " --help")
+  T.eq(h.code, 0)
+  for _, k in ipairs({"ckpt", "out", "quantize", "format", "calib_batches", "data", "exclude"}) do
+    T.ok(h.out:find("\n  " .. k .. "=", 1, true), "--help lists " .. k)
+  end
+  local bad = T.run_nvlua(T.shq(script) .. " " .. T.shq(dir) .. " " .. T.shq(out) .. " quantize=nvfp5")
+  T.ok(bad.code ~= 0 and bad.err:find("quantize must be one of", 1, true), bad.err)
+  bad = T.run_nvlua(T.shq(script) .. " " .. T.shq(ROOT .. "/nowhere") .. " " .. T.shq(out))
+  T.ok(bad.code ~= 0 and bad.err:find("is not a directory", 1, true), bad.err)
+end)
+
 T.case("cleanup: the scratch directory is removed", function() T.ok(T.rm_tree(ROOT)) end)
