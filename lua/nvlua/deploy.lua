@@ -487,6 +487,67 @@ local function quant_config(f, format, rows)
     sparsity_config = {}, transform_config = {}, version = deploy.CT_VERSION}
 end
 
+-- options checked -> the layout and its format name, after the calibration option's checks
+local function checked(o, who)
+  local f, format = layout(o)
+  if needs_input(f) and o.calibration == nil then
+    user_error(string.format("%s: quantize = %s quantizes the activations with static scales: give " ..
+      "calibration = batches (or quantize = %s for weights only)", who, o.quantize, o.quantize == "fp8" and "fp8 with another " ..
+      "format" or "nvfp4_a16"), 0)
+  end
+  if not needs_input(f) and o.calibration ~= nil then
+    user_error(string.format("%s: calibration does not apply to quantize = %s (its activations are %s)", who,
+      o.quantize, f.group == 32 and "scaled per block as they run" or "not quantized"), 0)
+  end
+  return f, format
+end
+
+--- deploy.free(rows): free the quantized weights deploy.quantize returned in rows.
+function deploy.free(rows)
+  for _, row in ipairs(rows) do
+    if row.q then row.q:free() end
+    row.q = nil
+  end
+end
+
+--- deploy.quantize(model, {quantize =, format =, calibration =, exclude =, progress =}) -> rows, info: what an
+-- export writes, not written: deploy.plan's rows, each quantized one with q (its QTensor, the caller's to
+-- free: deploy.free(rows)), amax (q's tensor amax), requantized ({max, rms}, for a fused group's shared
+-- amax) and input_amax (calibrated, where the layout quantizes activations); info = {fused = {groups,
+-- requantized = {{name, trained, max, rms, amax, group_amax}}}, calibration_batches}. The recipes' state
+-- is as it was before. save_pretrained's options, their checks and errors (under the name save_pretrained).
+function deploy.quantize(model, o)
+  o = util.check_opts(o, {quantize = true, format = true, calibration = true, exclude = check_list,
+    progress = OPTS.progress}, "save_pretrained")
+  local f = checked(o, "save_pretrained")
+  local rows = deploy.plan(model, o)
+  -- the recipes' state (SR generators, delayed-scaling histories) as it is: put back afterwards
+  local states, seen = {}, {}
+  for _, row in ipairs(rows) do
+    local r = recipe_of(row)
+    if not seen[r] then seen[r] = true; states[#states + 1] = {r = r, s = r:state()} end
+  end
+  local function restore() for _, s in ipairs(states) do s.r:load_state(s.s) end end
+  local ok, info = pcall(nv.scope, function()
+    -- the weights first: a delayed-scaling forward of the calibration would push amaxes into the
+    -- histories the weights' scales come from
+    quantize_rows(model, rows, f, o.progress)
+    restore()
+    local fused = share_group_scales(rows, f)
+    local amax, nb
+    if needs_input(f) then amax, nb = calibrate(model, rows, o.calibration, o.progress) end
+    restore()
+    for _, row in ipairs(rows) do row.input_amax = amax and row.q and amax[row.name] end
+    return {fused = fused, calibration_batches = nb}
+  end)
+  if not ok then
+    restore()
+    deploy.free(rows)
+    error(info, 0)
+  end
+  return rows, info
+end
+
 --- deploy.save_pretrained(model, dir, {quantize = "nvfp4" | "nvfp4_a16" | "mxfp4" | "fp8", format =
 -- "modelopt" | "compressed-tensors" (default: the first that has quantize), calibration = batches or a
 -- function (W4A4 NVFP4 and FP8: required), exclude = {module names}, max_shard_size, bos_token_id,
@@ -500,39 +561,16 @@ end
 function deploy.save_pretrained(model, dir, o)
   o = util.check_opts(o, OPTS, "save_pretrained")
   hf.check_save_args(model, dir)
-  local f, format = layout(o)
-  if needs_input(f) and o.calibration == nil then
-    user_error(string.format("save_pretrained: quantize = %s quantizes the activations with static scales: give " ..
-      "calibration = batches (or quantize = %s for weights only)", o.quantize, o.quantize == "fp8" and "fp8 with another " ..
-      "format" or "nvfp4_a16"), 0)
-  end
-  if not needs_input(f) and o.calibration ~= nil then
-    user_error(string.format("save_pretrained: calibration does not apply to quantize = %s (its activations are %s)",
-      o.quantize, f.group == 32 and "scaled per block as they run" or "not quantized"), 0)
-  end
-  local rows = deploy.plan(model, o)
-  -- the recipes' state (SR generators, delayed-scaling histories) as it is: put back afterwards
-  local states, seen = {}, {}
-  for _, row in ipairs(rows) do
-    local r = recipe_of(row)
-    if not seen[r] then seen[r] = true; states[#states + 1] = {r = r, s = r:state()} end
-  end
-  local function restore() for _, s in ipairs(states) do s.r:load_state(s.s) end end
+  local f, format = checked(o, "save_pretrained")
+  local rows, info = deploy.quantize(model, {quantize = o.quantize, format = o.format, calibration = o.calibration,
+    exclude = o.exclude, progress = o.progress})
   local ok, files, report = pcall(nv.scope, function()
-    -- the weights first: a delayed-scaling forward of the calibration would push amaxes into the
-    -- histories the weights' scales come from
-    quantize_rows(model, rows, f, o.progress)
-    restore()
-    local fused = share_group_scales(rows, f)
-    local amax, nb
-    if needs_input(f) then amax, nb = calibrate(model, rows, o.calibration, o.progress) end
-    restore()
     local sd, tensors = model:state_dict(), {}
     local qnames = {}
     for _, row in ipairs(rows) do
       if row.q then
         qnames[row.name .. ".weight"] = true
-        row_tensors(row, f, amax and amax[row.name], tensors)
+        row_tensors(row, f, row.input_amax, tensors)
       end
     end
     for name, t in pairs(sd) do
@@ -542,21 +580,17 @@ function deploy.save_pretrained(model, dir, o)
     local written = hf.save_model(model, dir, tensors, {max_shard_size = o.max_shard_size, bos_token_id = o.bos_token_id,
       eos_token_id = o.eos_token_id, progress = o.progress, quant_config = file,
       config_extra = {quantization_config = cfg, dtype = "bfloat16", torch_dtype = "bfloat16"}})
-    local rep = {quantize = o.quantize, format = format, layers = {}, trained = 0, ptq = 0, excluded = 0, fused = fused,
-      calibration_batches = nb, bytes = 0}
+    local rep = {quantize = o.quantize, format = format, layers = {}, trained = 0, ptq = 0, excluded = 0, fused = info.fused,
+      calibration_batches = info.calibration_batches, bytes = 0}
     for _, row in ipairs(rows) do
       rep[row.status] = rep[row.status] + 1
       rep.layers[#rep.layers + 1] = {name = row.name, status = row.status, why = row.why, requantized = row.requantized}
-      if row.q then row.q:free() end
     end
     for _, b in pairs(written) do rep.bytes = rep.bytes + b end
     return written, rep
   end)
-  if not ok then
-    restore()
-    for _, row in ipairs(rows) do if row.q then row.q:free() end end
-    error(files, 0)
-  end
+  deploy.free(rows)
+  if not ok then error(files, 0) end
   return files, report
 end
 
