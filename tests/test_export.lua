@@ -525,6 +525,10 @@ T.case("bad input: unknown format or quantize, a missing or needless calibration
   cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads = 48, 3, 1 -- K = 48: no whole 1x32 blocks
   T.raises(function() hf.save_pretrained(llama.Llama(cfg, {seed = 1}), dir, {quantize = "mxfp4"}) end,
     "model.layers.0.self_attn.q_proj has 48 input features, not a multiple of mxfp4's block of 32")
+  local w = m:state_dict()["model.layers.1.mlp.down_proj.weight"]
+  w:set(3, 5, 0 / 0)
+  T.raises(function() hf.save_pretrained(m, dir, {quantize = "nvfp4_a16"}) end,
+    "model.layers.1.mlp.down_proj's weight holds NaN")
   local lfs = require "lfs"
   local left = {}
   for n in lfs.dir(dir) do if n ~= "." and n ~= ".." then left[#left + 1] = n end end

@@ -210,6 +210,10 @@ end
 -- spec (the recipe's fprop weight spec, for trained), group (the fused group's key, or nil)}.
 function deploy.plan(model, o)
   local f = layout(o)
+  if model.shards then -- (nvlua.shard) each rank holds rows of the weights, whose quantization is the whole's
+    user_error("save_pretrained: the model is sharded (shard=grads|full): export one loaded whole " ..
+      "(hf.from_pretrained of its checkpoint; scripts/export.lua does)", 0)
+  end
   local lin = model:linears()
   local rows, by_name = {}, {}
   for _, l in ipairs(lin) do by_name[l.name] = l end
@@ -321,6 +325,10 @@ local function quantize_rows(model, rows, f, progress)
         user_error(string.format("save_pretrained: %s has %d input features, not a multiple of %s's block of %d; " ..
           "leave it out with exclude", row.name, K, f.nvlua, need), 0)
       end
+      local a = w:amax() -- (NaN propagates: a damaged weight is refused, not encoded)
+      if a ~= a or a == math.huge then
+        user_error(string.format("save_pretrained: %s's weight holds %s", row.name, a ~= a and "NaN" or "an infinity"), 0)
+      end
       local q
       if row.status == "trained" then
         local spec
@@ -328,7 +336,6 @@ local function quantize_rows(model, rows, f, progress)
         assert(spec and q and q:format() == f.nvlua and q:axis() == 2, "deploy: the recipe's fprop weight is not the planned one")
         q = q:share() -- our own handle (a weight cache's copy stays the cache's)
       else
-        if w:amax() ~= w:amax() then user_error(string.format("save_pretrained: %s holds NaN", row.name), 0) end
         q = nv.quantize(w, f.nvlua, {axis = 2})
       end
       row.q, row.amax = core.unscope(q), q.amax
