@@ -5,6 +5,7 @@
 --   local files, report = hf.save_pretrained(model, dir, {quantize = "nvfp4", format = "modelopt",
 --     calibration = batches})                    -- = deploy.save_pretrained; scripts/export.lua
 --   deploy.FORMATS[format][quantize]             -- each layout's tensors and config, for readers too
+--   local rows = deploy.quantize(model, o)       -- what an export writes, as QTensors (deploy.free(rows))
 --
 -- Which linears are quantized. Not the LM head, nor what is no linear (embeddings, norms): they stay
 -- bf16, as every linear left out does, and the linears left out are listed in exclude_modules (ModelOpt)

@@ -4,6 +4,7 @@
 --   local model, info = hf.from_pretrained(dir [, {strict = true, dtype = "f32", recipe =}])
 --   hf.load_weights(model, dir [, {strict = true, dtype = "f32"}])   -- into a model built by the caller
 --   hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =}])
+--   hf.save_pretrained(model, dir, {quantize = "nvfp4", ...})          -- for inference engines: nvlua.deploy
 -- Training checkpoints (checkpoint.lua) hold such a directory plus the training state.
 --
 -- Reading follows transformers 4.x and 5.x (LlamaForCausalLM):
