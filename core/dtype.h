@@ -155,6 +155,17 @@ float nvl_f16_to_f32(uint16_t h);
 /* dst[i] = f16 element i of src (n elements, 2 bytes each, little-endian), for i < n. */
 void nvl_f16_to_f32_n(float *dst, const uint8_t *src, int64_t n);
 
+/* The dense values of a block-scaled weight as a deployment checkpoint's library decodes them
+ * (ModelOpt, compressed-tensors; lua/nvlua/deploy_read.lua): for element i = r*K + k of a [rows, K]
+ * tensor, dst[i] = v * s in fp32, v = c->decode(code i) (packed: two 4-bit codes per byte, the even
+ * element in the low nibble), s = scales[r', k / (K/nb)] * global (divide: / global) rounded once
+ * to fp32, r' = r (srows = rows) or 0 (srows = 1: one row of scales for all). scales NULL: dst = v.
+ * plus_zero: a code decoding to -0 gives +0 (ModelOpt's e2m1 table has +0 for the code -0). The
+ * caller checks the shapes (K a multiple of nb, of 2 when packed). */
+void nvl_decode_scaled_n(float *dst, const uint8_t *codes, const nvl_codec *c, int packed, const float *scales,
+                         int64_t rows, int64_t K, int64_t srows, int64_t nb, float global, int divide,
+                         int plus_zero);
+
 #ifdef __cplusplus
 }
 #endif
