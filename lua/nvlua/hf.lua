@@ -3,8 +3,8 @@
 --   local hf = require "nvlua.hf"
 --   local model, info = hf.from_pretrained(dir [, {strict = true, dtype = "f32", recipe =, quantized = "dequantize"}])
 --   hf.load_weights(model, dir [, {strict = true, dtype = "f32"}])   -- into a model built by the caller
--- A quantized checkpoint (ModelOpt, compressed-tensors: nvlua.deploy_read) loads dequantized.
 --   hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =}])
+-- A quantized checkpoint (ModelOpt, compressed-tensors: nvlua.deploy_read) loads dequantized.
 -- Training checkpoints (checkpoint.lua) hold such a directory plus the training state.
 --
 -- Reading follows transformers 4.x and 5.x (LlamaForCausalLM):
@@ -370,7 +370,6 @@ local function plan(who, dir, model, tensors, scheme)
       p.ignored[#p.ignored + 1] = name
     elseif scheme and scheme.kv_cache and name:find("%.[kv]_scale$") then -- the engine's KV cache's scales
       p.ignored[#p.ignored + 1] = name
-      p.ignored[#p.ignored + 1] = name
     elseif tied and name == "lm_head.weight" and p.load["model.embed_tokens.weight"] then
       local emb = tensors["model.embed_tokens.weight"]
       if not FLOATS[t.dtype] or not util.same_shape(t.shape, emb.shape) then
@@ -517,8 +516,6 @@ local function model_dir(who, dir)
   return dir
 end
 
--- the weights of dir (scan_weights's tensors and files) into model (checked by the caller) -> info
--- {missing, unexpected, ignored}
 -- whether a tensor name is a linear's activation scale (a quantized checkpoint's)
 local function activation_scale(name) return name:find("%.input_scale$") or name:find("%.input_global_scale$") end
 
