@@ -27,20 +27,21 @@ void nvl_f16_to_f32_n(float *dst, const uint8_t *src, int64_t n) {
 }
 
 void nvl_decode_scaled_n(float *dst, const uint8_t *codes, const nvl_codec *c, int packed, const float *scales,
-                         int64_t rows, int64_t K, int64_t srows, int64_t nb, float global, int divide,
-                         int plus_zero) {
+                         int64_t rows, int64_t K, int64_t srows, int64_t nb, const nvl_decode_opts *o) {
   int64_t block = scales ? K / nb : K;
   for (int64_t r = 0; r < rows; r++) {
     const float *sr = scales ? scales + (srows == 1 ? 0 : r) * nb : NULL;
     for (int64_t b = 0; b < K / block; b++) {
-      float s = 1.0f;
-      if (sr) s = divide ? sr[b] / global : sr[b] * global; /* one fp32 rounding, as the libraries do */
+      float s = sr ? sr[b] : 1.0f;
+      if (sr && !o->exact) s = o->divide ? s / o->global : s * o->global; /* the libraries' order: one rounding */
       for (int64_t k = b * block; k < (b + 1) * block; k++) {
         int64_t i = r * K + k;
         uint8_t code = packed ? (uint8_t)((codes[i / 2] >> (4 * (i & 1))) & 0x0f) : codes[i];
         float v = c->decode(code);
-        if (plus_zero && v == 0.0f) v = 0.0f; /* -0 read as +0 */
-        dst[i] = sr ? v * s : v;
+        if (o->plus_zero && v == 0.0f) v = 0.0f; /* -0 read as +0 */
+        if (!sr) dst[i] = v;
+        else if (!o->exact) dst[i] = v * s;
+        else dst[i] = o->divide ? (v * s) / o->global : (v * s) * o->global; /* v * s exact: one rounding */
       }
     }
   }

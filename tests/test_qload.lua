@@ -8,6 +8,9 @@
 --     values; the fixtures tell the libraries' rounding orders apart (the test would see a wrong one);
 --   * dtype = "bf16" gives that f32 decode rounded once; the logits equal those of a dense f32 model
 --     built from the reference values, bit for bit;
+--   * decode = "exact" (one rounding of code * scale * global) reads an nvlua NVFP4 weight written in
+--     ModelOpt's layout back as the forward's weight, bit for bit, and so does nvlua.deploy's export
+--     where that exporter is in the tree (skipped, saying so, where it is not);
 --   * e2m1 x e4m3 and e2m1 x e8m0 products are exact in f32 (all codes, all scales);
 --   * malformed checkpoints raise naming the tensor or field: a missing or misshapen scale, wrong
 --     dtypes, K not a multiple of the block, exclusion lists that contradict the tensors, unknown
@@ -151,16 +154,64 @@ T.case("the fixtures tell the libraries' rounding orders apart: another order wo
   local s = core.decode_scaled(ts[m .. ".weight_scale"], "e4m3", 2)
   local g = ts[m .. ".weight_scale_2"]:get()
   local codes = ts[m .. ".weight"]
-  T.ok(core.decode_scaled(codes, "e2m1", 32, s, g, false, true):bytes() == ref:bytes(), "ModelOpt's order")
-  T.ok(core.decode_scaled(codes, "e2m1", 32, s, g, false, false):bytes() ~= ref:bytes(), "-0 kept differs")
+  T.ok(core.decode_scaled(codes, "e2m1", 32, s, {global = g, plus_zero = true}):bytes() == ref:bytes(), "ModelOpt's order")
+  T.ok(core.decode_scaled(codes, "e2m1", 32, s, {global = g}):bytes() ~= ref:bytes(), "-0 kept differs")
   local exact = core.decode_scaled(codes, "e2m1", 32, s) * g -- one rounding of the exact product
   T.ok(exact:bytes() ~= ref:bytes(), "one rounding of code * scale * g differs")
   ts, ref = parts("ct_nvfp4", m)
   s = core.decode_scaled(ts[m .. ".weight_scale"], "e4m3", 2)
   g = ts[m .. ".weight_global_scale"]:reshape(1):get(1)
   codes = ts[m .. ".weight_packed"]
-  T.ok(core.decode_scaled(codes, "e2m1", 32, s, g, true):bytes() == ref:bytes(), "compressed-tensors' order")
-  T.ok(core.decode_scaled(codes, "e2m1", 32, s, 1 / g):bytes() ~= ref:bytes(), "times fl(1/g) differs")
+  T.ok(core.decode_scaled(codes, "e2m1", 32, s, {global = g, divide = true}):bytes() == ref:bytes(),
+    "compressed-tensors' order")
+  T.ok(core.decode_scaled(codes, "e2m1", 32, s, {global = 1 / g}):bytes() ~= ref:bytes(), "times fl(1/g) differs")
+  T.ok(core.decode_scaled(codes, "e2m1", 32, s, {global = g, divide = true, exact = true}):bytes() ~= ref:bytes(),
+    "one rounding of code * scale / g differs")
+end)
+
+T.case("decode = \"exact\": nvlua's own NVFP4 weight in ModelOpt's layout reads back as the forward's, bit for bit", function()
+  -- a weight quantized by nvlua as the NVFP4 recipe quantizes weights (16x16 tiles), its codes, block
+  -- scales and decode factor amax / 2688 written where ModelOpt puts them (what nvlua.deploy writes)
+  local down = L0 .. "mlp.down_proj"
+  local w = nv.randn({32, 32}, {generator = nv.Generator(7)}) * 0.05
+  local q = nv.quantize(w, "nvfp4", {block = "2d"})
+  local d = edit_tensors("mo_w4a16", "own", function(e)
+    e[down .. ".weight"].bytes = q:data():bytes()
+    e[down .. ".weight_scale"].bytes = q:scale_bytes():bytes()
+    -- amax / 2688 in f32 (the double quotient rounded to f32: the f32 quotient, unless it lay within
+    -- 2^-53 of an f32 rounding boundary, which the comparison below would show)
+    e[down .. ".weight_scale_2"] = f32_scalar(q.amax / 2688)
+  end)
+  local deq = q:dequantize():bytes()
+  local exact = hf.from_pretrained(d, {decode = "exact"}):state_dict()[down .. ".weight"]:bytes()
+  T.ok(exact == deq, "decode = exact gives q:dequantize(), the forward's weight")
+  local lib = hf.from_pretrained(d):state_dict()[down .. ".weight"]:bytes()
+  T.ok(lib ~= deq, "ModelOpt's own order differs on this weight (the option matters)")
+  T.raises(function() hf.from_pretrained(d, {decode = "nvlua"}) end, "decode must be \"library\" or \"exact\"")
+end)
+
+T.case("round trip: nvlua.deploy's ModelOpt NVFP4 export reads back as the training forward's weights", function()
+  local ok, deploy = pcall(require, "nvlua.deploy")
+  if not ok then T.skip("nvlua.deploy (the exporter) is not in this tree: " .. tostring(deploy):match("^[^\n]*")) end
+  local cfg = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2, num_attention_heads = 4,
+    num_key_value_heads = 2, max_position_embeddings = 64}
+  local m = llama.Llama(cfg, {recipe = nv.recipe.make("nvfp4"), seed = 1})
+  local dir = fresh("roundtrip")
+  local _, rep = hf.save_pretrained(m, dir, {quantize = "nvfp4_a16", format = "modelopt"})
+  local requantized = {}
+  for _, r in ipairs(rep.fused.requantized) do requantized[r.name] = true end
+  local back = hf.from_pretrained(dir, {decode = "exact"}):state_dict()
+  local sd, n = m:state_dict(), 0
+  for i = 0, 1 do
+    for _, name in ipairs({"self_attn.o_proj", "mlp.down_proj"}) do -- in no fused group: the forward's own codes
+      local full = "model.layers." .. i .. "." .. name
+      T.ok(not requantized[full], full .. " is not re-quantized")
+      local fwd = nv.quantize(sd[full .. ".weight"], "nvfp4", {block = "2d"}):dequantize() -- the recipe's fprop weight
+      T.ok(back[full .. ".weight"]:bytes() == fwd:bytes(), full .. ": the forward's weight, bit for bit")
+      n = n + 1
+    end
+  end
+  T.eq(n, 4)
 end)
 
 T.case("e2m1 times an e4m3 or e8m0 scale is exact in f32: every code, every scale", function()
@@ -350,7 +401,7 @@ T.case("exclusion lists that contradict the tensors: the error names the tensor"
   d = copy_case("mo_nvfp4", "ex_differ")
   edit_json(d .. "/config.json", function(c) c.quantization_config.ignore = {"lm_head"} end)
   T.raises(function() hf.from_pretrained(d) end, "hf_quant_config.json's exclude_modules and config.json's " ..
-    "quantization_config.ignore differ")
+    "quantization_config's exclusions differ")
   d = copy_case("mo_nvfp4", "algo_differ")
   edit_json(d .. "/config.json", function(c) c.quantization_config.quant_algo = "FP8" end)
   T.raises(function() hf.from_pretrained(d) end, "hf_quant_config.json says quant_algo NVFP4, config.json's " ..
@@ -477,7 +528,8 @@ T.case("core.decode_scaled: bad arguments", function()
   T.raises(function() core.decode_scaled(c, "e9m9", 8) end, "unknown element format 'e9m9'")
   T.raises(function() core.decode_scaled(c, "e4m3", 8, nv.zeros(4, 3)) end, "scales [4, 3] do not block [4, 8]")
   T.raises(function() core.decode_scaled(c:to("f32"), "e4m3", 8) end, "codes must be a 2-D contiguous u8 tensor")
-  T.eq(core.decode_scaled(c, "e4m3", 8, nv.ones(1, 2), 2.0):sum(), 0.0)
+  T.raises(function() core.decode_scaled(c, "e4m3", 8, nv.ones(1, 2), {global = "2"}) end, "global must be a number")
+  T.eq(core.decode_scaled(c, "e4m3", 8, nv.ones(1, 2), {global = 2.0}):sum(), 0.0)
 end)
 
 T.case("cleanup: the scratch directory is removed", function()

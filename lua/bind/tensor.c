@@ -680,11 +680,11 @@ static nvl_tensor *decode_arg(lua_State *L, int i, nvl_dtype dt, const char *wha
   return t;
 }
 
-/* core.decode_scaled(codes, elem, K [, scales [, global [, divide [, plus_zero]]]]) -> a new f32 [rows, K]: the
- * dense values of a deployment checkpoint's weight (nvl_decode_scaled_n). codes u8 [rows, K] (elem
- * "e2m1": [rows, K/2], two codes a byte); scales f32 [rows or 1, nb] with K a multiple of nb, each
- * multiplied by global (default 1), or divided by it when divide is true, before the product;
- * plus_zero: codes decoding to -0 give +0. */
+/* core.decode_scaled(codes, elem, K [, scales [, {global =, divide =, exact =, plus_zero =}]]) -> a new
+ * f32 [rows, K]: the dense values of a deployment checkpoint's weight (nvl_decode_scaled_n, whose
+ * nvl_decode_opts the options are: global a number, default 1; the others booleans). codes u8
+ * [rows, K] (elem "e2m1": [rows, K/2], two codes a byte); scales f32 [rows or 1, nb], K a multiple
+ * of nb. */
 static int l_decode_scaled(lua_State *L) {
   nvl_tensor *codes = decode_arg(L, 1, NVL_U8, "codes");
   const char *name = luaL_checkstring(L, 2);
@@ -700,13 +700,24 @@ static int l_decode_scaled(lua_State *L) {
   if (scales && (scales->shape[1] < 1 || K % scales->shape[1] || (scales->shape[0] != rows && scales->shape[0] != 1)))
     return luaL_argerror(L, 4, lua_pushfstring(L, "scales [%I, %I] do not block [%I, %I]", (lua_Integer)scales->shape[0],
                                                (lua_Integer)scales->shape[1], (lua_Integer)rows, K));
-  float global = (float)luaL_optnumber(L, 5, 1.0);
-  int divide = lua_toboolean(L, 6), plus_zero = lua_toboolean(L, 7);
+  nvl_decode_opts o = {1.0f, 0, 0, 0};
+  if (!lua_isnoneornil(L, 5)) {
+    luaL_checktype(L, 5, LUA_TTABLE);
+    if (lua_getfield(L, 5, "global") != LUA_TNIL) {
+      if (lua_type(L, -1) != LUA_TNUMBER) return luaL_argerror(L, 5, "global must be a number");
+      o.global = (float)lua_tonumber(L, -1);
+    }
+    lua_getfield(L, 5, "divide");
+    lua_getfield(L, 5, "exact");
+    lua_getfield(L, 5, "plus_zero");
+    o.divide = lua_toboolean(L, -3), o.exact = lua_toboolean(L, -2), o.plus_zero = lua_toboolean(L, -1);
+    lua_pop(L, 4);
+  }
   int64_t shape[2] = {rows, K};
   nvl_tensor *t = push_tensor(L);
   CHECK(L, nvl_tensor_empty(t, NVL_F32, NVL_CPU, 2, shape));
   nvl_decode_scaled_n(nvl_tensor_data(t), nvl_tensor_data(codes), c, packed, scales ? nvl_tensor_data(scales) : NULL,
-                      rows, K, scales ? scales->shape[0] : 0, scales ? scales->shape[1] : 0, global, divide, plus_zero);
+                      rows, K, scales ? scales->shape[0] : 0, scales ? scales->shape[1] : 0, &o);
   return 1;
 }
 

@@ -12,8 +12,9 @@
 -- compressed-tensors 0.20; tests/golden/qload holds checkpoints they wrote):
 --   ModelOpt        hf_quant_config.json {"producer", "quantization": {"quant_algo", "kv_cache_quant_algo",
 --                   "group_size", "exclude_modules"}} and/or config.json's quantization_config with
---                   quant_method "modelopt" (quant_algo, ignore = the exclusions); both, when both are
---                   there, must agree. quant_algo (any case):
+--                   quant_method "modelopt" (ModelOpt's flat quant_algo, ignore = the exclusions, or
+--                   hf_quant_config.json's "quantization" nested: vLLM reads both); both files, when
+--                   both are there, must agree. quant_algo (any case):
 --                     NVFP4, W4A16_NVFP4  weight U8 [N, K/2] (two e2m1 codes a byte, the even element in
 --                                  the low nibble), weight_scale F8_E4M3 [N, K/16], weight_scale_2 F32
 --                                  scalar; NVFP4 (W4A4) also input_scale F32 scalar
@@ -47,9 +48,13 @@
 --   MXFP4 (both)          w = code * 2^(e - 127)                   exact
 --   FP8 (both)            w = code * scale                         per tensor or per row, one rounding
 -- all in f32 (bf16 when asked: that f32 rounded once, which is what compressed-tensors' decompressor
--- returns for the fp4 formats). The training forward's own arithmetic (NUMERICS §2: the exact
--- code * scale, times the global factor after the GEMM) can differ from these in the last bit of
--- an element with a code of 1.5, 3 or 6.
+-- returns for the fp4 formats). decode = "exact" (from_pretrained's option) rounds once instead:
+-- w = fl(code * scale * weight_scale_2), fl(code * scale / weight_global_scale), the code * scale
+-- product exact; that is the engines' GEMM arithmetic (the global scale applied after the block
+-- products) and the training forward's (NUMERICS §2), so nvlua's own ModelOpt NVFP4 export
+-- (weight_scale_2 = amax / 2688, the forward's decode factor) reads back as the forward's weight
+-- bit for bit. The two orders differ in the last bit of some elements whose code is 1.5, 3 or 6
+-- (and, for ModelOpt, in the sign of a zero).
 --
 -- Activation scales (input_scale, input_global_scale) carry nothing the weights need; they are
 -- checked against the scheme (F32 scalars, present exactly when the scheme quantizes activations
@@ -236,6 +241,13 @@ local function same_set(a, b)
   return true
 end
 
+-- config.json's ModelOpt quantization_config: ModelOpt's flat form (quant_algo, ignore, ...) or
+-- hf_quant_config.json's nested under "quantization" (vLLM reads both) -> fields, where, whether nested
+local function modelopt_qc(qc)
+  if is_object(qc.quantization) then return qc.quantization, "config.json: quantization_config.quantization", true end
+  return qc, "config.json: quantization_config", false
+end
+
 local function modelopt_scheme(fail, dir, hq, qc)
   local algo, ex, kv, source
   if hq then
@@ -243,15 +255,17 @@ local function modelopt_scheme(fail, dir, hq, qc)
     algo, ex, kv = modelopt_fields(fail, where, hq.quantization, true)
     source = HQ
     if qc then -- config.json's copy must say the same
-      local a2, ex2 = modelopt_fields(fail, "config.json: quantization_config", qc, false)
+      local q, where, nested = modelopt_qc(qc)
+      local a2, ex2 = modelopt_fields(fail, where, q, nested)
       if a2 ~= algo then fail("%s says quant_algo %s, config.json's quantization_config %s", HQ, algo, a2) end
       if not same_set(ex, ex2) then
-        fail("%s's exclude_modules and config.json's quantization_config.ignore differ (engines read one or the " ..
+        fail("%s's exclude_modules and config.json's quantization_config's exclusions differ (engines read one or the " ..
           "other: the checkpoint is ambiguous)", HQ)
       end
     end
   else
-    algo, ex, kv = modelopt_fields(fail, "config.json: quantization_config", qc, false)
+    local q, where, nested = modelopt_qc(qc)
+    algo, ex, kv = modelopt_fields(fail, where, q, nested)
     source = "config.json"
   end
   local match = {}
@@ -472,10 +486,10 @@ local function positive(fail, name, t)
   return v
 end
 
---- dr.decode(fail, spec, parts, tensors, N, K) -> w f32 [N, K], the dense weight as spec's library
--- decodes it (see the header); parts: check_layer's names, tensors: name -> loaded tensor (u8 for
--- the codes and fp8/e8m0 scales)
-function dr.decode(fail, spec, parts, tensors, N, K)
+--- dr.decode(fail, spec, parts, tensors, N, K [, exact]) -> w f32 [N, K], the dense weight as spec's
+-- library decodes it, or with exact one rounding of code * block scale * global (see the header);
+-- parts: check_layer's names, tensors: name -> loaded tensor (u8 for the codes and fp8/e8m0 scales)
+function dr.decode(fail, spec, parts, tensors, N, K, exact)
   return core.scope(function()
     local codes, scale = tensors[parts.codes], tensors[parts.scale]
     if spec.kind == "fp8" then
@@ -486,7 +500,8 @@ function dr.decode(fail, spec, parts, tensors, N, K)
     local nb = scale:size(2)
     local s = core.decode_scaled(scale, spec.kind == "nvfp4" and "e4m3" or "e8m0", nb)
     local g = parts.global and positive(fail, parts.global, tensors[parts.global]) or 1
-    return core.decode_scaled(codes, "e2m1", K, s, g, spec.divide == true, spec.plus_zero == true)
+    return core.decode_scaled(codes, "e2m1", K, s, {global = g, divide = spec.divide, exact = exact,
+      plus_zero = spec.plus_zero and not exact})
   end)
 end
 

@@ -416,13 +416,14 @@ end
 -- The quantized weights whose parts have all been read (parts: tensor name -> tensor, the parts
 -- read so far), decoded (nvlua.deploy_read) into sub (module's weight name -> f32 or bf16 tensor);
 -- their parts freed. A weight decoding to a non-finite value raises, naming its tensors.
-local function decode_ready(who, dir, p, parts, sub, dtype)
+local function decode_ready(who, dir, p, parts, sub, dtype, exact)
   for module, q in pairs(p.quant) do
     local ready = not q.done
     for _, name in pairs(q.parts) do ready = ready and parts[name] ~= nil end
     if ready then
       q.done = true
-      local ok, w = pcall(dr.decode, function(fmt, ...) fail(who, dir, fmt, ...) end, q.spec, q.parts, parts, q.N, q.K)
+      local ok, w = pcall(dr.decode, function(fmt, ...) fail(who, dir, fmt, ...) end, q.spec, q.parts, parts, q.N, q.K,
+        exact)
       for _, name in pairs(q.parts) do parts[name]:free(); parts[name] = nil end
       if not ok then error(w, 0) end
       local ss = core.sumsq(w)
@@ -442,7 +443,7 @@ end
 -- Copy the planned tensors of every file into the model, one file at a time; every tensor loaded
 -- is checked to be finite first (nothing is copied from a file that holds a non-finite one). The
 -- parts of a quantized weight are kept until the last of them is read, then decoded.
-local function load_files(who, dir, model, files, p, dtype)
+local function load_files(who, dir, model, files, p, dtype, exact)
   local head_bytes
   local parts = {}
   for _, file in ipairs(files) do
@@ -472,7 +473,7 @@ local function load_files(who, dir, model, files, p, dtype)
         t:free()
       end
     end
-    local dok, derr = pcall(decode_ready, who, dir, p, parts, sub, dtype)
+    local dok, derr = pcall(decode_ready, who, dir, p, parts, sub, dtype, exact)
     if not dok then
       for _, t in pairs(sub) do t:free() end
       for _, t in pairs(parts) do t:free() end
@@ -544,7 +545,7 @@ end
 
 -- the weights of dir (scan_weights's tensors and files; scheme: its quantization or nil) into model
 -- (checked by the caller) -> info {missing, unexpected, ignored [, quantization]}
-local function load_weights(who, dir, tensors, files, model, strict, dtype, scheme)
+local function load_weights(who, dir, tensors, files, model, strict, dtype, scheme, decode)
   local p = plan(who, dir, model, tensors, scheme)
   if strict ~= false and (#p.missing > 0 or #p.unexpected > 0) then
     local parts = {}
@@ -558,7 +559,7 @@ local function load_weights(who, dir, tensors, files, model, strict, dtype, sche
       table.concat(parts, "; "), act and string.format(" (activation scales: %s's scheme has them exactly where it " ..
       "quantizes activations with a static scale; engines refuse the checkpoint otherwise)", scheme.source) or "")
   end
-  load_files(who, dir, model, files, p, dtype or "f32")
+  load_files(who, dir, model, files, p, dtype or "f32", decode == "exact")
   return {missing = p.missing, unexpected = p.unexpected, ignored = p.ignored,
     quantization = scheme and quant_info(scheme, model, p) or nil}
 end
@@ -571,13 +572,16 @@ local function check_quantized(v)
   end
   return "must be \"dequantize\""
 end
+local function check_decode(v) return v ~= "library" and v ~= "exact" and "must be \"library\" or \"exact\"" or nil end
 
---- hf.from_pretrained(dir [, {strict = true, dtype = "f32" | "bf16", recipe =, quantized = "dequantize"}])
--- -> model, info: a llama.Llama with the weights of dir (a Hugging Face Llama directory, or an nvlua
--- checkpoint), computing with recipe (a recipe value or a registered recipe's name; default f32).
--- A quantized checkpoint (ModelOpt or compressed-tensors NVFP4, MXFP4, FP8: nvlua.deploy_read)
--- loads with each quantized linear's weight decoded to f32 as its library decodes it; info.quantization
--- = {method, algo, source, quantized = {modules}, excluded = {linear modules left unquantized}}.
+--- hf.from_pretrained(dir [, {strict = true, dtype = "f32" | "bf16", recipe =, quantized = "dequantize",
+-- decode = "library"}]) -> model, info: a llama.Llama with the weights of dir (a Hugging Face Llama
+-- directory, or an nvlua checkpoint), computing with recipe (a recipe value or a registered recipe's
+-- name; default f32). A quantized checkpoint (ModelOpt or compressed-tensors NVFP4, MXFP4, FP8:
+-- nvlua.deploy_read) loads with each quantized linear's weight decoded to f32 as its library decodes
+-- it, or with decode = "exact" as the engines' GEMMs and nvlua's forward compute it (one rounding of
+-- code * block scale * global scale); info.quantization = {method, algo, source, quantized =
+-- {modules}, excluded = {linear modules left unquantized}}.
 -- info = {missing =, unexpected =, ignored =, config_ignored = [, quantization =]} (sorted names). strict (the
 -- default) raises when a parameter is missing or a tensor is unexpected, listing them; with
 -- strict = false they are returned in info and a missing parameter keeps its initial value
@@ -587,7 +591,7 @@ end
 function hf.from_pretrained(dir, o)
   local who = "from_pretrained"
   o = util.check_opts(o, {strict = check_strict, dtype = check_dtype, recipe = is_recipe,
-    quantized = check_quantized}, who)
+    quantized = check_quantized, decode = check_decode}, who)
   dir = model_dir(who, dir)
   if not is_file(dir .. "/config.json") then fail(who, dir, "no config.json (not a Hugging Face model directory)") end
   local rok, c, info = pcall(hf.read_config, dir)
@@ -599,12 +603,13 @@ function hf.from_pretrained(dir, o)
   local ok, model = pcall(llama.Llama, c, {recipe = o.recipe, seed = 0})
   if not ok and not util.is_user_error(model) then error(model, 0) end -- a bug, not the file's
   if not ok then fail(who, dir, "config.json: %s", strip_position(model)) end
-  local li = load_weights(who, dir, tensors, files, model, o.strict, o.dtype, scheme)
+  local li = load_weights(who, dir, tensors, files, model, o.strict, o.dtype, scheme, o.decode)
   li.config_ignored = info.config_ignored
   return model, li
 end
 
---- hf.load_weights(model, dir [, {strict = true, dtype = "f32" | "bf16", quantized = "dequantize"}]) -> info
+--- hf.load_weights(model, dir [, {strict = true, dtype = "f32" | "bf16", quantized = "dequantize", decode =
+-- "library" | "exact"}]) -> info
 -- {missing =, unexpected =, ignored = [, quantization =]}: the weights of dir (a Hugging Face Llama directory, or an nvlua
 -- checkpoint) copied into model, a llama.Llama its caller built for dir's config (its parameters'
 -- shapes must be the stored ones; one under shard=grads|full, nvlua.shard, keeps its rows of each).
@@ -612,14 +617,15 @@ end
 -- config.json is read only for its quantization_config (the model's config is the caller's).
 function hf.load_weights(model, dir, o)
   local who = "load_weights"
-  o = util.check_opts(o, {strict = check_strict, dtype = check_dtype, quantized = check_quantized}, who)
+  o = util.check_opts(o, {strict = check_strict, dtype = check_dtype, quantized = check_quantized,
+    decode = check_decode}, who)
   if type(model) ~= "table" or type(model.named_parameters) ~= "function" or type(model.config) ~= "table" then
     error("load_weights: model must be an nvlua model (llama.Llama), got " .. type(model), 2)
   end
   dir = model_dir(who, dir)
   local scheme = quant_scheme(who, dir, false)
   local tensors, files = scan_weights(who, dir)
-  return load_weights(who, dir, tensors, files, model, o.strict, o.dtype, scheme)
+  return load_weights(who, dir, tensors, files, model, o.strict, o.dtype, scheme, o.decode)
 end
 
 -- ---- writing --------------------------------------------------------------------------------------
