@@ -20,8 +20,9 @@
 --                                  scalar; NVFP4 (W4A4) also input_scale F32 scalar
 --                     FP8          weight F8_E4M3 [N, K], weight_scale F32 scalar, input_scale F32 scalar
 --                     MXFP4        weight U8 [N, K/2], weight_scale U8 (e8m0) [N, K/32]
---                   A linear is left unquantized when an exclude_modules entry names it or one of its
---                   parents, exactly or as a pattern with * and ? (matching the whole name).
+--                   A linear is left unquantized when an exclude_modules entry lies within its name
+--                   (its own, a parent's, a bare "o_proj") or matches the whole name as a pattern
+--                   with * and ?, as vLLM decides (ModelOptQuantConfigBase.is_layer_excluded).
 --   compressed-tensors  config.json's quantization_config with quant_method "compressed-tensors",
 --                   quantization_status "compressed", config_groups {targets, weights,
 --                   input_activations, format?}, ignore, format. A linear belongs to the group one of
@@ -37,9 +38,11 @@
 --                   Regexes: the subset Lua patterns express (. * + ? [...] \d \w \s \. ^ $); groups,
 --                   alternation and counted repeats are refused, naming the entry.
 --
--- Decoding. An e2m1 code times its e4m3 block scale is exact in f32 (at most 6 significant bits,
--- magnitudes 2^-10 .. 2688); an e2m1 or e4m3 code times an e8m0 scale (a power of two) is exact in
--- f32 and bf16 alike. The global scale is an arbitrary f32, so the product with it is rounded:
+-- Decoding. An e2m1 code times its e4m3 block scale is exact in f32 (at most 2 x 4 significant bits,
+-- magnitudes 2^-10 .. 2688); an e2m1 code times an e8m0 scale (a power of two) is exact in f32 and
+-- bf16 alike, where it does not overflow (|code| >= 2 with 2^127, >= 4 with 2^126 give inf, which
+-- the loader refuses as non-finite). tests/test_qload.lua checks both for every code and every
+-- scale. The global scale is an arbitrary f32, so the product with it is rounded:
 -- there is no exactly representable "true" NVFP4 or per-tensor FP8 weight, and each library
 -- rounds in its own order. nvlua decodes as the checkpoint's library does, bit for bit (the test
 -- compares with their own decoders' output):
@@ -143,18 +146,13 @@ local function ct_matcher(fail, where, entry)
   return function(name) return name == entry end
 end
 
--- A ModelOpt exclude_modules entry -> a function(module name) -> bool: the module or a parent of it
+-- A ModelOpt exclude_modules entry -> a function(module name) -> bool, as vLLM matches them: the
+-- entry within the name (older ModelOpt wrote parents and bare names), or the whole name matching
+-- it as a wildcard pattern (fnmatch)
 local function mo_matcher(fail, where, entry)
   if type(entry) ~= "string" then fail("%s: entries must be strings, got %s", where, tostring(entry)) end
   local pat = glob_pattern(entry)
-  return function(name)
-    local n = name
-    while n do
-      if n == entry or n:find(pat) then return true end
-      n = n:match("^(.*)%.[^.]+$")
-    end
-    return false
-  end
+  return function(name) return name:find(entry, 1, true) ~= nil or name:find(pat) ~= nil end
 end
 
 -- ---- the layer specs -------------------------------------------------------------------------------
