@@ -1,4 +1,5 @@
-/* dtype.c: the dtype traits table, its name tables, bf16 conversion and f16 decoding (see dtype.h). */
+/* dtype.c: the dtype traits table, its name tables, bf16 conversion, f16 decoding and the decoding of
+ * deployment checkpoints' block-scaled weights (see dtype.h). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,6 +24,27 @@ float nvl_f16_to_f32(uint16_t h) {
 
 void nvl_f16_to_f32_n(float *dst, const uint8_t *src, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] = nvl_f16_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
+}
+
+void nvl_decode_scaled_n(float *dst, const uint8_t *codes, const nvl_codec *c, int packed, const float *scales,
+                         int64_t rows, int64_t K, int64_t srows, int64_t nb, const nvl_decode_opts *o) {
+  int64_t block = scales ? K / nb : K;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *sr = scales ? scales + (srows == 1 ? 0 : r) * nb : NULL;
+    for (int64_t b = 0; b < K / block; b++) {
+      float s = sr ? sr[b] : 1.0f;
+      if (sr && !o->exact) s = o->divide ? s / o->global : s * o->global; /* the libraries' order: one rounding */
+      for (int64_t k = b * block; k < (b + 1) * block; k++) {
+        int64_t i = r * K + k;
+        uint8_t code = packed ? (uint8_t)((codes[i / 2] >> (4 * (i & 1))) & 0x0f) : codes[i];
+        float v = c->decode(code);
+        if (o->plus_zero && v == 0.0f) v = 0.0f; /* -0 read as +0 */
+        if (!sr) dst[i] = v;
+        else if (!o->exact) dst[i] = v * s;
+        else dst[i] = o->divide ? (v * s) / o->global : (v * s) * o->global; /* v * s exact: one rounding */
+      }
+    }
+  }
 }
 
 /* Double -> float -> bf16 would round twice; round once from double instead. */

@@ -155,6 +155,24 @@ float nvl_f16_to_f32(uint16_t h);
 /* dst[i] = f16 element i of src (n elements, 2 bytes each, little-endian), for i < n. */
 void nvl_f16_to_f32_n(float *dst, const uint8_t *src, int64_t n);
 
+/* How nvl_decode_scaled_n applies a block scale s and a global scale g to an element's value v. */
+typedef struct {
+  float global;  /* g (1: none) */
+  int divide;    /* the block scale is divided by g, not multiplied */
+  int exact;     /* 0: v * fl(s op g), the deployment libraries' order (ModelOpt, compressed-tensors);
+                    1: fl((v * s) op g), v * s exact (e2m1 x e4m3 or e8m0): the engines' GEMM order,
+                    the global applied after the block products, and nvlua's (NUMERICS §2) */
+  int plus_zero; /* a code decoding to -0 gives +0 (ModelOpt's e2m1 table has +0 for it) */
+} nvl_decode_opts;
+/* The dense values of a block-scaled weight as a deployment checkpoint's decoder computes them
+ * (lua/nvlua/deploy_read.lua): for element i = r*K + k of a [rows, K] tensor, dst[i] = v with
+ * v = c->decode(code i) (packed: two 4-bit codes per byte, the even element in the low nibble),
+ * scaled by s = scales[r', k / (K/nb)] (r' = r when srows = rows, 0 when srows = 1) and o->global
+ * in the order of o (above), in fp32; scales NULL: dst = v. The caller checks the shapes (K a
+ * multiple of nb, of 2 when packed). */
+void nvl_decode_scaled_n(float *dst, const uint8_t *codes, const nvl_codec *c, int packed, const float *scales,
+                         int64_t rows, int64_t K, int64_t srows, int64_t nb, const nvl_decode_opts *o);
+
 #ifdef __cplusplus
 }
 #endif

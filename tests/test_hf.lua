@@ -321,7 +321,7 @@ function()
   refused(function(c) c.attention_bias = true end, "attention_bias = true is not supported")
   refused(function(c) c.model_type = "mistral" end, "model_type = mistral is not supported")
   refused(function(c) c.quantization_config = {quant_method = "bitsandbytes"} end,
-    "config.json: quantization_config: quantized weights are not supported")
+    "config.json: quantization_config.quant_method \"bitsandbytes\" is not one nvlua reads (modelopt, compressed-tensors)")
   refused(function(c) c.auto_map = {AutoModelForCausalLM = "modeling_x.X"} end,
     "auto_map: it names custom modeling code")
   refused(function(c) c.pruned_heads = {["0"] = {1}} end, "pruned_heads: pruned attention heads are not supported")

@@ -672,6 +672,55 @@ static int l_from_f16_bytes(lua_State *L) {
   return 1;
 }
 
+/* A 2-D contiguous host tensor of dtype dt at argument i, for decode_scaled. */
+static nvl_tensor *decode_arg(lua_State *L, int i, nvl_dtype dt, const char *what) {
+  nvl_tensor *t = check_live(L, i, "decode_scaled");
+  if (t->dtype != dt || t->ndim != 2 || t->device != NVL_CPU || !nvl_tensor_is_contiguous(t))
+    luaL_argerror(L, i, lua_pushfstring(L, "%s must be a 2-D contiguous %s tensor on the CPU", what, nvl_dtypes[dt].name));
+  return t;
+}
+
+/* core.decode_scaled(codes, elem, K [, scales [, {global =, divide =, exact =, plus_zero =}]]) -> a new
+ * f32 [rows, K]: the dense values of a deployment checkpoint's weight (nvl_decode_scaled_n, whose
+ * nvl_decode_opts the options are: global a number, default 1; the others booleans). codes u8
+ * [rows, K] (elem "e2m1": [rows, K/2], two codes a byte); scales f32 [rows or 1, nb], K a multiple
+ * of nb. */
+static int l_decode_scaled(lua_State *L) {
+  nvl_tensor *codes = decode_arg(L, 1, NVL_U8, "codes");
+  const char *name = luaL_checkstring(L, 2);
+  const nvl_codec *c = nvl_codec_from_name(name);
+  if (!c) return luaL_argerror(L, 2, lua_pushfstring(L, "unknown element format '%s' (%s)", name, nvl_codec_names()));
+  int packed = strcmp(name, "e2m1") == 0;
+  lua_Integer K = luaL_checkinteger(L, 3);
+  int64_t rows = codes->shape[0];
+  if (K < 1 || codes->shape[1] != (packed ? K / 2 : K) || (packed && K % 2))
+    return luaL_argerror(L, 3, lua_pushfstring(L, "K = %I does not match codes [%I, %I] of %s", K,
+                                               (lua_Integer)rows, (lua_Integer)codes->shape[1], name));
+  nvl_tensor *scales = lua_isnoneornil(L, 4) ? NULL : decode_arg(L, 4, NVL_F32, "scales");
+  if (scales && (scales->shape[1] < 1 || K % scales->shape[1] || (scales->shape[0] != rows && scales->shape[0] != 1)))
+    return luaL_argerror(L, 4, lua_pushfstring(L, "scales [%I, %I] do not block [%I, %I]", (lua_Integer)scales->shape[0],
+                                               (lua_Integer)scales->shape[1], (lua_Integer)rows, K));
+  nvl_decode_opts o = {1.0f, 0, 0, 0};
+  if (!lua_isnoneornil(L, 5)) {
+    luaL_checktype(L, 5, LUA_TTABLE);
+    if (lua_getfield(L, 5, "global") != LUA_TNIL) {
+      if (lua_type(L, -1) != LUA_TNUMBER) return luaL_argerror(L, 5, "global must be a number");
+      o.global = (float)lua_tonumber(L, -1);
+    }
+    lua_getfield(L, 5, "divide");
+    lua_getfield(L, 5, "exact");
+    lua_getfield(L, 5, "plus_zero");
+    o.divide = lua_toboolean(L, -3), o.exact = lua_toboolean(L, -2), o.plus_zero = lua_toboolean(L, -1);
+    lua_pop(L, 4);
+  }
+  int64_t shape[2] = {rows, K};
+  nvl_tensor *t = push_tensor(L);
+  CHECK(L, nvl_tensor_empty(t, NVL_F32, NVL_CPU, 2, shape));
+  nvl_decode_scaled_n(nvl_tensor_data(t), nvl_tensor_data(codes), c, packed, scales ? nvl_tensor_data(scales) : NULL,
+                      rows, K, scales ? scales->shape[0] : 0, scales ? scales->shape[1] : 0, &o);
+  return 1;
+}
+
 static int l_matmul(lua_State *L) {
   nvl_tensor *a = check_live(L, 1, "matmul"), *b = check_live(L, 2, "matmul");
   nvl_tensor *r = push_tensor(L);
@@ -936,7 +985,7 @@ static const luaL_Reg module_funcs[] = {
   {"randn_", l_randn_}, {"Generator", l_generator}, {"default_generator", l_default_generator},
   {"manual_seed", l_manual_seed}, {"philox", l_philox}, {"memory", l_memory},
   {"cuda_available", l_cuda_available}, {"cuda_devices", l_cuda_devices}, {"build_info", l_build_info},
-  {"dtypes", l_dtypes}, {"formats", l_formats}, {"use_reference", l_use_reference}, {"gemm_bf16", l_gemm_bf16}, {"gemm_paths", l_gemm_paths}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"reset_peak_memory", l_reset_peak}, {"from_bytes", l_from_bytes}, {"from_f16_bytes", l_from_f16_bytes}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
+  {"dtypes", l_dtypes}, {"formats", l_formats}, {"use_reference", l_use_reference}, {"gemm_bf16", l_gemm_bf16}, {"gemm_paths", l_gemm_paths}, {"clock", l_clock}, {"empty_cache", l_empty_cache}, {"reset_peak_memory", l_reset_peak}, {"from_bytes", l_from_bytes}, {"from_f16_bytes", l_from_f16_bytes}, {"decode_scaled", l_decode_scaled}, {"matmul", l_matmul}, {"allclose", l_allclose}, {NULL, NULL}};
 
 int luaopen_nvlua_core(lua_State *L) {
   luaL_newmetatable(L, TENSOR_MT);

@@ -48,6 +48,7 @@ Pruning     nv.prune: importance, width, depth (Minitron)   help(nv.prune)
 Devices     nv.cuda.available() nv.cuda.devices(); t:cuda() t:cpu()   help(nv.cuda)
 More        nvlua.safetensors nvlua.formats nvlua.stats nvlua.gradcheck nvlua.pretty nvlua.util
             nvlua.test, nvlua.help (help.text(x) returns what help(x) prints)
+            nvlua.deploy_read: ModelOpt / compressed-tensors checkpoints, read by hf.from_pretrained
 Info        nv.info()  nv.memory()  nv.clock()  nvlua -v
 ]]
 

@@ -1,10 +1,11 @@
 -- nvlua.hf: Hugging Face Llama model directories — config.json (LlamaConfig) and the weights in
 -- safetensors under Hugging Face's parameter names — read into an nvlua model and written from one.
 --   local hf = require "nvlua.hf"
---   local model, info = hf.from_pretrained(dir [, {strict = true, dtype = "f32", recipe =}])
+--   local model, info = hf.from_pretrained(dir [, {strict = true, dtype = "f32", recipe =, quantized = "dequantize"}])
 --   hf.load_weights(model, dir [, {strict = true, dtype = "f32"}])   -- into a model built by the caller
 --   hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =}])
 --   hf.save_pretrained(model, dir, {quantize = "nvfp4", ...})          -- for inference engines: nvlua.deploy
+-- A quantized checkpoint (ModelOpt, compressed-tensors: nvlua.deploy_read) loads dequantized.
 -- Training checkpoints (checkpoint.lua) hold such a directory plus the training state.
 --
 -- Reading follows transformers 4.x and 5.x (LlamaForCausalLM):
@@ -13,10 +14,16 @@
 --                types default, linear, dynamic and llama3 (nn.llama_config), others refused by
 --                name. Keys that transformers' Llama does not read carry no arithmetic and are
 --                ignored (listed in info.config_ignored); keys that ask for arithmetic nvlua does
---                not compute are refused (a hidden_act other than silu, biases, quantization_config,
---                custom modeling code: auto_map, pruned heads).
+--                not compute are refused (a hidden_act other than silu, biases, custom modeling
+--                code: auto_map, pruned heads). quantization_config (and hf_quant_config.json) is
+--                read by nvlua.deploy_read: ModelOpt and compressed-tensors NVFP4 / MXFP4 / FP8,
+--                other quantization methods refused by name.
 --   weights      model.safetensors, else model.safetensors.index.json and the shards it names
 --                (transformers' order of preference); F32, BF16 and F16 (read as f32, exactly).
+--                A quantized checkpoint's linear weights (U8 / F8_E4M3 codes, block and global
+--                scales) are checked against its config and decoded to f32 as its library decodes
+--                them (nvlua.deploy_read, which says how); its activation scales are checked and
+--                ignored (they are missing or unexpected tensors where they contradict the scheme).
 --                Known non-parameter buffers (rotary_emb.inv_freq, masked_bias) are ignored.
 --                A tied model (tie_word_embeddings) that also stores lm_head.weight loads when it
 --                equals model.embed_tokens.weight bit for bit after conversion, else it is refused.
@@ -34,6 +41,7 @@ local lfs = require "lfs"
 local cjson = require "cjson"
 local core = require "nvlua.core"
 local st = require "nvlua.safetensors"
+local dr = require "nvlua.deploy_read"
 local nn = require "nvlua.nn"
 local util = require "nvlua.util"
 local user_error = util.user_error
@@ -120,7 +128,6 @@ end
 -- config.json keys that ask for arithmetic nvlua does not compute (the reason, given the value),
 -- beyond what nn.llama_config checks (hidden_act, biases, model_type, rope types, ...)
 local REFUSED = {
-  quantization_config = function() return "quantized weights are not supported (nvlua reads F32, BF16 and F16)" end,
   auto_map = function() return "it names custom modeling code, not transformers' LlamaForCausalLM" end,
   pruned_heads = function(v) return next(v) and "pruned attention heads are not supported" or nil end,
 }
@@ -138,25 +145,28 @@ local INT_KEYS = {bos_token_id = true, eos_token_id = true, pad_token_id = true}
 
 --- hf.read_config(dir) -> config, info | nil, msg (no readable config.json): the keys of dir's
 -- config.json that nn.llama_config takes (not yet checked: llama.Llama checks them), and
--- info.config_ignored, the sorted names of the keys that carry no arithmetic for a Llama.
--- A key that asks for arithmetic nvlua does not compute raises.
+-- info.config_ignored, the sorted names of the keys that carry no arithmetic for a Llama, and
+-- info.quantization_config, the config's quantization_config as decoded (nil if none; read by
+-- nvlua.deploy_read). A key that asks for arithmetic nvlua does not compute raises.
 function hf.read_config(dir)
   if type(dir) ~= "string" then error("read_config: dir must be a string (a model directory), got " .. type(dir), 2) end
   if is_file(dir .. "/model/config.json") then dir = dir .. "/model" end -- an nvlua checkpoint: its model/
   local c, err = read_json(dir .. "/config.json", "read_config")
   if not c then return nil, err end
-  local out, ignored = {}, {}
+  local out, ignored, qc = {}, {}, nil
   for k, v in pairs(c) do
     local why = REFUSED[k] and v ~= cjson.null and REFUSED[k](v)
     if why then user_error(string.format("read_config: %s/config.json: %s: %s", dir, k, why), 0) end
-    if nn.llama_config_key(k) then
+    if k == "quantization_config" then
+      if v ~= cjson.null then qc = v end
+    elseif nn.llama_config_key(k) then
       out[k] = plain(v, INT_KEYS[k])
     elseif v ~= cjson.null then
       ignored[#ignored + 1] = k
     end
   end
   table.sort(ignored)
-  return out, {config_ignored = ignored}
+  return out, {config_ignored = ignored, quantization_config = qc}
 end
 
 -- x written as a float (8.0, not 8): the keys transformers writes as floats
@@ -268,7 +278,7 @@ local function scan_weights(who, dir)
   end
   local tensors = {}
   for _, file in ipairs(files) do
-    local header, err = st.read_header(dir .. "/" .. file, {f16 = "f32"})
+    local header, err = st.read_header(dir .. "/" .. file, {f16 = "f32", f8 = "u8"})
     if not header then fail(who, dir, "%s", tostring(err)) end
     for name, h in pairs(header) do
       if map and map[name] ~= file then
@@ -305,14 +315,43 @@ local function whole_params(model)
   return out
 end
 
+-- The linear layers' weights (Hugging Face Llama names): the modules a checkpoint may quantize.
+local function linear_module(name)
+  return (name:match("^(.+_proj)%.weight$") or name:match("^(lm_head)%.weight$"))
+end
+
+-- A quantized checkpoint's linear weight e {name, shape}, module its module: which tensors it is
+-- decoded from (p.quant[module] = {spec, parts, N, K}, p.part_of[tensor] = module), its activation
+-- scales ignored, missing or unexpected (deploy_read.check_layer); consumed[tensor] = true for each.
+local function plan_quantized(who, dir, scheme, spec, e, module, tensors, p, consumed)
+  local any = false
+  for name in pairs(tensors) do
+    if name:sub(1, #module + 1) == module .. "." then any = true; break end
+  end
+  if not any then p.missing[#p.missing + 1] = e.name; return end
+  local function failer(fmt, ...) fail(who, dir, fmt, ...) end
+  local r = dr.check_layer(failer, scheme, spec, module, e.shape, tensors)
+  p.quant[module] = {spec = spec, parts = r.parts, N = e.shape[1], K = e.shape[2], name = e.name}
+  for _, name in pairs(r.parts) do p.part_of[name], consumed[name] = module, true end
+  for _, name in ipairs(r.inputs) do p.ignored[#p.ignored + 1], consumed[name] = name, true end
+  for _, name in ipairs(r.missing) do p.missing[#p.missing + 1] = name end
+end
+
 -- What each stored tensor is to the model: {load = {name = true}, missing, unexpected, ignored
--- (sorted lists), tied_head = the stored lm_head.weight of a tied model, or nil}.
-local function plan(who, dir, model, tensors)
-  local params, p = {}, {load = {}, missing = {}, unexpected = {}, ignored = {}}
+-- (sorted lists), tied_head = the stored lm_head.weight of a tied model, or nil; quant, part_of:
+-- the quantized weights of a quantized checkpoint (scheme, nvlua.deploy_read), see plan_quantized}.
+local function plan(who, dir, model, tensors, scheme)
+  local params, p = {}, {load = {}, missing = {}, unexpected = {}, ignored = {}, quant = {}, part_of = {}}
+  local consumed = {}
   for _, e in ipairs(whole_params(model)) do
     params[e.name] = true
     local t = tensors[e.name]
-    if not t then
+    local module = scheme and linear_module(e.name)
+    local spec = module and scheme.layer(module)
+    if module and not spec then dr.check_excluded(function(fmt, ...) fail(who, dir, fmt, ...) end, scheme, module, tensors) end
+    if spec then
+      plan_quantized(who, dir, scheme, spec, e, module, tensors, p, consumed)
+    elseif not t then
       p.missing[#p.missing + 1] = e.name
     else
       if not FLOATS[t.dtype] then
@@ -327,8 +366,10 @@ local function plan(who, dir, model, tensors)
   end
   local tied = model.config.tie_word_embeddings
   for name, t in pairs(tensors) do
-    if params[name] then -- loaded
+    if params[name] or consumed[name] then -- loaded, or a quantized weight's part or activation scale
     elseif is_buffer(name) then
+      p.ignored[#p.ignored + 1] = name
+    elseif scheme and scheme.kv_cache and name:find("%.[kv]_scale$") then -- the engine's KV cache's scales
       p.ignored[#p.ignored + 1] = name
     elseif tied and name == "lm_head.weight" and p.load["model.embed_tokens.weight"] then
       local emb = tensors["model.embed_tokens.weight"]
@@ -373,12 +414,41 @@ local function check_finite(who, dir, file, name, t)
   end
 end
 
+-- The quantized weights whose parts have all been read (parts: tensor name -> tensor, the parts
+-- read so far), decoded (nvlua.deploy_read) into sub (module's weight name -> f32 or bf16 tensor);
+-- their parts freed. A weight decoding to a non-finite value raises, naming its tensors.
+local function decode_ready(who, dir, p, parts, sub, dtype, exact)
+  for module, q in pairs(p.quant) do
+    local ready = not q.done
+    for _, name in pairs(q.parts) do ready = ready and parts[name] ~= nil end
+    if ready then
+      q.done = true
+      local ok, w = pcall(dr.decode, function(fmt, ...) fail(who, dir, fmt, ...) end, q.spec, q.parts, parts, q.N, q.K,
+        exact)
+      for _, name in pairs(q.parts) do parts[name]:free(); parts[name] = nil end
+      if not ok then error(w, 0) end
+      local ss = core.sumsq(w)
+      if ss ~= ss or ss == math.huge then
+        w:free()
+        local names = {}
+        for _, name in pairs(q.parts) do names[#names + 1] = name end
+        table.sort(names)
+        fail(who, dir, "%s decodes to %s values (from %s): the checkpoint is damaged", q.name,
+          ss ~= ss and "NaN" or "infinite", table.concat(names, ", "))
+      end
+      sub[q.name] = converted(w, dtype)
+    end
+  end
+end
+
 -- Copy the planned tensors of every file into the model, one file at a time; every tensor loaded
--- is checked to be finite first (nothing is copied from a file that holds a non-finite one).
-local function load_files(who, dir, model, files, p, dtype)
+-- is checked to be finite first (nothing is copied from a file that holds a non-finite one). The
+-- parts of a quantized weight are kept until the last of them is read, then decoded.
+local function load_files(who, dir, model, files, p, dtype, exact)
   local head_bytes
+  local parts = {}
   for _, file in ipairs(files) do
-    local ts, err = st.load(dir .. "/" .. file, {f16 = "f32"})
+    local ts, err = st.load(dir .. "/" .. file, {f16 = "f32", f8 = "u8"})
     if not ts then fail(who, dir, "%s", tostring(err)) end
     local names = {}
     for name in pairs(ts) do if p.load[name] or name == p.tied_head then names[#names + 1] = name end end
@@ -394,6 +464,8 @@ local function load_files(who, dir, model, files, p, dtype)
     for name, t in pairs(ts) do
       if p.load[name] then
         sub[name] = converted(t, dtype)
+      elseif p.part_of[name] then
+        parts[name] = t
       elseif name == p.tied_head then
         local c = converted(t, dtype)
         head_bytes = f32_bytes(c)
@@ -401,6 +473,12 @@ local function load_files(who, dir, model, files, p, dtype)
       else
         t:free()
       end
+    end
+    local dok, derr = pcall(decode_ready, who, dir, p, parts, sub, dtype, exact)
+    if not dok then
+      for _, t in pairs(sub) do t:free() end
+      for _, t in pairs(parts) do t:free() end
+      error(derr, 0)
     end
     local ok, lerr = pcall(model.load_state_dict, model, sub, {strict = false})
     for _, t in pairs(sub) do t:free() end
@@ -440,24 +518,72 @@ local function model_dir(who, dir)
   return dir
 end
 
--- the weights of dir (scan_weights's tensors and files) into model (checked by the caller) -> info
--- {missing, unexpected, ignored}
-local function load_weights(who, dir, tensors, files, model, strict, dtype)
-  local p = plan(who, dir, model, tensors)
+-- whether a tensor name is a linear's activation scale (a quantized checkpoint's)
+local function activation_scale(name) return name:find("%.input_scale$") or name:find("%.input_global_scale$") end
+
+-- the quantization of dir (nvlua.deploy_read's scheme, nil for a plain checkpoint); qc: config.json's
+-- quantization_config, or false to read it from dir's config.json
+local function quant_scheme(who, dir, qc)
+  if qc == false then
+    local c = is_file(dir .. "/config.json") and read_json(dir .. "/config.json", who) or {}
+    qc = c.quantization_config
+  end
+  return dr.scheme(who, dir, qc, read_json)
+end
+
+-- info.quantization of a quantized checkpoint: {method, algo, source, quantized = {modules},
+-- excluded = {linear modules left unquantized}} (sorted)
+local function quant_info(scheme, model, p)
+  local q, ex = {}, {}
+  for module in pairs(p.quant) do q[#q + 1] = module end
+  for _, e in ipairs(whole_params(model)) do
+    local module = linear_module(e.name)
+    if module and not p.quant[module] then ex[#ex + 1] = module end
+  end
+  table.sort(q); table.sort(ex)
+  return {method = scheme.method, algo = scheme.algo, source = scheme.source, quantized = q, excluded = ex}
+end
+
+-- the weights of dir (scan_weights's tensors and files; scheme: its quantization or nil) into model
+-- (checked by the caller) -> info {missing, unexpected, ignored [, quantization]}
+local function load_weights(who, dir, tensors, files, model, strict, dtype, scheme, decode)
+  local p = plan(who, dir, model, tensors, scheme)
   if strict ~= false and (#p.missing > 0 or #p.unexpected > 0) then
     local parts = {}
     if #p.missing > 0 then parts[#parts + 1] = "missing: " .. list(p.missing) end
     if #p.unexpected > 0 then parts[#parts + 1] = "unexpected: " .. list(p.unexpected) end
-    fail(who, dir, "the weights do not match the model (%s); {strict = false} loads the rest and returns the lists",
-      table.concat(parts, "; "))
+    local act = false
+    for _, l in ipairs({p.missing, p.unexpected}) do
+      for _, n in ipairs(l) do act = act or activation_scale(n) end
+    end
+    fail(who, dir, "the weights do not match the model (%s)%s; {strict = false} loads the rest and returns the lists",
+      table.concat(parts, "; "), act and string.format(" (activation scales: %s's scheme has them exactly where it " ..
+      "quantizes activations with a static scale; engines refuse the checkpoint otherwise)", scheme.source) or "")
   end
-  load_files(who, dir, model, files, p, dtype or "f32")
-  return {missing = p.missing, unexpected = p.unexpected, ignored = p.ignored}
+  load_files(who, dir, model, files, p, dtype or "f32", decode == "exact")
+  return {missing = p.missing, unexpected = p.unexpected, ignored = p.ignored,
+    quantization = scheme and quant_info(scheme, model, p) or nil}
 end
 
---- hf.from_pretrained(dir [, {strict = true, dtype = "f32" | "bf16", recipe =}]) -> model, info:
--- a llama.Llama with the weights of dir (a Hugging Face Llama directory, or an nvlua checkpoint),
--- computing with recipe (a recipe value or a registered recipe's name; default f32). info = {missing =, unexpected =, ignored =, config_ignored =} (sorted names). strict (the
+local function check_quantized(v)
+  if v == "dequantize" then return nil end
+  if v == "keep" then
+    return "\"keep\" (the weights as QTensors for the forward) is not supported yet: the layers quantize their " ..
+      "f32 weights through the recipe and take no given codes and scales; use \"dequantize\" (the default)"
+  end
+  return "must be \"dequantize\""
+end
+local function check_decode(v) return v ~= "library" and v ~= "exact" and "must be \"library\" or \"exact\"" or nil end
+
+--- hf.from_pretrained(dir [, {strict = true, dtype = "f32" | "bf16", recipe =, quantized = "dequantize",
+-- decode = "library"}]) -> model, info: a llama.Llama with the weights of dir (a Hugging Face Llama
+-- directory, or an nvlua checkpoint), computing with recipe (a recipe value or a registered recipe's
+-- name; default f32). A quantized checkpoint (ModelOpt or compressed-tensors NVFP4, MXFP4, FP8:
+-- nvlua.deploy_read) loads with each quantized linear's weight decoded to f32 as its library decodes
+-- it, or with decode = "exact" as the engines' GEMMs and nvlua's forward compute it (one rounding of
+-- code * block scale * global scale); info.quantization = {method, algo, source, quantized =
+-- {modules}, excluded = {linear modules left unquantized}}.
+-- info = {missing =, unexpected =, ignored =, config_ignored = [, quantization =]} (sorted names). strict (the
 -- default) raises when a parameter is missing or a tensor is unexpected, listing them; with
 -- strict = false they are returned in info and a missing parameter keeps its initial value
 -- (normal(0, initializer_range) from seed 0). dtype "bf16" rounds every weight to bf16 (what a
@@ -465,37 +591,42 @@ end
 -- and the stored lm_head.weight of a tied model that equals the embedding.
 function hf.from_pretrained(dir, o)
   local who = "from_pretrained"
-  o = util.check_opts(o, {strict = check_strict, dtype = check_dtype, recipe = is_recipe}, who)
+  o = util.check_opts(o, {strict = check_strict, dtype = check_dtype, recipe = is_recipe,
+    quantized = check_quantized, decode = check_decode}, who)
   dir = model_dir(who, dir)
   if not is_file(dir .. "/config.json") then fail(who, dir, "no config.json (not a Hugging Face model directory)") end
   local rok, c, info = pcall(hf.read_config, dir)
   if not rok then user_error("from_pretrained: " .. strip_position(c):gsub("^read_config: ", ""), 0) end
   if not c then fail(who, dir, "config.json: %s", tostring(info)) end
+  local scheme = quant_scheme(who, dir, info.quantization_config)
   local tensors, files = scan_weights(who, dir) -- (before a model is built)
   local llama = require "nvlua.llama"
   local ok, model = pcall(llama.Llama, c, {recipe = o.recipe, seed = 0})
   if not ok and not util.is_user_error(model) then error(model, 0) end -- a bug, not the file's
   if not ok then fail(who, dir, "config.json: %s", strip_position(model)) end
-  local li = load_weights(who, dir, tensors, files, model, o.strict, o.dtype)
+  local li = load_weights(who, dir, tensors, files, model, o.strict, o.dtype, scheme, o.decode)
   li.config_ignored = info.config_ignored
   return model, li
 end
 
---- hf.load_weights(model, dir [, {strict = true, dtype = "f32" | "bf16"}]) -> info {missing =,
--- unexpected =, ignored =}: the weights of dir (a Hugging Face Llama directory, or an nvlua
+--- hf.load_weights(model, dir [, {strict = true, dtype = "f32" | "bf16", quantized = "dequantize", decode =
+-- "library" | "exact"}]) -> info
+-- {missing =, unexpected =, ignored = [, quantization =]}: the weights of dir (a Hugging Face Llama directory, or an nvlua
 -- checkpoint) copied into model, a llama.Llama its caller built for dir's config (its parameters'
 -- shapes must be the stored ones; one under shard=grads|full, nvlua.shard, keeps its rows of each).
 -- What from_pretrained does after it builds the model: the same checks, refusals and options;
--- config.json is not read (the model's config is the caller's).
+-- config.json is read only for its quantization_config (the model's config is the caller's).
 function hf.load_weights(model, dir, o)
   local who = "load_weights"
-  o = util.check_opts(o, {strict = check_strict, dtype = check_dtype}, who)
+  o = util.check_opts(o, {strict = check_strict, dtype = check_dtype, quantized = check_quantized,
+    decode = check_decode}, who)
   if type(model) ~= "table" or type(model.named_parameters) ~= "function" or type(model.config) ~= "table" then
     error("load_weights: model must be an nvlua model (llama.Llama), got " .. type(model), 2)
   end
   dir = model_dir(who, dir)
+  local scheme = quant_scheme(who, dir, false)
   local tensors, files = scan_weights(who, dir)
-  return load_weights(who, dir, tensors, files, model, o.strict, o.dtype)
+  return load_weights(who, dir, tensors, files, model, o.strict, o.dtype, scheme, o.decode)
 end
 
 -- ---- writing --------------------------------------------------------------------------------------

@@ -38,6 +38,10 @@
 -- With {f16 = "f32"}, load reads F16 tensors into f32 tensors (exactly: every half value is an f32
 -- value) and read_header takes them (reporting dtype F16); without it F16 is refused like the
 -- other dtypes nvlua has no tensor type for. The writer does not write F16.
+-- With {f8 = "u8"}, load reads F8_E4M3, F8_E5M2 and F8_E8M0 tensors as u8 tensors of their raw
+-- bytes (the codes of a quantized checkpoint's weights and scales, decoded by their reader,
+-- deploy_read.lua) and read_header takes them (reporting their own dtype); without it they are
+-- refused. The writer does not write them.
 -- Not here: lazy/mmap loading of single tensors (load reads each tensor once, by offset), dtypes
 -- nvlua has no tensor type for (F16 unless asked, F64, BOOL, I8, ...: rejected with the list of supported ones),
 -- quantized tensors (store their codes and scales as u8/f32 tensors; st.typed writes u8 codes under an
@@ -59,6 +63,9 @@ local DTYPES = {
   F32 = {nv = "f32", size = 4, rank = 4},
   BF16 = {nv = "bf16", size = 2, rank = 2},
   F16 = {nv = "f32", size = 2, rank = 2, read_only = true},
+  F8_E4M3 = {nv = "u8", size = 1, rank = 1, read_only = true, f8 = true},
+  F8_E5M2 = {nv = "u8", size = 1, rank = 1, read_only = true, f8 = true},
+  F8_E8M0 = {nv = "u8", size = 1, rank = 1, read_only = true, f8 = true},
   I32 = {nv = "i32", size = 4, rank = 3},
   I64 = {nv = "i64", size = 8, rank = 5},
   U8 = {nv = "u8", size = 1, rank = 1},
@@ -558,18 +565,19 @@ end
 -- The validated entry of tensor name: {name, dtype, nv_dtype, shape, data_offsets}; its byte
 -- range lies in the data section of data_size bytes and holds exactly numel x element size.
 -- Fields other than dtype, shape and data_offsets are ignored, as the reference ignores them.
-local function check_entry(path, name, info, data_size, f16)
+local function check_entry(path, name, info, data_size, f16, f8)
   if getmetatable(info) ~= OBJECT then
     bad(path, "tensor '%s': entry is not an object {dtype, shape, data_offsets} (got %s)", name, show(info))
   end
   local sd = info.dtype
   if type(sd) ~= "string" then bad(path, "tensor '%s': missing or non-string dtype", name) end
   local d = DTYPES[sd]
-  if sd == "F16" and not f16 then d = nil end
+  if (sd == "F16" and not f16) or (d and d.f8 and not f8) then d = nil end
   if not d then
     if SPEC_ONLY[sd] then
       bad(path, "tensor '%s': dtype %s is not supported by nvlua (supported: %s%s)", name, sd, SUPPORTED,
-        sd == "F16" and "; F16 is read as f32 with {f16 = \"f32\"}" or "")
+        sd == "F16" and "; F16 is read as f32 with {f16 = \"f32\"}" or
+        DTYPES[sd] and DTYPES[sd].f8 and "; fp8 codes are read as u8 bytes with {f8 = \"u8\"}" or "")
     end
     bad(path, "tensor '%s': unknown dtype '%s' (supported: %s)", name, sd, SUPPORTED)
   end
@@ -630,14 +638,14 @@ end
 
 -- Parse and validate the header of an open file; returns entries sorted by offset, metadata,
 -- layout, and the header table (name -> {dtype, shape, data_offsets}).
-local function parse(f, path, f16)
+local function parse(f, path, f16, f8)
   local text, n, size = read_header_text(f, path)
   if not text then return nil, n end
   local hdr = decode_header(path, text)
   local data_size = size - 8 - n
   local metadata, names = split_header(path, hdr)
   local entries = {}
-  for _, name in ipairs(names) do entries[#entries + 1] = check_entry(path, name, hdr[name], data_size, f16) end
+  for _, name in ipairs(names) do entries[#entries + 1] = check_entry(path, name, hdr[name], data_size, f16, f8) end
   local order = check_coverage(path, entries, data_size)
   local header = {}
   for _, x in ipairs(entries) do
@@ -646,34 +654,37 @@ local function parse(f, path, f16)
   return order, metadata, {header_size = n, data_start = 8 + n, data_size = data_size, file_size = size}, header
 end
 
--- the reader's options: {f16 = "f32"} or nil -> whether F16 is read (as f32)
+-- the reader's options: {f16 = "f32", f8 = "u8"} or nil -> whether F16 is read (as f32), whether
+-- the fp8 dtypes are (as u8 bytes)
 local function read_opts(opts)
-  opts = util.check_opts(opts, {f16 = function(v) return v ~= "f32" and "must be \"f32\"" or nil end}, "safetensors")
-  return opts.f16 == "f32"
+  opts = util.check_opts(opts, {f16 = function(v) return v ~= "f32" and "must be \"f32\"" or nil end,
+    f8 = function(v) return v ~= "u8" and "must be \"u8\"" or nil end}, "safetensors")
+  return opts.f16 == "f32", opts.f8 == "u8"
 end
 
---- st.read_header(path [, {f16 = "f32"}]) -> header, metadata, layout | nil, msg
+--- st.read_header(path [, {f16 = "f32", f8 = "u8"}]) -> header, metadata, layout | nil, msg
 --- header: name → {dtype = "F32", shape = {...}, data_offsets = {begin, end}} (validated);
 --- metadata: the __metadata__ strings; layout: {header_size, data_start, data_size, file_size}.
---- f16 = "f32": F16 tensors are taken (load reads them as f32).
+--- f16 = "f32": F16 tensors are taken (load reads them as f32); f8 = "u8": fp8 ones (as their bytes).
 function st.read_header(path, opts)
-  local f16 = read_opts(opts)
+  local f16, f8 = read_opts(opts)
   local f, err = open_for_read(path)
   if not f then return nil, err end
-  local ok, order, metadata, layout, header = pcall(parse, f, path, f16)
+  local ok, order, metadata, layout, header = pcall(parse, f, path, f16, f8)
   f:close()
   if not ok then error(order, 0) end
   if not order then return nil, metadata end
   return header, metadata, layout
 end
 
---- st.load(path [, {f16 = "f32"}]) -> {name = tensor}, metadata | nil, msg (a missing file); malformed
---- files raise. f16 = "f32": F16 tensors are read into f32 tensors (exactly), else refused.
+--- st.load(path [, {f16 = "f32", f8 = "u8"}]) -> {name = tensor}, metadata | nil, msg (a missing file);
+--- malformed files raise. f16 = "f32": F16 tensors are read into f32 tensors (exactly), else refused;
+--- f8 = "u8": F8_E4M3, F8_E5M2 and F8_E8M0 tensors into u8 tensors of their bytes, else refused.
 function st.load(path, opts)
-  local f16 = read_opts(opts)
+  local f16, f8 = read_opts(opts)
   local f, err = open_for_read(path)
   if not f then return nil, err end
-  local ok, order, metadata, layout = pcall(parse, f, path, f16)
+  local ok, order, metadata, layout = pcall(parse, f, path, f16, f8)
   if not ok then f:close(); error(order, 0) end
   if not order then f:close(); return nil, metadata end
   local tensors = {}
