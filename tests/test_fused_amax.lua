@@ -109,6 +109,39 @@ T.case("fp8_delayed fused_amax: a state round trip (through plain tables) resume
   T.eq(rr:state().histories, rs:state().histories, "the histories after step 3")
 end)
 
+-- ---- the export (nvlua.deploy) -------------------------------------------------------------------
+
+T.case("deploy.quantize under fused_amax: every part is the training forward's weight, no group re-quantized", function()
+  local deploy = require "nvlua.deploy"
+  for _, v in ipairs({{"nvfp4", "nvfp4_a16"}, {"fp8_cs", "fp8"}, {"fp8_delayed", "fp8"}}) do
+    for _, fused in ipairs({true, false}) do
+      local r = recipe.make(v[1], {fused_amax = fused})
+      local m = C.model(r)
+      -- the forward's weights (delayed scaling: its history then holds this amax, the export's choice)
+      local forward = C.fprop_weights(m, r, C.ids(1))
+      local rows, info = deploy.quantize(m, {quantize = v[2], format = "modelopt",
+        calibration = v[2] == "fp8" and {C.ids(2)} or nil})
+      local what = string.format("%s fused_amax=%s", v[1], tostring(fused))
+      if fused then
+        T.eq(#info.fused.requantized, 0, what .. ": parts re-quantized by the export")
+        local n = 0
+        for _, row in ipairs(rows) do
+          local f = forward[row.name]
+          if f then
+            n = n + 1
+            T.eq(row.amax, f.amax, what .. ": " .. row.name .. " amax")
+            T.ok(row.q:dequantize():eq(f.deq):sum() == f.deq:numel(), what .. ": " .. row.name .. " = the forward's")
+          end
+        end
+        T.eq(n, 10, what .. ": the groups' parts")
+      else
+        T.ok(#info.fused.requantized > 0, what .. ": the export re-quantizes parts whose amax is not their group's")
+      end
+      deploy.free(rows)
+    end
+  end
+end)
+
 -- ---- which groups share a scale -----------------------------------------------------------------
 
 T.case("weight_group, describe and plan name the group whose amax scales each weight", function()

@@ -815,7 +815,7 @@ function Recipe:fprop_weight(ctx, w)
   if self.mor and not ctx.high_precision then return nil end
   local g = self:gemm(ctx, "fprop")
   if plain(g) then return g.b, nil end
-  return g.b, self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
+  return g.b, self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"), nil, self:_fused(ctx, g.b, "fprop"))
 end
 
 --- recipe:linear_forward(ctx, x, w [, no_backward]) -> y, saved
