@@ -523,8 +523,13 @@ end
 -- see Linear:restore_input; group: see nn.fuse)
 function Linear:context()
   local f, group = self.fused, nil
-  if f then
-    group = {name = ((self.name or "linear"):gsub("[^.]+$", f.as, 1)), id = f, part = self.fused_part, weights = f.weights}
+  if f then -- made once per name (names are given after construction: set_names)
+    group = self.fused_group
+    if not group or group.of ~= self.name then
+      group = {name = ((self.name or "linear"):gsub("[^.]+$", f.as, 1)), id = f, part = self.fused_part, weights = f.weights,
+        of = self.name}
+      self.fused_group = group
+    end
   end
   return {name = self.name or "linear", block = self.block, num_blocks = self.num_blocks,
     high_precision = self.high_precision, step = self.step or 0, recompute_input = self.recompute_input or nil,
