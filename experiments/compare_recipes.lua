@@ -1,7 +1,8 @@
 -- experiments/compare_recipes.lua: the paper's comparison at small scale. The same model, data
 -- and seed trained under bf16, fp8 (current scaling), mxfp8, nvfp4 (the paper's recipe), mxfp4
 -- (the same recipe in OCP MXFP4), and the nvfp4 ablations — no RHT, no stochastic rounding, no
--- 2D weight blocks, every layer in nvfp4 — and MoR (recipe.mor: per tensor, per block, and tiered
+-- 2D weight blocks, every layer in nvfp4 — and a variant, one weight amax per fused q/k/v and
+-- gate/up group (fused_amax), and MoR (recipe.mor: per tensor, per block, and tiered
 -- NVFP4 -> FP8 -> BF16), with the measured share of GEMM operands it kept in low precision.
 -- With seeds=N each recipe trains N times, seeds seed, seed+1, ... (model init, data order and SR
 -- draws all follow it, the same seeds for every recipe): the table gives each recipe's mean final
@@ -26,6 +27,7 @@ local runs = {
   {name = "nvfp4 no SR", recipe = "nvfp4", sr = false},
   {name = "nvfp4 no 2D", recipe = "nvfp4", w2d = false},
   {name = "nvfp4 all layers", recipe = "nvfp4", bf16_first = 0, bf16_last = 0},
+  {name = "nvfp4 fused amax", recipe = "nvfp4", fused_amax = true}, -- one weight amax per q/k/v and gate/up group
   {name = "mor", recipe = "mor"},                -- MoR per tensor: e4m3, else bf16
   {name = "mor block", recipe = "mor_block"},    -- MoR per 1x128 block
   {name = "mor nvfp4", recipe = "mor_nvfp4"},    -- MoR tiered: nvfp4, else e4m3, else bf16, per tensor

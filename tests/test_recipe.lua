@@ -599,9 +599,9 @@ end)
 
 T.case("errors: unknown options list the valid ones; bad custom specs name the layer and the role", function()
   T.raises(function() recipe.nvfp4({rth = false}) end,
-    "recipe.nvfp4: unknown option 'rth' (valid: act_dtype, bf16_first, bf16_last, rht, seed, sr, switch_at, w2d)")
+    "recipe.nvfp4: unknown option 'rth' (valid: act_dtype, bf16_first, bf16_last, fused_amax, rht, seed, sr, switch_at, w2d)")
   T.raises(function() recipe.fp8_delayed({histroy = 4}) end,
-    "unknown option 'histroy' (valid: act_dtype, format, history, switch_at)")
+    "unknown option 'histroy' (valid: act_dtype, format, fused_amax, history, switch_at)")
   T.raises(function() recipe.mxfp8({scale_rule = "round"}) end, "option scale_rule must be one of rceil, floor")
   T.raises(function() recipe.bf16({rht = true}) end, "recipe.bf16: unknown option 'rht' (valid: act_dtype)")
   T.raises(function() recipe.nvfp4({sr = 1}) end, "option sr must be true or false")

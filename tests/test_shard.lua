@@ -282,6 +282,19 @@ for _, recipe in ipairs({"bf16", "fp8_cs", "nvfp4"}) do
   end)
 end
 
+-- fused_amax: a part of a fused group is gathered f32 (recipe:gathered_weight: its scale is the group's)
+T.case("2 ranks, nvfp4 fused_amax: shard=full = plain data parallelism, bit for bit", function()
+  need_mpi()
+  local common = {"recipe=nvfp4", "fused_amax=true", "batch=2", "dist=true", "clip=0.5"}
+  local none = run(2, "fused/none", common)
+  local full = run(2, "fused/full", {"recipe=nvfp4", "fused_amax=true", "batch=2", "dist=true", "clip=0.5", "shard=full"})
+  for _, step in ipairs({2, 4}) do same_ckpt(none, full, step, "fused_amax full step " .. step) end
+  local m0, m = metrics(none), metrics(full)
+  for step = 1, 4 do T.eq(m[step].loss, m0[step].loss, "fused_amax full: loss of step " .. step) end
+  local plain = metrics(run(2, "fused/plain", {"recipe=nvfp4", "batch=2", "dist=true", "clip=0.5"}))
+  T.ok(plain[4].loss ~= m0[4].loss, "fused_amax changes the run")
+end)
+
 -- The quantized gather (shard=full's default gather=quantized): the bytes a rank sends in the
 -- quantized linears' all-gathers (metrics qgather_bytes) against a bf16 gather of the same shards,
 -- computed here from the shapes: a block's q, k, v, o, gate, up, down [rows, K]; rank shards of

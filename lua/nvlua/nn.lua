@@ -520,10 +520,36 @@ function Linear:extra_repr()
 end
 
 --- the context the recipe sees (NUMERICS §6 choices are made per name / block / step; recompute_input:
--- see Linear:restore_input)
+-- see Linear:restore_input; group: see nn.fuse)
 function Linear:context()
+  local f, group = self.fused, nil
+  if f then -- made once per name (names are given after construction: set_names)
+    group = self.fused_group
+    if not group or group.of ~= self.name then
+      group = {name = ((self.name or "linear"):gsub("[^.]+$", f.as, 1)), id = f, part = self.fused_part, weights = f.weights,
+        of = self.name}
+      self.fused_group = group
+    end
+  end
   return {name = self.name or "linear", block = self.block, num_blocks = self.num_blocks,
-    high_precision = self.high_precision, step = self.step or 0, recompute_input = self.recompute_input or nil}
+    high_precision = self.high_precision, step = self.step or 0, recompute_input = self.recompute_input or nil,
+    group = group}
+end
+
+--- nn.fuse(linears, as): the Linears given (which read one input) are the parts of one fused linear,
+-- as Megatron trains them (linear_qkv, linear_fc1: one weight) and inference engines load them
+-- (vLLM's qkv_proj, gate_up_proj). Each part's context (Linear:context) then carries group =
+-- {name = the part's name with its last component replaced by `as`, id = one table for the group,
+-- part = its index, weights = fn() -> the parts' weights now, in order}; a recipe with fused_amax
+-- scales the parts' weights by the group's amax (nvlua.recipe). The layers still compute apart.
+function nn.fuse(linears, as)
+  local f = {as = as}
+  function f.weights()
+    local w = {}
+    for i, m in ipairs(linears) do w[i] = m.weight_entry.param end
+    return w
+  end
+  for i, m in ipairs(linears) do m.fused, m.fused_part = f, i end
 end
 
 -- forget the state saved by a forward that had no backward
@@ -986,6 +1012,7 @@ function Attention:__init(config, opts)
   self.k_proj = self:register_module("k_proj", Linear(C, Dkv, lo))
   self.v_proj = self:register_module("v_proj", Linear(C, Dkv, lo))
   self.o_proj = self:register_module("o_proj", Linear(Dq, C, lo))
+  nn.fuse({self.q_proj, self.k_proj, self.v_proj}, "qkv_proj")
 end
 
 function Attention:extra_repr()
@@ -1081,6 +1108,7 @@ function MLP:__init(config, opts)
   self.gate_proj = self:register_module("gate_proj", Linear(C, F, lo))
   self.up_proj = self:register_module("up_proj", Linear(C, F, lo))
   self.down_proj = self:register_module("down_proj", Linear(F, C, lo))
+  nn.fuse({self.gate_proj, self.up_proj}, "gate_up_proj")
 end
 
 function MLP:extra_repr() return string.format("%d -> %d -> %d", self.hidden, self.ffn, self.hidden) end

@@ -219,13 +219,14 @@ function Recipe:_history_rec(key)
   return rec
 end
 
--- The amax (a device tensor) to quantize t with under delayed scaling, this step's amax pushed.
-function Recipe:_device_amax(key, t, s, axis)
+-- The amax (a device tensor) to quantize t with under delayed scaling, this step's amax pushed:
+-- cur (a fused group's, on t's device), else t's own.
+function Recipe:_device_amax(key, t, s, axis, cur)
   local rec = self:_history_rec(key)
   if rec.dev and rec.dev.buf:device() ~= t:device() then host_of_dev(rec) end
   if not rec.dev then rec.dev = dev_of_host(rec, rec.h.len, t:device()) end
   local d = rec.dev
-  local cur = core.quant_amax(t, {axis = axis, rht = s.rht}) -- what the quantization scales, on the device
+  cur = cur or core.quant_amax(t, {axis = axis, rht = s.rht}) -- what the quantization scales, on the device
   local sel = core.amax_history_step(d.buf, d.count, d.pos, cur)
   d.pos, d.count = (d.pos + 1) % d.len, math.min(d.count + 1, d.len)
   return sel
@@ -353,11 +354,12 @@ local wcache -- nil outside M.weight_cache
 --- recipe.weight_cache(fn, ...) -> fn(...): see above; nested caches use the outermost.
 function M.weight_cache(fn, ...)
   if wcache then return fn(...) end
-  wcache = {by = setmetatable({}, {__mode = "k"}), list = {}, n = 0}
+  wcache = {by = setmetatable({}, {__mode = "k"}), list = {}, n = 0, amax = {}}
   local r = table.pack(pcall(fn, ...))
   local c = wcache
   wcache = nil
   for q in pairs(c.list) do q:free() end
+  for _, m in pairs(c.amax) do for _, a in pairs(m) do a:free() end end -- fused groups' amaxes
   drop_hint() -- the step's activations are gone
   if not r[1] then error(r[2], 0) end
   return table.unpack(r, 2, r.n)
@@ -514,11 +516,79 @@ local function cached(w, key, make)
   return q, true
 end
 
+-- ---- fused groups: one weight amax per group ----------------------------------------------------
+--
+-- Megatron trains q, k and v as one linear (linear_qkv) and gate and up as another (linear_fc1):
+-- one weight, so one per-tensor amax (TransformerEngine's parameters_split concatenates the parts
+-- before its one weight quantizer), and inference engines load them fused the same way (vLLM's
+-- qkv_proj, gate_up_proj: one global scale). nvlua's parts are separate Linears (nn.fuse marks
+-- them); under fused_amax a recipe quantizes each part's weight with the amax of the whole group —
+-- the max over the parts of what quantize scales — wherever it would take the weight's own:
+-- current scaling each step (nvfp4's global amax, fp8_cs), delayed scaling from one history for the
+-- group, read and pushed once per round (below) with the group's amax. Each part's codes are then
+-- those of the concatenated weight's rows, bit for bit, where the parts' blocks do not straddle
+-- (nvfp4 16x16 tiles: rows a multiple of 16 per part). Only weights: the parts' input is one tensor,
+-- quantized once for all of them (recipe.share) or, where that cannot be (delayed scaling, data
+-- parallelism), by each part from the same values and so with the same amax.
+-- Not under fused_amax: the quantized all-gather (Recipe:gathered_weight: each rank would scale a
+-- part by the part's own global amax), MoR (which chooses each operand's format as it runs).
+
+-- the group's amax for spec s along axis: a one-element f32 tensor on the weights' device, no host
+-- sync. The parts' amaxes (core.quant_amax: NaN ignored, after the RHT where s has one) are written
+-- side by side and their maximum is the amax of that row: exact, and on any backend.
+local function group_amax(f, s, axis)
+  local ws = f.weights()
+  local row = core.empty({1, #ws}, "f32", ws[1]:device()) -- (1, parts)
+  for i, w in ipairs(ws) do row:narrow(2, i, 1):copy_(core.quant_amax(w, {axis = axis, rht = s.rht}):view(1, 1)) end
+  return core.quant_amax(row)
+end
+
+-- group_amax once per weight cache (no weight changes inside one; the cache frees it), else anew
+local function fused_amax(f, s, axis)
+  if not wcache then return group_amax(f, s, axis) end
+  local m = wcache.amax[f.id]
+  if not m then m = {}; wcache.amax[f.id] = m end
+  local sk = spec_key(s, axis)
+  if not m[sk] then m[sk] = core.unscope(group_amax(f, s, axis)) end
+  return m[sk]
+end
+
+-- Delayed scaling of a fused group's weights: a round runs from a part's quantization until that
+-- part is quantized again (q, k, v: one forward), as one fused weight is quantized once per forward.
+-- The round's first quantization reads the group's history and pushes the group's amax (the first
+-- step: the group's amax itself, current scaling); the other parts take the amax it chose.
+-- device: the history on t's device (Recipe:_device_amax). -> the amax (a number, or a device
+-- tensor handle of the caller's own).
+function Recipe:_fused_delayed(f, s, t, axis, device)
+  local r = self.rounds[f.hkey]
+  if r and r.device == device and not r.seen[f.part] then
+    r.seen[f.part] = true
+    if device then return r.amax:view(r.amax:size()) end
+    return r.amax
+  end
+  if r and r.device then r.amax:free() end
+  local amax
+  if device then
+    amax = self:_device_amax(f.hkey, t, s, axis, group_amax(f, s, axis))
+    r = {amax = core.unscope(amax:view(amax:size()))}
+  else
+    local hist, rec = self:_history(f.hkey)
+    local cur = group_amax(f, s, axis):amax()
+    rec.h:push(cur)
+    amax = hist or cur
+    r = {amax = amax}
+  end
+  r.seen, r.device = {[f.part] = true}, device
+  self.rounds[f.hkey] = r
+  return amax
+end
+
 -- Quantize t (2-D) per spec, blocked along axis (1 or 2). key names the delayed-scaling history.
 -- split: t is an activation or gradient whose rows (tokens) are this rank's share of the global
 -- batch under data parallelism (x, dy; not a weight): its amax is reduced over the ranks and its
--- SR draws are placed at its rows' global block indices (set_shard).
-function Recipe:_quantize(s, t, axis, key, split)
+-- SR draws are placed at its rows' global block indices (set_shard). fused: t is a weight scaled by
+-- its fused group's amax (Recipe:_fused).
+function Recipe:_quantize(s, t, axis, key, split, fused)
   -- an activation already in its spec's dtype (bf16 x, dy) along its last dim is used in place
   local o = {axis = axis, view = split or nil}
   if s.block == "2d" then o.block = "2d" end
@@ -545,6 +615,11 @@ function Recipe:_quantize(s, t, axis, key, split)
   end
   local offset = s.sr and self.gen:offset() or nil -- where this quantization's SR draws start
   local rec, hist
+  if fused and s.delayed then -- the group's history, once per round
+    o.amax = self:_fused_delayed(fused, s, t, axis, device_history)
+    tape_put(key, {amax = o.amax, offset = offset}, device_history and o.amax or nil)
+    return quant.quantize(t, s.format, o)
+  end
   if device_history then -- the history on the device
     o.amax = self:_device_amax(key, t, s, axis)
     tape_put(key, {amax = o.amax, offset = offset}, o.amax)
@@ -563,10 +638,12 @@ function Recipe:_quantize(s, t, axis, key, split)
   local sk = shared and spec_key(s, axis)
   local found = shared and memo_find(sk, t)
   if found then return found end
-  if not split and cacheable(s) then -- a weight: once per optimizer step
-    return cached(t, spec_key(s, axis), function() return quant.quantize(t, s.format, o) end)
+  local function make()
+    if fused then o.amax = fused_amax(fused, s, axis) end
+    return quant.quantize(t, s.format, o)
   end
-  local q = quant.quantize(t, s.format, o)
+  if not split and cacheable(s) then return cached(t, spec_key(s, axis), make) end -- a weight: once per optimizer step
+  local q = make()
   if shared then memo_add(sk, t, q) end
   if rec then -- push this step's true amax (in the RHT domain if transformed: that is what is scaled)
     local cur = global
@@ -669,7 +746,8 @@ local function plain(g) return g.a.format == "f32" and g.b.format == "f32" and n
 -- and dgrad quantize the weight with one cacheable spec (a quantized format; no SR, delayed history
 -- or RHT) and the weight cache is open: linear_forward then finds fprop's copy under fkey and
 -- linear_backward dgrad's under dkey (the keys they ask the cache for). nil for plain or bf16
--- weights, MoR, other specs: those read the f32 weight.
+-- weights, MoR, a weight scaled by its fused group's amax (fused_amax), other specs: those read the
+-- f32 weight.
 function Recipe:gathered_weight(ctx)
   if not wcache or (self.mor and not ctx.high_precision) then return nil end
   local g, gd = self:gemm(ctx, "fprop"), self:gemm(ctx, "dgrad")
@@ -677,6 +755,7 @@ function Recipe:gathered_weight(ctx)
   local s = g.b
   local ft = formats.traits[s.format]
   if not (ft and ft.quantized) or s.sr or s.delayed or s.rht or not same_spec(s, gd.b) then return nil end
+  if self:_fused(ctx, s, "fprop") then return nil end -- scaled by its group's amax (fused_amax)
   return {spec = s, fkey = spec_key(s, 2), dkey = "dgrad|" .. spec_key(s, 1)}
 end
 
@@ -692,6 +771,25 @@ end
 local function wide(t) return t:dtype() == "f32" and t or t:to("f32") end
 
 local function key_of(ctx, operand, role) return tostring(ctx.name) .. "|" .. operand .. "|" .. role end
+
+-- Under fused_amax, the fused group (ctx.group: nn.fuse) whose amax scales the weight of ctx under
+-- spec s, a format with a per-tensor amax, in GEMM role (its delayed-scaling history: hkey); else nil.
+function Recipe:_fused(ctx, s, role)
+  local g = self.fused_amax and ctx.group
+  local ft = g and formats.traits[s.format]
+  if not (ft and ft.global_amax) then return nil end
+  return {id = g.id, part = g.part, weights = g.weights, hkey = key_of(g, "w", role)}
+end
+
+--- recipe:weight_group(ctx) -> the name of the fused group whose amax scales the weight of the
+-- linear of ctx (Linear:context(); nn.fuse: "model.layers.3.self_attn.qkv_proj", "...mlp.gate_up_proj"),
+-- or nil: a recipe with fused_amax, a part of a group, its fprop weight in a format with a per-tensor
+-- amax (nvfp4, e4m3; not a bf16 block). Every part of a group has the same weight_scale_2 then.
+-- (ctx.group.name is the group a linear is part of, whatever the recipe.)
+function Recipe:weight_group(ctx)
+  if self.mor or not (ctx and ctx.group) then return nil end
+  return self:_fused(ctx, self:spec(ctx, "fprop", "w"), "fprop") and ctx.group.name or nil
+end
 
 local function as2d(t, what)
   local d = t:dim()
@@ -717,7 +815,7 @@ function Recipe:fprop_weight(ctx, w)
   if self.mor and not ctx.high_precision then return nil end
   local g = self:gemm(ctx, "fprop")
   if plain(g) then return g.b, nil end
-  return g.b, self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
+  return g.b, self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"), nil, self:_fused(ctx, g.b, "fprop"))
 end
 
 --- recipe:linear_forward(ctx, x, w [, no_backward]) -> y, saved
@@ -750,7 +848,7 @@ function Recipe:linear_forward(ctx, x, w, no_backward)
       else
         qx = self:_quantize(g.a, x2, 2, key_of(ctx, "x", "fprop"), true)
       end
-      qw, qw_cached = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"))
+      qw, qw_cached = self:_quantize(g.b, w, 2, key_of(ctx, "w", "fprop"), nil, self:_fused(ctx, g.b, "fprop"))
       if self.hook and not M.replaying() then core.unscoped(self.hook, {ctx = ctx, role = "fprop", gemm = g, a = qx, b = qw}) end
       y = qgemm(qx, qw, g.out, self.act_dtype)
       -- keep the weight's quantization only when dgrad reuses it (2-D weights: it must); else the
@@ -795,7 +893,8 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
       if qw and saved.qw_cached and qw:is_freed() then
         -- its cache closed, or dropped it (M.weight_cache_drop), before this backward: fprop's
         -- quantization re-made (cacheable: a function of w's values and the spec alone)
-        qw = wcache and self:_quantize(saved.wspec, w, 2, key_of(ctx, "w", "fprop")) or nil
+        qw = wcache and self:_quantize(saved.wspec, w, 2, key_of(ctx, "w", "fprop"), nil,
+          self:_fused(ctx, saved.wspec, "fprop")) or nil
       end
       if qw and not saved.qw_cached then core.adopt(qw) end
       local g = gd
@@ -811,10 +910,11 @@ function Recipe:linear_backward(ctx, dy, saved, dw)
             return transposed(qw, w, g.b) -- the fprop weight, transposed: same values
           elseif g.b.block == "2d" then -- the tiles along K, transposed; they die before the GEMM
             return core.scope(function()
-              return transposed(self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad")), w, g.b)
+              return transposed(self:_quantize(g.b, w, 2, key_of(ctx, "w", "dgrad"), nil, self:_fused(ctx, g.b, "dgrad")), w,
+                g.b)
             end)
           end
-          return self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"))
+          return self:_quantize(g.b, w, 1, key_of(ctx, "w", "dgrad"), nil, self:_fused(ctx, g.b, "dgrad"))
         end
         local qwt
         if cacheable(g.b) then qwt = cached(w, "dgrad|" .. spec_key(g.b, 1), weight_t) -- once per step
@@ -904,9 +1004,10 @@ local function num_blocks(model, lin, opts)
 end
 
 --- recipe:plan(model [, {step = 0, num_blocks = L, out = io.stdout, quiet = false}]) -> rows
--- model:linears() -> {{name, block, high_precision}, ...}. One row per linear layer:
--- {name, block, high_precision, fprop = {x = spec, w = spec, out, label}, dgrad = {dy, w, ...},
--- wgrad = {dy, x, ...}}; printed as a table of every layer x its 3 GEMMs, then the totals.
+-- model:linears() -> {{name, block, high_precision, module}, ...}. One row per linear layer:
+-- {name, block, high_precision, group, fprop = {x = spec, w = spec, out, label}, dgrad = {dy, w, ...},
+-- wgrad = {dy, x, ...}}; group: recipe:weight_group (the module's context gives the linear's fused
+-- group); printed as a table of every layer x its 3 GEMMs, then the totals.
 function Recipe:plan(model, opts)
   opts = opts or {}
   if type(model) ~= "table" and type(model) ~= "userdata" or not model.linears then
@@ -917,8 +1018,10 @@ function Recipe:plan(model, opts)
   local step = opts.step or 0
   local rows, totals = {}, {fprop = {}, dgrad = {}, wgrad = {}}
   for _, l in ipairs(lin) do
-    local ctx = {name = l.name, block = l.block, num_blocks = L, high_precision = l.high_precision or false, step = step}
-    local row = {name = l.name, block = l.block, high_precision = l.high_precision or false}
+    local m = l.module
+    local ctx = {name = l.name, block = l.block, num_blocks = L, high_precision = l.high_precision or false, step = step,
+      group = type(m) == "table" and m.context and m:context().group or nil}
+    local row = {name = l.name, block = l.block, high_precision = l.high_precision or false, group = self:weight_group(ctx)}
     row.mor = self.mor and not row.high_precision and self.mor:describe() or nil -- chosen as it runs
     for _, role in ipairs(ROLES) do
       local g = self:gemm(ctx, role)
@@ -955,13 +1058,24 @@ function Recipe:plan(model, opts)
       for _, k in ipairs(sorted_keys(totals[role])) do parts[#parts + 1] = k .. " " .. totals[role][k] end
       out:write(string.format("%s: %s\n", role, table.concat(parts, ", ")))
     end
+    local groups, parts = {}, 0
+    for _, r in ipairs(rows) do
+      if r.group then
+        parts = parts + 1
+        if not groups[r.group] then groups[#groups + 1], groups[r.group] = r.group, true end
+      end
+    end
+    if parts > 0 then
+      out:write(string.format("fused_amax: %d weights in %d groups scaled by their group's amax (%s%s)\n", parts, #groups,
+        groups[1], #groups > 1 and ", ..." or ""))
+    end
   end
   return rows
 end
 
 -- a plan row (recipe:plan) in words: {name, block, high_precision, fprop = {x =, w =, out =}, ...}
 local function row_words(r)
-  local w = {name = r.name, block = r.block, high_precision = r.high_precision}
+  local w = {name = r.name, block = r.block, high_precision = r.high_precision, group = r.group}
   for _, role in ipairs(ROLES) do
     local g, ops = r[role], OPERANDS[role]
     local a, b = describe(g[ops[1]]), describe(g[ops[2]])
@@ -975,10 +1089,12 @@ end
 --- recipe:describe([{model =, step = 0}]) -> a plain table saying what the recipe is: {name, text
 -- (tostring(recipe)), settings (its options), act_dtype, defined_at (recipe.custom: where its
 -- function was defined)}. With a model, also its plan at step in words: layers = one row per linear
--- {name, block, high_precision, fprop = {x =, w =, out =}, dgrad = {dy =, w =, out =}, wgrad =
--- {dy =, x =, out =}}, each operand as recipe:plan prints it ("nvfp4 16x16", "e4m3 tensor", "bf16";
--- "mor" where MoR chooses as it runs), and totals = {fprop = {[label] = linears}, ...} (the plan's
--- labels: "nvfp4", "e4m3 x e5m2", "mor"; "?" for a linear running a recipe of another kind). A
+-- {name, block, high_precision, group, fprop = {x =, w =, out =}, dgrad = {dy =, w =, out =}, wgrad =
+-- {dy =, x =, out =}} (group: recipe:weight_group, the fused group whose amax scales the weight,
+-- "model.layers.3.self_attn.qkv_proj"; nil where the weight has its own), each operand as
+-- recipe:plan prints it ("nvfp4 16x16", "e4m3 tensor", "bf16"; "mor" where MoR chooses as it runs),
+-- and totals = {fprop = {[label] = linears}, ...} (the plan's labels: "nvfp4", "e4m3 x e5m2", "mor";
+-- "?" for a linear running a recipe of another kind). A
 -- linear whose module runs another recipe (one set on it after the model was built) is described by
 -- that recipe, its row naming it (recipe = its text).
 function Recipe:describe(o)
@@ -1070,7 +1186,8 @@ function Recipe:load_state(s)
   self.gen:manual_seed(seed)
   self.gen:set_offset(offset)
   for _, h in pairs(self.histories) do if h.dev then h.dev.buf:free() end end
-  self.histories = hs
+  for _, r in pairs(self.rounds) do if r.device then r.amax:free() end end
+  self.histories, self.rounds = hs, {}
 end
 
 Recipe.__tostring = function(r)
@@ -1093,7 +1210,7 @@ end
 -- description only when it is not the default.
 local function new(name, options, fn, seed, history, act, act_default)
   local r = setmetatable({name = name, options = options, fn = fn, gen = core.Generator(seed or 1234),
-    history_len = history or 1024, histories = {}, act_default = act_default or "bf16"}, Recipe)
+    history_len = history or 1024, histories = {}, rounds = {}, act_default = act_default or "bf16"}, Recipe)
   r:set_act_dtype(act or r.act_default)
   return r
 end
@@ -1142,24 +1259,30 @@ end
 
 -- fp8: format "hybrid" (e4m3 for x and w, e5m2 for dy; the default) or "e4m3" everywhere.
 local function fp8(name, opts, delayed)
-  local valid = {format = one_of("hybrid", "e4m3"), switch_at = is_switch, act_dtype = is_act}
+  local valid = {format = one_of("hybrid", "e4m3"), switch_at = is_switch, act_dtype = is_act, fused_amax = is_bool}
   if delayed then valid.history = is_pos end
   opts = check_opts(opts, valid, "recipe." .. name)
   local grad = (opts.format or "hybrid") == "hybrid" and "e5m2" or "e4m3"
   local fwd, bwd = {format = "e4m3", delayed = delayed}, {format = grad, delayed = delayed}
   local base = function(c) return c.operand == "dy" and bwd or fwd end
-  local shown = {format = opts.format or "hybrid", switch_at = opts.switch_at}
+  local shown = {format = opts.format or "hybrid", switch_at = opts.switch_at, fused_amax = opts.fused_amax or nil}
   if delayed then shown.history = opts.history or 1024 end
-  return new(name, shown, low_precision(name, opts.switch_at, base), nil, opts.history, opts.act_dtype)
+  local r = new(name, shown, low_precision(name, opts.switch_at, base), nil, opts.history, opts.act_dtype)
+  r.fused_amax = opts.fused_amax == true
+  return r
 end
 
---- recipe.fp8_cs({format = "hybrid"|"e4m3", switch_at}): per-tensor current scaling.
+--- recipe.fp8_cs({format = "hybrid"|"e4m3", switch_at, fused_amax = false}): per-tensor current
+-- scaling. fused_amax: the weights of each fused group (q/k/v, gate/up: nn.fuse) are scaled by the
+-- group's amax, as one fused weight would be (see "fused groups" above; recipe:weight_group).
 function M.fp8_cs(opts) return fp8("fp8_cs", opts, false) end
 
---- recipe.fp8_delayed({history = 1024, format, switch_at}): per-tensor delayed scaling. Each
--- (layer, operand, role) has an nv.AmaxHistory; a quantization uses the max of the history
--- (a zero one keeps the previous amax) and then pushes the tensor's own amax. While a history
--- has no usable amax yet (the first step) the quantization uses current scaling.
+--- recipe.fp8_delayed({history = 1024, format, switch_at, fused_amax = false}): per-tensor delayed
+-- scaling. Each (layer, operand, role) has an nv.AmaxHistory; a quantization uses the max of the
+-- history (a zero one keeps the previous amax) and then pushes the tensor's own amax. While a
+-- history has no usable amax yet (the first step) the quantization uses current scaling.
+-- fused_amax: each fused group's weights share one history (key "<group>|w|fprop"), pushed once
+-- per forward with the group's amax.
 function M.fp8_delayed(opts) return fp8("fp8_delayed", opts, true) end
 
 --- recipe.mxfp8({scale_rule = "rceil"|"floor", format = "e4m3"|"hybrid", switch_at}): 1x32
@@ -1185,6 +1308,7 @@ local function fp4(name, fmt, opts)
     switch_at = is_switch, act_dtype = is_act}
   if ft.block2d then valid.w2d = is_bool end
   if ft.scale == "e8m0" then valid.scale_rule = one_of("rceil", "floor") end
+  if ft.global_amax then valid.fused_amax = is_bool end
   opts = check_opts(opts, valid, "recipe." .. name)
   local rht, sr, w2d = opts.rht ~= false, opts.sr ~= false, ft.block2d and opts.w2d ~= false
   local rule = ft.scale == "e8m0" and (opts.scale_rule or "rceil") or nil
@@ -1213,13 +1337,18 @@ local function fp4(name, fmt, opts)
     return c.operand == "dy" and DY or X
   end
   local shown = {rht = rht, sr = sr, w2d = ft.block2d and w2d or nil, scale_rule = rule, seed = opts.seed or 1234,
-    bf16_first = opts.bf16_first or "floor(2L/32)", bf16_last = opts.bf16_last or "floor(8L/32)", switch_at = opts.switch_at}
-  return new(name, shown, low_precision(name, opts.switch_at, base), opts.seed, nil, opts.act_dtype)
+    bf16_first = opts.bf16_first or "floor(2L/32)", bf16_last = opts.bf16_last or "floor(8L/32)", switch_at = opts.switch_at,
+    fused_amax = opts.fused_amax or nil}
+  local r = new(name, shown, low_precision(name, opts.switch_at, base), opts.seed, nil, opts.act_dtype)
+  r.fused_amax = opts.fused_amax == true
+  return r
 end
 
---- recipe.nvfp4({rht = true, sr = true, w2d = true, bf16_first, bf16_last, seed = 1234, switch_at}):
--- the paper's recipe (NUMERICS §6). fprop: x 1x16 RNE, w 16x16 RNE; dgrad: dy 1x16 SR, w the
--- fprop tiles transposed; wgrad: dy and x 1x16 along T with the RHT, SR on dy.
+--- recipe.nvfp4({rht = true, sr = true, w2d = true, bf16_first, bf16_last, seed = 1234, switch_at,
+-- fused_amax = false}): the paper's recipe (NUMERICS §6). fprop: x 1x16 RNE, w 16x16 RNE; dgrad: dy
+-- 1x16 SR, w the fprop tiles transposed; wgrad: dy and x 1x16 along T with the RHT, SR on dy.
+-- fused_amax: the weights of each fused group (q/k/v, gate/up: nn.fuse) take the group's global
+-- amax, one weight_scale_2 per group as engines load them (see "fused groups" above).
 -- High-precision blocks: the linears of the first bf16_first and the last bf16_last transformer
 -- blocks run in bf16. Defaults for a model of L blocks scale the paper's 2 and 8 of 32 with depth:
 -- bf16_first = floor(2L/32), bf16_last = floor(8L/32) (L = 32: 2 and 8; L = 16: 1 and 4; L = 4:
@@ -1286,8 +1415,9 @@ end
 
 -- Recipes by name, for configs (train.build's recipe=<name>). A constructor takes the settings an
 -- experiment's config gives every recipe, any of them nil: seed, switch_at ({step, forward_only}),
--- rht, sr, w2d, bf16_first, bf16_last, act_dtype; it uses those that apply to it (recipe.make sets
--- a given act_dtype on what a constructor returns).
+-- rht, sr, w2d, bf16_first, bf16_last, act_dtype, fused_amax; it uses those that apply to it
+-- (recipe.make sets a given act_dtype on what a constructor returns, and refuses fused_amax = true
+-- where the recipe it returns does not scale fused groups by one amax).
 local registry, registered = {}, {}
 
 --- recipe.register(name, ctor): recipe.make(name, settings) (and recipe=<name> in a config) then
@@ -1320,17 +1450,21 @@ function M.make(name, settings)
     error(string.format("recipe.make: the constructor of '%s' returned %s, not a recipe", name, type(r)), 2)
   end
   if settings.act_dtype ~= nil then r:set_act_dtype(settings.act_dtype) end
+  if settings.fused_amax and not r.fused_amax then
+    user_error(string.format("recipe %s: fused_amax does not apply (it is for recipes whose weights have a per-tensor " ..
+      "amax: nvfp4, fp8_cs, fp8_delayed)", name), 2)
+  end
   return r
 end
 
 M.register("f32", function() return M.f32() end)
 M.register("bf16", function() return M.bf16() end)
-M.register("fp8_cs", function(s) return M.fp8_cs({switch_at = s.switch_at}) end)
-M.register("fp8_delayed", function(s) return M.fp8_delayed({switch_at = s.switch_at}) end)
+M.register("fp8_cs", function(s) return M.fp8_cs({switch_at = s.switch_at, fused_amax = s.fused_amax}) end)
+M.register("fp8_delayed", function(s) return M.fp8_delayed({switch_at = s.switch_at, fused_amax = s.fused_amax}) end)
 M.register("mxfp8", function(s) return M.mxfp8({switch_at = s.switch_at}) end)
 M.register("nvfp4", function(s)
   return M.nvfp4({rht = s.rht, sr = s.sr, w2d = s.w2d, seed = s.seed, bf16_first = s.bf16_first, bf16_last = s.bf16_last,
-    switch_at = s.switch_at})
+    switch_at = s.switch_at, fused_amax = s.fused_amax})
 end)
 M.register("mxfp4", function(s) -- w2d does not apply: MX blocks are 1x32
   return M.mxfp4({rht = s.rht, sr = s.sr, seed = s.seed, bf16_first = s.bf16_first, bf16_last = s.bf16_last,

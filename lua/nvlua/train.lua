@@ -337,6 +337,9 @@ train.schema = config.schema({
     accept = function(v) return nv.recipe.is_recipe(v) end, accept_what = "a recipe value"}),
   rht = bool(true), sr = bool(true), w2d = bool(true), bf16_first = int(-1, {min = -1}),
   bf16_last = int(-1, {min = -1}), switch_step = int(0, {min = 0}), switch_forward_only = bool(true),
+  -- one weight amax per fused group (q/k/v, gate/up), as one fused linear has and engines load: nvfp4,
+  -- fp8_cs, fp8_delayed (nvlua.recipe "fused groups")
+  fused_amax = bool(false, {doc = "scale q/k/v and gate/up weights by their group's amax (nvfp4, fp8_cs, fp8_delayed)"}),
   -- the dtype of the activations and activation gradients between layers (NUMERICS §11); recipe:
   -- the recipe's own (bf16 for the low-precision recipes, f32 for recipe=f32)
   act_dtype = str("recipe", {one_of = {"recipe", "bf16", "f32"},
@@ -491,12 +494,12 @@ function train.load_init(c, model)
 end
 
 -- The settings a config gives every recipe constructor (recipe.register): seed, switch_at, rht,
--- sr, w2d, bf16_first, bf16_last, act_dtype (nil where the config leaves them to the recipe).
+-- sr, w2d, bf16_first, bf16_last, act_dtype, fused_amax (nil where the config leaves them to the recipe).
 local function recipe_settings(c)
   local switch = c.switch_step > 0 and {step = c.switch_step, forward_only = c.switch_forward_only} or nil
   return {seed = c.seed, switch_at = switch, rht = c.rht, sr = c.sr, w2d = c.w2d,
     bf16_first = c.bf16_first >= 0 and c.bf16_first or nil, bf16_last = c.bf16_last >= 0 and c.bf16_last or nil,
-    act_dtype = c.act_dtype ~= "recipe" and c.act_dtype or nil}
+    act_dtype = c.act_dtype ~= "recipe" and c.act_dtype or nil, fused_amax = c.fused_amax or nil}
 end
 
 --- The run's recipe: c.recipe itself when it is a recipe value (recipe.custom, a preset), else the
@@ -508,6 +511,10 @@ function train.recipe(c)
     if c.act_dtype ~= "recipe" and c.act_dtype ~= name.act_dtype then
       user_error(string.format("config: act_dtype=%s but the recipe value %s has act_dtype %s; give it {act_dtype = " ..
         "\"%s\"} when building it, or act_dtype=recipe", c.act_dtype, tostring(name), name.act_dtype, c.act_dtype), 0)
+    end
+    if c.fused_amax and not name.fused_amax then
+      user_error(string.format("config: fused_amax=true but the recipe value %s does not scale fused groups by one amax; " ..
+        "give it {fused_amax = true} when building it", tostring(name)), 0)
     end
     return name
   end
