@@ -1,4 +1,4 @@
--- OpenMP's wait setting: nvlua starts libgomp with a short spin (GOMP_SPINCOUNT=1000) unless the
+-- OpenMP's wait setting: nvlua starts libgomp with a short spin (GOMP_SPINCOUNT=5000) unless the
 -- environment says otherwise (lua/bind/main.c, omp_wait_default). libgomp reads its environment
 -- before main, so nvlua executes itself again with the setting; these cases check that libgomp
 -- really started with it (OMP_DISPLAY_ENV=VERBOSE: libgomp prints the values it uses), and that the
@@ -13,14 +13,14 @@ local function spins(err)
   return t
 end
 
-T.case("no setting in the environment: libgomp runs with GOMP_SPINCOUNT=1000, arguments and stdin intact", function()
+T.case("no setting in the environment: libgomp runs with GOMP_SPINCOUNT=5000, arguments and stdin intact", function()
   local r = T.run_nvlua("- a 'b c'", {env = {OMP_DISPLAY_ENV = "VERBOSE"},
     stdin = "print(os.getenv('GOMP_SPINCOUNT'), arg[1], arg[2], io.read('l'))\n"})
   T.eq(r.code, 0, r.err)
   local s = spins(r.err)
-  T.eq(s[#s], "1000", "the setting libgomp ran the script with")
+  T.eq(s[#s], "5000", "the setting libgomp ran the script with")
   T.eq(#s, 2, "libgomp's default in the first execution, then nvlua's")
-  T.eq(r.out, "1000\ta\tb c\tnil\n") -- the script itself was all of stdin
+  T.eq(r.out, "5000\ta\tb c\tnil\n") -- the script itself was all of stdin
 end)
 
 T.case("stdin reaches the script after the second execution", function()
@@ -54,5 +54,5 @@ T.case("NVLUA_OMP_DEFAULT=0 keeps libgomp's default; -v reports nvlua's default 
   T.eq(#spins(r.err), 1)
   T.ok(r.out:find("OpenMP: libgomp's default wait (NVLUA_OMP_DEFAULT=0)", 1, true), r.out)
   r = T.run_nvlua("-v")
-  T.ok(r.out:find("OpenMP: GOMP_SPINCOUNT=1000 (nvlua's default", 1, true), r.out)
+  T.ok(r.out:find("OpenMP: GOMP_SPINCOUNT=5000 (nvlua's default", 1, true), r.out)
 end)

@@ -117,7 +117,7 @@ T.case("run.json of a program run: commit, dirty flag, command line, script copy
   T.eq(rec.git.changes, nil)
   -- the environment that changes speed: the child started without OpenMP settings (T.run_nvlua
   -- clears them) and ran under nvlua's default; NVLUA_PATH as the test gave it
-  T.eq(rec.environment.GOMP_SPINCOUNT, "1000")
+  T.eq(rec.environment.GOMP_SPINCOUNT, "5000")
   T.eq(rec.environment.NVLUA_PATH, package.path)
   T.eq(rec.environment.OMP_WAIT_POLICY, nil)
   -- the peak MFU is against, and what it is (the log's words)

@@ -173,7 +173,7 @@ T.case("-v reports Lua, nvlua, BLAS, oneDNN, OpenMP's wait, CUDA, cuDNN and GPUs
   T.ok(lines[4]:match("^bf16 GEMMs: oneDNN %d+%.%d+%.%d+, bf16 GEMMs on %S+ %(.+%)$") or
     lines[4]:match("^bf16 GEMMs: oneDNN.*not used %(.+%): bf16 GEMMs on sgemm$") or
     lines[4] == "bf16 GEMMs: oneDNN: not compiled in (bf16 GEMMs on sgemm)", "oneDNN line: " .. lines[4])
-  T.eq(lines[5], "OpenMP: GOMP_SPINCOUNT=1000 (nvlua's default: idle threads yield the cores soon)")
+  T.eq(lines[5], "OpenMP: GOMP_SPINCOUNT=5000 (nvlua's default: idle threads yield the cores soon)")
   table.remove(lines, 5)
   T.ok(lines[5] == "CUDA: not compiled in" or lines[5]:match("^CUDA: compiled in %(runtime %d+%.%d+, cuBLASLt %d+%)$"),
     "CUDA line: " .. lines[5])

@@ -93,17 +93,18 @@ static void print_usage(const char *badoption) {
 }
 
 /* ---- OpenMP's idle threads ---------------------------------------------------------------------
- * After a parallel region libgomp's workers spin (300,000 iterations by default, about a
- * millisecond) before they sleep, and every GEMM and kernel here is a parallel region. Alone on its
- * cores that saves a wake-up per region; beside a second job on the same cores the spinning workers
- * hold the cores the other job's threads wait for: two copies of the main job on 2 cores ran 13x
- * slower each instead of 2x. nvlua's default is a short spin, GOMP_SPINCOUNT=NVL_GOMP_SPINCOUNT: the
- * lone job as fast as with libgomp's default, two at once under 2x (scripts/bench_omp.sh,
- * experiments/bench/omp_wait.md). libgomp reads its environment in a constructor, before main, so
- * nvlua sets the default by executing itself once more with it in the environment (same process id,
- * arguments and name). A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept as given;
+ * After a parallel region libgomp's workers spin (300,000 iterations by default) before they sleep,
+ * and every GEMM and kernel here is a parallel region. Alone on its cores that saves a wake-up per
+ * region; beside a second job on the same cores the spinning workers hold the cores the other job's
+ * threads wait for: two copies of the main job on 2 cores ran 3.4-13x slower each instead of 2x.
+ * Passive waiting (no spin) costs the lone job 16%; 1,000 spins 8%; 10,000 spins nothing, but two
+ * jobs then take 2.5x. nvlua's default, GOMP_SPINCOUNT=NVL_GOMP_SPINCOUNT, measured the lone job
+ * 3% slower than libgomp's default and two jobs 2.2x one (scripts/bench_omp.sh,
+ * experiments/bench/omp_wait_2026-11-28.md). libgomp reads its environment in a constructor, before
+ * main, so nvlua sets the default by executing itself once more with it in the environment (same
+ * process id, arguments and name). A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept as given;
  * NVLUA_OMP_DEFAULT=0 keeps libgomp's own default. */
-#define NVL_GOMP_SPINCOUNT "1000"
+#define NVL_GOMP_SPINCOUNT "5000"
 
 static void omp_wait_default(char **argv) {
   const char *off = getenv("NVLUA_OMP_DEFAULT");
