@@ -14,8 +14,9 @@ its own decoding of each exported weight (deploy.quantize's QTensors, dequantize
    is byte for byte nvlua's (the dtype order of the F8_E4M3 tensors included).
 2. config: compressed-tensors parses config.json's quantization_config (QuantizationConfig); ModelOpt's
    hf_quant_config.json has producer, quant_algo, kv_cache_quant_algo, group_size (NVFP4) and
-   exclude_modules, and config.json holds the same. The ignore / exclude_modules lists are exactly the
-   linears stored as plain bf16 weights.
+   exclude_modules, and config.json holds the same in the flat form ModelOpt writes there (quant_algo,
+   ignore, producer, config_groups with NVFP4's group_size: what vLLM's flat-format parsing reads). The
+   ignore / exclude_modules lists are exactly the linears stored as plain bf16 weights.
 3. compressed-tensors' decompressors (NVFP4PackedCompressor, MXFP4PackedCompressor, the float-quantized
    one) turn each compressed-tensors export into dense weights equal to nvlua's decoded ones. NVFP4 and
    MXFP4 come out in bf16 (the library rounds to bf16): compared with nvlua's f32 values rounded to bf16
@@ -220,8 +221,12 @@ def check_modelopt(c, mods, d, name, ref, ct_dense):
     q = hq.get("quantization", {})
     need = ["quant_algo", "kv_cache_quant_algo", "exclude_modules"] + (["group_size"] if q.get("quant_algo") != "FP8" else [])
     c.ok(all(k in q for k in need) and "producer" in hq, "%s: hf_quant_config.json has producer and %s" % (name, need))
-    c.ok(cfg.get("quant_method") == "modelopt" and cfg.get("quantization") == q,
-         "%s: config.json's quantization_config is hf_quant_config.json's, quant_method modelopt" % name)
+    groups = cfg.get("config_groups", {})
+    gs = [g.get("weights", {}).get("group_size") for g in groups.values()]
+    c.ok(cfg.get("quant_method") == "modelopt" and cfg.get("quant_algo") == q.get("quant_algo")
+         and cfg.get("ignore") == q.get("exclude_modules") and cfg.get("producer") == hq.get("producer")
+         and gs == ([q["group_size"]] if "group_size" in q else [None]),
+         "%s: config.json's quantization_config is hf_quant_config.json's in ModelOpt's flat form" % name)
     tensors = st.load_file(os.path.join(d, "model.safetensors"))
     per = module_tensors(tensors)
     plain = [m for m in linear_names(tensors) if set(per[m]) == {"weight"} and per[m]["weight"].dtype == torch.bfloat16]

@@ -175,8 +175,8 @@ local bytes = 0
 for _, n in ipairs(names) do bytes = bytes + files[n] end
 print(string.format("\n%s %s export in %s (%.1f s): %d files, %.2f MB", report.format, report.quantize, c.out, nv.clock() - t0,
   #names, bytes / 1e6))
-print(string.format("linears: %d quantized as trained, %d quantized after training, %d excluded (bf16)", report.trained,
-  report.ptq, report.excluded))
+print(string.format("linears: %d quantized as trained, %d quantized after training, %d excluded (bf16)%s", report.trained,
+  report.ptq, report.excluded, report.kept > 0 and string.format(", %d written as loaded", report.kept) or ""))
 local why = {}
 for _, l in ipairs(report.layers) do
   if l.status ~= "trained" then

@@ -7,8 +7,11 @@
 --     taken with recipe:trace during a forward after the export, dequantized;
 --   * on tiny Llamas trained 3 steps under nvfp4, mxfp4, fp8_cs, fp8_delayed and bf16 (the last
 --     quantized after training).
--- Exactness: ModelOpt NVFP4 decodes as value(code) * value(block scale) * weight_scale_2 in f32 (the
--- first product exact): 0 differing bits from the training forward's weight; MXFP4 value * 2^(e-127):
+-- Exactness: ModelOpt NVFP4 decoded here as the engines' GEMMs apply it, value(code) * value(block scale)
+-- * weight_scale_2 rounded once to f32 (the first product exact): 0 differing bits from the training
+-- forward's weight. (ModelOpt's own NVFP4QTensor.dequantize rounds fl(block scale * weight_scale_2) first
+-- and maps code 8, -0, to +0: the last bit of some elements differs; nvlua.deploy_read decodes that way by
+-- default, its decode = "exact" this way, and tests/test_qload.lua checks both.) MXFP4 value * 2^(e-127):
 -- 0 bits. compressed-tensors NVFP4 holds the same bytes and s_enc = 2688 / amax (q.scale, bit for bit);
 -- decoded its way, value * (block scale / s_enc), it is within 2 ulps of the training's: s_enc and
 -- amax / 2688 are each rounded once, and the two decodes round once more each (relative differences
@@ -407,7 +410,10 @@ T.case("layers: the recipe's bf16 blocks and the LM head are excluded, listed ex
   T.eq(hq, {producer = {name = "nvlua", version = nv.version}, quantization = {quant_algo = "W4A16_NVFP4",
     kv_cache_quant_algo = cjson.null, group_size = 16, exclude_modules = ex}})
   local c = read_json(dir .. "/config.json")
-  T.eq(c.quantization_config, {quant_method = "modelopt", producer = hq.producer, quantization = hq.quantization})
+  -- config.json: the flat form ModelOpt writes there (convert_hf_quant_config_format; tests/golden/qload/mo_w4a16)
+  T.eq(c.quantization_config, {quant_method = "modelopt", producer = hq.producer, quant_algo = "W4A16_NVFP4", ignore = ex,
+    config_groups = {group_0 = {weights = {dynamic = false, num_bits = 4, type = "float", group_size = 16},
+      targets = {"Linear"}}}})
   T.eq(c.torch_dtype, "bfloat16")
   local t = read_st(dir .. "/model.safetensors")
   local names = {}

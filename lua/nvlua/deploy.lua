@@ -20,12 +20,30 @@
 --   "ptq"      a post-training quantization of the master weight (another format, RHT weights, MoR,
 --              a bf16 model): NVFP4 1x16 and MXFP4 1x32 blocks, FP8 per tensor, RTN, as nv.quantize
 --              makes them; the report says why
+--   "kept"     the model was loaded from a quantized checkpoint (hf.from_pretrained keeps what it read:
+--              model.quantized_source) and this weight is unchanged since (its fingerprint, a CRC-32C of
+--              its bytes): the codes, block scales and global scale read are written back as they were,
+--              so export -> from_pretrained -> export gives the same files. Re-quantizing the decoded
+--              weight would not: its amax is at most the original's, and the scales move with it. A
+--              fine-tuned (changed) weight is quantized as above, and the report says it changed.
+-- A loaded checkpoint's choice of linears stands (without exclude): the linears it left unquantized
+-- are excluded, the ones it quantized are quantized. Between layouts of the same codes (ModelOpt <->
+-- compressed-tensors NVFP4, MXFP4 and per-tensor FP8, W4A4 <-> weight-only) the codes and block scales
+-- pass through byte for byte; NVFP4's global scale changes convention, weight_global_scale = 1 /
+-- weight_scale_2 (and input_global_scale = 1 / input_scale), computed as compressed-tensors' ModelOpt
+-- converter does, one f32 division (here in double, then rounded to f32: the same value, as 53 >= 2 *
+-- 24 + 2 bits). fl(1 / fl(1 / x)) is not always x: a conversion there and back may move a global
+-- scale by an ulp (nvlua's own exports write both from the amax, fl(amax / 2688) and fl(2688 / amax)).
+-- The activation scales read are written back too (changed weight or not: they describe the layer's
+-- input), unless calibration = batches measures new ones; a layout that needs them from a checkpoint
+-- without them needs calibration.
 -- Fused groups: engines run q/k/v (and gate/up) as one GEMM with one global weight scale (vLLM takes the
 -- largest and keeps the block scales: the others then decode wrong). Where the members' amaxes differ,
 -- all are quantized again with the group's largest amax (the recipe's spec, the amax given): report.fused
 -- says how many and the weight error it brings (max |dw|, rms dw / rms w, against the training's).
 -- A recipe that shares the amax over the group (recipe option fused_amax) gives equal amaxes: nothing
--- is re-quantized.
+-- is re-quantized. A loaded group is kept whole or not at all: if one member changed, all are quantized
+-- (NVFP4, FP8: their global scale is one; MXFP4 members are kept one by one).
 -- Calibration (W4A4 NVFP4, FP8): the batches run through the model under its recipe (eval mode); each
 -- quantized linear's input amax is the max over them and over its fused group, written as the scale
 -- nvlua's quantizer gives for that amax (ModelOpt's input_scale: the decode factor, amax / 2688 for
@@ -36,6 +54,7 @@
 local cjson = require "cjson"
 local nv = require "nvlua"
 local core = require "nvlua.core"
+local dr = require "nvlua.deploy_read"
 local hf = require "nvlua.hf"
 local nn = require "nvlua.nn"
 local st = require "nvlua.safetensors"
@@ -206,9 +225,55 @@ local function ctx_of(model, l)
   return ctx
 end
 
+-- deploy_read's kind of each nvlua format of the codes
+local KIND = {nvfp4 = "nvfp4", mxfp4 = "mxfp4", e4m3 = "fp8"}
+
+-- A model loaded from a quantized checkpoint (src = model.quantized_source): its choice of linears
+-- (without o.exclude), and row.src (what was read) and status "kept" where the weight is unchanged and
+-- layout f holds the same codes (see the header).
+local function overlay_source(rows, f, src, o)
+  local from = "the checkpoint it was loaded from (" .. src.label .. ")"
+  for _, row in ipairs(rows) do
+    if not row.head then
+      if not o.exclude and not src.quantized[row.name] then
+        row.status, row.why, row.spec = "excluded", "left unquantized in " .. from, nil
+      elseif not o.exclude and row.status == "excluded" then
+        row.status, row.why = "ptq", "quantized in " .. from
+      end
+      local k = src.layers[row.name]
+      if k and row.status ~= "excluded" then
+        row.src = k
+        if k.kind ~= KIND[f.nvlua] then
+          row.why = (row.why and row.why .. "; " or "") .. "read as " .. k.kind .. " from " .. from
+        elseif dr.fingerprint(row.module.weight_entry.param) ~= k.fingerprint then
+          row.why = (row.why and row.why .. "; " or "") .. "changed since it was loaded from " .. from
+        else
+          row.keep = true
+        end
+      end
+    end
+  end
+  if f.group ~= 32 then -- one global scale per fused group: kept whole or not at all
+    local changed = {}
+    for _, row in ipairs(rows) do
+      if row.group and row.status ~= "excluded" and not row.keep then changed[row.group] = changed[row.group] or row.name end
+    end
+    for _, row in ipairs(rows) do
+      if row.keep and changed[row.group] then
+        row.keep = nil
+        row.why = (row.why and row.why .. "; " or "") .. "its fused group's " .. changed[row.group] .. " is quantized anew"
+      end
+    end
+  end
+  for _, row in ipairs(rows) do
+    if row.keep then row.status, row.why, row.spec, row.keep = "kept", "written as read from " .. from, nil, nil end
+  end
+end
+
 --- deploy.plan(model, {quantize =, format =, exclude =}) -> rows, one per linear in model:linears() order:
--- {name, module, block, status = "trained" | "ptq" | "excluded", why (a phrase, for ptq and excluded),
--- spec (the recipe's fprop weight spec, for trained), group (the fused group's key, or nil)}.
+-- {name, module, block, status = "trained" | "ptq" | "kept" | "excluded", why (a phrase, for ptq, kept and
+-- excluded), spec (the recipe's fprop weight spec, for trained), group (the fused group's key, or nil),
+-- src (for a model loaded from a quantized checkpoint: what was read of this linear, model.quantized_source)}.
 function deploy.plan(model, o)
   local f = layout(o)
   if model.shards then -- (nvlua.shard) each rank holds rows of the weights, whose quantization is the whole's
@@ -261,6 +326,7 @@ function deploy.plan(model, o)
       end
     end
   end
+  if model.quantized_source then overlay_source(rows, f, model.quantized_source, o) end
   -- engines quantize a fused group's members alike
   local groups = {}
   for _, row in ipairs(rows) do
@@ -312,13 +378,17 @@ local function weight_error(a, b)
   end)
 end
 
--- The quantized weight of every row not excluded: row.q (unscoped, freed by the caller), row.amax.
+-- The quantized weight of every row neither excluded nor kept: row.q (unscoped, freed by the caller),
+-- row.amax.
 local function quantize_rows(model, rows, f, progress)
   local n = 0
   for _, row in ipairs(rows) do if row.status ~= "excluded" then n = n + 1 end end
   local i = 0
   for _, row in ipairs(rows) do
-    if row.status ~= "excluded" then
+    if row.status == "kept" then
+      i = i + 1
+      if progress then progress({layer = row.name, status = row.status, i = i, n = n}) end
+    elseif row.status ~= "excluded" then
       local w = row.module.weight_entry.param
       local K = w:size(2)
       local need = f.group == 0 and 1 or f.group
@@ -353,7 +423,7 @@ local function share_group_scales(rows, f)
   if f.group == 32 then return out end -- MXFP4: no tensor scale
   local groups, order = {}, {}
   for _, row in ipairs(rows) do
-    if row.group and row.status ~= "excluded" then
+    if row.group and row.q then -- (a kept group's members are all kept)
       if not groups[row.group] then groups[row.group] = {}; order[#order + 1] = row.group end
       table.insert(groups[row.group], row)
     end
@@ -458,16 +528,28 @@ end
 -- a scale as an f32 tensor of a FORMATS shape ("" or "1")
 local function scalar(v, shape) return nv.full(shape == "" and {} or {1}, v) end
 
--- The tensors of one quantized row under layout f (calibrated input amax a, or nil).
+-- a scale v read as an encode scale (is_enc) or a decode factor, as the other when want_enc differs
+-- (1 / v, rounded to f32 when it is stored; see the header)
+local function as_scale(v, is_enc, want_enc) return (is_enc == true) == want_enc and v or 1 / v end
+
+-- The tensors of one quantized row under layout f (calibrated input amax a, or nil: the activation
+-- scale read, row.src.input).
 local function row_tensors(row, f, a, out)
   local q, N, K = row.q, row.module.out_features, row.module.in_features
-  local inp = needs_input(f) and scales_for(f.nvlua, assert(a, "deploy: no input amax for " .. row.name))
+  local k = row.status == "kept" and row.src
+  local inp
+  if needs_input(f) and a then
+    inp = scales_for(f.nvlua, a)
+  elseif needs_input(f) then
+    local s = assert(row.src and row.src.input, "deploy: no input scale for " .. row.name)
+    inp = {dec = as_scale(s, row.src.input_enc, false), enc = as_scale(s, row.src.input_enc, true)}
+  end
   for _, t in ipairs(f.tensors) do
     local v
-    if t.value == "codes" then v = q:data()
-    elseif t.value == "block_scales" then v = q:scale_bytes()
-    elseif t.value == "dec_scale" then v = scalar(q.dec_scale, t.shape)
-    elseif t.value == "enc_scale" then v = scalar(q.scale, t.shape)
+    if t.value == "codes" then v = k and k.codes or q:data()
+    elseif t.value == "block_scales" then v = k and k.scales or q:scale_bytes()
+    elseif t.value == "dec_scale" then v = scalar(k and as_scale(k.global, k.global_enc, false) or q.dec_scale, t.shape)
+    elseif t.value == "enc_scale" then v = scalar(k and as_scale(k.global, k.global_enc, true) or q.scale, t.shape)
     elseif t.value == "input_dec_scale" then v = scalar(inp.dec, t.shape)
     elseif t.value == "input_enc_scale" then v = scalar(inp.enc, t.shape)
     end
@@ -485,7 +567,13 @@ local function quant_config(f, format, rows)
     local q = {quant_algo = f.quant_algo, kv_cache_quant_algo = cjson.null, exclude_modules = ex}
     if f.group > 0 then q.group_size = f.group end
     local file = {producer = {name = "nvlua", version = nv.version}, quantization = q}
-    local cfg = {quant_method = "modelopt", producer = file.producer, quantization = q}
+    -- config.json gets what ModelOpt writes there (convert_hf_quant_config_format): the flat form,
+    -- compressed-tensors-like groups, ignore for exclude_modules (vLLM reads quant_algo, ignore, the
+    -- group size from config_groups, and a KV-cache scheme only when there is one)
+    local args = {dynamic = false, num_bits = f.nvlua == "e4m3" and 8 or 4, type = "float",
+      group_size = f.group > 0 and f.group or nil}
+    local cfg = {config_groups = {group_0 = {weights = args, input_activations = needs_input(f) and args or nil,
+      targets = {"Linear"}}}, ignore = ex, quant_algo = f.quant_algo, producer = file.producer, quant_method = "modelopt"}
     return cfg, file
   end
   return {config_groups = {group_0 = {format = cjson.null, input_activations = f.input_activations or cjson.null,
@@ -495,10 +583,11 @@ local function quant_config(f, format, rows)
     sparsity_config = {}, transform_config = {}, version = deploy.CT_VERSION}
 end
 
--- options checked -> the layout and its format name, after the calibration option's checks
-local function checked(o, who)
+-- options checked -> the layout and its format name, after the calibration option's checks (a model
+-- loaded from a quantized checkpoint may take its activation scales from there: checked per linear)
+local function checked(o, who, model)
   local f, format = layout(o)
-  if needs_input(f) and o.calibration == nil then
+  if needs_input(f) and o.calibration == nil and not model.quantized_source then
     user_error(string.format("%s: quantize = %s quantizes the activations with static scales: give " ..
       "calibration = batches (or quantize = %s for weights only)", who, o.quantize, o.quantize == "fp8" and "fp8 with another " ..
       "format" or "nvfp4_a16"), 0)
@@ -520,14 +609,14 @@ end
 
 --- deploy.quantize(model, {quantize =, format =, calibration =, exclude =, progress =}) -> rows, info: what an
 -- export writes, not written: deploy.plan's rows, each quantized one with q (its QTensor, the caller's to
--- free: deploy.free(rows)), amax (q's tensor amax), requantized ({max, rms}, for a fused group's shared
+-- free: deploy.free(rows); a "kept" row has none, its bytes are row.src's), amax (q's tensor amax), requantized ({max, rms}, for a fused group's shared
 -- amax) and input_amax (calibrated, where the layout quantizes activations); info = {fused = {groups,
 -- requantized = {{name, trained, max, rms, amax, group_amax}}}, calibration_batches}. The recipes' state
 -- is as it was before. save_pretrained's options, their checks and errors (under the name save_pretrained).
 function deploy.quantize(model, o)
   o = util.check_opts(o, {quantize = true, format = true, calibration = true, exclude = check_list,
     progress = OPTS.progress}, "save_pretrained")
-  local f = checked(o, "save_pretrained")
+  local f = checked(o, "save_pretrained", model)
   local rows = deploy.plan(model, o)
   -- the recipes' state (SR generators, delayed-scaling histories) as it is: put back afterwards
   local states, seen = {}, {}
@@ -543,9 +632,16 @@ function deploy.quantize(model, o)
     restore()
     local fused = share_group_scales(rows, f)
     local amax, nb
-    if needs_input(f) then amax, nb = calibrate(model, rows, o.calibration, o.progress) end
+    if needs_input(f) and o.calibration ~= nil then amax, nb = calibrate(model, rows, o.calibration, o.progress) end
     restore()
-    for _, row in ipairs(rows) do row.input_amax = amax and row.q and amax[row.name] end
+    for _, row in ipairs(rows) do
+      row.input_amax = amax and row.status ~= "excluded" and amax[row.name] or nil
+      if needs_input(f) and row.status ~= "excluded" and not row.input_amax and not (row.src and row.src.input) then
+        user_error(string.format("save_pretrained: quantize = %s needs %s's activation scale, which the checkpoint it " ..
+          "was loaded from (%s) does not hold: give calibration = batches", o.quantize, row.name,
+          model.quantized_source.label), 0)
+      end
+    end
     return {fused = fused, calibration_batches = nb}
   end)
   if not ok then
@@ -558,25 +654,26 @@ end
 
 --- deploy.save_pretrained(model, dir, {quantize = "nvfp4" | "nvfp4_a16" | "mxfp4" | "fp8", format =
 -- "modelopt" | "compressed-tensors" (default: the first that has quantize), calibration = batches or a
--- function (W4A4 NVFP4 and FP8: required), exclude = {module names}, max_shard_size, bos_token_id,
+-- function (W4A4 NVFP4 and FP8: required unless the model was loaded from a checkpoint holding the
+-- activation scales), exclude = {module names}, max_shard_size, bos_token_id,
 -- eos_token_id, progress = fn(info)}) -> files, report. Writes a Hugging Face model directory engines
 -- load into the existing directory dir (see the header): config.json with quantization_config (and,
 -- for ModelOpt, hf_quant_config.json), the weights in safetensors, everything not quantized in bf16.
 -- progress gets {layer, status, i, n} per quantized linear, {calibration = i} per batch, {file, bytes}
 -- per weight file. files: {file name = bytes}; report: {quantize, format, layers = {{name, status, why,
--- requantized = {max, rms}}}, trained, ptq, excluded (counts), fused = {groups, requantized = {{name,
+-- requantized = {max, rms}}}, trained, ptq, kept, excluded (counts), fused = {groups, requantized = {{name,
 -- trained, max, rms, amax, group_amax}}}, calibration_batches, bytes (all files)}.
 function deploy.save_pretrained(model, dir, o)
   o = util.check_opts(o, OPTS, "save_pretrained")
   hf.check_save_args(model, dir)
-  local f, format = checked(o, "save_pretrained")
+  local f, format = checked(o, "save_pretrained", model)
   local rows, info = deploy.quantize(model, {quantize = o.quantize, format = o.format, calibration = o.calibration,
     exclude = o.exclude, progress = o.progress})
   local ok, files, report = pcall(nv.scope, function()
     local sd, tensors = model:state_dict(), {}
     local qnames = {}
     for _, row in ipairs(rows) do
-      if row.q then
+      if row.status ~= "excluded" then
         qnames[row.name .. ".weight"] = true
         row_tensors(row, f, row.input_amax, tensors)
       end
@@ -588,7 +685,8 @@ function deploy.save_pretrained(model, dir, o)
     local written = hf.save_model(model, dir, tensors, {max_shard_size = o.max_shard_size, bos_token_id = o.bos_token_id,
       eos_token_id = o.eos_token_id, progress = o.progress, quant_config = file,
       config_extra = {quantization_config = cfg, dtype = "bfloat16", torch_dtype = "bfloat16"}})
-    local rep = {quantize = o.quantize, format = format, layers = {}, trained = 0, ptq = 0, excluded = 0, fused = info.fused,
+    local rep = {quantize = o.quantize, format = format, layers = {}, trained = 0, ptq = 0, kept = 0, excluded = 0,
+      fused = info.fused,
       calibration_batches = info.calibration_batches, bytes = 0}
     for _, row in ipairs(rows) do
       rep[row.status] = rep[row.status] + 1

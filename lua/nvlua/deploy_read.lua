@@ -65,6 +65,10 @@
 -- (the default) a missing one is an error naming it, an extra one an unexpected tensor; strict =
 -- false reports them in info.missing / info.unexpected. KV-cache scales (*.k_scale, *.v_scale) are
 -- ignored where the config declares a quantized KV cache, unexpected otherwise.
+-- What was read is kept for a re-export (hf.lua's from_pretrained / load_weights, as
+-- model.quantized_source; nvlua.deploy writes it back): each quantized linear's codes and block
+-- scales as read (u8 tensors), its global and activation scales (numbers: the f32 values), and
+-- dr.fingerprint of the weight as loaded, which tells an unchanged weight from a fine-tuned one.
 -- Not here: keeping the weights quantized (QTensors) for the forward — refused by from_pretrained
 -- (quantized = "keep") with the reason; sparsity, transforms (rotations), zero points, integer
 -- formats, other quant_methods (refused by name).
@@ -501,6 +505,13 @@ function dr.decode(fail, spec, parts, tensors, N, K, exact)
     return core.decode_scaled(codes, "e2m1", K, s, {global = g, divide = spec.divide, exact = exact,
       plus_zero = spec.plus_zero and not exact})
   end)
+end
+
+--- dr.fingerprint(w) -> the CRC-32C of w's bytes: a loaded weight's, compared at export to tell whether
+-- it changed since (one pass over the bytes; a change that keeps the CRC is a 2^-32 chance)
+function dr.fingerprint(w)
+  if w:device() == "cpu" then return core.crc32c(w:bytes()) end
+  return core.scope(function() return core.crc32c(w:cpu():bytes()) end)
 end
 
 return dr

@@ -5,7 +5,8 @@
 --   hf.load_weights(model, dir [, {strict = true, dtype = "f32"}])   -- into a model built by the caller
 --   hf.save_pretrained(model, dir [, {max_shard_size = "50GB", bos_token_id =, eos_token_id =}])
 --   hf.save_pretrained(model, dir, {quantize = "nvfp4", ...})          -- for inference engines: nvlua.deploy
--- A quantized checkpoint (ModelOpt, compressed-tensors: nvlua.deploy_read) loads dequantized.
+-- A quantized checkpoint (ModelOpt, compressed-tensors: nvlua.deploy_read) loads dequantized; what was
+-- read stays beside it (model.quantized_source), so that a re-export writes the same bytes.
 -- Training checkpoints (checkpoint.lua) hold such a directory plus the training state.
 --
 -- Reading follows transformers 4.x and 5.x (LlamaForCausalLM):
@@ -333,7 +334,7 @@ local function plan_quantized(who, dir, scheme, spec, e, module, tensors, p, con
   local r = dr.check_layer(failer, scheme, spec, module, e.shape, tensors)
   p.quant[module] = {spec = spec, parts = r.parts, N = e.shape[1], K = e.shape[2], name = e.name}
   for _, name in pairs(r.parts) do p.part_of[name], consumed[name] = module, true end
-  for _, name in ipairs(r.inputs) do p.ignored[#p.ignored + 1], consumed[name] = name, true end
+  for _, name in ipairs(r.inputs) do p.ignored[#p.ignored + 1], consumed[name], p.input_of[name] = name, true, module end
   for _, name in ipairs(r.missing) do p.missing[#p.missing + 1] = name end
 end
 
@@ -341,7 +342,7 @@ end
 -- (sorted lists), tied_head = the stored lm_head.weight of a tied model, or nil; quant, part_of:
 -- the quantized weights of a quantized checkpoint (scheme, nvlua.deploy_read), see plan_quantized}.
 local function plan(who, dir, model, tensors, scheme)
-  local params, p = {}, {load = {}, missing = {}, unexpected = {}, ignored = {}, quant = {}, part_of = {}}
+  local params, p = {}, {load = {}, missing = {}, unexpected = {}, ignored = {}, quant = {}, part_of = {}, input_of = {}}
   local consumed = {}
   for _, e in ipairs(whole_params(model)) do
     params[e.name] = true
@@ -414,10 +415,31 @@ local function check_finite(who, dir, file, name, t)
   end
 end
 
+-- the one value of a scalar tensor ([] or [1]), as a number
+local function scalar_value(t) return core.scope(function() return t:to("f32"):reshape(1):get(1) end) end
+
+-- What a re-export (nvlua.deploy) needs of quantized weight q's parts: {kind, codes, scales (u8 tensors
+-- taken from parts, unscoped), global (the f32 value: NVFP4's global scale, FP8's weight_scale),
+-- global_enc (true: compressed-tensors' encode scale, which decoding divides by)}; nil for a layout no
+-- export writes (FP8 with a scale per row).
+local function kept_parts(q, parts)
+  local spec = q.spec
+  if spec.kind == "fp8" and spec.fp8 == "channel" then return nil end
+  local k = {kind = spec.kind, codes = core.unscope(parts[q.parts.codes])}
+  if spec.kind == "fp8" then
+    k.global = scalar_value(parts[q.parts.scale])
+  else
+    k.scales = core.unscope(parts[q.parts.scale])
+    if q.parts.global then k.global, k.global_enc = scalar_value(parts[q.parts.global]), spec.divide == true end
+  end
+  return k
+end
+
 -- The quantized weights whose parts have all been read (parts: tensor name -> tensor, the parts
 -- read so far), decoded (nvlua.deploy_read) into sub (module's weight name -> f32 or bf16 tensor);
--- their parts freed. A weight decoding to a non-finite value raises, naming its tensors.
-local function decode_ready(who, dir, p, parts, sub, dtype, exact)
+-- their parts freed but, with keep, the codes and block scales (q.kept: kept_parts). A weight
+-- decoding to a non-finite value raises, naming its tensors.
+local function decode_ready(who, dir, p, parts, sub, dtype, exact, keep)
   for module, q in pairs(p.quant) do
     local ready = not q.done
     for _, name in pairs(q.parts) do ready = ready and parts[name] ~= nil end
@@ -425,7 +447,12 @@ local function decode_ready(who, dir, p, parts, sub, dtype, exact)
       q.done = true
       local ok, w = pcall(dr.decode, function(fmt, ...) fail(who, dir, fmt, ...) end, q.spec, q.parts, parts, q.N, q.K,
         exact)
-      for _, name in pairs(q.parts) do parts[name]:free(); parts[name] = nil end
+      q.kept = ok and keep and kept_parts(q, parts) or nil
+      for _, name in pairs(q.parts) do
+        local t = parts[name]
+        if not (q.kept and (t == q.kept.codes or t == q.kept.scales)) then t:free() end
+        parts[name] = nil
+      end
       if not ok then error(w, 0) end
       local ss = core.sumsq(w)
       if ss ~= ss or ss == math.huge then
@@ -443,8 +470,9 @@ end
 
 -- Copy the planned tensors of every file into the model, one file at a time; every tensor loaded
 -- is checked to be finite first (nothing is copied from a file that holds a non-finite one). The
--- parts of a quantized weight are kept until the last of them is read, then decoded.
-local function load_files(who, dir, model, files, p, dtype, exact)
+-- parts of a quantized weight are kept until the last of them is read, then decoded; with keep, the
+-- activation scales' values are kept too (p.quant[module].input, input_enc).
+local function load_files(who, dir, model, files, p, dtype, exact, keep)
   local head_bytes
   local parts = {}
   for _, file in ipairs(files) do
@@ -466,6 +494,10 @@ local function load_files(who, dir, model, files, p, dtype, exact)
         sub[name] = converted(t, dtype)
       elseif p.part_of[name] then
         parts[name] = t
+      elseif keep and p.input_of[name] then
+        local q = p.quant[p.input_of[name]]
+        q.input, q.input_enc = scalar_value(t), name:find("%.input_global_scale$") ~= nil
+        t:free()
       elseif name == p.tied_head then
         local c = converted(t, dtype)
         head_bytes = f32_bytes(c)
@@ -474,7 +506,7 @@ local function load_files(who, dir, model, files, p, dtype, exact)
         t:free()
       end
     end
-    local dok, derr = pcall(decode_ready, who, dir, p, parts, sub, dtype, exact)
+    local dok, derr = pcall(decode_ready, who, dir, p, parts, sub, dtype, exact, keep)
     if not dok then
       for _, t in pairs(sub) do t:free() end
       for _, t in pairs(parts) do t:free() end
@@ -544,8 +576,31 @@ local function quant_info(scheme, model, p)
   return {method = scheme.method, algo = scheme.algo, source = scheme.source, quantized = q, excluded = ex}
 end
 
+-- model.quantized_source after loading a quantized checkpoint (nil otherwise, and for a sharded model,
+-- which nvlua.deploy does not export): {method, algo, label, quantized = {module = true} (every linear
+-- the checkpoint quantizes), layers = {module = kept_parts's record plus input (the activation scale's
+-- value, nil if none), input_enc (compressed-tensors' input_global_scale: an encode scale) and
+-- fingerprint (deploy_read.fingerprint of the weight as loaded)}}: what nvlua.deploy writes again for
+-- an unchanged weight.
+local function quantized_source(scheme, model, p)
+  if not scheme or model.shards then return nil end
+  local params = {}
+  for _, e in ipairs(model:named_parameters()) do params[e.name] = e.param end
+  local src = {method = scheme.method, algo = scheme.algo, label = scheme.method .. " " .. scheme.algo, quantized = {},
+    layers = {}}
+  for module, q in pairs(p.quant) do
+    src.quantized[module] = true
+    if q.kept then
+      q.kept.input, q.kept.input_enc, q.kept.fingerprint = q.input, q.input_enc, dr.fingerprint(params[q.name])
+      src.layers[module] = q.kept
+    end
+  end
+  return src
+end
+
 -- the weights of dir (scan_weights's tensors and files; scheme: its quantization or nil) into model
--- (checked by the caller) -> info {missing, unexpected, ignored [, quantization]}
+-- (checked by the caller) -> info {missing, unexpected, ignored [, quantization]}; sets
+-- model.quantized_source (see quantized_source)
 local function load_weights(who, dir, tensors, files, model, strict, dtype, scheme, decode)
   local p = plan(who, dir, model, tensors, scheme)
   if strict ~= false and (#p.missing > 0 or #p.unexpected > 0) then
@@ -560,7 +615,9 @@ local function load_weights(who, dir, tensors, files, model, strict, dtype, sche
       table.concat(parts, "; "), act and string.format(" (activation scales: %s's scheme has them exactly where it " ..
       "quantizes activations with a static scale; engines refuse the checkpoint otherwise)", scheme.source) or "")
   end
-  load_files(who, dir, model, files, p, dtype or "f32", decode == "exact")
+  model.quantized_source = nil
+  load_files(who, dir, model, files, p, dtype or "f32", decode == "exact", scheme ~= nil and not model.shards)
+  model.quantized_source = quantized_source(scheme, model, p)
   return {missing = p.missing, unexpected = p.unexpected, ignored = p.ignored,
     quantization = scheme and quant_info(scheme, model, p) or nil}
 end
@@ -582,7 +639,9 @@ local function check_decode(v) return v ~= "library" and v ~= "exact" and "must 
 -- nvlua.deploy_read) loads with each quantized linear's weight decoded to f32 as its library decodes
 -- it, or with decode = "exact" as the engines' GEMMs and nvlua's forward compute it (one rounding of
 -- code * block scale * global scale); info.quantization = {method, algo, source, quantized =
--- {modules}, excluded = {linear modules left unquantized}}.
+-- {modules}, excluded = {linear modules left unquantized}}. What it read stays in
+-- model.quantized_source: hf.save_pretrained with quantize = writes it back for every linear whose
+-- weight is unchanged (nvlua.deploy).
 -- info = {missing =, unexpected =, ignored =, config_ignored = [, quantization =]} (sorted names). strict (the
 -- default) raises when a parameter is missing or a tensor is unexpected, listing them; with
 -- strict = false they are returned in info and a missing parameter keeps its initial value

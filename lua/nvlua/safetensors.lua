@@ -45,7 +45,7 @@
 -- Not here: lazy/mmap loading of single tensors (load reads each tensor once, by offset), dtypes
 -- nvlua has no tensor type for (F16 unless asked, F64, BOOL, I8, ...: rejected with the list of supported ones),
 -- quantized tensors (store their codes and scales as u8/f32 tensors; st.typed writes u8 codes under an
--- F8_* dtype, which the reader does not take).
+-- F8_* dtype, which load reads back as u8 with {f8 = "u8"}).
 local nv = require "nvlua"
 local core = require "nvlua.core"
 local util = require "nvlua.util"
