@@ -40,6 +40,12 @@ local schema = config.schema({
   seq = config.int(0, {min = 0, doc = "calibration sequence length (0: the run's)"}),
   exclude = config.str("", {doc = "linears kept in bf16 besides the LM head, comma-separated module names; empty: as " ..
     "the recipe trained them"}),
+  gap = config.bool(true, {doc = "print the deployment gap (nvlua.deploy.gap): the validation loss under the " ..
+    "training forward, the NVFP4 export W4A16 and W4A4 (the engine's arithmetic), and with bf16= a bf16 run's " ..
+    "post-training NVFP4 (quantize=nvfp4, nvfp4_a16)"}),
+  eval_batches = config.int(0, {min = 0, doc = "validation batches of the gap (0: the run's eval_batches, else 8)"}),
+  bf16 = config.str("", {doc = "the checkpoint of the same model trained in bf16, for the gap's post-training row " ..
+    "(d); empty: none"}),
   recipe = config.str("", {doc = "the recipe of a directory without trainer.json (a registered name; empty: the " ..
     "checkpoint's, else bf16)"}),
   max_shard_size = config.str("50GB", {doc = "the largest weight file (transformers' max_shard_size)", check = function(v)
@@ -81,7 +87,8 @@ end
 local rc = {recipe = c.recipe ~= "" and c.recipe or (run and run.recipe) or "bf16", act_dtype = "recipe", switch_step = 0,
   bf16_first = -1, bf16_last = -1}
 if run and c.recipe == "" then
-  for _, k in ipairs({"seed", "switch_step", "switch_forward_only", "rht", "sr", "w2d", "bf16_first", "bf16_last", "act_dtype"}) do
+  for _, k in ipairs({"seed", "switch_step", "switch_forward_only", "rht", "sr", "w2d", "bf16_first", "bf16_last", "act_dtype",
+    "fused_amax"}) do
     local v = run[k]
     if v ~= nil and v ~= cjson.null then rc[k] = type(v) == "number" and math.tointeger(v) or v end
   end
@@ -99,27 +106,40 @@ end
 print(string.format("export: %s (recipe %s%s) -> %s", c.ckpt, tostring(rec), tr and string.format(", step %d", model.step) or "",
   c.out))
 
--- the calibration batches, from the run's data
+-- the calibration batches (and the gap's validation batches), from the run's data
 local f = deploy.FORMATS[c.format == "auto" and "modelopt" or c.format][c.quantize] or
   deploy.FORMATS["compressed-tensors"][c.quantize]
+local static = false
+for _, t in ipairs(f and f.tensors or {}) do if t.value:match("^input_") then static = true end end
+local gap = c.gap and (c.quantize == "nvfp4" or c.quantize == "nvfp4_a16")
+local calib, val
+if static or gap then
+  local dc = {data = c.data ~= "" and c.data or (run and run.data), cache = run and run.cache or "",
+    tokenizer = run and run.tokenizer or ""}
+  if not dc.data then
+    user_error("export: " .. (static and "quantize=" .. c.quantize .. " calibrates the activations" or "gap=true evaluates " ..
+      "on the validation split") .. ": give data=", 0)
+  end
+  local ds = train.dataset(dc)
+  local B = c.batch > 0 and c.batch or (run and math.tointeger(run.batch)) or 8
+  local T = c.seq > 0 and c.seq or (run and math.tointeger(run.seq)) or 256
+  local loader = data.Loader(ds.train, {batch = B, seq = T, seed = 0})
+  calib = {}
+  for i = 1, c.calib_batches do calib[i] = loader:next() end
+  print(string.format("calibration: %d batches of %d x %d tokens from %s", c.calib_batches, B, T, dc.data))
+  if gap then -- train.evaluate's batches: the first of the validation split, in order
+    local vl = data.Loader(ds.val, {batch = B, seq = T, shuffle = false})
+    local n = math.min(c.eval_batches > 0 and c.eval_batches or (run and math.tointeger(run.eval_batches)) or 8, vl.per_epoch)
+    val = {}
+    for i = 1, n do val[i] = {vl:next()} end
+  end
+end
 local calibration
-for _, t in ipairs(f and f.tensors or {}) do
-  if t.value:match("^input_") then
-    local dc = {data = c.data ~= "" and c.data or (run and run.data), cache = run and run.cache or "",
-      tokenizer = run and run.tokenizer or ""}
-    if not dc.data then user_error("export: quantize=" .. c.quantize .. " calibrates the activations: give data=", 0) end
-    local ds = train.dataset(dc)
-    local B = c.batch > 0 and c.batch or (run and math.tointeger(run.batch)) or 8
-    local T = c.seq > 0 and c.seq or (run and math.tointeger(run.seq)) or 256
-    local loader = data.Loader(ds.train, {batch = B, seq = T, seed = 0})
-    local n = 0
-    calibration = function()
-      if n == c.calib_batches then return nil end
-      n = n + 1
-      return loader:next()
-    end
-    print(string.format("calibration: %d batches of %d x %d tokens from %s", c.calib_batches, B, T, dc.data))
-    break
+if static then
+  local n = 0
+  calibration = function()
+    n = n + 1
+    return calib[n]
   end
 end
 
@@ -146,7 +166,7 @@ local files, report = hf.save_pretrained(model, c.out, {quantize = c.quantize, f
     if i.layer then
       print(string.format("  [%d/%d] %-40s %s", i.i, i.n, i.layer, i.status))
     elseif i.calibration then
-      if i.calibration == 1 or i.calibration % 8 == 0 or i.calibration == c.calib_batches then
+      if i.calibration == 1 or i.calibration % 8 == 0 or i.calibration == #calib then
         print(string.format("  calibration batch %d/%d", i.calibration, c.calib_batches))
       end
     elseif i.file then
@@ -210,4 +230,29 @@ if report.calibration_batches then print(string.format("calibration: %d batches"
 if report.ptq > 0 then
   print("note: the layers quantized after training are a post-training quantization of the master weights, not what " ..
     "the training forward computed with")
+end
+
+-- ---- the deployment gap ----------------------------------------------------------------------------
+if gap then
+  local bf16
+  if c.bf16 ~= "" then
+    if not is_dir(c.bf16) then user_error("export: bf16=" .. c.bf16 .. " is not a directory", 0) end
+    bf16 = hf.from_pretrained(c.bf16, {recipe = train.recipe({recipe = "bf16", act_dtype = "recipe", switch_step = 0,
+      bf16_first = -1, bf16_last = -1})})
+  end
+  local fmt = report.format == "compressed-tensors" and report.format or "modelopt"
+  print(string.format("\ndeployment gap: validation loss on %d batches (the run's evaluation), NVFP4 %s arithmetic", #val, fmt))
+  local g = deploy.gap(model, {batches = val, calibration = calib, format = fmt, bf16 = bf16})
+  local function row(label, v, ref) print(string.format("  %-62s %.4f%s", label, v, ref and string.format("  (%+.4f)", v - ref) or "")) end
+  row("(a) training forward (recipe " .. tostring(rec) .. ")", g.a)
+  row("(b) export W4A16: exported weights, bf16 activations", g.b, g.a)
+  row("(c) export W4A4: + activations NVFP4, static input scales", g.c, g.a)
+  if g.d then
+    row("(d) bf16 run: its bf16 forward", g.d.a)
+    row("    bf16 run, post-training NVFP4 W4A16", g.d.b, g.d.a)
+    row("    bf16 run, post-training NVFP4 W4A4 (same calibration)", g.d.c, g.d.a)
+  end
+  print(string.format("  (b)'s weights vs (a)'s fprop weights: %d of %d trained linears bit for bit%s; %d quantized after " ..
+    "training, %d excluded (bf16)", g.trained - #g.differ, g.trained, #g.differ > 0 and " (differing, re-quantized for " ..
+    "a fused group: " .. table.concat(g.differ, ", ") .. ")" or "", g.ptq, g.excluded))
 end

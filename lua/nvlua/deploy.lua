@@ -652,6 +652,192 @@ function deploy.quantize(model, o)
   return rows, info
 end
 
+-- ---- the deployment gap -----------------------------------------------------------------------------
+--
+-- deploy.gap measures what deploying costs: the validation loss of the model under its training forward
+-- (a), of the exported NVFP4 weights with bf16 activations (b, W4A16: the weights are (a)'s fprop
+-- weights bit for bit; only x's quantization is gone), of W4A4 with the calibrated static input scales
+-- as an engine computes it (c), and, given a second model trained in bf16, of its post-training NVFP4
+-- quantization (d: deploy's PTQ path, 1x16 blocks, RTN, a per-tensor global scale; W4A16 and W4A4).
+-- (b), (c), (d) hold every tensor the checkpoint stores in bf16 (embeddings, norms, the linears left
+-- out) at its bf16 value, as an engine loads it; the linears left out run under the model's recipe
+-- (bf16 operands, f32 accumulation), as the engine's bf16 GEMM does.
+-- The engine's W4A4 arithmetic (c), as vLLM's ModelOpt and compressed-tensors NVFP4 linears run it
+-- (scaled_fp4_quant, then cutlass_scaled_fp4_mm / FlashInfer's mm_fp4 with alpha), matched to the
+-- torch reference those projects test their kernels against (vLLM tests/kernels/.../nvfp4_utils.py
+-- ref_nvfp4_quant, FlashInfer's ref_fp4_quant, vLLM's nvfp4_emulation_utils): per 1x16 block of the
+-- bf16 activation, s = gs * (vmax * (1/6)) in f32, rounded to e4m3 (saturating at 448), os = 1 /
+-- (s * (1/gs)) (0 where s is 0), codes = e2m1 RNE of x * os clamped to +-6; the GEMM sums code * s
+-- products of both operands exactly in f32 and multiplies by alpha once: ModelOpt gs = 1 / input_scale,
+-- alpha = input_scale * weight_scale_2; compressed-tensors gs = input_global_scale, alpha = 1 /
+-- (input_global_scale * weight_global_scale); the output rounded to bf16. Not matched: the kernels'
+-- reciprocals are rcp.approx (within an ulp of the reference's 1/x) and a tensor core's summation order
+-- differs from nvlua's f32 GEMM; both move y by f32 roundings, under the bf16 output's.
+-- (nvlua's own quantizer forms the block scale as vmax * (gs * (1/6)), which can differ from the
+-- engines' order in the last f32 bit, so (c) does not call it.)
+
+local TWO22, TWO23, TWO24 = 2.0 ^ 22, 2.0 ^ 23, 2.0 ^ 24
+
+-- t f32 rounded to e4m3, saturating at 448 (fp8 per-tensor scale 448 / 448 = 1: the codes' own values)
+local function e4m3_round(t)
+  return nv.quantize(t:minimum(448), "e4m3", {amax = 448}):dequantize()
+end
+
+-- v f32 rounded to e2m1 (0, 0.5, 1, 1.5, 2, 3, 4, 6), RNE, saturating at 6: adding then subtracting
+-- 2^22 (2^23, 2^24) rounds an f32 below 2 (4, 6) to a multiple of 0.5 (1, 2), ties to even, which is
+-- e2m1's grid and RNE on [0, 2), [2, 4) and [4, 6]
+local function e2m1_round(v)
+  local a = v:abs():minimum(6)
+  local r05, r1, r2 = (a + TWO22) - TWO22, (a + TWO23) - TWO23, (a + TWO24) - TWO24
+  local lo, mid = a:lt(2):to("f32"), a:lt(4):to("f32")
+  local r = r2 + (r1 - r2) * mid + (r05 - r1) * lo
+  return r * (v:ge(0):to("f32") * 2 - 1)
+end
+
+--- deploy.nvfp4_act(x, gs) -> a f32 [R, K], s f32 [R, K/16]: x [R, K] (bf16 or f32) quantized to NVFP4
+-- 1x16 blocks with the global encode scale gs as the engines quantize activations (see above): a =
+-- value(code) * s, the operand the block-scaled GEMM sums; s the e4m3 block scales' values.
+function deploy.nvfp4_act(x, gs)
+  if not nv.is_tensor(x) or x:dim() ~= 2 or x:size(2) % 16 ~= 0 then
+    user_error("deploy.nvfp4_act: x must be a tensor [R, K] with K a multiple of 16, got " ..
+      (nv.is_tensor(x) and util.shape_str(x) or type(x)), 2)
+  end
+  local R, K = x:size(1), x:size(2)
+  if not (gs > 0 and gs < math.huge) then user_error("deploy.nvfp4_act: gs must be a finite number > 0, got " .. tostring(gs), 2) end
+  return nv.scope(function()
+    local b = (x:dtype() == "f32" and x or x:to("f32")):reshape(R, K // 16, 16)
+    local vmax = b:abs():amax(3, true)                                  -- (R, K/16, 1)
+    local s = e4m3_round(((vmax * (1 / 6)) * gs):reshape(R, K // 16))  -- (R, K/16)
+    local d = s * (1 / gs)
+    local os = d:gt(0):to("f32") / d:maximum(2.0 ^ -126)               -- 0 where s is 0
+    local s3 = s:reshape(R, K // 16, 1)
+    local a = e2m1_round((b * os:reshape(R, K // 16, 1)):maximum(-6):minimum(6)) * s3
+    return a:reshape(R, K):contiguous(), s
+  end)
+end
+
+-- x rounded to f32 (RNE), as the engines' f32 scalars hold it
+local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+
+-- the validation loss of model over batches ({{ids, targets}, ...}), averaged over the tokens
+local function val_loss(model, batches)
+  local total, count = 0, 0
+  for _, b in ipairs(batches) do
+    local loss, cnt = nv.scope(function() return model:loss(b[1], b[2]) end)
+    total, count = total + loss * cnt, count + cnt
+  end
+  return total / math.max(count, 1)
+end
+
+-- row.q's weight as the checkpoint stores it: w = value(code) * value(block scale) * dec_scale, one
+-- rounding (how the engines and nvlua's GEMMs use it), and wi = value(code) * value(block scale)
+local function exported_weight(row)
+  local q, K = row.q, row.module.in_features
+  local s = core.decode_scaled(q:scale_bytes(), "e4m3", K // 16)
+  return core.decode_scaled(q:data(), "e2m1", K, s, {global = q.dec_scale, exact = true}), core.decode_scaled(q:data(), "e2m1", K, s)
+end
+
+-- y (..., N) from a linear's 2-D product y2 (R, N), of the recipe's activation dtype (bf16 values)
+local function out_like(y2, x, r)
+  local shape = x:size()
+  shape[#shape] = y2:size(2)
+  local y = y2:to("bf16")
+  if r.act_dtype == "f32" then y = y:to("f32") end
+  return y:reshape(shape)
+end
+
+-- The model's losses (a), (b), (c) (see above) for an NVFP4 export in format; rows checked: the
+-- exported weights of each trained row against its training forward's, bit for bit.
+local function measure(model, o)
+  local res = {a = val_loss(model, o.batches)}
+  local rows, info = deploy.quantize(model, {quantize = "nvfp4", format = o.format, calibration = o.calibration})
+  local saved, mods = {}, {}
+  local ok, err = pcall(function()
+    local q_names = {}
+    res.trained, res.ptq, res.excluded, res.differ, res.fused = 0, 0, 0, {}, #info.fused.requantized
+    for _, row in ipairs(rows) do
+      res[row.status] = res[row.status] + 1
+      if row.q then
+        q_names[row.name .. ".weight"] = true
+        local w, wi = exported_weight(row)
+        row.w, row.wi = core.unscope(w), core.unscope(wi)
+        if row.status == "trained" then -- (a)'s weight: the training forward's own quantization, now
+          local r = recipe_of(row)
+          local st0 = r:state()
+          local same = nv.scope(function()
+            local _, qa = r:fprop_weight(ctx_of(model, row), row.module.weight_entry.param)
+            return qa:dequantize():bytes() == w:bytes()
+          end)
+          r:load_state(st0)
+          if not same then res.differ[#res.differ + 1] = row.name end
+        end
+        local ie = scales_for("nvfp4", row.input_amax)
+        if o.format == "modelopt" then -- vLLM: input_scale_inv = 1 / input_scale, alpha = input_scale * weight_scale_2
+          row.gs, row.alpha = f32(1 / ie.dec), f32(ie.dec * row.q.dec_scale)
+        else -- alpha = 1 / (input_global_scale * weight_global_scale)
+          row.gs, row.alpha = ie.enc, f32(1 / f32(ie.enc * row.q.scale))
+        end
+        mods[#mods + 1] = row
+      end
+    end
+    -- what the checkpoint holds in bf16, at its bf16 values
+    for _, p in ipairs(model:named_parameters()) do
+      if not q_names[p.name] and p.param:dtype() == "f32" then
+        saved[#saved + 1] = {p = p.param, v = core.unscope(p.param:clone())}
+        nv.scope(function() p.param:copy_(p.param:to("bf16")) end)
+      end
+    end
+    local function each(fwd)
+      for _, row in ipairs(mods) do
+        row.module.forward = function(self, x)
+          return nv.scope(function()
+            local x2 = x:reshape(x:numel() // self.in_features, self.in_features)
+            return out_like(fwd(row, x2), x, recipe_of(row))
+          end)
+        end
+      end
+    end
+    each(function(row, x2) return (x2:dtype() == "f32" and x2 or x2:to("f32")):matmul(row.w:transpose()) end)
+    res.b = val_loss(model, o.batches)
+    each(function(row, x2) return deploy.nvfp4_act(x2, row.gs):matmul(row.wi:transpose()) * row.alpha end)
+    res.c = val_loss(model, o.batches)
+  end)
+  for _, row in ipairs(mods) do
+    row.module.forward = nil
+    row.w:free()
+    row.wi:free()
+  end
+  for _, e in ipairs(saved) do
+    e.p:copy_(e.v)
+    e.v:free()
+  end
+  deploy.free(rows)
+  if not ok then error(err, 0) end
+  return res
+end
+
+--- deploy.gap(model, {batches =, calibration =, format = "modelopt" | "compressed-tensors", bf16 =}) ->
+-- report: the deployment gap of an NVFP4 export (see above) on the validation batches ({{ids, targets},
+-- ...}); calibration: save_pretrained's (the batches for the static input scales); bf16: the same
+-- model trained in bf16, for (d). report = {a, b, c (losses), trained, ptq, excluded (linears), differ =
+-- {names of trained linears whose exported weight is not their training forward's: re-quantized for
+-- a fused group}, fused (re-quantized linears), d = the same for bf16 (its a: the bf16 forward; b, c:
+-- its PTQ export)}. The models are left as they were (weights, recipe state).
+function deploy.gap(model, o)
+  o = util.check_opts(o, {batches = true, calibration = true, format = true, bf16 = true}, "deploy.gap")
+  if type(o.batches) ~= "table" or #o.batches == 0 then
+    user_error("deploy.gap: batches must be a non-empty list of {ids, targets} validation batches", 2)
+  end
+  o.format = o.format or "modelopt"
+  if not deploy.FORMATS[o.format] then
+    user_error(string.format("deploy.gap: format must be one of %s, got %s", table.concat(deploy.FORMAT_NAMES, ", "),
+      tostring(o.format)), 2)
+  end
+  local rep = measure(model, o)
+  if o.bf16 then rep.d = measure(o.bf16, o) end
+  return rep
+end
+
 --- deploy.save_pretrained(model, dir, {quantize = "nvfp4" | "nvfp4_a16" | "mxfp4" | "fp8", format =
 -- "modelopt" | "compressed-tensors" (default: the first that has quantize), calibration = batches or a
 -- function (W4A4 NVFP4 and FP8: required unless the model was loaded from a checkpoint holding the
