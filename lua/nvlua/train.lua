@@ -420,6 +420,49 @@ train.schema = config.schema({
   check_memory = bool(true),
 }, {relations}, {resolve_init})
 
+-- One line each for `nvlua <experiment> --help`, where the key's definition above gives none (the
+-- comments above say more).
+local KEY_DOCS = {
+  seed = "the model's initialisation and the recipe's SR / RHT draws", data_seed = "the order of the batches",
+  layers = "transformer blocks", hidden = "the model width", heads = "query heads", kv_heads = "key/value heads (GQA)",
+  ffn = "SwiGLU's inner width", head_dim = "0: hidden / heads", vocab = "0: the data's tokenizer's",
+  rope_theta = "RoPE's base", norm_eps = "RMSNorm's epsilon", tie = "the LM head shares the embedding",
+  seq = "tokens per sequence", max_positions = "the context length a checkpoint declares (0: seq)",
+  steps = "optimizer steps", batch = "sequences per micro-batch (per rank)",
+  grad_accum = "micro-batches per step", lr = "the peak learning rate", min_lr = "the learning rate the decay ends at",
+  warmup = "steps of linear warmup", schedule = "the LR schedule: wsd, cosine, linear, constant (or a Lua value)",
+  decay = "wsd: the share of steps spent decaying", beta1 = "AdamW's beta1", beta2 = "AdamW's beta2",
+  eps = "AdamW's epsilon", weight_decay = "AdamW's decoupled weight decay", clip = "global gradient-norm clip",
+  z_loss = "weight of the z-loss (log-sum-exp^2) term; 0: off",
+  recipe = "the precision recipe: a registered name (nv.recipe.names()) or a recipe value",
+  rht = "random Hadamard transforms on the Wgrad inputs (nvfp4)", sr = "stochastic rounding of gradients (nvfp4)",
+  w2d = "16x16 2D weight blocks (nvfp4)", bf16_first = "blocks kept in bf16 at the start (-1: the recipe's)",
+  bf16_last = "blocks kept in bf16 at the end (-1: the recipe's)", switch_step = "switch to bf16 from this step (0: never)",
+  switch_forward_only = "switch_step: only the forward's GEMMs go to bf16",
+  attention_deterministic = "cuDNN's attention backward without fp32 atomics (Hopper)",
+  teacher_recipe = "the teacher's recipe (distillation)", distill_alpha = "KL's weight in the distillation loss",
+  distill_temperature = "the distillation temperature",
+  eval_every = "steps between validation evals (and at the last step; 0: never)", eval_batches = "batches per validation eval",
+  log_every = "steps between console lines", ckpt_background = "write periodic checkpoints in a background thread",
+  ckpt_overlap = "ckpt_background: copy the state while the next step runs", keep = "checkpoints kept (0: all)",
+  sample_tokens = "tokens of the text sample at the end (0: none)", temperature = "the sample's temperature",
+  top_k = "the sample's top-k", max_bad_steps = "skipped (non-finite) steps in a row that stop the run",
+  plot = "loss.png at the end (gnuplot)", quiet = "no console output but errors", save = "write checkpoints",
+  overwrite = "resume=none on an out= that holds a run: remove it first",
+  dist = "data parallelism over MPI ranks (launch with mpirun / srun)", shard_optimizer = "alias of shard=optimizer",
+  bucket_grads = "all-reduce each block's gradients as its backward completes them",
+  shard = "none | optimizer (ZeRO-1) | grads (ZeRO-2) | full (ZeRO-3 / FSDP)",
+  reshard_after_forward = "shard=full: free gathered weights after the forward",
+  gather = "shard=full: gather quantized codes and scales, or f32 weights",
+  sync = "allreduce (gradients) | shadow (periodic parameter averaging)", shadow_every = "sync=shadow: steps between averagings",
+  shadow_overlap = "sync=shadow: apply each average one averaging later (false: at once)", shadow_moments = "sync=shadow: average AdamW's moments too",
+  check_memory = "refuse a run whose memory plan exceeds the machine's",
+}
+for k, d in pairs(KEY_DOCS) do
+  local spec = assert(train.schema.specs[k], k)
+  if not spec.doc then spec.doc = d end
+end
+
 --- The defaults of train.schema's keys (a plain table).
 train.defaults = train.schema:defaults()
 
