@@ -57,25 +57,11 @@ local llama = require "nvlua.llama"
 local hf = require "nvlua.hf"
 local st = require "nvlua.safetensors"
 local deploy = require "nvlua.deploy"
-local optim = require "nvlua.optim"
 local out = arg[1]
 local CFG = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2, num_attention_heads = 4,
   num_key_value_heads = 2, max_position_embeddings = 64, rms_norm_eps = 1e-5}
 local function ids(g) return (nv.rand({2, 32}, {generator = g}) * 64):to("i64") end
-local function trained(name)
-  local m = llama.Llama(CFG, {recipe = nv.recipe.make(name), seed = 1})
-  local opt = optim.AdamW(m:named_parameters(), {lr = 1e-2})
-  local g = nv.Generator(3)
-  for step = 1, 3 do
-    m.step = step - 1
-    local x = ids(g)
-    m:zero_grad()
-    m:forward_backward(x, x)
-    opt:step()
-  end
-  m.step = 3
-  return m
-end
+local function trained(name) return require("nvlua.test").trained_llama(CFG, name, ids) end
 local cal = {ids(nv.Generator(9)), ids(nv.Generator(10))}
 local x = ids(nv.Generator(11))
 local EXPORTS = {

@@ -13,8 +13,6 @@
 -- No loss value is asserted against a tuned number: no ordering of (a), (b), (c) follows from the math.
 local T = require "nvlua.test"
 local nv = require "nvlua"
-local llama = require "nvlua.llama"
-local optim = require "nvlua.optim"
 local deploy = require "nvlua.deploy"
 
 local CFG = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2, num_attention_heads = 4,
@@ -23,20 +21,7 @@ local CFG = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hid
 local function ids(g) return (nv.rand({2, 32}, {generator = g}) * 64):to("i64") end
 
 -- a model trained 3 AdamW steps under recipe r (seeded)
-local function trained(r)
-  local m = llama.Llama(CFG, {recipe = r, seed = 1})
-  local opt = optim.AdamW(m:named_parameters(), {lr = 1e-2})
-  local g = nv.Generator(3)
-  for step = 1, 3 do
-    m.step = step - 1
-    local x = ids(g)
-    m:zero_grad()
-    m:forward_backward(x, x)
-    opt:step()
-  end
-  m.step = 3
-  return m
-end
+local function trained(r) return T.trained_llama(CFG, r, ids) end
 
 local function batches(seed, n)
   local g, out = nv.Generator(seed), {}

@@ -14,10 +14,8 @@
 -- Files are compared as bytes read here (T.read_file), tensors through a safetensors reader written here.
 local T = require "nvlua.test"
 local nv = require "nvlua"
-local llama = require "nvlua.llama"
 local hf = require "nvlua.hf"
 local deploy = require "nvlua.deploy"
-local optim = require "nvlua.optim"
 local cjson = require "cjson"
 local lfs = require "lfs"
 
@@ -37,17 +35,7 @@ local function ids(g) return (nv.rand({2, 32}, {generator = g}) * 64):to("i64") 
 local trained_models = {}
 local function trained(name)
   if trained_models[name] then return trained_models[name] end
-  local m = llama.Llama(CFG, {recipe = nv.recipe.make(name), seed = 1})
-  local opt = optim.AdamW(m:named_parameters(), {lr = 1e-2})
-  local g = nv.Generator(3)
-  for step = 1, 3 do
-    m.step = step - 1
-    local x = ids(g)
-    m:zero_grad()
-    m:forward_backward(x, x)
-    opt:step()
-  end
-  m.step = 3
+  local m = T.trained_llama(CFG, name, ids)
   trained_models[name] = m
   return m
 end

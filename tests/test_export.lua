@@ -23,7 +23,6 @@ local T = require "nvlua.test"
 local nv = require "nvlua"
 local llama = require "nvlua.llama"
 local hf = require "nvlua.hf"
-local optim = require "nvlua.optim"
 local deploy = require "nvlua.deploy"
 local cjson = require "cjson"
 
@@ -37,20 +36,7 @@ local CFG = {vocab_size = 64, hidden_size = 64, intermediate_size = 128, num_hid
 local function ids(g) return (nv.rand({2, 32}, {generator = g}) * 64):to("i64") end
 
 -- a model trained 3 AdamW steps under recipe name (seeded: the same model each time)
-local function trained(name, cfg)
-  local m = llama.Llama(cfg or CFG, {recipe = nv.recipe.make(name), seed = 1})
-  local opt = optim.AdamW(m:named_parameters(), {lr = 1e-2})
-  local g = nv.Generator(3)
-  for step = 1, 3 do
-    m.step = step - 1
-    local x = ids(g)
-    m:zero_grad()
-    m:forward_backward(x, x)
-    opt:step()
-  end
-  m.step = 3
-  return m
-end
+local function trained(name, cfg) return T.trained_llama(cfg or CFG, name, ids) end
 
 local function calib(n)
   local g, out = nv.Generator(9), {}

@@ -259,4 +259,27 @@ function T.run_nvlua(args, opts)
   return r
 end
 
+-- ---- tiny trained models -----------------------------------------------------------------------
+
+--- T.trained_llama(cfg, recipe, ids [, steps = 3]) -> a Llama of config cfg (seed 1) under recipe (a
+-- registered name or a recipe value) trained `steps` AdamW steps (lr 1e-2) on ids(g), g = Generator(3):
+-- the same model each time; model.step is left at steps
+function T.trained_llama(cfg, recipe, ids, steps)
+  local nv, llama, optim = require "nvlua", require "nvlua.llama", require "nvlua.optim"
+  if type(recipe) == "string" then recipe = nv.recipe.make(recipe) end
+  local m = llama.Llama(cfg, {recipe = recipe, seed = 1})
+  local opt = optim.AdamW(m:named_parameters(), {lr = 1e-2})
+  local g = nv.Generator(3)
+  steps = steps or 3
+  for step = 1, steps do
+    m.step = step - 1
+    local x = ids(g)
+    m:zero_grad()
+    m:forward_backward(x, x)
+    opt:step()
+  end
+  m.step = steps
+  return m
+end
+
 return T
