@@ -592,13 +592,7 @@ end
 
 local IDS = nv.tensor({{1, 7, 3, 63, 0, 12, 5, 30, 9, 9, 2, 44}, {9, 10, 11, 2, 13, 44, 15, 16, 1, 0, 62, 8}}, "i64")
 
-local function logits_of(model)
-  model:eval()
-  local l = model:forward(IDS)
-  local b = l:bytes()
-  l:free()
-  return b
-end
+local function logits_of(model) return T.logit_bytes(model, IDS) end
 
 T.case("config.json has every HF LlamaConfig key; model.safetensors has format pt, HF names and shapes", function()
   for _, tied in ipairs({false, true}) do

@@ -100,13 +100,7 @@ local function logits(model, ids)
   l:free()
   return out
 end
-local function logit_bytes(model, ids)
-  model:eval()
-  local l = model:forward(ids)
-  local b = l:bytes()
-  l:free()
-  return b
-end
+local logit_bytes = T.logit_bytes
 
 -- S: the largest float32-vs-float64 spread of transformers over the cases (see the header)
 local SPREAD

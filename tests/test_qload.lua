@@ -101,13 +101,7 @@ local function refs(case) return st.load(GOLD .. "/" .. case .. "/reference.safe
 
 local IDS = nv.tensor({{1, 5, 9, 30, 2, 17, 4, 4, 11, 0, 23, 8}, {31, 3, 3, 12, 6, 19, 27, 1, 14, 22, 9, 16}}, "i64")
 
-local function logit_bytes(model)
-  model:eval()
-  local l = model:forward(IDS)
-  local b = l:bytes()
-  l:free()
-  return b
-end
+local function logit_bytes(model) return T.logit_bytes(model, IDS) end
 
 -- ---- decoding ---------------------------------------------------------------------------------------
 

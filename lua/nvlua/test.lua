@@ -259,6 +259,15 @@ function T.run_nvlua(args, opts)
   return r
 end
 
+--- T.logit_bytes(model, ids) -> the bytes of model's logits on ids, in eval mode (the logits freed)
+function T.logit_bytes(model, ids)
+  model:eval()
+  local l = model:forward(ids)
+  local b = l:bytes()
+  l:free()
+  return b
+end
+
 -- ---- tiny trained models -----------------------------------------------------------------------
 
 --- T.trained_llama(cfg, recipe, ids [, steps = 3]) -> a Llama of config cfg (seed 1) under recipe (a
