@@ -15,6 +15,7 @@
 -- the schedule and recipe where they differ from the first record's.
 -- Not here: metrics (train.lua's metrics.jsonl), checkpoints (nvlua.checkpoint).
 local nv = require "nvlua"
+local core = require "nvlua.core"
 local cjson = require "cjson"
 local lfs = require "lfs"
 local config = require "nvlua.config"
@@ -117,12 +118,8 @@ function record.script()
 end
 
 local function hostname()
-  local f = io.open("/proc/sys/kernel/hostname", "r")
-  local h = f and f:read("l")
-  if f then f:close() end
-  if h and h ~= "" then return h end
-  h = run("uname -n"):match("[^\n]+")
-  return h or null
+  local ok, h = pcall(core.hostname)
+  return ok and h ~= "" and h or null
 end
 
 -- nv.info(), as a record holds it: versions also in words, no empty list

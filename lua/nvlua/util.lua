@@ -151,12 +151,7 @@ function util.is_tensor_source(v) return getmetatable(v) == SOURCE end
 -- The temp file's name carries this process's id and a counter: ranks of a job writing the same cache file at
 -- once (each the same bytes; the last rename wins) must not share a temp file, and math.random's sequence
 -- may be the same in two processes started together (a rank's rename then found its temp file gone).
-local PID = (function()
-  local f = io.open("/proc/self/stat", "r")
-  local line = f and f:read("l")
-  if f then f:close() end
-  return line and line:match("^(%d+)") or tostring(os.time())
-end)()
+local PID = tostring(core.getpid())
 local tmp_count = 0
 
 function util.atomic_write(path, contents, opts)
