@@ -9,7 +9,10 @@
 -- validation loss, the seeds' standard deviation, the mean gap to bf16 and that gap's spread over
 -- the seeds (each seed's loss minus bf16's on the same seed: the seed's effect cancels), so a
 -- recipe effect can be told from noise. Writes the table to <out>/results.md and draws one overlay
--- plot of the validation loss (the seeds' mean per recipe).
+-- plot of the validation loss (the seeds' mean per recipe). With eval_tasks=arc_easy,piqa (nvlua.eval;
+-- eval_limit questions each) the table adds each task's final accuracy (mean of the seeds) with its
+-- standard error over the questions, and the gap to bf16 with that gap's standard error
+-- (sqrt(se^2 + se_bf16^2)): a gap under two standard errors is marked "within noise".
 --   nvlua experiments/compare_recipes.lua [steps=150] [seeds=1] [only=bf16,nvfp4] [key=value ...]
 local nv = require "nvlua"
 local train = require "nvlua.train"
@@ -63,7 +66,7 @@ end
 local results, series = {}, {}
 local total, done = #chosen * c.seeds, 0
 for _, r in ipairs(chosen) do
-  local res = {name = r.name, vals = {}, tps = 0}
+  local res = {name = r.name, vals = {}, tps = 0, tasks = {}}
   local curves = {} -- step -> list of val losses over the seeds
   for k = 0, c.seeds - 1 do
     local rc = {}
@@ -80,6 +83,11 @@ for _, r in ipairs(chosen) do
     if s.interrupted then os.exit(require("nvlua.signal").EXIT_INTERRUPTED, true) end -- a stop signal ends the sweep
     res.vals[#res.vals + 1] = s.final_val_loss or 0 / 0
     res.tps = res.tps + s.tokens_per_s / c.seeds
+    for name, t in pairs(s.tasks or {}) do -- downstream accuracy: mean of the seeds, and of their standard errors
+      local m = res.tasks[name] or {acc = 0, se = 0}
+      m.acc, m.se = m.acc + (t.acc or 0 / 0) / c.seeds, m.se + (t.acc_stderr or 0 / 0) / c.seeds
+      res.tasks[name] = m
+    end
     if s.mor_low then -- MoR: the shares of low-precision elements and units (tensors or blocks), mean of seeds
       res.low = (res.low or 0) + s.mor_low / c.seeds
       res.units_low = (res.units_low or 0) + s.mor_units_low / c.seeds
@@ -134,6 +142,30 @@ else
   lines[#lines + 1] = "| recipe | final val loss | gap to bf16 | tokens/s | MoR low precision |"
   lines[#lines + 1] = "|---|---:|---:|---:|---|"
 end
+-- downstream accuracy (eval_tasks): a column per task, "acc ± se", and the gap to bf16 in points with its
+-- standard error; |gap| < 2 se is "within noise"
+local task_names = {}
+for name in c.eval_tasks:gmatch("[^,]+") do task_names[#task_names + 1] = name end
+local function task_cells(r)
+  local cells = {}
+  for _, name in ipairs(task_names) do
+    local t, b = r.tasks[name], base and base.tasks[name]
+    local cell = t and string.format("%.3f ± %.3f", t.acc, t.se) or "-"
+    if t and b and r ~= base then
+      local gap, se = t.acc - b.acc, math.sqrt(t.se ^ 2 + b.se ^ 2)
+      cell = cell .. string.format(" (%+.3f ± %.3f%s)", gap, se, math.abs(gap) < 2 * se and ", within noise" or "")
+    end
+    cells[#cells + 1] = cell
+  end
+  return #cells > 0 and (" " .. table.concat(cells, " | ") .. " |") or ""
+end
+if #task_names > 0 then
+  local h, sep = {}, {}
+  for i, name in ipairs(task_names) do h[i], sep[i] = name .. " acc (gap to bf16)", "---:" end
+  lines[#lines - 1] = lines[#lines - 1] .. " " .. table.concat(h, " | ") .. " |"
+  lines[#lines] = lines[#lines] .. table.concat(sep, "|") .. "|"
+  lines[1] = lines[1] .. string.format(", downstream: %d questions per task", c.eval_limit)
+end
 for _, r in ipairs(results) do
   local m, sd = stats(r.vals)
   if c.seeds > 1 then
@@ -144,11 +176,12 @@ for _, r in ipairs(results) do
       local a, b = stats(gaps)
       gm, gsd = string.format("%+.2f%%", a), string.format("%.2f%%", b)
     end
-    lines[#lines + 1] = string.format("| %s | %.4f | %.4f | %s | %s | %.0f | %s |", r.name, m, sd, gm, gsd, r.tps, low(r))
+    lines[#lines + 1] = string.format("| %s | %.4f | %.4f | %s | %s | %.0f | %s |", r.name, m, sd, gm, gsd, r.tps, low(r)) ..
+      task_cells(r)
   else
     local bm = base and stats(base.vals)
     lines[#lines + 1] = string.format("| %s | %.4f | %s | %.0f | %s |", r.name, m,
-      bm and string.format("%+.2f%%", 100 * (m - bm) / bm) or "-", r.tps, low(r))
+      bm and string.format("%+.2f%%", 100 * (m - bm) / bm) or "-", r.tps, low(r)) .. task_cells(r)
   end
 end
 plot.results(c.out, lines, "compare.png", series, {title = "validation loss by recipe", ylabel = "val loss"})

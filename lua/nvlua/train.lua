@@ -235,6 +235,20 @@ local function check_device(v)
 end
 
 -- The relations between keys, checked with the keys themselves (train.schema:check).
+-- eval_tasks: comma-separated names nvlua.eval knows (a task, or task:variant) -> nil, or the error
+local function check_eval_tasks(v)
+  if v == "" then return nil end
+  local known = {}
+  for _, t in ipairs(require("nvlua.eval").task_names()) do known[t] = true end
+  for name in (v .. ","):gmatch("([^,]*),") do
+    local task = name:match("^([^:]+)")
+    if not task or not known[task] then
+      return string.format("unknown task '%s' (known: %s)", name, table.concat(require("nvlua.eval").task_names(), ", "))
+    end
+  end
+  return nil
+end
+
 local function relations(c)
   if c.heads % c.kv_heads ~= 0 then
     return string.format("kv_heads (%d) must divide heads (%d)", c.kv_heads, c.heads)
@@ -266,6 +280,9 @@ local function relations(c)
   if (sm == "grads" or sm == "full") and c.tie then
     return string.format("shard=%s does not take tie=true (the tied weight is used by the embedding and the LM head); " ..
       "give tie=false or shard=optimizer", sm)
+  end
+  if c.eval_tasks ~= "" and c.eval_every == 0 then
+    return "eval_tasks=" .. c.eval_tasks .. " are scored at each evaluation; eval_every=0 runs none (give eval_every > 0)"
   end
   if c.ckpt_overlap and not c.ckpt_background then
     return "ckpt_overlap=true is how background saves copy the state; it needs ckpt_background=true"
@@ -371,6 +388,12 @@ train.schema = config.schema({
   resume = str("none", {nonempty = true,
     doc = "none | auto (the checkpoint in out= written last) | a checkpoint directory"}),
   eval_every = int(100, {min = 0}), eval_batches = int(8, {min = 1}), log_every = int(10, {min = 1}),
+  -- downstream tasks (nvlua.eval) scored at every evaluation beside the validation loss: their
+  -- accuracies go to metrics.jsonl, TensorBoard (eval/<task>/acc) and tasks.png; eval_limit questions
+  -- of each (the first in the file's order, the same at every evaluation; 0: all)
+  eval_tasks = str("", {check = check_eval_tasks,
+    doc = "comma-separated downstream tasks scored at every eval (nvlua scripts/eval.lua --help lists them)"}),
+  eval_limit = int(200, {min = 0, doc = "questions per downstream task at each eval (0: all)"}),
   ckpt_every = str("auto", {check = check_ckpt_every, accept = function(v) return math.type(v) == "integer" and v >= 0 end,
     accept_what = "a non-negative integer", doc = "steps between checkpoints, 0 (never) or auto"}),
   mtbf = num(24.0, {above = 0, doc = "expected hours between failures of the job (ckpt_every=auto)"}),
@@ -1490,13 +1513,56 @@ local function eval_and_log(r, step)
   local rec = r.rec
   local rs = rec and rec.state and rec:state()
   local vl, ppl = train.evaluate(r.model, r.ds, r.c, r.p)
+  local tasks = train.score_tasks(r)
+  r.last_tasks = tasks or r.last_tasks
   if rs then rec:load_state(rs) end
   if rec and rec.mor then rec.mor:take_step() end -- the evaluation's choices are not the training's
   r.val_points[#r.val_points + 1] = {step, vl}
-  r.mf:write(config.encode({step = step, val_loss = vl, val_ppl = ppl}), "\n")
-  if r.tb then r.tb:scalars(step, {["eval/val_loss"] = vl, ["eval/val_ppl"] = ppl}) end
+  r.mf:write(config.encode({step = step, val_loss = vl, val_ppl = ppl, tasks = tasks}), "\n")
+  local scalars = {["eval/val_loss"] = vl, ["eval/val_ppl"] = ppl}
+  for _, name in ipairs(r.task_names or {}) do
+    local t = tasks[name]
+    r.task_points[name][#r.task_points[name] + 1] = {step, t.acc}
+    for _, m in ipairs({"acc", "acc_norm", "bpb"}) do
+      if t[m] then scalars["eval/" .. name .. "/" .. m] = t[m] end
+    end
+  end
+  if r.tb then r.tb:scalars(step, scalars) end
   if r.tty then r.out:write("\r\27[K") end
   r.out:write(string.format("eval  %5d | val loss %.4f | val ppl %.2f\n", step, vl, ppl))
+  if tasks then r.out:write(train.format_tasks(step, r.task_names, tasks), "\n") end
+end
+
+--- train.score_tasks(r) -> {[task] = nvlua.eval's metrics} for c.eval_tasks (nil when none): every rank
+-- scores the same eval_limit questions of each task (a sharded model's forwards are collectives), in eval
+-- mode under the run's recipe; the caller puts the recipe's state back.
+function train.score_tasks(r)
+  local c = r.c
+  if c.eval_tasks == "" then return nil end
+  if not r.task_names then
+    r.task_names, r.task_points = {}, {}
+    for name in c.eval_tasks:gmatch("[^,]+") do
+      r.task_names[#r.task_names + 1] = name
+      r.task_points[name] = {}
+    end
+  end
+  return require("nvlua.eval").evaluate(r.model, r.ds.tokenizer, r.task_names,
+    {limit = c.eval_limit > 0 and c.eval_limit or nil, progress = false})
+end
+
+--- train.format_tasks(step, names, results) -> one console line: each task's accuracy and its
+-- standard error (bits per byte for a task that has no accuracy)
+function train.format_tasks(step, names, results)
+  local parts = {string.format("tasks %5d", step)}
+  for _, name in ipairs(names) do
+    local t = results[name]
+    if t.acc then
+      parts[#parts + 1] = string.format("%s acc %.3f±%.3f", name, t.acc, t.acc_stderr or 0 / 0)
+    elseif t.bpb then
+      parts[#parts + 1] = string.format("%s bpb %.3f±%.3f", name, t.bpb, t.bpb_stderr or 0 / 0)
+    end
+  end
+  return table.concat(parts, " | ")
 end
 
 -- A stop signal came (SIGINT, SIGTERM or SIGUSR1, deferred by start_run) to any rank: every rank
@@ -1518,6 +1584,25 @@ local function sample_text(r)
     {temperature = c.temperature, top_k = c.top_k, seed = c.seed})
   if reducer then rec:set_amax_reducer(reducer) end
   return text, prompt_text
+end
+
+-- tasks.png: each downstream task's accuracy at each evaluation. -> its path, or nil (none, or the reason printed)
+local function plot_tasks(r)
+  if not r.task_names or #r.task_names == 0 then return nil end
+  local series = {}
+  for _, name in ipairs(r.task_names) do
+    local xs, ys = {}, {}
+    for _, p in ipairs(r.task_points[name]) do
+      if p[2] then xs[#xs + 1] = p[1]; ys[#ys + 1] = p[2] end
+    end
+    if #xs > 0 then series[#series + 1] = {title = name .. " acc", x = xs, y = ys} end
+  end
+  if #series == 0 then return nil end
+  local png = r.run_dir .. "/tasks.png"
+  local ok, err = plot.lines(png, series, {title = string.format("%s: downstream accuracy (eval_limit=%d)", r.c.out,
+    r.c.eval_limit), xlabel = "step", ylabel = "accuracy"})
+  if not ok then r.out:write("plot: " .. tostring(err) .. "\n") end
+  return ok and png or nil
 end
 
 -- loss.png: the train and validation losses. -> its path, or nil (the reason printed)
@@ -1641,7 +1726,11 @@ local function finish_run(r, ok, err)
     local text, prompt = sample_text(r)
     if r.main then summary.sample, summary.sample_prompt = text, prompt end
   end
-  if c.plot and r.main then summary.plot, summary.mor_plot = plot_losses(r), plot_mor(r) end
+  if r.task_points then
+    summary.tasks = {}
+    for _, name in ipairs(r.task_names) do summary.tasks[name] = r.last_tasks and r.last_tasks[name] end
+  end
+  if c.plot and r.main then summary.plot, summary.mor_plot, summary.tasks_plot = plot_losses(r), plot_mor(r), plot_tasks(r) end
   if #r.mor_points > 0 then summary.mor_low, summary.mor_units_low, summary.mor_formats = mean_mor_low(r) end
   return summary
 end
@@ -1746,6 +1835,9 @@ function train.main(defaults, args)
   if not c.quiet and main and not s.interrupted then
     print(string.format("\ndone: %d steps (%d skipped), %.0f tokens/s", s.steps, s.skipped, s.tokens_per_s))
     if s.final_val_loss then print(string.format("final validation loss %.4f (perplexity %.2f)", s.final_val_loss, s.val_ppl)) end
+    if s.tasks and next(s.tasks) then
+      print(require("nvlua.eval").format_table(s.tasks))
+    end
     if s.sample then print("sample: " .. (s.sample_prompt .. s.sample):gsub("\n", "\n        ")) end
     if s.plot then print("loss curve: " .. s.plot) end
     if s.mor_low then
@@ -1753,6 +1845,7 @@ function train.main(defaults, args)
         100 * s.mor_units_low))
     end
     if s.mor_plot then print("MoR share per block: " .. s.mor_plot) end
+    if s.tasks_plot then print("downstream accuracy: " .. s.tasks_plot) end
     if s.checkpoint then print("checkpoint: " .. s.checkpoint) end
     print("metrics: " .. s.run_dir .. "/metrics.jsonl")
   end
