@@ -208,3 +208,127 @@ T.case("kv cache: errors", function()
   T.raises(function() m:forward(token_ids(1, 1), {cache = cache}) end, "eval mode only")
   m:eval()
 end)
+
+-- ---- generation ------------------------------------------------------------------------------------
+
+local data = require "nvlua.data"
+local train = require "nvlua.train"
+local BYTES = data.ByteTokenizer
+
+-- a byte-vocabulary model: data.ByteTokenizer's ids
+local function byte_model(o)
+  o = o or {}
+  return model({config = {vocab_size = 256}, recipe = o.recipe, seed = o.seed})
+end
+
+-- argmax of a Lua array (the first of equal ones), 0-based
+local function argmax(row)
+  local best = 1
+  for i = 2, #row do if row[i] > row[best] then best = i end end
+  return best - 1
+end
+
+T.case("generate, greedy: token for token the greedy decoding by repeated full forwards (f32)", function()
+  local m = byte_model()
+  local text, ids, stop = m:generate(BYTES, "And the", {max_new_tokens = 12, temperature = 0})
+  T.eq(#ids, 12)
+  T.eq(stop, "max_new_tokens")
+  T.eq(text, BYTES:decode(ids))
+  local ctx = BYTES:encode("And the")
+  for i = 1, 12 do
+    local logits = m:forward(nv.tensor({ctx}, "i64"))                    -- (T, V)
+    local want = argmax(logits:select(1, #ctx):totable())
+    T.eq(ids[i], want, "token " .. i)
+    ctx[#ctx + 1] = want
+  end
+end)
+
+T.case("generate: positions processed are prompt + new - 1, not quadratic", function()
+  local m = byte_model()
+  local seen, calls = 0, 0
+  local fwd = m.embed_tokens.forward
+  m.embed_tokens.forward = function(self, ids) seen, calls = seen + ids:numel(), calls + 1; return fwd(self, ids) end
+  local _, ids = m:generate(BYTES, "In the beginning", {max_new_tokens = 10, temperature = 0})
+  m.embed_tokens.forward = nil
+  T.eq(#ids, 10)
+  T.eq(seen, 16 + 10 - 1, "16 prompt positions once, then one per new token but the last")
+  T.eq(calls, 10, "one prefill, then one forward per token")
+end)
+
+T.case("generate: sampling is deterministic from the seed; top_k = 1 is greedy", function()
+  local m = byte_model()
+  local o = {max_new_tokens = 16, temperature = 1, top_k = 50, seed = 7}
+  local t1, i1 = m:generate(BYTES, "And ", o)
+  local t2, i2 = m:generate(BYTES, "And ", o)
+  T.eq(i1, i2)
+  T.eq(t1, t2)
+  local _, i3 = m:generate(BYTES, "And ", {max_new_tokens = 16, temperature = 1, top_k = 50, seed = 8})
+  T.ok(not T.deep_eq(i1, i3), "another seed, other tokens")
+  local _, g = m:generate(BYTES, "And ", {max_new_tokens = 16, temperature = 0})
+  local _, k1 = m:generate(BYTES, "And ", {max_new_tokens = 16, temperature = 0.7, top_k = 1, seed = 3})
+  T.eq(k1, g)
+end)
+
+T.case("generate: stops at the tokenizer's eos and at the context limit, and says which", function()
+  local m = byte_model()
+  local _, g = m:generate(BYTES, "And ", {max_new_tokens = 8, temperature = 0})
+  local tok = setmetatable({eos_id = g[3]}, {__index = BYTES})
+  local text, ids, stop = m:generate(tok, "And ", {max_new_tokens = 8, temperature = 0})
+  T.eq(stop, "eos")
+  local first = 1
+  while g[first] ~= g[3] do first = first + 1 end -- the eos may come before its place 3
+  T.eq(ids, {table.unpack(g, 1, first)}, "the tokens up to the eos, the eos last")
+  T.eq(text, BYTES:decode({table.unpack(g, 1, first - 1)}), "text without the eos")
+  -- 30 prompt tokens in a context of 32: positions 30 and 31 take two more, 3 new tokens in all
+  local prompt = string.rep("ab", 15)
+  local _, c, why = m:generate(BYTES, prompt, {max_new_tokens = 10, temperature = 0})
+  T.eq(why, "context")
+  T.eq(#c, 3)
+  T.eq(select(3, m:generate(BYTES, "a", {max_new_tokens = 0})), "max_new_tokens")
+  T.eq(#select(2, m:generate(BYTES, "a", {max_new_tokens = 0})), 0)
+end)
+
+T.case("generate, nvfp4 and bf16 recipes: run, deterministic", function()
+  for _, r in ipairs({recipe.bf16(), recipe.nvfp4()}) do
+    local m = byte_model({recipe = r})
+    local _, a = m:generate(BYTES, "And ", {max_new_tokens = 6, seed = 2})
+    local _, b = m:generate(BYTES, "And ", {max_new_tokens = 6, seed = 2})
+    T.eq(#a, 6)
+    T.eq(a, b)
+  end
+end)
+
+T.case("generate: bad input", function()
+  local m = byte_model()
+  T.raises(function() m:generate(BYTES, 42) end, "the prompt must be a string, got number")
+  T.raises(function() m:generate(BYTES, nil) end, "the prompt must be a string, got nil")
+  T.raises(function() m:generate(nil, "x") end, "tok must be a tokenizer with encode and decode")
+  T.raises(function() m:generate({}, "x") end, "tok must be a tokenizer")
+  T.raises(function() m:generate(BYTES, "x", {max_new_tokens = -1}) end, "max_new_tokens")
+  T.raises(function() m:generate(BYTES, "x", {max_new_tokens = 1.5}) end, "max_new_tokens")
+  T.raises(function() m:generate(BYTES, "x", {temperature = "hot"}) end, "temperature")
+  T.raises(function() m:generate(BYTES, "x", {temperature = 0 / 0}) end, "temperature")
+  T.raises(function() m:generate(BYTES, "x", {top_k = 0}) end, "top_k")
+  T.raises(function() m:generate(BYTES, "x", {max_tokens = 3}) end, "max_tokens")
+  T.raises(function() m:generate(BYTES, "") end, "the prompt encodes to no tokens")
+  T.raises(function() m:generate(BYTES, string.rep("a", 32)) end, "the prompt is 32 tokens")
+  local small = model() -- a vocabulary of 64: bytes >= 64 are not its ids
+  T.raises(function() small:generate(BYTES, "z") end, "prompt token 1 is 122, not an id of the model's vocabulary (0 .. 63)")
+  -- the mode is kept: a training model generates in eval mode and is put back
+  m:train()
+  m:generate(BYTES, "x", {max_new_tokens = 2})
+  T.eq(m.training, true)
+end)
+
+T.case("train.sample: model:generate from a text prompt or ids; without a tokenizer the ids", function()
+  local m = byte_model()
+  local o = {temperature = 0.8, top_k = 10, seed = 4}
+  local text = train.sample(m, BYTES, "And ", 10, o)
+  T.eq(text, (m:generate(BYTES, "And ", {max_new_tokens = 10, temperature = 0.8, top_k = 10, seed = 4})))
+  T.eq(train.sample(m, BYTES, {65, 110, 100, 32}, 10, o), text, "the same prompt as ids")
+  local ids = select(2, m:generate(BYTES, "And ", {max_new_tokens = 10, temperature = 0.8, top_k = 10, seed = 4}))
+  T.eq(train.sample(m, nil, {65, 110, 100, 32}, 10, o), table.concat(ids, " "))
+  T.raises(function() train.sample(m, nil, "And ", 10, o) end, "without a tokenizer the prompt must be token ids")
+  T.eq({train.sample_prompt(BYTES)}, {"And ", "And "})
+  T.eq({train.sample_prompt(BYTES, "In the")}, {"In the", "In the"})
+end)
