@@ -298,6 +298,21 @@ T.case("generate, nvfp4 and bf16 recipes: run, deterministic", function()
   end
 end)
 
+T.case("generate, fp8_delayed: the recipe's state is restored, so generating repeats and leaves training as it was", function()
+  local m = byte_model({recipe = recipe.fp8_delayed()})
+  m:forward(token_ids(1, 5)) -- a history to keep
+  local r = m.layers[1].self_attn.q_proj.recipe
+  local before = r:state()
+  T.ok(next(before.histories) ~= nil, "the forward left amax histories")
+  local _, a = m:generate(BYTES, "And ", {max_new_tokens = 6, seed = 2})
+  T.eq(r:state(), before, "histories, generator offset as before")
+  -- a cached forward alone pushes to the histories (as every eval forward does): the restore is real
+  m:forward(token_ids(1, 2), {cache = m:kv_cache()})
+  T.ok(not T.deep_eq(r:state(), before), "a forward changes the histories")
+  local _, b = m:generate(BYTES, "And ", {max_new_tokens = 6, seed = 2})
+  T.eq(a, b)
+end)
+
 T.case("generate: bad input", function()
   local m = byte_model()
   T.raises(function() m:generate(BYTES, 42) end, "the prompt must be a string, got number")

@@ -330,6 +330,8 @@ end
 -- rounding (the attention's sums run in another order); under a quantized recipe each cached step
 -- quantizes its own activations (per-tensor scales and amaxes of the new tokens only), so the logits
 -- are close to the full forward's, not equal (tests/test_generate.lua states the measured bounds).
+-- Under delayed scaling each cached forward pushes its amaxes to the recipe's history, as every eval
+-- forward does (model:generate restores the recipes' state when it is done).
 
 local KVCache = {}
 KVCache.__index = KVCache
@@ -637,7 +639,9 @@ end
 -- Stops after max_new_tokens (stop = "max_new_tokens"), at tok.eos_id (stop = "eos"; the eos is in ids, not in
 -- text) or when the context (max_position_embeddings) is full (stop = "context"). text: tok:decode of the
 -- new tokens; ids: their 0-based ids. prompt_ids (a table of ids) replaces the encoding of prompt_text
--- (train.sample: a data manifest's pre-tokenized prompt). Runs in eval mode (the mode is restored after).
+-- (train.sample: a data manifest's pre-tokenized prompt). Runs in eval mode (the mode is restored after);
+-- the recipes' state (SR generator, delayed-scaling histories, MoR: recipe:state()) is restored after it
+-- too, so generating leaves training as it was and repeats under delayed scaling.
 function Llama:generate(tok, prompt, opts)
   local fname = "Llama:generate"
   opts = check_opts(opts, {max_new_tokens = count_of, temperature = non_negative, top_k = positive_count,
@@ -670,6 +674,11 @@ function Llama:generate(tok, prompt, opts)
   local n = opts.max_new_tokens or 64
   local gen = nv.Generator(opts.seed or 1)
   local was = self.training
+  local recs, states = {}, {}
+  for _, l in ipairs(self._linears) do
+    local r = l.recipe or nn.default_recipe()
+    if not states[r] then recs[#recs + 1], states[r] = r, r:state() end
+  end
   self:eval()
   local cache = self:kv_cache(math.min(mpe, #ids + n))
   local out, stop = {}, "max_new_tokens"
@@ -689,6 +698,7 @@ function Llama:generate(tok, prompt, opts)
   end)
   cache:free()
   self:train(was)
+  for _, r in ipairs(recs) do r:load_state(states[r]) end
   if not ok then error(err, 0) end
   local text_ids = out
   if stop == "eos" then text_ids = {table.unpack(out, 1, #out - 1)} end
