@@ -865,15 +865,9 @@ function IDS:decode(ids) return table.concat(ids, " ") end
 -- which ("eos" | "context" | "max_new_tokens").
 function train.sample(model, tokenizer, prompt, n, o)
   o = o or {}
-  local tok = tokenizer or IDS
-  local text, stop, _
-  if type(prompt) == "table" then
-    text, _, stop = model:generate(tok, "", {prompt_ids = prompt, max_new_tokens = n, temperature = o.temperature,
-      top_k = o.top_k, seed = o.seed})
-  else
-    text, _, stop = model:generate(tok, prompt, {max_new_tokens = n, temperature = o.temperature, top_k = o.top_k,
-      seed = o.seed})
-  end
+  local ids = type(prompt) == "table" and prompt or nil
+  local text, _, stop = model:generate(tokenizer or IDS, ids and "" or prompt, {prompt_ids = ids, max_new_tokens = n,
+    temperature = o.temperature, top_k = o.top_k, seed = o.seed})
   return text, stop
 end
 
