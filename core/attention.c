@@ -1,5 +1,6 @@
 /* attention.c: causal grouped-query attention — validation, allocation, the route and dispatch for
- * nvl_attention_forward / nvl_attention_backward (contract in layers.h; kernels in
+ * nvl_attention_forward / nvl_attention_backward, and nvl_attention_forward_at over a KV cache (contract in
+ * layers.h; kernels in
  * kernels/cpu/attention_cpu.h and kernels/cpu/ref/attention_ref.h).
  * q, out, dq, dout (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T); all f32,
  * contiguous, all on one device (q's) — or the activations all bf16 (lse f32): then the f32 op
@@ -380,4 +381,51 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
   if (st != NVL_OK) return st;
   nvl_tensor *outs[3] = {dq, dk, dv};
   return nvl_act_round(outs, r, 3);
+}
+
+/* ---- over a key/value cache (KV-cache decoding): f32, forward only ---------------------------------- */
+
+nvl_status nvl_attention_forward_at(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                    const nvl_tensor *v, int64_t pos0, double scale) {
+  const char *op = "attention_forward_at";
+  char s1[160], s2[160];
+  const nvl_backend *be;
+  NVL_TRY(need_null(op, "out", out));
+  NVL_TRY(need_null(op, "lse", lse));
+  NVL_TRY(check_4d_on(op, "q", "(B, T, Hq, D)", q, NULL, NVL_F32));
+  NVL_TRY(check_4d_on(op, "k", "(B, S, Hkv, D)", k, q, NVL_F32));
+  NVL_TRY(check_4d_on(op, "v", "(B, S, Hkv, D)", v, q, NVL_F32));
+  if (!same_shape(k, v))
+    return nvl_error(NVL_EINVAL, "%s: k and v must have one shape (B, S, Hkv, D), got k %s and v %s", op,
+                     nvl_tensor_desc(k, s1, sizeof s1), nvl_tensor_desc(v, s2, sizeof s2));
+  int64_t B = q->shape[0], T = q->shape[1], Hq = q->shape[2], D = q->shape[3], S = k->shape[1], Hkv = k->shape[2];
+  if (k->shape[0] != B || k->shape[3] != D)
+    return nvl_error(NVL_EINVAL, "%s: q and k differ in B or D: q is %s, k is %s", op, nvl_tensor_desc(q, s1, sizeof s1),
+                     nvl_tensor_desc(k, s2, sizeof s2));
+  if (Hkv < 1 || Hq % Hkv != 0)
+    return nvl_error(NVL_EINVAL, "%s: Hq (%lld) must be a positive multiple of Hkv (%lld): q is %s, k is %s", op,
+                     (long long)Hq, (long long)Hkv, nvl_tensor_desc(q, s1, sizeof s1), nvl_tensor_desc(k, s2, sizeof s2));
+  if (pos0 < 0 || pos0 + T > S)
+    return nvl_error(NVL_EINVAL, "%s: queries at positions %lld .. %lld do not fit the %lld cached rows of k %s", op,
+                     (long long)pos0, (long long)(pos0 + T - 1), (long long)S, nvl_tensor_desc(k, s1, sizeof s1));
+  if (S > INT_MAX || Hq * D > INT_MAX)
+    return nvl_error(NVL_EUNSUPPORTED, "%s: S or Hq*D beyond the int range: k is %s", op,
+                     nvl_tensor_desc(k, s1, sizeof s1));
+  if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
+  NVL_PICK(be, q, layers->attention_forward_at, op);
+  int64_t lse_shape[3] = {B, Hq, T};
+  nvl_tensor o = nvl_tensor_null(), l = nvl_tensor_null();
+  nvl_status st = nvl_tensor_empty(&o, NVL_F32, q->device, 4, q->shape); /* (B, T, Hq, D) */
+  if (st == NVL_OK) st = nvl_tensor_empty(&l, NVL_F32, q->device, 3, lse_shape); /* (B, Hq, T) */
+  if (st == NVL_OK)
+    st = NVL_CALL(be, q, layers->attention_forward_at, nvl_tensor_data(&o), nvl_tensor_data(&l), nvl_tensor_data(q),
+                  nvl_tensor_data(k), nvl_tensor_data(v), B, T, S, pos0, Hq, Hkv, D, scale);
+  if (st != NVL_OK) {
+    nvl_tensor_release(&o);
+    nvl_tensor_release(&l);
+    return st;
+  }
+  *out = o;
+  *lse = l;
+  return NVL_OK;
 }

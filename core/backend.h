@@ -322,6 +322,12 @@ typedef struct nvl_layer_kernels {
   nvl_status (*attention_backward)(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                    const float *k, const float *v, const float *out, const float *lse, int64_t B,
                                    int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale);
+  /* the forward of T queries at positions pos0 .. pos0 + T - 1 over a key/value cache (KV-cache decoding,
+   * core/layers.h nvl_attention_forward_at): q, out (B, T, Hq, D); k, v (B, S, Hkv, D), S >= pos0 + T; lse
+   * (B, Hq, T); query t sees keys s <= pos0 + t. */
+  nvl_status (*attention_forward_at)(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                     const float *v, int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq,
+                                     int64_t Hkv, int64_t D, double scale);
   /* optional: attention on bf16 activations with FlashAttention's numerics (P and dS rounded to
    * bf16 before their products, fp32 scores, softmax and accumulation; out, dq, dk, dv rounded once,
    * lse f32), taken by core/attention.c when attention_bf16_ready() says this machine can run it

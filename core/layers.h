@@ -56,6 +56,12 @@ nvl_status nvl_rope_backward(nvl_tensor *dx, const nvl_tensor *dout, const nvl_t
  * log-sum-exp of each softmax row, saved for backward. */
 nvl_status nvl_attention_forward(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
                                  const nvl_tensor *v, double scale);
+/* The forward over a key/value cache (KV-cache decoding; forward only, f32): T queries at positions
+ * pos0 .. pos0 + T - 1, q (B, T, Hq, D); k, v (B, S, Hkv, D) the cache, S >= pos0 + T, of which query t
+ * sees rows s <= pos0 + t (the causal mask aligned bottom-right; rows past pos0 + T - 1 are not read).
+ * out (B, T, Hq, D), lse (B, Hq, T) as nvl_attention_forward's, which is this with S = T, pos0 = 0. */
+nvl_status nvl_attention_forward_at(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
+                                    const nvl_tensor *v, int64_t pos0, double scale);
 /* dq, dk, dv = (shapes of q, k, v). */
 nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv, const nvl_tensor *dout,
                                   const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,

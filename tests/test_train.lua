@@ -487,15 +487,24 @@ T.case("eval: val loss and perplexity at eval_every; the sample; loss.png", func
   T.eq(s.final_val_loss, vals[2].val_loss)
   T.eq(s.val_ppl, math.exp(s.final_val_loss))
   T.eq(train.evaluate(p.model, p.dataset, c), s.final_val_loss, "evaluate is deterministic")
-  -- the sample: 24 tokens = 24 bytes, from the seed
+  -- the sample, from the seed: 24 tokens asked; the context (seq=16) holds the 4 prompt bytes and 12 more,
+  -- so 13 bytes come (the last needs no position) and the sample stops there
   T.eq(type(s.sample), "string")
-  T.eq(#s.sample, 24)
-  local again = train.sample(p.model, p.dataset.tokenizer, "And ", 24, {temperature = 0.8, top_k = 10, seed = c.seed})
+  T.eq(#s.sample, 13)
+  local again, stop = train.sample(p.model, p.dataset.tokenizer, "And ", 24, {temperature = 0.8, top_k = 10,
+    seed = c.seed})
   T.eq(again, s.sample)
+  T.eq(stop, "context")
   local other = train.sample(p.model, p.dataset.tokenizer, "And ", 24, {temperature = 0.8, top_k = 10, seed = c.seed + 1})
   T.ok(other ~= s.sample, "another seed, another sample")
   local s2 = run(cfg("eval2", extra))
   T.eq(s2.sample, s.sample, "a second identical run samples the same text")
+  -- sample_prompt: the text the sample continues
+  local c3 = cfg("eval3", {"steps=2", "sample_tokens=5", "sample_prompt=In the"})
+  local s3, p3 = run(c3)
+  T.eq(s3.sample_prompt, "In the")
+  T.eq(s3.sample, (train.sample(p3.model, p3.dataset.tokenizer, "In the", 5, {temperature = c3.temperature,
+    top_k = c3.top_k, seed = c3.seed})))
   if os.execute("command -v gnuplot >/dev/null 2>&1") then
     T.eq(s.plot, c.out .. "/loss.png")
     local f = assert(io.open(s.plot, "rb"))

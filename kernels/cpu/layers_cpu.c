@@ -11,6 +11,7 @@
 #include "cpu/layers_cpu.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/simd_cpu.h"
+#include "cpu/ref/attention_ref.h"
 #include "cpu/ref/formats_ref.h"
 
 #include <math.h>
@@ -579,6 +580,8 @@ const nvl_layer_kernels nvl_layers_cpu = {
   .amax_history = amax_history,
   .attention_forward = nvl_attention_forward_cpu,
   .attention_backward = nvl_attention_backward_cpu,
+  /* the reference's loop: a cached step reads each key once per query row (memory-bound, no product to tile) */
+  .attention_forward_at = nvl_attention_forward_at_ref,
   .adamw_multi = adamw_multi,
   .grad_norm_multi = grad_norm_multi,
   .nonfinite_take = nonfinite_take,

@@ -6,7 +6,8 @@
  * (tests/test_cuda_layers.lua).
  *
  * Shapes: q, out, dq, dout (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse, delta (B, Hq, T);
- * query head h reads key/value head h / (Hq / Hkv); 1 <= D <= 256.
+ * query head h reads key/value head h / (Hq / Hkv); 1 <= D <= 256. The forward also runs over a KV
+ * cache (nvl_cuda_attention_forward_at: k, v (B, S, Hkv, D), queries at positions pos0 .. pos0 + T - 1).
  *
  * Forward: a block of 4 warps takes 16 query rows of one (b, h), each warp 4 rows; per key
  * tile, lane j scores key j, the warp merges the tile into its rows' (max, sum, acc) state; the
@@ -59,12 +60,14 @@ __device__ __forceinline__ void load_rows(float *rows, const float *x, int64_t b
   }
 }
 
-/* grid (ceil(T/16), Hq, B), block 128; shared: k, v tiles (32, D+1) and q rows (16, D). */
+/* grid (ceil(T/16), Hq, B), block 128; shared: k, v tiles (32, D+1) and q rows (16, D). Query t is at
+ * position pos0 + t and sees keys s <= pos0 + t of k, v (B, S, Hkv, D): S = T, pos0 = 0 in the training
+ * forward; a KV cache's rows (S its capacity) in a cached step (nvl_cuda_attention_forward_at). */
 template <int DM>
 __global__ void __launch_bounds__(128) attn_fwd_kernel(float *__restrict__ out, float *__restrict__ lse,
                                                        const float *__restrict__ q, const float *__restrict__ k,
-                                                       const float *__restrict__ v, int64_t T, int64_t Hq,
-                                                       int64_t Hkv, int D, float scale) {
+                                                       const float *__restrict__ v, int64_t T, int64_t S,
+                                                       int64_t pos0, int64_t Hq, int64_t Hkv, int D, float scale) {
   NVL_SHARED_DYNAMIC(float, sh);
   const int P = D + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float *ks = sh, *vs = sh + ATT_BK * P, *qs = vs + ATT_BK * P;
@@ -78,31 +81,31 @@ __global__ void __launch_bounds__(128) attn_fwd_kernel(float *__restrict__ out, 
 #pragma unroll
     for (int i = 0; i < DM / 32; i++) acc[r][i] = 0.0f;
   }
-  const int64_t t_last = t0 + ATT_BQ - 1 < T - 1 ? t0 + ATT_BQ - 1 : T - 1;
+  const int64_t t_last = pos0 + (t0 + ATT_BQ - 1 < T - 1 ? t0 + ATT_BQ - 1 : T - 1); /* the last key seen */
   for (int64_t s0 = 0; s0 <= t_last; s0 += ATT_BK) {
     __syncthreads(); /* the previous tile is consumed (and qs is loaded) */
-    load_tile(ks, k, b, s0, g, T, Hkv, D);
-    load_tile(vs, v, b, s0, g, T, Hkv, D);
+    load_tile(ks, k, b, s0, g, S, Hkv, D);
+    load_tile(vs, v, b, s0, g, S, Hkv, D);
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < ATT_ROWS; r++) {
       const int row = warp * ATT_ROWS + r;
-      const int64_t t = t0 + row;
-      if (t >= T || s0 > t) continue; /* warp-uniform */
+      const int64_t t = t0 + row, ta = pos0 + t; /* the query's row and position */
+      if (t >= T || s0 > ta) continue; /* warp-uniform */
       const int64_t s = s0 + lane;
       float sc = -INFINITY;
-      if (s <= t) {
+      if (s <= ta) {
         float dot = 0.0f;
         for (int d = 0; d < D; d++) dot += qs[row * D + d] * ks[lane * P + d];
         sc = dot * scale;
       }
-      const float m_new = fmaxf(m[r], warp_max(sc)); /* finite: key s0 <= t is in the tile */
+      const float m_new = fmaxf(m[r], warp_max(sc)); /* finite: key s0 <= ta is in the tile */
       const float alpha = expf(m[r] - m_new);       /* 0 on the first tile (m = -inf) */
-      const float p = s <= t ? expf(sc - m_new) : 0.0f;
+      const float p = s <= ta ? expf(sc - m_new) : 0.0f;
       l[r] = l[r] * alpha + warp_sum(p);
 #pragma unroll
       for (int i = 0; i < DM / 32; i++) acc[r][i] *= alpha;
-      const int jn = (int)(t - s0 + 1 < ATT_BK ? t - s0 + 1 : ATT_BK); /* keys of the tile row t sees */
+      const int jn = (int)(ta - s0 + 1 < ATT_BK ? ta - s0 + 1 : ATT_BK); /* keys of the tile row t sees */
       for (int j = 0; j < jn; j++) {
         const float pj = __shfl_sync(0xffffffffu, p, j);
 #pragma unroll
@@ -287,12 +290,33 @@ static nvl_status set_smem(K kern, size_t smem) {
 
 template <int DM>
 static nvl_status fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v, int64_t B,
-                             int64_t T, int64_t Hq, int64_t Hkv, int D, float scale) {
+                             int64_t T, int64_t S, int64_t pos0, int64_t Hq, int64_t Hkv, int D, float scale) {
   size_t smem = (size_t)(2 * ATT_BK * (D + 1) + ATT_BQ * D) * sizeof(float);
   NVL_TRY(set_smem(attn_fwd_kernel<DM>, smem));
   dim3 grid((unsigned)((T + ATT_BQ - 1) / ATT_BQ), (unsigned)Hq, (unsigned)B);
-  NVL_LAUNCH(grid, 128, smem, 0, attn_fwd_kernel<DM>)(out, lse, q, k, v, T, Hq, Hkv, D, scale);
+  NVL_LAUNCH(grid, 128, smem, 0, attn_fwd_kernel<DM>)(out, lse, q, k, v, T, S, pos0, Hq, Hkv, D, scale);
   return NVL_OK;
+}
+
+/* The forward's launch for queries at pos0 .. pos0 + T - 1 over k, v (B, S, Hkv, D). */
+static nvl_status forward_at(nvl_kctx *ctx, const char *fn, float *out, float *lse, const float *q, const float *k,
+                             const float *v, int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq, int64_t Hkv,
+                             int64_t D, double scale) {
+  const int dev = ctx->dev;
+  NVL_TRY(check_dims(fn, B, S, Hq, Hkv, D));
+  if (B * T * Hq == 0) return NVL_OK;
+  NVL_TRY(nvl_cuda_use_device(dev, fn));
+  (void)cudaGetLastError();
+  const int d = (int)D;
+  const float sc = (float)scale;
+  if (D <= 32) NVL_TRY(fwd_launch<32>(out, lse, q, k, v, B, T, S, pos0, Hq, Hkv, d, sc));
+  else if (D <= 64) NVL_TRY(fwd_launch<64>(out, lse, q, k, v, B, T, S, pos0, Hq, Hkv, d, sc));
+  else if (D <= 128) NVL_TRY(fwd_launch<128>(out, lse, q, k, v, B, T, S, pos0, Hq, Hkv, d, sc));
+  else NVL_TRY(fwd_launch<256>(out, lse, q, k, v, B, T, S, pos0, Hq, Hkv, d, sc));
+  char what[200];
+  snprintf(what, sizeof what, "attn_fwd_kernel (B %lld, T %lld, S %lld, pos0 %lld, Hq %lld, Hkv %lld, D %lld)",
+           (long long)B, (long long)T, (long long)S, (long long)pos0, (long long)Hq, (long long)Hkv, (long long)D);
+  return nvl_cuda_check_launch(dev, fn, what);
 }
 
 template <int DM>
@@ -309,21 +333,13 @@ static nvl_status dq_launch(float *dq, const float *dout, const float *q, const 
 extern "C" nvl_status nvl_cuda_attention_forward(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
                                                  const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                                  int64_t D, double scale) {
-  const int dev = ctx->dev;
-  NVL_TRY(check_dims(__func__, B, T, Hq, Hkv, D));
-  if (B * T * Hq == 0) return NVL_OK;
-  NVL_TRY(nvl_cuda_use_device(dev, __func__));
-  (void)cudaGetLastError();
-  const int d = (int)D;
-  const float sc = (float)scale;
-  if (D <= 32) NVL_TRY(fwd_launch<32>(out, lse, q, k, v, B, T, Hq, Hkv, d, sc));
-  else if (D <= 64) NVL_TRY(fwd_launch<64>(out, lse, q, k, v, B, T, Hq, Hkv, d, sc));
-  else if (D <= 128) NVL_TRY(fwd_launch<128>(out, lse, q, k, v, B, T, Hq, Hkv, d, sc));
-  else NVL_TRY(fwd_launch<256>(out, lse, q, k, v, B, T, Hq, Hkv, d, sc));
-  char what[160];
-  snprintf(what, sizeof what, "attn_fwd_kernel (B %lld, T %lld, Hq %lld, Hkv %lld, D %lld)", (long long)B,
-           (long long)T, (long long)Hq, (long long)Hkv, (long long)D);
-  return nvl_cuda_check_launch(dev, __func__, what);
+  return forward_at(ctx, __func__, out, lse, q, k, v, B, T, T, 0, Hq, Hkv, D, scale);
+}
+
+extern "C" nvl_status nvl_cuda_attention_forward_at(nvl_kctx *ctx, float *out, float *lse, const float *q,
+                                                    const float *k, const float *v, int64_t B, int64_t T, int64_t S,
+                                                    int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D, double scale) {
+  return forward_at(ctx, __func__, out, lse, q, k, v, B, T, S, pos0, Hq, Hkv, D, scale);
 }
 
 extern "C" nvl_status nvl_cuda_attention_backward(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout, const float *q,

@@ -130,6 +130,7 @@ static const nvl_layer_kernels layers = { /* rope_tables: computed on the host *
   .swiglu_forward_bf16_amax = nvl_cuda_swiglu_forward_bf16_amax,
   .attention_forward = nvl_cuda_attention_forward,
   .attention_backward = nvl_cuda_attention_backward,
+  .attention_forward_at = nvl_cuda_attention_forward_at,
   .adamw_multi = nvl_cuda_adamw_multi,
   .grad_norm_multi = nvl_cuda_grad_norm_multi,
   .grad_norm_combine = nvl_cuda_grad_norm_combine,

@@ -213,6 +213,10 @@ nvl_status nvl_cuda_nonfinite_take(nvl_kctx *ctx, uint32_t *flags);
 nvl_status nvl_cuda_attention_forward(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
                                       const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
                                       double scale);
+/* the forward over a key/value cache: k, v (B, S, Hkv, D), queries at positions pos0 .. pos0 + T - 1 */
+nvl_status nvl_cuda_attention_forward_at(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                         const float *v, int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq,
+                                         int64_t Hkv, int64_t D, double scale);
 nvl_status nvl_cuda_attention_backward(nvl_kctx *ctx, float *dq, float *dk, float *dv, const float *dout,
                                        const float *q, const float *k, const float *v, const float *out,
                                        const float *lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,

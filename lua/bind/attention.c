@@ -1,6 +1,8 @@
 /* attention.c: the Lua binding of causal grouped-query attention (core/layers.h):
  *   core.attention_forward(q, k, v, scale) -> out, lse
  *   core.attention_backward(dout, q, k, v, out, lse, scale) -> dq, dk, dv
+ *   core.attention_forward_at(q, k, v, pos0, scale) -> out, lse: T queries at positions pos0 .. pos0+T-1 over a
+ *     key/value cache k, v (B, S, Hkv, D), S >= pos0 + T (f32; layers.h nvl_attention_forward_at)
  *   core.attention_route([name]) -> the previous route: "auto" | "flash" | "cudnn" | "reference" (layers.h)
  *   core.attention_route_of(q, k, v) -> the kernels attention on these takes now ("cudnn", "flash", "cpu_bf16",
  *     "widened", "f32" or "error"), and why a preferred route was not taken ("" if none)
@@ -33,6 +35,21 @@ static int l_attention_forward(lua_State *L) {
   nvl_tensor *out = nvl_lua_push_tensor(L);
   nvl_tensor *lse = nvl_lua_push_tensor(L);
   CHECK(L, nvl_attention_forward(out, lse, q, k, v, scale));
+  return 2;
+}
+
+/* core.attention_forward_at(q, k, v, pos0, scale) */
+static int l_attention_forward_at(lua_State *L) {
+  const char *fname = "attention_forward_at";
+  nvl_tensor *q = nvl_lua_check_tensor(L, 1, fname);
+  nvl_tensor *k = nvl_lua_check_tensor(L, 2, fname);
+  nvl_tensor *v = nvl_lua_check_tensor(L, 3, fname);
+  lua_Integer pos0 = luaL_checkinteger(L, 4);
+  double scale = luaL_checknumber(L, 5);
+  lua_settop(L, 5);
+  nvl_tensor *out = nvl_lua_push_tensor(L);
+  nvl_tensor *lse = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_attention_forward_at(out, lse, q, k, v, (int64_t)pos0, scale));
   return 2;
 }
 
@@ -142,6 +159,7 @@ static int l_attention_cudnn_clear_cache(lua_State *L) {
 }
 
 static const luaL_Reg attention_funcs[] = {{"attention_forward", l_attention_forward},
+  {"attention_forward_at", l_attention_forward_at},
   {"attention_backward", l_attention_backward}, {"attention_flash", l_attention_flash},
   {"attention_flash_cpu", l_attention_flash_cpu}, {"attention_route", l_attention_route},
   {"attention_route_of", l_attention_route_of}, {"attention_cudnn_deterministic", l_attention_cudnn_deterministic},

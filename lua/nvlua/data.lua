@@ -26,11 +26,18 @@ local HEADER = 24
 
 -- ---- tokenizer ------------------------------------------------------------------------------
 
---- The byte-level tokenizer: token id = byte value, vocabulary 256.
+--- The byte-level tokenizer: token id = byte value, vocabulary 256, no special tokens.
 data.ByteTokenizer = {vocab_size = 256, name = "bytes"}
-function data.ByteTokenizer.encode(s) return core.tokens_from_bytes(s, 1, #s) end
---- ids: a table of integers or a 1-D i64 tensor -> string
-function data.ByteTokenizer.decode(ids)
+--- tok:encode(text [, {tensor = false, add_special_tokens =}]) -> the bytes' values, a table (0-based ids), or a
+-- 1-D i64 tensor with tensor = true (add_special_tokens: there are none)
+function data.ByteTokenizer:encode(s, o)
+  if type(s) ~= "string" then user_error("ByteTokenizer:encode: text must be a string, got " .. type(s), 2) end
+  o = util.check_opts(o, {tensor = true, add_special_tokens = true}, "ByteTokenizer:encode")
+  if o.tensor then return core.tokens_from_bytes(s, 1, #s) end
+  return {s:byte(1, -1)}
+end
+--- tok:decode(ids): ids a table of integers or a 1-D i64 tensor -> string
+function data.ByteTokenizer:decode(ids)
   if type(ids) ~= "table" then ids = ids:totable() end
   local parts = {}
   for i, v in ipairs(ids) do parts[i] = string.char(math.max(0, math.min(255, v))) end

@@ -31,6 +31,8 @@ Recipes     nv.recipe.nvfp4{} mxfp8 fp8_cs bf16 ...: a format per layer and GEMM
 MoR         nv.mor.choose(x, {candidates = {"nvfp4", "e4m3"}}): formats chosen by measured error   help(nv.mor)
 Models      nvlua.nn: Linear, RMSNorm, Attention, MLP (forward/backward); nvlua.llama: Llama 3
             help("nn") help("llama") help(model)
+Generating  model:generate(require("nvlua.data").ByteTokenizer, "And ", {max_new_tokens = 40, temperature = 0.8})
+            -> text, ids, why it stopped (a KV cache: model:kv_cache(), model:forward(ids, {cache =}))
 Training    nvlua.train: train.main(defaults, arg) runs an experiment   help("train")   nvlua script.lua --help
             init=hf:<dir>|ckpt:<dir> starts from pretrained weights; nvlua.record: out/run.json   help("record")
 Config      nvlua.config: an experiment's keys (types, ranges, docs), key=value arguments   help("config")

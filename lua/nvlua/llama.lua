@@ -106,10 +106,11 @@ function Block:set_recompute(mode)
   return self
 end
 
--- The block's arithmetic: x (B, T, C) -> out (B, T, C), in the caller's scope.
-local function block_forward(self, x)
+-- The block's arithmetic: x (B, T, C) -> out (B, T, C), in the caller's scope; kv: the layer's key/value
+-- cache (nn.Attention), or nil.
+local function block_forward(self, x, kv)
   local h = self.input_layernorm:forward(x)                  -- (B, T, C)
-  local x1 = self.self_attn:forward(h):add_(x)               -- (B, T, C) residual, in place
+  local x1 = self.self_attn:forward(h, kv):add_(x)           -- (B, T, C) residual, in place
   local h2 = self.post_attention_layernorm:forward(x1)       -- (B, T, C)
   return self.mlp:forward(h2):add_(x1)                       -- (B, T, C)
 end
@@ -134,11 +135,12 @@ local function layers_keeping_nothing(self, fn, ...)
   return table.unpack(r, 2, r.n)
 end
 
-function Block:forward(x)
+--- block:forward(x [, kv]) -> out (B, T, C); kv (eval mode): this layer's key/value cache (nn.Attention)
+function Block:forward(x, kv)
   self:_drop()
-  if not (self.training and self.recompute == "block") then
+  if kv or not (self.training and self.recompute == "block") then
     self._saved = self.training or nil -- nothing to keep: the layers hold h, x1 and h2 for their backward
-    return nv.scope(function() return block_forward(self, x) end)
+    return nv.scope(function() return block_forward(self, x, kv) end)
   end
   -- recompute = "block": the layers keep nothing; their decisions are taped for the backward's rerun
   local tape, out = layers_keeping_nothing(self, function()
@@ -306,11 +308,113 @@ local function check_ids(ids, what, fname, max_pos)
   end
 end
 
---- model:forward(ids) -> logits [B*T, V], f32 or bf16 (the recipe's act_dtype); ids i64 [B, T] (0-based
---- token ids)
-function Llama:forward(ids)
+--- model:forward(ids [, {cache = model:kv_cache()}]) -> logits [B*T, V], f32 or bf16 (the recipe's
+-- act_dtype); ids i64 [B, T] (0-based token ids). With a cache (eval mode): ids are the positions
+-- cache.len .. cache.len + T - 1, after those the cache holds; their keys and values are appended and
+-- the logits come as [B, T, V].
+function Llama:forward(ids, opts)
+  if opts ~= nil then
+    opts = check_opts(opts, {cache = true}, "Llama:forward")
+    if opts.cache ~= nil then return self:_forward_cached(ids, opts.cache) end
+  end
   check_ids(ids, "ids", "Llama:forward", self.config.max_position_embeddings)
   return nv.scope(function() return self.lm_head:forward(self:_hidden(ids)) end) -- (N, V)
+end
+
+-- ---- KV cache -------------------------------------------------------------------------------------
+-- Per layer the RoPE'd keys and the values of the positions run so far, f32 (B, capacity, Hkv, D)
+-- buffers on the model's device, made at the first forward (which sets B) and freed by cache:free()
+-- (or the GC). Each cached forward runs only its new positions through the model: generating n tokens
+-- after a prompt of P processes P + n positions (cache.positions counts them), not a forward over the
+-- whole context per token. Numerics: in f32 the cached logits are the full forward's up to fp32
+-- rounding (the attention's sums run in another order); under a quantized recipe each cached step
+-- quantizes its own activations (per-tensor scales and amaxes of the new tokens only), so the logits
+-- are close to the full forward's, not equal (tests/test_generate.lua states the measured bounds).
+-- Under delayed scaling each cached forward pushes its amaxes to the recipe's history, as every eval
+-- forward does (model:generate restores the recipes' state when it is done).
+
+local KVCache = {}
+KVCache.__index = KVCache
+llama.KVCache = KVCache
+
+--- model:kv_cache([capacity]) -> cache: an empty key/value cache for model:forward(ids, {cache =}) of at
+-- most capacity positions (default and at most max_position_embeddings). cache.len: the positions held;
+-- cache:truncate(n) keeps the first n (to run another continuation of a shared prefix); cache:free().
+function Llama:kv_cache(capacity)
+  local mpe = self.config.max_position_embeddings
+  capacity = capacity == nil and mpe or capacity
+  if math.type(capacity) ~= "integer" or capacity < 1 or capacity > mpe then
+    user_error(string.format("Llama:kv_cache: capacity must be an integer in 1 .. %d (max_position_embeddings), got %s",
+      mpe, tostring(capacity)), 2)
+  end
+  return setmetatable({model = self, capacity = capacity, len = 0, positions = 0, layers = nil, B = nil}, KVCache)
+end
+
+--- cache:truncate(n) -> cache: drop the positions >= n (0 <= n <= cache.len); the next forward continues at n
+function KVCache:truncate(n)
+  if math.type(n) ~= "integer" or n < 0 or n > self.len then
+    user_error(string.format("KVCache:truncate: n must be an integer in 0 .. %d (cache.len), got %s", self.len,
+      tostring(n)), 2)
+  end
+  self.len = n
+  return self
+end
+
+--- cache:free(): release the buffers now (the cache is empty after it and can be used again)
+function KVCache:free()
+  for _, l in ipairs(self.layers or {}) do l.k:free(); l.v:free() end
+  self.layers, self.B, self.len = nil, nil, 0
+end
+
+-- The buffers for batch B (made, or made again for another B when empty).
+function KVCache:_buffers(B)
+  if self.layers and self.B == B then return self.layers end
+  if self.layers and self.len > 0 then
+    user_error(string.format("Llama:forward: the cache holds %d positions of a batch of %d; ids have a batch of %d " ..
+      "(cache:truncate(0) to start over)", self.len, self.B, B), 3)
+  end
+  self:free()
+  local m, c = self.model, self.model.config
+  local layers = {}
+  for i = 1, c.num_hidden_layers do
+    local function buf() -- (B, capacity, Hkv, D) f32
+      return nv.unscope(nv.zeros(B, self.capacity, c.num_key_value_heads, c.head_dim, {device = m.device or "cpu"}))
+    end
+    layers[i] = {k = buf(), v = buf()}
+  end
+  self.layers, self.B = layers, B
+  return layers
+end
+
+function Llama:_forward_cached(ids, cache)
+  if getmetatable(cache) ~= KVCache or cache.model ~= self then
+    user_error("Llama:forward: cache must be this model's model:kv_cache(), got " .. tostring(cache), 3)
+  end
+  check_ids(ids, "ids", "Llama:forward")
+  if self.training then
+    user_error("Llama:forward: a key/value cache runs in eval mode only (call model:eval()): a training forward " ..
+      "keeps activations for a backward the cache cannot give", 3)
+  end
+  local B, T, p0 = ids:size(1), ids:size(2), cache.len
+  if p0 + T > cache.capacity then
+    user_error(string.format("Llama:forward: %d positions after the %d cached exceed the cache's capacity %d", T, p0,
+      cache.capacity), 3)
+  end
+  local layers = cache:_buffers(B)
+  for _, m in ipairs(self._linears) do m.step = self.step end
+  local logits = nv.scope(function()
+    local x = self.embed_tokens:forward(ids)                 -- (B, T, C)
+    for i = 1, self.layers.n do
+      x = nv.scope(function()
+        nv.adopt(x)
+        return self.layers[i]:forward(x, {k = layers[i].k, v = layers[i].v, pos = p0}) -- (B, T, C)
+      end)
+    end
+    local C = self.config.hidden_size
+    return self.lm_head:forward(self.norm:forward(x:view(B * T, C))):view(B, T, self.config.vocab_size) -- (B, T, V)
+  end)
+  cache.len, cache.positions = p0 + T, cache.positions + B * T
+  return logits
 end
 
 -- The trunk: embedding, blocks, final norm -> (N, C) (ids checked by the caller)
@@ -488,6 +592,117 @@ function Llama:_distill(ids, targets, opts, chunk)
   h:free()
   self:_hidden_backward(function() return dh end)
   return {alpha * T * T * kl + (1 - alpha) * ce, kl = kl, ce = ce}, count
+end
+
+-- ---- generation ------------------------------------------------------------------------------------
+
+-- A check_opts checker: nil for a number >= 0, else what is wrong
+local function non_negative(v)
+  if type(v) ~= "number" or v ~= v or v < 0 then return "must be a number >= 0" end
+end
+local function count_of(v)
+  if math.type(v) ~= "integer" or v < 0 then return "must be an integer >= 0" end
+end
+local function positive_count(v)
+  if math.type(v) ~= "integer" or v < 1 then return "must be an integer >= 1" end
+end
+
+--- llama.pick_token(row, o, gen) -> a 0-based token id from the logits row (a Lua array, 1-based): the
+-- argmax with o.temperature == 0 (the first of equal ones), else softmax(top-k of row / temperature) and
+-- one uniform draw from gen (o.top_k default 40); train.sample's scheme, kept so its samples stay.
+function llama.pick_token(row, o, gen)
+  local temp = o.temperature or 1
+  if temp == 0 then
+    local best = 1
+    for i = 2, #row do if row[i] > row[best] then best = i end end
+    return best - 1
+  end
+  local idx = {}
+  for i = 1, #row do idx[i] = i end
+  table.sort(idx, function(a, b) if row[a] ~= row[b] then return row[a] > row[b] end return a < b end)
+  local k = math.min(o.top_k or 40, #idx)
+  local m, w, z = row[idx[1]], {}, 0
+  for i = 1, k do w[i] = math.exp((row[idx[i]] - m) / temp); z = z + w[i] end
+  local u = nv.rand(1, {generator = gen}):get(1) * z
+  local pick = idx[k]
+  for i = 1, k do
+    u = u - w[i]
+    if u <= 0 then pick = idx[i]; break end
+  end
+  return pick - 1
+end
+
+--- model:generate(tok, prompt_text [, {max_new_tokens = 64, temperature = 1, top_k = 40, seed = 1, prompt_ids =}])
+-- -> text, ids, stop: the prompt encoded by tok:encode (a tokenizer object: data.ByteTokenizer or
+-- nvlua.tokenizer.load's), run once through a KV cache, then one token per step: temperature 0 is greedy
+-- (argmax), else top-k sampling with one uniform draw per token from nv.Generator(seed) (deterministic).
+-- Stops after max_new_tokens (stop = "max_new_tokens"), at tok.eos_id (stop = "eos"; the eos is in ids, not in
+-- text) or when the context (max_position_embeddings) is full (stop = "context"). text: tok:decode of the
+-- new tokens; ids: their 0-based ids. prompt_ids (a table of ids) replaces the encoding of prompt_text
+-- (train.sample: a data manifest's pre-tokenized prompt). Runs in eval mode (the mode is restored after);
+-- the recipes' state (SR generator, delayed-scaling histories, MoR: recipe:state()) is restored after it
+-- too, so generating leaves training as it was and repeats under delayed scaling.
+function Llama:generate(tok, prompt, opts)
+  local fname = "Llama:generate"
+  opts = check_opts(opts, {max_new_tokens = count_of, temperature = non_negative, top_k = positive_count,
+    seed = count_of, prompt_ids = true}, fname)
+  if type(tok) ~= "table" or type(tok.decode) ~= "function" or (not opts.prompt_ids and type(tok.encode) ~= "function")
+  then
+    user_error(fname .. ": tok must be a tokenizer with encode and decode (data.ByteTokenizer or " ..
+      "nvlua.tokenizer.load(path)), got " .. (type(tok) == "table" and "a table without them" or type(tok)), 2)
+  end
+  if type(prompt) ~= "string" then user_error(fname .. ": the prompt must be a string, got " .. type(prompt), 2) end
+  local ids = opts.prompt_ids or tok:encode(prompt)
+  if type(ids) ~= "table" then user_error(fname .. ": prompt_ids must be a table of token ids", 2) end
+  local V, mpe = self.config.vocab_size, self.config.max_position_embeddings
+  if #ids == 0 then
+    if not tok.bos_id then
+      user_error(fname .. ": the prompt encodes to no tokens and the tokenizer has no bos token to start from", 2)
+    end
+    ids = {tok.bos_id}
+  end
+  for i, id in ipairs(ids) do
+    if math.type(id) ~= "integer" or id < 0 or id >= V then
+      user_error(string.format("%s: prompt token %d is %s, not an id of the model's vocabulary (0 .. %d)", fname, i,
+        tostring(id), V - 1), 2)
+    end
+  end
+  if #ids >= mpe then
+    user_error(string.format("%s: the prompt is %d tokens; the context (max_position_embeddings) holds %d, with no room " ..
+      "for a new token", fname, #ids, mpe), 2)
+  end
+  local n = opts.max_new_tokens or 64
+  local gen = nv.Generator(opts.seed or 1)
+  local was = self.training
+  local recs, states = {}, {}
+  for _, l in ipairs(self._linears) do
+    local r = l.recipe or nn.default_recipe()
+    if not states[r] then recs[#recs + 1], states[r] = r, r:state() end
+  end
+  self:eval()
+  local cache = self:kv_cache(math.min(mpe, #ids + n))
+  local out, stop = {}, "max_new_tokens"
+  local ok, err = pcall(recipes.weight_cache, function() -- each weight quantized once for the whole generation
+    local step = ids
+    while #out < n do
+      if cache.len + #step > cache.capacity then stop = "context"; break end
+      local id = nv.scope(function() -- one step: its tensors die with it
+        local logits = self:forward(nv.tensor({step}, "i64"), {cache = cache})    -- (1, T, V)
+        local last = logits:select(2, logits:size(2)):select(1, 1)                -- (V)
+        return llama.pick_token((last:device() == "cpu" and last or last:cpu()):to("f32"):totable(), opts, gen)
+      end)
+      out[#out + 1] = id
+      if id == tok.eos_id then stop = "eos"; break end
+      step = {id}
+    end
+  end)
+  cache:free()
+  self:train(was)
+  for _, r in ipairs(recs) do r:load_state(states[r]) end
+  if not ok then error(err, 0) end
+  local text_ids = out
+  if stop == "eos" then text_ids = {table.unpack(out, 1, #out - 1)} end
+  return tok:decode(text_ids), out, stop
 end
 
 --- llama.loss_value(d) -> the mean loss a forward_backward{defer_loss = true} returned as d (read

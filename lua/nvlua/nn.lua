@@ -985,6 +985,15 @@ function RopeCache:get(T)
   return self.cos:narrow(1, 1, T), self.sin:narrow(1, 1, T)
 end
 
+--- rope:rows(p0, T) -> cos, sin (T, D): the rows of positions p0 .. p0 + T - 1 (a KV-cache step's); the
+-- tables grow by doubling (to at most max_positions) so that one token at a time recomputes them
+-- O(log T) times, not per token
+function RopeCache:rows(p0, T)
+  local need = p0 + T
+  if need > self.T then self:get(math.max(need, math.min(2 * self.T, self.max_positions or math.huge))) end
+  return self.cos:narrow(1, p0 + 1, T), self.sin:narrow(1, p0 + 1, T)
+end
+
 function RopeCache:free()
   if self.cos then self.cos:free(); self.sin:free() end
   self.cos, self.sin, self.T = nil, nil, 0
@@ -994,6 +1003,12 @@ end
 
 --- nn.Attention(config [, {rope = RopeCache, generator =}]): causal grouped-query self-attention
 -- with RoPE; q/k/v/o_proj Linears; scale 1/sqrt(head_dim). x (B, T, C) -> y (B, T, C).
+-- m:forward(x, kv) (eval mode) runs x as the positions kv.pos .. kv.pos + T - 1 after those in a key/value
+-- cache, kv = {k =, v = (B, S, Hkv, D) f32, pos =} (llama.lua's KVCache): the RoPE'd keys and the values
+-- of x are written to rows pos .. pos + T - 1 and the queries attend over rows 0 .. their own position.
+-- At pos = 0 the attention is the training forward's own (core.attention_forward, whatever its route);
+-- after it, core.attention_forward_at, fp32 math over the f32 cache (bf16 queries widened exactly,
+-- the output rounded once: NUMERICS §11's reference rule).
 local Attention = nn.class("Attention", Module)
 nn.Attention = Attention
 
@@ -1042,9 +1057,39 @@ local function rotate_project_backward(proj, dr, cos, sin)
   end)
 end
 
-function Attention:forward(x)
+-- The forward over a key/value cache (see the class comment); x checked, eval mode.
+local function forward_cached(self, x, kv)
+  local B, T = x:size(1), x:size(2)
+  local Hq, Hkv, D, p0 = self.n_heads, self.n_kv_heads, self.head_dim, kv.pos
+  return nv.scope(function()
+    local cos, sin = self.rope:rows(p0, T)                               -- (T, D)
+    local q, k, v = share(function() -- one quantization of x for the three projections
+      return project_rotate(self.q_proj, x, Hq, D, cos, sin),            -- (B, T, Hq, D)
+        project_rotate(self.k_proj, x, Hkv, D, cos, sin),                -- (B, T, Hkv, D)
+        self.v_proj:forward(x):view(B, T, Hkv, D)                        -- (B, T, Hkv, D)
+    end)
+    kv.k:narrow(2, p0 + 1, T):copy_(k)                                   -- f32 (B, T, Hkv, D) rows of the cache
+    kv.v:narrow(2, p0 + 1, T):copy_(v)
+    local out
+    if p0 == 0 then
+      out = core.attention_forward(q, k, v, self.scale)                  -- (B, T, Hq, D)
+    else
+      local qf = q:dtype() == "f32" and q or q:to("f32")
+      out = core.attention_forward_at(qf, kv.k, kv.v, p0, self.scale)    -- (B, T, Hq, D) f32
+      if out:dtype() ~= q:dtype() then out = out:to(q:dtype()) end
+    end
+    return self.o_proj:forward(out:view(B, T, Hq * D))                   -- (B, T, C)
+  end)
+end
+
+function Attention:forward(x, kv)
   if x:dim() ~= 3 or x:size(3) ~= self.hidden then
     user_error(string.format("Attention: input %s, expected [B, T, %d]", shape_str(x), self.hidden), 2)
+  end
+  if kv then
+    if self.training then error("Attention:forward: a key/value cache is for eval mode (call model:eval())", 2) end
+    drop_saved(self)
+    return forward_cached(self, x, kv)
   end
   local B, T = x:size(1), x:size(2)
   if T > self.max_positions then

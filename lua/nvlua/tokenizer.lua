@@ -241,7 +241,7 @@ function tokenizer.load(path, o)
     eos_id = eos_id, text = text}
   --- ids (a table of integers or an i64 tensor) -> the decoded bytes: every token's text (an added
   -- token's is its content) through the decoder, as the tokenizers library decodes (special tokens kept)
-  function tok.decode(ids)
+  function tok:decode(ids)
     if type(ids) ~= "table" then ids = ids:totable() end
     local list = {}
     for i, id in ipairs(ids) do

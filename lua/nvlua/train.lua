@@ -406,6 +406,8 @@ train.schema = config.schema({
   -- cores idle, a loss where it does not (experiments/bench/ckpt_cpu.md)
   ckpt_background = bool(false), ckpt_overlap = bool(false),
   keep = int(2, {min = 0}), sample_tokens = int(200, {min = 0}),
+  sample_prompt = str("", {doc = "the end-of-run sample's prompt text ('': \"And \" for the byte tokenizer, else " ..
+    "the data manifest's prompt)"}),
   temperature = num(0.8, {min = 0}), top_k = int(40, {min = 1}), max_bad_steps = int(5, {min = 0}),
   plot = bool(true), quiet = bool(false), save = bool(true),
   -- TensorBoard event files in out/tb: each step's metrics.jsonl numbers as scalars (train/, perf/, mor/),
@@ -873,56 +875,31 @@ function train.evaluate(model, ds, c, p)
   return loss, math.exp(loss)
 end
 
---- Sample n tokens after a prompt (temperature, top-k), deterministic from the seed; -> their text
--- (tokenizer.decode), or their ids joined by spaces without a tokenizer. prompt: token ids (a
--- table), or text: bytes, which is what it is with the byte tokenizer (a tokenizer.json tokenizer
--- does not encode in Lua: its prompt comes tokenized, see train.sample_prompt).
+-- The ids "tokenizer" of train.sample without one: ids joined by spaces.
+local IDS = {name = "ids"}
+function IDS:encode() user_error("train.sample: without a tokenizer the prompt must be token ids (a table)", 3) end
+function IDS:decode(ids) return table.concat(ids, " ") end
+
+--- train.sample(model, tok, prompt, n [, {temperature =, top_k =, seed =}]) -> text: n tokens after a prompt
+-- by model:generate (a KV cache; temperature 0: greedy, else top-k sampling deterministic from the seed),
+-- decoded by tok:decode, or their ids joined by spaces without a tokenizer (tok nil). prompt: text (encoded
+-- by tok:encode) or token ids (a table: a data manifest's pre-tokenized prompt). Fewer than n tokens when
+-- the tokenizer's eos comes or the context (max_position_embeddings) is full; the second result says
+-- which ("eos" | "context" | "max_new_tokens").
 function train.sample(model, tokenizer, prompt, n, o)
   o = o or {}
-  local gen = nv.Generator(o.seed or 1)
-  local ids = {}
-  if type(prompt) == "table" then
-    table.move(prompt, 1, #prompt, 1, ids)
-  else
-    for i = 1, #prompt do ids[i] = prompt:byte(i) end
-  end
-  local n_prompt = #ids
-  local T = model.config.max_position_embeddings
-  local was = model.training
-  model:eval()
-  for _ = 1, n do
-    ids[#ids + 1] = nv.scope(function() -- one token: its tensors die with it
-      local ctx = {}
-      for i = math.max(1, #ids - T + 1), #ids do ctx[#ctx + 1] = ids[i] end
-      local last = model:forward(nv.tensor({ctx}, "i64")):select(1, #ctx)
-      local row = (last:device() == "cpu" and last or last:cpu()):totable()
-      -- top-k of row / temperature, softmax, one uniform draw
-      local idx = {}
-      for i = 1, #row do idx[i] = i end
-      table.sort(idx, function(a, b) return row[a] > row[b] end)
-      local k = math.min(o.top_k or 40, #idx)
-      local temp = math.max(o.temperature or 1, 1e-6)
-      local m, w, z = row[idx[1]], {}, 0
-      for i = 1, k do w[i] = math.exp((row[idx[i]] - m) / temp); z = z + w[i] end
-      local u = nv.rand(1, {generator = gen}):get(1) * z
-      local pick = idx[k]
-      for i = 1, k do
-        u = u - w[i]
-        if u <= 0 then pick = idx[i]; break end
-      end
-      return pick - 1
-    end)
-  end
-  model:train(was)
-  local out = {}
-  for i = n_prompt + 1, #ids do out[#out + 1] = ids[i] end
-  return tokenizer and tokenizer.decode(out) or table.concat(out, " ")
+  local ids = type(prompt) == "table" and prompt or nil
+  local text, _, stop = model:generate(tokenizer or IDS, ids and "" or prompt, {prompt_ids = ids, max_new_tokens = n,
+    temperature = o.temperature, top_k = o.top_k, seed = o.seed})
+  return text, stop
 end
 
---- The end-of-run sample's prompt for a tokenizer -> ids (or text for the byte tokenizer), and its
--- text: "And " (the byte tokenizer); the data manifest's prompt (scripts/prepare_data.py tokenizes
--- it with the real tokenizer); else the bos token alone; else nil (no sample).
-function train.sample_prompt(tok)
+--- The end-of-run sample's prompt for a tokenizer -> ids (or text), and its text: the sample_prompt
+-- key's text when given (encoded by the tokenizer); "And " (the byte tokenizer); the data manifest's
+-- prompt (scripts/prepare_data.py tokenizes it with the real tokenizer); else the bos token alone;
+-- else nil (no sample).
+function train.sample_prompt(tok, text)
+  if text and text ~= "" then return text, text end
   if tok.name == "bytes" then return "And ", "And " end
   if tok.prompt then return tok.prompt.ids, tok.prompt.text end
   if tok.bos_id then return {tok.bos_id}, "" end
@@ -1579,7 +1556,7 @@ local function sample_text(r)
   local c, rec = r.c, r.rec
   local reducer = rec and rec.amax_reducer
   if reducer then rec:set_amax_reducer(nil) end
-  local prompt, prompt_text = train.sample_prompt(r.ds.tokenizer)
+  local prompt, prompt_text = train.sample_prompt(r.ds.tokenizer, c.sample_prompt)
   local text = prompt and train.sample(r.model, r.ds.tokenizer, prompt, c.sample_tokens,
     {temperature = c.temperature, top_k = c.top_k, seed = c.seed})
   if reducer then rec:set_amax_reducer(reducer) end

@@ -14,29 +14,32 @@ static inline double dot(const float *a, const float *b, int64_t D) {
   return s;
 }
 
+/* Queries t < T at positions pos0 + t; keys and values rows s < S of each batch, of which a query sees
+ * s <= pos0 + t (the full forward: S = T, pos0 = 0). */
 static void forward(float *out, float *lse, const float *q, const float *k, const float *v, double *work, int64_t B,
-                    int64_t T, int64_t Hq, int64_t Hkv, int64_t D, double scale) {
+                    int64_t T, int64_t S, int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D, double scale) {
   int64_t group = Hq / Hkv;
-  double *p = work;       /* (T) scores, then exp(score - max) */
-  double *acc = work + T; /* (D) sum_s p[s] v[s] */
+  double *p = work;                 /* (pos0 + T) scores, then exp(score - max) */
+  double *acc = work + pos0 + T;    /* (D) sum_s p[s] v[s] */
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Hq; h++) {
       int64_t g = h / group;
       for (int64_t t = 0; t < T; t++) {
         const float *qt = row(q, b, t, h, T, Hq, D);
+        int64_t last = pos0 + t; /* the last key this query sees */
         double m = -INFINITY;
-        for (int64_t s = 0; s <= t; s++) {
-          p[s] = dot(qt, row(k, b, s, g, T, Hkv, D), D) * scale;
+        for (int64_t s = 0; s <= last; s++) {
+          p[s] = dot(qt, row(k, b, s, g, S, Hkv, D), D) * scale;
           if (p[s] > m) m = p[s];
         }
         double sum = 0.0;
-        for (int64_t s = 0; s <= t; s++) {
+        for (int64_t s = 0; s <= last; s++) {
           p[s] = exp(p[s] - m);
           sum += p[s];
         }
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0;
-        for (int64_t s = 0; s <= t; s++) {
-          const float *vs = row(v, b, s, g, T, Hkv, D);
+        for (int64_t s = 0; s <= last; s++) {
+          const float *vs = row(v, b, s, g, S, Hkv, D);
           for (int64_t d = 0; d < D; d++) acc[d] += p[s] * (double)vs[d];
         }
         float *ot = out + ((b * T + t) * Hq + h) * D;
@@ -93,7 +96,16 @@ nvl_status nvl_attention_forward_ref(nvl_kctx *ctx, float *out, float *lse, cons
                                      double scale) {
   double *work; /* T scores + D accumulators */
   NVL_TRY(ctx->scratch(ctx, (size_t)(T + D) * sizeof(double), (void **)&work));
-  forward(out, lse, q, k, v, work, B, T, Hq, Hkv, D, scale);
+  forward(out, lse, q, k, v, work, B, T, T, 0, Hq, Hkv, D, scale);
+  return NVL_OK;
+}
+
+nvl_status nvl_attention_forward_at_ref(nvl_kctx *ctx, float *out, float *lse, const float *q, const float *k,
+                                        const float *v, int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq,
+                                        int64_t Hkv, int64_t D, double scale) {
+  double *work; /* pos0 + T scores + D accumulators */
+  NVL_TRY(ctx->scratch(ctx, (size_t)(pos0 + T + D) * sizeof(double), (void **)&work));
+  forward(out, lse, q, k, v, work, B, T, S, pos0, Hq, Hkv, D, scale);
   return NVL_OK;
 }
 

@@ -361,6 +361,7 @@ const nvl_layer_kernels nvl_layers_ref = {
   .distill = nvl_distill_ref,
   .attention_forward = nvl_attention_forward_ref,
   .attention_backward = nvl_attention_backward_ref,
+  .attention_forward_at = nvl_attention_forward_at_ref,
   .adamw_multi = adamw_multi,
   .grad_norm_multi = grad_norm_multi,
   .grad_norm_combine = grad_norm_combine,
