@@ -34,15 +34,17 @@ end
 T.case("byte tokenizer: ids are the bytes, decode(encode(s)) == s for all 256 bytes", function()
   local tok = data.ByteTokenizer
   T.eq(tok.vocab_size, 256)
-  local ids = tok.encode("Hi\0\255")
+  local ids = tok:encode("Hi\0\255", {tensor = true})
   T.eq(ids:dtype(), "i64")
   T.eq(ids:totable(), {72, 105, 0, 255})
+  T.eq(tok:encode("Hi\0\255"), {72, 105, 0, 255}, "a table by default")
   local all = {}
   for i = 0, 255 do all[#all + 1] = string.char(i) end
   local s = table.concat(all) .. "In the beginning — é"
-  T.eq(tok.decode(tok.encode(s)), s)
-  T.eq(tok.decode({65, 66, 10}), "AB\n")
-  T.eq(tok.encode(""):numel(), 0)
+  T.eq(tok:decode(tok:encode(s)), s)
+  T.eq(tok:decode({65, 66, 10}), "AB\n")
+  T.eq(tok:encode("", {tensor = true}):numel(), 0)
+  T.eq(tok:encode(""), {})
 end)
 
 -- ---- shards ------------------------------------------------------------------------------------
@@ -267,8 +269,8 @@ T.case("data.text: a directory is walked recursively in sorted order; 95/5 split
   T.eq(ds.vocab_size, 256)
   T.eq(ds.tokenizer, data.ByteTokenizer)
   local tr, va = ds.train[1], ds.val[1]
-  local got = data.ByteTokenizer.decode(data.read_tokens(tr, 0, tr.count)) ..
-    data.ByteTokenizer.decode(data.read_tokens(va, 0, va.count))
+  local got = data.ByteTokenizer:decode(data.read_tokens(tr, 0, tr.count)) ..
+    data.ByteTokenizer:decode(data.read_tokens(va, 0, va.count))
   T.eq(got, text, "the files' text in sorted order, joined by newlines")
   local cut = text:find("\n", math.floor(#text * 0.95), true)
   T.eq(tr.count, cut, "train ends at the first line break after 95%")
@@ -300,8 +302,8 @@ T.case("data.kjv: the King James Bible from bible-kjv, prepared into a cache (sk
   local n = tr.count + va.count
   T.ok(n > 4000000 and n < 4500000, "about 4.1 MB of text: " .. n)
   T.ok(va.count / n > 0.049 and va.count / n < 0.051, "5% validation")
-  local text = data.ByteTokenizer.decode(data.read_tokens(tr, 0, tr.count)) ..
-    data.ByteTokenizer.decode(data.read_tokens(va, 0, va.count))
+  local text = data.ByteTokenizer:decode(data.read_tokens(tr, 0, tr.count)) ..
+    data.ByteTokenizer:decode(data.read_tokens(va, 0, va.count))
   local first = "In the beginning God created the heaven and the earth.\nAnd the earth was without form"
   T.eq(text:sub(1, #first), first)
   local last = "The grace of our Lord Jesus Christ be with you all. Amen.\n"

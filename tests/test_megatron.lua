@@ -54,7 +54,7 @@ T.case("the committed pair: header, counts, the split by documents, token for to
   local verses = {}
   for line in assert(T.read_file(KJV .. "/genesis.txt")):gmatch("[^\n]+") do verses[#verses + 1] = line end
   local tok = tokenizer.load(KJV)
-  T.eq(tok.decode(tokens_of(m.val)), table.concat(verses, "\n", 53, 56) .. "\n<|end_of_text|>")
+  T.eq(tok:decode(tokens_of(m.val)), table.concat(verses, "\n", 53, 56) .. "\n<|end_of_text|>")
   -- a larger validation fraction: the last 5 of 14 documents (ceil(14 * 0.3) = 5)
   local m3 = data.open_megatron(GENESIS, {val_fraction = 0.3})
   T.eq(m3.train_documents, 9)

@@ -91,10 +91,10 @@ T.case("tokenizer.load: the KJV BPE (512 tokens, bos/eos in tokenizer_config.jso
   end
   local want = {}
   for i, v in ipairs(verses()) do want[i] = "<|begin_of_text|>" .. v .. "<|end_of_text|>" end
-  T.eq(tok.decode(ids), table.concat(want), "every verse, between its bos and eos")
+  T.eq(tok:decode(ids), table.concat(want), "every verse, between its bos and eos")
   T.eq(#ids, 2825 + 131, "the manifest's counts")
-  T.eq(tok.decode({297, 222}), "And ", "the manifest's prompt ids")
-  T.raises(function() tok.decode({512}) end, "id 512 is not in the vocabulary")
+  T.eq(tok:decode({297, 222}), "And ", "the manifest's prompt ids")
+  T.raises(function() tok:decode({512}) end, "id 512 is not in the vocabulary")
 end)
 
 local function write_tokenizer(name, t)
@@ -115,18 +115,18 @@ T.case("tokenizer.load: SentencePiece-style decoders (Replace, ByteFallback, Fus
   local tok = tokenizer.load(p)
   T.eq({tok.vocab_size, tok.bos_token, tok.bos_id, tok.eos_token, tok.eos_id}, {10, "<s>", 1, "</s>", 2})
   -- Llama 2's decoder: "▁And▁the" -> " And the" -> strip one leading space; bytes C3 A9 are "é"
-  T.eq(tok.decode({6, 7, 8, 4, 5, 3, 9}), "And the \u{E9}\nx")
+  T.eq(tok:decode({6, 7, 8, 4, 5, 3, 9}), "And the \u{E9}\nx")
   -- added tokens go through the decoder too (tokenizers 0.23 decodes these ids to the same text)
-  T.eq(tok.decode({1, 6, 7, 2}), "<s> And the</s>")
+  T.eq(tok:decode({1, 6, 7, 2}), "<s> And the</s>")
   local m = write_tokenizer("meta", {model = {type = "BPE", vocab = vocab, merges = {}},
     decoder = {type = "Metaspace", replacement = "\u{2581}", prepend_scheme = "always"}})
-  T.eq(tokenizer.load(m).decode({6, 7, 9}), "And thex")
+  T.eq(tokenizer.load(m):decode({6, 7, 9}), "And thex")
   -- Unigram's vocab is a list of [piece, score]: the id is the position
   local u = write_tokenizer("uni", {model = {type = "Unigram", vocab = {{"<unk>", 0}, {"a", -1}, {"b", -2}}},
     decoder = cjson.null})
   local ut = tokenizer.load(u)
   T.eq({ut.vocab_size, ut.bos_id, ut.eos_id}, {3, nil, nil})
-  T.eq(ut.decode({1, 2, 1}), "aba")
+  T.eq(ut:decode({1, 2, 1}), "aba")
   -- bos/eos named explicitly
   local named = tokenizer.load(u, {bos_token = "a", eos_token = "b"})
   T.eq({named.bos_id, named.eos_id}, {1, 2})
@@ -142,9 +142,9 @@ T.case("tokenizer.load: errors name the file and the problem", function()
   T.raises(function() tokenizer.load(p) end, "the id of vocab entry a must be an integer in [0, 2147483648), got -1")
   p = write_tokenizer("regex", {model = {type = "BPE", vocab = {a = 0}},
     decoder = {type = "Replace", pattern = {Regex = "a+"}, content = "b"}})
-  T.raises(function() tokenizer.load(p).decode({0}) end, "a Replace decoder with a regex pattern is not supported")
+  T.raises(function() tokenizer.load(p):decode({0}) end, "a Replace decoder with a regex pattern is not supported")
   p = write_tokenizer("wp", {model = {type = "BPE", vocab = {a = 0}}, decoder = {type = "WordPiece"}})
-  T.raises(function() tokenizer.load(p).decode({0}) end, "decoder type WordPiece is not supported")
+  T.raises(function() tokenizer.load(p):decode({0}) end, "decoder type WordPiece is not supported")
   T.raises(function() tokenizer.load(p, {eos_token = "</s>"}) end, 'eos_token "</s>" is not in its vocabulary')
 end)
 
@@ -225,7 +225,7 @@ T.case("train on data=shards:<prepared> (vocab from the manifest): the export ho
   local list = {}
   for v in ids:gmatch("%d+") do list[#list + 1] = math.tointeger(tonumber(v)) end
   T.eq(#list, 12)
-  T.eq(s.sample, p.dataset.tokenizer.decode(list))
+  T.eq(s.sample, p.dataset.tokenizer:decode(list))
   -- nvlua loads its export back, from the step directory or model/
   T.eq(ckpt.from_pretrained(s.checkpoint).config.max_position_embeddings, 64)
   T.eq(require("nvlua.hf").from_pretrained(m).config.vocab_size, 512)

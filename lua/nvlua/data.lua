@@ -26,11 +26,20 @@ local HEADER = 24
 
 -- ---- tokenizer ------------------------------------------------------------------------------
 
---- The byte-level tokenizer: token id = byte value, vocabulary 256.
+--- The byte-level tokenizer: token id = byte value, vocabulary 256, no bos / eos; the methods of
+-- nvlua.tokenizer's tokenizers (colon calls).
 data.ByteTokenizer = {vocab_size = 256, name = "bytes"}
-function data.ByteTokenizer.encode(s) return core.tokens_from_bytes(s, 1, #s) end
---- ids: a table of integers or a 1-D i64 tensor -> string
-function data.ByteTokenizer.decode(ids)
+--- ByteTokenizer:encode(s [, {add_special_tokens =, tensor =}]) -> the bytes of s as a table of ids, or a 1-D
+-- i64 tensor with tensor = true (there are no special tokens to add)
+function data.ByteTokenizer:encode(s, o)
+  o = util.check_opts(o, tokenizer.ENCODE_OPTS, "ByteTokenizer:encode")
+  if type(s) ~= "string" then error("ByteTokenizer:encode: text must be a string, got " .. type(s), 2) end
+  local t = core.tokens_from_bytes(s, 1, #s)
+  if o.tensor then return t end
+  return t:totable()
+end
+--- ByteTokenizer:decode(ids) -> string: ids a table of integers or a 1-D i64 tensor
+function data.ByteTokenizer:decode(ids)
   if type(ids) ~= "table" then ids = ids:totable() end
   local parts = {}
   for i, v in ipairs(ids) do parts[i] = string.char(math.max(0, math.min(255, v))) end

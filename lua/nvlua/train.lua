@@ -851,7 +851,7 @@ function train.evaluate(model, ds, c, p)
 end
 
 --- Sample n tokens after a prompt (temperature, top-k), deterministic from the seed; -> their text
--- (tokenizer.decode), or their ids joined by spaces without a tokenizer. prompt: token ids (a
+-- (tokenizer:decode), or their ids joined by spaces without a tokenizer. prompt: token ids (a
 -- table), or text: bytes, which is what it is with the byte tokenizer (a tokenizer.json tokenizer
 -- does not encode in Lua: its prompt comes tokenized, see train.sample_prompt).
 function train.sample(model, tokenizer, prompt, n, o)
@@ -893,7 +893,7 @@ function train.sample(model, tokenizer, prompt, n, o)
   model:train(was)
   local out = {}
   for i = n_prompt + 1, #ids do out[#out + 1] = ids[i] end
-  return tokenizer and tokenizer.decode(out) or table.concat(out, " ")
+  return tokenizer and tokenizer:decode(out) or table.concat(out, " ")
 end
 
 --- The end-of-run sample's prompt for a tokenizer -> ids (or text for the byte tokenizer), and its
