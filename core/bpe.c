@@ -356,8 +356,11 @@ nvl_status nvl_bpe_add_merge(nvl_bpe *b, const char *a, size_t alen, const char 
     return nvl_error(NVL_EINVAL, "tokenizer: merge %d ('%.*s' '%.*s'): '%.*s' is not in the vocabulary", b->nmerges,
                      (int)alen, a, (int)clen, c, (int)(ia < 0 ? alen : clen), ia < 0 ? a : c);
   }
+  /* the merged token: a, then c without the continuing_subword_prefix's length (models/bpe/model.rs) */
+  size_t plen = strlen(b->prefix);
   b->tmp.n = 0;
-  if (buf_put(&b->tmp, a, alen) || buf_put(&b->tmp, c, clen)) return oom();
+  if (buf_put(&b->tmp, a, alen) || buf_put(&b->tmp, c + (clen >= plen ? plen : clen), clen >= plen ? clen - plen : 0))
+    return oom();
   int32_t id = nvl_bpe_token_id(b, b->tmp.p, b->tmp.n);
   if (id < 0) {
     return nvl_error(NVL_EINVAL, "tokenizer: merge %d ('%.*s' '%.*s'): the merged token '%.*s' is not in the vocabulary",
@@ -583,7 +586,7 @@ static nvl_status normalize_one(nvl_bpe *b, const step *st, const char *src, siz
     for (size_t i = 0; i < n;) {
       int32_t cp = next_cp(src, n, &i);
       if (st->kind == NVL_NORM_LOWERCASE) cp = utf8proc_tolower(cp);
-      else if (utf8proc_category(cp) == UTF8PROC_CATEGORY_MN) continue;
+      else if (utf8proc_category(cp) >= UTF8PROC_CATEGORY_MN && utf8proc_category(cp) <= UTF8PROC_CATEGORY_ME) continue;
       utf8proc_uint8_t e[4];
       utf8proc_ssize_t k = utf8proc_encode_char(cp, e);
       if (buf_put(dst, (const char *)e, (size_t)k)) return oom();

@@ -30,7 +30,7 @@ typedef enum {
   NVL_NORM_REPLACE_REGEX = 6,  /* every match of a regex (a) by content (b), taken literally */
   NVL_NORM_PREPEND = 7,        /* a before a non-empty text */
   NVL_NORM_STRIP = 8,          /* white space off the left (flag & 1) and right (flag & 2) ends */
-  NVL_NORM_STRIP_ACCENTS = 9,  /* drop nonspacing marks (Mn) */
+  NVL_NORM_STRIP_ACCENTS = 9,  /* drop combining marks (Mn, Mc, Me) */
   NVL_NORM_COUNT
 } nvl_bpe_norm;
 
@@ -68,8 +68,9 @@ void nvl_bpe_free(nvl_bpe *b);
 /* The model's vocabulary: token text (bytes, as in the file) -> id >= 0. A text given twice keeps
  * the later id (a JSON object has one of each). */
 nvl_status nvl_bpe_add_token(nvl_bpe *b, const char *text, size_t len, int32_t id);
-/* The next merge (rank = merges added before it): both tokens and their concatenation must be in
- * the vocabulary (NVL_EINVAL naming the missing one). A pair given twice keeps the later rank. */
+/* The next merge (rank = merges added before it): both tokens and the merged one (a, then c less
+ * the continuing_subword_prefix's length: set the model first) must be in the vocabulary
+ * (NVL_EINVAL naming the missing one). A pair given twice keeps the later rank. */
 nvl_status nvl_bpe_add_merge(nvl_bpe *b, const char *a, size_t alen, const char *c, size_t clen);
 /* The model's options: unk_id (-1: none), fuse_unk, byte_fallback (<0xNN> tokens), ignore_merges
  * (a word in the vocabulary is one token), continuing_subword_prefix / end_of_word_suffix (NULL or
@@ -89,8 +90,9 @@ nvl_status nvl_bpe_add_pre(nvl_bpe *b, nvl_bpe_pre kind, const char *a, size_t a
 nvl_status nvl_bpe_add_special(nvl_bpe *b, const char *content, size_t len, int32_t id, int flags);
 
 /* Encode len bytes of UTF-8 text: *ids (valid until the next call on b) and *n. NVL_EINVAL when
- * the text is not UTF-8 (naming the byte offset) or a character has no token and there is no
- * unk token. Cost: linear in the text, plus the merges of each word not in the word cache. */
+ * the text is not UTF-8 (naming the byte). A character with no token, no byte fallback and no unk
+ * token is left out, as tokenizers does. Cost: linear in the text, plus the merges of each word not
+ * in the word cache. */
 nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_t **ids, size_t *n);
 
 /* The vocabulary's id of a text, or -1. */

@@ -1,7 +1,7 @@
 /* tokenizer.c: the Lua binding of core/bpe.h — core.bpe_new(spec) and the "nvlua.BPE" userdata with
  * encode and token_id. The spec is what lua/nvlua/tokenizer.lua makes of a tokenizer.json (the JSON
  * read, Sequences flattened, unsupported parts refused there); here each field is type-checked and
- * handed to core in order: vocabulary, merges, model options, normalizers, pre-tokenizer steps,
+ * handed to core in order: vocabulary, model options, merges, normalizers, pre-tokenizer steps,
  * added tokens (normalized ones after the normalizers: their contents are normalized). */
 #include <lauxlib.h>
 #include <lua.h>
@@ -79,6 +79,11 @@ static int l_bpe_new(lua_State *L) {
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
+  size_t len;
+  const char *prefix = opt_string(L, 1, "spec", "prefix", &len), *suffix = opt_string(L, 1, "spec", "suffix", &len);
+  CHECK(L, nvl_bpe_set_model(*b, (int32_t)opt_int(L, 1, "spec", "unk_id", -1), (int)opt_int(L, 1, "spec", "fuse_unk", 0),
+                             (int)opt_int(L, 1, "spec", "byte_fallback", 0),
+                             (int)opt_int(L, 1, "spec", "ignore_merges", 0), prefix, suffix));
   if (lua_getfield(L, 1, "merges") == LUA_TTABLE) {
     lua_Integer n = luaL_len(L, -1);
     for (lua_Integer i = 1; i + 1 <= n; i += 2) {
@@ -92,11 +97,6 @@ static int l_bpe_new(lua_State *L) {
     }
   }
   lua_pop(L, 1);
-  size_t len;
-  const char *prefix = opt_string(L, 1, "spec", "prefix", &len), *suffix = opt_string(L, 1, "spec", "suffix", &len);
-  CHECK(L, nvl_bpe_set_model(*b, (int32_t)opt_int(L, 1, "spec", "unk_id", -1), (int)opt_int(L, 1, "spec", "fuse_unk", 0),
-                             (int)opt_int(L, 1, "spec", "byte_fallback", 0),
-                             (int)opt_int(L, 1, "spec", "ignore_merges", 0), prefix, suffix));
   if (lua_getfield(L, 1, "normalizers") == LUA_TTABLE) {
     int t = lua_gettop(L);
     for (lua_Integer i = 1; lua_geti(L, t, i) == LUA_TTABLE; i++) {
