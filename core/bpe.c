@@ -236,12 +236,15 @@ struct nvl_bpe {
   pcre2_code *special_re[2]; /* [0] raw-text tokens, [1] normalized ones; NULL: none */
   buf special_src[2];        /* their patterns, rebuilt as tokens are added */
   pcre2_match_data *md;
+  pcre2_match_context *mc; /* with jit: a JIT stack that grows to 16 MiB (long white space runs) */
+  pcre2_jit_stack *jit;
   strmap cache;            /* word -> offset << 10 | count into cache_ids */
   ivec cache_ids;
   /* work space */
   buf bufs[2], seg, tmp;
   pieces pc[2];
   ivec out;
+  size_t *part, part_cap; /* a split's parts: (start, end, is_match) triples */
   symbol *sym;
   size_t sym_cap;
   merge_item *heap;
@@ -287,7 +290,10 @@ nvl_status nvl_bpe_new(nvl_bpe **out) {
   b->prefix = dup_bytes("", 0);
   b->suffix = dup_bytes("", 0);
   b->md = pcre2_match_data_create(16, NULL);
-  if (!b->prefix || !b->suffix || !b->md) {
+  b->mc = pcre2_match_context_create(NULL);
+  b->jit = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, NULL);
+  if (b->mc && b->jit) pcre2_jit_stack_assign(b->mc, NULL, b->jit);
+  if (!b->prefix || !b->suffix || !b->md || !b->mc) {
     nvl_bpe_free(b);
     return nvl_error(NVL_ENOMEM, "tokenizer: out of memory");
   }
@@ -320,6 +326,9 @@ void nvl_bpe_free(nvl_bpe *b) {
     free(b->pc[i].p);
   }
   pcre2_match_data_free(b->md);
+  pcre2_match_context_free(b->mc);
+  pcre2_jit_stack_free(b->jit);
+  free(b->part);
   strmap_free(&b->cache);
   free(b->cache_ids.p);
   free(b->seg.p);
@@ -529,13 +538,14 @@ static int spans_push(spans *sp, size_t a, size_t z) {
   return 0;
 }
 
-static int regex_spans(pcre2_code *re, pcre2_match_data *md, const char *s, size_t n, spans *out) {
+static int regex_spans(pcre2_code *re, pcre2_match_data *md, pcre2_match_context *mc, const char *s, size_t n,
+                       spans *out) {
   out->n = 0;
   size_t at = 0;
   while (at <= n) {
-    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, md, NULL);
+    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, md, mc);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) return -1;
+    if (rc < 0) return rc;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     if (spans_push(out, ov[0], ov[1])) return -1;
     if (ov[1] > ov[0]) {
@@ -560,6 +570,14 @@ static int string_spans(const char *pat, size_t plen, const char *s, size_t n, s
     i = a + plen;
   }
   return 0;
+}
+
+/* a failed match (PCRE2's code, or -1 for memory) as an error naming what ran */
+static nvl_status regex_error(int rc, const char *what, size_t n) {
+  if (rc == -1) return oom();
+  PCRE2_UCHAR msg[256];
+  pcre2_get_error_message(rc, msg, sizeof msg);
+  return nvl_error(NVL_EINVAL, "tokenizer: %s failed on a text of %zu bytes: %s", what, n, (const char *)msg);
 }
 
 /* one normalizer over src[0..n) into dst (emptied first) */
@@ -595,8 +613,8 @@ static nvl_status normalize_one(nvl_bpe *b, const step *st, const char *src, siz
   case NVL_NORM_REPLACE:
   case NVL_NORM_REPLACE_REGEX: {
     int bad = st->kind == NVL_NORM_REPLACE ? string_spans(st->a, st->alen, src, n, sp)
-                                           : regex_spans(st->re, b->md, src, n, sp);
-    if (bad) return nvl_error(NVL_EINVAL, "tokenizer: the Replace normalizer failed on a text of %zu bytes", n);
+                                           : regex_spans(st->re, b->md, b->mc, src, n, sp);
+    if (bad) return regex_error(bad, "a Replace normalizer", n);
     size_t at = 0;
     for (size_t k = 0; k < sp->n; k += 2) {
       if (buf_put(dst, src + at, sp->v[k] - at) || buf_put(dst, st->c, st->clen)) return oom();
@@ -738,9 +756,9 @@ static int segs_push(segs *v, seg_item it) {
 static nvl_status split_added(nvl_bpe *b, pcre2_code *re, const char *s, size_t n, int start0, segs *out) {
   size_t at = 0, done = 0; /* search from at; text before done is already emitted */
   while (re && at < n) {
-    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, b->md, NULL);
+    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, b->md, b->mc);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) return nvl_error(NVL_EINVAL, "tokenizer: matching the added tokens failed (PCRE2 error %d)", rc);
+    if (rc < 0) return regex_error(rc, "the added tokens' match", n);
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
     size_t a = ov[0], z = ov[1];
     const sslot *sl = strmap_find(&b->special, s + a, z - a);
@@ -784,7 +802,7 @@ static nvl_status split_piece(nvl_bpe *b, const step *st, const char *s, piece p
   size_t n = pc.len;
   int bad = 0;
   switch (st->kind) {
-  case NVL_PRE_SPLIT_REGEX: bad = regex_spans(st->re, b->md, p, n, sp); break;
+  case NVL_PRE_SPLIT_REGEX: bad = regex_spans(st->re, b->md, b->mc, p, n, sp); break;
   case NVL_PRE_SPLIT_STRING: bad = string_spans(st->a, st->alen, p, n, sp); break;
   default:
     sp->n = 0;
@@ -796,11 +814,16 @@ static nvl_status split_piece(nvl_bpe *b, const step *st, const char *s, piece p
       if (hit && spans_push(sp, a, i)) return oom();
     }
   }
-  if (bad) return nvl_error(NVL_EINVAL, "tokenizer: a Split pre-tokenizer failed on a piece of %zu bytes", n);
+  if (bad) return regex_error(bad, "a Split pre-tokenizer", n);
   /* parts: matches and the gaps between them, each (a, z, is_match) */
-  size_t nparts = 0, prev = 0;
-  size_t *part = malloc((sp->n * 3 / 2 + 3) * 3 * sizeof *part);
-  if (!part) return oom();
+  size_t nparts = 0, prev = 0, need = (sp->n + 2) * 3;
+  if (need > b->part_cap) {
+    size_t *np = realloc(b->part, need * 2 * sizeof *np);
+    if (!np) return oom();
+    b->part = np;
+    b->part_cap = need * 2;
+  }
+  size_t *part = b->part;
 #define PART(a_, z_, m_) (part[3 * nparts] = (a_), part[3 * nparts + 1] = (z_), part[3 * nparts + 2] = (m_), nparts++)
   for (size_t k = 0; k < sp->n; k += 2) {
     if (sp->v[k] != prev) PART(prev, sp->v[k], 0);
@@ -832,10 +855,7 @@ static nvl_status split_piece(nvl_bpe *b, const step *st, const char *s, piece p
     break;
   case NVL_SPLIT_MERGED_WITH_NEXT: { /* the same from the right: built reversed in q, then turned */
     size_t *q = malloc((nparts + 1) * 2 * sizeof *q);
-    if (!q) {
-      free(part);
-      return oom();
-    }
+    if (!q) return oom();
     for (size_t k = nparts; k-- > 0;) {
       int is = (int)part[3 * k + 2];
       if (is && !prev_match && m > 0) q[2 * (m - 1)] = part[3 * k];
@@ -849,12 +869,8 @@ static nvl_status split_piece(nvl_bpe *b, const step *st, const char *s, piece p
   }
   for (size_t k = 0; k < m; k++) {
     size_t a = part[3 * k], z = part[3 * k + 1];
-    if (z > a && pieces_push(out, pc.off + a, z - a, pc.start && a == 0)) {
-      free(part);
-      return oom();
-    }
+    if (z > a && pieces_push(out, pc.off + a, z - a, pc.start && a == 0)) return oom();
   }
-  free(part);
   return NVL_OK;
 }
 
