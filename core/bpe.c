@@ -234,6 +234,7 @@ struct nvl_bpe {
   size_t nnorm, npre;
   strmap special;          /* added token content (normalized if so) -> id << 8 | flags */
   pcre2_code *special_re[2]; /* [0] raw-text tokens, [1] normalized ones; NULL: none */
+  int special_dirty[2];      /* tokens added since the regex was built: rebuilt at the next encode */
   buf special_src[2];        /* their patterns, rebuilt as tokens are added */
   pcre2_match_data *md;
   pcre2_match_context *mc; /* with jit: a JIT stack that grows to 16 MiB (long white space runs) */
@@ -724,7 +725,8 @@ nvl_status nvl_bpe_add_special(nvl_bpe *b, const char *content, size_t len, int3
     if (!n) return NVL_OK; /* normalized away: it can never match */
   }
   if (strmap_put(&b->special, c, n, (int64_t)id << 8 | (flags & 0xFF))) return oom();
-  return rebuild_special(b, !!(flags & NVL_ADDED_NORMALIZED));
+  b->special_dirty[!!(flags & NVL_ADDED_NORMALIZED)] = 1; /* one regex for all, not one per token added */
+  return NVL_OK;
 }
 
 /* text between added tokens, and the tokens, in order */
@@ -762,9 +764,10 @@ static nvl_status split_added(nvl_bpe *b, pcre2_code *re, const char *s, size_t 
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
     size_t a = ov[0], z = ov[1];
     const sslot *sl = strmap_find(&b->special, s + a, z - a);
+    at = z;
+    if (!sl) continue; /* cannot happen: the regex matches only the contents */
     int flags = (int)(sl->value & 0xFF);
     int32_t id = (int32_t)(sl->value >> 8);
-    at = z;
     if (flags & NVL_ADDED_SINGLE_WORD) {
       int left_ok = a == 0 || !is_word_char(prev_cp(s, a));
       size_t j = z;
@@ -1101,6 +1104,10 @@ nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_
   }
   if (bad_at >= 0)
     return nvl_error(NVL_EINVAL, "tokenizer: the text is not valid UTF-8 (byte %zd of %zu)", bad_at + 1, len);
+  for (int k = 0; k < 2; k++) {
+    if (b->special_dirty[k]) NVL_TRY(rebuild_special(b, k));
+    b->special_dirty[k] = 0;
+  }
   segs raw = {0}, norm = {0};
   spans sp = {0};
   nvl_status st = split_added(b, b->special_re[0], text, len, 1, &raw);

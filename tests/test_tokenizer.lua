@@ -17,6 +17,9 @@
 --     special_tokens_map.json, generation_config.json, config.json's bos/eos ids and max_positions;
 --     trainer.json records them; the sample starts at the manifest's prompt ids and is their decoding;
 --     a run on a text file exports the byte tokenizer (bos/eos null, no generation_config.json).
+--   * data=<text file> tokenizer=<tokenizer.json>: a run on Genesis 1-2 with tests/golden/tok/llama3.json
+--     trains on the tokenizer's encode of the text (train then validation shard = one encode, also when
+--     encoded in 512-byte pieces), vocabulary and sample prompt (bos, "And ") from the tokenizer.
 --   * scripts/make_shards.lua's byte shards carry a manifest: data=shards: needs no vocab=; a vocab= below
 --     the largest id of shards without one is refused, naming the first token past it.
 --   * scripts/prepare_data.py --tiktoken FILE (a local .tiktoken file, offline): scripts/check_tiktoken_offline.py,
