@@ -604,8 +604,15 @@ static nvl_status normalize_one(nvl_bpe *b, const step *st, const char *src, siz
   case NVL_NORM_STRIP_ACCENTS:
     for (size_t i = 0; i < n;) {
       int32_t cp = next_cp(src, n, &i);
-      if (st->kind == NVL_NORM_LOWERCASE) cp = utf8proc_tolower(cp);
-      else if (utf8proc_category(cp) >= UTF8PROC_CATEGORY_MN && utf8proc_category(cp) <= UTF8PROC_CATEGORY_ME) continue;
+      if (st->kind == NVL_NORM_LOWERCASE) {
+        /* Rust's char::to_lowercase, which tokenizers uses, is utf8proc's simple mapping but for the one
+         * unconditional multi-character lowercase of SpecialCasing.txt: U+0130 -> "i" U+0307 */
+        if (cp == 0x130) {
+          if (buf_put(dst, "i\xCC\x87", 3)) return oom();
+          continue;
+        }
+        cp = utf8proc_tolower(cp);
+      } else if (utf8proc_category(cp) >= UTF8PROC_CATEGORY_MN && utf8proc_category(cp) <= UTF8PROC_CATEGORY_ME) continue;
       utf8proc_uint8_t e[4];
       utf8proc_ssize_t k = utf8proc_encode_char(cp, e);
       if (buf_put(dst, (const char *)e, (size_t)k)) return oom();
