@@ -15,6 +15,7 @@ nvlua's data.kjv reads it) in the styles real exports use, writes each as OUT_DI
   wordy    NFKC + Lowercase; Digits, Punctuation, WhitespaceSplit; ## prefix and </w> suffix, [UNK]
   splits   NFD + StripAccents + Strip + Replace(regex); Split behaviors merged_with_previous /
            merged_with_next / contiguous / removed+invert, Digits contiguous, Metaspace always
+  whitespace  the Whitespace pre-tokenizer (\w+|[^\w\s]+), <unk>
 and encodes a corpus with each, and with tests/data/kjv_bpe/tokenizer.json (the project's own):
 KJV verses; random Unicode (combining marks, emoji with ZWJ sequences, CJK, Arabic, Devanagari,
 Greek, Hangul); whitespace runs (tabs, newlines, CRLF, nbsp, ideographic space); digit runs;
@@ -40,7 +41,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-MERGES = 600  # per tokenizer: the files stay in the tens of KB
+MERGES = 500  # per tokenizer: the files stay in the tens of KB
 
 
 def kjv_lines():
@@ -144,6 +145,13 @@ def splits(lines):
     return tok
 
 
+def whitespace(lines):
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    train(tok, lines, ["<unk>"], vocab=1 + 150 + MERGES, limit_alphabet=150)
+    return tok
+
+
 def rand_text(rng):
     pools = [
         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", ".,;:!?'\"()[]{}-_/\\@#$%^&*+=<>|~`",
@@ -200,7 +208,7 @@ def main():
     lines = kjv_lines()
     llama2, mistral = sentencepiece(lines)
     toks = {"gpt2": gpt2(lines), "llama3": llama3(lines), "llama2": llama2, "mistral": mistral, "wordy": wordy(lines),
-            "splits": splits(lines)}
+            "splits": splits(lines), "whitespace": whitespace(lines)}
     files = {}
     for name, tok in toks.items():
         tok.save(os.path.join(out, name + ".json"), pretty=False)
@@ -210,7 +218,7 @@ def main():
     files["kjv_bpe"] = "tests/data/kjv_bpe/tokenizer.json"
     texts = corpus(lines)
     gold = {"tokenizers": files, "corpus": texts, "ids": {}, "special": {}}
-    n_special = 60
+    n_special = 40
     for name, tok in toks.items():
         tok = Tokenizer.from_file(os.path.join(ROOT, files[name]))  # as nvlua reads it: from the file
         gold["ids"][name] = [" ".join(map(str, e.ids)) for e in tok.encode_batch(texts, add_special_tokens=False)]

