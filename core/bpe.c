@@ -503,11 +503,13 @@ static int is_numeric(int32_t cp) {
   return c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO;
 }
 
-/* Rust's char::is_alphanumeric: alphabetic (L*, Nl, Other_Alphabetic ~ Mn/Mc of letters) or numeric */
+/* a word character for single_word tokens: the \w of the Rust regex crate that tokenizers' added
+ * vocabulary uses (letters, marks, Nd, Nl, connector punctuation such as "_", Join_Control: ZWNJ, ZWJ) */
 static int is_word_char(int32_t cp) {
-  if (cp == '_') return 1;
+  if (cp < 0x80) return (cp >= '0' && cp <= '9') || (cp >= 'A' && cp <= 'Z') || (cp >= 'a' && cp <= 'z') || cp == '_';
   utf8proc_category_t c = utf8proc_category(cp);
-  return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) || is_numeric(cp);
+  return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_ME) || c == UTF8PROC_CATEGORY_ND ||
+         c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_PC || cp == 0x200C || cp == 0x200D;
 }
 
 /* tokenizers' is_punc: ASCII punctuation or Unicode P* */
@@ -961,6 +963,7 @@ static int sym_push(nvl_bpe *b, size_t *n, int32_t id, size_t len) {
 
 /* a word's ids appended to out: models/bpe/model.rs merge_word + word.rs merge_all */
 static nvl_status bpe_word(nvl_bpe *b, const char *w, size_t n, ivec *out) {
+  if (n > INT32_MAX) return nvl_error(NVL_EINVAL, "tokenizer: a word of %zu bytes (at most 2^31 - 1)", n);
   if (b->ignore_merges) {
     int32_t id = nvl_bpe_token_id(b, w, n);
     if (id >= 0) return ivec_push(out, id) ? oom() : NVL_OK;

@@ -177,7 +177,8 @@ def corpus(lines):
     texts = ["", " ", "  ", "\n", "a", "A", "<s>", "</s>", "<0x0A>", "<|endoftext|>", "<|begin_of_text|>",
              "In the beginning", " In the beginning", "  two  spaces  ", "tab\there", "line\r\nbreak", "1234567890",
              "it's we'll they're I'M", "\u00a0nbsp\u00a0", "x" * 300, " " * 40, "\n" * 10, "9" * 25,
-             "\u0130stanbul \u038c\u03a3\u039f\u03a3 \u1e9e \u01c5 \u216b \ufb01 \u00b2 \u212a \u212b \u2126"]  # case, NFKC
+             "\u0130stanbul \u038c\u03a3\u039f\u03a3 \u1e9e \u01c5 \u216b \ufb01 \u00b2 \u212a \u212b \u2126",  # case, NFKC
+             "\u00e9[WORD]", "_[WORD]", "\u00b2[WORD]", "a\u200d[WORD]", "[WORD]_", "x [WORD] y", "x\u3000<mask>"]
     texts += rng.sample(lines, 120)
     texts += [rand_text(rng) for _ in range(120)]
     specials = ["<|endoftext|>", "<s>", "</s>", "<|begin_of_text|>", "<|eot_id|>", "<mask>", "[WORD]", "<unk>", "[UNK]"]
