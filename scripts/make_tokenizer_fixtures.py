@@ -12,7 +12,8 @@ nvlua's data.kjv reads it) in the styles real exports use, writes each as OUT_DI
   llama2   SentencePiece style: Prepend + Replace normalizers, no pre-tokenizer, byte_fallback with
            <0x00>..<0xFF>, <unk> (fuse_unk), <s> / </s>, TemplateProcessing BOS
   mistral  llama2's model with a Metaspace pre-tokenizer (prepend_scheme first, split false)
-  wordy    NFKC + Lowercase; Digits, Punctuation, WhitespaceSplit; ## prefix and </w> suffix, [UNK]
+  wordy    NFKC + Lowercase; Digits, Punctuation, WhitespaceSplit; ## prefix and </w> suffix, [UNK];
+           normalized added tokens ("Hello World", a single_word fullwidth "ABC"); BertProcessing
   splits   NFD + StripAccents + Strip + Replace(regex); Split behaviors merged_with_previous /
            merged_with_next / contiguous / removed+invert, Digits contiguous, Metaspace always
   whitespace  the Whitespace pre-tokenizer (\w+|[^\w\s]+), <unk>
@@ -127,6 +128,9 @@ def wordy(lines):
                              continuing_subword_prefix="##", end_of_word_suffix="</w>", limit_alphabet=120)
     tok.train_from_iterator(lines, trainer=tr)
     tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")), ("[UNK]", 0))
+    # normalized added tokens: matched in the normalized (NFKC, lower-case) text
+    tok.add_tokens([AddedToken("Hello World", normalized=True), AddedToken("\uff21\uff22\uff23", normalized=True,
+                                                                           single_word=True)])
     return tok
 
 
@@ -178,7 +182,8 @@ def corpus(lines):
              "In the beginning", " In the beginning", "  two  spaces  ", "tab\there", "line\r\nbreak", "1234567890",
              "it's we'll they're I'M", "\u00a0nbsp\u00a0", "x" * 300, " " * 40, "\n" * 10, "9" * 25,
              "\u0130stanbul \u038c\u03a3\u039f\u03a3 \u1e9e \u01c5 \u216b \ufb01 \u00b2 \u212a \u212b \u2126",  # case, NFKC
-             "\u00e9[WORD]", "_[WORD]", "\u00b2[WORD]", "a\u200d[WORD]", "[WORD]_", "x [WORD] y", "x\u3000<mask>"]
+             "\u00e9[WORD]", "_[WORD]", "\u00b2[WORD]", "a\u200d[WORD]", "[WORD]_", "x [WORD] y", "x\u3000<mask>",
+             "say HELLO WORLD now", "hello world", "ABC abc xABC", "\uff21\uff22\uff23!"]
     texts += rng.sample(lines, 120)
     texts += [rand_text(rng) for _ in range(120)]
     specials = ["<|endoftext|>", "<s>", "</s>", "<|begin_of_text|>", "<|eot_id|>", "<mask>", "[WORD]", "<unk>", "[UNK]"]
