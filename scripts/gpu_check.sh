@@ -47,7 +47,7 @@ res="${OUT:-$build/gpu_check}"
 budget=${GPU_CHECK_BUDGET:-540}
 start=$(date +%s)
 pkgs=(liblua5.4-0 liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas0-openmp libopenblas-openmp-dev
-      libopenblas-dev libgfortran5)
+      libopenblas-dev libgfortran5 libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2)
 
 die() { echo "gpu_check: $*" >&2; exit 1; }
 
@@ -70,7 +70,8 @@ esac
 depsroot=""
 unpack() {
   if [ -z "${GPU_CHECK_USE_DEBS:-}" ] && [ -f /usr/include/lua5.4/lua.h ] &&
-     [ -d /usr/lib/x86_64-linux-gnu/openblas-openmp ]; then return 0; fi
+     [ -d /usr/lib/x86_64-linux-gnu/openblas-openmp ] && [ -f /usr/include/pcre2.h ] &&
+     [ -f /usr/include/utf8proc.h ]; then return 0; fi
   [ -d "$deps/debs" ] || die "no Lua/OpenBLAS on this machine and no .deps/debs: run 'scripts/gpu_check.sh fetch' \
 where apt works and bring .deps/debs along"
   if [ ! -f "$deps/root/.unpacked" ]; then

@@ -10,6 +10,7 @@ build="$root/build"
 [ "${NVLUA_CUDA:-}" = "EMU" ] && build="$root/build-emu"
 
 pkgs=(cmake gcc g++ make pkg-config liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas-openmp-dev libdnnl-dev libreadline-dev
+      libpcre2-dev libutf8proc-dev
       bible-kjv gnuplot-nox openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do

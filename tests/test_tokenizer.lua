@@ -17,6 +17,9 @@
 --     special_tokens_map.json, generation_config.json, config.json's bos/eos ids and max_positions;
 --     trainer.json records them; the sample starts at the manifest's prompt ids and is their decoding;
 --     a run on a text file exports the byte tokenizer (bos/eos null, no generation_config.json).
+--   * data=<text file> tokenizer=<tokenizer.json>: a run on Genesis 1-2 with tests/golden/tok/llama3.json
+--     trains on the tokenizer's encode of the text (train then validation shard = one encode, also when
+--     encoded in 512-byte pieces), vocabulary and sample prompt (bos, "And ") from the tokenizer.
 --   * scripts/make_shards.lua's byte shards carry a manifest: data=shards: needs no vocab=; a vocab= below
 --     the largest id of shards without one is refused, naming the first token past it.
 --   * scripts/prepare_data.py --tiktoken FILE (a local .tiktoken file, offline): scripts/check_tiktoken_offline.py,
@@ -234,6 +237,27 @@ T.case("train on data=shards:<prepared> (vocab from the manifest): the export ho
   T.eq(s2.steps, 4)
 end)
 
+T.case("data=<text file> tokenizer=<tokenizer.json>: trains on the tokenizer's encode of the text", function()
+  local tj = here .. "/golden/tok/llama3.json"
+  local text = T.read_file(KJV .. "/genesis.txt") -- Genesis 1-2, 7 KB
+  local tok = tokenizer.load(tj)
+  local s, p = run("textbpe", {"data=" .. KJV .. "/genesis.txt", "tokenizer=" .. tj, "max_positions=64"})
+  local ds = p.dataset
+  T.eq(p.model.config.vocab_size, tok.vocab_size, "vocab=0: the tokenizer's")
+  local got = data.read_tokens(ds.train[1], 0, ds.train[1].count):totable()
+  for _, v in ipairs(data.read_tokens(ds.val[1], 0, ds.val[1].count):totable()) do got[#got + 1] = v end
+  T.eq(got, tok:encode(text), "train then validation ids: the tokenizer's encode of the whole text")
+  T.ok(ds.val[1].count > 0 and ds.train[1].count > 10 * ds.val[1].count, "the last 5% or so for validation")
+  T.eq(s.sample_prompt, "And ")
+  T.eq(ds.tokenizer.prompt.ids, {tok.bos_id, table.unpack(tok:encode("And "))}, "bos, then the prompt encoded")
+  T.eq(T.read_file(s.checkpoint .. "/model/tokenizer.json"), T.read_file(tj), "the export holds the tokenizer")
+  -- pieces of 512 bytes (cut at line breaks) give the same ids as one encode
+  local small = data.text(KJV .. "/genesis.txt", {tokenizer = tj, piece = 512, cache = ROOT .. "/cache-small"})
+  local ids = data.read_tokens(small.train[1], 0, small.train[1].count):totable()
+  for _, v in ipairs(data.read_tokens(small.val[1], 0, small.val[1].count):totable()) do ids[#ids + 1] = v end
+  T.eq(ids, got, "encoded in 512-byte pieces")
+end)
+
 T.case("a run on byte data exports the byte tokenizer; bos/eos null; max_positions defaults to seq", function()
   local text = ROOT .. "/text.txt"
   T.write_file(text, string.rep("In the beginning God created the heaven and the earth.\n", 40))
@@ -250,7 +274,7 @@ T.case("a run on byte data exports the byte tokenizer; bos/eos null; max_positio
   T.raises(function() config.parse(train.schema, {"seq=32", "max_positions=16"}) end,
     "max_positions (16) must be 0 (= seq) or at least seq (32)")
   T.raises(function() config.parse(train.schema, {"tokenizer=" .. KJV}) end,
-    "tokenizer=" .. KJV .. " goes with data=shards:... or megatron:...; data=kjv is byte tokens")
+    "tokenizer=" .. KJV .. " goes with data=shards:..., megatron:... or a text file or directory; data=kjv is byte tokens")
   T.raises(function() config.parse(train.schema, {"tokenizer=" .. ROOT}) end,
     "is not a tokenizer.json nor a directory holding one")
 end)

@@ -1014,6 +1014,7 @@ int luaopen_nvlua_core(lua_State *L) {
   nvl_lua_open_sys(L);
   nvl_lua_open_cuda(L);
   nvl_lua_open_dist(L);
+  nvl_lua_open_tokenizer(L);
   /* core.version: what build_info().version says, without build_info's CUDA probe (which starts the
    * CUDA runtime: loading nvlua must not, or dist.init's CUDA_VISIBLE_DEVICES comes too late) */
   lua_pushstring(L, NVLUA_VERSION);

@@ -26,17 +26,19 @@ local HEADER = 24
 
 -- ---- tokenizer ------------------------------------------------------------------------------
 
---- The byte-level tokenizer: token id = byte value, vocabulary 256, no special tokens.
+--- The byte-level tokenizer: token id = byte value, vocabulary 256, no bos / eos; the methods of
+-- nvlua.tokenizer's tokenizers (colon calls).
 data.ByteTokenizer = {vocab_size = 256, name = "bytes"}
---- tok:encode(text [, {tensor = false, add_special_tokens =}]) -> the bytes' values, a table (0-based ids), or a
--- 1-D i64 tensor with tensor = true (add_special_tokens: there are none)
+--- ByteTokenizer:encode(s [, {add_special_tokens =, tensor =}]) -> the bytes of s as a table of ids, or a 1-D
+-- i64 tensor with tensor = true (there are no special tokens to add)
 function data.ByteTokenizer:encode(s, o)
-  if type(s) ~= "string" then user_error("ByteTokenizer:encode: text must be a string, got " .. type(s), 2) end
-  o = util.check_opts(o, {tensor = true, add_special_tokens = true}, "ByteTokenizer:encode")
-  if o.tensor then return core.tokens_from_bytes(s, 1, #s) end
-  return {s:byte(1, -1)}
+  o = util.check_opts(o, tokenizer.ENCODE_OPTS, "ByteTokenizer:encode")
+  if type(s) ~= "string" then error("ByteTokenizer:encode: text must be a string, got " .. type(s), 2) end
+  local t = core.tokens_from_bytes(s, 1, #s)
+  if o.tensor then return t end
+  return t:totable()
 end
---- tok:decode(ids): ids a table of integers or a 1-D i64 tensor -> string
+--- ByteTokenizer:decode(ids) -> string: ids a table of integers or a 1-D i64 tensor
 function data.ByteTokenizer:decode(ids)
   if type(ids) ~= "table" then ids = ids:totable() end
   local parts = {}
@@ -333,8 +335,58 @@ function data.list_files(path)
   return files
 end
 
---- Any text file or directory of text files (walked recursively, sorted), byte tokens, the
--- last 5% for validation; cached under <cache>/text-<hash>/.
+-- text's ids by tok, encoded in pieces of about 1 MiB cut at a line break followed by a character that is
+-- not white space (where the byte-level pre-tokenizers' regexes split anyway, so the ids are those of one
+-- encode; a SentencePiece-style Prepend normalizer sees each piece as a text's start) -> an i64 tensor.
+-- Memory: the text, the ids, and one piece's ids as a Lua table. Progress on stderr past 16 MiB.
+local ENCODE_PIECE = 1 << 20
+local function encode_text(tok, text, what, piece)
+  piece = piece or ENCODE_PIECE
+  local parts, at, n, next_report = {}, 1, #text, 0.1
+  while at <= n do
+    local stop = n
+    if n - at + 1 > piece then stop = text:find("\n[^%s]", at + piece) or n end
+    parts[#parts + 1] = tok:encode(text:sub(at, stop), {tensor = true})
+    at = stop + 1
+    if n > 16 * ENCODE_PIECE and (at - 1) / n >= next_report then
+      io.stderr:write(string.format("data: encoding %s with %s: %d%%\n", what, tok.name, math.floor(100 * (at - 1) / n)))
+      next_report = next_report + 0.1
+    end
+  end
+  local total = 0
+  for _, t in ipairs(parts) do total = total + t:numel() end
+  local out = core.empty({total}, "i64")
+  local off = 0
+  for _, t in ipairs(parts) do
+    if t:numel() > 0 then out:narrow(1, off + 1, t:numel()):copy_(t) end
+    off = off + t:numel()
+  end
+  return out
+end
+
+-- Text split as byte_corpus splits it, both parts encoded with tok; shards of width 2 (vocabulary up to
+-- 65536) or 4 under dir. The sample prompt: bos and "And " encoded.
+local function tokenized_corpus(name, text, dir, val_fraction, tok, piece)
+  mkdir_p(dir)
+  local train_path, val_path = dir .. "/train.bin", dir .. "/val.bin"
+  if not (lfs.attributes(train_path) and lfs.attributes(val_path)) then
+    local cut = math.floor(#text * (1 - val_fraction))
+    cut = text:find("\n", cut, true) or cut
+    local width = tok.vocab_size <= 65536 and 2 or 4
+    data.write_shard(train_path, encode_text(tok, text:sub(1, cut), name, piece), width)
+    data.write_shard(val_path, encode_text(tok, text:sub(cut + 1), name, piece), width)
+  end
+  local ids = tok:encode("And ")
+  if tok.bos_id then table.insert(ids, 1, tok.bos_id) end
+  tok.prompt = {text = "And ", ids = ids}
+  return {name = name, train = {data.open_shard(train_path)}, val = {data.open_shard(val_path)},
+    vocab_size = tok.vocab_size, vocab_source = "the tokenizer " .. tok.path, tokenizer = tok}
+end
+
+--- Any text file or directory of text files (walked recursively, sorted), the last 5% for validation;
+-- byte tokens, or with opts.tokenizer (a tokenizer.json path or a directory holding one, or a loaded
+-- tokenizer) that tokenizer's ids, encoded now (no preparation step; opts.piece: the bytes encoded at a
+-- time, 1 MiB); cached under <cache>/text-<hash>[-tok-<tokenizer hash>]/.
 function data.text(path, opts)
   opts = opts or {}
   local attr = lfs.attributes(path)
@@ -351,10 +403,20 @@ function data.text(path, opts)
   if #text < 1024 then user_error("text: only " .. #text .. " bytes under " .. path .. "; need at least 1 KiB", 2) end
   -- the cache key hashes every byte (8 at a time: ~0.1 s for the 4 MB KJV): a key from a sample
   -- of the bytes would hand an edited corpus of the same length the old one's shards
-  local h, n8 = -3750763034362895579, #text - #text % 8 -- FNV-1a's 64-bit basis and prime
-  for i = 1, n8, 8 do h = (h ~ string.unpack("<i8", text, i)) * 1099511628211 end
-  for i = n8 + 1, #text do h = (h ~ text:byte(i)) * 1099511628211 end
-  local dir = string.format("%s/text-%016x-%d", opts.cache or default_cache(), h, #text)
+  local function hash(s)
+    local h, n8 = -3750763034362895579, #s - #s % 8 -- FNV-1a's 64-bit basis and prime
+    for i = 1, n8, 8 do h = (h ~ string.unpack("<i8", s, i)) * 1099511628211 end
+    for i = n8 + 1, #s do h = (h ~ s:byte(i)) * 1099511628211 end
+    return h
+  end
+  local dir = string.format("%s/text-%016x-%d", opts.cache or default_cache(), hash(text), #text)
+  local tok = opts.tokenizer
+  if tok then
+    if type(tok) == "string" then tok = tokenizer.load(tok) end
+    -- the tokenizer's file is part of the key: another tokenizer, other shards
+    dir = string.format("%s-tok-%016x", dir, hash(tok.text or tokenizer.byte_json()))
+    return tokenized_corpus(path, text, dir, opts.val_fraction or 0.05, tok, opts.piece)
+  end
   return byte_corpus(path, text, dir, opts.val_fraction or 0.05)
 end
 

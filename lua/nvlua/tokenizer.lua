@@ -11,15 +11,18 @@
 -- on (scripts/check_hf_e2e.py checks it). It has no bos/eos: config.json says null, generation
 -- stops at max_new_tokens. (Adding specials would make the vocabulary 257+, another model.)
 --
--- A loaded tokenizer.json decodes (for train's end-of-run sample): the tokens' texts (an added
--- token's content) go through the file's decoder (ByteLevel, ByteFallback, Fuse, Replace, Strip,
--- Metaspace and Sequences of them) as the tokenizers library does, special tokens kept. It does not
--- encode (that needs the pre-tokenizer's Unicode regexes): text is tokenized by
--- scripts/prepare_data.py, which also records the ids of the sample prompt in the data's manifest.
+-- A loaded tokenizer.json encodes and decodes, as the tokenizers library does (tok:encode(text),
+-- tok:decode(ids)). Encoding (BPE models: GPT-2, Llama 2 and 3, Mistral, Qwen2 ...) runs in C
+-- (core/bpe.c, PCRE2 regexes, utf8proc normalization); here the JSON becomes its spec, Sequences
+-- flattened, and a component it does not support is refused by name. The encoder is built at the first
+-- encode, so a file that only decodes (a WordPiece or Unigram model) still loads. Decoding: the
+-- tokens' texts (an added token's content) go through the file's decoder (ByteLevel, ByteFallback, Fuse,
+-- Replace, Strip, Metaspace and Sequences of them), special tokens kept.
 -- bos/eos: the given names, else tokenizer_config.json beside the file, else well-known names
 -- among the special added tokens (<|begin_of_text|>, <s>, <bos>, <|endoftext|>, ...).
 local lfs = require "lfs"
 local cjson = require "cjson"
+local core = require "nvlua.core"
 local config = require "nvlua.config"
 local util = require "nvlua.util"
 local user_error = util.user_error
@@ -224,9 +227,213 @@ local function specials(path, tokens, added, o)
   return bos, bos_id, eos, eos_id
 end
 
+-- ---- encoding ---------------------------------------------------------------------------------
+-- The JSON's normalizer, pre-tokenizer and model as the spec of core.bpe_new (lua/bind/tokenizer.c).
+
+local NORMALIZERS_OK = "NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Strip, StripAccents, Sequence"
+local PRE_OK = "Split, ByteLevel, Metaspace, Digits, Whitespace, WhitespaceSplit, Punctuation, Sequence"
+-- the GPT-2 regex of the ByteLevel pre-tokenizer (tokenizers' pre_tokenizers/byte_level.rs)
+local GPT2_REGEX = [['s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+]]
+local BEHAVIORS = {Removed = true, Isolated = true, MergedWithPrevious = true, MergedWithNext = true,
+  Contiguous = true}
+
+local function is_null(v) return v == nil or v == cjson.null end
+
+-- a Split / Replace pattern {"String": s} or {"Regex": r} -> s or r, is_regex
+local function pattern_of(path, what, p)
+  if type(p) == "table" and type(p.String) == "string" then return p.String, false end
+  if type(p) == "table" and type(p.Regex) == "string" then return p.Regex, true end
+  user_error(string.format("tokenizer %s: %s needs a pattern {\"String\": ...} or {\"Regex\": ...}", path, what), 0)
+end
+
+local function add_normalizer(path, n, out)
+  if is_null(n) then return end
+  local t = n.type
+  if t == "Sequence" then
+    for _, sub in ipairs(n.normalizers or {}) do add_normalizer(path, sub, out) end
+  elseif t == "NFC" or t == "NFD" or t == "NFKC" or t == "NFKD" or t == "Lowercase" or t == "StripAccents" then
+    out[#out + 1] = {kind = t}
+  elseif t == "Replace" then
+    local p, regex = pattern_of(path, "a Replace normalizer", n.pattern)
+    out[#out + 1] = {kind = regex and "ReplaceRegex" or "Replace", a = p, c = tostring(n.content or "")}
+  elseif t == "Prepend" then
+    out[#out + 1] = {kind = "Prepend", a = tostring(n.prepend or "")}
+  elseif t == "Strip" then
+    out[#out + 1] = {kind = "Strip", flag = (n.strip_left and 1 or 0) | (n.strip_right and 2 or 0)}
+  else
+    user_error(string.format("tokenizer %s: normalizer type %s is not supported for encoding (supported: %s)", path,
+      tostring(t), NORMALIZERS_OK), 0)
+  end
+end
+
+local function add_pre(path, p, out)
+  if is_null(p) then return end
+  local t = p.type
+  if t == "Sequence" then
+    for _, sub in ipairs(p.pretokenizers or {}) do add_pre(path, sub, out) end
+  elseif t == "Split" then
+    local pat, regex = pattern_of(path, "a Split pre-tokenizer", p.pattern)
+    local b = p.behavior or "Isolated"
+    if not BEHAVIORS[b] then user_error(string.format("tokenizer %s: Split behavior %s is not known", path, tostring(b)), 0) end
+    out[#out + 1] = {kind = regex and "SplitRegex" or "SplitString", a = pat, behavior = b, invert = p.invert == true}
+  elseif t == "ByteLevel" then
+    if p.add_prefix_space then out[#out + 1] = {kind = "PrefixSpace"} end
+    if p.use_regex ~= false then out[#out + 1] = {kind = "SplitRegex", a = GPT2_REGEX, behavior = "Isolated"} end
+    out[#out + 1] = {kind = "Bytes"}
+  elseif t == "Metaspace" then
+    local rep = type(p.replacement) == "string" and p.replacement or "\u{2581}"
+    local scheme = p.prepend_scheme or (p.add_prefix_space == false and "never" or "always")
+    local flag = ({never = 0, first = 1, always = 2})[scheme]
+    if not flag then user_error(string.format("tokenizer %s: Metaspace prepend_scheme %s is not known", path, tostring(scheme)), 0) end
+    out[#out + 1] = {kind = "Metaspace", a = rep, flag = flag}
+    if p.split ~= false then out[#out + 1] = {kind = "SplitString", a = rep, behavior = "MergedWithNext"} end
+  elseif t == "Digits" then
+    out[#out + 1] = {kind = "SplitDigit", behavior = p.individual_digits and "Isolated" or "Contiguous"}
+  elseif t == "Whitespace" then
+    out[#out + 1] = {kind = "SplitRegex", a = [[\w+|[^\w\s]+]], behavior = "Removed", invert = true}
+  elseif t == "WhitespaceSplit" then
+    out[#out + 1] = {kind = "SplitSpace", behavior = "Removed"}
+  elseif t == "Punctuation" then
+    local b = p.behavior or "Isolated"
+    if not BEHAVIORS[b] then user_error(string.format("tokenizer %s: Punctuation behavior %s is not known", path, tostring(b)), 0) end
+    out[#out + 1] = {kind = "SplitPunct", behavior = b}
+  else
+    user_error(string.format("tokenizer %s: pre-tokenizer type %s is not supported for encoding (supported: %s)", path,
+      tostring(t), PRE_OK), 0)
+  end
+end
+
+-- the merges, "a b" strings or [a, b] pairs, as one flat list a1, b1, a2, b2, ...
+local function flat_merges(path, merges)
+  local out = {}
+  for i, m in ipairs(merges) do
+    local a, b
+    if type(m) == "string" then
+      a, b = m:match("^([^ ]*) ([^ ]*)$")
+    elseif type(m) == "table" and #m == 2 then
+      a, b = m[1], m[2]
+    end
+    if type(a) ~= "string" or type(b) ~= "string" then
+      user_error(string.format("tokenizer %s: merge %d is not \"a b\" nor a pair [a, b]: %s", path, i, cjson.encode(m)), 0)
+    end
+    out[2 * i - 1], out[2 * i] = a, b
+  end
+  return out
+end
+
+-- the post-processor's ids around a text's (add_special_tokens): -> a function(ids) -> ids
+local function post_processor(path, p, tokens)
+  if is_null(p) or p.type == "ByteLevel" then return function(ids) return ids end end
+  local function around(before, after)
+    return function(ids)
+      local out = {}
+      table.move(before, 1, #before, 1, out)
+      table.move(ids, 1, #ids, #out + 1, out)
+      table.move(after, 1, #after, #out + 1, out)
+      return out
+    end
+  end
+  if p.type == "TemplateProcessing" then
+    local before, after, seen = {}, {}, false
+    for _, item in ipairs(p.single or {}) do
+      if type(item.Sequence) == "table" then
+        seen = true
+      elseif type(item.SpecialToken) == "table" then
+        local sp = (p.special_tokens or {})[item.SpecialToken.id]
+        if type(sp) ~= "table" or type(sp.ids) ~= "table" then
+          user_error(string.format("tokenizer %s: TemplateProcessing names special token %s but does not define it", path,
+            tostring(item.SpecialToken.id)), 0)
+        end
+        local dst = seen and after or before
+        for _, id in ipairs(sp.ids) do dst[#dst + 1] = check_id(path, "a special token's id", id, 1 << 31) end
+      end
+    end
+    return around(before, after)
+  elseif p.type == "RobertaProcessing" or p.type == "BertProcessing" then
+    local cls, sep = p.cls, p.sep
+    if type(cls) ~= "table" or type(sep) ~= "table" then
+      user_error(string.format("tokenizer %s: %s needs cls and sep", path, p.type), 0)
+    end
+    return around({check_id(path, "cls", cls[2], 1 << 31)}, {check_id(path, "sep", sep[2], 1 << 31)})
+  elseif p.type == "Sequence" then
+    local fns = {}
+    for i, sub in ipairs(p.processors or {}) do fns[i] = post_processor(path, sub, tokens) end
+    return function(ids)
+      for _, fn in ipairs(fns) do ids = fn(ids) end
+      return ids
+    end
+  end
+  user_error(string.format("tokenizer %s: post-processor type %s is not supported (supported: TemplateProcessing, " ..
+    "ByteLevel, RobertaProcessing, BertProcessing, Sequence)", path, tostring(p.type)), 0)
+end
+
+-- the C encoder and the post-processor of a decoded tokenizer.json
+local function build_encoder(path, t, tokens)
+  local m = t.model
+  if m.type ~= "BPE" and not (m.type == nil and type(m.merges) == "table") then
+    user_error(string.format("tokenizer %s: model type %s is not supported for encoding (supported: BPE)", path,
+      tostring(m.type)), 0)
+  end
+  if not is_null(m.dropout) and m.dropout ~= 0 then
+    user_error(string.format("tokenizer %s: BPE dropout %s is not supported (encoding is deterministic)", path,
+      tostring(m.dropout)), 0)
+  end
+  local spec = {vocab = m.vocab, merges = flat_merges(path, type(m.merges) == "table" and m.merges or {}),
+    fuse_unk = m.fuse_unk == true, byte_fallback = m.byte_fallback == true, ignore_merges = m.ignore_merges == true,
+    prefix = not is_null(m.continuing_subword_prefix) and m.continuing_subword_prefix or nil,
+    suffix = not is_null(m.end_of_word_suffix) and m.end_of_word_suffix or nil, normalizers = {}, pre = {}, added = {}}
+  if not is_null(m.unk_token) then
+    spec.unk_id = m.vocab[m.unk_token]
+    if not spec.unk_id then
+      user_error(string.format("tokenizer %s: unk_token %q is not in the model's vocabulary", path, m.unk_token), 0)
+    end
+  end
+  add_normalizer(path, t.normalizer, spec.normalizers)
+  add_pre(path, t.pre_tokenizer, spec.pre)
+  for _, a in ipairs(type(t.added_tokens) == "table" and t.added_tokens or {}) do
+    if type(a) == "table" and type(a.content) == "string" then
+      spec.added[#spec.added + 1] = {content = a.content, id = a.id, flags = (a.lstrip and 1 or 0) |
+        (a.rstrip and 2 or 0) | (a.single_word and 4 or 0) | (a.normalized and 8 or 0)}
+    end
+  end
+  return core.bpe_new(spec), post_processor(path, t.post_processor, tokens)
+end
+
+local Tokenizer = {}
+Tokenizer.__index = Tokenizer
+local function boolean(v) return type(v) ~= "boolean" and "must be true or false" or nil end
+local ENCODE_OPTS = {add_special_tokens = boolean, tensor = boolean}
+tokenizer.ENCODE_OPTS = ENCODE_OPTS
+
+--- tok:encode(text [, {add_special_tokens = false, tensor = false}]) -> the ids (0-based) of text as
+-- the tokenizers library gives them (added tokens in the text are recognised); add_special_tokens:
+-- the post-processor's too (Llama's BOS); tensor: a 1-D i64 tensor instead of a table.
+function Tokenizer:encode(text, o)
+  if type(text) ~= "string" then error("tokenizer:encode: text must be a string, got " .. type(text), 2) end
+  o = util.check_opts(o, ENCODE_OPTS, "tokenizer:encode")
+  if not self._bpe then self._bpe, self._post = build_encoder(self.path, self._json, self._tokens) end
+  if not o.add_special_tokens then return self._bpe:encode(text, o.tensor) end
+  local ids = self._post(self._bpe:encode(text))
+  return o.tensor and core.tensor(ids, "i64") or ids
+end
+
+--- tok:decode(ids) -> text: ids (a table of integers or an i64 tensor), every token's text (an added
+-- token's is its content) through the decoder, as the tokenizers library decodes (special tokens kept)
+function Tokenizer:decode(ids)
+  if type(ids) ~= "table" then ids = ids:totable() end
+  local list = {}
+  for i, id in ipairs(ids) do
+    list[i] = self._tokens[id]
+    if list[i] == nil then
+      error(string.format("tokenizer %s: id %s is not in the vocabulary", self.path, tostring(id)), 2)
+    end
+  end
+  return table.concat(tokenizer.run_decoder(self._json.decoder, list))
+end
+
 --- tokenizer.load(path [, {bos_token =, eos_token =}]) -> a tokenizer: {name, path, vocab_size,
--- bos_token, bos_id, eos_token, eos_id, decode(ids), text (the file's bytes)}. path: a
--- tokenizer.json or a directory holding one. Raises "tokenizer <path>: ..." on a bad file.
+-- bos_token, bos_id, eos_token, eos_id, text (the file's bytes)} with tok:encode and tok:decode.
+-- path: a tokenizer.json or a directory holding one. Raises "tokenizer <path>: ..." on a bad file.
 function tokenizer.load(path, o)
   o = o or {}
   if lfs.attributes(path, "mode") == "directory" then path = path .. "/tokenizer.json" end
@@ -236,23 +443,8 @@ function tokenizer.load(path, o)
   if not ok or type(t) ~= "table" then user_error("tokenizer " .. path .. ": not valid JSON: " .. tostring(t), 0) end
   local tokens, added, size = vocabulary(path, t)
   local bos, bos_id, eos, eos_id = specials(path, tokens, added, o)
-  local decoder = t.decoder
-  local tok = {name = path, path = path, vocab_size = size, bos_token = bos, bos_id = bos_id, eos_token = eos,
-    eos_id = eos_id, text = text}
-  --- ids (a table of integers or an i64 tensor) -> the decoded bytes: every token's text (an added
-  -- token's is its content) through the decoder, as the tokenizers library decodes (special tokens kept)
-  function tok:decode(ids)
-    if type(ids) ~= "table" then ids = ids:totable() end
-    local list = {}
-    for i, id in ipairs(ids) do
-      list[i] = tokens[id]
-      if list[i] == nil then
-        error(string.format("tokenizer %s: id %s is not in the vocabulary", path, tostring(id)), 2)
-      end
-    end
-    return table.concat(tokenizer.run_decoder(decoder, list))
-  end
-  return tok
+  return setmetatable({name = path, path = path, vocab_size = size, bos_token = bos, bos_id = bos_id, eos_token = eos,
+    eos_id = eos_id, text = text, _json = t, _tokens = tokens}, Tokenizer)
 end
 
 -- ---- export -----------------------------------------------------------------------------------

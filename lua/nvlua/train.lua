@@ -304,9 +304,9 @@ local function relations(c)
     local a = core.attention_cudnn()
     if not a.available then return "attention=cudnn is not available here: " .. a.reason end
   end
-  if c.tokenizer ~= "" and not (c.data:match("^shards:") or c.data:match("^megatron:")) then
-    return string.format("tokenizer=%s goes with data=shards:... or megatron:...; data=%s is byte tokens", c.tokenizer,
-      c.data)
+  if c.tokenizer ~= "" and c.data == "kjv" then
+    return string.format("tokenizer=%s goes with data=shards:..., megatron:... or a text file or directory; data=kjv " ..
+      "is byte tokens (give the KJV's text as a file to encode it)", c.tokenizer)
   end
 end
 
@@ -318,8 +318,9 @@ train.schema = config.schema({
   data = str("kjv", {check = check_data, doc = "kjv | shards:<dir> | megatron:<prefix> | a text file"}),
   cache = str("", {doc = "where prepared data goes ('': $NVLUA_CACHE or ~/.cache/nvlua)"}),
   seed = int(1), data_seed = int(1),
-  -- the data's tokenizer (shards, megatron): a tokenizer.json or a directory holding one; "": the data
-  -- directory's manifest.json or tokenizer.json. Exported with every checkpoint.
+  -- the data's tokenizer (shards, megatron, or a text file or directory, then encoded at load time): a
+  -- tokenizer.json or a directory holding one; "": the data directory's manifest.json or tokenizer.json
+  -- (text: byte tokens). Exported with every checkpoint.
   tokenizer = str("", {check = check_tokenizer, doc = "a tokenizer.json, or a directory holding one"}),
   -- model (Hugging Face Llama keys in short); head_dim 0: hidden / heads; vocab 0: the data's (the
   -- byte tokenizer's 256, or the manifest's / tokenizer's)
@@ -519,7 +520,8 @@ function train.dataset(c)
     end
     return ds
   end
-  return data.text(c.data, {cache = cache})
+  -- raw text: byte tokens, or encoded now with tokenizer=
+  return data.text(c.data, {cache = cache, tokenizer = c.tokenizer ~= "" and c.tokenizer or nil})
 end
 
 --- train.model_config(c, vocab) -> the Llama config (nn.llama_config's keys) of a checked config:
