@@ -46,7 +46,7 @@ build="$root/build-gpu"
 res="${OUT:-$build/gpu_check}"
 budget=${GPU_CHECK_BUDGET:-540}
 start=$(date +%s)
-pkgs=(liblua5.4-0 liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas0-openmp libopenblas-openmp-dev
+pkgs=(liblua5.4-0 liblua5.4-dev lua-filesystem-dev lua-cjson-dev zlib1g zlib1g-dev libopenblas0-openmp libopenblas-openmp-dev
       libopenblas-dev libgfortran5)
 
 die() { echo "gpu_check: $*" >&2; exit 1; }

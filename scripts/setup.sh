@@ -9,7 +9,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build"
 [ "${NVLUA_CUDA:-}" = "EMU" ] && build="$root/build-emu"
 
-pkgs=(cmake gcc g++ make pkg-config liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas-openmp-dev libdnnl-dev libreadline-dev
+pkgs=(cmake gcc g++ make pkg-config liblua5.4-dev lua-filesystem-dev lua-cjson-dev zlib1g-dev libopenblas-openmp-dev libdnnl-dev libreadline-dev
       bible-kjv gnuplot-nox openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -76,6 +76,8 @@ void nvl_lua_open_attention(lua_State *L);
  * token_find_outside), write_tensor, the background writer (bg_*), unix_time, hostname, getpid and
  * crc32c (lua/bind/sys.c). */
 void nvl_lua_open_sys(lua_State *L);
+/* Add gunzip: gzip data in a string inflated with zlib (lua/bind/gzip.c). */
+void nvl_lua_open_gzip(lua_State *L);
 /* Add the table dist: process group and collectives, core/dist.h (lua/bind/dist.c). */
 void nvl_lua_open_dist(lua_State *L);
 /* Add the devices' controls: cuda_memory, cuda_gemm_path, cuda_time, ... (lua/bind/cuda.c). */

