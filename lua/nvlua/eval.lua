@@ -22,7 +22,8 @@
 --             leading space included: OLMES's acc_per_char)
 --   bpb       -log-likelihood of the gold continuation / (ln 2 * its UTF-8 bytes), averaged over the
 --             questions (a mean of ratios, OLMo's bpb_v2; not lm-eval's ratio of sums)
--- each with its standard error, the sample standard deviation / sqrt(n) (lm-eval's mean_stderr);
+-- (the continuation counted is the one scored, the context's trailing whitespace moved in front:
+-- OLMES's continuations already start with the space), each with its standard error, the sample standard deviation / sqrt(n) (lm-eval's mean_stderr);
 -- chance is the mean of 1 / choices.
 -- The choices sharing a context run as one batch, right-padded (causal attention: padding after a
 -- row changes nothing before it), except under a recipe that quantizes: there a tensor's scale would
@@ -115,6 +116,10 @@ function eval.load_requests(path, limit)
   for line in text:gmatch("[^\n]+") do
     lineno = lineno + 1
     local ok, r = pcall(cjson.decode, line)
+    if ok and type(r) == "table" and r.request_type ~= nil and r.request_type ~= "loglikelihood" then
+      user_error(string.format("eval: %s holds %s requests; only loglikelihood tasks are scored (ranked " ..
+        "classification, bits per byte)", path, tostring(r.request_type)), 2)
+    end
     local req = ok and type(r) == "table" and r.request
     local doc_id = type(req) == "table" and math.tointeger(r.doc_id)
     local idx = type(req) == "table" and math.tointeger(r.idx)
@@ -310,6 +315,9 @@ function eval.mean_stderr(xs)
   return mean, math.sqrt(ss / (n - 1)) / math.sqrt(n)
 end
 
+-- the text a request's log-likelihood is of: its continuation after the context's trailing whitespace
+local function scored(r) return select(2, eval.split_trailing_space(r.context)) .. r.continuation end
+
 -- index (1-based) of the largest value, the first of ties (numpy's argmax)
 local function argmax(xs)
   local best = 1
@@ -333,15 +341,14 @@ function eval.metrics(questions, scores)
         user_error(string.format("eval: doc_id %d: its gold label %s is none of its choices", q.doc_id, tostring(q.gold)), 2)
       end
     end
-    local cont = reqs[gold].continuation
-    bpb[i] = -s[gold].ll / (math.log(2) * #cont)
+    bpb[i] = -s[gold].ll / (math.log(2) * #scored(reqs[gold]))
     if single then
       acc[i] = s[1].greedy and 1 or 0
     else
       local lls, norm = {}, {}
       for j, r in ipairs(reqs) do
         lls[j] = s[j].ll
-        norm[j] = s[j].ll / chars(r.continuation)
+        norm[j] = s[j].ll / chars(scored(r))
       end
       acc[i] = argmax(lls) == gold and 1 or 0
       acc_norm[i] = argmax(norm) == gold and 1 or 0
@@ -405,7 +412,7 @@ function eval.evaluate(model, tok, task_names, o)
       local questions = eval.load_requests(t.path, o.limit)
       local scores = {}
       for i, q in ipairs(questions) do
-        scores[i] = eval.score_question(model, tok, q, {batch = batch, where = t.name .. " "})
+        scores[i] = eval.score_question(model, tok, q, {batch = batch, where = t.name .. ": "})
         if o.progress then o.progress(t.name, i, #questions) end
       end
       local r = eval.metrics(questions, scores)
