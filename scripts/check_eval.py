@@ -22,7 +22,8 @@ questions of each), writing each request's log-likelihood and greedy flag, and e
 3. lm-evaluation-harness (PyPI lm-eval): HFLM(pretrained=<the saved directory>, float32, CPU)
    .loglikelihood on Instances of the same requests; its log-likelihoods within the bound of 1, and
    acc / acc_norm computed from them as nvlua.eval defines them (argmax of the sums; of the sums per
-   character of the continuation) equal nvlua's exactly. Skipped with the reason where lm_eval does
+   character of the continuation) equal nvlua's exactly, and so does every is_greedy (lambada's acc).
+   The driver's model has a context of 400 tokens: the longest requests are cut from the left. Skipped with the reason where lm_eval does
    not import.
 Exits 0 when every check holds, 1 when one does not, 2 when the nvlua binary is missing, 77 (skipped)
 when PyTorch or transformers cannot be imported.
@@ -51,7 +52,7 @@ local hf = require "nvlua.hf"
 local tokenizer = require "nvlua.tokenizer"
 local out, dir, limit = arg[1], arg[2], math.tointeger(tonumber(arg[3]))
 local cfg = {vocab_size = 256, hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2, num_attention_heads = 4,
-  num_key_value_heads = 2, max_position_embeddings = 256}
+  num_key_value_heads = 2, max_position_embeddings = 400}
 local m = T.trained_llama(cfg, nil, function(g) return (nv.rand({4, 64}, {generator = g}) * 256):to("i64") end, 20)
 os.execute("mkdir -p '" .. out .. "/model'")
 hf.save_pretrained(m, out .. "/model")
@@ -188,11 +189,16 @@ def main():
         except ImportError as e:
             print(f"check_eval: 3. SKIPPED: lm_eval does not import ({e})")
         else:
-            lm = HFLM(pretrained=mdir, dtype="float32", device="cpu", batch_size=8)
+            # prefix_token_id: the byte tokenizer has no bos nor eos, and lm-eval asks for one even where no
+            # context is empty (none of these is)
+            lm = HFLM(pretrained=mdir, dtype="float32", device="cpu", batch_size=8, prefix_token_id=0)
             inst = [Instance(request_type="loglikelihood", doc={}, arguments=(q["context"], q["continuation"]), idx=i)
                     for i, q in enumerate(reqs)]
             res = lm.loglikelihood(inst)
             lls = [float(x[0]) for x in res]
+            greedy_diff = sum(bool(x[1]) != q["greedy"] for x, q in zip(res, reqs))
+            print(f"check_eval: 3. is_greedy differs on {greedy_diff} of {len(reqs)} requests (lambada's acc)")
+            failed = failed or greedy_diff > 0
             worst = 0.0
             for q, ll in zip(reqs, lls):
                 k = max(1, len(tok(rstrip_split(q["context"])[1] + q["continuation"], add_special_tokens=False)["input_ids"]))
@@ -201,7 +207,8 @@ def main():
             theirs = metrics_of(reqs, lls)
             for t, (acc, norm) in sorted(theirs.items()):
                 m = nvl["metrics"][t]
-                same = acc == m["acc"] and norm == m["acc_norm"] and ours[t] == (acc, norm)
+                # nvlua's metrics went through JSON (cjson: 14 significant digits); the counts are equal or not
+                same = abs(acc - m["acc"]) < 1e-9 and abs(norm - m["acc_norm"]) < 1e-9 and ours[t] == (acc, norm)
                 print(f"check_eval: 3. {t}: lm-eval acc {acc:.4f} acc_norm {norm:.4f}, nvlua {m['acc']:.4f} "
                       f"{m['acc_norm']:.4f} {'ok' if same else 'DIFFERENT'}")
                 failed = failed or not same
