@@ -46,8 +46,10 @@ build="$root/build-gpu"
 res="${OUT:-$build/gpu_check}"
 budget=${GPU_CHECK_BUDGET:-540}
 start=$(date +%s)
-pkgs=(liblua5.4-0 liblua5.4-dev lua-filesystem-dev lua-cjson-dev zlib1g zlib1g-dev libopenblas0-openmp libopenblas-openmp-dev
+pkgs=(liblua5.4-0 liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas0-openmp libopenblas-openmp-dev
       libopenblas-dev libgfortran5)
+
+pkgs+=(zlib1g zlib1g-dev) # core.gunzip (lua/bind/gzip.c): evaluation's gzip'd requests
 
 die() { echo "gpu_check: $*" >&2; exit 1; }
 

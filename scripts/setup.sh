@@ -9,8 +9,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build"
 [ "${NVLUA_CUDA:-}" = "EMU" ] && build="$root/build-emu"
 
-pkgs=(cmake gcc g++ make pkg-config liblua5.4-dev lua-filesystem-dev lua-cjson-dev zlib1g-dev libopenblas-openmp-dev libdnnl-dev libreadline-dev
+pkgs=(cmake gcc g++ make pkg-config liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas-openmp-dev libdnnl-dev libreadline-dev
       bible-kjv gnuplot-nox openmpi-bin libopenmpi-dev)
+pkgs+=(zlib1g-dev) # core.gunzip (lua/bind/gzip.c): evaluation's gzip'd requests
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
