@@ -119,8 +119,12 @@ local function stub_model(vocab)
   function m.linears() return {} end
   function m:eval() self.training = false; return self end
   function m:train(mode) self.training = mode ~= false; return self end
-  function m:forward(ids)
+  -- a cache that only counts: the stub's logits ignore what came before
+  function m:kv_cache() return {len = 0, truncate = function(c, n) c.len = n end, free = function() end} end
+  function m:forward(ids, o)
     self.calls = self.calls + 1
+    self.positions = (self.positions or 0) + ids:numel()
+    if o and o.cache then o.cache.len = o.cache.len + ids:size(2) end
     local n = ids:numel()
     local row = {}
     for v = 1, 256 do row[v] = 0 end
@@ -172,12 +176,17 @@ T.case("acc, acc_norm, bpb and standard errors: hand-computed from the stub's lo
   T.near(r.bpb, mean, BPB_TOL)
   T.near(r.bpb_stderr, math.sqrt(ss / 4 / 5), BPB_TOL)
   T.eq(m.training, true) -- put back
-  -- one forward per distinct context: 5 questions, one context each (q4's is "Q:" after the move)
-  T.eq(m.calls, 5)
-  -- batch = false: one forward per request, the same numbers
+  -- the context runs once: each question's prefix "Q" (the context but its last token, whose logit row
+  -- scores the first continuation token) is 1 position, then each choice runs ":" and its continuation
+  -- but the last byte: q0, q1, q4 {" B", " AB"}: 1 + 2 + 3; q2 {" A", " B"}: 1 + 2 + 2; q3 {" é" (3 bytes), " BB"}:
+  -- 1 + 3 + 3
+  T.eq(m.positions, 3 * 6 + 5 + 7)
+  T.eq(m.calls, 5 * 3)
+  -- cache = false: one plain forward per request over its whole input, the same numbers
   local m2 = stub_model()
-  local r2 = eval.evaluate(m2, data.ByteTokenizer, "mc", {data_dir = dir, batch = false}).mc
+  local r2 = eval.evaluate(m2, data.ByteTokenizer, "mc", {data_dir = dir, cache = false}).mc
   T.eq(m2.calls, 10)
+  T.eq(m2.positions, 3 * (3 + 4) + (3 + 3) + (4 + 4)) -- "Q: B" less its last byte: 3, ...
   T.eq(r2.acc, r.acc)
   T.near(r2.bpb, r.bpb, 0)
 end)
@@ -256,7 +265,7 @@ local function independent_ll(model, ctx, cont, max_len)
   end)
 end
 
-local function check_against_independent(max_len, tol, tasks)
+local function check_against_independent(max_len, tol, tasks, opts)
   local cfg = {}
   for k, v in pairs(CFG) do cfg[k] = v end
   cfg.max_position_embeddings = max_len
@@ -266,7 +275,7 @@ local function check_against_independent(max_len, tol, tasks)
   for _, task in ipairs(tasks or {"arc_easy", "winogrande", "lambada", "hellaswag"}) do
     local path = string.format("%s/%s/%s/requests.jsonl.gz", FIXTURE, task, task == "lambada" and "bpb_0shot" or "rc_0shot")
     for _, q in ipairs(eval.load_requests(path, 2)) do
-      local s = eval.score_question(m, data.ByteTokenizer, q)
+      local s = eval.score_question(m, data.ByteTokenizer, q, opts)
       for j, r in ipairs(q.requests) do
         local ctx = r.context:gsub("%s+$", "")
         local cont = r.context:sub(#ctx + 1) .. r.continuation
@@ -282,15 +291,32 @@ local function check_against_independent(max_len, tol, tasks)
   return n, cut
 end
 
--- Tolerance: both sides run the same f32 model; the scorer batches the choices with right padding
--- (other GEMM shapes) and takes log-softmax in the fused cross-entropy (f32 terms, a double sum), the
--- reference in double from the f32 logits. Their difference is bounded by a few f32 ulps of the
--- log-probabilities (|log p| <= ~10: 1e-6 each); measured 4e-9 per token. 1e-6 per token is that
--- bound; a wrong position (one row off) or a missed token moves a log-probability by >= 1e-2.
+-- Tolerance: both sides run the same f32 model; the scorer runs a shared context once into the key/value
+-- cache and each continuation after it (the attention's sums in another order, NUMERICS §15) and takes
+-- log-softmax in the fused cross-entropy (f32 terms, a double sum), the reference in double from the
+-- f32 logits of one full forward. Their difference is bounded by a few f32 ulps of the log-probabilities
+-- (|log p| <= ~10: 1e-6 each); measured 1.3e-8 per token (4e-9 without the cache). 1e-6 per token is
+-- that bound; a wrong position (one row off) or a missed token moves a log-probability by >= 1e-2.
 T.case("score_question: log-likelihoods equal one plain forward and log-softmax per request", function()
   local n, cut = check_against_independent(512, 1e-6)
   T.eq(cut, 0)
   T.ok(n >= 20, "requests compared: " .. n)
+end)
+
+T.case("score_question without the cache: a plain forward per request, the same log-likelihoods", function()
+  check_against_independent(512, 1e-6, {"arc_easy", "hellaswag"}, {cache = false})
+end)
+
+T.case("evaluate runs shared contexts through the cache under f32 and bf16, never under a quantizing recipe", function()
+  for _, case in ipairs({{"f32", true}, {"bf16", true}, {"nvfp4", false}, {"fp8_cs", false}}) do
+    local m = T.trained_llama(CFG, case[1], ids_of, 1)
+    local used = 0
+    local kv = m.kv_cache
+    m.kv_cache = function(...) used = used + 1; return kv(...) end
+    local r = eval.evaluate(m, data.ByteTokenizer, "arc_easy", {data_dir = FIXTURE, limit = 2})
+    T.eq(used > 0, case[2], case[1])
+    T.eq(r.arc_easy.n, 2)
+  end
 end)
 
 T.case("score_question: contexts longer than the model's are cut from the left as lm-eval cuts them", function()

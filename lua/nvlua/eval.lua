@@ -25,9 +25,11 @@
 -- (the continuation counted is the one scored, the context's trailing whitespace moved in front:
 -- OLMES's continuations already start with the space), each with its standard error, the sample standard deviation / sqrt(n) (lm-eval's mean_stderr);
 -- chance is the mean of 1 / choices.
--- The choices sharing a context run as one batch, right-padded (causal attention: padding after a
--- row changes nothing before it), except under a recipe that quantizes: there a tensor's scale would
--- see the padding and the other choices, so each request runs alone.
+-- The choices sharing a context run it once (model:kv_cache: the context's keys and values kept, each
+-- continuation run after them; in f32 the same log-likelihoods as a full forward up to f32 rounding,
+-- NUMERICS §15), except under a recipe that quantizes: a cached step quantizes its new tokens alone
+-- (per-tensor amaxes of the continuation, not of the whole sequence), so there every request runs as
+-- one plain forward over its whole input, as the model computes a sequence in training.
 -- Not here: loading models and tokenizers (scripts/eval.lua), generation, few-shot prompt building.
 local lfs = require "lfs"
 local cjson = require "cjson"
@@ -206,7 +208,7 @@ end
 
 -- ---- scoring ------------------------------------------------------------------------------------
 
--- whether model's forward quantizes anything: batching choices with padding changes its scales
+-- whether model's forward quantizes anything: a cached forward would change its scales (the header)
 local function quantizes(model)
   for _, l in ipairs(model:linears()) do
     local r = l.module.recipe
@@ -234,41 +236,64 @@ local function model_inputs(rows, max_len, where)
   return out
 end
 
--- Run the model once over `rows` (model_inputs'), right-padded to one length, and return each row's
--- {ll = sum of log-probabilities of cont, greedy = every cont token is its row's argmax}.
-local function run_rows(model, rows, device)
-  local T = 0
-  for _, r in ipairs(rows) do T = math.max(T, #r.inp) end
-  local flat = {}
-  for b, r in ipairs(rows) do
-    for t = 1, T do flat[(b - 1) * T + t] = r.inp[t] or 0 end -- padding: token 0, after the row
+-- {ll =, greedy =} of a row's continuation from logits (k, V) of its k scored positions: the sum of
+-- the log-probabilities (the fused cross-entropy: log-softmax in f32, a double sum) and whether every
+-- continuation token is its row's argmax
+local function score_rows(logits, cont, device)
+  local tgt = nv.tensor(cont, "i64")
+  if device ~= "cpu" then tgt = tgt:to(device) end
+  local loss, count = core.cross_entropy(logits, tgt, {grad = false})
+  local _, ix = logits:max(2)                                      -- (k) 1-based argmax
+  local greedy = true
+  for t, v in ipairs(ix:cpu():totable()) do
+    if v - 1 ~= cont[t] then greedy = false end
   end
+  return {ll = -loss * count, greedy = greedy}
+end
+
+local function as_ids(list, device)
+  local ids = nv.tensor(list, "i64"):view(1, #list)
+  return device ~= "cpu" and ids:to(device) or ids
+end
+
+-- One row (model_inputs') scored by a plain forward over its whole input.
+local function run_row(model, r, device)
   return nv.scope(function()
-    local ids = nv.tensor(flat, "i64"):view(#rows, T)
-    if device ~= "cpu" then ids = ids:to(device) end
-    local logits = model:forward(ids)                        -- (B*T, V)
-    logits = logits:view(#rows * T, logits:size(logits:dim())) -- (B*T, V) whatever forward's shape
-    local out = {}
-    for b, r in ipairs(rows) do
-      local k = #r.cont
-      local rowsel = logits:narrow(1, (b - 1) * T + r.first + 1, k)  -- (k, V)
-      local tgt = nv.tensor(r.cont, "i64")
-      if device ~= "cpu" then tgt = tgt:to(device) end
-      local loss, count = core.cross_entropy(rowsel, tgt, {grad = false})
-      local _, ix = rowsel:max(2)                                    -- (k) 1-based argmax
-      local greedy = true
-      for t, v in ipairs(ix:cpu():totable()) do
-        if v - 1 ~= r.cont[t] then greedy = false end
-      end
-      out[b] = {ll = -loss * count, greedy = greedy}
-    end
-    return out
+    local logits = model:forward(as_ids(r.inp, device))          -- (T, V)
+    logits = logits:view(#r.inp, logits:size(logits:dim()))
+    return score_rows(logits:narrow(1, r.first + 1, #r.cont), r.cont, device)
   end)
 end
 
---- eval.score_question(model, tok, q [, {batch = true, where =}]) -> {{ll =, greedy =}, ...} per request of
--- question q (eval.load_requests's): the requests sharing a context run as one forward (batch =
--- false: one forward each). The one place the model runs.
+-- Rows sharing the first p tokens of their inputs, each scored after them (p <= every row's first):
+-- the prefix runs once into a key/value cache, then each row's rest after cache:truncate(p).
+local function run_shared(model, rows, p, device)
+  local longest = 0
+  for _, r in ipairs(rows) do longest = math.max(longest, #r.inp) end
+  local cache = model:kv_cache(longest)
+  local out = {}
+  local ok, err = pcall(function()
+    nv.scope(function() model:forward(as_ids(table.move(rows[1].inp, 1, p, 1, {}), device), {cache = cache}) end)
+    for i, r in ipairs(rows) do
+      cache:truncate(p)
+      out[i] = nv.scope(function()
+        local rest = table.move(r.inp, p + 1, #r.inp, 1, {})
+        local logits = model:forward(as_ids(rest, device), {cache = cache})  -- (1, T - p, V)
+        logits = logits:view(#rest, logits:size(logits:dim()))
+        return score_rows(logits:narrow(1, r.first - p + 1, #r.cont), r.cont, device)
+      end)
+    end
+  end)
+  cache:free()
+  if not ok then error(err, 0) end
+  return out
+end
+
+--- eval.score_question(model, tok, q [, {cache = true, where =}]) -> {{ll =, greedy =}, ...} per request of
+-- question q (eval.load_requests's). The requests sharing a context run it once: the tokens their
+-- inputs share go through the model into a key/value cache (model:kv_cache), then each choice's own
+-- tokens after them. cache = false, a model without kv_cache, or a context of one token: a plain
+-- forward per request. The one place the model runs.
 function eval.score_question(model, tok, q, o)
   o = o or {}
   local max_len = model.config.max_position_embeddings
@@ -291,10 +316,18 @@ function eval.score_question(model, tok, q, o)
   for _, key in ipairs(order) do
     local g = groups[key]
     local rows = model_inputs(g, max_len, (o.where or "") .. g[1].where)
-    if o.batch == false then
-      for j, r in ipairs(rows) do out[g[j].i] = run_rows(model, {r}, device)[1] end
+    -- the shared prefix: the tokens every row's input begins with, up to the first scored position
+    local p = rows[1].first
+    for j = 2, #rows do
+      local a, b = rows[1].inp, rows[j].inp
+      local n = 0
+      while n < math.min(p, rows[j].first) and a[n + 1] == b[n + 1] do n = n + 1 end
+      p = n
+    end
+    if #rows > 1 and p > 0 and o.cache ~= false and model.kv_cache then
+      for j, s in ipairs(run_shared(model, rows, p, device)) do out[g[j].i] = s end
     else
-      for j, s in ipairs(run_rows(model, rows, device)) do out[g[j].i] = s end
+      for j, r in ipairs(rows) do out[g[j].i] = run_row(model, r, device) end
     end
   end
   return out
@@ -374,14 +407,15 @@ local function split_names(names)
   return names
 end
 
---- eval.evaluate(model, tok, task_names [, {limit =, progress =, data_dir =, batch =}]) -> results
+--- eval.evaluate(model, tok, task_names [, {limit =, progress =, data_dir =, cache =}]) -> results
 -- {[task] = {acc =, acc_stderr =, acc_norm =, acc_norm_stderr =, bpb =, bpb_stderr =, n =, chance =, variant =}}.
 -- task_names: a list or a comma-separated string of "task" / "task:variant"; limit: the first N
--- questions of each; progress(task, done, total): called after each question; batch: run the
--- choices sharing a context as one padded batch (default: unless the model's recipe quantizes).
+-- questions of each; progress(task, done, total): called after each question; cache: run a context
+-- shared by several choices once, through a key/value cache (default: unless the model's recipe
+-- quantizes; the header says why).
 -- The model runs in eval mode (put back as it was).
 function eval.evaluate(model, tok, task_names, o)
-  o = util.check_opts(o, {limit = true, progress = true, data_dir = true, batch = true}, "eval.evaluate")
+  o = util.check_opts(o, {limit = true, progress = true, data_dir = true, cache = true}, "eval.evaluate")
   if type(tok) ~= "table" or not tok.vocab_size then
     user_error("eval.evaluate: tok must be a tokenizer (data.ByteTokenizer or nvlua.tokenizer.load's), got " ..
       type(tok), 2)
@@ -402,8 +436,8 @@ function eval.evaluate(model, tok, task_names, o)
     tasks[#tasks + 1] = {name = name:find(":") and name or task, variant = variant, path = path}
   end
   if #tasks == 0 then user_error("eval.evaluate: no task given (known: " .. table.concat(eval.task_names(dir), ", ") .. ")", 2) end
-  local batch = o.batch
-  if batch == nil then batch = not quantizes(model) end
+  local cache = o.cache
+  if cache == nil then cache = not quantizes(model) end
   local was_training = model.training
   model:eval()
   local results = {}
@@ -412,7 +446,7 @@ function eval.evaluate(model, tok, task_names, o)
       local questions = eval.load_requests(t.path, o.limit)
       local scores = {}
       for i, q in ipairs(questions) do
-        scores[i] = eval.score_question(model, tok, q, {batch = batch, where = t.name .. ": "})
+        scores[i] = eval.score_question(model, tok, q, {cache = cache, where = t.name .. ": "})
         if o.progress then o.progress(t.name, i, #questions) end
       end
       local r = eval.metrics(questions, scores)
