@@ -19,11 +19,15 @@ local train = require "nvlua.train"
 local util = require "nvlua.util"
 local user_error = util.user_error
 
+-- the tasks the data holds, for --help
+local ok_names, names = pcall(eval.task_names)
+local known = ok_names and table.concat(names, ", ") or "none yet: scripts/setup_eval_data.sh fetches them"
+
 local schema = config.schema({
   model = config.str("", {nonempty = true, doc = "an nvlua checkpoint (step-N/), a run directory (its newest " ..
     "checkpoint) or a Hugging Face Llama directory"}),
   tasks = config.str("arc_easy,arc_challenge,hellaswag,piqa,sciq,winogrande,boolq,lambada", {nonempty = true,
-    doc = "comma-separated task names (task = its rc_0shot variant; task:variant another)"}),
+    doc = "comma-separated task names (task = its rc_0shot variant; task:variant another); known: " .. known}),
   limit = config.int(0, {min = 0, doc = "the first N questions of each task (0: all)"}),
   out = config.str("", {doc = "a JSON file for the results (empty: none)"}),
   device = config.str("cpu", {one_of = {"cpu", "cuda"}, doc = "where the model runs"}),
@@ -40,10 +44,12 @@ local function is_file(p) return lfs.attributes(p, "mode") == "file" end
 if lfs.attributes(c.model, "mode") ~= "directory" then user_error("eval: model=" .. c.model .. " is not a directory", 0) end
 
 -- a run directory means its newest checkpoint; a checkpoint has trainer.json (its config and recipe state)
+-- (a run directory has a config.json too: the run's, not a model's)
 local dir, run = c.model, nil
-if not is_file(dir .. "/trainer.json") and not is_file(dir .. "/config.json") and not is_file(dir .. "/model/config.json") then
-  dir = ckpt.latest(c.model) or user_error("eval: model=" .. c.model .. " is neither a checkpoint, a run directory " ..
-    "holding one, nor a Hugging Face model directory (no config.json)", 0)
+if not is_file(dir .. "/trainer.json") then dir = ckpt.latest(c.model) or c.model end
+if not is_file(dir .. "/trainer.json") and not is_file(ckpt.model_dir(dir) .. "/config.json") then
+  user_error("eval: model=" .. c.model .. " is neither a checkpoint, a run directory holding one, nor a Hugging Face " ..
+    "model directory (no config.json)", 0)
 end
 if is_file(dir .. "/trainer.json") then
   local f = assert(io.open(dir .. "/trainer.json", "rb"))

