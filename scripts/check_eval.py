@@ -16,9 +16,11 @@ questions of each), writing each request's log-likelihood and greedy flag, and e
    1e-4 * (continuation tokens). Bound: both compute the same f32 model in another summation order;
    their logits differ by ~1e-6 relative (check_hf_export.py's bound, 1e-5 * max|logit|, with
    |logit| < 10), so a token's log-probability by < 1e-4.
-2. The BPE half (a transformers-made Llama with a byte-level BPE tokenizer.json) needs nvlua's
-   tokenizer to encode; until nvlua.tokenizer.load's tokenizers have an encode method it is skipped
-   with that reason.
+2. A transformers-made Llama (random, seed 0, float32) with a byte-level BPE tokenizer.json that
+   `tokenizers` trains here on the requests' text (GPT-2 style, 600 tokens, an <|endoftext|> eos):
+   nvlua loads both (hf.from_pretrained, nvlua.tokenizer.load) and scores the same requests; within the
+   bound of 1 against transformers. Skipped with the reason where nvlua's loaded tokenizers cannot
+   encode (no encode method) or `tokenizers` does not import.
 3. lm-evaluation-harness (PyPI lm-eval): HFLM(pretrained=<the saved directory>, float32, CPU)
    .loglikelihood on Instances of the same requests; its log-likelihoods within the bound of 1, and
    acc / acc_norm computed from them as nvlua.eval defines them (argmax of the sums; of the sums per
@@ -40,6 +42,30 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TASKS = ["arc_easy", "arc_challenge", "piqa", "winogrande", "boolq", "sciq", "hellaswag", "lambada"]
+
+LUA_BPE = r"""
+-- check_eval.py's nvlua side for the BPE model: arg[1] = the model directory, arg[2] = requests (JSON), arg[3] = out
+local cjson = require "cjson"
+local eval = require "nvlua.eval"
+local hf = require "nvlua.hf"
+local tokenizer = require "nvlua.tokenizer"
+local m = hf.from_pretrained(arg[1])
+local tok = tokenizer.load(arg[1])
+m:eval()
+local f = assert(io.open(arg[2]))
+local reqs = cjson.decode(f:read("a"))
+f:close()
+local out = {}
+for i, r in ipairs(reqs) do
+  local s = eval.score_question(m, tok, {doc_id = r.doc_id, requests = {{context = r.context, continuation = r.continuation,
+    idx = r.idx}}})
+  local _, cont = eval.encode_pair(tok, r.context, r.continuation)
+  out[i] = {ll = s[1].ll, greedy = s[1].greedy, tokens = #cont}
+end
+f = assert(io.open(arg[3], "w"))
+f:write(cjson.encode(out))
+f:close()
+"""
 
 LUA_DRIVER = r"""
 -- check_eval.py's nvlua side. arg[1] = the output directory, arg[2] = the data directory, arg[3] = limit
@@ -133,6 +159,57 @@ def metrics_of(reqs, lls):
     return {t: (sum(a) / len(a), sum(n) / len(n)) for t, (a, n) in out.items() if a}
 
 
+def check_bpe(a, tmp, reqs):
+    """Part 2: a transformers-made Llama with a BPE tokenizer, scored by nvlua and transformers. -> failed"""
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    except ImportError as e:
+        print(f"check_eval: 2. SKIPPED: tokenizers or transformers do not import ({e})")
+        return False
+    import torch
+    bdir = os.path.join(tmp, "bpe")
+    os.makedirs(bdir)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator([q["context"] + q["continuation"] for q in reqs], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    fast.save_pretrained(bdir)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=bpe.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      eos_token_id=bpe.token_to_id("<|endoftext|>"), bos_token_id=None, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).float().eval()
+    model.save_pretrained(bdir, safe_serialization=True)
+    rpath, opath = os.path.join(tmp, "bpe_requests.json"), os.path.join(tmp, "bpe_nvlua.json")
+    with open(rpath, "w") as f:
+        json.dump([{k: q[k] for k in ("doc_id", "idx", "context", "continuation")} for q in reqs], f)
+    drv = os.path.join(tmp, "bpe.lua")
+    with open(drv, "w") as f:
+        f.write(LUA_BPE)
+    r = subprocess.run([a.nvlua, drv, bdir, rpath, opath], cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        print("check_eval: 2. the nvlua side failed:\n" + r.stdout + r.stderr)
+        return True
+    with open(opath) as f:
+        ours = json.load(f)
+    tok = AutoTokenizer.from_pretrained(bdir)
+    worst, failed = 0.0, False
+    for q, o in zip(reqs, ours):
+        ll, greedy, k = hf_loglikelihood(model, tok, q["context"], q["continuation"], cfg.max_position_embeddings)
+        worst = max(worst, abs(ll - o["ll"]) / k)
+        if k != o["tokens"] or abs(ll - o["ll"]) > 1e-4 * k or greedy != o["greedy"]:
+            failed = True
+            print(f"check_eval: 2. FAIL {q['task']} doc {q['doc_id']} choice {q['idx']}: nvlua {o['ll']:.8f} "
+                  f"({o['tokens']} tokens), transformers {ll:.8f} ({k} tokens)")
+    print(f"check_eval: 2. BPE ({bpe.get_vocab_size()} tokens): {len(reqs)} requests, |nvlua - transformers| per token "
+          f"<= {worst:.3g} (bound 1e-4)")
+    return failed
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nvlua", default=os.path.join(REPO, "build", "nvlua"))
@@ -181,7 +258,7 @@ def main():
         if not nvl["can_encode"]:
             print("check_eval: 2. SKIPPED: nvlua.tokenizer.load's tokenizers cannot encode text yet (no encode method)")
         else:
-            print("check_eval: 2. SKIPPED: the BPE half is not written yet (nvlua's tokenizers encode now: add it)")
+            failed = check_bpe(a, tmp, reqs) or failed
         # 3. lm-evaluation-harness
         try:
             from lm_eval.api.instance import Instance

@@ -175,11 +175,6 @@ local function chars(s) return utf8.len(s, 1, -1, true) or #s end
 
 -- tok:encode(text) as a table of ids, without special tokens
 local function encode(tok, text)
-  if tok == data.ByteTokenizer then -- one token per byte (the id is the byte)
-    local ids = {}
-    for i = 1, #text do ids[i] = text:byte(i) end
-    return ids
-  end
   if type(tok.encode) ~= "function" then
     user_error("eval: the tokenizer " .. tostring(tok.name) .. " cannot encode text (no encode method)", 4)
   end
