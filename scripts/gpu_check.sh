@@ -49,6 +49,8 @@ start=$(date +%s)
 pkgs=(liblua5.4-0 liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas0-openmp libopenblas-openmp-dev
       libopenblas-dev libgfortran5 libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2)
 
+pkgs+=(zlib1g zlib1g-dev) # core.gunzip (lua/bind/gzip.c): evaluation's gzip'd requests
+
 die() { echo "gpu_check: $*" >&2; exit 1; }
 
 fetch() {

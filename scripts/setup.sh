@@ -12,6 +12,7 @@ build="$root/build"
 pkgs=(cmake gcc g++ make pkg-config liblua5.4-dev lua-filesystem-dev lua-cjson-dev libopenblas-openmp-dev libdnnl-dev libreadline-dev
       libpcre2-dev libutf8proc-dev
       bible-kjv gnuplot-nox openmpi-bin libopenmpi-dev)
+pkgs+=(zlib1g-dev) # core.gunzip (lua/bind/gzip.c): evaluation's gzip'd requests
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -82,6 +82,8 @@ void nvl_lua_open_tokenizer(lua_State *L);
 void nvl_lua_open_dist(lua_State *L);
 /* Add the devices' controls: cuda_memory, cuda_gemm_path, cuda_time, ... (lua/bind/cuda.c). */
 void nvl_lua_open_cuda(lua_State *L);
+/* Add gunzip: gzip data in a string inflated with zlib (lua/bind/gzip.c). */
+void nvl_lua_open_gzip(lua_State *L);
 /* Push {[device] = allocator statistics} for every GPU (an empty table without one). */
 void nvl_lua_push_cuda_memory(lua_State *L);
 

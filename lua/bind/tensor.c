@@ -1012,6 +1012,7 @@ int luaopen_nvlua_core(lua_State *L) {
   nvl_lua_open_layers(L);
   nvl_lua_open_attention(L);
   nvl_lua_open_sys(L);
+  nvl_lua_open_gzip(L);
   nvl_lua_open_cuda(L);
   nvl_lua_open_dist(L);
   nvl_lua_open_tokenizer(L);
