@@ -214,15 +214,16 @@ end
 
 -- The model's input and scored positions of each row: rows = {{ctx =, cont =}, ...} (ids) ->
 -- {{inp = ids, first = 0-based position of the first scored logit row, cont = ids}, ...}, each
--- cut from the left to max_len (lm-eval: (ctx + cont)[-(max_len + 1):][:-1]).
+-- cut from the left to max_len (lm-eval: (ctx + cont)[-(max_len + 1):][:-1]). A continuation longer than
+-- max_len cannot be scored (lm-eval asserts): -> nil, why.
 local function model_inputs(rows, max_len, where)
   local out = {}
   for i, r in ipairs(rows) do
     local all = table.move(r.ctx, 1, #r.ctx, 1, {})
     table.move(r.cont, 1, #r.cont, #all + 1, all)
     if #r.cont > max_len then
-      user_error(string.format("eval: %s: the continuation is %d tokens, longer than the model's context of %d", where,
-        #r.cont, max_len), 4)
+      return nil, string.format("%s: the continuation is %d tokens, longer than the model's context of %d", where,
+        #r.cont, max_len)
     end
     local from = math.max(1, #all - max_len)
     local inp = table.move(all, from, #all - 1, 1, {})
@@ -285,7 +286,8 @@ local function run_shared(model, rows, p, device)
 end
 
 --- eval.score_question(model, tok, q [, {cache = true, where =}]) -> {{ll =, greedy =}, ...} per request of
--- question q (eval.load_requests's). The requests sharing a context run it once: the tokens their
+-- question q (eval.load_requests's), or nil, why: a choice's continuation is longer than the model's
+-- context (the question is skipped and counted: a byte-level model with a short context meets them). The requests sharing a context run it once: the tokens their
 -- inputs share go through the model into a key/value cache (model:kv_cache), then each choice's own
 -- tokens after them. cache = false, a model without kv_cache, or a context of one token: a plain
 -- forward per request. The one place the model runs.
@@ -307,10 +309,15 @@ function eval.score_question(model, tok, q, o)
     local g = groups[key]
     g[#g + 1] = {i = i, ctx = ctx, cont = cont, where = where}
   end
+  local all_rows = {}
+  for _, key in ipairs(order) do -- every choice must fit before any runs
+    local rows, why = model_inputs(groups[key], max_len, (o.where or "") .. groups[key][1].where)
+    if not rows then return nil, why end
+    all_rows[key] = rows
+  end
   local out = {}
   for _, key in ipairs(order) do
-    local g = groups[key]
-    local rows = model_inputs(g, max_len, (o.where or "") .. g[1].where)
+    local g, rows = groups[key], all_rows[key]
     -- the shared prefix: the tokens every row's input begins with, up to the first scored position
     local p = rows[1].first
     for j = 2, #rows do
@@ -439,13 +446,19 @@ function eval.evaluate(model, tok, task_names, o)
   local ok, err = pcall(function()
     for _, t in ipairs(tasks) do
       local questions = eval.load_requests(t.path, o.limit)
-      local scores = {}
+      local kept, scores, skipped, why = {}, {}, 0, nil
       for i, q in ipairs(questions) do
-        scores[i] = eval.score_question(model, tok, q, {cache = cache, where = t.name .. ": "})
+        local s, w = eval.score_question(model, tok, q, {cache = cache, where = t.name .. ": "})
+        if s then
+          kept[#kept + 1], scores[#kept + 1] = q, s
+        else
+          skipped, why = skipped + 1, why or w
+        end
         if o.progress then o.progress(t.name, i, #questions) end
       end
-      local r = eval.metrics(questions, scores)
+      local r = eval.metrics(kept, scores)
       r.variant = t.variant
+      if skipped > 0 then r.skipped, r.skipped_why = skipped, why end
       results[t.name] = r
     end
   end)
@@ -468,10 +481,14 @@ function eval.format_table(results)
   for k in pairs(results) do names[#names + 1] = k end
   table.sort(names)
   local rows = {{"task", "variant", "n", "acc", "acc_norm", "bpb", "chance"}}
+  local notes = {}
   for _, k in ipairs(names) do
     local r = results[k]
-    rows[#rows + 1] = {k, r.variant or "", tostring(r.n), pm(r.acc, r.acc_stderr), pm(r.acc_norm, r.acc_norm_stderr),
-      pm(r.bpb, r.bpb_stderr), r.chance and string.format("%.4f", r.chance) or "-"}
+    rows[#rows + 1] = {k, r.variant or "", tostring(r.n) .. (r.skipped and "*" or ""), pm(r.acc, r.acc_stderr),
+      pm(r.acc_norm, r.acc_norm_stderr), pm(r.bpb, r.bpb_stderr), r.chance and string.format("%.4f", r.chance) or "-"}
+    if r.skipped then
+      notes[#notes + 1] = string.format("* %s: %d question(s) skipped, e.g. %s", k, r.skipped, r.skipped_why)
+    end
   end
   local w = {}
   for _, row in ipairs(rows) do
@@ -486,6 +503,7 @@ function eval.format_table(results)
     end
     lines[#lines + 1] = table.concat(cells, "  ")
   end
+  table.move(notes, 1, #notes, #lines + 1, lines)
   return table.concat(lines, "\n") .. "\n"
 end
 

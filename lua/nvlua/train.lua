@@ -1535,10 +1535,11 @@ function train.format_tasks(step, names, results)
   local parts = {string.format("tasks %5d", step)}
   for _, name in ipairs(names) do
     local t = results[name]
-    if t.acc then
-      parts[#parts + 1] = string.format("%s acc %.3f±%.3f", name, t.acc, t.acc_stderr or 0 / 0)
-    elseif t.bpb then
-      parts[#parts + 1] = string.format("%s bpb %.3f±%.3f", name, t.bpb, t.bpb_stderr or 0 / 0)
+    local skipped = t.skipped and string.format(" (%d skipped)", t.skipped) or ""
+    if t.bpb and (t.variant or ""):find("^bpb") or not t.acc and t.bpb then -- LAMBADA-style: bits per byte
+      parts[#parts + 1] = string.format("%s bpb %.3f±%.3f%s", name, t.bpb, t.bpb_stderr or 0 / 0, skipped)
+    elseif t.acc then
+      parts[#parts + 1] = string.format("%s acc %.3f±%.3f%s", name, t.acc, t.acc_stderr or 0 / 0, skipped)
     end
   end
   return table.concat(parts, " | ")
