@@ -5,7 +5,7 @@
 -- tokenizers: default the fixtures of tests/golden/tok (GPT-2, Llama 3, Llama 2 styles) and
 -- tests/data/kjv_bpe. Each encodes the text two ways: "text", the whole text in one call, and "lines",
 -- each line (with its "\n") in a call of its own; each repeated for `seconds` (at least once; the best
--- time counts; the first call also builds the encoder, timed apart as "load").
+-- time counts; reading the file and building the encoder (at the first call) are timed apart as "load").
 -- scripts/bench_tokenizer.py does the same with `tokenizers` (TOKENIZERS_PARALLELISM=false: encode and
 -- encode_batch of the lines on one thread) when `python` imports it; the table shows both MB/s (10^6
 -- bytes of text per second), the ratio nvlua / tokenizers, and whether the ids agree (count, checksum).
@@ -69,9 +69,9 @@ end
 local MODES = {"text", "lines"}
 local mine = {}
 for _, file in ipairs(files) do
-  local tok = tokenizer.load(file)
   mine[file] = {}
   local t0 = core.clock()
+  local tok = tokenizer.load(file) -- the JSON read, then the encoder built by the first call
   tok:encode("")
   local load = core.clock() - t0
   for _, mode in ipairs(MODES) do
