@@ -73,7 +73,7 @@ depsroot=""
 unpack() {
   if [ -z "${GPU_CHECK_USE_DEBS:-}" ] && [ -f /usr/include/lua5.4/lua.h ] &&
      [ -d /usr/lib/x86_64-linux-gnu/openblas-openmp ] && [ -f /usr/include/pcre2.h ] &&
-     [ -f /usr/include/utf8proc.h ]; then return 0; fi
+     [ -f /usr/include/utf8proc.h ] && [ -f /usr/include/zlib.h ]; then return 0; fi
   [ -d "$deps/debs" ] || die "no Lua/OpenBLAS on this machine and no .deps/debs: run 'scripts/gpu_check.sh fetch' \
 where apt works and bring .deps/debs along"
   if [ ! -f "$deps/root/.unpacked" ]; then
