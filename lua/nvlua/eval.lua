@@ -239,7 +239,7 @@ local function score_rows(logits, cont, device)
   local tgt = nv.tensor(cont, "i64")
   if device ~= "cpu" then tgt = tgt:to(device) end
   local loss, count = core.cross_entropy(logits, tgt, {grad = false})
-  local _, ix = logits:max(2)                                      -- (k) 1-based argmax
+  local _, ix = (device ~= "cpu" and logits:cpu() or logits):max(2)  -- (k) 1-based argmax (k x V copied from a GPU)
   local greedy = true
   for t, v in ipairs(ix:cpu():totable()) do
     if v - 1 ~= cont[t] then greedy = false end
