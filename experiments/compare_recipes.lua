@@ -10,9 +10,12 @@
 -- the seeds (each seed's loss minus bf16's on the same seed: the seed's effect cancels), so a
 -- recipe effect can be told from noise. Writes the table to <out>/results.md and draws one overlay
 -- plot of the validation loss (the seeds' mean per recipe). With eval_tasks=arc_easy,piqa (nvlua.eval;
--- eval_limit questions each) the table adds each task's final accuracy (mean of the seeds) with its
--- standard error over the questions, and the gap to bf16 with that gap's standard error
--- (sqrt(se^2 + se_bf16^2)): a gap under two standard errors is marked "within noise".
+-- eval_limit questions each, the same questions for every recipe) the table adds each task's final
+-- accuracy (mean of the seeds) with its standard error over the questions, and the gap to bf16 with the
+-- standard error of a paired difference: per question, the recipe's correctness (mean of its seeds) minus
+-- bf16's, whose mean is the gap and whose standard deviation / sqrt(n) its standard error (the questions
+-- are shared, so their difficulty cancels). A gap under two standard errors is marked "within noise".
+-- A bits-per-byte task (lambada) shows bpb and its gap (standard error sqrt(se^2 + se_bf16^2)).
 --   nvlua experiments/compare_recipes.lua [steps=150] [seeds=1] [only=bf16,nvfp4] [key=value ...]
 local nv = require "nvlua"
 local train = require "nvlua.train"
@@ -83,9 +86,12 @@ for _, r in ipairs(chosen) do
     if s.interrupted then os.exit(require("nvlua.signal").EXIT_INTERRUPTED, true) end -- a stop signal ends the sweep
     res.vals[#res.vals + 1] = s.final_val_loss or 0 / 0
     res.tps = res.tps + s.tokens_per_s / c.seeds
-    for name, t in pairs(s.tasks or {}) do -- downstream accuracy: mean of the seeds, and of their standard errors
-      local m = res.tasks[name] or {acc = 0, se = 0}
-      m.acc, m.se = m.acc + (t.acc or 0 / 0) / c.seeds, m.se + (t.acc_stderr or 0 / 0) / c.seeds
+    for name, t in pairs(s.tasks or {}) do -- downstream: sums over the seeds (divided by their count below)
+      local m = res.tasks[name] or {seeds = 0, acc = 0, se = 0, bpb = 0, bpb_se = 0, correct = {}}
+      m.seeds, m.bpb_task = m.seeds + 1, (t.variant or ""):find("^bpb") ~= nil
+      m.acc, m.se = m.acc + (t.acc or 0 / 0), m.se + (t.acc_stderr or 0 / 0)
+      m.bpb, m.bpb_se = m.bpb + (t.bpb or 0 / 0), m.bpb_se + (t.bpb_stderr or 0 / 0)
+      for q, v in ipairs(t.correct or {}) do m.correct[q] = (m.correct[q] or 0) + v end
       res.tasks[name] = m
     end
     if s.mor_low then -- MoR: the shares of low-precision elements and units (tensors or blocks), mean of seeds
@@ -142,18 +148,38 @@ else
   lines[#lines + 1] = "| recipe | final val loss | gap to bf16 | tokens/s | MoR low precision |"
   lines[#lines + 1] = "|---|---:|---:|---:|---|"
 end
--- downstream accuracy (eval_tasks): a column per task, "acc ± se", and the gap to bf16 in points with its
--- standard error; |gap| < 2 se is "within noise"
-local task_names = {}
-for name in c.eval_tasks:gmatch("[^,]+") do task_names[#task_names + 1] = name end
+-- downstream (eval_tasks): a column per task, "acc ± se" (a bpb task: "bpb ± se"), and the gap to bf16 with
+-- its standard error (the header); |gap| < 2 se is "within noise"
+local task_names = require("nvlua.eval").split_names(c.eval_tasks)
+local function task_mean(t) -- the seeds' means of a recipe's task sums
+  local k = math.max(t.seeds, 1)
+  local corr = {}
+  for q, v in ipairs(t.correct) do corr[q] = v / k end
+  return {acc = t.acc / k, se = t.se / k, bpb = t.bpb / k, bpb_se = t.bpb_se / k, correct = corr, bpb_task = t.bpb_task}
+end
 local function task_cells(r)
   local cells = {}
   for _, name in ipairs(task_names) do
-    local t, b = r.tasks[name], base and base.tasks[name]
-    local cell = t and string.format("%.3f ± %.3f", t.acc, t.se) or "-"
-    if t and b and r ~= base then
-      local gap, se = t.acc - b.acc, math.sqrt(t.se ^ 2 + b.se ^ 2)
-      cell = cell .. string.format(" (%+.3f ± %.3f%s)", gap, se, math.abs(gap) < 2 * se and ", within noise" or "")
+    local t, b = r.tasks[name] and task_mean(r.tasks[name]), base and base.tasks[name] and task_mean(base.tasks[name])
+    local cell = "-"
+    if t then
+      local v, se = t.acc, t.se
+      if t.bpb_task then v, se = t.bpb, t.bpb_se end
+      cell = string.format("%.3f ± %.3f", v, se)
+      if b and r ~= base then
+        local gap, gse
+        if t.bpb_task then
+          gap, gse = t.bpb - b.bpb, math.sqrt(t.bpb_se ^ 2 + b.bpb_se ^ 2)
+        elseif #t.correct > 1 and #t.correct == #b.correct then -- paired over the same questions
+          local d = {}
+          for q = 1, #t.correct do d[q] = t.correct[q] - b.correct[q] end
+          local m, sd = stats(d)
+          gap, gse = m, sd / math.sqrt(#d)
+        else
+          gap, gse = t.acc - b.acc, math.sqrt(t.se ^ 2 + b.se ^ 2)
+        end
+        cell = cell .. string.format(" (%+.3f ± %.3f%s)", gap, gse, math.abs(gap) < 2 * gse and ", within noise" or "")
+      end
     end
     cells[#cells + 1] = cell
   end
@@ -161,10 +187,11 @@ local function task_cells(r)
 end
 if #task_names > 0 then
   local h, sep = {}, {}
-  for i, name in ipairs(task_names) do h[i], sep[i] = name .. " acc (gap to bf16)", "---:" end
+  for i, name in ipairs(task_names) do h[i], sep[i] = name .. " (gap to bf16)", "---:" end
   lines[#lines - 1] = lines[#lines - 1] .. " " .. table.concat(h, " | ") .. " |"
   lines[#lines] = lines[#lines] .. table.concat(sep, "|") .. "|"
-  lines[1] = lines[1] .. string.format(", downstream: %d questions per task", c.eval_limit)
+  lines[1] = lines[1] .. string.format(", downstream: %s questions per task (acc; lambada-style: bits per byte)",
+    c.eval_limit > 0 and tostring(c.eval_limit) or "all")
 end
 for _, r in ipairs(results) do
   local m, sd = stats(r.vals)

@@ -23,8 +23,8 @@ questions of each), writing each request's log-likelihood and greedy flag, and e
    encode (no encode method) or `tokenizers` does not import.
 3. lm-evaluation-harness (PyPI lm-eval): HFLM(pretrained=<the saved directory>, float32, CPU)
    .loglikelihood on Instances of the same requests; its log-likelihoods within the bound of 1, and
-   acc / acc_norm computed from them as nvlua.eval defines them (argmax of the sums; of the sums per
-   character of the continuation) equal nvlua's exactly, and so does every is_greedy (lambada's acc).
+   acc / acc_norm computed from them as lm-eval's multiple_choice metrics define them (argmax of the
+   sums; of the sums per character of the choice, its joining space left out) equal nvlua's exactly, and so does every is_greedy (lambada's acc).
    The driver's model has a context of 400 tokens: the longest requests are cut from the left. Skipped with the reason where lm_eval does
    not import.
 Exits 0 when every check holds, 1 when one does not, 2 when the nvlua binary is missing, 77 (skipped)
@@ -153,7 +153,9 @@ def metrics_of(reqs, lls):
             continue
         gold = items[0][0]["gold"]
         lls = [ll for _, ll in items]
-        per = [ll / len(rstrip_split(r["context"])[1] + r["continuation"]) for r, ll in items]
+        # lm-eval's acc_norm: ll / len(choice), the choice without the target delimiter " " that joins it
+        per = [ll / max(1, len(r["continuation"][1:] if r["continuation"].startswith(" ") else r["continuation"]))
+               for r, ll in items]
         acc.append(int(max(range(len(lls)), key=lambda i: (lls[i], -i)) == gold))
         norm.append(int(max(range(len(per)), key=lambda i: (per[i], -i)) == gold))
     return {t: (sum(a) / len(a), sum(n) / len(n)) for t, (a, n) in out.items() if a}

@@ -163,6 +163,18 @@ T.case("acc, acc_norm, bpb and standard errors: hand-computed from the stub's lo
   T.eq(r.variant, "rc_0shot")
   T.near(r.acc, 3 / 5, 1e-15)
   T.near(r.acc_norm, 3 / 5, 1e-15)
+  -- lm-eval's acc_norm divides by the choice's characters without the joining space, OLMES's acc_per_char
+  -- by the continuation's with it: q0 " B" 2 LO / 1 vs " AB" (2 LO + LA) / 2 = -12.48 vs -6.58: " AB" (0);
+  -- q1 the same, gold 1 (1); q2 " A" wins either way (1); q3 " é" 3 LO / 1 vs " BB" 3 LO / 2: " BB" (1);
+  -- q4 "B" / 1 vs "AB" / 2 as q0 (0): acc_norm {0,1,1,1,0}; acc_per_char (above) the same here
+  T.eq(r.correct, {1, 0, 1, 0, 1})
+  T.near(r.acc_per_char, 3 / 5, 1e-15)
+  -- a case the two tell apart, {" A", " BBA"} gold 1: ll " A" = LO + LA = -6.927, " BBA" = 3 LO + LA = -19.40;
+  -- per choice (lm-eval) -6.927 / 1 vs -19.40 / 3 = -6.467: " BBA" (1); per character with the space (OLMES)
+  -- -6.927 / 2 = -3.463 vs -19.40 / 4 = -4.85: " A" (0); acc: " A" (0)
+  local r5 = eval.evaluate(stub_model(), data.ByteTokenizer, "two", {data_dir = make_data({{"two", "rc_0shot", {
+    {0, 0, 1, "Q:", " A"}, {0, 1, 1, "Q:", " BBA"}}}})}).two
+  T.eq({r5.acc, r5.acc_norm, r5.acc_per_char}, {0, 1, 0})
   -- {1,0,1,0,1}: mean 0.6, sample variance (3 * 0.16 + 2 * 0.36) / 4 = 0.3, stderr sqrt(0.3 / 5)
   T.near(r.acc_stderr, math.sqrt(0.3 / 5), 1e-15)
   T.near(r.acc_norm_stderr, math.sqrt(0.3 / 5), 1e-15) -- {0,1,1,1,0}: the same
@@ -308,8 +320,8 @@ T.case("score_question without the cache: a plain forward per request, the same 
   check_against_independent(512, 1e-6, {"arc_easy", "hellaswag"}, {cache = false})
 end)
 
-T.case("evaluate runs shared contexts through the cache under f32 and bf16, never under a quantizing recipe", function()
-  for _, case in ipairs({{"f32", true}, {"bf16", true}, {"nvfp4", false}, {"fp8_cs", false}}) do
+T.case("evaluate runs shared contexts through the cache under f32 alone (bf16 and quantizing recipes: plain forwards)", function()
+  for _, case in ipairs({{"f32", true}, {"bf16", false}, {"nvfp4", false}, {"fp8_cs", false}}) do
     local m = T.trained_llama(CFG, case[1], ids_of, 1)
     local used = 0
     local kv = m.kv_cache

@@ -347,3 +347,28 @@ T.case("train.sample: model:generate from a text prompt or ids; without a tokeni
   T.eq({train.sample_prompt(BYTES)}, {"And ", "And "})
   T.eq({train.sample_prompt(BYTES, "In the")}, {"In the", "In the"})
 end)
+
+T.case("pick_token: the top-k selection (no sort of the vocabulary) draws what a full sort's top k draws, ties included",
+  function()
+  local llama = require "nvlua.llama"
+  local g = nv.Generator(5)
+  for trial = 1, 100 do
+    local V = 1 + trial % 97
+    local r = nv.rand(V, {generator = g}):totable()
+    local row = {}
+    for i = 1, V do row[i] = math.floor(r[i] * 8) / 8 end -- 8 levels: many ties
+    local idx = {}
+    for i = 1, V do idx[i] = i end
+    table.sort(idx, function(a, b) if row[a] ~= row[b] then return row[a] > row[b] end return a < b end)
+    for _, k in ipairs({1, 3, 40, 200}) do
+      local kk = math.min(k, V)
+      local w, z = {}, 0
+      for i = 1, kk do w[i] = math.exp((row[idx[i]] - row[idx[1]]) / 0.7); z = z + w[i] end
+      local u = nv.rand(1, {generator = nv.Generator(trial)}):get(1) * z
+      local want = idx[kk]
+      for i = 1, kk do u = u - w[i]; if u <= 0 then want = idx[i]; break end end
+      T.eq(llama.pick_token(row, {top_k = k, temperature = 0.7}, nv.Generator(trial)), want - 1,
+        string.format("V %d, k %d", V, k))
+    end
+  end
+end)

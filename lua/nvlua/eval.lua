@@ -18,8 +18,11 @@
 -- row's argmax. Per question (lm_eval/api/metrics.py, OLMo's olmo_eval/metrics.py):
 --   acc       the choice of largest log-likelihood is the gold one (ties: the first); for a task with
 --             one continuation (lambada) whether the continuation is the greedy one
---   acc_norm  the same with log-likelihood / characters of the continuation (code points, its
---             leading space included: OLMES's acc_per_char)
+--   acc_norm  the same with log-likelihood / characters of the choice (code points of the continuation
+--             without the one leading space that joins it to the context: lm-eval's acc_norm, which
+--             divides by len(choice), the choice without its target delimiter)
+--   acc_per_char  the same per character of the continuation as scored, its leading space included
+--             (OLMES's acc_per_char, what OLMo's evaluations report; in the JSON, not the table)
 --   bpb       -log-likelihood of the gold continuation / (ln 2 * its UTF-8 bytes), averaged over the
 --             questions (a mean of ratios, OLMo's bpb_v2; not lm-eval's ratio of sums)
 -- (the continuation counted is the one scored, the context's trailing whitespace moved in front:
@@ -27,9 +30,17 @@
 -- chance is the mean of 1 / choices.
 -- The choices sharing a context run it once (model:kv_cache: the context's keys and values kept, each
 -- continuation run after them; in f32 the same log-likelihoods as a full forward up to f32 rounding,
--- NUMERICS §15), except under a recipe that quantizes: a cached step quantizes its new tokens alone
--- (per-tensor amaxes of the continuation, not of the whole sequence), so there every request runs as
--- one plain forward over its whole input, as the model computes a sequence in training.
+-- NUMERICS §15) when every linear computes in f32. Under any other recipe every request runs as one
+-- plain forward over its whole input, as the model computes a sequence in training: a cached step
+-- quantizes its new tokens alone (per-tensor amaxes of the continuation, not of the whole sequence),
+-- and under bf16 rounds them apart (up to 5e-3 nats from the plain forward, measured), so recipes
+-- compared side by side would be scored by different computations. Each weight is quantized once per
+-- evaluate (recipe.weight_cache), and the recipes' state (delayed scaling's amax histories) is put
+-- back before each task and at the end: a task's score does not depend on the tasks before it, and an
+-- evaluation inside a training run leaves the run's recipe as it found it.
+-- A question is skipped (counted, the first reason kept) when a continuation is longer than the
+-- model's context or encodes to no tokens; `truncated` counts the scored requests whose context was
+-- cut from the left.
 -- Not here: loading models and tokenizers (scripts/eval.lua), generation, few-shot prompt building.
 local lfs = require "lfs"
 local cjson = require "cjson"
@@ -107,7 +118,15 @@ end
 -- requests = {{context =, continuation =, idx =}, ...} in choice order}, ...} in the file's order of
 -- first appearance, the first `limit` of them; unconditional requests skipped. A missing or corrupt
 -- file is a user error naming it.
+local loaded = {} -- path and limit -> questions: a training run that evaluates every N steps reads each file once
 function eval.load_requests(path, limit)
+  local key = path .. "\0" .. tostring(limit)
+  if not loaded[key] then loaded[key] = eval.read_requests(path, limit) end
+  return loaded[key]
+end
+
+--- eval.read_requests(path [, limit]): eval.load_requests without its memo (a file read and parsed)
+function eval.read_requests(path, limit)
   local f, err = io.open(path, "rb")
   if not f then user_error(string.format("eval: cannot read %s (%s); %s", path, err, FETCH), 2) end
   local raw = f:read("a")
@@ -185,7 +204,9 @@ end
 --- eval.encode_pair(tok, context, continuation) -> context ids, continuation ids (tables), as
 -- lm-eval's HFLM encodes a loglikelihood request (the header)
 function eval.encode_pair(tok, context, continuation)
-  if context == "" then
+  local ctx0, space0 = eval.split_trailing_space(context)
+  if ctx0 == "" then -- empty, or only whitespace (which moves to the continuation): the prefix token
+    continuation = space0 .. continuation
     local prefix = tok.bos_id or tok.eos_id
     if not prefix then
       user_error("eval: a request with an empty context needs a bos or eos token to stand for it; the tokenizer " ..
@@ -193,7 +214,7 @@ function eval.encode_pair(tok, context, continuation)
     end
     return {prefix}, encode(tok, continuation)
   end
-  local ctx, space = eval.split_trailing_space(context)
+  local ctx, space = ctx0, space0
   continuation = space .. continuation
   local whole = encode(tok, ctx .. continuation)
   local ctx_ids = encode(tok, ctx)
@@ -203,13 +224,24 @@ end
 
 -- ---- scoring ------------------------------------------------------------------------------------
 
--- whether model's forward quantizes anything: a cached forward would change its scales (the header)
-local function quantizes(model)
+-- whether every linear of the model computes in f32: only then is the cached forward the plain one's
+-- computation up to f32 rounding (the header)
+local function all_f32(model)
   for _, l in ipairs(model:linears()) do
     local r = l.module.recipe
-    if r and tostring(r) ~= "f32" and tostring(r) ~= "bf16" then return true end
+    if r and tostring(r) ~= "f32" then return false end
   end
-  return false
+  return true
+end
+
+-- the recipes of model's linears and their state now -> a function putting that state back
+local function recipe_states(model)
+  local recs, states = {}, {}
+  for _, l in ipairs(model:linears()) do
+    local r = l.module.recipe
+    if r and r.state and not states[r] then recs[#recs + 1], states[r] = r, r:state() end
+  end
+  return function() for _, r in ipairs(recs) do r:load_state(states[r]) end end
 end
 
 -- The model's input and scored positions of each row: rows = {{ctx =, cont =}, ...} (ids) ->
@@ -227,7 +259,7 @@ local function model_inputs(rows, max_len, where)
     end
     local from = math.max(1, #all - max_len)
     local inp = table.move(all, from, #all - 1, 1, {})
-    out[i] = {inp = inp, first = #inp - #r.cont, cont = r.cont}
+    out[i] = {inp = inp, first = #inp - #r.cont, cont = r.cont, cut = from > 1}
   end
   return out
 end
@@ -301,8 +333,7 @@ function eval.score_question(model, tok, q, o)
     if r.continuation == "" then user_error("eval: " .. (o.where or "") .. where .. ": the continuation is empty", 2) end
     local ctx, cont = eval.encode_pair(tok, r.context, r.continuation)
     if #cont == 0 then
-      user_error(string.format("eval: %s%s: the continuation '%s' encodes to no tokens", o.where or "", where,
-        r.continuation), 2)
+      return nil, string.format("%s%s: the continuation '%s' encodes to no tokens", o.where or "", where, r.continuation)
     end
     local key = table.concat(ctx, ",")
     if not groups[key] then groups[key] = {}; order[#order + 1] = key end
@@ -331,6 +362,7 @@ function eval.score_question(model, tok, q, o)
     else
       for j, r in ipairs(rows) do out[g[j].i] = run_row(model, r, device) end
     end
+    for j, r in ipairs(rows) do out[g[j].i].cut = r.cut end
   end
   return out
 end
@@ -364,7 +396,7 @@ end
 -- chance =}: questions as eval.load_requests gives them, scores[i] eval.score_question's for
 -- questions[i] (the header says how each is computed)
 function eval.metrics(questions, scores)
-  local acc, acc_norm, bpb, chance = {}, {}, {}, {}
+  local acc, acc_norm, per_char, bpb, chance = {}, {}, {}, {}, {}
   local single = true
   for _, q in ipairs(questions) do if #q.requests > 1 then single = false end end
   for i, q in ipairs(questions) do
@@ -380,19 +412,22 @@ function eval.metrics(questions, scores)
     if single then
       acc[i] = s[1].greedy and 1 or 0
     else
-      local lls, norm = {}, {}
+      local lls, norm, pc = {}, {}, {}
       for j, r in ipairs(reqs) do
         lls[j] = s[j].ll
-        norm[j] = s[j].ll / chars(scored(r))
+        norm[j] = s[j].ll / math.max(1, chars((r.continuation:gsub("^ ", ""))))
+        pc[j] = s[j].ll / chars(scored(r))
       end
       acc[i] = argmax(lls) == gold and 1 or 0
       acc_norm[i] = argmax(norm) == gold and 1 or 0
+      per_char[i] = argmax(pc) == gold and 1 or 0
       chance[i] = 1 / #reqs
     end
   end
-  local r = {n = #questions}
+  local r = {n = #questions, correct = acc} -- correct: per question, 1 or 0 (paired comparisons of models)
   r.acc, r.acc_stderr = eval.mean_stderr(acc)
   r.acc_norm, r.acc_norm_stderr = eval.mean_stderr(acc_norm)
+  r.acc_per_char, r.acc_per_char_stderr = eval.mean_stderr(per_char)
   r.bpb, r.bpb_stderr = eval.mean_stderr(bpb)
   r.chance = eval.mean_stderr(chance)
   return r
@@ -400,6 +435,7 @@ end
 
 -- ---- the entry point ----------------------------------------------------------------------------
 
+--- eval.split_names(names) -> a list: names as a list, or a comma-separated string (spaces dropped)
 local function split_names(names)
   if type(names) == "string" then
     local out = {}
@@ -409,12 +445,28 @@ local function split_names(names)
   return names
 end
 
+eval.split_names = split_names
+
+--- eval.check_tasks(names [, data_dir]) -> nil, or why names cannot be scored: every one a task of the
+-- data with that variant, holding loglikelihood requests (each file read: its first question)
+function eval.check_tasks(names, dir)
+  local ok, err = pcall(function()
+    dir = eval.data_dir(dir)
+    check_data_dir(dir)
+    local list = split_names(names)
+    if #list == 0 then user_error("eval: no task given", 0) end
+    for _, name in ipairs(list) do eval.load_requests(select(3, resolve(dir, name)), 1) end
+  end)
+  if not ok then return (tostring(err):gsub("^eval: ", "")) end
+  return nil
+end
+
 --- eval.evaluate(model, tok, task_names [, {limit =, progress =, data_dir =, cache =}]) -> results
 -- {[task] = {acc =, acc_stderr =, acc_norm =, acc_norm_stderr =, bpb =, bpb_stderr =, n =, chance =, variant =}}.
 -- task_names: a list or a comma-separated string of "task" / "task:variant"; limit: the first N
 -- questions of each; progress(task, done, total): called after each question; cache: run a context
 -- shared by several choices once, through a key/value cache (default: unless the model's recipe
--- quantizes; the header says why).
+-- computes in f32 alone; the header says why).
 -- The model runs in eval mode (put back as it was).
 function eval.evaluate(model, tok, task_names, o)
   o = util.check_opts(o, {limit = true, progress = true, data_dir = true, cache = true}, "eval.evaluate")
@@ -439,29 +491,33 @@ function eval.evaluate(model, tok, task_names, o)
   end
   if #tasks == 0 then user_error("eval.evaluate: no task given (known: " .. table.concat(eval.task_names(dir), ", ") .. ")", 2) end
   local cache = o.cache
-  if cache == nil then cache = not quantizes(model) end
+  if cache == nil then cache = all_f32(model) end
   local was_training = model.training
+  local restore = recipe_states(model)
   model:eval()
   local results = {}
-  local ok, err = pcall(function()
+  local ok, err = pcall(require("nvlua.recipe").weight_cache, function() -- each weight quantized once
     for _, t in ipairs(tasks) do
+      restore() -- every task starts from the recipes' state evaluate found
       local questions = eval.load_requests(t.path, o.limit)
-      local kept, scores, skipped, why = {}, {}, 0, nil
+      local kept, scores, skipped, why, cut = {}, {}, 0, nil, 0
       for i, q in ipairs(questions) do
         local s, w = eval.score_question(model, tok, q, {cache = cache, where = t.name .. ": "})
         if s then
           kept[#kept + 1], scores[#kept + 1] = q, s
+          for _, x in ipairs(s) do if x.cut then cut = cut + 1 end end
         else
           skipped, why = skipped + 1, why or w
         end
         if o.progress then o.progress(t.name, i, #questions) end
       end
       local r = eval.metrics(kept, scores)
-      r.variant = t.variant
+      r.variant, r.truncated = t.variant, cut
       if skipped > 0 then r.skipped, r.skipped_why = skipped, why end
       results[t.name] = r
     end
   end)
+  restore()
   model:train(was_training ~= false)
   if not ok then error(err, 0) end
   return results

@@ -235,18 +235,11 @@ local function check_device(v)
 end
 
 -- The relations between keys, checked with the keys themselves (train.schema:check).
--- eval_tasks: comma-separated names nvlua.eval knows (a task, or task:variant) -> nil, or the error
+-- eval_tasks: comma-separated names nvlua.eval can score (a task, or task:variant, of loglikelihood
+-- requests; each file read once here) -> nil, or the error
 local function check_eval_tasks(v)
   if v == "" then return nil end
-  local known = {}
-  for _, t in ipairs(require("nvlua.eval").task_names()) do known[t] = true end
-  for name in (v .. ","):gmatch("([^,]*),") do
-    local task = name:match("^([^:]+)")
-    if not task or not known[task] then
-      return string.format("unknown task '%s' (known: %s)", name, table.concat(require("nvlua.eval").task_names(), ", "))
-    end
-  end
-  return nil
+  return require("nvlua.eval").check_tasks(v)
 end
 
 local function relations(c)
@@ -1492,8 +1485,8 @@ local function eval_and_log(r, step)
   local rec = r.rec
   local rs = rec and rec.state and rec:state()
   local vl, ppl = train.evaluate(r.model, r.ds, r.c, r.p)
-  local tasks = train.score_tasks(r)
-  r.last_tasks = tasks or r.last_tasks
+  local tasks, full = train.score_tasks(r)
+  r.last_tasks = full or r.last_tasks
   if rs then rec:load_state(rs) end
   if rec and rec.mor then rec.mor:take_step() end -- the evaluation's choices are not the training's
   r.val_points[#r.val_points + 1] = {step, vl}
@@ -1512,21 +1505,25 @@ local function eval_and_log(r, step)
   if tasks then r.out:write(train.format_tasks(step, r.task_names, tasks), "\n") end
 end
 
---- train.score_tasks(r) -> {[task] = nvlua.eval's metrics} for c.eval_tasks (nil when none): every rank
+--- train.score_tasks(r) -> {[task] = nvlua.eval's metrics but the per-question list}, eval.evaluate's results,
+-- for c.eval_tasks (nil when none): every rank
 -- scores the same eval_limit questions of each task (a sharded model's forwards are collectives), in eval
 -- mode under the run's recipe; the caller puts the recipe's state back.
 function train.score_tasks(r)
   local c = r.c
   if c.eval_tasks == "" then return nil end
   if not r.task_names then
-    r.task_names, r.task_points = {}, {}
-    for name in c.eval_tasks:gmatch("[^,]+") do
-      r.task_names[#r.task_names + 1] = name
-      r.task_points[name] = {}
-    end
+    r.task_names, r.task_points = require("nvlua.eval").split_names(c.eval_tasks), {}
+    for _, name in ipairs(r.task_names) do r.task_points[name] = {} end
   end
-  return require("nvlua.eval").evaluate(r.model, r.ds.tokenizer, r.task_names,
+  local res = require("nvlua.eval").evaluate(r.model, r.ds.tokenizer, r.task_names,
     {limit = c.eval_limit > 0 and c.eval_limit or nil, progress = false})
+  local rec = {} -- metrics.jsonl's record: the metrics without the per-question list
+  for name, t in pairs(res) do
+    rec[name] = {}
+    for k, v in pairs(t) do if k ~= "correct" then rec[name][k] = v end end
+  end
+  return rec, res
 end
 
 --- train.format_tasks(step, names, results) -> one console line: each task's accuracy and its
