@@ -31,7 +31,7 @@ Recipes     nv.recipe.nvfp4{} mxfp8 fp8_cs bf16 ...: a format per layer and GEMM
 MoR         nv.mor.choose(x, {candidates = {"nvfp4", "e4m3"}}): formats chosen by measured error   help(nv.mor)
 Models      nvlua.nn: Linear, RMSNorm, Attention, MLP (forward/backward); nvlua.llama: Llama 3
             help("nn") help("llama") help(model)
-Generating  model:generate(require("nvlua.data").ByteTokenizer, "And ", {max_new_tokens = 40, temperature = 0.8})
+Generating  model:generate(nv.data.ByteTokenizer, "And ", {max_new_tokens = 40, temperature = 0.8})
             -> text, ids, why it stopped (a KV cache: model:kv_cache(), model:forward(ids, {cache =}))
 Training    nvlua.train: train.main(defaults, arg) runs an experiment   help("train")   nvlua script.lua --help
             init=hf:<dir>|ckpt:<dir> starts from pretrained weights; nvlua.record: out/run.json   help("record")
@@ -40,7 +40,9 @@ Optimizer   nvlua.optim: AdamW, clipping; nvlua.schedule: wsd, cosine, linear   
 Logging     nvlua.tensorboard: event files; nvlua.peak: the peak MFU is against; nvlua.plot: loss curves (PNG)
             help("tensorboard") help("peak")
 Data        nvlua.data: KJV, text, token shards, Megatron; nvlua.tokenizer: tokenizer.json
-            help("data") help("tokenizer")
+            nv.tokenizer.load(path):encode(text) / :decode(ids)   help("data") help("tokenizer")
+Evaluating  nvlua.eval: zero-shot tasks by log-likelihood (lm-eval's scoring, offline data)   help("eval")
+            nv.eval.evaluate(model, tok, "arc_easy,piqa", {limit = 100}); scripts/eval.lua; eval_tasks= in training
 Checkpoints nvlua.checkpoint: save, resume; nvlua.hf: Hugging Face model directories   help("checkpoint") help("hf")
 Deploying   nvlua.deploy: NVFP4 / MXFP4 / FP8 checkpoints engines load, the trained codes   help("deploy")
             hf.save_pretrained(model, dir, {quantize = "nvfp4", calibration = batches}); scripts/export.lua

@@ -364,4 +364,18 @@ nv.prune = require "nvlua.prune"
 -- class or value, read from its doc comments; help("train") names a module (nvlua.help)
 function nv.help(...) return require("nvlua.help").help(...) end
 
+-- ---- modules loaded at first use ------------------------------------------------------------
+-- nv.tokenizer (nv.tokenizer.load(path):encode(text)), nv.eval, nv.data, nv.hf, nv.llama, nv.nn, nv.train:
+-- required when first read (they require nvlua themselves, and a script that never touches them does not
+-- pay for them)
+local LAZY = {tokenizer = "nvlua.tokenizer", eval = "nvlua.eval", data = "nvlua.data", hf = "nvlua.hf",
+  llama = "nvlua.llama", nn = "nvlua.nn", train = "nvlua.train"}
+setmetatable(nv, {__index = function(t, k)
+  local name = LAZY[k]
+  if not name then return nil end
+  local m = require(name)
+  rawset(t, k, m)
+  return m
+end})
+
 return nv
