@@ -218,17 +218,18 @@ def edge_cases(out):
                                      " ", "[", "]", "\n", "\u24b6", "c", "_", "\u200d", "g", "9", "\u00e9", ".", "z"])}
     M = [("e", "\u0301"), ("x", "\u00b2"), ("a", "b")]
 
-    def mk(norm=None, pre=None, added=(), specials=(), vocab=None, merges=None, **kw):
+    def mk(norm=None, pre=None, added=(), specials=(), vocab=None, merges=None, first="specials", **kw):
         tok = Tokenizer(models.BPE(dict(vocab or V), list(M if merges is None else merges), **kw))
         if norm:
             tok.normalizer = norm
         if pre:
             tok.pre_tokenizer = pre
-        if specials:
-            tok.add_special_tokens(list(specials))
-        if added:
-            tok.add_tokens(list(added))
-        return tok
+        for kind in (("specials", "added") if first == "specials" else ("added", "specials")):
+            if kind == "specials" and specials:
+                tok.add_special_tokens(list(specials))
+            if kind == "added" and added:
+                tok.add_tokens(list(added))
+        return Tokenizer.from_str(tok.to_str())  # as nvlua reads it: from the file
 
     words = ["e\u0301", "x\u00b2", "a_b", "a\u200db", "\u24b6b", "x\u00b2 e\u0301.ab", "ab..ab", "\u00e9\u00b2"]
     rep = lambda r, c: normalizers.Replace(Regex(r), c)
@@ -255,6 +256,9 @@ def edge_cases(out):
         ("raw_and_normalized", mk(norm=normalizers.Lowercase(), added=[AddedToken("<X>", normalized=False),
                                                                       AddedToken("<x>", normalized=True)]),
          ["a<x>b", "a<X>b"]),
+        ("first_of_equal", mk(norm=normalizers.Lowercase(), added=[AddedToken("<X>", normalized=True)],
+                              specials=[AddedToken("<x>", normalized=True, special=True)], first="added"),
+         ["a<x>b<X>"]),
         ("longest", mk(merges=[], added=[AddedToken(s, normalized=False) for s in ["a", "ab", "b", "bc", "abe", "ze"]]),
          ["abc", "abe\u0301", "zabcbc", "aab"]),
     ]

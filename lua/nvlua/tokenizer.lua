@@ -395,14 +395,11 @@ local function build_encoder(path, t, tokens)
   end
   add_normalizer(path, t.normalizer, spec.normalizers)
   add_pre(path, t.pre_tokenizer, spec.pre)
-  -- special tokens first, then the others, each in the file's order: the library's matcher lists them
-  -- so, and of two with the same text the first listed is the one matched
-  for _, special in ipairs({true, false}) do
-    for _, a in ipairs(type(t.added_tokens) == "table" and t.added_tokens or {}) do
-      if type(a) == "table" and type(a.content) == "string" and (a.special == true) == special then
-        spec.added[#spec.added + 1] = {content = a.content, id = a.id, flags = (a.lstrip and 1 or 0) |
-          (a.rstrip and 2 or 0) | (a.single_word and 4 or 0) | (a.normalized and 8 or 0)}
-      end
+  -- in the file's order: of two with the same (normalized) text, the library matches the first listed
+  for _, a in ipairs(type(t.added_tokens) == "table" and t.added_tokens or {}) do
+    if type(a) == "table" and type(a.content) == "string" then
+      spec.added[#spec.added + 1] = {content = a.content, id = a.id, flags = (a.lstrip and 1 or 0) |
+        (a.rstrip and 2 or 0) | (a.single_word and 4 or 0) | (a.normalized and 8 or 0)}
     end
   end
   return core.bpe_new(spec), post_processor(path, t.post_processor, tokens)
