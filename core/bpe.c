@@ -1205,9 +1205,41 @@ static nvl_status encode_text(nvl_bpe *b, const char *s, size_t n, int start, sp
   return NVL_OK;
 }
 
+/* work space above this many bytes is freed after an encode (the ids at the start of the next one):
+ * a long text's buffers, tens of times its size, would otherwise stay for the encoder's life */
+#define WORK_KEEP ((size_t)16 << 20)
+#define TRIM(p_, n_, cap_, size_)            \
+  if ((cap_) * (size_) > WORK_KEEP) {        \
+    free(p_);                                \
+    (p_) = NULL;                             \
+    (n_) = (cap_) = 0;                       \
+  }
+
+static void trim_work(nvl_bpe *b) {
+  for (int i = 0; i < 2; i++) {
+    TRIM(b->bufs[i].p, b->bufs[i].n, b->bufs[i].cap, 1);
+    TRIM(b->pc[i].p, b->pc[i].n, b->pc[i].cap, sizeof(piece));
+  }
+  TRIM(b->seg.p, b->seg.n, b->seg.cap, 1);
+  TRIM(b->tmp.p, b->tmp.n, b->tmp.cap, 1);
+  size_t unused = 0; /* these three have no count: it lives in the calls that use them */
+  TRIM(b->part, unused, b->part_cap, sizeof(size_t));
+  TRIM(b->sym, unused, b->sym_cap, sizeof(symbol));
+  TRIM(b->heap, unused, b->heap_cap, sizeof(merge_item));
+  (void)unused;
+}
+
+size_t nvl_bpe_work_bytes(const nvl_bpe *b) {
+  size_t n = b->seg.cap + b->tmp.cap + b->out.cap * sizeof(int32_t) + b->part_cap * sizeof(size_t) +
+             b->sym_cap * sizeof(symbol) + b->heap_cap * sizeof(merge_item);
+  for (int i = 0; i < 2; i++) n += b->bufs[i].cap + b->pc[i].cap * sizeof(piece);
+  return n;
+}
+
 nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_t **ids, size_t *n) {
   *ids = NULL;
   *n = 0;
+  TRIM(b->out.p, b->out.n, b->out.cap, sizeof(int32_t)); /* the last call's ids: the caller is done with them */
   b->out.n = 0;
   utf8proc_ssize_t bad_at = -1;
   for (size_t i = 0; i < len;) {
@@ -1249,6 +1281,7 @@ nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_
   free(raw.p);
   free(norm.p);
   free(sp.v);
+  trim_work(b);
   if (st != NVL_OK) return st;
   *ids = b->out.p;
   *n = b->out.n;

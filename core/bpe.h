@@ -97,6 +97,9 @@ nvl_status nvl_bpe_add_special(nvl_bpe *b, const char *content, size_t len, int3
  * in the word cache. */
 nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_t **ids, size_t *n);
 
+/* The bytes of work space the encoder holds now (buffers above 16 MiB are freed after each encode). */
+size_t nvl_bpe_work_bytes(const nvl_bpe *b);
+
 /* The vocabulary's id of a text, or -1. */
 int32_t nvl_bpe_token_id(const nvl_bpe *b, const char *text, size_t len);
 

@@ -154,6 +154,17 @@ T.case("a finalizer that encodes with the same encoder while encode builds its r
   T.eq(bad, 0, "results changed by a finalizer's encode")
 end)
 
+T.case("a long text's work space is given back: none over 16 MiB stays after an encode", function()
+  local tok = tokenizer.load("tests/golden/tok/gpt2.json")
+  local text = string.rep("ab cd ", 2900000) -- 17.4 MB: its copies in the encoder are above the 16 MiB kept
+  T.ok(#tok:encode(text) > 2900000, "it encodes (the golden corpus checks ids)")
+  T.ok(tok._bpe:work_bytes() < 128 << 20, "after it: the ids (kept until the next encode), little else: " ..
+    tok._bpe:work_bytes())
+  T.eq(table.concat(tok:encode("In the beginning"), " "), table.concat(tokenizer.load("tests/golden/tok/gpt2.json"):encode(
+    "In the beginning"), " "), "a fresh encoder agrees after the big one")
+  T.ok(tok._bpe:work_bytes() < 1 << 20, "after a short text: under 1 MiB: " .. tok._bpe:work_bytes())
+end)
+
 T.case("errors: unsupported components, bad JSON, unknown merge tokens, text that is not UTF-8, bad options", function()
   local dir = T.tmpdir()
   local base = cjson.decode(T.read_file("tests/golden/tok/gpt2.json"))

@@ -202,6 +202,13 @@ static int l_bpe_token_id(lua_State *L) {
   return 1;
 }
 
+/* enc:work_bytes() -> the bytes of work space the encoder holds */
+static int l_bpe_work_bytes(lua_State *L) {
+  nvl_bpe **b = check_bpe(L, 1);
+  lua_pushinteger(L, (lua_Integer)nvl_bpe_work_bytes(*b));
+  return 1;
+}
+
 static int l_bpe_gc(lua_State *L) {
   nvl_bpe **b = luaL_checkudata(L, 1, BPE_MT);
   nvl_bpe_free(*b);
@@ -209,7 +216,8 @@ static int l_bpe_gc(lua_State *L) {
   return 0;
 }
 
-static const luaL_Reg bpe_methods[] = {{"encode", l_bpe_encode}, {"token_id", l_bpe_token_id}, {NULL, NULL}};
+static const luaL_Reg bpe_methods[] = {{"encode", l_bpe_encode}, {"token_id", l_bpe_token_id},
+                                       {"work_bytes", l_bpe_work_bytes}, {NULL, NULL}};
 static const luaL_Reg bpe_meta[] = {{"__gc", l_bpe_gc}, {"__close", l_bpe_gc}, {NULL, NULL}};
 static const luaL_Reg module_funcs[] = {{"bpe_new", l_bpe_new}, {NULL, NULL}};
 
