@@ -488,9 +488,16 @@ nvl_status nvl_bpe_set_model(nvl_bpe *b, int32_t unk_id, int fuse_unk, int byte_
 /* the Rust regex crate's \w (tokenizers' Whitespace pre-tokenizer, single_word): Join_Control too */
 #define RUST_WORD "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]"
 
+/* how much of a pattern an error quotes: 80 bytes, cut at a character boundary */
+static int quoted(const char *pat, size_t len) {
+  size_t q = len > 80 ? 80 : len;
+  while (q < len && q > 0 && ((unsigned char)pat[q] & 0xC0) == 0x80) q--;
+  return (int)q;
+}
+
 static nvl_status refuse(const char *what, const char *pat, size_t len, const char *why) {
-  return nvl_error(NVL_EINVAL, "tokenizer: %s regex '%.*s%s' uses %s: not supported", what, len > 80 ? 80 : (int)len,
-                   pat, len > 80 ? "..." : "", why);
+  return nvl_error(NVL_EINVAL, "tokenizer: %s regex '%.*s%s' uses %s: not supported", what, quoted(pat, len), pat,
+                   len > 80 ? "..." : "", why);
 }
 
 static nvl_status onig_to_pcre2(const char *what, const char *p, size_t n, buf *out) {
@@ -568,7 +575,7 @@ static nvl_status compile(const char *what, const char *pat, size_t len, pcre2_c
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
     return nvl_error(NVL_EINVAL, "tokenizer: %s regex does not compile: %s (regex '%.*s%s')", what, (const char *)msg,
-                     len > 80 ? 80 : (int)len, pat, len > 80 ? "..." : "");
+                     quoted(pat, len), pat, len > 80 ? "..." : "");
   }
   pcre2_jit_compile(*re, PCRE2_JIT_COMPLETE); /* the interpreter runs it when JIT is unavailable */
   return NVL_OK;
