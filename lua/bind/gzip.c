@@ -27,7 +27,7 @@ static int gz_gc(lua_State *L) {
 }
 
 /* core.gunzip(data [, name]) -> text | nil, msg: the inflated bytes of gzip data (concatenated
- * members as gzip -d reads them); msg names `name` (a file's path) and what zlib found wrong. */
+ * members, then any zero padding, as gzip -d reads them); msg names `name` (a file's path) and what zlib found wrong. */
 static int l_gunzip(lua_State *L) {
   size_t n;
   const char *src = luaL_checklstring(L, 1, &n);
@@ -58,6 +58,11 @@ static int l_gunzip(lua_State *L) {
     }
     if (rc == Z_STREAM_END) {
       if (g->zs.avail_in == 0) break;
+      /* zero bytes after the last member (padding to a block size, as tape archives leave) end the
+       * data, as gzip -d and Python's gzip read it; other bytes must be another member */
+      size_t at = n - left - g->zs.avail_in;
+      while (at < n && src[at] == 0) at++;
+      if (at == n) break;
       if (inflateReset(&g->zs) != Z_OK) break; /* another gzip member follows */
       continue;
     }

@@ -5,11 +5,26 @@
  * added tokens (normalized ones after the normalizers: their contents are normalized). */
 #include <lauxlib.h>
 #include <lua.h>
+#include <stdlib.h>
 #include <string.h>
 #include "bind.h"
 #include "bpe.h"
 
 #define BPE_MT "nvlua.BPE"
+#define IDS_MT "nvlua.BPE_ids"
+
+/* a copy of an encoding's ids, in a userdata whose __gc frees it: a Lua error while the result is
+ * built leaks nothing */
+typedef struct {
+  int32_t *p;
+} ids_box;
+
+static int ids_gc(lua_State *L) {
+  ids_box *x = luaL_checkudata(L, 1, IDS_MT);
+  free(x->p);
+  x->p = NULL;
+  return 0;
+}
 
 static nvl_bpe **check_bpe(lua_State *L, int i) {
   nvl_bpe **b = luaL_checkudata(L, i, BPE_MT);
@@ -140,28 +155,39 @@ static int l_bpe_new(lua_State *L) {
   return 1;
 }
 
-/* enc:encode(text [, as_tensor]) -> a table of ids (0-based), or a 1-D i64 tensor */
+/* enc:encode(text [, as_tensor]) -> a table of ids (0-based), or a 1-D i64 tensor.
+ * The encoder's ids are copied out before anything is allocated in Lua: an allocation can run a
+ * finalizer (__gc), and one that encodes with this encoder would overwrite them. */
 static int l_bpe_encode(lua_State *L) {
   nvl_bpe **b = check_bpe(L, 1);
   size_t len;
   const char *s = luaL_checklstring(L, 2, &len);
   int as_tensor = lua_toboolean(L, 3);
-  const int32_t *ids;
+  ids_box *box = lua_newuserdatauv(L, sizeof *box, 0);
+  box->p = NULL;
+  luaL_setmetatable(L, IDS_MT);
+  const int32_t *out;
   size_t n;
-  if (nvl_bpe_encode(*b, s, len, &ids, &n) != NVL_OK) return nvl_lua_raise(L);
+  if (nvl_bpe_encode(*b, s, len, &out, &n) != NVL_OK) return nvl_lua_raise(L);
+  box->p = malloc((n ? n : 1) * sizeof *box->p);
+  if (!box->p) return luaL_error(L, "tokenizer: out of memory copying %zu ids", n);
+  if (n) memcpy(box->p, out, n * sizeof *box->p);
+  const int32_t *ids = box->p;
   if (as_tensor) {
     int64_t shape[1] = {(int64_t)n};
     nvl_tensor *t = nvl_lua_push_tensor(L);
     CHECK(L, nvl_tensor_empty(t, NVL_I64, NVL_CPU, 1, shape));
     int64_t *p = nvl_tensor_data(t);
     for (size_t i = 0; i < n; i++) p[i] = ids[i];
-    return 1;
+  } else {
+    lua_createtable(L, (int)(n < INT32_MAX ? n : 0), 0);
+    for (size_t i = 0; i < n; i++) {
+      lua_pushinteger(L, ids[i]);
+      lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
   }
-  lua_createtable(L, (int)(n < INT32_MAX ? n : 0), 0);
-  for (size_t i = 0; i < n; i++) {
-    lua_pushinteger(L, ids[i]);
-    lua_rawseti(L, -2, (lua_Integer)i + 1);
-  }
+  free(box->p); /* now, not at the next collection: a long text's copy is large */
+  box->p = NULL;
   return 1;
 }
 
@@ -176,6 +202,13 @@ static int l_bpe_token_id(lua_State *L) {
   return 1;
 }
 
+/* enc:work_bytes() -> the bytes of work space the encoder holds */
+static int l_bpe_work_bytes(lua_State *L) {
+  nvl_bpe **b = check_bpe(L, 1);
+  lua_pushinteger(L, (lua_Integer)nvl_bpe_work_bytes(*b));
+  return 1;
+}
+
 static int l_bpe_gc(lua_State *L) {
   nvl_bpe **b = luaL_checkudata(L, 1, BPE_MT);
   nvl_bpe_free(*b);
@@ -183,11 +216,16 @@ static int l_bpe_gc(lua_State *L) {
   return 0;
 }
 
-static const luaL_Reg bpe_methods[] = {{"encode", l_bpe_encode}, {"token_id", l_bpe_token_id}, {NULL, NULL}};
+static const luaL_Reg bpe_methods[] = {{"encode", l_bpe_encode}, {"token_id", l_bpe_token_id},
+                                       {"work_bytes", l_bpe_work_bytes}, {NULL, NULL}};
 static const luaL_Reg bpe_meta[] = {{"__gc", l_bpe_gc}, {"__close", l_bpe_gc}, {NULL, NULL}};
 static const luaL_Reg module_funcs[] = {{"bpe_new", l_bpe_new}, {NULL, NULL}};
 
 void nvl_lua_open_tokenizer(lua_State *L) {
+  luaL_newmetatable(L, IDS_MT);
+  lua_pushcfunction(L, ids_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
   luaL_newmetatable(L, BPE_MT);
   luaL_setfuncs(L, bpe_meta, 0);
   luaL_newlib(L, bpe_methods);

@@ -234,6 +234,11 @@ local NORMALIZERS_OK = "NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Strip
 local PRE_OK = "Split, ByteLevel, Metaspace, Digits, Whitespace, WhitespaceSplit, Punctuation, Sequence"
 -- the GPT-2 regex of the ByteLevel pre-tokenizer (tokenizers' pre_tokenizers/byte_level.rs)
 local GPT2_REGEX = [['s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+]]
+-- the Whitespace pre-tokenizer's \w+|[^\w\s]+, which tokenizers runs with the Rust regex crate: its \w
+-- (Alphabetic, marks, Nd, Pc, Join_Control) and \s (White_Space) spelled out, as neither PCRE2's nor
+-- Oniguruma's (which file regexes are read as, core/bpe.c) are the same sets
+local RUST_WORD = [[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}]]
+local WHITESPACE_REGEX = "[" .. RUST_WORD .. "]+|[^" .. RUST_WORD .. [[\t-\r\x{85}\p{Z}]+]]
 local BEHAVIORS = {Removed = true, Isolated = true, MergedWithPrevious = true, MergedWithNext = true,
   Contiguous = true}
 
@@ -290,7 +295,7 @@ local function add_pre(path, p, out)
   elseif t == "Digits" then
     out[#out + 1] = {kind = "SplitDigit", behavior = p.individual_digits and "Isolated" or "Contiguous"}
   elseif t == "Whitespace" then
-    out[#out + 1] = {kind = "SplitRegex", a = [[\w+|[^\w\s]+]], behavior = "Removed", invert = true}
+    out[#out + 1] = {kind = "SplitRegex", a = WHITESPACE_REGEX, behavior = "Removed", invert = true}
   elseif t == "WhitespaceSplit" then
     out[#out + 1] = {kind = "SplitSpace", behavior = "Removed"}
   elseif t == "Punctuation" then
@@ -390,6 +395,7 @@ local function build_encoder(path, t, tokens)
   end
   add_normalizer(path, t.normalizer, spec.normalizers)
   add_pre(path, t.pre_tokenizer, spec.pre)
+  -- in the file's order: of two with the same (normalized) text, the library matches the first listed
   for _, a in ipairs(type(t.added_tokens) == "table" and t.added_tokens or {}) do
     if type(a) == "table" and type(a.content) == "string" then
       spec.added[#spec.added + 1] = {content = a.content, id = a.id, flags = (a.lstrip and 1 or 0) |
