@@ -6,6 +6,7 @@
 #include <lua.h>
 #include <string.h>
 #include "bind.h"
+#include "gam.h"
 #include "qgather.h"
 #include "quant.h"
 
@@ -559,6 +560,27 @@ static int l_rht_signs(lua_State *L) {
 }
 
 /* core.codec(format, "encode"|"decode", value) -> element code / value, reference codecs */
+/* core.gam_quantize_fast(x, block, group, elem) -> codes (u8 [R, K]), scales (u8 [R, K/block], E8M0 bytes
+ * 127 - e_b), mant (f32 [groups]): GAM scaling of the 2-D f32 x through the backend table (core/gam.h: the
+ * reference under nv.use_reference, the fast CPU or the CUDA kernel); group "tensor" or a block count;
+ * elem "e4m3" | "e5m2". A NaN or an inf sets the device's non-finite flag (core.nonfinite_take). */
+static int l_gam_quantize_fast(lua_State *L) {
+  static const char *const elems[] = {"e4m3", "e5m2", NULL};
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "gam_quantize_fast");
+  lua_Integer block = luaL_checkinteger(L, 2);
+  lua_Integer group = 0;
+  if (lua_type(L, 3) == LUA_TSTRING) {
+    if (strcmp(lua_tostring(L, 3), "tensor") != 0) return luaL_argerror(L, 3, "group must be \"tensor\" or a block count");
+  } else {
+    group = luaL_checkinteger(L, 3);
+    if (group < 1) return luaL_argerror(L, 3, "group must be \"tensor\" or a positive block count");
+  }
+  nvl_elem elem = luaL_checkoption(L, 4, NULL, elems) == 0 ? NVL_ELEM_E4M3 : NVL_ELEM_E5M2;
+  nvl_tensor *codes = nvl_lua_push_tensor(L), *scales = nvl_lua_push_tensor(L), *mant = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_gam_quantize(codes, scales, mant, x, (int64_t)block, (int64_t)group, elem));
+  return 3;
+}
+
 static int l_codec(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   const char *dir = luaL_checkstring(L, 2);
@@ -587,6 +609,7 @@ static const luaL_Reg q_meta[] = {{"__index", q_index}, {"__gc", q_free}, {"__cl
 
 static const luaL_Reg q_funcs[] = {
   {"quantize", l_quantize}, {"quantize_rowcol", l_quantize_rowcol}, {"quantize_all_gather", l_quantize_all_gather},
+  {"gam_quantize_fast", l_gam_quantize_fast},
   {"qgather_align", l_qgather_align}, {"quant_amax", l_quant_amax}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
   {"codec", l_codec}, {NULL, NULL}};
 
