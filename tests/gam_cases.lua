@@ -142,7 +142,7 @@ end
 local function flat(t)
   local l = {}
   local function walk(v) if type(v) == "table" then for _, w in ipairs(v) do walk(w) end else l[#l + 1] = v end end
-  walk(t:totable())
+  walk((t:device() == "cpu" and t or t:cpu()):totable())
   return l
 end
 local function same(got, want, what)
@@ -161,10 +161,11 @@ end
 -- Runs every case through run(x, block, group, elem) -> codes, scales, mant (tensors on any device)
 -- on x = to_device(the case's CPU tensor), and compares with the reference on the CPU tensor: codes,
 -- bytes and mantissas equal, and the non-finite flag of x's device equals the reference's.
-function M.check(cases, run, to_device)
+-- (A case's list may be nil: then xc, the CPU tensor given, is used.)
+function M.check(cases, run, to_device, xc_given)
   for _, c in ipairs(cases) do
-    local name, list, rows, K, block, group = table.unpack(c)
-    local xc = M.tensor(list, rows, K)
+    local name, list, rows, K, block, group = table.unpack(c, 1, 6)
+    local xc = list and M.tensor(list, rows, K) or xc_given
     local x = to_device(xc)
     for _, elem in ipairs({"e4m3", "e5m2"}) do
       local what = name .. " " .. elem
