@@ -1,6 +1,7 @@
 /* gam_ref.h: Group Amax Mantissa (GAM) scaling of fp8 blocks, the scalar reference (issue 34: MoR as
- * published, arXiv 2512.22804, its Algorithm 1 as secondary accounts give it). Groundwork: no backend
- * table, qtensor or recipe uses it yet; core/NUMERICS.md will carry the contract when one does.
+ * published, arXiv 2512.22804, its Algorithm 1 as secondary accounts give it). Groundwork: the backend
+ * tables' gam_quantize entry (core/gam.h) runs it (reference table) or matches it bit for bit (CPU,
+ * CUDA); no qtensor or recipe uses it yet; core/NUMERICS.md will carry the contract when one does.
  *
  * Not here: tensors, threads, speed, Lua, the choice between representations (MoR's), the GEMM.
  *
