@@ -33,9 +33,10 @@ Mor.__index = Mor
 -- Default thresholds on the relative L2 error, from the errors measured on the operands of a bf16
 -- run of experiments/compare_recipes.lua's model (NUMERICS §12): e4m3 per tensor 0.0265 (median;
 -- max 0.0295), per 128-block 0.026 (median), 0.04 (99th percentile); nvfp4 per tensor 0.095 (x),
--- 0.111 (w, 16x16), 0.137 (dY with SR), per block 0.094 / 0.111 / 0.132 (medians). Other candidates
--- take an explicit threshold.
-M.DEFAULT_THRESHOLD = {e4m3 = 0.04, nvfp4 = 0.15}
+-- 0.111 (w, 16x16), 0.137 (dY with SR), per block 0.094 / 0.111 / 0.132 (medians); e5m2 with GAM
+-- scaling per 128-block (experiments/mor_gam_thresholds.lua, the same model, 40 bf16 steps) median
+-- 0.052, 99th percentile 0.075 (e4m3 with GAM: 0.026, 0.037). Other candidates take an explicit threshold.
+M.DEFAULT_THRESHOLD = {e4m3 = 0.04, e5m2 = 0.08, nvfp4 = 0.15}
 
 local function bad(fmt, ...) util.user_error(string.format("recipe.mor: " .. fmt, ...), 0) end
 
@@ -138,7 +139,7 @@ function M.new(o)
       end
       v = th[f] or M.DEFAULT_THRESHOLD[f]
     else bad("threshold must be a number or a table {format = number}, got %s", type(th)) end
-    if v == nil then bad("%s has no default threshold (defaults: e4m3, nvfp4): give threshold = {%s = ...}", f, f) end
+    if v == nil then bad("%s has no default threshold (defaults: e4m3, e5m2, nvfp4): give threshold = {%s = ...}", f, f) end
     -- a relative error: >= 0 (a negative one would silently send every operand to bf16, a NaN too);
     -- math.huge takes the candidate whenever its error is finite
     if type(v) ~= "number" or not (v >= 0) then
