@@ -15,7 +15,9 @@
 -- nvfp4's global scale) is a power of two, so every block's dequantized values are bf16 values
 -- exactly; the operand holds them decoded (a bf16 QTensor: 16 bits per element, the decoded form a
 -- Hopper kernel would produce from the codes) and the GEMM is one bf16 x bf16 -> fp32 GEMM, exact
--- up to fp32 summation order, on the CPU and on the CUDA backend alike.
+-- up to fp32 summation order, on the CPU and on the CUDA backend alike. With scale = "gam" (the
+-- paper's group amax mantissa scaling, NUMERICS §12.1; CPU reference only) the fp8 blocks are code
+-- 2^-e_b / m_g rounded once to fp32 instead: the operand is an f32 QTensor and the GEMM an f32 GEMM.
 local core = require "nvlua.core"
 local quant = require "nvlua.quant"
 local stats = require "nvlua.stats"
@@ -502,7 +504,7 @@ end
 local function label(fa, fb) return fa == fb and fa or (fa .. " x " .. fb) end
 
 -- what recipe:trace's callback sees of a MoR GEMM: {role, a = {format}, b = {format}, out, label, mor}
--- (format "mor": a per-block operand, a bf16 QTensor of mixed values)
+-- (format "mor": a per-block operand, a bf16 QTensor of mixed values; f32 with scale = "gam")
 local function gemm_of(role, fa, fb)
   return {role = role, a = {format = fa}, b = {format = fb}, out = role == "wgrad" and "f32" or "bf16",
     label = label(fa, fb), mor = true}
