@@ -4,7 +4,8 @@
 --     implementation of the rule: quotients in double rounded once to fp32 with string.pack, the
 --     exponent and mantissa by search, the element code by brute force over every code's value worked
 --     out here from the e4m3 / e5m2 bit layouts, the decode in double rounded once; bit for bit, for
---     e4m3 and e5m2, one group and groups of 2 blocks, a zero block, m_b < m_g and m_b >= m_g blocks;
+--     e4m3 and e5m2, one group and groups of 2 blocks, a zero block, m_b < m_g and m_b >= m_g blocks,
+--     subnormal and near-clamp block maxima (e_b clamped at 127); a NaN's flag (inf blocks: the C tests);
 --   * through mor.choose: the operand's GAM blocks hold exactly those decoded values, its bf16 blocks
 --     x rounded to bf16, per the choice; the errors MoR measured agree with ones computed here
 --     (relative 1e-6: MoR sums f32 squares in double and takes an f32 sqrt);
@@ -50,6 +51,14 @@ local function split(q)
   return q / 2.0 ^ e, e
 end
 
+-- q (> 0, finite in double) rounded once to 24 significant bits with an unbounded exponent -> m, e
+local function split24(q)
+  local m, e = split(q)
+  m = f32(m) -- m in [1, 2): a normal fp32 number, so this is the 24-bit rounding
+  if m == 2 then m, e = 1, e + 1 end
+  return m, e
+end
+
 -- the code nearest to v (already clamped to +-qmax), ties to the even code (lowest bit 0); +-0 by sign
 local function encode(fmt, v)
   local best, bd
@@ -80,7 +89,7 @@ local function gam(x, name, B, G)
   for g0 = 0, nb - 1, G do
     local gamax = 0
     for b = g0, g0 + G - 1 do for _, v in ipairs(blk(b)) do gamax = math.max(gamax, math.abs(v)) end end
-    local m_g = gamax == 0 and 1 or (split(f32(fmt.qmax / gamax)))
+    local m_g = gamax == 0 and 1 or (split24(fmt.qmax / gamax))
     mants[#mants + 1] = m_g
     for b = g0, g0 + G - 1 do
       local t = blk(b)
@@ -89,8 +98,9 @@ local function gam(x, name, B, G)
       local e_b = 127
       if bamax > 0 then
         local m_b
-        m_b, e_b = split(f32(fmt.qmax / bamax))
+        m_b, e_b = split24(fmt.qmax / bamax)
         if m_b < m_g then e_b = e_b - 1 end
+        e_b = math.min(e_b, 127) -- tiny (subnormal) block maxima: the largest E8M0 range
       end
       exps[b + 1] = e_b
       local scale = m_g * 2.0 ^ e_b
@@ -149,7 +159,7 @@ T.case("core.gam_quantize: codes, exponents, mantissas and decoded values bit fo
         local r, j = (b - 1) // 3, (b - 1) % 3
         for k = 1, 32 do bamax = math.max(bamax, math.abs(x[r + 1][j * 32 + k])) end
         if bamax > 0 then
-          local m_b = split(f32(FMT[name].qmax / bamax))
+          local m_b = split24(FMT[name].qmax / bamax)
           if m_b < wm[g] then lt = lt + 1 else ge = ge + 1 end
         end
       end
@@ -170,6 +180,30 @@ T.case("core.gam_quantize: codes, exponents, mantissas and decoded values bit fo
   local _, _, _, dn, nf = core.gam_quantize(nv.tensor(xn), "e4m3", 32)
   T.eq(nf, true, "a NaN is reported")
   T.ok(dn:totable()[1][1] ~= dn:totable()[1][1], "a NaN decodes to NaN")
+end)
+
+T.case("core.gam_quantize edge cases: subnormal and near-clamp block maxima, a zero block, bit for bit", function()
+  -- blocks of 32 in one row: fp32 subnormals (max 2^-130), max 2^-118 and 2^-121 (near e4m3's and
+  -- e5m2's clamp of e_b at 127), zeros, and ordinary values holding the group max
+  nv.manual_seed(12)
+  local r = nv.randn(1, 160):totable()[1]
+  local scales = {2.0 ^ -130, 2.0 ^ -118, 2.0 ^ -121, 0, 1}
+  local x = {{}}
+  for b = 0, 4 do
+    local mx = 0
+    for k = 1, 32 do mx = math.max(mx, math.abs(r[b * 32 + k])) end
+    for k = 1, 32 do x[1][b * 32 + k] = f32(r[b * 32 + k] / mx * scales[b + 1]) end
+  end
+  for _, name in ipairs({"e4m3", "e5m2"}) do
+    local codes, scales_t, mant, dec = core.gam_quantize(nv.tensor(x), name, 32)
+    local wc, we, wm, wd = gam(x, name, 32)
+    T.eq(flat(codes:totable()), wc, name .. ": codes")
+    local bytes = flat(scales_t:totable())
+    for b, e in ipairs(we) do T.eq(bytes[b], 127 - e, name .. ": byte of block " .. b) end
+    T.eq(bytes[1], 0, name .. ": the subnormal block's e_b is clamped at 127")
+    T.eq(mant:totable(), wm, name .. ": m_g")
+    T.eq(flat(dec:totable()), wd, name .. ": decoded values")
+  end
 end)
 
 T.case("mor.choose scale = \"gam\": the operand holds the reference's decoded values per block's choice", function()
