@@ -403,7 +403,7 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
     end
   end
   -- GAM blocks are code 2^-e_b / m_g rounded to fp32, not bf16 values: an f32 operand, an f32 GEMM
-  -- (NUMERICS §12, GAM)
+  -- (NUMERICS §12.1)
   return quant.quantize(mixed, gam and "f32" or "bf16"), "mor", choice, errs
 end
 
