@@ -7,6 +7,9 @@
 #include <string.h>
 #include "bind.h"
 #include "gam.h"
+#include "backend.h"
+#include "cpu/ref/formats_ref.h"
+#include "cpu/ref/gam_ref.h"
 #include "qgather.h"
 #include "quant.h"
 
@@ -599,6 +602,57 @@ static int l_codec(lua_State *L) {
   return luaL_argerror(L, 2, "expected \"encode\" or \"decode\"");
 }
 
+/* core.gam_quantize(x, format, block [, group]) -> codes, scales, mant, decoded, nonfinite: GAM
+ * scaling (kernels/cpu/ref/gam_ref.h, the scalar reference; NUMERICS §12) of a 2-D CPU tensor x
+ * (R, K), f32 or bf16, in 1 x block blocks along its last dim, format "e4m3" or "e5m2"; group: blocks
+ * per group (row-major block order), 0 or nil for the whole tensor. codes (R, K) u8, scales
+ * (R, K/block) u8 (E8M0 bytes 127 - e_b), mant (ngroups) f32 (m_g), decoded (R, K) f32 (code 2^-e_b /
+ * m_g rounded once), nonfinite: x held a NaN or an infinity (the host's non-finite flag is set too,
+ * as by every quantization into fp8, NUMERICS §8). */
+static int l_gam_quantize(lua_State *L) {
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "gam_quantize");
+  const char *fmt = luaL_checkstring(L, 2);
+  nvl_elem elem;
+  if (strcmp(fmt, "e4m3") == 0) elem = NVL_ELEM_E4M3;
+  else if (strcmp(fmt, "e5m2") == 0) elem = NVL_ELEM_E5M2;
+  else return luaL_argerror(L, 2, lua_pushfstring(L, "invalid option '%s' (GAM scales e4m3 or e5m2)", fmt));
+  lua_Integer block = luaL_checkinteger(L, 3);
+  lua_Integer group = luaL_optinteger(L, 4, 0);
+  luaL_argcheck(L, block > 0 && block <= (1 << 30), 3, "block must be a positive length");
+  luaL_argcheck(L, group >= 0, 4, "group must be a number of blocks >= 0 (0: the whole tensor)");
+  if (x->device != NVL_CPU || x->ndim != 2 || (x->dtype != NVL_F32 && x->dtype != NVL_BF16)) {
+    char d[96];
+    return luaL_error(L, "gam_quantize: expects a 2-D f32 or bf16 CPU tensor, got %s", nvl_tensor_desc(x, d, sizeof d));
+  }
+  int64_t R = x->shape[0], K = x->shape[1];
+  if (K % block) return luaL_error(L, "gam_quantize: K = %I is not a multiple of block %I", (lua_Integer)K, block);
+  int64_t nb = R * (K / block);
+  if (group && nb % group)
+    return luaL_error(L, "gam_quantize: %I blocks do not split into groups of %I", (lua_Integer)nb, group);
+  int64_t ng = nb == 0 ? 0 : group ? nb / group : 1;
+  int64_t shp[2] = {R, K}, sshp[2] = {R, K / block}, gshp[1] = {ng};
+  nvl_tensor *codes = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_tensor_empty(codes, NVL_U8, NVL_CPU, 2, shp));
+  nvl_tensor *scales = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_tensor_empty(scales, NVL_U8, NVL_CPU, 2, sshp));
+  nvl_tensor *mant = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_tensor_empty(mant, NVL_F32, NVL_CPU, 1, gshp));
+  nvl_tensor *dec = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_tensor_empty(dec, NVL_F32, NVL_CPU, 2, shp));
+  nvl_tensor xc = nvl_tensor_null(); /* x as contiguous f32 (a copy unless it is one already) */
+  CHECK(L, nvl_tensor_clone_to(&xc, x, NVL_F32, NVL_CPU));
+  int nonfinite = 0;
+  nvl_status st = nvl_gam_quantize_ref(nvl_tensor_data(codes), nvl_tensor_data(scales), nvl_tensor_data(mant),
+                                       &nonfinite, nvl_tensor_data(&xc), R, K, (int)block, group, elem);
+  nvl_tensor_release(&xc);
+  CHECK(L, st);
+  CHECK(L, nvl_gam_dequantize_ref(nvl_tensor_data(dec), nvl_tensor_data(codes), nvl_tensor_data(scales),
+                                  nvl_tensor_data(mant), R, K, (int)block, group, elem));
+  if (nonfinite) nvl_host_nonfinite_set(NVL_NONFINITE_INPUT);
+  lua_pushboolean(L, nonfinite);
+  return 5;
+}
+
 static const luaL_Reg q_methods[] = {
   {"dequantize", q_dequantize}, {"codes", q_codes}, {"scale_bytes", q_scale_bytes}, {"data", q_data},
   {"t", q_t}, {"share", q_share}, {"format", q_format}, {"layout", q_layout}, {"axis", q_axis}, {"dim", q_dim},
@@ -611,7 +665,7 @@ static const luaL_Reg q_funcs[] = {
   {"quantize", l_quantize}, {"quantize_rowcol", l_quantize_rowcol}, {"quantize_all_gather", l_quantize_all_gather},
   {"gam_quantize_fast", l_gam_quantize_fast},
   {"qgather_align", l_qgather_align}, {"quant_amax", l_quant_amax}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
-  {"codec", l_codec}, {NULL, NULL}};
+  {"codec", l_codec}, {"gam_quantize", l_gam_quantize}, {NULL, NULL}};
 
 static const luaL_Reg qg_methods[] = {{"wait", qg_wait}, {"pending", qg_pending}, {NULL, NULL}};
 

@@ -15,7 +15,9 @@
 -- nvfp4's global scale) is a power of two, so every block's dequantized values are bf16 values
 -- exactly; the operand holds them decoded (a bf16 QTensor: 16 bits per element, the decoded form a
 -- Hopper kernel would produce from the codes) and the GEMM is one bf16 x bf16 -> fp32 GEMM, exact
--- up to fp32 summation order, on the CPU and on the CUDA backend alike.
+-- up to fp32 summation order, on the CPU and on the CUDA backend alike. With scale = "gam" (the
+-- paper's group amax mantissa scaling, NUMERICS §12.1; CPU reference only) the fp8 blocks are code
+-- 2^-e_b / m_g rounded once to fp32 instead: the operand is an f32 QTensor and the GEMM an f32 GEMM.
 local core = require "nvlua.core"
 local quant = require "nvlua.quant"
 local stats = require "nvlua.stats"
@@ -33,9 +35,10 @@ Mor.__index = Mor
 -- Default thresholds on the relative L2 error, from the errors measured on the operands of a bf16
 -- run of experiments/compare_recipes.lua's model (NUMERICS §12): e4m3 per tensor 0.0265 (median;
 -- max 0.0295), per 128-block 0.026 (median), 0.04 (99th percentile); nvfp4 per tensor 0.095 (x),
--- 0.111 (w, 16x16), 0.137 (dY with SR), per block 0.094 / 0.111 / 0.132 (medians). Other candidates
--- take an explicit threshold.
-M.DEFAULT_THRESHOLD = {e4m3 = 0.04, nvfp4 = 0.15}
+-- 0.111 (w, 16x16), 0.137 (dY with SR), per block 0.094 / 0.111 / 0.132 (medians); e5m2 with GAM
+-- scaling per 128-block (experiments/mor_gam_thresholds.lua, the same model, 40 bf16 steps) median
+-- 0.052, 99th percentile 0.075 (e4m3 with GAM: 0.026, 0.037). Other candidates take an explicit threshold.
+M.DEFAULT_THRESHOLD = {e4m3 = 0.04, e5m2 = 0.08, nvfp4 = 0.15}
 
 local function bad(fmt, ...) util.user_error(string.format("recipe.mor: " .. fmt, ...), 0) end
 
@@ -68,7 +71,10 @@ local function check_candidates(c)
 end
 
 local VALID = {granularity = true, block = true, candidates = true, threshold = true, every = true, decide = true,
-  sr = true, w2d = true}
+  sr = true, w2d = true, scale = true, group = true}
+
+-- the candidates GAM scaling takes (kernels/cpu/ref/gam_ref.h), with their qmax 448 / 57344
+local GAM_FORMATS = {e4m3 = true, e5m2 = true}
 
 --- M.new(opts) -> the MoR settings of a recipe (see recipe.mor for the options); validated.
 function M.new(o)
@@ -94,6 +100,29 @@ function M.new(o)
   if o.block ~= nil and m.granularity ~= "block" then bad("block applies to granularity = \"block\"") end
   m.candidates = o.candidates or {"e4m3"}
   check_candidates(m.candidates)
+  -- scale: the per-block scaling of the fp8 candidates; "pow2" (a power-of-two tensor factor, NUMERICS
+  -- §12) or "gam" (the paper's group amax mantissa: one fp32 mantissa per group, one exponent per block)
+  m.scale = o.scale or "pow2"
+  if m.scale ~= "pow2" and m.scale ~= "gam" then
+    bad("scale must be \"pow2\" or \"gam\", got %s", tostring(o.scale))
+  end
+  if m.scale == "gam" then
+    if m.granularity ~= "block" then
+      bad("scale = \"gam\" scales blocks: it needs granularity = \"block\" (per tensor MoR uses each format's own scaling)")
+    end
+    for i, f in ipairs(m.candidates) do
+      if not GAM_FORMATS[f] then
+        bad("scale = \"gam\" takes the fp8 candidates e4m3 and e5m2, not candidates[%d] = %s", i, tostring(f))
+      end
+    end
+  end
+  -- group: GAM's groups, "tensor" (one group, the default) or a number of blocks (consecutive in the
+  -- operand's blocked layout, row-major; it must divide the operand's block count)
+  local g = o.group
+  if g == nil or g == "tensor" then m.group = "tensor"
+  elseif math.type(g) == "integer" and g >= 1 then m.group = g
+  else bad("group must be \"tensor\" or a positive integer number of blocks, got %s", tostring(g)) end
+  if g ~= nil and m.scale ~= "gam" then bad("group applies to scale = \"gam\"") end
   m.candidates = {table.unpack(m.candidates)}
   m.formats = {table.unpack(m.candidates)}
   m.formats[#m.formats + 1] = "bf16"
@@ -112,7 +141,7 @@ function M.new(o)
       end
       v = th[f] or M.DEFAULT_THRESHOLD[f]
     else bad("threshold must be a number or a table {format = number}, got %s", type(th)) end
-    if v == nil then bad("%s has no default threshold (defaults: e4m3, nvfp4): give threshold = {%s = ...}", f, f) end
+    if v == nil then bad("%s has no default threshold (defaults: e4m3, e5m2, nvfp4): give threshold = {%s = ...}", f, f) end
     -- a relative error: >= 0 (a negative one would silently send every operand to bf16, a NaN too);
     -- math.huge takes the candidate whenever its error is finite
     if type(v) ~= "number" or not (v >= 0) then
@@ -319,8 +348,25 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
   end
   local nb = K // B
   local a = core.quant_amax(L):cpu():totable()[1]
+  local gam = self.scale == "gam"
+  if gam and L:device() ~= "cpu" then
+    user_error(string.format("recipe mor: %s: scale = \"gam\" runs on the CPU reference only so far, not on %s",
+      where_of(ctx, role, operand), L:device()), 0)
+  end
+  local gblocks = 0 -- GAM's blocks per group, 0: the whole operand
+  if gam and self.group ~= "tensor" then
+    gblocks = self.group
+    if (rows * (K // B)) % gblocks ~= 0 then
+      user_error(string.format("recipe mor: %s: its %d blocks of 1x%d do not split into groups of %d blocks",
+        where_of(ctx, role, operand), rows * (K // B), B, gblocks), 0)
+    end
+  end
   local function deq(i) -- candidate i's values of the layout, dequantized
     local f = self.candidates[i]
+    if gam then -- code 2^-e_b / m_g rounded once to fp32 (the reference's decode)
+      local _, _, _, d = core.gam_quantize(L, f, B, gblocks)
+      return d
+    end
     local ft = formats.traits[f]
     local o = self:_opts(rec, f, operand, 2)
     if given and o.sr then error("recipe mor: a recompute replays forward operands, which take no SR", 0) end
@@ -356,7 +402,9 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
       mixed = mixed and mixed + part or part
     end
   end
-  return quant.quantize(mixed, "bf16"), "mor", choice, errs
+  -- GAM blocks are code 2^-e_b / m_g rounded to fp32, not bf16 values: an f32 operand, an f32 GEMM
+  -- (NUMERICS §12.1)
+  return quant.quantize(mixed, gam and "f32" or "bf16"), "mor", choice, errs
 end
 
 -- A recompute's replay of a per-tensor choice (recipe.replay): t in the format the first forward
@@ -456,7 +504,7 @@ end
 local function label(fa, fb) return fa == fb and fa or (fa .. " x " .. fb) end
 
 -- what recipe:trace's callback sees of a MoR GEMM: {role, a = {format}, b = {format}, out, label, mor}
--- (format "mor": a per-block operand, a bf16 QTensor of mixed values)
+-- (format "mor": a per-block operand, a bf16 QTensor of mixed values; f32 with scale = "gam")
 local function gemm_of(role, fa, fb)
   return {role = role, a = {format = fa}, b = {format = fb}, out = role == "wgrad" and "f32" or "bf16",
     label = label(fa, fb), mor = true}
@@ -511,6 +559,9 @@ function Mor:describe()
   for i, f in ipairs(self.candidates) do parts[i] = string.format("%s<=%g", f, self.threshold[i]) end
   parts[#parts + 1] = "bf16"
   local g = self.granularity == "block" and string.format("per 1x%d block", self.block) or "per tensor"
+  if self.scale == "gam" then
+    g = g .. string.format(" gam (group %s)", self.group == "tensor" and "tensor" or (self.group .. " blocks"))
+  end
   return string.format("mor %s %s%s%s", table.concat(parts, " > "), g, self.every > 1 and (" every " .. self.every) or "",
     self.custom_decide and " custom decide" or "")
 end
