@@ -170,13 +170,6 @@ end
 
 -- ---- options ----------------------------------------------------------------------------------
 
-local function names_of(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
-
 local function check_list(v)
   if type(v) ~= "table" then return "must be a list of linear module names" end
   for i, x in ipairs(v) do if type(x) ~= "string" then return "must be a list of strings (entry " .. i .. " is not)" end end
@@ -205,7 +198,7 @@ local function layout(o)
   local f = deploy.FORMATS[format][o.quantize]
   if not f then
     user_error(string.format("save_pretrained: format %s has no %s layout (it has %s)", format, o.quantize,
-      table.concat(names_of(deploy.FORMATS[format]), ", ")), 0)
+      table.concat(util.sorted_keys(deploy.FORMATS[format]), ", ")), 0)
   end
   return f, format
 end

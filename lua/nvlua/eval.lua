@@ -533,9 +533,7 @@ end
 --- eval.format_table(results) -> text: a row per task (sorted): variant, n, acc ± se, acc_norm ± se,
 -- bpb ± se, chance
 function eval.format_table(results)
-  local names = {}
-  for k in pairs(results) do names[#names + 1] = k end
-  table.sort(names)
+  local names = util.sorted_keys(results)
   local rows = {{"task", "variant", "n", "acc", "acc_norm", "bpb", "chance"}}
   local notes = {}
   for _, k in ipairs(names) do
