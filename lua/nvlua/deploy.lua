@@ -612,12 +612,7 @@ function deploy.quantize(model, o)
   local f = checked(o, "save_pretrained", model)
   local rows = deploy.plan(model, o)
   -- the recipes' state (SR generators, delayed-scaling histories) as it is: put back afterwards
-  local states, seen = {}, {}
-  for _, row in ipairs(rows) do
-    local r = recipe_of(row)
-    if not seen[r] then seen[r] = true; states[#states + 1] = {r = r, s = r:state()} end
-  end
-  local function restore() for _, s in ipairs(states) do s.r:load_state(s.s) end end
+  local restore = model:save_recipe_states()
   local ok, info = pcall(nv.scope, function()
     -- the weights first: a delayed-scaling forward of the calibration would push amaxes into the
     -- histories the weights' scales come from
