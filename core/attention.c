@@ -54,19 +54,21 @@ static int same_shape(const nvl_tensor *a, const nvl_tensor *b) {
   return 1;
 }
 
-/* q (B, T, Hq, D), k and v (B, T, Hkv, D), Hq % Hkv == 0; fills *n. */
+/* q (B, T, Hq, D), k and v (B, T, Hkv, D), Hq % Hkv == 0; fills *n. cached: k and v are a key/value
+ * cache (B, S, Hkv, D) of any length S (n->T is still q's). */
 static nvl_status check_qkv(const char *op, const nvl_tensor *q, const nvl_tensor *k, const nvl_tensor *v,
-                            double scale, dims *n, nvl_dtype dt) {
+                            double scale, dims *n, nvl_dtype dt, int cached) {
   char s1[160], s2[160];
+  const char *kv = cached ? "(B, S, Hkv, D)" : "(B, T, Hkv, D)";
   NVL_TRY(check_4d_on(op, "q", "(B, T, Hq, D)", q, NULL, dt));
-  NVL_TRY(check_4d_on(op, "k", "(B, T, Hkv, D)", k, q, dt));
-  NVL_TRY(check_4d_on(op, "v", "(B, T, Hkv, D)", v, q, dt));
+  NVL_TRY(check_4d_on(op, "k", kv, k, q, dt));
+  NVL_TRY(check_4d_on(op, "v", kv, v, q, dt));
   if (!same_shape(k, v))
-    return nvl_error(NVL_EINVAL, "%s: k and v must have one shape (B, T, Hkv, D), got k %s and v %s", op,
+    return nvl_error(NVL_EINVAL, "%s: k and v must have one shape %s, got k %s and v %s", op, kv,
                      nvl_tensor_desc(k, s1, sizeof s1), nvl_tensor_desc(v, s2, sizeof s2));
   static const char *const what[4] = {"B (dim 1)", "T (dim 2)", "heads", "D (dim 4)"};
   for (int d = 0; d < 4; d++) {
-    if (d == 2 || q->shape[d] == k->shape[d]) continue;
+    if (d == 2 || (d == 1 && cached) || q->shape[d] == k->shape[d]) continue;
     return nvl_error(NVL_EINVAL, "%s: q and k differ in %s: q is %s, k is %s", op, what[d],
                      nvl_tensor_desc(q, s1, sizeof s1), nvl_tensor_desc(k, s2, sizeof s2));
   }
@@ -75,9 +77,9 @@ static nvl_status check_qkv(const char *op, const nvl_tensor *q, const nvl_tenso
     return nvl_error(NVL_EINVAL, "%s: Hq (%lld) must be a positive multiple of Hkv (%lld): q is %s, k is %s", op,
                      (long long)n->Hq, (long long)n->Hkv, nvl_tensor_desc(q, s1, sizeof s1),
                      nvl_tensor_desc(k, s2, sizeof s2));
-  if (n->T > INT_MAX || n->Hq * n->D > INT_MAX)
-    return nvl_error(NVL_EUNSUPPORTED, "%s: T or Hq*D beyond the BLAS int range: q is %s", op,
-                     nvl_tensor_desc(q, s1, sizeof s1));
+  if (n->T > INT_MAX || k->shape[1] > INT_MAX || n->Hq * n->D > INT_MAX)
+    return nvl_error(NVL_EUNSUPPORTED, "%s: T, S or Hq*D beyond the BLAS int range: q is %s, k is %s", op,
+                     nvl_tensor_desc(q, s1, sizeof s1), nvl_tensor_desc(k, s2, sizeof s2));
   if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
   return NVL_OK;
 }
@@ -89,7 +91,7 @@ static nvl_status attention_forward_as(nvl_tensor *out, nvl_tensor *lse, const n
   const char *op = "attention_forward";
   const nvl_backend *be;
   dims n;
-  NVL_TRY(check_qkv(op, q, k, v, scale, &n, dt));
+  NVL_TRY(check_qkv(op, q, k, v, scale, &n, dt, 0));
   if (dt == NVL_BF16) NVL_PICK(be, q, layers->attention_forward_bf16, op);
   else NVL_PICK(be, q, layers->attention_forward, op);
   int64_t lse_shape[3] = {n.B, n.Hq, n.T};
@@ -119,7 +121,7 @@ static nvl_status attention_backward_as(nvl_tensor *dq, nvl_tensor *dk, nvl_tens
   char s1[160], s2[160];
   const nvl_backend *be;
   dims n;
-  NVL_TRY(check_qkv(op, q, k, v, scale, &n, dt));
+  NVL_TRY(check_qkv(op, q, k, v, scale, &n, dt, 0));
   NVL_TRY(check_4d_on(op, "dout", "(B, T, Hq, D)", dout, q, dt));
   NVL_TRY(check_4d_on(op, "out", "(B, T, Hq, D)", out, q, dt));
   if (!same_shape(dout, q))
@@ -388,30 +390,16 @@ nvl_status nvl_attention_backward(nvl_tensor *dq, nvl_tensor *dk, nvl_tensor *dv
 nvl_status nvl_attention_forward_at(nvl_tensor *out, nvl_tensor *lse, const nvl_tensor *q, const nvl_tensor *k,
                                     const nvl_tensor *v, int64_t pos0, double scale) {
   const char *op = "attention_forward_at";
-  char s1[160], s2[160];
+  char s1[160];
   const nvl_backend *be;
+  dims n;
   NVL_TRY(need_null(op, "out", out));
   NVL_TRY(need_null(op, "lse", lse));
-  NVL_TRY(check_4d_on(op, "q", "(B, T, Hq, D)", q, NULL, NVL_F32));
-  NVL_TRY(check_4d_on(op, "k", "(B, S, Hkv, D)", k, q, NVL_F32));
-  NVL_TRY(check_4d_on(op, "v", "(B, S, Hkv, D)", v, q, NVL_F32));
-  if (!same_shape(k, v))
-    return nvl_error(NVL_EINVAL, "%s: k and v must have one shape (B, S, Hkv, D), got k %s and v %s", op,
-                     nvl_tensor_desc(k, s1, sizeof s1), nvl_tensor_desc(v, s2, sizeof s2));
-  int64_t B = q->shape[0], T = q->shape[1], Hq = q->shape[2], D = q->shape[3], S = k->shape[1], Hkv = k->shape[2];
-  if (k->shape[0] != B || k->shape[3] != D)
-    return nvl_error(NVL_EINVAL, "%s: q and k differ in B or D: q is %s, k is %s", op, nvl_tensor_desc(q, s1, sizeof s1),
-                     nvl_tensor_desc(k, s2, sizeof s2));
-  if (Hkv < 1 || Hq % Hkv != 0)
-    return nvl_error(NVL_EINVAL, "%s: Hq (%lld) must be a positive multiple of Hkv (%lld): q is %s, k is %s", op,
-                     (long long)Hq, (long long)Hkv, nvl_tensor_desc(q, s1, sizeof s1), nvl_tensor_desc(k, s2, sizeof s2));
+  NVL_TRY(check_qkv(op, q, k, v, scale, &n, NVL_F32, 1));
+  int64_t B = n.B, T = n.T, Hq = n.Hq, Hkv = n.Hkv, D = n.D, S = k->shape[1];
   if (pos0 < 0 || pos0 + T > S)
     return nvl_error(NVL_EINVAL, "%s: queries at positions %lld .. %lld do not fit the %lld cached rows of k %s", op,
                      (long long)pos0, (long long)(pos0 + T - 1), (long long)S, nvl_tensor_desc(k, s1, sizeof s1));
-  if (S > INT_MAX || Hq * D > INT_MAX)
-    return nvl_error(NVL_EUNSUPPORTED, "%s: S or Hq*D beyond the int range: k is %s", op,
-                     nvl_tensor_desc(k, s1, sizeof s1));
-  if (!isfinite(scale)) return nvl_error(NVL_EINVAL, "%s: scale must be finite, got %g", op, scale);
   NVL_PICK(be, q, layers->attention_forward_at, op);
   int64_t lse_shape[3] = {B, Hq, T};
   nvl_tensor o = nvl_tensor_null(), l = nvl_tensor_null();

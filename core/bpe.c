@@ -18,21 +18,30 @@
 
 /* ---- growable buffers --------------------------------------------------------------------- */
 
+/* room for need elements of elem bytes in the array *pp (a T **, given as void *) of *cap elements:
+ * nothing when it has it, else reallocated to need rounded up to a power-of-two multiple of *cap (of
+ * first when empty) -> 0, or -1 out of memory (the array left as it was). The pointer is read and
+ * written by memcpy: T ** is not void **. */
+static int grow(void *pp, size_t *cap, size_t need, size_t elem, size_t first) {
+  if (need <= *cap) return 0;
+  size_t c = *cap ? *cap : first;
+  while (c < need) c *= 2;
+  if (c > SIZE_MAX / elem) return -1;
+  void *p;
+  memcpy(&p, pp, sizeof p);
+  void *q = realloc(p, c * elem);
+  if (!q) return -1;
+  memcpy(pp, &q, sizeof q);
+  *cap = c;
+  return 0;
+}
+
 typedef struct {
   char *p;
   size_t n, cap;
 } buf;
 
-static int buf_reserve(buf *b, size_t extra) {
-  if (b->n + extra <= b->cap) return 0;
-  size_t cap = b->cap ? b->cap : 256;
-  while (cap < b->n + extra) cap *= 2;
-  char *p = realloc(b->p, cap);
-  if (!p) return -1;
-  b->p = p;
-  b->cap = cap;
-  return 0;
-}
+static int buf_reserve(buf *b, size_t extra) { return grow(&b->p, &b->cap, b->n + extra, 1, 256); }
 
 static int buf_put(buf *b, const char *s, size_t n) {
   if (buf_reserve(b, n)) return -1;
@@ -52,13 +61,7 @@ typedef struct {
 } pieces;
 
 static int pieces_push(pieces *v, size_t off, size_t len, int start) {
-  if (v->n == v->cap) {
-    size_t cap = v->cap ? v->cap * 2 : 64;
-    piece *p = realloc(v->p, cap * sizeof *p);
-    if (!p) return -1;
-    v->p = p;
-    v->cap = cap;
-  }
+  if (grow(&v->p, &v->cap, v->n + 1, sizeof *v->p, 64)) return -1;
   v->p[v->n++] = (piece){off, len, start};
   return 0;
 }
@@ -69,13 +72,7 @@ typedef struct {
 } ivec;
 
 static int ivec_push(ivec *v, int32_t x) {
-  if (v->n == v->cap) {
-    size_t cap = v->cap ? v->cap * 2 : 256;
-    int32_t *p = realloc(v->p, cap * sizeof *p);
-    if (!p) return -1;
-    v->p = p;
-    v->cap = cap;
-  }
+  if (grow(&v->p, &v->cap, v->n + 1, sizeof *v->p, 256)) return -1;
   v->p[v->n++] = x;
   return 0;
 }
@@ -212,13 +209,7 @@ typedef struct {
 } trie;
 
 static int32_t trie_node(trie *t) {
-  if (t->nodes == t->cap) {
-    size_t cap = t->cap ? t->cap * 2 : 64;
-    int64_t *v = realloc(t->value, cap * sizeof *v);
-    if (!v) return -1;
-    t->value = v;
-    t->cap = cap;
-  }
+  if (grow(&t->value, &t->cap, t->nodes + 1, sizeof *t->value, 64)) return -1;
   if (t->nodes >= INT32_MAX) return -1;
   t->value[t->nodes] = -1;
   return (int32_t)t->nodes++;
@@ -697,13 +688,7 @@ typedef struct {
 } spans;
 
 static int spans_push(spans *sp, size_t a, size_t z) {
-  if (sp->n + 2 > sp->cap) {
-    size_t cap = sp->cap ? sp->cap * 2 : 64;
-    size_t *v = realloc(sp->v, cap * sizeof *v);
-    if (!v) return -1;
-    sp->v = v;
-    sp->cap = cap;
-  }
+  if (grow(&sp->v, &sp->cap, sp->n + 2, sizeof *sp->v, 64)) return -1;
   sp->v[sp->n++] = a;
   sp->v[sp->n++] = z;
   return 0;
@@ -870,13 +855,7 @@ typedef struct {
 } segs;
 
 static int segs_push(segs *v, seg_item it) {
-  if (v->n == v->cap) {
-    size_t cap = v->cap ? v->cap * 2 : 16;
-    seg_item *p = realloc(v->p, cap * sizeof *p);
-    if (!p) return -1;
-    v->p = p;
-    v->cap = cap;
-  }
+  if (grow(&v->p, &v->cap, v->n + 1, sizeof *v->p, 16)) return -1;
   v->p[v->n++] = it;
   return 0;
 }
@@ -1030,13 +1009,7 @@ static nvl_status transform_piece(nvl_bpe *b, const step *st, const char *s, pie
 static int heap_less(merge_item x, merge_item y) { return x.rank < y.rank || (x.rank == y.rank && x.pos < y.pos); }
 
 static int heap_push(nvl_bpe *b, size_t *n, merge_item it) {
-  if (*n == b->heap_cap) {
-    size_t cap = b->heap_cap ? b->heap_cap * 2 : 64;
-    merge_item *h = realloc(b->heap, cap * sizeof *h);
-    if (!h) return -1;
-    b->heap = h;
-    b->heap_cap = cap;
-  }
+  if (grow(&b->heap, &b->heap_cap, *n + 1, sizeof *b->heap, 64)) return -1;
   size_t i = (*n)++;
   while (i > 0 && heap_less(it, b->heap[(i - 1) / 2])) {
     b->heap[i] = b->heap[(i - 1) / 2];
@@ -1062,13 +1035,7 @@ static merge_item heap_pop(nvl_bpe *b, size_t *n) {
 }
 
 static int sym_push(nvl_bpe *b, size_t *n, int32_t id, size_t len) {
-  if (*n == b->sym_cap) {
-    size_t cap = b->sym_cap ? b->sym_cap * 2 : 64;
-    symbol *s = realloc(b->sym, cap * sizeof *s);
-    if (!s) return -1;
-    b->sym = s;
-    b->sym_cap = cap;
-  }
+  if (grow(&b->sym, &b->sym_cap, *n + 1, sizeof *b->sym, 64)) return -1;
   b->sym[*n] = (symbol){id, (int32_t)*n - 1, -1, len};
   if (*n > 0) b->sym[*n - 1].next = (int32_t)*n;
   (*n)++;

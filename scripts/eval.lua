@@ -13,7 +13,6 @@ local ckpt = require "nvlua.checkpoint"
 local config = require "nvlua.config"
 local data = require "nvlua.data"
 local eval = require "nvlua.eval"
-local hf = require "nvlua.hf"
 local tokenizer = require "nvlua.tokenizer"
 local train = require "nvlua.train"
 local util = require "nvlua.util"
@@ -45,43 +44,15 @@ if lfs.attributes(c.model, "mode") ~= "directory" then user_error("eval: model="
 
 -- a run directory means its newest checkpoint; a checkpoint has trainer.json (its config and recipe state)
 -- (a run directory has a config.json too: the run's, not a model's)
-local dir, run = c.model, nil
+local dir = c.model
 if not is_file(dir .. "/trainer.json") then dir = ckpt.latest(c.model) or c.model end
 if not is_file(dir .. "/trainer.json") and not is_file(ckpt.model_dir(dir) .. "/config.json") then
   user_error("eval: model=" .. c.model .. " is neither a checkpoint, a run directory holding one, nor a Hugging Face " ..
     "model directory (no config.json)", 0)
 end
-if is_file(dir .. "/trainer.json") then
-  local f = assert(io.open(dir .. "/trainer.json", "rb"))
-  local ok, v = pcall(cjson.decode, f:read("a"))
-  f:close()
-  if not ok or type(v) ~= "table" or type(v.config) ~= "table" then
-    user_error("eval: " .. dir .. "/trainer.json is not a trainer.json of nvlua (no config)", 0)
-  end
-  run = v.config
-end
-
--- the recipe as train.recipe builds it from the run's keys (JSON numbers back to integers), as scripts/export.lua does
-local name = c.recipe ~= "" and c.recipe or c.dtype ~= "" and c.dtype or (run and run.recipe) or "f32"
-local rc = {recipe = name, act_dtype = "recipe", switch_step = 0, bf16_first = -1, bf16_last = -1}
-local from_run = run and c.recipe == "" and c.dtype == ""
-if from_run then
-  for _, k in ipairs({"seed", "switch_step", "switch_forward_only", "rht", "sr", "w2d", "bf16_first", "bf16_last", "act_dtype",
-    "fused_amax"}) do
-    local v = run[k]
-    if v ~= nil and v ~= cjson.null then rc[k] = type(v) == "number" and math.tointeger(v) or v end
-  end
-end
-local ok, rec = pcall(train.recipe, rc)
-if not ok then
-  user_error(string.format("eval: the recipe %s: %s (give recipe=<a registered name>)", tostring(name),
-    tostring(rec):gsub("^.-config: ", "")), 0)
-end
-local model = hf.from_pretrained(dir, {recipe = rec})
-if from_run then -- the recipe's state (delayed-scaling histories, the step a recipe switches formats at)
-  local tr = ckpt.load(dir, {model = model, recipe = rec})
-  model.step = tr.step
-end
+-- the model in its run's recipe (with its state), or in recipe= / dtype=, else f32
+local override = c.recipe ~= "" and c.recipe or c.dtype ~= "" and c.dtype or nil
+local model, _, from_run, rec = train.checkpoint_model(dir, "eval", override, "f32")
 
 -- the tokenizer: tokenizer=, else the one beside the weights
 local tok

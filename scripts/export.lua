@@ -12,7 +12,6 @@
 --     [quantize=nvfp4] [calib_batches=16] [data=kjv] [exclude=model.layers.0.mlp.down_proj,...]
 -- The first two arguments may also be given as ckpt= and out=.
 local lfs = require "lfs"
-local cjson = require "cjson"
 local nv = require "nvlua"
 local ckpt = require "nvlua.checkpoint"
 local config = require "nvlua.config"
@@ -70,40 +69,9 @@ local function is_file(p) return lfs.attributes(p, "mode") == "file" end
 local function is_dir(p) return lfs.attributes(p, "mode") == "directory" end
 if not is_dir(c.ckpt) then user_error("export: " .. c.ckpt .. " is not a directory", 0) end
 
--- the run's config and recipe state, when ckpt is a checkpoint of a run
-local run, tr
-local marker = c.ckpt .. "/trainer.json"
-if is_file(marker) then
-  local f = assert(io.open(marker, "rb"))
-  local ok, v = pcall(cjson.decode, f:read("a"))
-  f:close()
-  if not ok or type(v) ~= "table" or type(v.config) ~= "table" then
-    user_error("export: " .. marker .. " is not a trainer.json of nvlua (no config)", 0)
-  end
-  tr, run = v, v.config
-end
-
--- the recipe as train.recipe builds it from the run's keys (JSON numbers back to integers)
-local rc = {recipe = c.recipe ~= "" and c.recipe or (run and run.recipe) or "bf16", act_dtype = "recipe", switch_step = 0,
-  bf16_first = -1, bf16_last = -1}
-if run and c.recipe == "" then
-  for _, k in ipairs({"seed", "switch_step", "switch_forward_only", "rht", "sr", "w2d", "bf16_first", "bf16_last", "act_dtype",
-    "fused_amax"}) do
-    local v = run[k]
-    if v ~= nil and v ~= cjson.null then rc[k] = type(v) == "number" and math.tointeger(v) or v end
-  end
-end
-local ok, rec = pcall(train.recipe, rc)
-if not ok then
-  user_error(string.format("export: the recipe %s: %s (give recipe=<a registered name>)", tostring(rc.recipe),
-    tostring(rec):gsub("^.-config: ", "")), 0)
-end
-local model = hf.from_pretrained(c.ckpt, {recipe = rec})
-if tr and c.recipe == "" then -- the recipe's state (SR generator, delayed-scaling histories), checked as a resume checks it
-  tr = ckpt.load(c.ckpt, {model = model, recipe = rec})
-  model.step = tr.step -- a recipe may switch formats by step
-end
-print(string.format("export: %s (recipe %s%s) -> %s", c.ckpt, tostring(rec), tr and string.format(", step %d", model.step) or "",
+-- the run's config, recipe and recipe state, when ckpt is a checkpoint of a run
+local model, run, from_run, rec = train.checkpoint_model(c.ckpt, "export", c.recipe ~= "" and c.recipe or nil, "bf16")
+print(string.format("export: %s (recipe %s%s) -> %s", c.ckpt, tostring(rec), from_run and string.format(", step %d", model.step) or "",
   c.out))
 
 -- the calibration batches (and the gap's validation batches), from the run's data

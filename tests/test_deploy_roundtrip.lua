@@ -18,6 +18,7 @@ local hf = require "nvlua.hf"
 local deploy = require "nvlua.deploy"
 local cjson = require "cjson"
 local lfs = require "lfs"
+local util = require "nvlua.util"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "tests"
 local GOLD = here .. "/golden/qload"
@@ -55,16 +56,9 @@ local function files_of(dir)
   return out
 end
 
-local function names_of(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
-
 local function same_files(a, b, what)
   local fa, fb = files_of(a), files_of(b)
-  T.eq(names_of(fb), names_of(fa), what .. ": the same files")
+  T.eq(util.sorted_keys(fb), util.sorted_keys(fa), what .. ": the same files")
   for name, bytes in pairs(fa) do T.ok(fb[name] == bytes, what .. ": " .. name .. " byte-identical") end
 end
 

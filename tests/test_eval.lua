@@ -123,7 +123,8 @@ local LA, LO = math.log(257) - 9 * LN2, -9 * LN2
 local BPB_TOL = 1e-5
 local function stub_model(vocab)
   local m = {config = {vocab_size = vocab or 256, max_position_embeddings = 64}, training = true, calls = 0}
-  function m.linears() return {} end
+  function m.recipes() return {} end
+  function m.save_recipe_states() return function() end end
   function m:eval() self.training = false; return self end
   function m:train(mode) self.training = mode ~= false; return self end
   -- a cache that only counts: the stub's logits ignore what came before

@@ -114,6 +114,10 @@ T.case("attention_forward_at: bad inputs", function()
   T.raises(function() core.attention_forward_at(q, nv.zeros(1, 5, 3, 8), nv.zeros(1, 5, 3, 8), 0, 1) end,
     "must be a positive multiple of Hkv")
   T.raises(function() core.attention_forward_at(q, k, nv.zeros(1, 4, 2, 8), 0, 1) end, "k and v must have one shape")
+  T.raises(function() core.attention_forward_at(q, nv.zeros(2, 5, 2, 8), nv.zeros(2, 5, 2, 8), 0, 1) end,
+    "q and k differ in B (dim 1)")
+  T.raises(function() core.attention_forward_at(q, nv.zeros(1, 5, 2, 4), nv.zeros(1, 5, 2, 4), 0, 1) end,
+    "q and k differ in D (dim 4)")
   T.raises(function() core.attention_forward_at(q:to("bf16"), k, k, 0, 1) end, "q must be f32")
   T.raises(function() core.attention_forward_at(q, k, k, 0, 0 / 0) end, "scale must be finite")
   T.raises(function() core.attention_forward_at(q, k, k, 0.5, 1) end, "number has no integer representation")

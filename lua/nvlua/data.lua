@@ -278,17 +278,32 @@ data.mkdir_p = mkdir_p
 
 -- Split text into train / validation shards (the last val_fraction of the bytes, cut at a
 -- line break) under dir; returns the dataset table.
-local function byte_corpus(name, text, dir, val_fraction)
+local encode_text -- below: text -> tok's ids, in pieces
+
+-- text split at the first line break after (1 - val_fraction) of it, the parts written once as
+-- train.bin and val.bin under dir: byte tokens (width 2), or with tok their ids by tok (encode_text,
+-- `piece` bytes at a time; width 2 for vocabularies up to 65536, else 4, and the sample prompt: bos and
+-- "And " encoded) -> the corpus
+local function text_corpus(name, text, dir, val_fraction, tok, piece)
   mkdir_p(dir)
   local train_path, val_path = dir .. "/train.bin", dir .. "/val.bin"
   if not (lfs.attributes(train_path) and lfs.attributes(val_path)) then
     local cut = math.floor(#text * (1 - val_fraction))
     cut = text:find("\n", cut, true) or cut
-    data.write_shard(train_path, text:sub(1, cut), 2)
-    data.write_shard(val_path, text:sub(cut + 1), 2)
+    local function ids(s) return tok and encode_text(tok, s, name, piece) or s end
+    local width = tok and tok.vocab_size > 65536 and 4 or 2
+    data.write_shard(train_path, ids(text:sub(1, cut)), width)
+    data.write_shard(val_path, ids(text:sub(cut + 1)), width)
   end
-  return {name = name, train = {data.open_shard(train_path)}, val = {data.open_shard(val_path)},
-    vocab_size = 256, tokenizer = data.ByteTokenizer}
+  local c = {name = name, train = {data.open_shard(train_path)}, val = {data.open_shard(val_path)},
+    vocab_size = tok and tok.vocab_size or 256, tokenizer = tok or data.ByteTokenizer}
+  if tok then
+    local ids = tok:encode("And ")
+    if tok.bos_id then table.insert(ids, 1, tok.bos_id) end
+    tok.prompt = {text = "And ", ids = ids}
+    c.vocab_source = "the tokenizer " .. tok.path
+  end
+  return c
 end
 
 local function default_cache()
@@ -303,7 +318,7 @@ function data.kjv(opts)
   opts = opts or {}
   local dir = (opts.cache or default_cache()) .. "/kjv"
   if lfs.attributes(dir .. "/train.bin") and lfs.attributes(dir .. "/val.bin") then
-    return byte_corpus("kjv", "", dir, 0.05)
+    return text_corpus("kjv", "", dir, 0.05)
   end
   local p = io.popen("bible -f gen1:1-rev22:21 2>/dev/null")
   local raw = p and p:read("a") or ""
@@ -313,7 +328,7 @@ function data.kjv(opts)
   end
   local lines = {}
   for line in raw:gmatch("[^\n]+") do lines[#lines + 1] = (line:gsub("^%S+%d+:%d+ ", "")) end
-  return byte_corpus("kjv", table.concat(lines, "\n") .. "\n", dir, 0.05)
+  return text_corpus("kjv", table.concat(lines, "\n") .. "\n", dir, 0.05)
 end
 
 --- The files under path (itself if a file), walked recursively in sorted order.
@@ -340,7 +355,7 @@ end
 -- encode; a SentencePiece-style Prepend normalizer sees each piece as a text's start) -> an i64 tensor.
 -- Memory: the text, the ids, and one piece's ids as a Lua table. Progress on stderr past 16 MiB.
 local ENCODE_PIECE = 1 << 20
-local function encode_text(tok, text, what, piece)
+function encode_text(tok, text, what, piece)
   piece = piece or ENCODE_PIECE
   local parts, at, n, next_report = {}, 1, #text, 0.1
   while at <= n do
@@ -362,25 +377,6 @@ local function encode_text(tok, text, what, piece)
     off = off + t:numel()
   end
   return out
-end
-
--- Text split as byte_corpus splits it, both parts encoded with tok; shards of width 2 (vocabulary up to
--- 65536) or 4 under dir. The sample prompt: bos and "And " encoded.
-local function tokenized_corpus(name, text, dir, val_fraction, tok, piece)
-  mkdir_p(dir)
-  local train_path, val_path = dir .. "/train.bin", dir .. "/val.bin"
-  if not (lfs.attributes(train_path) and lfs.attributes(val_path)) then
-    local cut = math.floor(#text * (1 - val_fraction))
-    cut = text:find("\n", cut, true) or cut
-    local width = tok.vocab_size <= 65536 and 2 or 4
-    data.write_shard(train_path, encode_text(tok, text:sub(1, cut), name, piece), width)
-    data.write_shard(val_path, encode_text(tok, text:sub(cut + 1), name, piece), width)
-  end
-  local ids = tok:encode("And ")
-  if tok.bos_id then table.insert(ids, 1, tok.bos_id) end
-  tok.prompt = {text = "And ", ids = ids}
-  return {name = name, train = {data.open_shard(train_path)}, val = {data.open_shard(val_path)},
-    vocab_size = tok.vocab_size, vocab_source = "the tokenizer " .. tok.path, tokenizer = tok}
 end
 
 --- Any text file or directory of text files (walked recursively, sorted), the last 5% for validation;
@@ -415,9 +411,9 @@ function data.text(path, opts)
     if type(tok) == "string" then tok = tokenizer.load(tok) end
     -- the tokenizer's file is part of the key: another tokenizer, other shards
     dir = string.format("%s-tok-%016x", dir, hash(tok.text or tokenizer.byte_json()))
-    return tokenized_corpus(path, text, dir, opts.val_fraction or 0.05, tok, opts.piece)
+    return text_corpus(path, text, dir, opts.val_fraction or 0.05, tok, opts.piece)
   end
-  return byte_corpus(path, text, dir, opts.val_fraction or 0.05)
+  return text_corpus(path, text, dir, opts.val_fraction or 0.05)
 end
 
 -- ---- manifests and tokenizers ------------------------------------------------------------------

@@ -170,13 +170,6 @@ end
 
 -- ---- options ----------------------------------------------------------------------------------
 
-local function names_of(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
-
 local function check_list(v)
   if type(v) ~= "table" then return "must be a list of linear module names" end
   for i, x in ipairs(v) do if type(x) ~= "string" then return "must be a list of strings (entry " .. i .. " is not)" end end
@@ -205,7 +198,7 @@ local function layout(o)
   local f = deploy.FORMATS[format][o.quantize]
   if not f then
     user_error(string.format("save_pretrained: format %s has no %s layout (it has %s)", format, o.quantize,
-      table.concat(names_of(deploy.FORMATS[format]), ", ")), 0)
+      table.concat(util.sorted_keys(deploy.FORMATS[format]), ", ")), 0)
   end
   return f, format
 end
@@ -619,12 +612,7 @@ function deploy.quantize(model, o)
   local f = checked(o, "save_pretrained", model)
   local rows = deploy.plan(model, o)
   -- the recipes' state (SR generators, delayed-scaling histories) as it is: put back afterwards
-  local states, seen = {}, {}
-  for _, row in ipairs(rows) do
-    local r = recipe_of(row)
-    if not seen[r] then seen[r] = true; states[#states + 1] = {r = r, s = r:state()} end
-  end
-  local function restore() for _, s in ipairs(states) do s.r:load_state(s.s) end end
+  local restore = model:save_recipe_states()
   local ok, info = pcall(nv.scope, function()
     -- the weights first: a delayed-scaling forward of the calibration would push amaxes into the
     -- histories the weights' scales come from

@@ -185,12 +185,7 @@ local CT_FORMATS = {
 }
 local BLOCK = {nvfp4 = 16, mxfp4 = 32}
 
-local function names(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return table.concat(out, ", ")
-end
+local function names(t) return table.concat(util.sorted_keys(t), ", ") end
 
 local function copy(t, extra)
   local out = {}

@@ -227,21 +227,10 @@ end
 -- whether every linear of the model computes in f32: only then is the cached forward the plain one's
 -- computation up to f32 rounding (the header)
 local function all_f32(model)
-  for _, l in ipairs(model:linears()) do
-    local r = l.module.recipe
-    if r and tostring(r) ~= "f32" then return false end
+  for _, r in ipairs(model:recipes()) do
+    if tostring(r) ~= "f32" then return false end
   end
   return true
-end
-
--- the recipes of model's linears and their state now -> a function putting that state back
-local function recipe_states(model)
-  local recs, states = {}, {}
-  for _, l in ipairs(model:linears()) do
-    local r = l.module.recipe
-    if r and r.state and not states[r] then recs[#recs + 1], states[r] = r, r:state() end
-  end
-  return function() for _, r in ipairs(recs) do r:load_state(states[r]) end end
 end
 
 -- The model's input and scored positions of each row: rows = {{ctx =, cont =}, ...} (ids) ->
@@ -493,7 +482,7 @@ function eval.evaluate(model, tok, task_names, o)
   local cache = o.cache
   if cache == nil then cache = all_f32(model) end
   local was_training = model.training
-  local restore = recipe_states(model)
+  local restore = model:save_recipe_states()
   model:eval()
   local results = {}
   local ok, err = pcall(require("nvlua.recipe").weight_cache, function() -- each weight quantized once
@@ -533,9 +522,7 @@ end
 --- eval.format_table(results) -> text: a row per task (sorted): variant, n, acc ± se, acc_norm ± se,
 -- bpb ± se, chance
 function eval.format_table(results)
-  local names = {}
-  for k in pairs(results) do names[#names + 1] = k end
-  table.sort(names)
+  local names = util.sorted_keys(results)
   local rows = {{"task", "variant", "n", "acc", "acc_norm", "bpb", "chance"}}
   local notes = {}
   for _, k in ipairs(names) do

@@ -290,6 +290,27 @@ function Llama:to(device)
 end
 
 --- model:linears() -> ordered array of {name =, block = 0-based or nil, high_precision =, module =}
+--- model:recipes() -> the recipes its linears compute under, each once, in the linears' order
+-- (nn.default_recipe() for a linear without its own)
+function Llama:recipes()
+  local out, seen = {}, {}
+  for _, l in ipairs(self._linears) do
+    local r = l.recipe or nn.default_recipe()
+    if not seen[r] then seen[r], out[#out + 1] = true, r end
+  end
+  return out
+end
+
+--- model:save_recipe_states() -> restore: the state of each of model:recipes() now (SR generators,
+-- delayed-scaling histories, MoR's choices: recipe:state()), and a function putting it back. What
+-- scores, samples or exports a model without changing its run (generate, nvlua.eval, nvlua.deploy)
+-- brackets its forwards with them.
+function Llama:save_recipe_states()
+  local states = {}
+  for i, r in ipairs(self:recipes()) do states[i] = {r, r:state()} end
+  return function() for _, s in ipairs(states) do s[1]:load_state(s[2]) end end
+end
+
 function Llama:linears()
   local out = {}
   for _, m in ipairs(self._linears) do
@@ -682,11 +703,7 @@ function Llama:generate(tok, prompt, opts)
   local n = opts.max_new_tokens or 64
   local gen = nv.Generator(opts.seed or 1)
   local was = self.training
-  local recs, states = {}, {}
-  for _, l in ipairs(self._linears) do
-    local r = l.recipe or nn.default_recipe()
-    if not states[r] then recs[#recs + 1], states[r] = r, r:state() end
-  end
+  local restore = self:save_recipe_states()
   self:eval()
   local cache = self:kv_cache(math.min(mpe, #ids + n))
   local out, stop = {}, "max_new_tokens"
@@ -706,7 +723,7 @@ function Llama:generate(tok, prompt, opts)
   end)
   cache:free()
   self:train(was)
-  for _, r in ipairs(recs) do r:load_state(states[r]) end
+  restore()
   if not ok then error(err, 0) end
   local text_ids = out
   if stop == "eos" then text_ids = {table.unpack(out, 1, #out - 1)} end

@@ -591,6 +591,45 @@ function train.recipe(c)
   return r.make(name, recipe_settings(c))
 end
 
+--- train.checkpoint_model(dir, what [, name, default]) -> model, run, from_run, recipe: a model to score or
+-- export. A checkpoint of a run (trainer.json beside model/): its model under the recipe train.recipe
+-- builds from the run's keys (JSON numbers back to integers), the recipe's state (SR generator,
+-- delayed-scaling histories) loaded as a resume loads it and model.step its step (from_run true);
+-- run is the run's config. name (a registered recipe) replaces the run's recipe, its keys and its state;
+-- a directory without trainer.json (a Hugging Face model) computes under name, else default. what
+-- names the caller in errors (scripts/eval.lua, scripts/export.lua).
+function train.checkpoint_model(dir, what, name, default)
+  local run
+  local marker = dir .. "/trainer.json"
+  if lfs.attributes(marker, "mode") == "file" then
+    local f = assert(io.open(marker, "rb"))
+    local ok, v = pcall(cjson.decode, f:read("a"))
+    f:close()
+    if not ok or type(v) ~= "table" or type(v.config) ~= "table" then
+      user_error(what .. ": " .. marker .. " is not a trainer.json of nvlua (no config)", 0)
+    end
+    run = v.config
+  end
+  local from_run = run ~= nil and name == nil
+  local rc = {recipe = name or (run and run.recipe) or default, act_dtype = "recipe", switch_step = 0, bf16_first = -1,
+    bf16_last = -1}
+  if from_run then
+    for _, k in ipairs({"seed", "switch_step", "switch_forward_only", "rht", "sr", "w2d", "bf16_first", "bf16_last",
+      "act_dtype", "fused_amax"}) do
+      local v = run[k]
+      if v ~= nil and v ~= cjson.null then rc[k] = type(v) == "number" and math.tointeger(v) or v end
+    end
+  end
+  local ok, rec = pcall(train.recipe, rc)
+  if not ok then
+    user_error(string.format("%s: the recipe %s: %s (give recipe=<a registered name>)", what, tostring(rc.recipe),
+      tostring(rec):gsub("^.-config: ", "")), 0)
+  end
+  local model = hf.from_pretrained(dir, {recipe = rec})
+  if from_run then model.step = ckpt.load(dir, {model = model, recipe = rec}).step end -- a recipe may switch by step
+  return model, run, from_run, rec
+end
+
 -- The recipe and schedule train.build made from a config (weak keys): an experiment may put others
 -- into the parts, which the run record then describes in config.json (nvlua.record).
 local made = setmetatable({}, {__mode = "k"})

@@ -203,6 +203,14 @@ function util.defined_at(f)
   return string.format("%s:%d", i.source:sub(1, 1) == "@" and i.source:sub(2) or i.short_src, i.linedefined)
 end
 
+--- util.sorted_keys(t) -> the keys of t in a list, sorted (names in messages and listings)
+function util.sorted_keys(t)
+  local out = {}
+  for k in pairs(t) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+
 --- util.mean_sd(list) -> the mean and the sample standard deviation (0 for one value) of numbers
 function util.mean_sd(l)
   local m = 0
