@@ -1,6 +1,6 @@
 -- tests/gam_cases.lua: inputs and the comparison shared by the GAM kernels' tests (test_gam_fast.lua:
 -- the fast CPU kernel; test_cuda_gam.lua: the CUDA kernel), both against the scalar reference
--- (kernels/cpu/ref/gam_ref.c, run through core.gam_quantize_fast under nv.use_reference(true) on a
+-- (kernels/cpu/ref/gam_ref.c, run through core.gam_quantize under nv.use_reference(true) on a
 -- CPU copy; the reference itself is checked against an independent implementation in
 -- tests/c/test_gam_ref.c). The inputs are test_gam_ref.c's: its hand-worked tensor, its NaN / inf
 -- tensor, the exponent edges as block maxima, tensors from its random generator (splitmix64 here too,
@@ -172,7 +172,7 @@ function M.check(cases, run, to_device, xc_given)
       core.nonfinite_take(xc)
       core.nonfinite_take(x)
       local prev = nv.use_reference(true)
-      local ok, c0, s0, m0 = pcall(core.gam_quantize_fast, xc, block, group, elem)
+      local ok, c0, s0, m0 = pcall(core.gam_quantize, xc, block, group, elem)
       nv.use_reference(prev)
       if not ok then error(c0, 0) end
       local f0 = core.nonfinite_take(xc)

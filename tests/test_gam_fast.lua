@@ -1,5 +1,5 @@
 -- test_gam_fast.lua: the fast CPU kernel of GAM scaling (kernels/cpu/quant_cpu.c nvl_gam_quantize_cpu,
--- the CPU table's gam_quantize) through core.gam_quantize_fast, against the scalar reference (the same
+-- the CPU table's gam_quantize) through core.gam_quantize, against the scalar reference (the same
 -- call under nv.use_reference(true)): codes, E8M0 bytes, group mantissas and the non-finite flag equal
 -- bit for bit on every case of tests/gam_cases.lua (test_gam_ref.c's cases, its random generator,
 -- tensors over the OpenMP thresholds); the outputs' shapes and dtypes; the argument errors.
@@ -9,12 +9,12 @@ local core = nv.core
 local C = dofile("tests/gam_cases.lua")
 
 T.case("the CPU kernel equals the reference, every case, e4m3 and e5m2", function()
-  C.check(C.cases(true), core.gam_quantize_fast, function(x) return x end)
+  C.check(C.cases(true), core.gam_quantize, function(x) return x end)
 end)
 
 T.case("outputs: u8 codes [R, K], u8 E8M0 bytes [R, K/B], f32 mantissas [groups]; the hand case's values", function()
   local x = C.tensor(C.hand, 2, 12)
-  local c, s, m = core.gam_quantize_fast(x, 4, 3, "e4m3")
+  local c, s, m = core.gam_quantize(x, 4, 3, "e4m3")
   T.eq({c:dtype(), s:dtype(), m:dtype()}, {"u8", "u8", "f32"})
   T.eq(c:size(), {2, 12})
   T.eq(s:size(), {2, 3})
@@ -29,13 +29,13 @@ end)
 
 T.case("argument errors", function()
   local x = nv.zeros(2, 32)
-  T.raises(function() core.gam_quantize_fast(x, 32, "tensor", "e2m1") end, "invalid option 'e2m1'")
-  T.raises(function() core.gam_quantize_fast(x, 24, "tensor", "e4m3") end, "block 24 must divide the last dim")
-  T.raises(function() core.gam_quantize_fast(x, 8, 3, "e4m3") end, "8 blocks of 1x8 do not split into groups of 3 blocks")
-  T.raises(function() core.gam_quantize_fast(x, 8, 0, "e4m3") end, "positive block count")
-  T.raises(function() core.gam_quantize_fast(x, 8, "all", "e4m3") end, "group must be \"tensor\"")
-  T.raises(function() core.gam_quantize_fast(x:to("bf16"), 8, 1, "e4m3") end, "x must be a 2-D f32 tensor")
-  T.raises(function() core.gam_quantize_fast(nv.zeros(64), 8, 1, "e4m3") end, "x must be a 2-D f32 tensor")
-  local c, s, m = core.gam_quantize_fast(nv.zeros(0, 32), 32, "tensor", "e4m3")
+  T.raises(function() core.gam_quantize(x, 32, "tensor", "e2m1") end, "invalid option 'e2m1'")
+  T.raises(function() core.gam_quantize(x, 24, "tensor", "e4m3") end, "block 24 must divide the last dim")
+  T.raises(function() core.gam_quantize(x, 8, 3, "e4m3") end, "8 blocks of 1x8 do not split into groups of 3 blocks")
+  T.raises(function() core.gam_quantize(x, 8, 0, "e4m3") end, "positive block count")
+  T.raises(function() core.gam_quantize(x, 8, "all", "e4m3") end, "group must be \"tensor\"")
+  T.raises(function() core.gam_quantize(x:to("bf16"), 8, 1, "e4m3") end, "x must be a 2-D f32 tensor")
+  T.raises(function() core.gam_quantize(nv.zeros(64), 8, 1, "e4m3") end, "x must be a 2-D f32 tensor")
+  local c, s, m = core.gam_quantize(nv.zeros(0, 32), 32, "tensor", "e4m3")
   T.eq({c:numel(), s:numel(), m:numel()}, {0, 0, 0})
 end)

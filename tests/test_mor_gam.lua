@@ -1,14 +1,18 @@
 -- tests/test_mor_gam.lua: GAM scaling in MoR (recipe.mor scale = "gam", the mor_paper preset; NUMERICS
 -- §12, GAM; issue 34) on the CPU:
---   * core.gam_quantize (the binding of kernels/cpu/ref/gam_ref.c) against an independent Lua
+--   * core.gam_quantize (the backend table's GAM: the fast CPU kernel here; the scalar reference and the
+--     CUDA kernel equal it in test_gam_fast / test_cuda_gam) against an independent Lua
 --     implementation of the rule: quotients in double rounded once to fp32 with string.pack, the
 --     exponent and mantissa by search, the element code by brute force over every code's value worked
 --     out here from the e4m3 / e5m2 bit layouts, the decode in double rounded once; bit for bit, for
 --     e4m3 and e5m2, one group and groups of 2 blocks, a zero block, m_b < m_g and m_b >= m_g blocks,
---     subnormal and near-clamp block maxima (e_b clamped at 127); a NaN's flag (inf blocks: the C tests);
---   * through mor.choose: the operand's GAM blocks hold exactly those decoded values, its bf16 blocks
---     x rounded to bf16, per the choice; the errors MoR measured agree with ones computed here
---     (relative 1e-6: MoR sums f32 squares in double and takes an f32 sqrt);
+--     subnormal and near-clamp block maxima (e_b clamped at 127) (NaN and inf: gam_cases, the C tests);
+--   * through mor.choose, one group (the fold): a bf16 operand whose fp8 blocks hold code 2^-e_b and
+--     whose bf16 blocks x m_g rounded to bf16, with 1 / m_g as its decode factor; every block in one
+--     fp8 format: the MXFP8 operand itself (GAM's codes and bytes), whose GEMM, and its bf16 form's,
+--     equal the exact product within fp32 summation; groups of blocks: an f32 operand of the
+--     reference's decoded values; the errors MoR measured agree with ones computed here (relative 1e-6:
+--     MoR sums f32 squares in double and takes an f32 sqrt);
 --   * the recipe trains a few steps of a tiny model (finite losses, shares per format reported);
 --   * bad options and bad arguments.
 local T = require "nvlua.test"
@@ -136,13 +140,29 @@ local function sample()
   return x
 end
 
+-- code 2^-e_b of the independent GAM (exact in double and in fp32: >= 2^-143), per element
+local function unscaled(codes, exps, name, B)
+  local out = {}
+  for i, c in ipairs(codes) do out[i] = FMT[name].vals[c] * 2.0 ^ -exps[(i - 1) // B + 1] end
+  return out
+end
+
+-- the decoded values from the binding's parts: an MX operand assembled from the codes and bytes decodes
+-- to code 2^-e_b; divided by the group's m_g in fp32
+local function decode(name, codes, scales, mant, G)
+  local u = core.qtensor_assemble("mxfp8_" .. name, codes, scales):dequantize()
+  local R, K = u:size(1), u:size(2)
+  local ng = mant:size(1)
+  return u, u / mant:reshape(ng, 1):expand(ng, R * K // ng):contiguous():reshape(R, K)
+end
+
 T.case("core.gam_quantize: codes, exponents, mantissas and decoded values bit for bit an independent GAM", function()
   local x = sample()
   for _, name in ipairs({"e4m3", "e5m2"}) do
-    for _, G in ipairs({0, 2}) do
-      local codes, scales, mant, dec, nonfinite = core.gam_quantize(nv.tensor(x), name, 32, G)
-      local wc, we, wm, wd = gam(x, name, 32, G > 0 and G or nil)
-      local what = string.format("%s group %s", name, G > 0 and G or "tensor")
+    for _, G in ipairs({"tensor", 2}) do
+      local codes, scales, mant = core.gam_quantize(nv.tensor(x), 32, G, name)
+      local wc, we, wm, wd = gam(x, name, 32, G ~= "tensor" and G or nil)
+      local what = string.format("%s group %s", name, G)
       T.eq(flat(codes:totable()), wc, what .. ": codes")
       local bytes = flat(scales:totable())
       local lt, ge = 0, 0
@@ -150,11 +170,12 @@ T.case("core.gam_quantize: codes, exponents, mantissas and decoded values bit fo
         T.eq(bytes[b], 127 - e, what .. ": E8M0 byte of block " .. b)
       end
       T.eq(mant:totable(), wm, what .. ": m_g per group")
+      local u, dec = decode(name, codes, scales, mant, G)
+      T.eq(flat(u:totable()), unscaled(wc, we, name, 32), what .. ": the MX operand's values, code 2^-e_b")
       T.eq(flat(dec:totable()), wd, what .. ": decoded values")
-      T.eq(nonfinite, false)
       -- the rule's two branches both occur: m_b < m_g (e_b lowered) and m_b >= m_g
       for b, e in ipairs(we) do
-        local g = G > 0 and (b - 1) // G + 1 or 1
+        local g = G ~= "tensor" and (b - 1) // G + 1 or 1
         local bamax = 0
         local r, j = (b - 1) // 3, (b - 1) % 3
         for k = 1, 32 do bamax = math.max(bamax, math.abs(x[r + 1][j * 32 + k])) end
@@ -168,18 +189,11 @@ T.case("core.gam_quantize: codes, exponents, mantissas and decoded values bit fo
     end
   end
   -- e4m3 and e5m2 share m_g (qmax 1.75 x 2^k for both) and their exponents differ by 7
-  local _, s4, m4 = core.gam_quantize(nv.tensor(x), "e4m3", 32)
-  local _, s5, m5 = core.gam_quantize(nv.tensor(x), "e5m2", 32)
+  local _, s4, m4 = core.gam_quantize(nv.tensor(x), 32, "tensor", "e4m3")
+  local _, s5, m5 = core.gam_quantize(nv.tensor(x), 32, "tensor", "e5m2")
   T.eq(m4:totable(), m5:totable(), "one m_g for both formats")
   local b4, b5 = flat(s4:totable()), flat(s5:totable())
   for b = 1, 12 do if b ~= 11 then T.eq(b4[b] - b5[b], 7, "e5m2's e_b is e4m3's + 7, block " .. b) end end
-  -- a NaN: defined codes, and the flag
-  local xn = {}
-  for i, row in ipairs(x) do xn[i] = {table.unpack(row)} end
-  xn[1][1] = 0 / 0
-  local _, _, _, dn, nf = core.gam_quantize(nv.tensor(xn), "e4m3", 32)
-  T.eq(nf, true, "a NaN is reported")
-  T.ok(dn:totable()[1][1] ~= dn:totable()[1][1], "a NaN decodes to NaN")
 end)
 
 T.case("core.gam_quantize edge cases: subnormal and near-clamp block maxima, a zero block, bit for bit", function()
@@ -195,57 +209,70 @@ T.case("core.gam_quantize edge cases: subnormal and near-clamp block maxima, a z
     for k = 1, 32 do x[1][b * 32 + k] = f32(r[b * 32 + k] / mx * scales[b + 1]) end
   end
   for _, name in ipairs({"e4m3", "e5m2"}) do
-    local codes, scales_t, mant, dec = core.gam_quantize(nv.tensor(x), name, 32)
+    local codes, scales_t, mant = core.gam_quantize(nv.tensor(x), 32, "tensor", name)
     local wc, we, wm, wd = gam(x, name, 32)
     T.eq(flat(codes:totable()), wc, name .. ": codes")
     local bytes = flat(scales_t:totable())
     for b, e in ipairs(we) do T.eq(bytes[b], 127 - e, name .. ": byte of block " .. b) end
     T.eq(bytes[1], 0, name .. ": the subnormal block's e_b is clamped at 127")
     T.eq(mant:totable(), wm, name .. ": m_g")
+    local u, dec = decode(name, codes, scales_t, mant, "tensor")
+    T.eq(flat(u:totable()), unscaled(wc, we, name, 32), name .. ": code 2^-e_b (fp32 subnormals included)")
     T.eq(flat(dec:totable()), wd, name .. ": decoded values")
   end
 end)
 
-T.case("mor.choose scale = \"gam\": the operand holds the reference's decoded values per block's choice", function()
+-- choices by pattern: blocks cycle e4m3, e5m2, bf16 (decide replaced, so every kind occurs)
+local function cycle(d)
+  local sz = d.errs[1]:size()
+  local t = {}
+  for i = 1, sz[1] do
+    t[i] = {}
+    for j = 1, sz[2] do t[i][j] = ((i - 1) * sz[2] + j - 1) % 3 + 1 end
+  end
+  return nv.tensor(t)
+end
+
+T.case("mor.choose scale = \"gam\", one group: a bf16 operand of code 2^-e_b (x m_g in bf16 blocks), 1 / m_g as its factor", function()
   local x = sample()
   local xt = nv.tensor(x)
-  -- choices by pattern: blocks cycle e4m3, e5m2, bf16 (decide replaced, so every kind occurs)
-  local function cycle(d)
-    local sz = d.errs[1]:size()
-    local t = {}
-    for i = 1, sz[1] do
-      t[i] = {}
-      for j = 1, sz[2] do t[i][j] = ((i - 1) * sz[2] + j - 1) % 3 + 1 end
-    end
-    return nv.tensor(t)
-  end
   local r = mor.choose(xt, {granularity = "block", block = 32, candidates = {"e4m3", "e5m2"}, scale = "gam",
     threshold = {e4m3 = 0.04, e5m2 = 0.1}, decide = cycle})
   T.eq(r.label, "mor")
-  T.eq(r.q:format(), "f32", "GAM blocks are fp32 values: an f32 operand")
-  local _, _, _, d4 = gam(x, "e4m3", 32)
-  local _, _, _, d5 = gam(x, "e5m2", 32)
-  local got = flat(r.q:dequantize():totable())
+  T.eq(r.q:format(), "bf16", "mixed e4m3 / e5m2 / bf16 blocks: a bf16 operand")
+  local c4, x4, wm = gam(x, "e4m3", 32)
+  local c5, x5 = gam(x, "e5m2", 32)
+  local m_g = wm[1]
+  T.eq(r.q:factor(), f32(1 / m_g), "the operand's factor is 1 / m_g in fp32")
+  local u4, u5 = unscaled(c4, x4, "e4m3", 32), unscaled(c5, x5, "e5m2", 32)
   local xf = flat(x)
+  local xg = {} -- x m_g in fp32, what the errors are measured against
+  for i, v in ipairs(xf) do xg[i] = f32(v * m_g) end
+  local got = flat(r.q:data():to("f32"):totable())
   for b = 0, 11 do
     local c = b % 3 + 1
     for k = 1, 32 do
       local i = b * 32 + k
-      local want = c == 1 and d4[i] or c == 2 and d5[i] or nv.tensor({xf[i]}):to("bf16"):to("f32"):totable()[1]
+      local want = c == 1 and u4[i] or c == 2 and u5[i] or nv.tensor({xg[i]}):to("bf16"):to("f32"):totable()[1]
       if got[i] ~= want then
         error(string.format("block %d element %d (choice %d): %.9g, want %.9g", b, k, c, got[i], want))
       end
     end
   end
+  -- decoded: the stored value times the factor, one fp32 rounding
+  local dq = flat(r.q:dequantize():totable())
+  for i = 1, #got do
+    if dq[i] ~= f32(got[i] * f32(1 / m_g)) then error(string.format("element %d decodes to %.9g", i, dq[i])) end
+  end
   T.eq(r.counts["x|fprop|x"].units, {e4m3 = 4, e5m2 = 4, bf16 = 4})
-  -- the errors decide saw: ||Q(x) - x|| / ||x|| per block, here in double from the independent decode
-  for ci, dd in ipairs({d4, d5}) do
+  -- the errors decide saw: ||code 2^-e_b - x m_g|| / ||x m_g|| per block, here in double
+  for ci, uu in ipairs({u4, u5}) do
     local e = flat(r.errs[ci]:totable())
     for b = 0, 11 do
       local s, n = 0, 0
       for k = 1, 32 do
         local i = b * 32 + k
-        s, n = s + (dd[i] - xf[i]) ^ 2, n + xf[i] ^ 2
+        s, n = s + (uu[i] - xg[i]) ^ 2, n + xg[i] ^ 2
       end
       local want = n == 0 and 0 or math.sqrt(s / n)
       T.near(e[b + 1], want, 1e-6 * want + 1e-30, string.format("candidate %d block %d error", ci, b))
@@ -258,9 +285,50 @@ T.case("mor.choose scale = \"gam\": the operand holds the reference's decoded va
   for b = 1, 12 do
     T.eq(ch[b], e4[b] <= 0.04 and 1 or e5[b] <= 0.1 and 2 or 3, "default choice of block " .. b)
   end
-  -- groups of 2 blocks: the same path, another m_g per pair of blocks
+end)
+
+T.case("mor.choose scale = \"gam\": every block in one fp8 format is an MXFP8 operand; groups of blocks an f32 one", function()
+  local x = sample()
+  local xt = nv.tensor(x)
+  for _, name in ipairs({"e4m3", "e5m2"}) do
+    -- threshold +inf: every block takes the first candidate
+    local r = mor.choose(xt, {granularity = "block", block = 32, candidates = {name}, scale = "gam", threshold = math.huge})
+    T.eq(r.q:format(), "mxfp8_" .. name, name .. ": an MX operand")
+    local wc, we, wm = gam(x, name, 32)
+    T.eq(r.q:factor(), f32(1 / wm[1]), name .. ": factor 1 / m_g")
+    T.eq(flat(r.q:codes():totable()), wc, name .. ": its codes are GAM's")
+    local bytes = flat(r.q:scale_bytes():totable())
+    for b, e in ipairs(we) do T.eq(bytes[b], 127 - e, name .. ": E8M0 byte of block " .. b) end
+    -- the same operand held as bf16 values with the same factor: the same exact products (the two GEMM
+    -- paths may sum them in different orders: NUMERICS §7)
+    local w = nv.randn(8, 96)
+    local qw = mor.choose(w, {granularity = "block", block = 32, candidates = {"e4m3", "e5m2"}, scale = "gam",
+      threshold = {e4m3 = 0.04, e5m2 = 0.1}, decide = cycle}).q
+    local as_bf16 = core.qtensor_assemble("bf16", nv.tensor(unscaled(wc, we, name, 32)):reshape(4, 96):to("bf16"), nil,
+      r.q:factor())
+    local o1, o2 = nv.qmatmul(r.q, qw), nv.qmatmul(as_bf16, qw)
+    -- each is the exact product of the decoded values up to fp32 summation and alpha's one rounding:
+    -- |err| <= (K + 3) 2^-24 sum |a' b'| alpha
+    local Bv, alpha = qw:data():to("f32"), f32(r.q:factor() * qw:factor())
+    local ua = unscaled(wc, we, name, 32)
+    local bt = Bv:totable()
+    local ot, ot2 = o1:totable(), o2:totable()
+    for m = 1, 4 do
+      for n = 1, 8 do
+        local s, sa = 0, 0
+        for k = 1, 96 do
+          local p = ua[(m - 1) * 96 + k] * bt[n][k]
+          s, sa = s + p, sa + math.abs(p)
+        end
+        T.near(ot[m][n], s * alpha, 99 * 2.0 ^ -24 * sa * alpha + 1e-30, string.format("%s out[%d][%d]", name, m, n))
+        T.near(ot2[m][n], s * alpha, 99 * 2.0 ^ -24 * sa * alpha + 1e-30, string.format("%s bf16 form out[%d][%d]", name, m, n))
+      end
+    end
+  end
+  -- groups of 2 blocks: no fold, the fp8 blocks hold the reference's decoded values in an f32 operand
   local r3 = mor.choose(xt, {granularity = "block", block = 32, candidates = {"e4m3"}, scale = "gam", group = 2,
     threshold = math.huge})
+  T.eq(r3.q:format(), "f32")
   local _, _, _, dg = gam(x, "e4m3", 32, 2)
   T.eq(flat(r3.q:dequantize():totable()), dg, "group = 2: every block e4m3, the reference's values")
 end)
@@ -328,10 +396,19 @@ T.case("scale / group options and core.gam_quantize arguments: clear errors", fu
   T.raises(function() mor.choose(x, with({block = 32, scale = "gam", group = 4, threshold = 0.04})) end,
     "layer 'x' fprop operand x: its 6 blocks of 1x32 do not split into groups of 4 blocks")
   T.eq(mor.new(with({scale = "gam", group = 3})):describe(), "mor e4m3<=0.04 > bf16 per 1x128 block gam (group 3 blocks)")
-  T.raises(function() core.gam_quantize(x, "nvfp4", 32) end, "invalid option 'nvfp4' (GAM scales e4m3 or e5m2)")
-  T.raises(function() core.gam_quantize(nv.randn(2, 3, 32), "e4m3", 32) end, "expects a 2-D f32 or bf16 CPU tensor")
-  T.raises(function() core.gam_quantize(x, "e4m3", 48) end, "K = 64 is not a multiple of block 48")
-  T.raises(function() core.gam_quantize(x, "e4m3", 0) end, "block must be a positive length")
-  T.raises(function() core.gam_quantize(x, "e4m3", 32, 4) end, "6 blocks do not split into groups of 4")
-  T.raises(function() core.gam_quantize(x, "e4m3", 32, -1) end, "group must be a number of blocks >= 0")
+  -- assembling an operand: what is wrong is named
+  local c8 = nv.zeros(2, 64):to("u8")
+  local s8 = nv.zeros(2, 2):to("u8")
+  T.raises(function() core.qtensor_assemble("nvfp4", c8, s8) end, "format must be f32, bf16, mxfp8_e4m3 or mxfp8_e5m2")
+  T.raises(function() core.qtensor_assemble("mxfp8_e4m3", nv.zeros(2, 64), s8) end, "codes for mxfp8_e4m3 must be a contiguous 2-D u8")
+  T.raises(function() core.qtensor_assemble("mxfp8_e4m3", c8) end, "mxfp8_e4m3 needs its block scales (u8 [2, 2])")
+  T.raises(function() core.qtensor_assemble("mxfp8_e4m3", c8, nv.zeros(2, 3):to("u8")) end, "scales must be a contiguous u8 [2, 2]")
+  T.raises(function() core.qtensor_assemble("mxfp8_e4m3", nv.zeros(2, 48):to("u8"), s8) end, "K is not a multiple of the block, 32")
+  T.raises(function() core.qtensor_assemble("mxfp8_e5m2", c8, s8 + 255) end, "a scale byte is 255 (E8M0's NaN)")
+  T.raises(function() core.qtensor_assemble("bf16", nv.zeros(2, 64):to("bf16"), s8) end, "bf16 takes no block scales")
+  T.raises(function() core.qtensor_assemble("bf16", nv.zeros(2, 64), nil) end, "values for bf16 must be a contiguous 2-D bf16")
+  for _, f in ipairs({0, -1, 0 / 0, math.huge, 1e-40}) do
+    T.raises(function() core.qtensor_assemble("bf16", nv.zeros(2, 64):to("bf16"), nil, f) end,
+      "factor must be a finite, normal, positive number")
+  end
 end)

@@ -9,7 +9,6 @@
 #include "gam.h"
 #include "backend.h"
 #include "cpu/ref/formats_ref.h"
-#include "cpu/ref/gam_ref.h"
 #include "qgather.h"
 #include "quant.h"
 
@@ -563,13 +562,15 @@ static int l_rht_signs(lua_State *L) {
 }
 
 /* core.codec(format, "encode"|"decode", value) -> element code / value, reference codecs */
-/* core.gam_quantize_fast(x, block, group, elem) -> codes (u8 [R, K]), scales (u8 [R, K/block], E8M0 bytes
- * 127 - e_b), mant (f32 [groups]): GAM scaling of the 2-D f32 x through the backend table (core/gam.h: the
- * reference under nv.use_reference, the fast CPU or the CUDA kernel); group "tensor" or a block count;
- * elem "e4m3" | "e5m2". A NaN or an inf sets the device's non-finite flag (core.nonfinite_take). */
-static int l_gam_quantize_fast(lua_State *L) {
+/* core.gam_quantize(x, block, group, elem) -> codes (u8 [R, K]), scales (u8 [R, K/block], E8M0 bytes
+ * 127 - e_b), mant (f32 [groups], m_g): GAM scaling (NUMERICS §12.1) of the 2-D f32 x on its device
+ * through the backend table (core/gam.h: the scalar reference kernels/cpu/ref/gam_ref.c under
+ * nv.use_reference(true), the fast CPU or the CUDA kernel: the same bits); group "tensor" or a block
+ * count (consecutive blocks, row-major); elem "e4m3" | "e5m2". A NaN or an inf sets the device's
+ * non-finite flag (core.nonfinite_take). */
+static int l_gam_quantize(lua_State *L) {
   static const char *const elems[] = {"e4m3", "e5m2", NULL};
-  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "gam_quantize_fast");
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "gam_quantize");
   lua_Integer block = luaL_checkinteger(L, 2);
   lua_Integer group = 0;
   if (lua_type(L, 3) == LUA_TSTRING) {
@@ -602,70 +603,41 @@ static int l_codec(lua_State *L) {
   return luaL_argerror(L, 2, "expected \"encode\" or \"decode\"");
 }
 
-/* core.gam_quantize(x, format, block [, group]) -> codes, scales, mant, decoded, nonfinite: GAM
- * scaling (kernels/cpu/ref/gam_ref.h, the scalar reference; NUMERICS §12) of a 2-D CPU tensor x
- * (R, K), f32 or bf16, in 1 x block blocks along its last dim, format "e4m3" or "e5m2"; group: blocks
- * per group (row-major block order), 0 or nil for the whole tensor. codes (R, K) u8, scales
- * (R, K/block) u8 (E8M0 bytes 127 - e_b), mant (ngroups) f32 (m_g), decoded (R, K) f32 (code 2^-e_b /
- * m_g rounded once), nonfinite: x held a NaN or an infinity (the host's non-finite flag is set too,
- * as by every quantization into fp8, NUMERICS §8). */
-static int l_gam_quantize(lua_State *L) {
-  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "gam_quantize");
-  const char *fmt = luaL_checkstring(L, 2);
-  nvl_elem elem;
-  if (strcmp(fmt, "e4m3") == 0) elem = NVL_ELEM_E4M3;
-  else if (strcmp(fmt, "e5m2") == 0) elem = NVL_ELEM_E5M2;
-  else return luaL_argerror(L, 2, lua_pushfstring(L, "invalid option '%s' (GAM scales e4m3 or e5m2)", fmt));
-  lua_Integer block = luaL_checkinteger(L, 3);
-  lua_Integer group = luaL_optinteger(L, 4, 0);
-  luaL_argcheck(L, block > 0 && block <= (1 << 30), 3, "block must be a positive length");
-  luaL_argcheck(L, group >= 0, 4, "group must be a number of blocks >= 0 (0: the whole tensor)");
-  if (x->device != NVL_CPU || x->ndim != 2 || (x->dtype != NVL_F32 && x->dtype != NVL_BF16)) {
-    char d[96];
-    return luaL_error(L, "gam_quantize: expects a 2-D f32 or bf16 CPU tensor, got %s", nvl_tensor_desc(x, d, sizeof d));
-  }
-  int64_t R = x->shape[0], K = x->shape[1];
-  if (K % block) return luaL_error(L, "gam_quantize: K = %I is not a multiple of block %I", (lua_Integer)K, block);
-  int64_t nb = R * (K / block);
-  if (group && nb % group)
-    return luaL_error(L, "gam_quantize: %I blocks do not split into groups of %I", (lua_Integer)nb, group);
-  int64_t ng = nb == 0 ? 0 : group ? nb / group : 1;
-  int64_t shp[2] = {R, K}, sshp[2] = {R, K / block}, gshp[1] = {ng};
-  nvl_tensor *codes = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_tensor_empty(codes, NVL_U8, NVL_CPU, 2, shp));
-  nvl_tensor *scales = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_tensor_empty(scales, NVL_U8, NVL_CPU, 2, sshp));
-  nvl_tensor *mant = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_tensor_empty(mant, NVL_F32, NVL_CPU, 1, gshp));
-  nvl_tensor *dec = nvl_lua_push_tensor(L);
-  CHECK(L, nvl_tensor_empty(dec, NVL_F32, NVL_CPU, 2, shp));
-  nvl_tensor xc = nvl_tensor_null(); /* x as contiguous f32 (a copy unless it is one already) */
-  CHECK(L, nvl_tensor_clone_to(&xc, x, NVL_F32, NVL_CPU));
-  int nonfinite = 0;
-  nvl_status st = nvl_gam_quantize_ref(nvl_tensor_data(codes), nvl_tensor_data(scales), nvl_tensor_data(mant),
-                                       &nonfinite, nvl_tensor_data(&xc), R, K, (int)block, group, elem);
-  nvl_tensor_release(&xc);
-  CHECK(L, st);
-  CHECK(L, nvl_gam_dequantize_ref(nvl_tensor_data(dec), nvl_tensor_data(codes), nvl_tensor_data(scales),
-                                  nvl_tensor_data(mant), R, K, (int)block, group, elem));
-  if (nonfinite) nvl_host_nonfinite_set(NVL_NONFINITE_INPUT);
-  lua_pushboolean(L, nonfinite);
-  return 5;
+/* core.qtensor_assemble(format, values, scales, factor) -> a 2-D QTensor from its parts (core/quant.h
+ * nvl_qtensor_assemble): format "f32" | "bf16" with values of that dtype and scales nil, or
+ * "mxfp8_e4m3" | "mxfp8_e5m2" with u8 codes [R, K] and E8M0 bytes [R, K/32]; factor (default 1) multiplies
+ * every decoded value and enters the GEMMs' alpha (GAM's 1 / m_g, NUMERICS §12.1). */
+static int l_qtensor_assemble(lua_State *L) {
+  nvl_dtype f = check_format(L, 1);
+  nvl_tensor *v = nvl_lua_check_tensor(L, 2, "qtensor_assemble");
+  nvl_tensor *sc = lua_isnoneornil(L, 3) ? NULL : nvl_lua_check_tensor(L, 3, "qtensor_assemble");
+  double factor = luaL_optnumber(L, 4, 1.0);
+  nvl_qtensor *q = push_q(L);
+  CHECK(L, nvl_qtensor_assemble(q, f, v, sc, (float)factor));
+  return 1;
+}
+
+/* q:factor() -> an assembled q's decode factor (1 for every other q) */
+static int q_factor(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  lua_pushnumber(L, q->factor != 0.0f ? q->factor : 1.0f);
+  return 1;
 }
 
 static const luaL_Reg q_methods[] = {
   {"dequantize", q_dequantize}, {"codes", q_codes}, {"scale_bytes", q_scale_bytes}, {"data", q_data},
   {"t", q_t}, {"share", q_share}, {"format", q_format}, {"layout", q_layout}, {"axis", q_axis}, {"dim", q_dim},
   {"size", q_size}, {"nbytes", q_nbytes}, {"free", q_free}, {"is_freed", q_is_freed},
-  {"device", q_device}, {"cpu", q_cpu}, {"swizzled_scales", q_swizzled_scales}, {NULL, NULL}};
+  {"device", q_device}, {"cpu", q_cpu}, {"swizzled_scales", q_swizzled_scales},
+  {"factor", q_factor}, {NULL, NULL}};
 
 static const luaL_Reg q_meta[] = {{"__index", q_index}, {"__gc", q_free}, {"__close", q_free}, {NULL, NULL}};
 
 static const luaL_Reg q_funcs[] = {
   {"quantize", l_quantize}, {"quantize_rowcol", l_quantize_rowcol}, {"quantize_all_gather", l_quantize_all_gather},
-  {"gam_quantize_fast", l_gam_quantize_fast},
+  {"gam_quantize", l_gam_quantize}, {"qtensor_assemble", l_qtensor_assemble},
   {"qgather_align", l_qgather_align}, {"quant_amax", l_quant_amax}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
-  {"codec", l_codec}, {"gam_quantize", l_gam_quantize}, {NULL, NULL}};
+  {"codec", l_codec}, {NULL, NULL}};
 
 static const luaL_Reg qg_methods[] = {{"wait", qg_wait}, {"pending", qg_pending}, {NULL, NULL}};
 

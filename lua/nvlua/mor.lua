@@ -349,23 +349,29 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
   local nb = K // B
   local a = core.quant_amax(L):cpu():totable()[1]
   local gam = self.scale == "gam"
-  if gam and L:device() ~= "cpu" then
-    user_error(string.format("recipe mor: %s: scale = \"gam\" runs on the CPU reference only so far, not on %s",
-      where_of(ctx, role, operand), L:device()), 0)
-  end
-  local gblocks = 0 -- GAM's blocks per group, 0: the whole operand
+  local gblocks = "tensor" -- GAM's groups: the whole operand, or this many blocks each
   if gam and self.group ~= "tensor" then
     gblocks = self.group
-    if (rows * (K // B)) % gblocks ~= 0 then
+    if (rows * nb) % gblocks ~= 0 then
       user_error(string.format("recipe mor: %s: its %d blocks of 1x%d do not split into groups of %d blocks",
-        where_of(ctx, role, operand), rows * (K // B), B, gblocks), 0)
+        where_of(ctx, role, operand), rows * nb, B, gblocks), 0)
     end
+  end
+  -- GAM (NUMERICS §12.1): candidate i's codes and E8M0 bytes, as an MX operand (each 1xB block's byte
+  -- repeated over its 1x32 MX blocks) with the decode factor f (1 / m_g, or 1 for the unscaled values)
+  local gparts, mant = {}, nil
+  local function gam_mx(i, f)
+    local p = gparts[i]
+    local s32 = B == 32 and p.scales or p.scales:reshape(rows, nb, 1):expand(rows, nb, B // 32):contiguous():reshape(rows,
+      K // 32)
+    return core.qtensor_assemble("mxfp8_" .. self.candidates[i], p.codes, s32, f)
   end
   local function deq(i) -- candidate i's values of the layout, dequantized
     local f = self.candidates[i]
-    if gam then -- code 2^-e_b / m_g rounded once to fp32 (the reference's decode)
-      local _, _, _, d = core.gam_quantize(L, f, B, gblocks)
-      return d
+    if gam then -- code 2^-e_b (exact in fp32); the group's m_g is applied below
+      local codes, scales, m = core.gam_quantize(L, B, gblocks, f)
+      gparts[i], mant = {codes = codes, scales = scales}, m
+      return gam_mx(i):dequantize({on_device = true})
     end
     local ft = formats.traits[f]
     local o = self:_opts(rec, f, operand, 2)
@@ -376,15 +382,33 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
   local deqs, errs, choice, counts = {}, {}, given, {}
   if given then
     for i = 1, #self.formats do counts[i] = math.tointeger(choice:eq(i):to("f32"):sum()) or 0 end
-    for i = 1, #self.candidates do if counts[i] > 0 then deqs[i] = deq(i) end end
-  else
+  end
+  for i = 1, #self.candidates do if not given or counts[i] > 0 then deqs[i] = deq(i) end end
+  if gam and not mant then deq(1) end -- a replay of bf16 blocks only: their m_g still (both formats share it)
+  -- GAM with one group (the fold): the operand holds code 2^-e_b, bf16 values exactly, and 1 / m_g
+  -- leaves the GEMM as its decode factor; bf16 blocks hold x m_g rounded to bf16, so that every block
+  -- is on the same footing, and the errors are measured against x m_g. Groups of blocks: no fold (a
+  -- group may split a row along K): the fp8 blocks hold code 2^-e_b / m_g (the fp32 quotient, the
+  -- reference's decode), the bf16 blocks x rounded to bf16, in an f32 operand.
+  local fold = gam and gblocks == "tensor"
+  local mg, base = 1, L -- the values the errors are measured against: x, or x m_g (the fold)
+  if gam and mant then
+    if fold then
+      mg = mant:cpu():totable()[1]
+      if mg ~= 1 then base = L * mg end
+    else
+      local ng = mant:size(1)
+      local mgx = mant:reshape(ng, 1):expand(ng, (rows * K) // ng):contiguous():reshape(rows, K)
+      for i = 1, #self.candidates do if deqs[i] then deqs[i] = deqs[i] / mgx end end
+    end
+  end
+  if not given then
     local c = norm_factor(a)
-    local Ls = c == 1 and L or L * c
+    local Ls = c == 1 and base or base * c
     -- the per-block sums on t's device; the errors, the decision and the counts on the host (rows x
     -- blocks numbers)
     local n2 = sqerr(Ls, nil, B):cpu():maximum(TINY)
     for i = 1, #self.candidates do
-      deqs[i] = deq(i)
       errs[i] = (sqerr(c == 1 and deqs[i] or deqs[i] * c, Ls, B):cpu() / n2):sqrt()
     end
     local d = {errs = errs, thresholds = self.threshold, formats = self.formats, granularity = "block", block = B,
@@ -392,7 +416,14 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
     choice, counts = self:_decide(d, where_of(ctx, role, operand))
     self:_count(ctx, role, operand, counts, B, "block")
   end
-  deqs[#self.formats] = L:to("bf16"):to("f32") -- bf16 blocks: x rounded to bf16
+  if fold then
+    -- every block in one fp8 format: the operand is that MXFP8 tensor itself (E8M0 byte 127 - e_b per
+    -- 1x32 block), for the MX tensor cores (NUMERICS §12.1)
+    for i = 1, #self.candidates do
+      if counts[i] == rows * nb then return gam_mx(i, 1 / mg), "mor", choice, errs end
+    end
+  end
+  deqs[#self.formats] = base:to("bf16"):to("f32") -- bf16 blocks: x (x m_g with the fold) rounded to bf16
   local mixed
   for i = 1, #self.formats do
     if counts[i] > 0 then
@@ -402,8 +433,8 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
       mixed = mixed and mixed + part or part
     end
   end
-  -- GAM blocks are code 2^-e_b / m_g rounded to fp32, not bf16 values: an f32 operand, an f32 GEMM
-  -- (NUMERICS §12.1)
+  if fold then return core.qtensor_assemble("bf16", mixed:to("bf16"), nil, 1 / mg), "mor", choice, errs end
+  -- groups of blocks: code 2^-e_b / m_g are fp32 values, not bf16 ones: an f32 operand, an f32 GEMM
   return quant.quantize(mixed, gam and "f32" or "bf16"), "mor", choice, errs
 end
 
