@@ -511,19 +511,16 @@ static nvl_qview qview_of(const nvl_qtensor *q) {
 /* b (rows, K) f32 on dev = q decoded by its backend; an RHT operand's values moved back to x's domain
  * (x R^T, NUMERICS §5, by the backend's inverse rht in place) unless rotated. */
 static nvl_status decode_blocked(nvl_tensor *b, const nvl_qtensor *q, nvl_device dev, int rotated) {
-  const nvl_backend *be, *bt = NULL;
+  const nvl_backend *be, *bt = NULL, *bs = NULL;
   NVL_PICK(be, &q->data, formats[q->format].dequantize, "dequantize");
   if (q->rht && !rotated) NVL_PICK_DEV(bt, dev, rht, "dequantize (the inverse RHT)");
+  if (q->factor != 0.0f) NVL_PICK_DEV(bs, dev, scale, "dequantize (the factor)");
   int64_t shape2[2] = {q->rows, q->K};
   NVL_TRY(nvl_tensor_empty(b, NVL_F32, dev, 2, shape2));
   nvl_qview v = qview_of(q);
   nvl_status st = NVL_CALL(be, b, formats[q->format].dequantize, nvl_tensor_data(b), &v, 0, q->rows, 0);
-  if (st == NVL_OK && q->factor != 0.0f) { /* an assembled q's factor: value * factor, one fp32 rounding */
-    nvl_tensor s = nvl_tensor_null();
-    st = nvl_binary_scalar(&s, NVL_OP_MUL, b, nvl_scalar_f(q->factor), 0);
-    if (st == NVL_OK) st = nvl_tensor_copy(b, &s);
-    nvl_tensor_release(&s);
-  }
+  if (st == NVL_OK && bs) /* an assembled q's factor: value * factor, one fp32 multiply */
+    st = NVL_CALL(bs, b, scale, nvl_tensor_data(b), (double)q->factor, q->rows * q->K);
   if (st == NVL_OK && bt) st = NVL_CALL(bt, b, rht, nvl_tensor_data(b), nvl_tensor_data(b), q->rows, q->K, q->signs, 1);
   if (st != NVL_OK) nvl_tensor_release(b);
   return st;
@@ -681,9 +678,14 @@ nvl_status nvl_qtensor_assemble(nvl_qtensor *out, nvl_dtype format, const nvl_te
                        "block), got %s", fn, (long long)R, (long long)nb, block, nvl_tensor_desc(scales, d, sizeof d));
     if (!nvl_tensor_same_device(scales, values))
       return nvl_error(NVL_EINVAL, "%s: codes and scales are on different devices", fn);
-    nvl_scalar mxb;
-    NVL_TRY(nvl_reduce_all(&mxb, NVL_RED_MAX, scales));
-    if (R * nb > 0 && mxb.i == 255)
+    /* a 255 byte (E8M0's NaN) is refused: scanned on the host (a device's bytes copied back: R K/32 bytes) */
+    nvl_tensor h = nvl_tensor_null();
+    NVL_TRY(nvl_tensor_clone_to(&h, scales, NVL_U8, NVL_CPU));
+    const uint8_t *hb = (const uint8_t *)nvl_tensor_data(&h);
+    int nan_byte = 0;
+    for (int64_t i = 0; i < R * nb; i++) nan_byte |= hb[i] == 255;
+    nvl_tensor_release(&h);
+    if (nan_byte)
       return nvl_error(NVL_EINVAL, "%s: a scale byte is 255 (E8M0's NaN); block scales are 0..254", fn);
   }
   nvl_qtensor q = nvl_qtensor_null();

@@ -28,8 +28,7 @@ T.case("every recipe on the device: losses, gradients, parameters and recipe sta
   T.need_gpu()
   -- the registered recipes, and SR on a forward operand (the replay's generator offsets on the device)
   local names = {["custom: SR on x, delayed nvfp4 weights, reducer, SR shard 0 of 2"] = true}
-  -- (mor_paper: GAM scaling runs on the CPU reference only so far, and refuses a device operand)
-  for _, n in ipairs(recipe.names()) do if n ~= "mor_paper" then names[n] = true end end
+  for _, n in ipairs(recipe.names()) do names[n] = true end
   R.check_all({device = "cuda", steps = 1, micro = 2, variants = names})
 end)
 

@@ -395,7 +395,8 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
   if gam and mant then
     if fold then
       mg = mant:cpu():totable()[1]
-      if mg ~= 1 then base = L * mg end
+      -- x m_g, one fp32 product per element (a same-shape tensor: the devices' elementwise ops)
+      if mg ~= 1 then base = L * mant:reshape(1, 1):expand(rows, K):contiguous() end
     else
       local ng = mant:size(1)
       local mgx = mant:reshape(ng, 1):expand(ng, (rows * K) // ng):contiguous():reshape(rows, K)
