@@ -1,7 +1,8 @@
 /* gam.h: GAM scaling of a tensor into fp8 blocks (issue 34; the rule and its edge cases are
  * kernels/cpu/ref/gam_ref.h's), dispatched to the backend table's gam_quantize entry: the scalar
  * reference while nv.use_reference(true) is on, the fast CPU kernel, or the CUDA kernel, the same bits.
- * Groundwork: no qtensor, recipe or GEMM uses it yet.
+ * Used by MoR's scale = "gam" (lua/nvlua/mor.lua) through core.gam_quantize; its operands are assembled
+ * from these parts (core/quant.h nvl_qtensor_assemble).
  *
  * Not here: the rule itself (gam_ref.h), decoding (nvl_gam_dequantize_ref), MoR's choice, Lua.
  *

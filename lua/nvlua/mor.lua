@@ -16,8 +16,11 @@
 -- exactly; the operand holds them decoded (a bf16 QTensor: 16 bits per element, the decoded form a
 -- Hopper kernel would produce from the codes) and the GEMM is one bf16 x bf16 -> fp32 GEMM, exact
 -- up to fp32 summation order, on the CPU and on the CUDA backend alike. With scale = "gam" (the
--- paper's group amax mantissa scaling, NUMERICS §12.1; CPU reference only) the fp8 blocks are code
--- 2^-e_b / m_g rounded once to fp32 instead: the operand is an f32 QTensor and the GEMM an f32 GEMM.
+-- paper's group amax mantissa scaling, NUMERICS §12.1) and one group, the fp8 blocks hold code 2^-e_b
+-- and the bf16 blocks x m_g in bf16, and 1 / m_g is the operand's decode factor (the GEMM's alpha):
+-- a bf16 QTensor, or, every block in one fp8 format, the MXFP8 QTensor of GAM's codes and bytes (the
+-- MX tensor cores' operand); with groups of blocks the fp8 blocks are code 2^-e_b / m_g in fp32 (an
+-- f32 QTensor, an f32 GEMM).
 local core = require "nvlua.core"
 local quant = require "nvlua.quant"
 local stats = require "nvlua.stats"
@@ -277,16 +280,22 @@ function Mor:_count(ctx, role, operand, counts, elems_per_unit, unit)
   local key = tostring(ctx.name) .. "|" .. role .. "|" .. operand
   local s = self.step_counts[key]
   if not s then
-    s = {name = ctx.name, block = ctx.block, role = role, operand = operand, units = {}, elems = {}}
+    s = {name = ctx.name, block = ctx.block, role = role, operand = operand, units = {}, elems = {}, tensors = {}}
     self.step_counts[key] = s
   end
+  local kind -- this operand tensor's representation: its units' one format, or "mixed"
   for i, f in ipairs(self.formats) do
     local n = counts[i] or 0
     if n > 0 then
       s.units[f] = (s.units[f] or 0) + n
       s.elems[f] = (s.elems[f] or 0) + n * elems_per_unit
       stats.representation(ctx.name, role, operand, f, unit, n, n * elems_per_unit)
+      kind = kind and "mixed" or f
     end
+  end
+  if kind then
+    if kind == "mixed" and (counts[#self.formats] or 0) == 0 then kind = "mixed_low" end -- no bf16 unit
+    s.tensors[kind] = (s.tensors[kind] or 0) + 1
   end
 end
 
@@ -502,10 +511,19 @@ end
 
 --- M.summary(counts) -> {low = share of elements not in bf16, by_format = {[format] = element share},
 -- units_low = share of units (tensors or blocks) not in bf16, blocks = {[block index] = low share},
--- roles = {[fprop|dgrad|wgrad] = low share}} (nil when counts holds nothing)
+-- roles = {[fprop|dgrad|wgrad] = low share}, tensors_low = share of operand tensors without a bf16
+-- unit, tensors = {[kind] = share of operand tensors}: kind a format (every unit of the tensor in
+-- it: per block, an all-e4m3 or all-e5m2 GAM operand is an MXFP8 operand), "mixed_low" (low-precision
+-- formats only, more than one) or "mixed" (some bf16 units)} (nil when counts holds nothing)
 function M.summary(counts)
   local tot, low, utot, ulow, byf, blk, rl = 0, 0, 0, 0, {}, {}, {}
+  local ttot, tlow, kinds = 0, 0, {}
   for _, s in pairs(counts) do
+    for k, n in pairs(s.tensors or {}) do
+      ttot = ttot + n
+      kinds[k] = (kinds[k] or 0) + n
+      if k ~= "bf16" and k ~= "mixed" then tlow = tlow + n end
+    end
     for f, n in pairs(s.elems) do
       tot = tot + n
       byf[f] = (byf[f] or 0) + n
@@ -528,7 +546,23 @@ function M.summary(counts)
   local blocks, roles = {}, {}
   for b, v in pairs(blk) do blocks[b] = v[2] / v[1] end
   for r, v in pairs(rl) do roles[r] = v[2] / v[1] end
-  return {low = low / tot, by_format = byf, units_low = ulow / utot, blocks = blocks, roles = roles}
+  for k, n in pairs(kinds) do kinds[k] = n / ttot end
+  return {low = low / tot, by_format = byf, units_low = ulow / utot, blocks = blocks, roles = roles,
+    tensors_low = ttot > 0 and tlow / ttot or nil, tensors = kinds}
+end
+
+--- M.format_tensor_shares(tensors_low, tensors) -> one line of the operand tensors' representations
+-- (summary's tensors_low and tensors): "97.50% of operand tensors wholly in low precision (e4m3 96.00%,
+-- mixed low-precision formats 1.50%, with bf16 units 2.50%)"
+function M.format_tensor_shares(tl, kinds)
+  if not tl then return "no operand tensors counted" end
+  local label = {mixed_low = "mixed low-precision formats", mixed = "with bf16 units"}
+  local ks = require("nvlua.util").sorted_keys(kinds)
+  local rank = {mixed_low = 1, mixed = 2} -- formats first, then the mixed kinds
+  table.sort(ks, function(a, b) return (rank[a] or 0) < (rank[b] or 0) or ((rank[a] or 0) == (rank[b] or 0) and a < b) end)
+  local parts = {}
+  for _, k in ipairs(ks) do parts[#parts + 1] = string.format("%s %.2f%%", label[k] or k, 100 * kinds[k]) end
+  return string.format("%.2f%% of operand tensors wholly in low precision (%s)", 100 * tl, table.concat(parts, ", "))
 end
 
 -- ---- the linear layer -------------------------------------------------------------------------
