@@ -265,6 +265,10 @@ T.case("mor.choose scale = \"gam\", one group: a bf16 operand of code 2^-e_b (x 
     if dq[i] ~= f32(got[i] * f32(1 / m_g)) then error(string.format("element %d decodes to %.9g", i, dq[i])) end
   end
   T.eq(r.counts["x|fprop|x"].units, {e4m3 = 4, e5m2 = 4, bf16 = 4})
+  T.eq(r.counts["x|fprop|x"].tensors, {mixed = 1}, "one operand tensor, with bf16 blocks")
+  local sm = mor.summary(r.counts)
+  T.eq(sm.tensors_low, 0)
+  T.eq(sm.tensors, {mixed = 1})
   -- the errors decide saw: ||code 2^-e_b - x m_g|| / ||x m_g|| per block, here in double
   for ci, uu in ipairs({u4, u5}) do
     local e = flat(r.errs[ci]:totable())
@@ -294,6 +298,7 @@ T.case("mor.choose scale = \"gam\": every block in one fp8 format is an MXFP8 op
     -- threshold +inf: every block takes the first candidate
     local r = mor.choose(xt, {granularity = "block", block = 32, candidates = {name}, scale = "gam", threshold = math.huge})
     T.eq(r.q:format(), "mxfp8_" .. name, name .. ": an MX operand")
+    T.eq(r.counts["x|fprop|x"].tensors, {[name] = 1}, name .. ": counted as one tensor wholly in " .. name)
     local wc, we, wm = gam(x, name, 32)
     T.eq(r.q:factor(), f32(1 / wm[1]), name .. ": factor 1 / m_g")
     T.eq(flat(r.q:codes():totable()), wc, name .. ": its codes are GAM's")
@@ -331,6 +336,22 @@ T.case("mor.choose scale = \"gam\": every block in one fp8 format is an MXFP8 op
   T.eq(r3.q:format(), "f32")
   local _, _, _, dg = gam(x, "e4m3", 32, 2)
   T.eq(flat(r3.q:dequantize():totable()), dg, "group = 2: every block e4m3, the reference's values")
+end)
+
+T.case("mor.summary: operand tensors by representation (hand counts), and their line", function()
+  -- 4 operand tensors: 2 wholly e4m3, 1 of e4m3 and e5m2 blocks, 1 with a bf16 block
+  local counts = {
+    a = {name = "a", role = "fprop", operand = "x", units = {e4m3 = 8}, elems = {e4m3 = 1024}, tensors = {e4m3 = 2}},
+    b = {name = "b", role = "dgrad", operand = "dy", units = {e4m3 = 3, e5m2 = 1}, elems = {e4m3 = 384, e5m2 = 128},
+      tensors = {mixed_low = 1}},
+    c = {name = "c", role = "wgrad", operand = "x", units = {e4m3 = 3, bf16 = 1}, elems = {e4m3 = 384, bf16 = 128},
+      tensors = {mixed = 1}},
+  }
+  local sm = mor.summary(counts)
+  T.eq(sm.tensors_low, 0.75)
+  T.eq(sm.tensors, {e4m3 = 0.5, mixed_low = 0.25, mixed = 0.25})
+  T.eq(mor.format_tensor_shares(sm.tensors_low, sm.tensors), "75.00% of operand tensors wholly in low precision " ..
+    "(e4m3 50.00%, mixed low-precision formats 25.00%, with bf16 units 25.00%)")
 end)
 
 local CFG = {vocab_size = 96, hidden_size = 128, intermediate_size = 256, num_hidden_layers = 2, num_attention_heads = 4,

@@ -570,7 +570,8 @@ end
 local function label(fa, fb) return fa == fb and fa or (fa .. " x " .. fb) end
 
 -- what recipe:trace's callback sees of a MoR GEMM: {role, a = {format}, b = {format}, out, label, mor}
--- (format "mor": a per-block operand, a bf16 QTensor of mixed values; f32 with scale = "gam")
+-- (format "mor": a per-block operand, a bf16 QTensor of mixed values; with scale = "gam" a bf16 or
+-- MXFP8 one with a decode factor, or with groups of blocks an f32 one)
 local function gemm_of(role, fa, fb)
   return {role = role, a = {format = fa}, b = {format = fb}, out = role == "wgrad" and "f32" or "bf16",
     label = label(fa, fb), mor = true}
