@@ -1671,6 +1671,32 @@ local function plot_mor(r)
   local ok, err = plot.lines(png, series, {title = string.format("%s — %s: low-precision share per block", r.c.out,
     tostring(r.c.recipe)), ylabel = "% of GEMM-operand elements not in bf16"})
   if not ok then r.out:write("plot: " .. tostring(err) .. "\n") end
+  -- mor_kinds.png: each format's share of the elements and each kind's share of the operand tensors,
+  -- step by step, on a log scale (the minor ones are a few percent or less)
+  local kinds = {}
+  for _, p in ipairs(r.mor_points) do
+    for f in pairs(p[2].by_format) do kinds["elements " .. f] = {"by_format", f} end
+    for k in pairs(p[2].tensors) do
+      kinds["tensors " .. (k == "mixed" and "with bf16 units" or k == "mixed_low" and "of mixed low-precision formats" or
+        ("wholly " .. k))] = {"tensors", k}
+    end
+  end
+  local ks = require("nvlua.util").sorted_keys(kinds)
+  local ser = {}
+  for _, name in ipairs(ks) do
+    local s = {title = name, x = {}, y = {}}
+    for _, p in ipairs(r.mor_points) do
+      local v = p[2][kinds[name][1]][kinds[name][2]]
+      if v and v > 0 then s.x[#s.x + 1] = p[1]; s.y[#s.y + 1] = 100 * v end
+    end
+    if #s.x > 0 then ser[#ser + 1] = s end
+  end
+  if ok and #ser > 0 then
+    local ok2, err2 = plot.lines(r.run_dir .. "/mor_kinds.png", ser, {title = string.format(
+      "%s — %s: representations (element shares; operand tensors by kind)", r.c.out, tostring(r.c.recipe)),
+      ylabel = "% (log scale)", logy = true})
+    if not ok2 then r.out:write("plot: " .. tostring(err2) .. "\n") end
+  end
   return ok and png or nil
 end
 
