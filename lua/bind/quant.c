@@ -7,8 +7,6 @@
 #include <string.h>
 #include "bind.h"
 #include "gam.h"
-#include "backend.h"
-#include "cpu/ref/formats_ref.h"
 #include "qgather.h"
 #include "quant.h"
 
