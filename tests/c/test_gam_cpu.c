@@ -51,43 +51,7 @@ static long diff_both(const float *x, int64_t R, int64_t K, int B, int64_t G) {
   return diff(nvl_gam_quantize_cpu, x, R, K, B, G) + diff(portable_gam_quantize_cpu, x, R, K, B, G);
 }
 
-static uint64_t rng_state;
-static uint64_t rng(void) { /* splitmix64 */
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static float rnd(int lo, int hi) {
-  uint64_t r = rng();
-  float v = ldexpf(1.0f + (float)(r & 0x7FFFFF) / 0x1p23f, lo + (int)((r >> 24) % (uint64_t)(hi - lo + 1)));
-  return (r >> 63) ? -v : v;
-}
-
-/* test_gam_ref.c's random tensor: per block ordinary, wide, tiny (subnormal) or zero magnitudes, and per
- * group one block whose max is the group max times a power of two (m_b == m_g). */
-static void random_tensor(float *x, int64_t nb, int B, int64_t G) {
-  for (int64_t b = 0; b < nb; b++) {
-    int kind = (int)(rng() % 8), lo = -20 + (int)(rng() % 30);
-    for (int j = 0; j < B; j++) {
-      float *v = &x[b * B + j];
-      if (kind == 0) *v = 0.0f;
-      else if (kind == 1) *v = rnd(-149, -118);
-      else if (kind == 2) *v = rnd(-60, 60);
-      else *v = rnd(lo, lo + 6);
-    }
-  }
-  int64_t gsz = G ? G : nb;
-  for (int64_t g0 = 0; g0 < nb; g0 += gsz) {
-    int64_t im = g0 * B;
-    for (int64_t i = g0 * B; i < (g0 + gsz) * B; i++)
-      if (fabsf(x[i]) > fabsf(x[im])) im = i;
-    int64_t b = g0 + (int64_t)(rng() % (uint64_t)gsz);
-    float v = ldexpf(fabsf(x[im]), -(int)(rng() % 5));
-    for (int j = 0; j < B; j++) x[b * B + j] = fminf(fabsf(x[b * B + j]), v) * (j & 1 ? -1.0f : 1.0f);
-    x[b * B] = v;
-  }
-}
+#include "gam_data.h"
 
 NVL_TEST(gam_cpu_hand_and_nonfinite_cases) {
   const float hand[24] = {3.0f, -1.0f, 0.5f, 2.25f, 1.59f, 1.0f, -0.5f, 0.0f, 2.0f, 1.5f, -2.0f, 0.25f,

@@ -90,19 +90,7 @@ static int t_block_exp(nvl_elem el, double bamax, double m_g) {
 
 /* ---- deterministic data --------------------------------------------------------------------- */
 
-static uint64_t rng_state;
-static uint64_t rng(void) { /* splitmix64 */
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-/* +-(1 + u) 2^e, u a random 23-bit fraction, e uniform in [lo, hi] (ldexpf: subnormals rounded). */
-static float rnd(int lo, int hi) {
-  uint64_t r = rng();
-  float v = ldexpf(1.0f + (float)(r & 0x7FFFFF) / 0x1p23f, lo + (int)((r >> 24) % (uint64_t)(hi - lo + 1)));
-  return (r >> 63) ? -v : v;
-}
+#include "gam_data.h"
 
 /* ---- the comparison ------------------------------------------------------------------------- */
 
@@ -262,28 +250,7 @@ NVL_TEST(gam_random_vs_independent) {
     int64_t R = 4, K = B * (1 + (int64_t)(t % 4)), nb = R * (K / B);
     int64_t G = (t / 3) % 4 == 3 ? 0 : (int64_t)1 << ((t / 3) % 4 % 3); /* 1, 2, 4 or the tensor */
     if (G && nb % G) G = 0;
-    /* per block a magnitude range: ordinary, wide, tiny (subnormal), or zero */
-    for (int64_t b = 0; b < nb; b++) {
-      int kind = (int)(rng() % 8), lo = -20 + (int)(rng() % 30);
-      for (int j = 0; j < B; j++) {
-        float *v = &x[b * B + j];
-        if (kind == 0) *v = 0.0f;
-        else if (kind == 1) *v = rnd(-149, -118);
-        else if (kind == 2) *v = rnd(-60, 60);
-        else *v = rnd(lo, lo + 6);
-      }
-    }
-    /* blocks whose max is the group max times a power of two: m_b == m_g (when not clamped) */
-    int64_t gsz = G ? G : nb;
-    for (int64_t g0 = 0; g0 < nb; g0 += gsz) {
-      int64_t im = g0 * B;
-      for (int64_t i = g0 * B; i < (g0 + gsz) * B; i++)
-        if (fabsf(x[i]) > fabsf(x[im])) im = i;
-      int64_t b = g0 + (int64_t)(rng() % (uint64_t)gsz);
-      float v = ldexpf(fabsf(x[im]), -(int)(rng() % 5));
-      for (int j = 0; j < B; j++) x[b * B + j] = fminf(fabsf(x[b * B + j]), v) * (j & 1 ? -1.0f : 1.0f);
-      x[b * B] = v;
-    }
+    random_tensor(x, nb, B, G);
     fails += compare(x, R, K, B, G, NVL_ELEM_E4M3, &st);
     fails += compare(x, R, K, B, G, NVL_ELEM_E5M2, &st);
   }
