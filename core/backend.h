@@ -401,6 +401,13 @@ typedef struct nvl_backend {
    * (K, R/16), each tile's scale read from its first row (NUMERICS §2). */
   nvl_status (*transpose_tiles)(nvl_kctx *ctx, uint8_t *codes_t, uint8_t *scales_t, const uint8_t *codes,
                                 const uint8_t *scales, int64_t R, int64_t K);
+  /* GAM scaling of fp8 blocks (kernels/cpu/ref/gam_ref.h, bit for bit nvl_gam_quantize_ref): codes
+   * (rows, K) e4m3/e5m2 codes, scales (rows, K/block) E8M0 bytes 127 - e_b, mant (nblocks / G) f32 group
+   * mantissas, from x (rows, K) f32; G = group_blocks >= 1 blocks per group (core resolves "the whole
+   * tensor"), dividing nblocks = rows * (K/block). A NaN or an inf in x sets the device's
+   * NVL_NONFINITE_INPUT flag, as every quantization into fp8 does. */
+  nvl_status (*gam_quantize)(nvl_kctx *ctx, uint8_t *codes, uint8_t *scales, float *mant, const float *x,
+                             int64_t rows, int64_t K, int64_t block, int64_t group_blocks, nvl_elem elem);
 
   /* layers and attention (core/layers.h): a sub-table, defined beside the kernels */
   const struct nvl_layer_kernels *layers;

@@ -503,6 +503,7 @@ static nvl_qview qview_of(const nvl_qtensor *q) {
   v.amax = q->amax;
   v.scale = q->scale;
   v.alpha = f->dec_scale ? f->dec_scale(q->amax, q->scale) : 1.0f;
+  if (q->factor != 0.0f) v.alpha *= q->factor; /* assembled: no pending amax, dec_scale-free formats */
   v.amax_dev = q->amax_pending ? nvl_tensor_data(&q->amax_dev) : NULL;
   return v;
 }
@@ -510,13 +511,16 @@ static nvl_qview qview_of(const nvl_qtensor *q) {
 /* b (rows, K) f32 on dev = q decoded by its backend; an RHT operand's values moved back to x's domain
  * (x R^T, NUMERICS §5, by the backend's inverse rht in place) unless rotated. */
 static nvl_status decode_blocked(nvl_tensor *b, const nvl_qtensor *q, nvl_device dev, int rotated) {
-  const nvl_backend *be, *bt = NULL;
+  const nvl_backend *be, *bt = NULL, *bs = NULL;
   NVL_PICK(be, &q->data, formats[q->format].dequantize, "dequantize");
   if (q->rht && !rotated) NVL_PICK_DEV(bt, dev, rht, "dequantize (the inverse RHT)");
+  if (q->factor != 0.0f) NVL_PICK_DEV(bs, dev, scale, "dequantize (the factor)");
   int64_t shape2[2] = {q->rows, q->K};
   NVL_TRY(nvl_tensor_empty(b, NVL_F32, dev, 2, shape2));
   nvl_qview v = qview_of(q);
   nvl_status st = NVL_CALL(be, b, formats[q->format].dequantize, nvl_tensor_data(b), &v, 0, q->rows, 0);
+  if (st == NVL_OK && bs) /* an assembled q's factor: value * factor, one fp32 multiply */
+    st = NVL_CALL(bs, b, scale, nvl_tensor_data(b), (double)q->factor, q->rows * q->K);
   if (st == NVL_OK && bt) st = NVL_CALL(bt, b, rht, nvl_tensor_data(b), nvl_tensor_data(b), q->rows, q->K, q->signs, 1);
   if (st != NVL_OK) nvl_tensor_release(b);
   return st;
@@ -637,6 +641,80 @@ nvl_status nvl_qtensor_t(nvl_qtensor *out, const nvl_qtensor *q) {
 }
 
 /* ---- GEMM ------------------------------------------------------------------------------------ */
+
+/* ---- assembled from parts ------------------------------------------------------------------- */
+
+nvl_status nvl_qtensor_assemble(nvl_qtensor *out, nvl_dtype format, const nvl_tensor *values, const nvl_tensor *scales,
+                                float factor) {
+  const char *fn = "qtensor_assemble";
+  char d[160];
+  int mx = format == NVL_MXFP8_E4M3 || format == NVL_MXFP8_E5M2;
+  if (!mx && format != NVL_F32 && format != NVL_BF16)
+    return nvl_error(NVL_EINVAL, "%s: format must be f32, bf16, mxfp8_e4m3 or mxfp8_e5m2 (formats without a per-tensor "
+                     "scale), got %s", fn, format >= 0 && format < NVL_DTYPE_COUNT ? nvl_dtypes[format].name : "?");
+  NVL_TRY(nvl_tensor_check_live(values, fn));
+  nvl_dtype want = mx ? NVL_U8 : format;
+  if (values->ndim != 2 || values->dtype != want || !nvl_tensor_is_contiguous(values))
+    return nvl_error(NVL_EINVAL, "%s: %s for %s must be a contiguous 2-D %s tensor, got %s", fn, mx ? "codes" : "values",
+                     nvl_dtypes[format].name, nvl_dtypes[want].name, nvl_tensor_desc(values, d, sizeof d));
+  int64_t R = values->shape[0], K = values->shape[1];
+  if (!(isfinite(factor) && isnormal(factor) && factor > 0.0f))
+    return nvl_error(NVL_EINVAL, "%s: factor must be a finite, normal, positive number, got %g", fn, (double)factor);
+  if (!mx && scales)
+    return nvl_error(NVL_EINVAL, "%s: %s takes no block scales", fn, nvl_dtypes[format].name);
+  int64_t nb = 0;
+  if (mx) {
+    int block = nvl_dtypes[format].block;
+    if (K % block)
+      return nvl_error(NVL_EINVAL, "%s: %s codes [%lld, %lld]: K is not a multiple of the block, %d", fn,
+                       nvl_dtypes[format].name, (long long)R, (long long)K, block);
+    nb = K / block;
+    if (!scales) return nvl_error(NVL_EINVAL, "%s: %s needs its block scales (u8 [%lld, %lld])", fn,
+                                  nvl_dtypes[format].name, (long long)R, (long long)nb);
+    NVL_TRY(nvl_tensor_check_live(scales, fn));
+    if (scales->ndim != 2 || scales->dtype != NVL_U8 || !nvl_tensor_is_contiguous(scales) || scales->shape[0] != R ||
+        scales->shape[1] != nb)
+      return nvl_error(NVL_EINVAL, "%s: scales must be a contiguous u8 [%lld, %lld] tensor (one E8M0 byte per 1x%d "
+                       "block), got %s", fn, (long long)R, (long long)nb, block, nvl_tensor_desc(scales, d, sizeof d));
+    if (!nvl_tensor_same_device(scales, values))
+      return nvl_error(NVL_EINVAL, "%s: codes and scales are on different devices", fn);
+    /* a 255 byte (E8M0's NaN) is refused: scanned on the host (a device's bytes copied back: R K/32 bytes) */
+    nvl_tensor h = nvl_tensor_null();
+    NVL_TRY(nvl_tensor_clone_to(&h, scales, NVL_U8, NVL_CPU));
+    const uint8_t *hb = (const uint8_t *)nvl_tensor_data(&h);
+    int nan_byte = 0;
+    for (int64_t i = 0; i < R * nb; i++) nan_byte |= hb[i] == 255;
+    nvl_tensor_release(&h);
+    if (nan_byte)
+      return nvl_error(NVL_EINVAL, "%s: a scale byte is 255 (E8M0's NaN); block scales are 0..254", fn);
+  }
+  nvl_qtensor q = nvl_qtensor_null();
+  q.format = format;
+  q.layout = nvl_dtypes[format].layout;
+  q.ndim = 2;
+  q.shape[0] = R;
+  q.shape[1] = K;
+  q.axis = 1;
+  q.rows = R;
+  q.K = K;
+  q.amax = q.scale = NAN;
+  q.factor = factor == 1.0f ? 0.0f : factor;
+  const nvl_backend *be;
+  NVL_PICK(be, values, formats[format].qgemm, fn);
+  nvl_status st = nvl_tensor_clone_to(&q.data, values, values->dtype, values->device);
+  if (st == NVL_OK && mx) {
+    uint8_t *swz = NULL;
+    st = nvl_qtensor_alloc_scales(&q.scales, &swz, values->device, R, nb, be->swizzled_scales, 0);
+    if (st == NVL_OK) st = nvl_tensor_copy(&q.scales, scales);
+    if (st == NVL_OK) st = nvl_qtensor_swizzle(&q);
+  }
+  if (st != NVL_OK) {
+    nvl_qtensor_release(&q);
+    return st;
+  }
+  *out = q;
+  return NVL_OK;
+}
 
 /* Checks shared by qmatmul and qmatmul_acc; *be gets the operands' table with both formats'
  * qgemm entries. */

@@ -38,6 +38,8 @@ typedef struct nvl_qtensor_s {
   int sr;                   /* 1: stochastic rounding; seed/offset of the draw */
   uint64_t seed, offset;
   nvl_mx_rule rule;         /* e8m0 scale rule */
+  float factor;             /* a decode factor beside the format's own, or 0 for none (1): an assembled
+                               operand's (nvl_qtensor_assemble), e.g. GAM's 1 / m_g (NUMERICS §12.1) */
 } nvl_qtensor;
 
 typedef struct {
@@ -134,6 +136,14 @@ nvl_status nvl_qmatmul(nvl_tensor *out, const nvl_qtensor *qa, const nvl_qtensor
 /* acc (an existing contiguous f32 [M, N]) += the f32 result of nvl_qmatmul, bit for bit what
  * qmatmul followed by an add gives, without a full-size temporary (wgrad into a weight grad). */
 nvl_status nvl_qmatmul_acc(nvl_tensor *acc, const nvl_qtensor *qa, const nvl_qtensor *qb);
+/* out = a 2-D q (shape [R, K], blocked along its last dim) assembled from its parts, copied onto their
+ * device: format f32 or bf16 with values (that dtype, [R, K], scales NULL), or mxfp8_e4m3 /
+ * mxfp8_e5m2 with codes (u8 [R, K], K a multiple of 32) and E8M0 bytes (u8 [R, K/32]; 255, NaN, is
+ * refused); factor (finite, normal, > 0) multiplies every decoded value and enters the GEMMs' alpha
+ * (out = alpha_a alpha_b sum_k, NUMERICS §7), so a factor common to a whole operand leaves its
+ * products exact. The amax of an assembled q is not known: NaN. */
+nvl_status nvl_qtensor_assemble(nvl_qtensor *out, nvl_dtype format, const nvl_tensor *values, const nvl_tensor *scales,
+                                float factor);
 /* out = x with the RHT applied to every 16-chunk along axis (f32). */
 nvl_status nvl_rht(nvl_tensor *out, const nvl_tensor *x, int axis, const float *signs);
 

@@ -3,7 +3,8 @@
 -- (the same recipe in OCP MXFP4), and the nvfp4 ablations — no RHT, no stochastic rounding, no
 -- 2D weight blocks, every layer in nvfp4 — and a variant, one weight amax per fused q/k/v and
 -- gate/up group (fused_amax), and MoR (recipe.mor: per tensor, per block, and tiered
--- NVFP4 -> FP8 -> BF16), with the measured share of GEMM operands it kept in low precision.
+-- NVFP4 -> FP8 -> BF16, and as published: mor_paper, GAM scaling), with the measured share of GEMM
+-- operands it kept in low precision.
 -- With seeds=N each recipe trains N times, seeds seed, seed+1, ... (model init, data order and SR
 -- draws all follow it, the same seeds for every recipe): the table gives each recipe's mean final
 -- validation loss, the seeds' standard deviation, the mean gap to bf16 and that gap's spread over
@@ -37,6 +38,7 @@ local runs = {
   {name = "mor", recipe = "mor"},                -- MoR per tensor: e4m3, else bf16
   {name = "mor block", recipe = "mor_block"},    -- MoR per 1x128 block
   {name = "mor nvfp4", recipe = "mor_nvfp4"},    -- MoR tiered: nvfp4, else e4m3, else bf16, per tensor
+  {name = "mor paper", recipe = "mor_paper"},    -- MoR as published: per 1x128 block, e4m3, e5m2, bf16, GAM
 }
 
 local c = config.parse(train.schema, arg, {
@@ -99,6 +101,9 @@ for _, r in ipairs(chosen) do
       res.units_low = (res.units_low or 0) + s.mor_units_low / c.seeds
       res.formats = res.formats or {}
       for f, v in pairs(s.mor_formats) do res.formats[f] = (res.formats[f] or 0) + v / c.seeds end
+      res.tensors_low = (res.tensors_low or 0) + (s.mor_tensors_low or 0) / c.seeds
+      res.tensors = res.tensors or {}
+      for k, v in pairs(s.mor_tensors or {}) do res.tensors[k] = (res.tensors[k] or 0) + v / c.seeds end
     end
     print(string.format("val loss %.4f  %6.0f tok/s  %5.0f s", s.final_val_loss or 0 / 0, s.tokens_per_s, nv.clock() - t0))
     for _, p in ipairs(s.val) do
@@ -129,8 +134,13 @@ local function low(r)
   for f in pairs(r.formats) do fs[#fs + 1] = f end
   table.sort(fs)
   for _, f in ipairs(fs) do parts[#parts + 1] = string.format("%s %.2f%%", f, 100 * r.formats[f]) end
-  return string.format("%.2f%% of %s (elements: %s)", 100 * r.units_low, r.name:find("block") and "blocks" or "tensors",
+  local line = string.format("%.2f%% of %s (elements: %s)", 100 * r.units_low, (r.name:find("block") or r.name:find("paper")) and "blocks" or "tensors",
     table.concat(parts, ", "))
+  -- per block: the operand tensors wholly in low precision, by kind (all-e4m3 GAM operands are MXFP8 ones)
+  if r.tensors_low and (r.name:find("block") or r.name:find("paper")) then
+    line = line .. "; " .. require("nvlua.mor").format_tensor_shares(r.tensors_low, r.tensors)
+  end
+  return line
 end
 
 local base

@@ -8,7 +8,8 @@
 #   report fails the run, even one from a child whose test expected it to fail.
 #   scripts/test.sh --emu [names...]: the CUDA test files (tests/test_cuda*.lua; or the names given)
 #   on the CPU emulation of CUDA in build-emu/ (-DNVLUA_CUDA=EMU, kernels/cuda/emu): every CUDA kernel
-#   runs on the CPU, with the rules a GPU enforces checked. Not a GPU run: results are the CPU's.
+#   runs on the CPU, with the rules a GPU enforces checked. Not a GPU run: results are the CPU's. The
+#   full run repeats test_cuda_mor on an emulated sm_100 (NVLUA_EMU_CC=100: the native MX GEMM path).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -21,12 +22,20 @@ cd "$root"
 bin=build
 if [ $emu -eq 1 ]; then
   NVLUA_CUDA=EMU "$root/scripts/setup.sh"
+  all=0
   if [ $# -eq 0 ]; then
+    all=1
     for f in tests/test_cuda*.lua; do set -- "$@" "$(basename "$f" .lua)"; done
   fi
   echo "test.sh: CUDA EMULATED on the CPU (build-emu/, not a GPU): $*"
   build-emu/nvlua tests/run.lua "$@"
-  exit $?
+  if [ $all -eq 1 ]; then
+    # the same devices as Blackwell's (sm_100): the native block-scaled cuBLASLt GEMMs (MXFP8 / NVFP4
+    # operands, MoR's GAM MX operands) instead of their sm_90 emulation
+    echo "test.sh: CUDA EMULATED as sm_100 (NVLUA_EMU_CC=100): test_cuda_mor"
+    NVLUA_EMU_CC=100 build-emu/nvlua tests/run.lua test_cuda_mor
+  fi
+  exit 0
 fi
 "$root/scripts/setup.sh"
 if [ $sanitize -eq 1 ]; then

@@ -30,7 +30,7 @@ local CORPUS = T.write_corpus(ROOT .. "/corpus.txt", {seed = 4242, lines = 300,
 
 -- MX blocks of 32 and mor_block's blocks of 128 along every GEMM's reduction dim (hidden, ffn,
 -- tokens) need a wider model than the others' tiny one
-local WIDE = {mxfp8 = 32, mxfp4 = 32, mor_block = 128}
+local WIDE = {mxfp8 = 32, mxfp4 = 32, mor_block = 128, mor_paper = 128}
 
 local function cfg(name, recipe, device)
   local w = WIDE[recipe]

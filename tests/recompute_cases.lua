@@ -47,7 +47,7 @@ end
 -- variant needs (mor_block: M.CFG), else M.SMALL.
 M.VARIANTS = {}
 for _, name in ipairs(recipe.names()) do
-  M.VARIANTS[#M.VARIANTS + 1] = {name, function() return recipe.make(name) end, name == "mor_block" and M.CFG or nil}
+  M.VARIANTS[#M.VARIANTS + 1] = {name, function() return recipe.make(name) end, (name == "mor_block" or name == "mor_paper") and M.CFG or nil}
 end
 M.VARIANTS[#M.VARIANTS + 1] = {"nvfp4 with f32 activations", function() return recipe.make("nvfp4", {act_dtype = "f32"}) end}
 M.VARIANTS[#M.VARIANTS + 1] = {"nvfp4 with block 0 in bf16", function()

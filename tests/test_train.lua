@@ -213,9 +213,12 @@ T.case("resume is bit-exact under MoR with choices reused across the checkpoint 
   for _, r in ipairs(m0) do
     if r.loss then
       T.ok(r.mor_low > 0.9 and r.mor_low <= 1, "the log's low-precision share at step " .. r.step)
-      for _, k in ipairs({"mor_low_fprop", "mor_low_dgrad", "mor_low_wgrad", "mor_low_b0", "mor_low_b1", "mor_e4m3"}) do
+      for _, k in ipairs({"mor_low_fprop", "mor_low_dgrad", "mor_low_wgrad", "mor_low_b0", "mor_low_b1", "mor_e4m3",
+                          "mor_tensors_low", "mor_tensors_e4m3"}) do
         T.ok(type(r[k]) == "number" and r[k] >= 0 and r[k] <= 1, k .. " at step " .. r.step)
       end
+      -- per tensor, an operand tensor is one unit: the two shares are one number
+      T.near(r.mor_tensors_low, r.mor_units_low, 1e-12, "operand tensors are the units per tensor, step " .. r.step)
     end
   end
 end)

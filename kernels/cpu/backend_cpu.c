@@ -25,6 +25,7 @@ const nvl_backend nvl_backend_cpu = {
     [NVL_MXFP4] = MX,
   },
   .rht = nvl_rht_cpu,
+  .gam_quantize = nvl_quantize_gam_cpu,
 
   .layers = &nvl_layers_cpu,
 

@@ -397,3 +397,9 @@ nvl_status nvl_rht_cpu(nvl_kctx *ctx, float *y, const float *x, int64_t rows, in
                        int inverse) {
   return inverse ? nvl_rht16_rows_inverse_cpu(y, x, rows, K, signs) : nvl_rht16_rows_cpu(y, x, rows, K, signs);
 }
+
+nvl_status nvl_quantize_gam_cpu(nvl_kctx *ctx, uint8_t *codes, uint8_t *scales, float *mant, const float *x,
+                                int64_t rows, int64_t K, int64_t block, int64_t group_blocks, nvl_elem elem) {
+  (void)ctx;
+  return nvl_gam_quantize_cpu(codes, scales, mant, x, rows, K, block, group_blocks, elem);
+}

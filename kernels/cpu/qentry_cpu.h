@@ -24,6 +24,9 @@ nvl_status nvl_dequantize_nvfp4_cpu(nvl_kctx *ctx, float *y, const nvl_qview *q,
 /* out = alpha_a alpha_b A B^T: operands decoded without global factors, bf16 GEMM or sgemm, factors after
  * (NUMERICS §7) */
 nvl_status nvl_qgemm_cpu(nvl_kctx *ctx, const nvl_gemm_desc *g);
+/* GAM scaling (core/backend.h gam_quantize): nvl_gam_quantize_cpu */
+nvl_status nvl_quantize_gam_cpu(nvl_kctx *ctx, uint8_t *codes, uint8_t *scales, float *mant, const float *x,
+                                int64_t rows, int64_t K, int64_t block, int64_t group_blocks, nvl_elem elem);
 /* the RHT of every 16-chunk (nvl_rht16_rows_cpu), or its inverse (nvl_rht16_rows_inverse_cpu) */
 nvl_status nvl_rht_cpu(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs,
                        int inverse);

@@ -35,6 +35,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu/ref/gam_ref.h"
 #include "philox.h"
 
 #define NVL_QUANT_OMP_MIN 32768 /* elements; below this one thread is faster */
@@ -683,6 +684,57 @@ nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *codes, float *scale, float *amax
   for (int64_t it = 0; it < nitems; it++) fp8_range(codes, x, s, it * NVL_CHUNK, min64(n, it * NVL_CHUNK + NVL_CHUNK), elem);
   if (scale) *scale = s;
   if (amax) *amax = a;
+  return NVL_OK;
+}
+
+/* ---- GAM scaling (gam_ref.h) ---------------------------------------------------------------- *
+ * Two passes over x, as the reference: each group's max |x| (integer-domain, so any split of the work
+ * gives the reference's fmaxf fold) and its m_g; then per block its max, e_b, the scale m_g 2^e_b and
+ * the codes, the element loop vectorised as fp8_range's. The per-group and per-block scalar steps
+ * (m_g, e_b) are the reference's own functions: one call per group or block, nothing per element. */
+
+/* blocks [b0, b1) of `block` elements, groups of G blocks whose m_g are in mant */
+NVL_WORKER void gam_range(uint8_t *restrict codes, uint8_t *restrict scales, const float *restrict mant,
+                          const float *restrict x, int64_t b0, int64_t b1, int64_t block, int64_t G, nvl_elem elem) {
+  for (int64_t b = b0; b < b1; b++) {
+    const float *xb = x + b * block;
+    uint8_t *cb = codes + b * block;
+    int32_t m = 0;
+    for (int64_t j = 0; j < block; j++) m = max32(m, abs_bits(xb + j));
+    float m_g = mant[b / G];
+    int e_b = nvl_gam_block_exp_ref(u2f((uint32_t)m), m_g, elem);
+    float s = ldexpf(m_g, e_b); /* exact (gam_ref.h): the reference's scale */
+    scales[b] = nvl_gam_e8m0_of_exp(e_b);
+    if (elem == NVL_ELEM_E5M2)
+      for (int64_t j = 0; j < block; j++) cb[j] = (uint8_t)e5m2_encode(xb[j] * s);
+    else
+      for (int64_t j = 0; j < block; j++) cb[j] = (uint8_t)e4m3_encode(xb[j] * s);
+  }
+}
+
+nvl_status nvl_gam_quantize_cpu(uint8_t *codes, uint8_t *scales, float *mant, const float *x, int64_t rows, int64_t K,
+                                int64_t block, int64_t group_blocks, nvl_elem elem) {
+  const char *op = "gam_quantize_cpu";
+  NVL_TRY(check_fp8(op, elem));
+  if (block <= 0 || rows < 0 || K < 0 || K % block)
+    return nvl_error(NVL_EINVAL, "%s: shape [%lld,%lld] is not a whole number of 1x%lld blocks", op, (long long)rows,
+                     (long long)K, (long long)block);
+  const int64_t n = rows * K, nblocks = n / block, G = group_blocks;
+  if (nblocks == 0) return NVL_OK;
+  if (G <= 0 || nblocks % G)
+    return nvl_error(NVL_EINVAL, "%s: %lld blocks of 1x%lld do not split into groups of %lld blocks", op,
+                     (long long)nblocks, (long long)block, (long long)G);
+  const int64_t ng = nblocks / G, gn = G * block; /* groups, elements per group */
+  if (gn > NVL_QUANT_OMP_MIN) {
+    for (int64_t g = 0; g < ng; g++) mant[g] = nvl_gam_group_mantissa_ref(absmax_cpu(x + g * gn, gn), elem);
+  } else {
+#pragma omp parallel for schedule(static) if (n > NVL_QUANT_OMP_MIN)
+    for (int64_t g = 0; g < ng; g++) mant[g] = nvl_gam_group_mantissa_ref(absmax_span(x + g * gn, gn), elem);
+  }
+  const int64_t per = block >= NVL_CHUNK ? 1 : NVL_CHUNK / block, nitems = (nblocks + per - 1) / per;
+#pragma omp parallel for schedule(static) if (n > NVL_QUANT_OMP_MIN)
+  for (int64_t it = 0; it < nitems; it++)
+    gam_range(codes, scales, mant, x, it * per, min64(nblocks, it * per + per), block, G, elem);
   return NVL_OK;
 }
 

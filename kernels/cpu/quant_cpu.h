@@ -29,6 +29,11 @@ nvl_status nvl_mx_quantize_cpu(uint8_t *codes, uint8_t *scales, const float *x, 
 /* FP8 per-tensor: codes (n); amax_in NULL: current scaling. */
 nvl_status nvl_fp8_quantize_tensor_cpu(uint8_t *codes, float *scale, float *amax, const float *x, int64_t n,
                                        nvl_elem elem, const float *amax_in);
+/* GAM scaling (kernels/cpu/ref/gam_ref.h), bit for bit nvl_gam_quantize_ref: codes (R, K), scales
+ * (R, K/block) E8M0 bytes, mant (nblocks / G) with G = group_blocks >= 1; a NaN or an inf sets the host's
+ * NVL_NONFINITE_INPUT flag. */
+nvl_status nvl_gam_quantize_cpu(uint8_t *codes, uint8_t *scales, float *mant, const float *x, int64_t rows, int64_t K,
+                                int64_t block, int64_t group_blocks, nvl_elem elem);
 /* RHT on every 16-chunk along K; y may alias x. */
 nvl_status nvl_rht16_rows_cpu(float *y, const float *x, int64_t rows, int64_t K, const float *signs);
 /* The same on bf16 x, each output rounded to bf16 (kept as f32): NUMERICS §5's bf16 operand, the

@@ -157,6 +157,7 @@ const nvl_backend nvl_backend_cuda = {
   .rht = nvl_cuda_rht,
   .swizzle_scales = nvl_cuda_swizzle_scales,
   .transpose_tiles = nvl_cuda_transpose_tiles,
+  .gam_quantize = nvl_cuda_gam_quantize,
 
   .layers = &layers,
 

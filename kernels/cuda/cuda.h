@@ -106,6 +106,10 @@ nvl_status nvl_cuda_swizzle_scales(nvl_kctx *ctx, uint8_t *swz, const uint8_t *s
 nvl_status nvl_cuda_transpose_tiles(nvl_kctx *ctx, uint8_t *codes_t, uint8_t *scales_t, const uint8_t *codes,
                                     const uint8_t *scales, int64_t R, int64_t K);
 
+/* The gam_quantize entry (core/backend.h; gam.cu), bit for bit nvl_gam_quantize_ref, queued on stream 0. */
+nvl_status nvl_cuda_gam_quantize(nvl_kctx *ctx, uint8_t *codes, uint8_t *scales, float *mant, const float *x,
+                                 int64_t rows, int64_t K, int64_t block, int64_t group_blocks, nvl_elem elem);
+
 /* quant.cu's kernels take this description (built from an nvl_qdesc by quant.cu itself). */
 typedef enum {
   NVL_CQ_VALUES = 0, /* f32 / bf16: the (RHT'd) values themselves, in the blocked layout */

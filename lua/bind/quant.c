@@ -6,6 +6,7 @@
 #include <lua.h>
 #include <string.h>
 #include "bind.h"
+#include "gam.h"
 #include "qgather.h"
 #include "quant.h"
 
@@ -559,6 +560,29 @@ static int l_rht_signs(lua_State *L) {
 }
 
 /* core.codec(format, "encode"|"decode", value) -> element code / value, reference codecs */
+/* core.gam_quantize(x, block, group, elem) -> codes (u8 [R, K]), scales (u8 [R, K/block], E8M0 bytes
+ * 127 - e_b), mant (f32 [groups], m_g): GAM scaling (NUMERICS §12.1) of the 2-D f32 x on its device
+ * through the backend table (core/gam.h: the scalar reference kernels/cpu/ref/gam_ref.c under
+ * nv.use_reference(true), the fast CPU or the CUDA kernel: the same bits); group "tensor" or a block
+ * count (consecutive blocks, row-major); elem "e4m3" | "e5m2". A NaN or an inf sets the device's
+ * non-finite flag (core.nonfinite_take). */
+static int l_gam_quantize(lua_State *L) {
+  static const char *const elems[] = {"e4m3", "e5m2", NULL};
+  nvl_tensor *x = nvl_lua_check_tensor(L, 1, "gam_quantize");
+  lua_Integer block = luaL_checkinteger(L, 2);
+  lua_Integer group = 0;
+  if (lua_type(L, 3) == LUA_TSTRING) {
+    if (strcmp(lua_tostring(L, 3), "tensor") != 0) return luaL_argerror(L, 3, "group must be \"tensor\" or a block count");
+  } else {
+    group = luaL_checkinteger(L, 3);
+    if (group < 1) return luaL_argerror(L, 3, "group must be \"tensor\" or a positive block count");
+  }
+  nvl_elem elem = luaL_checkoption(L, 4, NULL, elems) == 0 ? NVL_ELEM_E4M3 : NVL_ELEM_E5M2;
+  nvl_tensor *codes = nvl_lua_push_tensor(L), *scales = nvl_lua_push_tensor(L), *mant = nvl_lua_push_tensor(L);
+  CHECK(L, nvl_gam_quantize(codes, scales, mant, x, (int64_t)block, (int64_t)group, elem));
+  return 3;
+}
+
 static int l_codec(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   const char *dir = luaL_checkstring(L, 2);
@@ -577,16 +601,39 @@ static int l_codec(lua_State *L) {
   return luaL_argerror(L, 2, "expected \"encode\" or \"decode\"");
 }
 
+/* core.qtensor_assemble(format, values, scales, factor) -> a 2-D QTensor from its parts (core/quant.h
+ * nvl_qtensor_assemble): format "f32" | "bf16" with values of that dtype and scales nil, or
+ * "mxfp8_e4m3" | "mxfp8_e5m2" with u8 codes [R, K] and E8M0 bytes [R, K/32]; factor (default 1) multiplies
+ * every decoded value and enters the GEMMs' alpha (GAM's 1 / m_g, NUMERICS §12.1). */
+static int l_qtensor_assemble(lua_State *L) {
+  nvl_dtype f = check_format(L, 1);
+  nvl_tensor *v = nvl_lua_check_tensor(L, 2, "qtensor_assemble");
+  nvl_tensor *sc = lua_isnoneornil(L, 3) ? NULL : nvl_lua_check_tensor(L, 3, "qtensor_assemble");
+  double factor = luaL_optnumber(L, 4, 1.0);
+  nvl_qtensor *q = push_q(L);
+  CHECK(L, nvl_qtensor_assemble(q, f, v, sc, (float)factor));
+  return 1;
+}
+
+/* q:factor() -> an assembled q's decode factor (1 for every other q) */
+static int q_factor(lua_State *L) {
+  nvl_qtensor *q = check_q(L, 1);
+  lua_pushnumber(L, q->factor != 0.0f ? q->factor : 1.0f);
+  return 1;
+}
+
 static const luaL_Reg q_methods[] = {
   {"dequantize", q_dequantize}, {"codes", q_codes}, {"scale_bytes", q_scale_bytes}, {"data", q_data},
   {"t", q_t}, {"share", q_share}, {"format", q_format}, {"layout", q_layout}, {"axis", q_axis}, {"dim", q_dim},
   {"size", q_size}, {"nbytes", q_nbytes}, {"free", q_free}, {"is_freed", q_is_freed},
-  {"device", q_device}, {"cpu", q_cpu}, {"swizzled_scales", q_swizzled_scales}, {NULL, NULL}};
+  {"device", q_device}, {"cpu", q_cpu}, {"swizzled_scales", q_swizzled_scales},
+  {"factor", q_factor}, {NULL, NULL}};
 
 static const luaL_Reg q_meta[] = {{"__index", q_index}, {"__gc", q_free}, {"__close", q_free}, {NULL, NULL}};
 
 static const luaL_Reg q_funcs[] = {
   {"quantize", l_quantize}, {"quantize_rowcol", l_quantize_rowcol}, {"quantize_all_gather", l_quantize_all_gather},
+  {"gam_quantize", l_gam_quantize}, {"qtensor_assemble", l_qtensor_assemble},
   {"qgather_align", l_qgather_align}, {"quant_amax", l_quant_amax}, {"qmatmul", l_qmatmul}, {"rht", l_rht}, {"rht_default_signs", l_rht_signs},
   {"codec", l_codec}, {NULL, NULL}};
 

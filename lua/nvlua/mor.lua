@@ -15,7 +15,12 @@
 -- nvfp4's global scale) is a power of two, so every block's dequantized values are bf16 values
 -- exactly; the operand holds them decoded (a bf16 QTensor: 16 bits per element, the decoded form a
 -- Hopper kernel would produce from the codes) and the GEMM is one bf16 x bf16 -> fp32 GEMM, exact
--- up to fp32 summation order, on the CPU and on the CUDA backend alike.
+-- up to fp32 summation order, on the CPU and on the CUDA backend alike. With scale = "gam" (the
+-- paper's group amax mantissa scaling, NUMERICS §12.1) and one group, the fp8 blocks hold code 2^-e_b
+-- and the bf16 blocks x m_g in bf16, and 1 / m_g is the operand's decode factor (the GEMM's alpha):
+-- a bf16 QTensor, or, every block in one fp8 format, the MXFP8 QTensor of GAM's codes and bytes (the
+-- MX tensor cores' operand); with groups of blocks the fp8 blocks are code 2^-e_b / m_g in fp32 (an
+-- f32 QTensor, an f32 GEMM).
 local core = require "nvlua.core"
 local quant = require "nvlua.quant"
 local stats = require "nvlua.stats"
@@ -33,9 +38,10 @@ Mor.__index = Mor
 -- Default thresholds on the relative L2 error, from the errors measured on the operands of a bf16
 -- run of experiments/compare_recipes.lua's model (NUMERICS §12): e4m3 per tensor 0.0265 (median;
 -- max 0.0295), per 128-block 0.026 (median), 0.04 (99th percentile); nvfp4 per tensor 0.095 (x),
--- 0.111 (w, 16x16), 0.137 (dY with SR), per block 0.094 / 0.111 / 0.132 (medians). Other candidates
--- take an explicit threshold.
-M.DEFAULT_THRESHOLD = {e4m3 = 0.04, nvfp4 = 0.15}
+-- 0.111 (w, 16x16), 0.137 (dY with SR), per block 0.094 / 0.111 / 0.132 (medians); e5m2 with GAM
+-- scaling per 128-block (experiments/mor_gam_thresholds.lua, the same model, 40 bf16 steps) median
+-- 0.052, 99th percentile 0.075 (e4m3 with GAM: 0.026, 0.037). Other candidates take an explicit threshold.
+M.DEFAULT_THRESHOLD = {e4m3 = 0.04, e5m2 = 0.08, nvfp4 = 0.15}
 
 local function bad(fmt, ...) util.user_error(string.format("recipe.mor: " .. fmt, ...), 0) end
 
@@ -68,7 +74,10 @@ local function check_candidates(c)
 end
 
 local VALID = {granularity = true, block = true, candidates = true, threshold = true, every = true, decide = true,
-  sr = true, w2d = true}
+  sr = true, w2d = true, scale = true, group = true}
+
+-- the candidates GAM scaling takes (kernels/cpu/ref/gam_ref.h), with their qmax 448 / 57344
+local GAM_FORMATS = {e4m3 = true, e5m2 = true}
 
 --- M.new(opts) -> the MoR settings of a recipe (see recipe.mor for the options); validated.
 function M.new(o)
@@ -94,6 +103,29 @@ function M.new(o)
   if o.block ~= nil and m.granularity ~= "block" then bad("block applies to granularity = \"block\"") end
   m.candidates = o.candidates or {"e4m3"}
   check_candidates(m.candidates)
+  -- scale: the per-block scaling of the fp8 candidates; "pow2" (a power-of-two tensor factor, NUMERICS
+  -- §12) or "gam" (the paper's group amax mantissa: one fp32 mantissa per group, one exponent per block)
+  m.scale = o.scale or "pow2"
+  if m.scale ~= "pow2" and m.scale ~= "gam" then
+    bad("scale must be \"pow2\" or \"gam\", got %s", tostring(o.scale))
+  end
+  if m.scale == "gam" then
+    if m.granularity ~= "block" then
+      bad("scale = \"gam\" scales blocks: it needs granularity = \"block\" (per tensor MoR uses each format's own scaling)")
+    end
+    for i, f in ipairs(m.candidates) do
+      if not GAM_FORMATS[f] then
+        bad("scale = \"gam\" takes the fp8 candidates e4m3 and e5m2, not candidates[%d] = %s", i, tostring(f))
+      end
+    end
+  end
+  -- group: GAM's groups, "tensor" (one group, the default) or a number of blocks (consecutive in the
+  -- operand's blocked layout, row-major; it must divide the operand's block count)
+  local g = o.group
+  if g == nil or g == "tensor" then m.group = "tensor"
+  elseif math.type(g) == "integer" and g >= 1 then m.group = g
+  else bad("group must be \"tensor\" or a positive integer number of blocks, got %s", tostring(g)) end
+  if g ~= nil and m.scale ~= "gam" then bad("group applies to scale = \"gam\"") end
   m.candidates = {table.unpack(m.candidates)}
   m.formats = {table.unpack(m.candidates)}
   m.formats[#m.formats + 1] = "bf16"
@@ -112,7 +144,7 @@ function M.new(o)
       end
       v = th[f] or M.DEFAULT_THRESHOLD[f]
     else bad("threshold must be a number or a table {format = number}, got %s", type(th)) end
-    if v == nil then bad("%s has no default threshold (defaults: e4m3, nvfp4): give threshold = {%s = ...}", f, f) end
+    if v == nil then bad("%s has no default threshold (defaults: e4m3, e5m2, nvfp4): give threshold = {%s = ...}", f, f) end
     -- a relative error: >= 0 (a negative one would silently send every operand to bf16, a NaN too);
     -- math.huge takes the candidate whenever its error is finite
     if type(v) ~= "number" or not (v >= 0) then
@@ -248,16 +280,22 @@ function Mor:_count(ctx, role, operand, counts, elems_per_unit, unit)
   local key = tostring(ctx.name) .. "|" .. role .. "|" .. operand
   local s = self.step_counts[key]
   if not s then
-    s = {name = ctx.name, block = ctx.block, role = role, operand = operand, units = {}, elems = {}}
+    s = {name = ctx.name, block = ctx.block, role = role, operand = operand, units = {}, elems = {}, tensors = {}}
     self.step_counts[key] = s
   end
+  local kind -- this operand tensor's representation: its units' one format, or "mixed"
   for i, f in ipairs(self.formats) do
     local n = counts[i] or 0
     if n > 0 then
       s.units[f] = (s.units[f] or 0) + n
       s.elems[f] = (s.elems[f] or 0) + n * elems_per_unit
       stats.representation(ctx.name, role, operand, f, unit, n, n * elems_per_unit)
+      kind = kind and "mixed" or f
     end
+  end
+  if kind then
+    if kind == "mixed" and (counts[#self.formats] or 0) == 0 then kind = "mixed_low" end -- no bf16 unit
+    s.tensors[kind] = (s.tensors[kind] or 0) + 1
   end
 end
 
@@ -319,8 +357,31 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
   end
   local nb = K // B
   local a = core.quant_amax(L):cpu():totable()[1]
+  local gam = self.scale == "gam"
+  local gblocks = "tensor" -- GAM's groups: the whole operand, or this many blocks each
+  if gam and self.group ~= "tensor" then
+    gblocks = self.group
+    if (rows * nb) % gblocks ~= 0 then
+      user_error(string.format("recipe mor: %s: its %d blocks of 1x%d do not split into groups of %d blocks",
+        where_of(ctx, role, operand), rows * nb, B, gblocks), 0)
+    end
+  end
+  -- GAM (NUMERICS §12.1): candidate i's codes and E8M0 bytes, as an MX operand (each 1xB block's byte
+  -- repeated over its 1x32 MX blocks) with the decode factor f (1 / m_g, or 1 for the unscaled values)
+  local gparts, mant = {}, nil
+  local function gam_mx(i, f)
+    local p = gparts[i]
+    local s32 = B == 32 and p.scales or p.scales:reshape(rows, nb, 1):expand(rows, nb, B // 32):contiguous():reshape(rows,
+      K // 32)
+    return core.qtensor_assemble("mxfp8_" .. self.candidates[i], p.codes, s32, f)
+  end
   local function deq(i) -- candidate i's values of the layout, dequantized
     local f = self.candidates[i]
+    if gam then -- code 2^-e_b (exact in fp32); the group's m_g is applied below
+      local codes, scales, m = core.gam_quantize(L, B, gblocks, f)
+      gparts[i], mant = {codes = codes, scales = scales}, m
+      return gam_mx(i):dequantize({on_device = true})
+    end
     local ft = formats.traits[f]
     local o = self:_opts(rec, f, operand, 2)
     if given and o.sr then error("recipe mor: a recompute replays forward operands, which take no SR", 0) end
@@ -330,15 +391,34 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
   local deqs, errs, choice, counts = {}, {}, given, {}
   if given then
     for i = 1, #self.formats do counts[i] = math.tointeger(choice:eq(i):to("f32"):sum()) or 0 end
-    for i = 1, #self.candidates do if counts[i] > 0 then deqs[i] = deq(i) end end
-  else
+  end
+  for i = 1, #self.candidates do if not given or counts[i] > 0 then deqs[i] = deq(i) end end
+  if gam and not mant then deq(1) end -- a replay of bf16 blocks only: their m_g still (both formats share it)
+  -- GAM with one group (the fold): the operand holds code 2^-e_b, bf16 values exactly, and 1 / m_g
+  -- leaves the GEMM as its decode factor; bf16 blocks hold x m_g rounded to bf16, so that every block
+  -- is on the same footing, and the errors are measured against x m_g. Groups of blocks: no fold (a
+  -- group may split a row along K): the fp8 blocks hold code 2^-e_b / m_g (the fp32 quotient, the
+  -- reference's decode), the bf16 blocks x rounded to bf16, in an f32 operand.
+  local fold = gam and gblocks == "tensor"
+  local mg, base = 1, L -- the values the errors are measured against: x, or x m_g (the fold)
+  if gam and mant then
+    if fold then
+      mg = mant:cpu():totable()[1]
+      -- x m_g, one fp32 product per element (a same-shape tensor: the devices' elementwise ops)
+      if mg ~= 1 then base = L * mant:reshape(1, 1):expand(rows, K):contiguous() end
+    else
+      local ng = mant:size(1)
+      local mgx = mant:reshape(ng, 1):expand(ng, (rows * K) // ng):contiguous():reshape(rows, K)
+      for i = 1, #self.candidates do if deqs[i] then deqs[i] = deqs[i] / mgx end end
+    end
+  end
+  if not given then
     local c = norm_factor(a)
-    local Ls = c == 1 and L or L * c
+    local Ls = c == 1 and base or base * c
     -- the per-block sums on t's device; the errors, the decision and the counts on the host (rows x
     -- blocks numbers)
     local n2 = sqerr(Ls, nil, B):cpu():maximum(TINY)
     for i = 1, #self.candidates do
-      deqs[i] = deq(i)
       errs[i] = (sqerr(c == 1 and deqs[i] or deqs[i] * c, Ls, B):cpu() / n2):sqrt()
     end
     local d = {errs = errs, thresholds = self.threshold, formats = self.formats, granularity = "block", block = B,
@@ -346,7 +426,14 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
     choice, counts = self:_decide(d, where_of(ctx, role, operand))
     self:_count(ctx, role, operand, counts, B, "block")
   end
-  deqs[#self.formats] = L:to("bf16"):to("f32") -- bf16 blocks: x rounded to bf16
+  if fold then
+    -- every block in one fp8 format: the operand is that MXFP8 tensor itself (E8M0 byte 127 - e_b per
+    -- 1x32 block), for the MX tensor cores (NUMERICS §12.1)
+    for i = 1, #self.candidates do
+      if counts[i] == rows * nb then return gam_mx(i, 1 / mg), "mor", choice, errs end
+    end
+  end
+  deqs[#self.formats] = base:to("bf16"):to("f32") -- bf16 blocks: x (x m_g with the fold) rounded to bf16
   local mixed
   for i = 1, #self.formats do
     if counts[i] > 0 then
@@ -356,7 +443,9 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
       mixed = mixed and mixed + part or part
     end
   end
-  return quant.quantize(mixed, "bf16"), "mor", choice, errs
+  if fold then return core.qtensor_assemble("bf16", mixed:to("bf16"), nil, 1 / mg), "mor", choice, errs end
+  -- groups of blocks: code 2^-e_b / m_g are fp32 values, not bf16 ones: an f32 operand, an f32 GEMM
+  return quant.quantize(mixed, gam and "f32" or "bf16"), "mor", choice, errs
 end
 
 -- A recompute's replay of a per-tensor choice (recipe.replay): t in the format the first forward
@@ -422,10 +511,19 @@ end
 
 --- M.summary(counts) -> {low = share of elements not in bf16, by_format = {[format] = element share},
 -- units_low = share of units (tensors or blocks) not in bf16, blocks = {[block index] = low share},
--- roles = {[fprop|dgrad|wgrad] = low share}} (nil when counts holds nothing)
+-- roles = {[fprop|dgrad|wgrad] = low share}, tensors_low = share of operand tensors without a bf16
+-- unit, tensors = {[kind] = share of operand tensors}: kind a format (every unit of the tensor in
+-- it: per block, an all-e4m3 or all-e5m2 GAM operand is an MXFP8 operand), "mixed_low" (low-precision
+-- formats only, more than one) or "mixed" (some bf16 units)} (nil when counts holds nothing)
 function M.summary(counts)
   local tot, low, utot, ulow, byf, blk, rl = 0, 0, 0, 0, {}, {}, {}
+  local ttot, tlow, kinds = 0, 0, {}
   for _, s in pairs(counts) do
+    for k, n in pairs(s.tensors or {}) do
+      ttot = ttot + n
+      kinds[k] = (kinds[k] or 0) + n
+      if k ~= "bf16" and k ~= "mixed" then tlow = tlow + n end
+    end
     for f, n in pairs(s.elems) do
       tot = tot + n
       byf[f] = (byf[f] or 0) + n
@@ -448,7 +546,23 @@ function M.summary(counts)
   local blocks, roles = {}, {}
   for b, v in pairs(blk) do blocks[b] = v[2] / v[1] end
   for r, v in pairs(rl) do roles[r] = v[2] / v[1] end
-  return {low = low / tot, by_format = byf, units_low = ulow / utot, blocks = blocks, roles = roles}
+  for k, n in pairs(kinds) do kinds[k] = n / ttot end
+  return {low = low / tot, by_format = byf, units_low = ulow / utot, blocks = blocks, roles = roles,
+    tensors_low = ttot > 0 and tlow / ttot or nil, tensors = kinds}
+end
+
+--- M.format_tensor_shares(tensors_low, tensors) -> one line of the operand tensors' representations
+-- (summary's tensors_low and tensors): "97.50% of operand tensors wholly in low precision (e4m3 96.00%,
+-- mixed low-precision formats 1.50%, with bf16 units 2.50%)"
+function M.format_tensor_shares(tl, kinds)
+  if not tl then return "no operand tensors counted" end
+  local label = {mixed_low = "mixed low-precision formats", mixed = "with bf16 units"}
+  local ks = require("nvlua.util").sorted_keys(kinds)
+  local rank = {mixed_low = 1, mixed = 2} -- formats first, then the mixed kinds
+  table.sort(ks, function(a, b) return (rank[a] or 0) < (rank[b] or 0) or ((rank[a] or 0) == (rank[b] or 0) and a < b) end)
+  local parts = {}
+  for _, k in ipairs(ks) do parts[#parts + 1] = string.format("%s %.2f%%", label[k] or k, 100 * kinds[k]) end
+  return string.format("%.2f%% of operand tensors wholly in low precision (%s)", 100 * tl, table.concat(parts, ", "))
 end
 
 -- ---- the linear layer -------------------------------------------------------------------------
@@ -456,7 +570,8 @@ end
 local function label(fa, fb) return fa == fb and fa or (fa .. " x " .. fb) end
 
 -- what recipe:trace's callback sees of a MoR GEMM: {role, a = {format}, b = {format}, out, label, mor}
--- (format "mor": a per-block operand, a bf16 QTensor of mixed values)
+-- (format "mor": a per-block operand, a bf16 QTensor of mixed values; with scale = "gam" a bf16 or
+-- MXFP8 one with a decode factor, or with groups of blocks an f32 one)
 local function gemm_of(role, fa, fb)
   return {role = role, a = {format = fa}, b = {format = fb}, out = role == "wgrad" and "f32" or "bf16",
     label = label(fa, fb), mor = true}
@@ -511,6 +626,9 @@ function Mor:describe()
   for i, f in ipairs(self.candidates) do parts[i] = string.format("%s<=%g", f, self.threshold[i]) end
   parts[#parts + 1] = "bf16"
   local g = self.granularity == "block" and string.format("per 1x%d block", self.block) or "per tensor"
+  if self.scale == "gam" then
+    g = g .. string.format(" gam (group %s)", self.group == "tensor" and "tensor" or (self.group .. " blocks"))
+  end
   return string.format("mor %s %s%s%s", table.concat(parts, " > "), g, self.every > 1 and (" every " .. self.every) or "",
     self.custom_decide and " custom decide" or "")
 end

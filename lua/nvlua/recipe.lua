@@ -1383,7 +1383,7 @@ function M.custom(fn, opts)
 end
 
 --- recipe.mor({granularity = "tensor"|"block", block = 128, candidates = {"e4m3"}, threshold, every = 1,
--- decide, sr = true, w2d = true, seed = 1234, act_dtype}): MoR (nvlua.mor, NUMERICS §12). Every
+-- decide, sr = true, w2d = true, scale = "pow2"|"gam", group = "tensor"|<blocks>, seed = 1234, act_dtype}): MoR (nvlua.mor, NUMERICS §12). Every
 -- GEMM operand of every linear but the high-precision ones (the LM head: bf16) is quantized to
 -- each candidate format in turn as it enters its GEMM; the relative L2 error ||Q(x) - x|| / ||x||
 -- of each is measured per tensor, or per 1 x block elements along the GEMM's reduction dim
@@ -1392,7 +1392,9 @@ end
 -- {format = number} (defaults: mor.DEFAULT_THRESHOLD). every = N reuses a tensor's choice for N
 -- steps (granularity "tensor"; the choices are recipe state). candidates = {"nvfp4", "e4m3"} is
 -- the tiered variant (NVFP4, then FP8, then BF16); sr: SR on nvfp4/mxfp4 dY; w2d: 16x16 nvfp4
--- weight tiles. decide(d) gets {errs, thresholds, formats, granularity, ctx} (nvlua.mor).
+-- weight tiles. decide(d) gets {errs, thresholds, formats, granularity, ctx} (nvlua.mor). scale =
+-- "gam" (granularity "block", candidates e4m3 / e5m2): the paper's group amax mantissa scaling, one
+-- fp32 mantissa per group (group: "tensor" or a number of blocks) and one exponent per block.
 function M.mor(opts)
   opts = opts or {}
   if type(opts) ~= "table" then user_error("recipe.mor: options must be a table, got " .. type(opts), 2) end
@@ -1402,7 +1404,8 @@ function M.mor(opts)
   local m = mor.new(mo)
   local shown = {granularity = m.granularity, block = m.granularity == "block" and m.block or nil,
     candidates = table.concat(m.candidates, ">"), every = m.every > 1 and m.every or nil, seed = seed or 1234,
-    decide = m.custom_decide and "custom" or nil}
+    decide = m.custom_decide and "custom" or nil, scale = m.scale ~= "pow2" and m.scale or nil,
+    group = m.scale == "gam" and tostring(m.group) or nil}
   local th = {}
   for i, f in ipairs(m.candidates) do th[i] = f .. ":" .. m.threshold[i] end
   shown.threshold = table.concat(th, ",")
@@ -1490,6 +1493,9 @@ end
 M.register("mor", mor_from("mor", {}))
 M.register("mor_block", mor_from("mor_block", {granularity = "block"}))
 M.register("mor_nvfp4", mor_from("mor_nvfp4", {candidates = {"nvfp4", "e4m3"}}))
+-- MoR as published (arXiv 2512.22804, issue 34): per 1x128 block, e4m3 then e5m2 then bf16, GAM scaling
+-- with one group per operand (NUMERICS §12, GAM)
+M.register("mor_paper", mor_from("mor_paper", {granularity = "block", candidates = {"e4m3", "e5m2"}, scale = "gam"}))
 
 M.formats = formats.names
 M.Recipe = Recipe

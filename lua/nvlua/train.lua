@@ -1258,14 +1258,16 @@ end
 -- The step runs in an nv.scope (the per-step arena), each micro-batch in one of its own.
 -- MoR (recipe.mor): the step's representation counts in its metrics record — mor_low, the share of
 -- GEMM-operand elements in a low-precision format (not bf16); mor_units_low, that share of the
--- tensors (or blocks); mor_<format>, each format's element share; mor_low_b<i>, the low share of
+-- tensors (or blocks); mor_tensors_low, the share of operand tensors without a bf16 unit, and
+-- mor_tensors_<kind> per kind (mor.summary); mor_<format>, each format's element share; mor_low_b<i>, the low share of
 -- transformer block i (kept for the plot); mor_low_fprop / _dgrad / _wgrad, per GEMM role. -> the summary (nil for other recipes)
 local function mor_record(r, step, line)
   local m = r.rec and r.rec.mor
   if not m then return nil end
   local sm = mor.summary(m:take_step())
   if not sm then return nil end
-  line.mor_low, line.mor_units_low = sm.low, sm.units_low
+  line.mor_low, line.mor_units_low, line.mor_tensors_low = sm.low, sm.units_low, sm.tensors_low
+  for k, v in pairs(sm.tensors) do line["mor_tensors_" .. k] = v end
   for f, v in pairs(sm.by_format) do line["mor_" .. f] = v end
   for b, v in pairs(sm.blocks) do line["mor_low_b" .. b] = v end
   for role, v in pairs(sm.roles) do line["mor_low_" .. role] = v end
@@ -1635,14 +1637,16 @@ local function plot_losses(r)
 end
 
 -- the run's mean low-precision share of elements (MoR), over its logged steps
+-- -> elements, units and operand tensors in low precision, element shares per format, tensor shares per kind
 local function mean_mor_low(r)
-  local t, u, f = 0, 0, {}
+  local t, u, tl, f, tk = 0, 0, 0, {}, {}
   local n = #r.mor_points
   for _, p in ipairs(r.mor_points) do
-    t, u = t + p[2].low, u + p[2].units_low
+    t, u, tl = t + p[2].low, u + p[2].units_low, tl + (p[2].tensors_low or 0)
     for k, v in pairs(p[2].by_format) do f[k] = (f[k] or 0) + v / n end
+    for k, v in pairs(p[2].tensors) do tk[k] = (tk[k] or 0) + v / n end
   end
-  return t / n, u / n, f
+  return t / n, u / n, f, tl / n, tk
 end
 
 -- mor.png (MoR runs): the share of each transformer block's GEMM-operand elements in a low-precision
@@ -1667,6 +1671,32 @@ local function plot_mor(r)
   local ok, err = plot.lines(png, series, {title = string.format("%s — %s: low-precision share per block", r.c.out,
     tostring(r.c.recipe)), ylabel = "% of GEMM-operand elements not in bf16"})
   if not ok then r.out:write("plot: " .. tostring(err) .. "\n") end
+  -- mor_kinds.png: each format's share of the elements and each kind's share of the operand tensors,
+  -- step by step, on a log scale (the minor ones are a few percent or less)
+  local kinds = {}
+  for _, p in ipairs(r.mor_points) do
+    for f in pairs(p[2].by_format) do kinds["elements " .. f] = {"by_format", f} end
+    for k in pairs(p[2].tensors) do
+      kinds["tensors " .. (k == "mixed" and "with bf16 units" or k == "mixed_low" and "of mixed low-precision formats" or
+        ("wholly " .. k))] = {"tensors", k}
+    end
+  end
+  local ks = require("nvlua.util").sorted_keys(kinds)
+  local ser = {}
+  for _, name in ipairs(ks) do
+    local s = {title = name, x = {}, y = {}}
+    for _, p in ipairs(r.mor_points) do
+      local v = p[2][kinds[name][1]][kinds[name][2]]
+      if v and v > 0 then s.x[#s.x + 1] = p[1]; s.y[#s.y + 1] = 100 * v end
+    end
+    if #s.x > 0 then ser[#ser + 1] = s end
+  end
+  if ok and #ser > 0 then
+    local ok2, err2 = plot.lines(r.run_dir .. "/mor_kinds.png", ser, {title = string.format(
+      "%s — %s: representations (element shares; operand tensors by kind)", r.c.out, tostring(r.c.recipe)),
+      ylabel = "% (log scale)", logy = true})
+    if not ok2 then r.out:write("plot: " .. tostring(err2) .. "\n") end
+  end
   return ok and png or nil
 end
 
@@ -1747,7 +1777,9 @@ local function finish_run(r, ok, err)
     for _, name in ipairs(r.task_names) do summary.tasks[name] = r.last_tasks and r.last_tasks[name] end
   end
   if c.plot and r.main then summary.plot, summary.mor_plot, summary.tasks_plot = plot_losses(r), plot_mor(r), plot_tasks(r) end
-  if #r.mor_points > 0 then summary.mor_low, summary.mor_units_low, summary.mor_formats = mean_mor_low(r) end
+  if #r.mor_points > 0 then
+    summary.mor_low, summary.mor_units_low, summary.mor_formats, summary.mor_tensors_low, summary.mor_tensors = mean_mor_low(r)
+  end
   return summary
 end
 
@@ -1859,6 +1891,7 @@ function train.main(defaults, args)
     if s.mor_low then
       print(string.format("MoR: %.2f%% of GEMM-operand elements (%.2f%% of units) in low precision", 100 * s.mor_low,
         100 * s.mor_units_low))
+      print("MoR: " .. mor.format_tensor_shares(s.mor_tensors_low, s.mor_tensors))
     end
     if s.mor_plot then print("MoR share per block: " .. s.mor_plot) end
     if s.tasks_plot then print("downstream accuracy: " .. s.tasks_plot) end

@@ -843,6 +843,7 @@ NVL_TEST(quant_cpu_rht_then_nvfp4) {
 #define nvl_rht16_rows_bf16_cpu portable_rht16_rows_bf16_cpu
 #define nvl_rht16_rows_inverse_cpu portable_rht16_rows_inverse_cpu
 #define nvl_nvfp4_quantize_bf16_cpu portable_nvfp4_quantize_bf16_cpu
+#define nvl_gam_quantize_cpu portable_gam_quantize_cpu
 nvl_status nvl_nvfp4_quantize_cpu(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int, const nvl_quant_ref_opts *);
 nvl_status nvl_nvfp4_dequantize_cpu(float *, const uint8_t *, const uint8_t *, float, int64_t, int64_t);
 nvl_status nvl_mx_quantize_cpu(uint8_t *, uint8_t *, const float *, int64_t, int64_t, nvl_elem, nvl_mx_rule,
@@ -853,6 +854,8 @@ nvl_status nvl_rht16_rows_bf16_cpu(float *, const uint16_t *, int64_t, int64_t, 
 nvl_status nvl_rht16_rows_inverse_cpu(float *, const float *, int64_t, int64_t, const float *);
 nvl_status nvl_nvfp4_quantize_bf16_cpu(uint8_t *, uint8_t *, float *, const uint16_t *, int64_t, int64_t,
                                        const nvl_quant_ref_opts *);
+nvl_status nvl_gam_quantize_cpu(uint8_t *, uint8_t *, float *, const float *, int64_t, int64_t, int64_t, int64_t,
+                                nvl_elem); /* tested in test_gam_cpu.c */
 #include "cpu/quant_cpu.c"
 static const quant_impl portable_impl = {nvl_nvfp4_quantize_cpu, nvl_nvfp4_dequantize_cpu, nvl_mx_quantize_cpu,
                                          nvl_fp8_quantize_tensor_cpu, nvl_rht16_rows_cpu, nvl_rht16_rows_bf16_cpu,

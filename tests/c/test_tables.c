@@ -34,6 +34,7 @@ static void check_table(int *nvl_failed_, const nvl_backend *be, int host) {
     CHECK(f->quantize != NULL && f->qgemm != NULL);
     if (host) CHECK(f->dequantize != NULL); /* device q: core decodes a host copy */
   }
+  CHECK(be->gam_quantize != NULL); /* GAM scaling (core/gam.h): every table has its own kernel */
   CHECK(be->layers != NULL);
   if (be->layers) CHECK(be->layers->attention_forward && be->layers->cross_entropy && be->layers->adamw_step);
 }

@@ -25,6 +25,7 @@ const nvl_backend nvl_backend_ref = {
   },
   .rht = nvl_rht_ref,
   .transpose_tiles = nvl_transpose_tiles_ref,
+  .gam_quantize = nvl_quantize_gam_ref,
 
   .layers = &nvl_layers_ref,
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cpu/ref/formats_ref.h"
+#include "cpu/ref/gam_ref.h"
 #include "cpu/ref/qentry_ref.h"
 
 /* ---- input ---------------------------------------------------------------------------------- */
@@ -224,5 +225,15 @@ nvl_status nvl_transpose_tiles_ref(nvl_kctx *ctx, uint8_t *codes_t, uint8_t *sca
     }
   for (int64_t k = 0; k < K; k++)
     for (int64_t j = 0; j < R / 16; j++) scales_t[k * (R / 16) + j] = scales[(16 * j) * (K / 16) + k / 16];
+  return NVL_OK;
+}
+
+nvl_status nvl_quantize_gam_ref(nvl_kctx *ctx, uint8_t *codes, uint8_t *scales, float *mant, const float *x,
+                                int64_t rows, int64_t K, int64_t block, int64_t group_blocks, nvl_elem elem) {
+  (void)ctx;
+  if (block > INT32_MAX) return nvl_error(NVL_EINVAL, "gam_quantize_ref: block length %lld", (long long)block);
+  int nonfinite = 0;
+  NVL_TRY(nvl_gam_quantize_ref(codes, scales, mant, &nonfinite, x, rows, K, (int)block, group_blocks, elem));
+  if (nonfinite) nvl_host_nonfinite_set(NVL_NONFINITE_INPUT);
   return NVL_OK;
 }

@@ -26,6 +26,9 @@ nvl_status nvl_qgemm_ref(nvl_kctx *ctx, const nvl_gemm_desc *g);
 /* a 16x16-tiled 4-bit tensor transposed (core/backend.h transpose_tiles) */
 nvl_status nvl_transpose_tiles_ref(nvl_kctx *ctx, uint8_t *codes_t, uint8_t *scales_t, const uint8_t *codes,
                                    const uint8_t *scales, int64_t R, int64_t K);
+/* GAM scaling (core/backend.h gam_quantize): nvl_gam_quantize_ref, a NaN or an inf flagged on the host */
+nvl_status nvl_quantize_gam_ref(nvl_kctx *ctx, uint8_t *codes, uint8_t *scales, float *mant, const float *x,
+                                int64_t rows, int64_t K, int64_t block, int64_t group_blocks, nvl_elem elem);
 /* the RHT of every 16-chunk (nvl_rht16_rows_ref), or its inverse (nvl_rht16_inverse_ref) */
 nvl_status nvl_rht_ref(nvl_kctx *ctx, float *y, const float *x, int64_t rows, int64_t K, const float *signs,
                        int inverse);
