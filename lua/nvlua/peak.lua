@@ -164,7 +164,7 @@ end
 -- GEMM over its wall time (os.clock counts every thread): about the number of GEMM threads on cores
 -- of their own, less when another process shared them.
 local function best_rate(n, reps, gemm, sync)
-  local best, share = math.huge, nil
+  local best, wall, cpu = math.huge, 0, 0
   for i = 0, reps do
     nv.scope(function()
       if sync then sync() end
@@ -172,10 +172,15 @@ local function best_rate(n, reps, gemm, sync)
       gemm()
       if sync then sync() end
       local dt, dc = nv.clock() - t0, os.clock() - c0
-      if i > 0 and dt < best then best, share = dt, dc / dt end
+      if i > 0 then
+        best, wall, cpu = math.min(best, dt), wall + dt, cpu + dc
+      end
     end)
   end
-  return 2 * n ^ 3 / best, share
+  -- the cores the threads had: the process's CPU time over the timed reps' wall time, all reps together
+  -- (one rep of a few ms is within a scheduler tick of other threads' lazily accounted run time: a
+  -- single rep has read 2.36 cores for 2 threads)
+  return 2 * n ^ 3 / best, cpu / wall
 end
 
 --- peak.cpu_threads() -> the threads the CPU GEMMs run on (the BLAS line's "N threads"; else 1)
