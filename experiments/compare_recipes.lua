@@ -134,10 +134,11 @@ local function low(r)
   for f in pairs(r.formats) do fs[#fs + 1] = f end
   table.sort(fs)
   for _, f in ipairs(fs) do parts[#parts + 1] = string.format("%s %.2f%%", f, 100 * r.formats[f]) end
-  local line = string.format("%.2f%% of %s (elements: %s)", 100 * r.units_low, (r.name:find("block") or r.name:find("paper")) and "blocks" or "tensors",
+  local per_block = r.name:find("block") or r.name:find("paper")
+  local line = string.format("%.2f%% of %s (elements: %s)", 100 * r.units_low, per_block and "blocks" or "tensors",
     table.concat(parts, ", "))
   -- per block: the operand tensors wholly in low precision, by kind (all-e4m3 GAM operands are MXFP8 ones)
-  if r.tensors_low and (r.name:find("block") or r.name:find("paper")) then
+  if r.tensors_low and per_block then
     line = line .. "; " .. require("nvlua.mor").format_tensor_shares(r.tensors_low, r.tensors)
   end
   return line

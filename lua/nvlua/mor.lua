@@ -370,15 +370,13 @@ function Mor:_per_block(rec, ctx, role, operand, t, axis, given)
   -- repeated over its 1x32 MX blocks) with the decode factor f (1 / m_g, or 1 for the unscaled values)
   local gparts, mant = {}, nil
   local function gam_mx(i, f)
-    local p = gparts[i]
-    local s32 = B == 32 and p.scales or p.scales:reshape(rows, nb, 1):expand(rows, nb, B // 32):contiguous():reshape(rows,
-      K // 32)
-    return core.qtensor_assemble("mxfp8_" .. self.candidates[i], p.codes, s32, f)
+    return core.qtensor_assemble("mxfp8_" .. self.candidates[i], gparts[i].codes, gparts[i].scales, f)
   end
   local function deq(i) -- candidate i's values of the layout, dequantized
     local f = self.candidates[i]
     if gam then -- code 2^-e_b (exact in fp32); the group's m_g is applied below
       local codes, scales, m = core.gam_quantize(L, B, gblocks, f)
+      if B ~= 32 then scales = scales:reshape(rows, nb, 1):expand(rows, nb, B // 32):contiguous():reshape(rows, K // 32) end
       gparts[i], mant = {codes = codes, scales = scales}, m
       return gam_mx(i):dequantize({on_device = true})
     end
@@ -551,12 +549,15 @@ function M.summary(counts)
     tensors_low = ttot > 0 and tlow / ttot or nil, tensors = kinds}
 end
 
+--- M.TENSOR_KINDS: what the mixed kinds of summary's tensors mean (the others are format names)
+M.TENSOR_KINDS = {mixed_low = "mixed low-precision formats", mixed = "with bf16 units"}
+
 --- M.format_tensor_shares(tensors_low, tensors) -> one line of the operand tensors' representations
 -- (summary's tensors_low and tensors): "97.50% of operand tensors wholly in low precision (e4m3 96.00%,
 -- mixed low-precision formats 1.50%, with bf16 units 2.50%)"
 function M.format_tensor_shares(tl, kinds)
   if not tl then return "no operand tensors counted" end
-  local label = {mixed_low = "mixed low-precision formats", mixed = "with bf16 units"}
+  local label = M.TENSOR_KINDS
   local ks = require("nvlua.util").sorted_keys(kinds)
   local rank = {mixed_low = 1, mixed = 2} -- formats first, then the mixed kinds
   table.sort(ks, function(a, b) return (rank[a] or 0) < (rank[b] or 0) or ((rank[a] or 0) == (rank[b] or 0) and a < b) end)

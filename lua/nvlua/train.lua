@@ -1675,10 +1675,9 @@ local function plot_mor(r)
   -- step by step, on a log scale (the minor ones are a few percent or less)
   local kinds = {}
   for _, p in ipairs(r.mor_points) do
-    for f in pairs(p[2].by_format) do kinds["elements " .. f] = {"by_format", f} end
+    for f in pairs(p[2].by_format) do kinds["elements: " .. f] = {"by_format", f} end
     for k in pairs(p[2].tensors) do
-      kinds["tensors " .. (k == "mixed" and "with bf16 units" or k == "mixed_low" and "of mixed low-precision formats" or
-        ("wholly " .. k))] = {"tensors", k}
+      kinds["tensors: " .. (mor.TENSOR_KINDS[k] or ("wholly " .. k))] = {"tensors", k}
     end
   end
   local ks = require("nvlua.util").sorted_keys(kinds)
